@@ -1,0 +1,114 @@
+// Package api defines the agent's local API: the JSON types exchanged over the
+// agent's unix socket by axon-cni and the axon CLI, a client and a server mux.
+// See docs/contracts.md for the routes.
+package api
+
+import (
+	"net"
+	"net/netip"
+	"time"
+)
+
+// DefaultSocket is where a production agent listens.
+const DefaultSocket = "/var/run/axon/axon.sock"
+
+// Error is the body of every non-2xx reply.
+type Error struct {
+	Message string `json:"message"`
+}
+
+// AllocateRequest asks the agent's IPAM for addresses for one pod interface.
+// Allocation is idempotent per (ContainerID, IfName).
+type AllocateRequest struct {
+	ContainerID  string `json:"containerID"`
+	IfName       string `json:"ifName"`
+	PodName      string `json:"podName,omitempty"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+}
+
+// Address is one allocated pod address with the pool prefix it came from.
+type Address struct {
+	IP     netip.Addr   `json:"ip"`
+	Prefix netip.Prefix `json:"prefix"` // the node podCIDR the IP belongs to
+}
+
+// AllocateResponse carries one address per configured family (v4 first).
+type AllocateResponse struct {
+	Addresses []Address `json:"addresses"`
+}
+
+// ReleaseRequest frees what AllocateRequest took. Idempotent.
+type ReleaseRequest struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// Endpoint is a pod interface wired by axon-cni and programmed by the agent.
+type Endpoint struct {
+	ContainerID  string           `json:"containerID"`
+	IfName       string           `json:"ifName"`
+	Netns        string           `json:"netns"`
+	PodName      string           `json:"podName,omitempty"`
+	PodNamespace string           `json:"podNamespace,omitempty"`
+	IPs          []netip.Addr     `json:"ips"`
+	HostIfName   string           `json:"hostIfName"`
+	HostIfIndex  int              `json:"hostIfIndex"`
+	HostMAC      net.HardwareAddr `json:"hostMAC"`
+	PodMAC       net.HardwareAddr `json:"podMAC"`
+	// Filled in by the agent in replies:
+	State   string    `json:"state,omitempty"`   // "ready", "pending", "orphan" (no Pod object)
+	Created time.Time `json:"created,omitempty"`
+}
+
+// Attachment names one (ContainerID, IfName) pair, as in CNI GC's cni.dev/valid-attachments.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// GCRequest lists the attachments that are still valid; everything else is removed.
+type GCRequest struct {
+	Valid []Attachment `json:"valid"`
+}
+
+// GCResponse reports what GC removed.
+type GCResponse struct {
+	Removed []Attachment `json:"removed"`
+}
+
+// Decision is one datapath choice shown by `axon status`, e.g.
+// {Name: "attach", Value: "tcx", Reason: "kernel supports tcx links"}.
+type Decision struct {
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Feature is one kernel capability probe result.
+type Feature struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"` // why not, or how it was found
+}
+
+// APIServerStatus is the agent's view of its kube-apiserver connection.
+type APIServerStatus struct {
+	Connected bool   `json:"connected"`
+	Synced    bool   `json:"synced"`
+	Message   string `json:"message,omitempty"`
+}
+
+// Status is the reply of GET /v1/status.
+type Status struct {
+	Node      string          `json:"node"`
+	Ready     bool            `json:"ready"`
+	Message   string          `json:"message,omitempty"` // why not ready
+	Version   string          `json:"version"`
+	APIServer APIServerStatus `json:"apiServer"`
+	PodCIDRs  []netip.Prefix  `json:"podCIDRs"`
+	Uplink    string          `json:"uplink"`
+	Datapath  []Decision      `json:"datapath"`
+	Features  []Feature       `json:"features"`
+	Endpoints int             `json:"endpoints"`
+	Routes    int             `json:"routes"` // podCIDR routes to other nodes
+}
