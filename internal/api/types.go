@@ -56,7 +56,7 @@ type Endpoint struct {
 	HostMAC      net.HardwareAddr `json:"hostMAC"`
 	PodMAC       net.HardwareAddr `json:"podMAC"`
 	// Filled in by the agent in replies:
-	State   string    `json:"state,omitempty"`   // "ready", "pending", "orphan" (no Pod object)
+	State   string    `json:"state,omitempty"` // "ready", "pending", "orphan" (no Pod object)
 	Created time.Time `json:"created,omitempty"`
 }
 
