@@ -1,0 +1,314 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	rolePod    = "pod"
+	roleUplink = "uplink"
+
+	pinTCX = "tcx" // pinned tcx link
+	pinTC  = "tc"  // pinned program of a legacy cls_bpf filter
+
+	// legacyHandle/legacyPrio identify axon's cls_bpf filter on a device's
+	// clsact ingress hook, so it is replaced in place and removed precisely.
+	legacyHandle = 0xa10
+	legacyPrio   = 1
+)
+
+func linksDir(pinDir string) string { return filepath.Join(pinDir, "links") }
+
+func pinPath(pinDir, kind, role, ifname string) string {
+	return filepath.Join(linksDir(pinDir), kind+"-"+role+"-"+ifname)
+}
+
+type linkPin struct {
+	path, kind, role, ifname string
+}
+
+// listLinkPins lists links/<kind>-<role>-<ifname> entries under pinDir.
+func listLinkPins(pinDir string) ([]linkPin, error) {
+	ents, err := os.ReadDir(linksDir(pinDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list pinned links: %w", err)
+	}
+	var out []linkPin
+	for _, e := range ents {
+		parts := strings.SplitN(e.Name(), "-", 3)
+		if len(parts) != 3 || (parts[0] != pinTCX && parts[0] != pinTC) ||
+			(parts[1] != rolePod && parts[1] != roleUplink) {
+			continue
+		}
+		out = append(out, linkPin{path: filepath.Join(linksDir(pinDir), e.Name()), kind: parts[0], role: parts[1], ifname: parts[2]})
+	}
+	return out, nil
+}
+
+func deviceExists(ifname string) bool {
+	_, err := netlink.LinkByName(ifname)
+	return err == nil
+}
+
+// AttachPod attaches the pod egress program to the tc ingress of the pod's
+// host-side device ifname. Idempotent: an existing attachment is updated in
+// place (tcx link update / cls_bpf replace). With legacy host routing it only
+// makes sure nothing is attached.
+func (d *Datapath) AttachPod(ifname string) error {
+	if err := validIfname(ifname); err != nil {
+		return fmt.Errorf("attach pod: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.hostRouting != RoutingBPF {
+		return d.detachLocked(rolePod, ifname)
+	}
+	return d.attachLocked(rolePod, ifname, d.podProg)
+}
+
+// DetachPod removes the pod program and its pin. Idempotent; a device that is
+// already gone is fine.
+func (d *Datapath) DetachPod(ifname string) error {
+	if err := validIfname(ifname); err != nil {
+		return fmt.Errorf("detach pod: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.detachLocked(rolePod, ifname)
+}
+
+// GCPodLinks detaches pinned pod programs whose device is gone or whose
+// ifname is not in keep.
+func (d *Datapath) GCPodLinks(keep map[string]bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pins, err := listLinkPins(d.cfg.PinDir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range pins {
+		if p.role != rolePod {
+			continue
+		}
+		if keep[p.ifname] && deviceExists(p.ifname) && !defunctTCX(p) {
+			continue
+		}
+		d.log.Info("gc pod link", "ifname", p.ifname, "kind", p.kind)
+		if err := detachPin(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// defunctTCX reports a pinned tcx link whose device went away.
+func defunctTCX(p linkPin) bool {
+	if p.kind != pinTCX {
+		return false
+	}
+	l, err := link.LoadPinnedLink(p.path, nil)
+	if err != nil {
+		return true
+	}
+	defer l.Close()
+	return tcxIfindex(l) == 0
+}
+
+func validIfname(ifname string) error {
+	if ifname == "" || len(ifname) > 15 || strings.ContainsAny(ifname, "/ \x00") {
+		return fmt.Errorf("invalid interface name %q", ifname)
+	}
+	return nil
+}
+
+func (d *Datapath) attachLocked(role, ifname string, prog *ebpf.Program) error {
+	dev, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach %s program to %s: device not found in this netns: %w", role, ifname, err)
+	}
+	tcxPin := pinPath(d.cfg.PinDir, pinTCX, role, ifname)
+	tcPin := pinPath(d.cfg.PinDir, pinTC, role, ifname)
+	if d.attachMode == ModeTCX {
+		if err := attachTCX(tcxPin, dev.Attrs().Index, prog); err != nil {
+			return fmt.Errorf("attach %s program to %s: %w", role, ifname, err)
+		}
+		// a legacy filter left from a previous mode would never run: drop it
+		return detachPin(linkPin{path: tcPin, kind: pinTC, role: role, ifname: ifname})
+	}
+	if err := attachLegacy(tcPin, dev, prog, role); err != nil {
+		return fmt.Errorf("attach %s program to %s: %w", role, ifname, err)
+	}
+	return detachPin(linkPin{path: tcxPin, kind: pinTCX, role: role, ifname: ifname})
+}
+
+func (d *Datapath) detachLocked(role, ifname string) error {
+	return errors.Join(
+		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinTCX, role, ifname), kind: pinTCX, role: role, ifname: ifname}),
+		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinTC, role, ifname), kind: pinTC, role: role, ifname: ifname}),
+	)
+}
+
+func tcxIfindex(l link.Link) int {
+	info, err := l.Info()
+	if err != nil || info.TCX() == nil {
+		return 0
+	}
+	return int(info.TCX().Ifindex)
+}
+
+// attachTCX updates the pinned link when it is still on ifindex, otherwise
+// attaches a new tcx ingress link and pins it.
+func attachTCX(pin string, ifindex int, prog *ebpf.Program) error {
+	old, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		defer old.Close()
+		if tcxIfindex(old) == ifindex {
+			if err := old.Update(prog); err != nil {
+				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
+			}
+			return nil
+		}
+		// device gone or re-created under the same name: replace the link
+		_ = old.Detach()
+		if err := old.Unpin(); err != nil {
+			return fmt.Errorf("unpin stale tcx link %s: %w", pin, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("load pinned tcx link %s: %w", pin, err)
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Errorf("tcx attach to ifindex %d: %w", ifindex, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		_ = l.Detach()
+		return fmt.Errorf("pin tcx link at %s: %w", pin, err)
+	}
+	return nil
+}
+
+func legacyFilter(ifindex, fd int, name string) *netlink.BpfFilter {
+	return &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Handle:    legacyHandle,
+			Priority:  legacyPrio,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           fd,
+		Name:         name,
+		DirectAction: true,
+	}
+}
+
+// attachLegacy makes sure dev has a clsact qdisc, replaces axon's cls_bpf
+// filter in place and pins the program as a marker for GC/Uninstall.
+func attachLegacy(pin string, dev netlink.Link, prog *ebpf.Program, role string) error {
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	if err := netlink.FilterReplace(legacyFilter(dev.Attrs().Index, prog.FD(), "axon_"+role)); err != nil {
+		return fmt.Errorf("replace cls_bpf filter: %w", err)
+	}
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove old pin %s: %w", pin, err)
+	}
+	c, err := prog.Clone() // Pin on a shared *Program would move its pin
+	if err != nil {
+		return fmt.Errorf("clone program: %w", err)
+	}
+	defer c.Close()
+	if err := c.Pin(pin); err != nil {
+		return fmt.Errorf("pin program at %s: %w", pin, err)
+	}
+	return nil
+}
+
+// detachPin removes one attachment and its pin; missing pin or device is fine.
+func detachPin(p linkPin) error {
+	switch p.kind {
+	case pinTCX:
+		l, err := link.LoadPinnedLink(p.path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("detach %s: load pinned link %s: %w", p.ifname, p.path, err)
+		}
+		defer l.Close()
+		if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
+			return fmt.Errorf("detach tcx link of %s: %w", p.ifname, err)
+		}
+		if err := l.Unpin(); err != nil {
+			return fmt.Errorf("unpin %s: %w", p.path, err)
+		}
+	case pinTC:
+		if _, err := os.Stat(p.path); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err := deleteOwnFilter(p); err != nil {
+			return err
+		}
+		if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove pin %s: %w", p.path, err)
+		}
+	}
+	return nil
+}
+
+// deleteOwnFilter removes axon's cls_bpf filter from p.ifname in the current
+// netns, but only when it still runs the pinned program: called from another
+// netns (or after someone replaced the filter) it touches nothing.
+func deleteOwnFilter(p linkPin) error {
+	dev, err := netlink.LinkByName(p.ifname)
+	if err != nil {
+		return nil // device gone: the filter went with it
+	}
+	prog, err := ebpf.LoadPinnedProgram(p.path, nil)
+	if err != nil {
+		return fmt.Errorf("load pinned program %s: %w", p.path, err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return fmt.Errorf("program info of %s: %w", p.path, err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		return fmt.Errorf("program id of %s: not supported by the kernel", p.path)
+	}
+	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return nil // no clsact: nothing of ours there
+	}
+	for _, f := range filters {
+		bf, ok := f.(*netlink.BpfFilter)
+		if !ok || bf.Handle != legacyHandle || bf.Priority != legacyPrio || bf.Id != int(id) {
+			continue
+		}
+		if err := netlink.FilterDel(legacyFilter(dev.Attrs().Index, 0, "")); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete cls_bpf filter on %s: %w", p.ifname, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,324 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/axonhq/axon/internal/api"
+)
+
+// Config selects where and how the datapath is installed in the current netns.
+type Config struct {
+	PinDir      string // bpffs dir for this node, e.g. /sys/fs/bpf/axon-lab/node1; created if missing
+	Uplink      string // uplink device name in the current netns, e.g. "eth0"
+	AttachMode  string // "auto" (default) | "tcx" | "legacy"
+	HostRouting string // "auto" (default) | "bpf" | "legacy" (attach nothing; kernel routes forward)
+	Logger      *slog.Logger
+}
+
+// Attach modes and host routing values, as shown in Decisions.
+const (
+	ModeAuto   = "auto"
+	ModeTCX    = "tcx"
+	ModeLegacy = "legacy"
+	RoutingBPF = "bpf"
+)
+
+// Datapath is the loaded datapath of one node netns. Methods are safe for
+// concurrent use; call them from the netns Load ran in.
+type Datapath struct {
+	cfg   Config
+	log   *slog.Logger
+	feats Features
+
+	attachMode  string // ModeTCX | ModeLegacy
+	hostRouting string // RoutingBPF | ModeLegacy
+	decisions   []api.Decision
+
+	epV4, epV6, metrics *ebpf.Map
+	podProg, upProg     *ebpf.Program // nil when hostRouting is legacy
+
+	mu sync.Mutex // serialises attach/detach
+}
+
+func (c *Config) normalise() error {
+	if c.PinDir == "" {
+		return errors.New("datapath config: PinDir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
+	}
+	if c.AttachMode == "" {
+		c.AttachMode = ModeAuto
+	}
+	if c.HostRouting == "" {
+		c.HostRouting = ModeAuto
+	}
+	switch c.AttachMode {
+	case ModeAuto, ModeTCX, ModeLegacy:
+	default:
+		return fmt.Errorf("datapath config: attach mode %q is not one of auto, tcx, legacy", c.AttachMode)
+	}
+	switch c.HostRouting {
+	case ModeAuto, RoutingBPF, ModeLegacy:
+	default:
+		return fmt.Errorf("datapath config: host routing %q is not one of auto, bpf, legacy", c.HostRouting)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// decide picks attach mode and host routing from the probes.
+func (d *Datapath) decide() error {
+	f := d.feats
+	switch {
+	case d.cfg.AttachMode == ModeLegacy:
+		d.attachMode = ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeLegacy, Reason: "legacy: clsact + cls_bpf requested by configuration"})
+	case f.TCX.Available:
+		d.attachMode = ModeTCX
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeTCX, Reason: f.TCX.Reason})
+	case d.cfg.AttachMode == ModeTCX:
+		return fmt.Errorf("attach mode tcx requested but unavailable (%s): use attach mode auto or legacy", f.TCX.Reason)
+	default:
+		d.attachMode = ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeLegacy, Reason: "legacy: clsact + cls_bpf fallback because " + f.TCX.Reason})
+	}
+
+	var missing []string
+	for _, c := range []Capability{f.RedirectPeer, f.FibLookup} {
+		if !c.Available {
+			missing = append(missing, c.Reason)
+		}
+	}
+	switch {
+	case d.cfg.HostRouting == ModeLegacy:
+		d.hostRouting = ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: ModeLegacy, Reason: "legacy: kernel routing requested by configuration, no programs attached"})
+	case len(missing) == 0:
+		d.hostRouting = RoutingBPF
+		reason := "bpf: bpf_redirect_peer for local pods, bpf_fib_lookup + bpf_redirect"
+		if f.RedirectNeigh.Available {
+			reason += "/bpf_redirect_neigh"
+		} else {
+			reason += " (unresolved neighbours via the stack: " + f.RedirectNeigh.Reason + ")"
+		}
+		reason += " for the rest (probed)"
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: RoutingBPF, Reason: reason})
+	case d.cfg.HostRouting == RoutingBPF:
+		return fmt.Errorf("host routing bpf requested but unavailable (%s): use host routing auto or legacy", strings.Join(missing, "; "))
+	default:
+		d.hostRouting = ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: ModeLegacy, Reason: "legacy: kernel routing because " + strings.Join(missing, "; ")})
+	}
+
+	dev := "veth: "
+	if f.Netkit.Available {
+		dev += "netkit is available but not used yet"
+	} else {
+		dev += "netkit unavailable (" + f.Netkit.Reason + ")"
+	}
+	d.decisions = append(d.decisions, api.Decision{Name: "device", Value: "veth", Reason: dev})
+	return nil
+}
+
+// Load probes the kernel, loads the programs (reusing maps pinned under
+// cfg.PinDir), attaches the uplink program (adopting a pinned link with an
+// in-place program update) and swaps the program of every pinned pod link.
+func Load(cfg Config) (*Datapath, error) {
+	if err := cfg.normalise(); err != nil {
+		return nil, err
+	}
+	if err := ensurePinDir(cfg.PinDir); err != nil {
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	d := &Datapath{cfg: cfg, log: cfg.Logger, feats: Probe()}
+	if err := d.decide(); err != nil {
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	if err := d.loadObjects(); err != nil {
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	if err := d.install(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	d.log.Info("datapath loaded", "pinDir", cfg.PinDir, "uplink", cfg.Uplink,
+		"attach", d.attachMode, "hostRouting", d.hostRouting)
+	return d, nil
+}
+
+func incompatibleHint(err error, pinDir string) error {
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w (a map pinned under %s by another axon version has a different layout: "+
+			"run the uninstall (axon lab down) or remove the pinned map, the agent re-creates the entries)", err, pinDir)
+	}
+	return err
+}
+
+// loadObjects loads maps (pinned by name) and, for bpf host routing, programs.
+func (d *Datapath) loadObjects() error {
+	podSpec, err := loadPodEgress()
+	if err != nil {
+		return fmt.Errorf("parse pod_egress object: %w", err)
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
+	var maps podEgressMaps
+	if err := podSpec.LoadAndAssign(&maps, opts); err != nil {
+		return fmt.Errorf("load maps: %w", incompatibleHint(err, d.cfg.PinDir))
+	}
+	d.epV4, d.epV6, d.metrics = maps.AxonEpV4, maps.AxonEpV6, maps.AxonMetrics
+	if d.hostRouting != RoutingBPF {
+		return nil
+	}
+	if err := podSpec.Variables["cfg_enable_neigh"].Set(boolU8(d.feats.RedirectNeigh.Available)); err != nil {
+		return fmt.Errorf("set cfg_enable_neigh: %w", err)
+	}
+	opts.MapReplacements = map[string]*ebpf.Map{
+		"axon_ep_v4": d.epV4, "axon_ep_v6": d.epV6, "axon_metrics": d.metrics,
+	}
+	var pp podEgressPrograms
+	if err := podSpec.LoadAndAssign(&pp, opts); err != nil {
+		return fmt.Errorf("load axon_pod_egress: %w", verifierDetail(err))
+	}
+	d.podProg = pp.AxonPodEgress
+	upSpec, err := loadUplinkIngress()
+	if err != nil {
+		return fmt.Errorf("parse uplink_ingress object: %w", err)
+	}
+	var up uplinkIngressPrograms
+	if err := upSpec.LoadAndAssign(&up, opts); err != nil {
+		return fmt.Errorf("load axon_uplink_ingress: %w", verifierDetail(err))
+	}
+	d.upProg = up.AxonUplinkIngress
+	return nil
+}
+
+func verifierDetail(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%+v", ve)
+	}
+	return err
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// install attaches (or, for legacy host routing, removes) the programs.
+func (d *Datapath) install() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pods, err := listLinkPins(d.cfg.PinDir)
+	if err != nil {
+		return err
+	}
+	if d.hostRouting != RoutingBPF {
+		for _, p := range pods {
+			if err := d.detachLocked(p.role, p.ifname); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if d.cfg.Uplink == "" {
+		return errors.New("uplink device is empty: set Config.Uplink (e.g. eth0) or use host routing legacy")
+	}
+	if err := d.attachLocked(roleUplink, d.cfg.Uplink, d.upProg); err != nil {
+		return err
+	}
+	for _, p := range pods {
+		switch {
+		case p.role == roleUplink && p.ifname != d.cfg.Uplink:
+			// the uplink changed: the old device gets nothing any more
+			if err := d.detachLocked(p.role, p.ifname); err != nil {
+				return err
+			}
+		case p.role == rolePod:
+			if !deviceExists(p.ifname) {
+				continue // left for GCPodLinks
+			}
+			if err := d.attachLocked(rolePod, p.ifname, d.podProg); err != nil {
+				d.log.Warn("adopt pod link", "ifname", p.ifname, "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+// Features returns the probe results found by Load.
+func (d *Datapath) Features() []api.Feature { return d.feats.List() }
+
+// Decisions returns attach mode, host routing and device mode with reasons.
+func (d *Datapath) Decisions() []api.Decision {
+	return append([]api.Decision(nil), d.decisions...)
+}
+
+// AttachMode returns "tcx" or "legacy"; HostRouting "bpf" or "legacy".
+func (d *Datapath) AttachMode() string  { return d.attachMode }
+func (d *Datapath) HostRouting() string { return d.hostRouting }
+
+// Close releases file descriptors. Pins, links and filters stay: forwarding
+// continues while the agent is down and the next Load adopts them.
+func (d *Datapath) Close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{d.podProg, d.upProg, d.epV4, d.epV6, d.metrics} {
+		if c == nil || isNilPtr(c) {
+			continue
+		}
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func isNilPtr(c any) bool {
+	switch v := c.(type) {
+	case *ebpf.Program:
+		return v == nil
+	case *ebpf.Map:
+		return v == nil
+	}
+	return false
+}
+
+// Uninstall detaches every link and filter pinned under pinDir (devices are
+// looked up in the current netns) and removes the pins and the directory.
+// A missing pinDir is no error.
+func Uninstall(pinDir string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	ok, err := isBPFFS(pinDir)
+	if err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("uninstall: %s is not on a bpf filesystem, refusing to remove it", pinDir)
+	}
+	pins, err := listLinkPins(pinDir)
+	if err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	var errs []error
+	for _, p := range pins {
+		if err := detachPin(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("uninstall %s: %w", pinDir, errors.Join(errs...))
+	}
+	if err := os.RemoveAll(pinDir); err != nil {
+		return fmt.Errorf("uninstall: remove pins under %s: %w", pinDir, err)
+	}
+	return nil
+}
