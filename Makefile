@@ -33,8 +33,10 @@ packages:
 deps: packages
 	@hack/deps.sh
 
-generate: packages
-	$(GO) generate ./internal/datapath/...
+include bpf/Makefile.inc
+
+# BPF objects are compiled from bpf/*.c by bpf2go (clang-19) whenever a source changes.
+generate: packages bpf
 
 build: generate
 	@mkdir -p $(BIN)
@@ -59,5 +61,5 @@ test-unit:
 bench: deps build
 	$(BIN)/axon lab bench
 
-clean:
+clean: bpf-clean
 	rm -rf $(BIN) $(RESULTS)

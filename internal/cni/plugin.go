@@ -233,20 +233,27 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	hostName := HostVethName(args.ContainerID, args.IfName)
-	if err := deleteHostVeth(hostName); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
-	}
 	client := api.NewClient(conf.Socket)
 	ctx, cancel := p.ctx()
 	defer cancel()
+	// The agent removes the endpoint's map entries before the device goes:
+	// an entry whose ifindex is stale (or reused by a new pod's veth) would
+	// misdirect traffic for the old address. If the agent is down the veth is
+	// still deleted, and the error (code 11) makes the runtime retry DEL.
 	a := api.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+	var agentErrs error
 	if err := client.DeleteEndpoint(ctx, a); err != nil && !api.IsStatus(err, http.StatusNotFound) {
-		return agentErr("remove endpoint from axon-agent", err)
+		agentErrs = agentErr("remove endpoint from axon-agent", err)
+	} else if err := client.Release(ctx, api.ReleaseRequest{ContainerID: args.ContainerID, IfName: args.IfName}); err != nil && !api.IsStatus(err, http.StatusNotFound) {
+		// DeleteEndpoint releases the addresses; Release covers an ADD that
+		// died between Allocate and PutEndpoint. Both are idempotent.
+		agentErrs = agentErr("release addresses in axon-agent", err)
 	}
-	// DeleteEndpoint releases the addresses; Release covers an ADD that died
-	// between Allocate and PutEndpoint. Both are idempotent.
-	if err := client.Release(ctx, api.ReleaseRequest{ContainerID: args.ContainerID, IfName: args.IfName}); err != nil && !api.IsStatus(err, http.StatusNotFound) {
-		return agentErr("release addresses in axon-agent", err)
+	if err := deleteHostVeth(hostName); err != nil {
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	if agentErrs != nil {
+		return agentErrs
 	}
 	p.log().Info("DEL done", "container", args.ContainerID, "ifname", args.IfName, "dev", hostName)
 	return nil
