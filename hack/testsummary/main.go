@@ -1,111 +1,141 @@
-// Command testsummary reads `go test -json` from stdin, streams a readable log
-// (package results, every failure's output, every skip with its reason) and
-// ends with the line "N passed, N failed, N skipped". It exits non-zero when
-// any test or package failed, so `make test` and .ci/run fail honestly.
+// Command testsummary reads `go test -json` on stdin and prints a readable report: one line per
+// package, the output of every failed test, and a closing line "N passed, N failed, N skipped".
+// It exits 1 when a test or a package (build error, panic, timeout) failed, or when no test ran.
+//
+//	go test -json ./... | go run ./hack/testsummary
 package main
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
 )
 
+// event is one line of `go test -json` (cmd/test2json).
 type event struct {
 	Action  string
 	Package string
 	Test    string
-	Output  string
 	Elapsed float64
+	Output  string
 }
 
-func main() {
-	var passed, failed, skipped int
-	var failedPkgs []string
-	outputs := map[string]*strings.Builder{} // package/test → output so far
-	key := func(e event) string { return e.Package + "/" + e.Test }
-	sc := bufio.NewScanner(os.Stdin)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
+type key struct{ pkg, test string }
+
+type summary struct {
+	passed, failed, skipped int
+	failedTests             []key
+	pkgResult               map[string]string // package → pass/fail/skip
+	pkgElapsed              map[string]float64
+	output                  map[key]*strings.Builder
+	nonJSON                 []string // build errors etc. printed by go test outside JSON
+}
+
+func summarize(r io.Reader) (*summary, error) {
+	s := &summary{pkgResult: map[string]string{}, pkgElapsed: map[string]float64{}, output: map[key]*strings.Builder{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1024*1024), 64*1024*1024)
 	for sc.Scan() {
 		line := sc.Bytes()
-		var e event
-		if err := json.Unmarshal(line, &e); err != nil {
-			// Build errors and other non-JSON lines: show them as they are.
-			fmt.Println(string(line))
+		var ev event
+		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &ev) != nil {
+			s.nonJSON = append(s.nonJSON, string(line))
 			continue
 		}
-		switch e.Action {
+		k := key{ev.Package, ev.Test}
+		switch ev.Action {
 		case "output":
-			b := outputs[key(e)]
+			b := s.output[k]
 			if b == nil {
 				b = &strings.Builder{}
-				outputs[key(e)] = b
+				s.output[k] = b
 			}
-			b.WriteString(e.Output)
+			b.WriteString(ev.Output)
 		case "pass", "fail", "skip":
-			out := outputs[key(e)]
-			delete(outputs, key(e))
-			if e.Test == "" { // package result
-				status := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "skip"}[e.Action]
-				fmt.Printf("%s %s (%.1fs)\n", status, e.Package, e.Elapsed)
-				if e.Action == "fail" {
-					failedPkgs = append(failedPkgs, e.Package)
-					if out != nil && !strings.Contains(out.String(), "--- FAIL") {
-						fmt.Print(indent(out.String()))
-					}
+			if ev.Test == "" {
+				s.pkgResult[ev.Package] = ev.Action
+				s.pkgElapsed[ev.Package] = ev.Elapsed
+				continue
+			}
+			if strings.Contains(ev.Test, "/") { // subtests roll up into their parent
+				if ev.Action == "fail" {
+					s.failedTests = append(s.failedTests, k)
 				}
 				continue
 			}
-			switch e.Action {
+			switch ev.Action {
 			case "pass":
-				passed++
+				s.passed++
 			case "fail":
-				failed++
-				fmt.Printf("--- FAIL %s %s (%.1fs)\n", e.Package, e.Test, e.Elapsed)
-				if out != nil {
-					fmt.Print(indent(out.String()))
-				}
+				s.failed++
+				s.failedTests = append(s.failedTests, k)
 			case "skip":
-				skipped++
-				fmt.Printf("--- SKIP %s %s: %s\n", e.Package, e.Test, skipReason(out))
+				s.skipped++
 			}
 		}
 	}
-	sort.Strings(failedPkgs)
-	if len(failedPkgs) > 0 {
-		fmt.Printf("failed packages: %s\n", strings.Join(failedPkgs, " "))
+	return s, sc.Err()
+}
+
+func (s *summary) report(w io.Writer) (ok bool) {
+	pkgs := make([]string, 0, len(s.pkgResult))
+	for p := range s.pkgResult {
+		pkgs = append(pkgs, p)
 	}
-	fmt.Printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped)
-	if failed > 0 || len(failedPkgs) > 0 {
+	sort.Strings(pkgs)
+	// A package that failed with no failed test (build error, panic, timeout) counts as one
+	// failure, so the closing line never reads "0 failed" for a failed run.
+	withFailedTest := map[string]bool{}
+	for _, k := range s.failedTests {
+		withFailedTest[k.pkg] = true
+	}
+	failedPkgs := 0
+	for _, p := range pkgs {
+		res := s.pkgResult[p]
+		if res == "fail" && !withFailedTest[p] {
+			failedPkgs++
+		}
+		fmt.Fprintf(w, "%-4s %s (%.1fs)\n", strings.ToUpper(res), p, s.pkgElapsed[p])
+	}
+	for _, k := range s.failedTests {
+		fmt.Fprintf(w, "\n--- FAIL: %s %s\n", k.pkg, k.test)
+		if b := s.output[k]; b != nil {
+			fmt.Fprint(w, b.String())
+		}
+	}
+	// Package-level output of failed packages (build errors, panics, timeouts outside a test).
+	for _, p := range pkgs {
+		if s.pkgResult[p] == "fail" {
+			if b := s.output[key{p, ""}]; b != nil && !strings.Contains(b.String(), "--- FAIL") {
+				fmt.Fprintf(w, "\n--- FAIL: package %s\n%s", p, b.String())
+			}
+		}
+	}
+	if len(s.nonJSON) > 0 {
+		fmt.Fprintf(w, "\n%s\n", strings.Join(s.nonJSON, "\n"))
+	}
+	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", s.passed, s.failed+failedPkgs, s.skipped)
+	switch {
+	case s.failed > 0 || failedPkgs > 0:
+		return false
+	case s.passed == 0:
+		fmt.Fprintln(w, "testsummary: no test ran")
+		return false
+	}
+	return true
+}
+
+func main() {
+	s, err := summarize(os.Stdin)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testsummary: read go test -json: %v\n", err)
+		os.Exit(2)
+	}
+	if !s.report(os.Stdout) {
 		os.Exit(1)
 	}
-}
-
-func indent(s string) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	for i, l := range lines {
-		lines[i] = "    " + l
-	}
-	return strings.Join(lines, "\n") + "\n"
-}
-
-// skipReason picks the t.Skip message out of a test's output.
-func skipReason(out *strings.Builder) string {
-	if out == nil {
-		return "(no reason given)"
-	}
-	var last string
-	for _, l := range strings.Split(out.String(), "\n") {
-		l = strings.TrimSpace(l)
-		if l == "" || strings.HasPrefix(l, "=== ") || strings.HasPrefix(l, "--- SKIP") {
-			continue
-		}
-		last = l
-	}
-	if last == "" {
-		return "(no reason given)"
-	}
-	return last
 }

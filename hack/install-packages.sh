@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install the Debian/Ubuntu packages axon needs to build and run its lab, if missing.
+# Idempotent: does nothing (and never runs `apt-get update`) when everything is present.
+# Usage: hack/install-packages.sh   (as root)
+set -euo pipefail
+
+PACKAGES=(clang-19 llvm-19 libbpf-dev bpftool iperf3 sockperf iproute2 iputils-ping util-linux zstd ca-certificates)
+
+installed() {
+	[[ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" == ii* ]]
+}
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+	installed "$p" || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+	echo "packages: all present (${PACKAGES[*]})"
+	exit 0
+fi
+
+if [[ "$(id -u)" -ne 0 ]]; then
+	echo "packages: missing: ${missing[*]}" >&2
+	echo "packages: installing them needs root: run \`sudo make packages\` (hack/install-packages.sh)" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null; then
+	echo "packages: missing: ${missing[*]}; apt-get not found: install them with your distribution's package manager" >&2
+	exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "packages: installing ${missing[*]}"
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+for p in "${missing[@]}"; do
+	installed "$p" || { echo "packages: $p still not installed after apt-get install" >&2; exit 1; }
+	echo "packages: installed $p $(dpkg-query -W -f='${Version}' "$p")"
+done

@@ -1,0 +1,358 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseStat(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		stat       string
+		wantStart  uint64
+		wantZombie bool
+		wantErr    bool
+	}{
+		{
+			name:      "plain",
+			stat:      "1234 (etcd) S 1 1234 1234 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 12 0 98765 1000 10 18446744073709551615",
+			wantStart: 98765,
+		},
+		{
+			name:      "comm with spaces and parens",
+			stat:      "7 (a) b (c) R 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0",
+			wantStart: 42,
+		},
+		{
+			name:       "zombie",
+			stat:       "9 (kube-apiserver) Z 1 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 77 0 0",
+			wantStart:  77,
+			wantZombie: true,
+		},
+		{name: "truncated", stat: "9 (x) S 1 2 3", wantErr: true},
+		{name: "garbage", stat: "nonsense", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start, zombie, err := parseStat([]byte(tc.stat))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if err == nil && (start != tc.wantStart || zombie != tc.wantZombie) {
+				t.Errorf("got start=%d zombie=%v, want %d %v", start, zombie, tc.wantStart, tc.wantZombie)
+			}
+		})
+	}
+}
+
+func TestListenInodes(t *testing.T) {
+	// 6443 = 0x192B. Rows: loopback LISTEN, wildcard LISTEN, other IP LISTEN, loopback ESTABLISHED.
+	tcp4 := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:192B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0
+   1: 00000000:192B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1 0 100 0 0 10 0
+   2: 0B1212C6:192B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0
+   3: 0100007F:192B 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 444 1 0 100 0 0 10 0
+   4: 0100007F:0951 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 555 1 0 100 0 0 10 0
+`
+	tcp6 := `  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:192B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 666 1 0 100 0 0 10 0
+   1: 0000000000000000FFFF00000100007F:192B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0 100 0 0 10 0
+   2: 20010DB8000000000000000000000001:192B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 888 1 0 100 0 0 10 0
+`
+	for _, tc := range []struct {
+		name  string
+		table string
+		port  int
+		want  []string
+	}{
+		{"ipv4 loopback and wildcard only", tcp4, 6443, []string{"111", "222"}},
+		{"ipv4 other port", tcp4, 2385, []string{"555"}},
+		{"ipv4 nobody", tcp4, 2379, nil},
+		{"ipv6 loopback and v4-mapped loopback", tcp6, 6443, []string{"666", "777"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := listenInodes([]byte(tc.table), tc.port)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("listenInodes = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPortOwnerNamesThisProcess(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	err = portFree(port)
+	if err == nil {
+		t.Fatalf("portFree(%d) = nil while we listen on it", port)
+	}
+	if want := "pid " + strconv.Itoa(os.Getpid()); !strings.Contains(err.Error(), want) {
+		t.Errorf("portFree error %q does not name %q", err, want)
+	}
+}
+
+func TestPKIGeneratedOnceAndIdentities(t *testing.T) {
+	dir := t.TempDir()
+	extra := net.ParseIP("198.18.0.1")
+	ca, err := ensurePKI(dir, []net.IP{extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{caCertFile, caKeyFile, apiserverCertFile, apiserverKeyFile, adminCertFile, adminKeyFile, saKeyFile, saPubFile}
+	before := map[string][]byte{}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatalf("missing %s: %v", f, err)
+		}
+		before[f] = b
+	}
+	for _, f := range []string{caKeyFile, apiserverKeyFile, adminKeyFile, saKeyFile} {
+		st, _ := os.Stat(filepath.Join(dir, f))
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %v, want 0600", f, st.Mode().Perm())
+		}
+	}
+
+	// Second call: nothing rewritten.
+	if _, err := ensurePKI(dir, []net.IP{extra}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		if !bytes.Equal(b, before[f]) {
+			t.Errorf("%s rewritten by a second ensurePKI", f)
+		}
+	}
+
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	load := func(f string) *x509.Certificate {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		c, err := parseCertPEM(b)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		return c
+	}
+	srv := load(apiserverCertFile)
+	for _, host := range []string{"127.0.0.1", "::1", "198.18.0.1", "localhost", "kubernetes.default.svc"} {
+		if _, err := srv.Verify(x509.VerifyOptions{Roots: pool, DNSName: host, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("apiserver cert not valid for %s: %v", host, err)
+		}
+	}
+	adm := load(adminCertFile)
+	if adm.Subject.CommonName != AdminUser || fmt.Sprint(adm.Subject.Organization) != "["+AdminGroup+"]" {
+		t.Errorf("admin subject = %v", adm.Subject)
+	}
+	if _, err := adm.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("admin cert is not a client cert of the CA: %v", err)
+	}
+
+	// A new SAN re-issues only the serving certificate.
+	if _, err := ensurePKI(dir, []net.IP{extra, net.ParseIP("198.18.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		changed := !bytes.Equal(b, before[f])
+		if want := f == apiserverCertFile || f == apiserverKeyFile; changed != want {
+			t.Errorf("%s changed=%v after adding a SAN, want %v", f, changed, want)
+		}
+	}
+}
+
+func TestAgentKubeconfigIdentity(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := ensurePKI(filepath.Join(dir, "pki"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &ControlPlane{cfg: Config{Dir: dir, APIPort: 16443}, ca: ca}
+	for _, tc := range []struct {
+		node    string
+		wantErr bool
+	}{
+		{node: "node1"},
+		{node: "worker-2.lab"},
+		{node: "", wantErr: true},
+		{node: "../etc", wantErr: true},
+		{node: "Node1", wantErr: true},
+	} {
+		t.Run(tc.node, func(t *testing.T) {
+			path, err := cp.AgentKubeconfig(tc.node)
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("AgentKubeconfig(%q) = %s, want an error", tc.node, path)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			kc, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(kc), "server: https://127.0.0.1:16443") {
+				t.Errorf("kubeconfig lacks the server URL:\n%s", kc)
+			}
+			crt, _ := os.ReadFile(filepath.Join(dir, "pki", "agents", tc.node+".crt"))
+			c, err := parseCertPEM(crt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Subject.CommonName != AgentUserPfx+tc.node || fmt.Sprint(c.Subject.Organization) != "["+AgentGroup+"]" {
+				t.Errorf("agent subject = %v", c.Subject)
+			}
+			// Issued once: a second call keeps the certificate.
+			if _, err := cp.AgentKubeconfig(tc.node); err != nil {
+				t.Fatal(err)
+			}
+			crt2, _ := os.ReadFile(filepath.Join(dir, "pki", "agents", tc.node+".crt"))
+			if !bytes.Equal(crt, crt2) {
+				t.Error("agent certificate re-issued on second call")
+			}
+		})
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	exe := "/bin/true"
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{"no binaries", Config{Dir: t.TempDir()}, "make deps"},
+		{"missing binary", Config{Dir: t.TempDir(), EtcdBinary: "/nonexistent/etcd", APIServerBinary: exe}, "make deps"},
+		{"bad cidr", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, ServiceCIDR: "10.96.0.0"}, "ServiceCIDR"},
+		{"port collision", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, APIPort: 2380, EtcdPort: 2379}, "collides"},
+		{"port range", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, APIPort: 70000}, "1..65535"},
+		{"ok", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.setDefaults()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.cfg.APIPort != DefaultAPIPort || tc.cfg.EtcdPort != DefaultEtcdPort || tc.cfg.ServiceCIDR != DefaultServiceCIDR {
+					t.Errorf("defaults not applied: %+v", tc.cfg)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("setDefaults() = %v, want an error mentioning %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// A port held by another process fails Start before anything is spawned, naming the holder.
+func TestStartPortBusy(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	dir := t.TempDir()
+	_, err = Start(context.Background(), Config{Dir: dir, APIPort: port, EtcdPort: freePortPair(t), EtcdBinary: "/bin/true", APIServerBinary: "/bin/true"})
+	if err == nil {
+		t.Fatal("Start succeeded with its API port taken")
+	}
+	for _, want := range []string{"APIPort", strconv.Itoa(port), "pid " + strconv.Itoa(os.Getpid())} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, pidsFile)); !os.IsNotExist(err) {
+		t.Errorf("pids.json left behind after a refused start: %v", err)
+	}
+}
+
+// A process that dies at start-up fails Start quickly with its log tail, and leaves no record.
+func TestStartReportsLogTailOfCrashingProcess(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "fake-etcd")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'fatal: simulated etcd failure' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	_, err := Start(context.Background(), Config{Dir: dir, APIPort: freePortPair(t), EtcdPort: freePortPair(t), EtcdBinary: fake, APIServerBinary: "/bin/true"})
+	if err == nil {
+		t.Fatal("Start succeeded with a crashing etcd")
+	}
+	for _, want := range []string{"etcd not ready", "process exited", "simulated etcd failure", "etcd.log"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("Start took %v to notice the crash", d)
+	}
+	if _, err := os.Stat(filepath.Join(dir, pidsFile)); !os.IsNotExist(err) {
+		t.Errorf("pids.json left behind after a failed start: %v", err)
+	}
+	if err := Stop(dir); err != nil {
+		t.Errorf("Stop after failed start: %v", err)
+	}
+}
+
+func TestPIDsRoundTripAndStopIgnoresReusedPID(t *testing.T) {
+	dir := t.TempDir()
+	// Our own PID with a wrong start time: Stop must not signal us.
+	self := procRecord{Name: "impostor", PID: os.Getpid(), StartTime: 1}
+	if err := writePIDs(dir, pidState{Processes: []procRecord{self}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := readPIDs(dir)
+	if err != nil || len(st.Processes) != 1 || st.Processes[0].PID != os.Getpid() {
+		t.Fatalf("readPIDs = %+v, %v", st, err)
+	}
+	if self.alive() {
+		t.Fatal("record with a wrong start time reported alive")
+	}
+	if err := Stop(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Stop(dir); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	if err := Stop(filepath.Join(dir, "never-created")); err != nil {
+		t.Fatalf("Stop on a missing dir: %v", err)
+	}
+}
+
+// freePortPair returns a port p such that p and p+1 are free on 127.0.0.1 right now.
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no free pair of ports on 127.0.0.1")
+	return 0
+}
