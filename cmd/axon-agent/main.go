@@ -1,0 +1,83 @@
+// Command axon-agent runs the axon node agent: it watches the kube-apiserver,
+// programs node routes and the BPF datapath, and serves the local API used by
+// axon-cni and the axon CLI. Run one per node, in the node's network namespace.
+package main
+
+import (
+	"context"
+	"fmt"
+	flag "github.com/spf13/pflag"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/axonhq/axon/internal/agent"
+	"github.com/axonhq/axon/internal/api"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cfg := agent.Defaults()
+	cfg.Socket = api.DefaultSocket
+	fs := flag.NewFlagSet("axon-agent", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: axon-agent [flags]\n\nThe axon node agent. Runs in the node's network namespace; SIGTERM stops it and\nleaves the BPF programs attached (pods keep forwarding).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "name of this node's Node object ($NODE_NAME, else the hostname)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file for the kube-apiserver; empty = in-cluster service account")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for IPAM allocations and the endpoint registry")
+	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket of the local API (axon-cni, axon CLI)")
+	fs.StringVar(&cfg.BPFRoot, "bpf-root", cfg.BPFRoot, "bpffs directory where maps and links are pinned")
+	fs.StringVar(&cfg.Uplink, "uplink", "", "node uplink device; empty = device of the default route, else the one holding the Node's InternalIP")
+	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "BPF attach mode: auto (tcx when the kernel has it), tcx or legacy (clsact + cls_bpf)")
+	fs.StringVar(&cfg.HostRouting, "host-routing", cfg.HostRouting, "host routing: auto, bpf (redirect in BPF) or legacy (kernel routing)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "host:port serving /healthz and Prometheus /metrics, e.g. 127.0.0.1:9876; empty = off")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	version := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if *version {
+		fmt.Println("axon-agent", agent.Version)
+		return 0
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "axon-agent: unexpected arguments %q: it takes flags only (see --help)\n", fs.Args())
+		return 2
+	}
+	level, err := agent.ParseLogLevel(*logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		return 2
+	}
+	log, err := agent.NewLogger(*logFormat, level, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "axon-agent: invalid configuration:", err)
+		return 2
+	}
+	// client-go logs through klog: send it to our logger.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := agent.Run(ctx, cfg, log); err != nil {
+		log.Error("axon-agent failed", "error", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,30 @@
+package main
+
+import "testing"
+
+// Bad flags must stop the agent before it touches anything (exit 2).
+func TestRunRejectsBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"help", []string{"--help"}, 0},
+		{"version", []string{"--version"}, 0},
+		{"unknown flag", []string{"--no-such-flag"}, 2},
+		{"positional argument", []string{"--node-name", "n1", "extra"}, 2},
+		{"bad attach mode", []string{"--node-name", "n1", "--attach-mode", "xdp"}, 2},
+		{"bad host routing", []string{"--node-name", "n1", "--host-routing", "fast"}, 2},
+		{"bad log level", []string{"--node-name", "n1", "--log-level", "loud"}, 2},
+		{"bad log format", []string{"--node-name", "n1", "--log-format", "yaml"}, 2},
+		{"bad health addr", []string{"--node-name", "n1", "--health-addr", "9876"}, 2},
+		{"empty node name", []string{"--node-name", ""}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := run(tt.args); got != tt.want {
+				t.Errorf("run(%q) = %d, want %d", tt.args, got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,130 @@
+// Package agent implements axon-agent: it watches the kube-apiserver (own Node,
+// other Nodes, Pods on this node), programs node routes and the BPF endpoint
+// map, persists the endpoint registry and serves the local API on a unix socket.
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults used by axon-agent on a real node (see docs/contracts.md).
+const (
+	DefaultStateDir          = "/var/lib/axon"
+	DefaultBPFRoot           = "/sys/fs/bpf/axon"
+	DefaultReconcileInterval = 30 * time.Second
+
+	// RouteProtocol marks the routes the agent owns ("axon"); routes with any
+	// other protocol are never touched.
+	RouteProtocol = 0xA0
+)
+
+// Config is everything Run needs. The zero value is not valid: use Defaults
+// and then override.
+type Config struct {
+	NodeName    string // Kubernetes Node this agent runs for
+	Kubeconfig  string // path; empty = in-cluster config
+	StateDir    string // IPAM allocations and endpoint registry
+	Socket      string // local API unix socket
+	BPFRoot     string // bpffs pin directory
+	Uplink      string // node uplink device; empty = auto-detect
+	AttachMode  string // auto|tcx|legacy
+	HostRouting string // auto|bpf|legacy
+	HealthAddr  string // host:port for /healthz and /metrics; empty = off
+
+	ReconcileInterval time.Duration // periodic full reconcile
+}
+
+// Defaults returns the product defaults. NodeName comes from $NODE_NAME or
+// the hostname.
+func Defaults() Config {
+	node := os.Getenv("NODE_NAME")
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	return Config{
+		NodeName:          node,
+		StateDir:          DefaultStateDir,
+		Socket:            "/var/run/axon/axon.sock",
+		BPFRoot:           DefaultBPFRoot,
+		AttachMode:        "auto",
+		HostRouting:       "auto",
+		ReconcileInterval: DefaultReconcileInterval,
+	}
+}
+
+var (
+	attachModes  = []string{"auto", "tcx", "legacy"}
+	hostRoutings = []string{"auto", "bpf", "legacy"}
+)
+
+// Validate checks the configuration and says what to fix.
+func (c Config) Validate() error {
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("--node-name is empty: pass it or set $NODE_NAME"))
+	}
+	if strings.ContainsAny(c.NodeName, "/ ") {
+		errs = append(errs, fmt.Errorf("--node-name %q is not a valid Node name", c.NodeName))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("--state-dir is empty: pass a writable directory such as "+DefaultStateDir))
+	}
+	if c.Socket == "" {
+		errs = append(errs, errors.New("--socket is empty: pass a path such as /var/run/axon/axon.sock"))
+	}
+	if c.BPFRoot == "" {
+		errs = append(errs, errors.New("--bpf-root is empty: pass a directory on bpffs such as "+DefaultBPFRoot))
+	}
+	if !oneOf(c.AttachMode, attachModes) {
+		errs = append(errs, fmt.Errorf("--attach-mode %q is invalid: use one of %s", c.AttachMode, strings.Join(attachModes, "|")))
+	}
+	if !oneOf(c.HostRouting, hostRoutings) {
+		errs = append(errs, fmt.Errorf("--host-routing %q is invalid: use one of %s", c.HostRouting, strings.Join(hostRoutings, "|")))
+	}
+	if c.HealthAddr != "" {
+		if _, port, err := net.SplitHostPort(c.HealthAddr); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("--health-addr %q is invalid: use host:port such as 127.0.0.1:9876, or empty to disable", c.HealthAddr))
+		}
+	}
+	if c.ReconcileInterval <= 0 {
+		errs = append(errs, fmt.Errorf("reconcile interval %s must be positive", c.ReconcileInterval))
+	}
+	return errors.Join(errs...)
+}
+
+func oneOf(v string, set []string) bool {
+	for _, s := range set {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseLogLevel maps --log-level to a slog level.
+func ParseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q is invalid: use debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// NewLogger builds the agent's logger for --log-format text|json.
+func NewLogger(format string, level slog.Level, w *os.File) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q is invalid: use text or json", format)
+	}
+}

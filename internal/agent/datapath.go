@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"log/slog"
+	"net/netip"
+
+	"github.com/axonhq/axon/internal/datapath"
+)
+
+// loadDatapath returns the loader used by Run: internal/datapath in the
+// agent's netns, adopting maps and links pinned under cfg.BPFRoot.
+func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, error) {
+	return func(uplink string) (dataplane, error) {
+		d, err := datapath.Load(datapath.Config{
+			PinDir:      cfg.BPFRoot,
+			Uplink:      uplink,
+			AttachMode:  cfg.AttachMode,
+			HostRouting: cfg.HostRouting,
+			Logger:      log.With("component", "datapath"),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return dpAdapter{d}, nil
+	}
+}
+
+// dpAdapter maps *datapath.Datapath onto the agent's dataplane interface.
+type dpAdapter struct{ *datapath.Datapath }
+
+func (d dpAdapter) UpsertEndpoint(e MapEntry) error {
+	return d.Datapath.UpsertEndpoint(datapath.Endpoint{IP: e.IP, IfIndex: e.IfIndex, PodMAC: e.PodMAC, HostMAC: e.HostMAC})
+}
+
+func (d dpAdapter) DeleteEndpoint(ip netip.Addr) error { return d.Datapath.DeleteEndpoint(ip) }
+
+func (d dpAdapter) Endpoints() ([]MapEntry, error) {
+	eps, err := d.Datapath.Endpoints()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MapEntry, 0, len(eps))
+	for _, e := range eps {
+		out = append(out, MapEntry{IP: e.IP, IfIndex: e.IfIndex, PodMAC: e.PodMAC, HostMAC: e.HostMAC})
+	}
+	return out, nil
+}

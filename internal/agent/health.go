@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// healthServer starts the --health-addr listener: GET /healthz (200 ok /
+// 503 reason) and GET /metrics (Prometheus, datapath counters included).
+func (a *Agent) healthServer() (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := a.Healthy(r.Context()); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, err.Error()+"\n")
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", a.cfg.HealthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --health-addr %s: %w (pick another port, or empty to disable)", a.cfg.HealthAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+			a.log.Error("health server stopped", "addr", a.cfg.HealthAddr, "error", err)
+		}
+	}()
+	a.log.Info("health and metrics listening", "addr", ln.Addr().String())
+	return srv, nil
+}
+
+var (
+	descReady     = prometheus.NewDesc("axon_agent_ready", "1 when the agent is ready (datapath loaded, podCIDR known, caches synced).", nil, nil)
+	descConnected = prometheus.NewDesc("axon_agent_apiserver_connected", "1 when the kube-apiserver answers.", nil, nil)
+	descEndpoints = prometheus.NewDesc("axon_agent_endpoints", "Endpoints in the registry.", nil, nil)
+	descRoutes    = prometheus.NewDesc("axon_agent_routes", "podCIDR routes to other nodes.", nil, nil)
+	descReconcile = prometheus.NewDesc("axon_agent_reconciles_total", "Reconcile passes by result.", []string{"result"}, nil)
+	descDatapath  = prometheus.NewDesc("axon_datapath_packets_total", "Packets counted by the BPF datapath, by program direction and reason (summed over CPUs).", []string{"direction", "reason"}, nil)
+	descDPErr     = prometheus.NewDesc("axon_datapath_metrics_read_errors", "1 when the datapath metrics map could not be read on this scrape.", nil, nil)
+)
+
+var metricName = regexp.MustCompile(`[^a-zA-Z0-9_]`)
+
+type agentCollector struct{ a *Agent }
+
+func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descReady, descConnected, descEndpoints, descRoutes, descReconcile, descDatapath, descDPErr} {
+		ch <- d
+	}
+}
+
+func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
+	st, _ := c.a.Status(context.Background())
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(st.Ready))
+	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, b2f(st.APIServer.Connected))
+	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(st.Endpoints))
+	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(st.Routes))
+	c.a.stMu.Lock()
+	for res, n := range c.a.reconciles {
+		ch <- prometheus.MustNewConstMetric(descReconcile, prometheus.CounterValue, float64(n), res)
+	}
+	c.a.stMu.Unlock()
+	dp := c.a.dataplaneSnapshot()
+	if dp == nil {
+		return
+	}
+	byDir := map[string]map[string]uint64{}
+	var err error
+	if d, ok := dp.(interface {
+		MetricsByDirection() (map[string]map[string]uint64, error)
+	}); ok {
+		byDir, err = d.MetricsByDirection()
+	} else {
+		byDir["all"], err = dp.Metrics()
+	}
+	ch <- prometheus.MustNewConstMetric(descDPErr, prometheus.GaugeValue, b2f(err != nil))
+	for dir, m := range byDir {
+		for name, v := range m {
+			ch <- prometheus.MustNewConstMetric(descDatapath, prometheus.CounterValue, float64(v),
+				metricName.ReplaceAllString(dir, "_"), metricName.ReplaceAllString(name, "_"))
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
