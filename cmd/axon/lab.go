@@ -1,0 +1,464 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/controlplane"
+)
+
+// labFlags are the flags shared by every `axon lab` subcommand.
+type labFlags struct {
+	stateDir string
+	binDir   string
+	verbose  bool
+}
+
+func (f *labFlags) logger() *slog.Logger {
+	lvl := slog.LevelInfo
+	if f.verbose {
+		lvl = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+func (f *labFlags) load() (*lab.Lab, error) {
+	l, err := lab.Load(f.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	l.SetLogger(f.logger())
+	return l, nil
+}
+
+func defaultBinDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin"
+	}
+	if p, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = p
+	}
+	return filepath.Dir(exe)
+}
+
+func newLabCmd() *cobra.Command {
+	f := &labFlags{}
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Run a whole multi-node cluster on this machine (network namespaces + real kube-apiserver)",
+		Long: "axon lab runs a Kubernetes-like cluster on one machine: nodes are network namespaces\n" +
+			"joined by a bridge namespace (axonlab-wire), pods are namespaces wired by axon-cni\n" +
+			"(or the reference ptp plugin), etcd + kube-apiserver run on loopback and one\n" +
+			"axon-agent runs per node. Everything it creates is named axonlab-* and recorded in\n" +
+			"<state-dir>/lab.json; `axon lab down` removes it. One lab per machine. Needs root.",
+	}
+	cmd.PersistentFlags().StringVar(&f.stateDir, "state-dir", lab.DefaultStateDir, "lab state directory (lab.json, logs, per-node state)")
+	cmd.PersistentFlags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding axon, axon-agent and axon-cni")
+	cmd.PersistentFlags().BoolVarP(&f.verbose, "verbose", "v", false, "debug logging")
+	cmd.AddCommand(
+		newLabUpCmd(f), newLabDownCmd(f), newLabStatusCmd(f), newLabListCmd(f),
+		newLabExecCmd(f), newLabKubectlCmd(f), newLabCheckCmd(f),
+		newLabBenchCmd(&f.stateDir), newLabForwardCmd(f), newLabEchoCmd(),
+	)
+	return cmd
+}
+
+func newLabUpCmd(f *labFlags) *cobra.Command {
+	o := lab.UpOptions{}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create the lab: control plane, wire, nodes, agents and pods",
+		Long: "Create the lab: etcd + kube-apiserver on 127.0.0.1, the wire bridge, N node namespaces\n" +
+			"(198.18.0.1i, fd00:198:18::1i) with Node objects, one axon-agent per node, then M pods per\n" +
+			"node wired through CNI ADD exactly as a kubelet does. A healthy lab of the same shape is\n" +
+			"left as it is; leftovers of a crashed run are removed first.\n" +
+			"--datapath baseline wires pods with the reference ptp + host-local plugins and static\n" +
+			"routes instead (no agents), for comparison.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.BinDir = f.binDir
+			o.Logger = f.logger()
+			t0 := time.Now()
+			l, err := lab.Up(cmd.Context(), f.stateDir, o)
+			if err != nil {
+				return fmt.Errorf("lab up: %w\n(logs under %s; `axon lab down` removes what was created)", err, f.stateDir)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "lab up in %s: %d nodes, %d pods (%s). Try: axon lab check; axon lab exec %s -- ip addr\n",
+				time.Since(t0).Round(time.Millisecond), len(l.Nodes()), len(l.Pods()), o.Datapath, firstTarget(l))
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&o.Nodes, "nodes", 2, "number of nodes (1..50)")
+	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
+	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
+	return cmd
+}
+
+func firstTarget(l *lab.Lab) string {
+	if p := l.Pods(); len(p) > 0 {
+		return p[0].Name
+	}
+	return "node1"
+}
+
+func newLabDownCmd(f *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove everything the lab created (processes, namespaces, pins, cgroups, state); safe to run twice",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if os.Geteuid() != 0 {
+				return errors.New("axon lab down needs root: run it with sudo")
+			}
+			if err := lab.Down(cmd.Context(), f.stateDir, f.logger()); err != nil {
+				return fmt.Errorf("lab down: %w (fix the cause and run `axon lab down` again)", err)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "lab down")
+			return nil
+		},
+	}
+}
+
+func newLabStatusCmd(f *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the lab's processes, nodes (agent health) and pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := f.load()
+			if err != nil {
+				return err
+			}
+			return printLabStatus(cmd.Context(), cmd.OutOrStdout(), l)
+		},
+	}
+}
+
+func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
+	st := l.State()
+	rep := l.Health(ctx)
+	fmt.Fprintf(w, "lab %s (%s datapath, created %s, state %s)\n", map[bool]string{true: "UP", false: "DEGRADED"}[rep.OK()],
+		st.Datapath, st.Created.Format(time.RFC3339), st.StateDir)
+	for _, p := range rep.Processes {
+		fmt.Fprintf(w, "  %-18s pid %-8d %s\n", p.Name, p.PID, p.State)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tIP\tPODCIDRS\tAGENT\tENDPOINTS\tROUTES\tDATAPATH")
+	for _, n := range st.Nodes {
+		agent, eps, routes, dp := "-", "-", "-", "-"
+		if n.Agent != nil {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			s, err := api.NewClient(n.Socket).Status(ctx)
+			cancel()
+			switch {
+			case err != nil:
+				agent = "unreachable"
+			case s.Ready:
+				agent = "ready"
+			default:
+				agent = "not ready: " + s.Message
+			}
+			if err == nil {
+				eps, routes = fmt.Sprint(s.Endpoints), fmt.Sprint(s.Routes)
+				var ds []string
+				for _, d := range s.Datapath {
+					ds = append(ds, d.Name+"="+d.Value)
+				}
+				dp = strings.Join(ds, ",")
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, joinAddrs(n.IPs), joinPrefixes(n.PodCIDRs), agent, eps, routes, dp)
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNODE\tDATAPATH\tIPS")
+	for _, p := range st.Pods {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Node, p.Datapath, joinAddrs(p.IPs))
+	}
+	tw.Flush()
+	for _, p := range rep.Problems {
+		fmt.Fprintln(w, "PROBLEM:", p)
+	}
+	return nil
+}
+
+func joinAddrs(as []netip.Addr) string {
+	var s []string
+	for _, a := range as {
+		s = append(s, a.String())
+	}
+	return strings.Join(s, ",")
+}
+
+// Shapes of `axon lab list -o json` (a stable contract: other tools parse it).
+type listNode struct {
+	Name     string         `json:"name"`
+	IP       netip.Addr     `json:"ip"`
+	IPs      []netip.Addr   `json:"ips"`
+	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+	Netns    string         `json:"netns"`
+}
+
+type listPod struct {
+	Name      string       `json:"name"`
+	Namespace string       `json:"namespace"`
+	Node      string       `json:"node"`
+	IP        netip.Addr   `json:"ip"`
+	IPs       []netip.Addr `json:"ips"`
+	Netns     string       `json:"netns"`
+	Datapath  string       `json:"datapath"`
+}
+
+type listExternal struct {
+	Name  string     `json:"name"`
+	IP    netip.Addr `json:"ip"`
+	Netns string     `json:"netns"`
+}
+
+type listOutput struct {
+	Nodes    []listNode   `json:"nodes"`
+	Pods     []listPod    `json:"pods"`
+	External listExternal `json:"external"`
+}
+
+func newLabListCmd(f *labFlags) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List nodes, pods and the external namespace with their addresses",
+		Long: "List nodes, pods and the external namespace. -o json prints\n" +
+			`{"nodes":[{"name","ip","ips","podCIDRs","netns"}],"pods":[{"name","namespace","node","ip","ips","netns","datapath"}],"external":{"name","ip","netns"}}` + "\n" +
+			"where ip is the primary IPv4 address, ips all addresses and netns the namespace path.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return fmt.Errorf("unknown output format %q: use -o text or -o json", output)
+			}
+			l, err := f.load()
+			if err != nil {
+				return err
+			}
+			st := l.State()
+			out := listOutput{Nodes: []listNode{}, Pods: []listPod{}}
+			for _, n := range st.Nodes {
+				out.Nodes = append(out.Nodes, listNode{n.Name, n.IP, n.IPs, n.PodCIDRs, "/run/netns/" + n.Netns})
+			}
+			for _, p := range st.Pods {
+				out.Pods = append(out.Pods, listPod{p.Name, p.Namespace, p.Node, p.IP, p.IPs, "/run/netns/" + p.Netns, p.Datapath})
+			}
+			out.External = listExternal{st.External.Name, st.External.IP, "/run/netns/" + st.External.Netns}
+			w := cmd.OutOrStdout()
+			if output == "json" {
+				enc := json.NewEncoder(w)
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "KIND\tNAME\tNODE\tIPS\tNETNS")
+			for _, n := range out.Nodes {
+				fmt.Fprintf(tw, "node\t%s\t-\t%s\t%s\n", n.Name, joinAddrs(n.IPs), n.Netns)
+			}
+			for _, p := range out.Pods {
+				fmt.Fprintf(tw, "pod\t%s\t%s\t%s\t%s\n", p.Name, p.Node, joinAddrs(p.IPs), p.Netns)
+			}
+			fmt.Fprintf(tw, "external\t%s\t-\t%s\t%s\n", st.External.Name, joinAddrs(st.External.IPs), out.External.Netns)
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	return cmd
+}
+
+// runPassthrough runs cmd with the terminal's stdio and turns its exit
+// status into the exit status of axon.
+func runPassthrough(cmd *exec.Cmd) error {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code := ee.ExitCode()
+		if code < 0 {
+			code = 128 + 9 // killed by a signal
+		}
+		return exitError{code: code}
+	}
+	return err
+}
+
+func newLabExecCmd(f *labFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "exec <node|pod|external> -- <cmd...>",
+		Short: "Run a command in a node, pod or the external namespace (pods: also in the pod's cgroup)",
+		Long: "Run a command in the network namespace of a lab node, pod or \"external\". For a pod the\n" +
+			"process starts in the pod's cgroup (<cgroup2>/axon-lab/<node>/<pod>), as a container\n" +
+			"would. The command's exit code becomes axon's.",
+		Example: "  axon lab exec node1-pod1 -- ping -c1 10.244.2.2\n  axon lab exec node2 -- ip route",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := f.load()
+			if err != nil {
+				return err
+			}
+			argv := args[1:]
+			if argv[0] == "--" { // kept by pflag when parsing stopped at the target
+				argv = argv[1:]
+			}
+			return runPassthrough(l.Command(cmd.Context(), args[0], argv...))
+		},
+	}
+	cmd.Flags().SetInterspersed(false)
+	return cmd
+}
+
+func newLabKubectlCmd(f *labFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "kubectl -- <args...>",
+		Short:   "Run the cached kubectl against the lab's apiserver (admin kubeconfig)",
+		Example: "  axon lab kubectl -- get nodes -o wide",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := f.load()
+			if err != nil {
+				return err
+			}
+			kubectl, err := lab.DepPath("kubectl")
+			if err != nil {
+				return err
+			}
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			c := exec.CommandContext(cmd.Context(), kubectl, append([]string{"--kubeconfig", l.AdminKubeconfig()}, args...)...)
+			return runPassthrough(c)
+		},
+	}
+	cmd.Flags().SetInterspersed(false)
+	return cmd
+}
+
+func newLabCheckCmd(f *labFlags) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Connectivity matrix: every pod to every pod and node, IPv4+IPv6, TCP/UDP/ICMP",
+		Long: "Probe every pod to every other pod and every node over IPv4 and IPv6 with TCP and UDP\n" +
+			"(a built-in echo on port 5657) and ICMP (ping). Probes run in the source pod's namespace\n" +
+			"and cgroup. Prints the matrix (ok = all 6 probes passed) and exits non-zero on any failure.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := f.load()
+			if err != nil {
+				return err
+			}
+			res, err := l.Check(cmd.Context(), timeout)
+			if res != nil {
+				res.Print(cmd.OutOrStdout())
+			}
+			if err != nil {
+				return fmt.Errorf("lab check: %w", err)
+			}
+			if failed := res.Failed(); len(failed) > 0 {
+				return fmt.Errorf("lab check: %d probes failed", len(failed))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
+	return cmd
+}
+
+// newLabForwardCmd is the hidden daemon started by `up`: it listens on
+// 127.0.0.1:<port> inside each node netns and forwards to the apiserver.
+func newLabForwardCmd(f *labFlags) *cobra.Command {
+	var listen, target string
+	var netns []string
+	cmd := &cobra.Command{
+		Use:    "_forward --netns PATH... --listen ADDR --target ADDR",
+		Short:  "internal: forward the apiserver into node namespaces",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(netns) == 0 {
+				return errors.New("_forward: give at least one --netns")
+			}
+			return controlplane.ServeForwarder(cmd.Context(), netns, listen, target, f.logger())
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6443", "address to listen on inside each netns")
+	cmd.Flags().StringVar(&target, "target", "127.0.0.1:6443", "apiserver address in the root netns")
+	cmd.Flags().StringArrayVar(&netns, "netns", nil, "network namespace path (repeatable)")
+	return cmd
+}
+
+func newLabEchoCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "_echo",
+		Short:  "internal: echo server and prober of `axon lab check`",
+		Hidden: true,
+	}
+	var port int
+	serve := &cobra.Command{
+		Use:  "serve",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Exits when stdin closes (the checker went away).
+			return lab.ServeEcho(cmd.Context(), port, os.Stdout, os.Stdin)
+		},
+	}
+	serve.Flags().IntVar(&port, "port", lab.EchoPort, "TCP and UDP port")
+	var timeout time.Duration
+	probe := &cobra.Command{
+		Use:  "probe proto/addr...",
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ps []lab.Probe
+			for _, a := range args {
+				p, err := lab.ParseProbe(a)
+				if err != nil {
+					return err
+				}
+				ps = append(ps, p)
+			}
+			return lab.RunProbes(cmd.Context(), ps, timeout, os.Stdout)
+		},
+	}
+	probe.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
+	var count int
+	var interval, wait time.Duration
+	ping := &cobra.Command{
+		Use:  "ping addr",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return err
+			}
+			sent, recv, err := lab.Ping(cmd.Context(), a, count, interval, wait, false)
+			fmt.Printf("%d packets transmitted, %d received\n", sent, recv)
+			if err == nil && recv < sent {
+				return exitError{code: 1}
+			}
+			return err
+		},
+	}
+	ping.Flags().IntVarP(&count, "count", "c", 1, "echo requests to send")
+	ping.Flags().DurationVarP(&interval, "interval", "i", 200*time.Millisecond, "time between requests")
+	ping.Flags().DurationVarP(&wait, "wait", "W", time.Second, "how long to wait for the last reply")
+	cmd.AddCommand(serve, probe, ping)
+	return cmd
+}

@@ -1,0 +1,78 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/axonhq/axon/internal/api"
+)
+
+// ProcessStatus is one lab process as `axon lab status` shows it.
+type ProcessStatus struct {
+	Name  string
+	PID   int
+	State string // "running" or "gone"
+}
+
+// HealthReport summarizes the lab's processes and what is wrong.
+type HealthReport struct {
+	Processes []ProcessStatus
+	Problems  []string
+}
+
+// OK reports whether nothing is wrong.
+func (r HealthReport) OK() bool { return len(r.Problems) == 0 }
+
+func pidRunning(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	state, _, err := procStat(pid)
+	return err == nil && state != 'Z' && syscall.Kill(pid, 0) == nil
+}
+
+// Health checks every recorded process, namespace and agent.
+func (l *Lab) Health(ctx context.Context) HealthReport {
+	st := l.State()
+	var r HealthReport
+	add := func(name string, pid int, ok bool) {
+		s := "running"
+		if !ok {
+			s = "gone"
+			r.Problems = append(r.Problems, fmt.Sprintf("%s (pid %d) is not running: `axon lab up` recreates the lab", name, pid))
+		}
+		r.Processes = append(r.Processes, ProcessStatus{name, pid, s})
+	}
+	for i, pid := range st.ControlPlane.PIDs {
+		name := []string{"etcd", "kube-apiserver"}[min(i, 1)]
+		add(name, pid, pidRunning(pid))
+	}
+	if st.Forwarder != nil {
+		add("forwarder", st.Forwarder.PID, st.Forwarder.Alive())
+	}
+	for _, n := range st.Nodes {
+		if n.Agent != nil {
+			add("axon-agent/"+n.Name, n.Agent.PID, n.Agent.Alive())
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := api.NewClient(n.Socket).Healthy(hctx); err != nil {
+				r.Problems = append(r.Problems, fmt.Sprintf("agent of %s: %v (log %s)", n.Name, err, n.Agent.Log))
+			}
+			cancel()
+		}
+		if _, err := os.Stat(netnsPath(n.Netns)); err != nil {
+			r.Problems = append(r.Problems, fmt.Sprintf("netns %s is missing", n.Netns))
+		}
+	}
+	for _, p := range st.Pods {
+		if _, err := os.Stat(netnsPath(p.Netns)); err != nil {
+			r.Problems = append(r.Problems, fmt.Sprintf("netns %s of pod %s is missing", p.Netns, p.Name))
+		}
+	}
+	if !st.Ready {
+		r.Problems = append(r.Problems, "`axon lab up` did not finish: run it again")
+	}
+	return r
+}

@@ -1,0 +1,165 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+const netnsDir = "/run/netns"
+
+func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
+
+// createNetns creates the named network namespace /run/netns/<name> (like
+// `ip netns add`). It runs on a throw-away locked OS thread so the caller's
+// threads never change namespace.
+func createNetns(name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is never unlocked: it dies with this goroutine, so a
+		// failed restore cannot leak a thread in the wrong namespace.
+		runtime.LockOSThread()
+		h, err := netns.NewNamed(name)
+		if err != nil {
+			errc <- fmt.Errorf("create netns %s: %w", name, err)
+			return
+		}
+		h.Close()
+		errc <- nil
+	}()
+	return <-errc
+}
+
+// deleteNetns unmounts and removes /run/netns/<name>; missing is fine.
+func deleteNetns(name string) error {
+	p := netnsPath(name)
+	if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", name, err)
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns %s: %w", name, err)
+	}
+	return nil
+}
+
+// labNetns lists the existing namespaces whose name starts with axonlab-.
+func labNetns() ([]string, error) {
+	ents, err := os.ReadDir(netnsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", netnsDir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), NetnsPrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// pidsInNetns returns the processes whose network namespace is the named one.
+func pidsInNetns(name string) ([]int, error) {
+	var want syscall.Stat_t
+	if err := syscall.Stat(netnsPath(name), &want); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat netns %s: %w", name, err)
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list /proc: %w", err)
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat("/proc/"+e.Name()+"/ns/net", &st); err != nil {
+			continue
+		}
+		if st.Ino == want.Ino && st.Dev == want.Dev {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// inNetns runs fn on a locked OS thread inside the named namespace.
+func inNetns(name string, fn func() error) error {
+	return ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error { return fn() })
+}
+
+// netlinkAt opens a netlink handle bound to the named namespace.
+func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
+	h, err := netns.GetFromPath(netnsPath(name))
+	if err != nil {
+		return nil, 0, fmt.Errorf("open netns %s: %w", name, err)
+	}
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		h.Close()
+		return nil, 0, fmt.Errorf("netlink in netns %s: %w", name, err)
+	}
+	return nl, h, nil
+}
+
+// writeSysctls writes /proc/sys/<key> = value inside the named namespace.
+func writeSysctls(nsName string, kv [][2]string) error {
+	return inNetns(nsName, func() error {
+		for _, e := range kv {
+			p := "/proc/sys/" + strings.ReplaceAll(e[0], ".", "/")
+			if err := os.WriteFile(p, []byte(e[1]), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s in %s: %w", e[0], e[1], nsName, err)
+			}
+		}
+		return nil
+	})
+}
+
+// ReadSNMP returns the value of a counter of /proc/net/snmp (e.g. "Ip",
+// "ForwDatagrams") as seen inside the named network namespace.
+func ReadSNMP(nsName, group, field string) (uint64, error) {
+	var b []byte
+	err := inNetns(nsName, func() error {
+		var err error
+		// /proc/net follows the thread group leader; thread-self follows us.
+		b, err = os.ReadFile("/proc/thread-self/net/snmp")
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read snmp in %s: %w", nsName, err)
+	}
+	lines := strings.Split(string(b), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		hdr := strings.Fields(lines[i])
+		val := strings.Fields(lines[i+1])
+		if len(hdr) == 0 || hdr[0] != group+":" || len(val) != len(hdr) || val[0] != hdr[0] {
+			continue
+		}
+		for j, h := range hdr {
+			if h == field {
+				return strconv.ParseUint(val[j], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("snmp counter %s %s not found in %s", group, field, nsName)
+}
