@@ -14,16 +14,11 @@ import (
 func attachNetns(t *testing.T) string {
 	t.Helper()
 	ns := newNetns(t, "att")
-	for _, c := range [][]string{
-		{"ip", "link", "add", "eth0", "type", "veth", "peer", "name", "wire"},
-		{"ip", "link", "add", "lxc1", "type", "veth", "peer", "name", "p1"},
-		{"ip", "link", "add", "lxc2", "type", "veth", "peer", "name", "p2"},
-	} {
-		nsRun(t, ns, c...)
-	}
-	for _, dev := range []string{"eth0", "wire", "lxc1", "p1", "lxc2", "p2"} {
-		nsRun(t, ns, "ip", "link", "set", dev, "up")
-	}
+	c := nsConf(t, ns)
+	c.veth("eth0", "", "wire", "", "")
+	c.veth("lxc1", "", "p1", "", "")
+	c.veth("lxc2", "", "p2", "", "")
+	c.up("eth0", "wire", "lxc1", "p1", "lxc2", "p2")
 	return ns
 }
 
@@ -36,9 +31,13 @@ func ifindex(t *testing.T, name string) int {
 	return l.Attrs().Index
 }
 
-// tcxProgs returns the program IDs attached with tcx ingress on dev.
-func tcxProgs(t *testing.T, dev string) []link.AttachedProgram {
+// tcxProgs returns the program IDs attached with tcx ingress on dev; none
+// when the kernel has no tcx (the query itself would fail there).
+func tcxProgs(t *testing.T, f Features, dev string) []link.AttachedProgram {
 	t.Helper()
+	if !f.TCX.Available {
+		return nil
+	}
 	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex(t, dev), Attach: ebpf.AttachTCXIngress})
 	if err != nil {
 		t.Fatalf("query tcx on %s: %v", dev, err)
@@ -96,6 +95,10 @@ func decision(d *Datapath, name string) string {
 
 func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 	requireRoot(t)
+	feats := Probe()
+	if !feats.TCX.Available {
+		t.Skip(feats.TCX.Reason)
+	}
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
@@ -121,10 +124,10 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 				t.Fatalf("AttachPod #%d: %v", i+1, err)
 			}
 		}
-		if n := len(tcxProgs(t, "lxc1")); n != 1 {
+		if n := len(tcxProgs(t, feats, "lxc1")); n != 1 {
 			t.Fatalf("%d tcx programs on lxc1 after two AttachPod, want 1", n)
 		}
-		if n := len(tcxProgs(t, "eth0")); n != 1 {
+		if n := len(tcxProgs(t, feats, "eth0")); n != 1 {
 			t.Fatalf("%d tcx programs on eth0, want 1", n)
 		}
 		podInfo, upInfo := pinnedLinkInfo(t, podPin), pinnedLinkInfo(t, upPin)
@@ -132,7 +135,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Closed: links and pins stay, programs keep running.
-		if n := len(tcxProgs(t, "lxc1")); n != 1 {
+		if n := len(tcxProgs(t, feats, "lxc1")); n != 1 {
 			t.Fatalf("after Close: %d tcx programs on lxc1, want 1", n)
 		}
 
@@ -153,7 +156,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 				t.Errorf("%s link still runs program %d: not swapped", c.desc, c.old.Program)
 			}
 		}
-		if progs := tcxProgs(t, "lxc1"); len(progs) != 1 || progs[0].ID != podInfo2.Program {
+		if progs := tcxProgs(t, feats, "lxc1"); len(progs) != 1 || progs[0].ID != podInfo2.Program {
 			t.Errorf("lxc1 tcx programs = %+v, want only %d", progs, podInfo2.Program)
 		}
 
@@ -170,7 +173,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 		if exists(podPin) || exists(pinPath(pin, pinTCX, rolePod, "lxc2")) {
 			t.Errorf("GC left pins: lxc1 %v lxc2 %v", exists(podPin), exists(pinPath(pin, pinTCX, rolePod, "lxc2")))
 		}
-		if n := len(tcxProgs(t, "lxc2")); n != 0 {
+		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 {
 			t.Errorf("GC left %d programs on lxc2", n)
 		}
 
@@ -186,7 +189,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 				t.Fatalf("DetachPod of a deleted device: %v", err)
 			}
 		}
-		if n := len(tcxProgs(t, "lxc2")); n != 0 || exists(pinPath(pin, pinTCX, rolePod, "lxc2")) {
+		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 || exists(pinPath(pin, pinTCX, rolePod, "lxc2")) {
 			t.Errorf("after DetachPod: %d programs, pin %v", n, exists(pinPath(pin, pinTCX, rolePod, "lxc2")))
 		}
 		if err := d2.AttachPod("nosuchdev"); err == nil {
@@ -202,7 +205,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 		if err := Uninstall(pin); err != nil {
 			t.Fatalf("Uninstall: %v", err)
 		}
-		if n := len(tcxProgs(t, "eth0")) + len(tcxProgs(t, "lxc2")); n != 0 {
+		if n := len(tcxProgs(t, feats, "eth0")) + len(tcxProgs(t, feats, "lxc2")); n != 0 {
 			t.Errorf("after Uninstall: %d programs still attached", n)
 		}
 		if exists(pin) {
@@ -216,6 +219,7 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 
 func TestAttachLegacyAndModeSwitch(t *testing.T) {
 	requireRoot(t)
+	feats := Probe()
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: ModeLegacy, Logger: testLogger(t)}
@@ -240,7 +244,7 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 		if n := len(axonFilters(t, "eth0")); n != 1 {
 			t.Fatalf("%d axon filters on eth0, want 1", n)
 		}
-		if n := len(tcxProgs(t, "lxc1")); n != 0 {
+		if n := len(tcxProgs(t, feats, "lxc1")); n != 0 {
 			t.Fatalf("legacy mode attached %d tcx programs", n)
 		}
 		oldProg := fs[0].Id
@@ -265,16 +269,24 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 		}
 		d2.Close()
 
-		// Switch to tcx: the legacy filters go, tcx links replace them.
+		// Auto: with tcx the legacy filters go and tcx links replace them;
+		// without tcx (kernel < 6.6) auto stays on the legacy filters.
 		cfg.AttachMode = ModeAuto
 		d3, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer d3.Close()
+		wantFilters, wantTCX, wantMode := 0, 1, ModeTCX
+		if !feats.TCX.Available {
+			wantFilters, wantTCX, wantMode = 1, 0, ModeLegacy
+		}
+		if got := decision(d3, "attach"); got != wantMode {
+			t.Errorf("auto attach decision = %q, want %q (tcx probe: %s)", got, wantMode, feats.TCX.Reason)
+		}
 		for _, dev := range []string{"lxc1", "eth0"} {
-			if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, dev)); n != 0 || m != 1 {
-				t.Errorf("%s after switch to tcx: %d filters, %d tcx programs; want 0, 1", dev, n, m)
+			if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, feats, dev)); n != wantFilters || m != wantTCX {
+				t.Errorf("%s after auto reload: %d filters, %d tcx programs; want %d, %d", dev, n, m, wantFilters, wantTCX)
 			}
 		}
 
@@ -290,7 +302,7 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, dev := range []string{"lxc1", "lxc2", "eth0"} {
-			if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, dev)); n+m != 0 {
+			if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, feats, dev)); n+m != 0 {
 				t.Errorf("%s with host routing legacy: %d filters, %d tcx programs", dev, n, m)
 			}
 		}

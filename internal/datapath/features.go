@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
 )
@@ -111,7 +112,10 @@ func inScratchNetns(fn func(h *netlink.Handle) error) error {
 			errc <- fmt.Errorf("create netns: %w", err)
 			return // thread stays locked: its netns is unknown
 		}
-		h, err := netlink.NewHandleAt(scratch)
+		// NETLINK_ROUTE only: the default set adds xfrm and netfilter
+		// sockets, which fail (EPROTONOSUPPORT) where xfrm_user or
+		// nfnetlink are not loaded, e.g. a minimal VM.
+		h, err := netlink.NewHandleAt(scratch, unix.NETLINK_ROUTE)
 		if err == nil {
 			err = fn(h)
 			h.Close()

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -50,36 +49,49 @@ func newPinDir(t testing.TB) string {
 	return dir
 }
 
-// run executes a command and fails the test on error.
-func run(t testing.TB, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// newNetns creates a named netns axt-dp-<tag>-<rand> (deleted at cleanup)
-// and returns its name.
+// newNetns creates a named netns axt-dp-<tag>-<rand> with lo up (deleted at
+// cleanup) and returns its name. Pure netlink/netns syscalls: the test binary
+// also runs in VMs with a busybox userland (no ip, tc, nsenter, sysctl).
 func newNetns(t testing.TB, tag string) string {
 	t.Helper()
 	name := "axt-dp-" + tag + "-" + randSuffix(t)
-	run(t, "ip", "netns", "add", name)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		h, err := netns.NewNamed(name) // switches this thread into it
+		if err != nil {
+			if serr := netns.Set(orig); serr == nil {
+				runtime.UnlockOSThread()
+			}
+			errc <- fmt.Errorf("create netns %s: %w", name, err)
+			return
+		}
+		h.Close()
+		if err := netns.Set(orig); err != nil {
+			errc <- fmt.Errorf("return from netns %s: %w", name, err)
+			return // thread stays locked and dies with the goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("delete netns %s: %v %s", name, err, out)
+		if err := netns.DeleteNamed(name); err != nil {
+			t.Errorf("delete netns %s: %v", name, err)
 		}
 	})
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
+	c := nsConf(t, name)
+	c.up("lo")
 	return name
-}
-
-// nsRun runs a command inside netns ns (nsenter keeps the mount namespace,
-// so bpffs stays visible).
-func nsRun(t testing.TB, ns string, args ...string) string {
-	t.Helper()
-	return run(t, append([]string{"nsenter", "--net=/run/netns/" + ns}, args...)...)
 }
 
 // inNetns runs fn on a locked OS thread switched into netns ns.

@@ -40,25 +40,21 @@ func newProgFixture(t testing.TB) *progFixture {
 		hostMAC: mustMAC(t, "02:00:00:00:02:01"),
 	}
 	f.ns = newNetns(t, "prog")
-	for _, c := range [][]string{
-		{"ip", "link", "add", "lxcA", "address", f.hostMAC.String(), "type", "veth", "peer", "name", "peerA", "address", f.podMAC.String()},
-		{"ip", "link", "add", "eth0", "type", "veth", "peer", "name", "wire"},
-		{"ip", "link", "set", "lxcA", "up"}, {"ip", "link", "set", "peerA", "up"},
-		{"ip", "link", "set", "eth0", "up"}, {"ip", "link", "set", "wire", "up"},
-		{"ip", "addr", "add", "198.18.0.11/24", "dev", "eth0"},
-		{"ip", "addr", "add", "fd00:198:18::11/64", "dev", "eth0", "nodad"},
-		{"ip", "route", "add", "10.244.2.0/24", "via", "198.18.0.12", "dev", "eth0"},
-		{"ip", "route", "add", "10.244.3.0/24", "via", "198.18.0.13", "dev", "eth0"},
-		{"ip", "route", "add", "unreachable", "10.244.9.0/24"},
-		{"ip", "neigh", "replace", "198.18.0.12", "lladdr", f.gwMAC.String(), "nud", "permanent", "dev", "eth0"},
-		{"ip", "-6", "route", "add", "fd00:10:244:2::/64", "via", "fd00:198:18::12", "dev", "eth0"},
-		{"ip", "-6", "route", "add", "fd00:10:244:3::/64", "via", "fd00:198:18::13", "dev", "eth0"},
-		{"ip", "-6", "neigh", "replace", "fd00:198:18::12", "lladdr", f.gwMAC.String(), "nud", "permanent", "dev", "eth0"},
-		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
-		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-	} {
-		nsRun(t, f.ns, c...)
-	}
+	c := nsConf(t, f.ns)
+	c.veth("lxcA", f.hostMAC.String(), "peerA", f.podMAC.String(), "")
+	c.veth("eth0", "", "wire", "", "")
+	c.up("lxcA", "peerA", "eth0", "wire")
+	c.addr("eth0", "198.18.0.11/24")
+	c.addr("eth0", "fd00:198:18::11/64")
+	c.route("10.244.2.0/24", "198.18.0.12", "eth0")
+	c.route("10.244.3.0/24", "198.18.0.13", "eth0")
+	c.route("10.244.9.0/24", "", "") // unreachable
+	c.neigh("eth0", "198.18.0.12", f.gwMAC.String())
+	c.route("fd00:10:244:2::/64", "fd00:198:18::12", "eth0")
+	c.route("fd00:10:244:3::/64", "fd00:198:18::13", "eth0")
+	c.neigh("eth0", "fd00:198:18::12", f.gwMAC.String())
+	c.sysctl("net.ipv4.ip_forward", "1")
+	c.sysctl("net.ipv6.conf.all.forwarding", "1")
 	pin := newPinDir(t)
 	inNetns(t, f.ns, func() {
 		for name, dst := range map[string]*int{"lxcA": &f.podIf, "eth0": &f.upIf} {

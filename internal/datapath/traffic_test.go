@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func snmpCounter(t *testing.T, ns, group, name string) uint64 {
 	if group == "" {
 		file = "/proc/net/snmp6"
 	}
-	out := nsRun(t, ns, "cat", file)
+	out := nsConf(t, ns).procNet(filepath.Base(file))
 	if group == "" {
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
@@ -79,24 +80,22 @@ func linkMAC(t *testing.T, ns, dev string) net.HardwareAddr {
 func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	t.Helper()
 	p := pod{ns: newNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
-	nsRun(t, node, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", p.ns)
-	nsRun(t, node, "ip", "link", "set", hostIf, "up")
+	nc := nsConf(t, node)
+	nc.veth(hostIf, "", "eth0", "", p.ns)
+	nc.up(hostIf)
 	p.hmac = linkMAC(t, node, hostIf)
 	p.mac = linkMAC(t, p.ns, "eth0")
-	for _, c := range [][]string{
-		{"ip", "addr", "add", ip4 + "/32", "dev", "eth0"},
-		{"ip", "addr", "add", ip6 + "/128", "dev", "eth0", "nodad"},
-		{"ip", "link", "set", "eth0", "up"},
-		{"ip", "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
-		{"ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
-		{"ip", "neigh", "replace", "169.254.1.1", "lladdr", p.hmac.String(), "nud", "permanent", "dev", "eth0"},
-		{"ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"},
-		{"ip", "-6", "neigh", "replace", "fe80::1", "lladdr", p.hmac.String(), "nud", "permanent", "dev", "eth0"},
-	} {
-		nsRun(t, p.ns, c...)
-	}
-	nsRun(t, node, "ip", "route", "add", ip4+"/32", "dev", hostIf)
-	nsRun(t, node, "ip", "-6", "route", "add", ip6+"/128", "dev", hostIf)
+	pc := nsConf(t, p.ns)
+	pc.addr("eth0", ip4+"/32")
+	pc.addr("eth0", ip6+"/128")
+	pc.up("eth0")
+	pc.route("169.254.1.1/32", "", "eth0")
+	pc.route("default", "169.254.1.1", "eth0")
+	pc.neigh("eth0", "169.254.1.1", p.hmac.String())
+	pc.route("default", "fe80::1", "eth0")
+	pc.neigh("eth0", "fe80::1", p.hmac.String())
+	nc.route(ip4+"/32", "", hostIf)
+	nc.route(ip6+"/128", "", hostIf)
 	return p
 }
 
@@ -133,22 +132,16 @@ func TestTrafficRedirectPeer(t *testing.T) {
 	requireRoot(t)
 	node := newNetns(t, "node")
 	ext := newNetns(t, "ext")
-	nsRun(t, node, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "wire", "netns", ext)
-	for _, c := range [][]string{
-		{"ip", "addr", "add", "198.18.0.11/24", "dev", "eth0"},
-		{"ip", "link", "set", "eth0", "up"},
-		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
-		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-	} {
-		nsRun(t, node, c...)
-	}
-	for _, c := range [][]string{
-		{"ip", "addr", "add", "198.18.0.250/24", "dev", "wire"},
-		{"ip", "link", "set", "wire", "up"},
-		{"ip", "route", "add", "10.244.1.0/24", "via", "198.18.0.11"},
-	} {
-		nsRun(t, ext, c...)
-	}
+	nc := nsConf(t, node)
+	nc.veth("eth0", "", "wire", "", ext)
+	nc.addr("eth0", "198.18.0.11/24")
+	nc.up("eth0")
+	nc.sysctl("net.ipv4.ip_forward", "1")
+	nc.sysctl("net.ipv6.conf.all.forwarding", "1")
+	ec := nsConf(t, ext)
+	ec.addr("wire", "198.18.0.250/24")
+	ec.up("wire")
+	ec.route("10.244.1.0/24", "198.18.0.11", "")
 	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	b := addPod(t, node, "lxcB", "10.244.1.3", "fd00:10:244:1::3")
 
