@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // ProcessStatus is one lab process as `axon lab status` shows it.
@@ -30,7 +31,7 @@ func pidRunning(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	state, _, err := procStat(pid)
+	state, _, err := proc.Stat(pid)
 	return err == nil && state != 'Z' && syscall.Kill(pid, 0) == nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // Lab is a handle on a lab recorded in a state dir. Methods that change the
@@ -356,14 +357,14 @@ func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 		if n.Agent == nil {
 			return fmt.Errorf("restart agent: node %s runs no agent (the lab datapath is %s)", node, st.Datapath)
 		}
-		if err := n.Agent.stop(15 * time.Second); err != nil {
+		if err := n.Agent.Stop(15 * time.Second); err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}
-		proc, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"))
+		agent, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"))
 		if err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}
-		n.Agent = proc
+		n.Agent = agent
 		return waitAgents(ctx, []Node{*n}, 60*time.Second)
 	})
 }
@@ -385,7 +386,11 @@ func startAgent(binDir string, n Node, logPath string) (*Proc, error) {
 		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)
 	}
 	argv[0] = nsenter
-	return startDetached(argv, os.Environ(), logPath)
+	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: logPath})
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
 }
 
 // waitAgents waits until every node's agent answers /healthz with 200.
@@ -422,16 +427,13 @@ func waitAgents(ctx context.Context, nodes []Node, timeout time.Duration) error 
 	return errors.Join(errs...)
 }
 
+// logTail returns the last n lines of a log, indented, or "" if it cannot be read.
 func logTail(path string, n int) string {
-	b, err := os.ReadFile(path)
+	t, err := proc.LogTail(path, n)
 	if err != nil {
 		return ""
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "  " + strings.Join(lines, "\n  ")
+	return "  " + strings.ReplaceAll(t, "\n", "\n  ")
 }
 
 // HostLinks lists the links of a node's netns other than lo and eth0 (the

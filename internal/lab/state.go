@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // DefaultStateDir is where `axon lab` keeps lab.json, logs and per-node state.
@@ -41,14 +43,9 @@ const (
 	DatapathBaseline = "baseline"
 )
 
-// Proc identifies a process started by the lab. StartTime (clock ticks since
-// boot, /proc/<pid>/stat field 22) guards against PID reuse: the lab never
-// signals a PID whose start time differs.
-type Proc struct {
-	PID       int    `json:"pid"`
-	StartTime uint64 `json:"startTime"`
-	Log       string `json:"log,omitempty"`
-}
+// Proc identifies a process started by the lab. Its StartTime guards against
+// PID reuse: the lab never signals a PID whose start time differs.
+type Proc = proc.Record
 
 // Node is one lab node (a network namespace with uplink eth0 on the wire).
 type Node struct {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // UpOptions describes the lab `axon lab up` creates.
@@ -342,11 +343,11 @@ func startForwarder(st *State, o UpOptions) (*Proc, error) {
 	for _, n := range st.Nodes {
 		argv = append(argv, "--netns", netnsPath(n.Netns))
 	}
-	p, err := startDetached(argv, os.Environ(), filepath.Join(st.StateDir, "forwarder.log"))
+	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: filepath.Join(st.StateDir, "forwarder.log")})
 	if err != nil {
 		return nil, fmt.Errorf("start apiserver forwarder: %w", err)
 	}
-	return p, nil
+	return &p, nil
 }
 
 // labHealthy reports why a recorded lab is not fully running, or nil.
@@ -416,11 +417,11 @@ func teardown(stateDir string, log *slog.Logger) error {
 	}
 	if st != nil {
 		for _, n := range st.Nodes {
-			if err := n.Agent.stop(10 * time.Second); err != nil {
+			if err := n.Agent.Stop(10 * time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop agent of %s: %w", n.Name, err))
 			}
 		}
-		if err := st.Forwarder.stop(5 * time.Second); err != nil {
+		if err := st.Forwarder.Stop(5 * time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("stop forwarder: %w", err))
 		}
 	}

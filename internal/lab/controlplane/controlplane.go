@@ -161,7 +161,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 
 	if err := cp.startProcesses(ctx, log); err != nil {
 		for i := len(cp.procs) - 1; i >= 0; i-- {
-			if serr := stopProc(cp.procs[i], 10*time.Second); serr != nil {
+			if serr := cp.procs[i].record().Stop(10 * time.Second); serr != nil {
 				log.Warn("stop after failed start", "process", cp.procs[i].Name, "err", serr)
 			}
 		}
@@ -206,7 +206,7 @@ func (cp *ControlPlane) adopt(ctx context.Context, st pidState, log *slog.Logger
 	}
 	cp.procs = nil
 	for i := len(st.Processes) - 1; i >= 0; i-- {
-		if err := stopProc(st.Processes[i], 10*time.Second); err != nil {
+		if err := st.Processes[i].record().Stop(10 * time.Second); err != nil {
 			return false, fmt.Errorf("stop stale %s: %w", st.Processes[i].Name, err)
 		}
 	}
@@ -405,8 +405,8 @@ func Stop(dir string) error {
 	}
 	var errs []error
 	for i := len(st.Processes) - 1; i >= 0; i-- {
-		if err := stopProc(st.Processes[i], 10*time.Second); err != nil {
-			errs = append(errs, err)
+		if err := st.Processes[i].record().Stop(10 * time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", st.Processes[i].Name, err))
 		}
 	}
 	if len(errs) > 0 {

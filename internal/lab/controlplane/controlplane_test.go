@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // labBinaries returns the cached etcd and kube-apiserver built by hack/deps.sh, or skips.
@@ -65,15 +66,6 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
-}
-
-func processGone(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	_, zombie, err := parseStat(b)
-	return err != nil || zombie
 }
 
 // TestControlPlane runs the real etcd + kube-apiserver once and checks, in order: admin access,
@@ -293,7 +285,7 @@ func TestControlPlane(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, pid := range pids {
-			if !processGone(pid) {
+			if !proc.Exited(pid) {
 				t.Errorf("pid %d still running after Stop", pid)
 			}
 		}
@@ -330,7 +322,7 @@ func TestControlPlane(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, pid := range cp3.PIDs() {
-			if !processGone(pid) {
+			if !proc.Exited(pid) {
 				t.Errorf("pid %d still running after Stop", pid)
 			}
 		}

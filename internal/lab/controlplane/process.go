@@ -9,18 +9,18 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/axonhq/axon/internal/proc"
 )
 
 const pidsFile = "pids.json"
 
-// procRecord identifies one detached process. StartTime (field 22 of /proc/<pid>/stat, in
-// clock ticks since boot) guards against signalling an unrelated process that reused the PID.
+// procRecord identifies one detached process in pids.json. StartTime (see proc.Record) guards
+// against signalling an unrelated process that reused the PID.
 type procRecord struct {
 	Name      string   `json:"name"`
 	PID       int      `json:"pid"`
@@ -57,119 +57,35 @@ func writePIDs(dir string, st pidState) error {
 	return writeFileAtomic(filepath.Join(dir, pidsFile), append(b, '\n'), 0o644)
 }
 
-// procStartTime returns field 22 (starttime) of /proc/<pid>/stat and whether the process is a
-// zombie. The comm field may contain spaces and parentheses, so parse after the last ')'.
-func procStartTime(pid int) (start uint64, zombie bool, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false, err
-	}
-	return parseStat(b)
-}
-
-func parseStat(b []byte) (start uint64, zombie bool, err error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false, errors.New("malformed /proc/pid/stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); starttime is field 22 → f[19].
-	if len(f) < 20 {
-		return 0, false, errors.New("short /proc/pid/stat")
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("parse starttime: %w", err)
-	}
-	return start, f[0] == "Z" || f[0] == "X", nil
+// record is the process identity the proc package signals and inspects.
+func (r procRecord) record() *proc.Record {
+	return &proc.Record{PID: r.PID, StartTime: r.StartTime, Log: r.Log}
 }
 
 // alive reports whether the recorded process still runs (same PID and start time, not a zombie).
-func (r procRecord) alive() bool {
-	if r.PID <= 0 {
-		return false
-	}
-	start, zombie, err := procStartTime(r.PID)
-	return err == nil && !zombie && start == r.StartTime
-}
+func (r procRecord) alive() bool { return r.record().Alive() }
 
 // spawn starts a detached process (own session, stdin /dev/null, stdout+stderr appended to
-// logPath). The returned channel is closed when the process exits while this process is still
-// its parent (it also reaps it, so a stopped child never lingers as a zombie).
+// logPath after a start marker). The returned channel is closed when the process exits while
+// this process is still its parent (it also reaps it, so a stopped child never lingers as a
+// zombie).
 func spawn(name, bin string, args []string, logPath string) (procRecord, <-chan struct{}, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	argv := append([]string{bin}, args...)
+	banner := fmt.Sprintf("\n=== %s start %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), name, bin, strings.Join(args, " "))
+	p, exited, err := proc.Start(proc.Spec{Argv: argv, Log: logPath, Banner: banner})
 	if err != nil {
-		return procRecord{}, nil, fmt.Errorf("open log for %s: %w", name, err)
+		return procRecord{}, nil, fmt.Errorf("%s: %w", name, err)
 	}
-	defer logf.Close()
-	fmt.Fprintf(logf, "\n=== %s start %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), name, bin, strings.Join(args, " "))
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return procRecord{}, nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
-	}
-	rec := procRecord{Name: name, PID: cmd.Process.Pid, Args: append([]string{bin}, args...), Log: logPath}
-	start, _, err := procStartTime(rec.PID)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return procRecord{}, nil, fmt.Errorf("read start time of %s pid %d: %w", name, rec.PID, err)
-	}
-	rec.StartTime = start
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	return rec, exited, nil
-}
-
-// stopProc sends SIGTERM, waits up to grace, then SIGKILL and waits again. A process that is
-// already gone (or whose PID now belongs to another process) is left alone.
-func stopProc(r procRecord, grace time.Duration) error {
-	if !r.alive() {
-		return nil
-	}
-	if err := syscall.Kill(r.PID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("SIGTERM %s pid %d: %w", r.Name, r.PID, err)
-	}
-	if waitGone(r, grace) {
-		return nil
-	}
-	if err := syscall.Kill(r.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("SIGKILL %s pid %d: %w", r.Name, r.PID, err)
-	}
-	if !waitGone(r, 5*time.Second) {
-		return fmt.Errorf("%s pid %d still running after SIGKILL", r.Name, r.PID)
-	}
-	return nil
-}
-
-func waitGone(r procRecord, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if !r.alive() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Log: logPath}, exited, nil
 }
 
 // logTail returns the last n lines of a log file, for error messages.
 func logTail(path string, n int) string {
-	b, err := os.ReadFile(path)
+	t, err := proc.LogTail(path, n)
 	if err != nil {
 		return fmt.Sprintf("(cannot read %s: %v)", path, err)
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return t
 }
 
 // portOwner describes who listens on 127.0.0.1:port (or the wildcard address) in this network

@@ -14,45 +14,6 @@ import (
 	"time"
 )
 
-func TestParseStat(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		stat       string
-		wantStart  uint64
-		wantZombie bool
-		wantErr    bool
-	}{
-		{
-			name:      "plain",
-			stat:      "1234 (etcd) S 1 1234 1234 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 12 0 98765 1000 10 18446744073709551615",
-			wantStart: 98765,
-		},
-		{
-			name:      "comm with spaces and parens",
-			stat:      "7 (a) b (c) R 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0",
-			wantStart: 42,
-		},
-		{
-			name:       "zombie",
-			stat:       "9 (kube-apiserver) Z 1 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 77 0 0",
-			wantStart:  77,
-			wantZombie: true,
-		},
-		{name: "truncated", stat: "9 (x) S 1 2 3", wantErr: true},
-		{name: "garbage", stat: "nonsense", wantErr: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			start, zombie, err := parseStat([]byte(tc.stat))
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
-			}
-			if err == nil && (start != tc.wantStart || zombie != tc.wantZombie) {
-				t.Errorf("got start=%d zombie=%v, want %d %v", start, zombie, tc.wantStart, tc.wantZombie)
-			}
-		})
-	}
-}
-
 func TestListenInodes(t *testing.T) {
 	// 6443 = 0x192B. Rows: loopback LISTEN, wildcard LISTEN, other IP LISTEN, loopback ESTABLISHED.
 	tcp4 := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
