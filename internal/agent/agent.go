@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -101,7 +102,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create --state-dir %s: %w", cfg.StateDir, err)
 	}
-	if a.nl, err = netlink.NewHandle(); err != nil {
+	if a.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // route only: xfrm/netfilter sockets fail on kernels without those modules
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}
 	a.rt = &routeTable{h: a.nl, log: log}

@@ -3,6 +3,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -114,7 +115,7 @@ func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("open netns %s: %w", name, err)
 	}
-	nl, err := netlink.NewHandleAt(h)
+	nl, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE) // route only: xfrm/netfilter sockets fail on kernels without those modules
 	if err != nil {
 		h.Close()
 		return nil, 0, fmt.Errorf("netlink in netns %s: %w", name, err)

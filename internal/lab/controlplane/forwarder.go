@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"log/slog"
 	"net"
@@ -106,7 +107,7 @@ func listenInNetns(path, listen string) (net.Listener, error) {
 
 // ensureLoopbackUp sets `lo` up in the given netns (a fresh netns has it down).
 func ensureLoopbackUp(ns netns.NsHandle) error {
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE) // route only: xfrm/netfilter sockets fail on kernels without those modules
 	if err != nil {
 		return fmt.Errorf("netlink handle: %w", err)
 	}
