@@ -1,0 +1,94 @@
+// Package lb is the load-balancing model shared by the agent (which builds it
+// from Services and EndpointSlices) and the datapath (which writes it into BPF
+// maps): frontends (a service address + port + protocol + scope) and the
+// backends they translate to.
+package lb
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Proto is an L4 protocol number as in the IP header.
+type Proto uint8
+
+const (
+	TCP  Proto = 6
+	UDP  Proto = 17
+	SCTP Proto = 132
+)
+
+// Scope says who may use a frontend.
+type Scope uint8
+
+const (
+	// ScopeCluster: a ClusterIP, externalIP or LoadBalancer ingress IP, used by everyone in-cluster.
+	ScopeCluster Scope = iota
+	// ScopeNodePort: matches any local address of the node and loopback, on the node port.
+	ScopeNodePort
+	// ScopeHostPort: a pod hostPort on this node's addresses.
+	ScopeHostPort
+)
+
+// Kind records which Service field produced the frontend (for display).
+type Kind string
+
+const (
+	KindClusterIP    Kind = "ClusterIP"
+	KindNodePort     Kind = "NodePort"
+	KindExternalIP   Kind = "ExternalIP"
+	KindLoadBalancer Kind = "LoadBalancer"
+	KindHostPort     Kind = "HostPort"
+)
+
+// FrontendKey identifies a frontend. For ScopeNodePort, Addr is the zero
+// Addr of the family (any local address).
+type FrontendKey struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Proto
+	Scope Scope
+}
+
+// BackendState follows EndpointSlice conditions.
+type BackendState uint8
+
+const (
+	// Active: ready (and serving): chosen for new connections.
+	Active BackendState = iota
+	// Terminating: serving but terminating: keeps existing connections, chosen
+	// for new ones only when no Active backend exists.
+	Terminating
+	// Quarantined: not serving: never chosen.
+	Quarantined
+)
+
+// Backend is one endpoint address + target port.
+type Backend struct {
+	Addr     netip.Addr
+	Port     uint16
+	State    BackendState
+	NodeName string // for internalTrafficPolicy=Local and display
+	Zone     string // topology hints
+}
+
+// Frontend is one translated service address with its backends, in a stable
+// order (sorted by Addr, Port).
+type Frontend struct {
+	Key       FrontendKey
+	Kind      Kind
+	Service   string // namespace/name
+	PortName  string
+	Backends  []Backend
+	Affinity  time.Duration // sessionAffinity ClientIP timeout; 0 = none
+	LocalOnly bool          // internalTrafficPolicy/externalTrafficPolicy Local already applied to Backends
+}
+
+// Writer is what the datapath implements to program frontends. Upserts of a
+// frontend replace its whole backend set atomically from the datapath's
+// point of view (no partial service is ever visible).
+type Writer interface {
+	UpsertFrontend(f Frontend) error
+	DeleteFrontend(k FrontendKey) error
+	Frontends() ([]Frontend, error) // as read back from the maps
+}
