@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* sock_lb.c: socket-layer service load balancing (cgroup v2 sock_addr hooks).
+ *
+ * Attached to the agent's cgroup root; every socket of a process below it:
+ *  connect4/6  TCP/UDP/SCTP connect to a frontend -> a backend (forward
+ *              translation of the sockaddr; no per-packet NAT), records the
+ *              reverse entry; no usable backend -> ECONNREFUSED.
+ *  sendmsg4/6  unconnected UDP sendto a frontend: the same per datagram.
+ *  recvmsg4/6  unconnected UDP recvfrom: a reply from the backend shows the
+ *              frontend as its source (reverse entry of this socket).
+ *  getpeername4/6  a connected socket shows the frontend as its peer.
+ *  bind4/6     a NodePort's port cannot be bound (EADDRINUSE).
+ * v4-in-v6 (a v6 socket addressing ::ffff:a.b.c.d) uses the IPv4 frontends,
+ * because every address is stored v4 mapped (lib/lb.h).
+ * Rejections return 0 after bpf_set_retval(-errno) (kernel >= 5.18), so the
+ * syscall fails with that errno instead of EPERM.
+ */
+#include "lib/common.h"
+#include "lib/lb.h"
+
+#define AXON_IPPROTO_TCP 6
+#define AXON_IPPROTO_UDP 17
+#define AXON_IPPROTO_SCTP 132
+#define AXON_ECONNREFUSED 111
+#define AXON_EADDRINUSE 98
+
+#define SYS_PROCEED 1
+#define SYS_REJECT 0
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+AXON_INLINE int lb_proto_ok(__u32 proto)
+{
+	return proto == AXON_IPPROTO_TCP || proto == AXON_IPPROTO_UDP || proto == AXON_IPPROTO_SCTP;
+}
+
+AXON_INLINE void ctx_get_addr(struct bpf_sock_addr *ctx, __u8 *addr, int v6)
+{
+	__u32 *w = (__u32 *)addr;
+
+	if (!v6) {
+		lb_addr_v4(addr, ctx->user_ip4);
+		return;
+	}
+	w[0] = ctx->user_ip6[0];
+	w[1] = ctx->user_ip6[1];
+	w[2] = ctx->user_ip6[2];
+	w[3] = ctx->user_ip6[3];
+}
+
+AXON_INLINE void ctx_set_addr(struct bpf_sock_addr *ctx, const __u8 *addr, __be16 port, int v6)
+{
+	const __u32 *w = (const __u32 *)addr;
+
+	if (!v6) {
+		ctx->user_ip4 = w[3];
+	} else {
+		ctx->user_ip6[0] = w[0];
+		ctx->user_ip6[1] = w[1];
+		ctx->user_ip6[2] = w[2];
+		ctx->user_ip6[3] = w[3];
+	}
+	ctx->user_port = (__u32)port;
+}
+
+/* sock_fwd translates ctx's destination when it is a frontend. */
+AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6)
+{
+	struct lb_svc_key key = {};
+	struct lb_rev_key rk = {};
+	struct lb_rev_val rv = {};
+	struct lb_rev_val *old;
+	struct lb_svc_val *svc;
+	struct lb_backend b;
+	__u32 proto = ctx->protocol, fe_id;
+
+	if (!lb_proto_ok(proto))
+		return SYS_PROCEED;
+	ctx_get_addr(ctx, key.addr, v6);
+	key.port = (__be16)ctx->user_port;
+	key.proto = proto;
+	__builtin_memcpy(rv.addr, key.addr, sizeof(rv.addr));
+	rv.port = key.port;
+
+	svc = lb_lookup(&key);
+	if (!svc)
+		return SYS_PROCEED;
+	fe_id = lb_select(&key, svc, bpf_get_netns_cookie(ctx), &b);
+	if (!fe_id) {
+		bpf_set_retval(-AXON_ECONNREFUSED);
+		return SYS_REJECT;
+	}
+	/* an IPv4 socket can only reach an IPv4 backend (the agent never mixes) */
+	if (!v6 && !lb_addr_is_v4(b.addr))
+		return SYS_PROCEED;
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	__builtin_memcpy(rk.addr, b.addr, sizeof(rk.addr));
+	rk.port = b.port;
+	rv.frontend_id = fe_id;
+	/* lookup first: an unconnected UDP socket re-sends to the same pair */
+	old = bpf_map_lookup_elem(&axon_lb_rev, &rk);
+	if (!old || __builtin_memcmp(old, &rv, sizeof(rv)) != 0)
+		bpf_map_update_elem(&axon_lb_rev, &rk, &rv, BPF_ANY);
+
+	ctx_set_addr(ctx, b.addr, b.port, v6);
+	return SYS_PROCEED;
+}
+
+/* sock_rev shows the frontend instead of the backend (recvmsg, getpeername). */
+AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6)
+{
+	struct lb_rev_key rk = {};
+	struct lb_rev_val *rv;
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	ctx_get_addr(ctx, rk.addr, v6);
+	rk.port = (__be16)ctx->user_port;
+	rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
+	if (!rv)
+		return SYS_PROCEED;
+	if (!v6 && !lb_addr_is_v4(rv->addr))
+		return SYS_PROCEED;
+	ctx_set_addr(ctx, rv->addr, rv->port, v6);
+	return SYS_PROCEED;
+}
+
+AXON_INLINE int nodeport_taken(__be16 port, __u8 proto, int v4)
+{
+	struct lb_svc_key key = {};
+
+	if (v4)
+		lb_addr_v4(key.addr, 0);
+	key.port = port;
+	key.proto = proto;
+	key.scope = AXON_LB_SCOPE_NODEPORT;
+	return bpf_map_lookup_elem(&axon_lb_svc, &key) != NULL;
+}
+
+/* sock_bind refuses binding a port that a NodePort frontend owns. */
+AXON_INLINE int sock_bind(struct bpf_sock_addr *ctx, int v6)
+{
+	__be16 port = (__be16)ctx->user_port;
+	__u32 proto = ctx->protocol;
+
+	if (port == 0 || !lb_proto_ok(proto))
+		return SYS_PROCEED;
+	/* a v6 socket may also carry v4 (dual stack): check both families */
+	if (nodeport_taken(port, proto, 1) || (v6 && nodeport_taken(port, proto, 0))) {
+		bpf_set_retval(-AXON_EADDRINUSE);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/connect4")
+int axon_sock_connect4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0); }
+
+SEC("cgroup/connect6")
+int axon_sock_connect6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1); }
+
+SEC("cgroup/sendmsg4")
+int axon_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0); }
+
+SEC("cgroup/sendmsg6")
+int axon_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1); }
+
+SEC("cgroup/recvmsg4")
+int axon_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0); }
+
+SEC("cgroup/recvmsg6")
+int axon_sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1); }
+
+SEC("cgroup/getpeername4")
+int axon_sock_getpeername4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0); }
+
+SEC("cgroup/getpeername6")
+int axon_sock_getpeername6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1); }
+
+SEC("cgroup/bind4")
+int axon_sock_bind4(struct bpf_sock_addr *ctx) { return sock_bind(ctx, 0); }
+
+SEC("cgroup/bind6")
+int axon_sock_bind6(struct bpf_sock_addr *ctx) { return sock_bind(ctx, 1); }

@@ -1,0 +1,310 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// Values of struct lb_svc_val.flags and the backend states (bpf/lib/lb.h).
+const (
+	lbFlagAffinity = 0x1
+	lbMaxSlots     = math.MaxUint16 // slot numbers are u16; slot 0 is the master
+)
+
+// beAddr identifies a backend inside one frontend.
+type beAddr struct {
+	addr netip.Addr
+	port uint16
+}
+
+type beEntry struct {
+	id uint32
+	b  lb.Backend
+}
+
+// feState is what the maps hold for one frontend (plus the display fields
+// of the last upsert, which the maps do not carry).
+type feState struct {
+	id       uint32
+	master   sockLBLbSvcVal
+	backends []beEntry // in slot order: slot i+1 holds backends[i]
+	meta     *lb.Frontend
+}
+
+// idAlloc hands out the lowest free non-zero u32 at or after a moving hint.
+type idAlloc struct {
+	used map[uint32]bool
+	next uint32
+}
+
+func (a *idAlloc) alloc() (uint32, error) {
+	if a.used == nil {
+		a.used = map[uint32]bool{}
+	}
+	if len(a.used) >= math.MaxUint32-1 {
+		return 0, errors.New("id space exhausted")
+	}
+	for {
+		a.next++
+		if a.next == 0 {
+			a.next = 1
+		}
+		if !a.used[a.next] {
+			a.used[a.next] = true
+			return a.next, nil
+		}
+	}
+}
+
+func (a *idAlloc) mark(id uint32) {
+	if a.used == nil {
+		a.used = map[uint32]bool{}
+	}
+	a.used[id] = true
+	if id > a.next {
+		a.next = id // ids freed before a restart are not handed out again soon
+	}
+}
+
+func (a *idAlloc) free(id uint32) { delete(a.used, id) }
+
+// Conversions between the Go model and the map layouts.
+
+func lbPort(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func lbPortHost(p uint16) uint16 { return lbPort(p) }
+
+func addr16(a netip.Addr) [16]byte { return a.As16() } // IPv4 comes out v4 mapped
+
+func fromAddr16(b [16]byte) netip.Addr { return netip.AddrFrom16(b).Unmap() }
+
+func svcKey(k lb.FrontendKey, slot uint16) sockLBLbSvcKey {
+	return sockLBLbSvcKey{Addr: addr16(k.Addr), Port: lbPort(k.Port), Proto: uint8(k.Proto), Scope: uint8(k.Scope), Slot: slot}
+}
+
+func feKeyOf(k sockLBLbSvcKey) lb.FrontendKey {
+	return lb.FrontendKey{Addr: fromAddr16(k.Addr), Port: lbPortHost(k.Port), Proto: lb.Proto(k.Proto), Scope: lb.Scope(k.Scope)}
+}
+
+func affinitySeconds(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	s := (d + time.Second - 1) / time.Second // round up: 500ms -> 1s
+	if s > math.MaxUint32 {
+		return math.MaxUint32
+	}
+	return uint32(s)
+}
+
+// normFrontend validates f and returns it with unmapped addresses and
+// backends in slot order (Active, Terminating, Quarantined; each sorted by
+// address and port).
+func normFrontend(f lb.Frontend) (lb.Frontend, error) {
+	k, err := normKey(f.Key)
+	if err != nil {
+		return f, err
+	}
+	f.Key = k
+	if f.Affinity < 0 {
+		return f, fmt.Errorf("frontend %s: negative session affinity timeout %s", keyString(k), f.Affinity)
+	}
+	if len(f.Backends) > lbMaxSlots {
+		return f, fmt.Errorf("frontend %s: %d backends, at most %d fit the service map slots", keyString(k), len(f.Backends), lbMaxSlots)
+	}
+	seen := map[beAddr]bool{}
+	bs := make([]lb.Backend, 0, len(f.Backends))
+	for _, b := range f.Backends {
+		if !b.Addr.IsValid() {
+			return f, fmt.Errorf("frontend %s: backend with an empty address", keyString(k))
+		}
+		b.Addr = b.Addr.Unmap()
+		if b.Addr.Is4() != k.Addr.Is4() {
+			return f, fmt.Errorf("frontend %s: backend %s is of the other address family: give v4 frontends v4 backends and v6 frontends v6 ones", keyString(k), b.Addr)
+		}
+		if b.Port == 0 {
+			return f, fmt.Errorf("frontend %s: backend %s has port 0: resolve the targetPort first", keyString(k), b.Addr)
+		}
+		if b.State > lb.Quarantined {
+			return f, fmt.Errorf("frontend %s: backend %s has unknown state %d", keyString(k), b.Addr, b.State)
+		}
+		ba := beAddr{b.Addr, b.Port}
+		if seen[ba] {
+			return f, fmt.Errorf("frontend %s: backend %s listed twice", keyString(k), netip.AddrPortFrom(b.Addr, b.Port))
+		}
+		seen[ba] = true
+		bs = append(bs, b)
+	}
+	slices.SortStableFunc(bs, func(a, b lb.Backend) int {
+		if a.State != b.State {
+			return int(a.State) - int(b.State)
+		}
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		return int(a.Port) - int(b.Port)
+	})
+	f.Backends = bs
+	return f, nil
+}
+
+func normKey(k lb.FrontendKey) (lb.FrontendKey, error) {
+	if !k.Addr.IsValid() {
+		return k, fmt.Errorf("frontend key %+v: empty address (NodePort and HostPort frontends use 0.0.0.0 or ::)", k)
+	}
+	k.Addr = k.Addr.Unmap()
+	if k.Port == 0 {
+		return k, fmt.Errorf("frontend %s: port 0", keyString(k))
+	}
+	switch k.Proto {
+	case lb.TCP, lb.UDP, lb.SCTP:
+	default:
+		return k, fmt.Errorf("frontend %s: protocol %d is not TCP, UDP or SCTP", keyString(k), k.Proto)
+	}
+	switch k.Scope {
+	case lb.ScopeCluster:
+		if k.Addr.IsUnspecified() {
+			return k, fmt.Errorf("frontend %s: a cluster-scope frontend needs a service address, not %s", keyString(k), k.Addr)
+		}
+	case lb.ScopeNodePort, lb.ScopeHostPort:
+		if !k.Addr.IsUnspecified() {
+			return k, fmt.Errorf("frontend %s: NodePort and HostPort frontends match every local address: use %s as their address",
+				keyString(k), map[bool]string{true: "0.0.0.0", false: "::"}[k.Addr.Is4()])
+		}
+	default:
+		return k, fmt.Errorf("frontend %s: unknown scope %d", keyString(k), k.Scope)
+	}
+	return k, nil
+}
+
+func keyString(k lb.FrontendKey) string {
+	proto := map[lb.Proto]string{lb.TCP: "tcp", lb.UDP: "udp", lb.SCTP: "sctp"}[k.Proto]
+	if proto == "" {
+		proto = fmt.Sprintf("proto%d", k.Proto)
+	}
+	scope := map[lb.Scope]string{lb.ScopeCluster: "cluster", lb.ScopeNodePort: "nodeport", lb.ScopeHostPort: "hostport"}[k.Scope]
+	if scope == "" {
+		scope = fmt.Sprintf("scope%d", k.Scope)
+	}
+	return fmt.Sprintf("%s/%s (%s)", netip.AddrPortFrom(k.Addr, k.Port), proto, scope)
+}
+
+// mapFullHint explains E2BIG/ENOSPC from a map update.
+func mapFullHint(err error, m string) error {
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+		return fmt.Errorf("map %s is full: %w (delete unused services or raise its max_entries in bpf/lib/lb.h)", m, err)
+	}
+	return err
+}
+
+// rebuild reads the maps into s.fe and the id allocators, and removes what a
+// crash between two writes may have left: slots beyond a master's count or
+// without a master, and backends no frontend references.
+func (s *SockLB) rebuild() error {
+	type slotEnt struct {
+		key sockLBLbSvcKey
+		id  uint32
+	}
+	var (
+		k      sockLBLbSvcKey
+		v      sockLBLbSvcVal
+		slots  []slotEnt
+		stale  []sockLBLbSvcKey
+		states = map[lb.FrontendKey]*feState{}
+	)
+	it := s.objs.AxonLbSvc.Iterate()
+	for it.Next(&k, &v) {
+		if k.Slot == 0 {
+			states[feKeyOf(k)] = &feState{id: v.Id, master: v}
+			continue
+		}
+		slots = append(slots, slotEnt{k, v.Id})
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", MapLBService, err)
+	}
+	backends := map[uint32]sockLBLbBackend{}
+	var bid uint32
+	var bv sockLBLbBackend
+	bit := s.objs.AxonLbBe.Iterate()
+	for bit.Next(&bid, &bv) {
+		backends[bid] = bv
+	}
+	if err := bit.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", MapLBBackend, err)
+	}
+	for _, st := range states {
+		total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
+		st.backends = make([]beEntry, total)
+	}
+	used := map[uint32]bool{}
+	for _, se := range slots {
+		fk := feKeyOf(se.key)
+		st := states[fk]
+		idx := int(se.key.Slot) - 1
+		b, ok := backends[se.id]
+		if st == nil || idx >= len(st.backends) || !ok {
+			stale = append(stale, se.key)
+			continue
+		}
+		st.backends[idx] = beEntry{id: se.id, b: lb.Backend{Addr: fromAddr16(b.Addr), Port: lbPortHost(b.Port), State: lb.BackendState(b.State)}}
+		used[se.id] = true
+	}
+	for fk, st := range states {
+		for i, be := range st.backends {
+			if be.id == 0 { // a slot missing below the count: rewrite the frontend without it
+				s.log.Warn("socket LB: frontend has a missing slot, dropping it", "frontend", keyString(fk), "slot", i+1)
+				st.backends = slices.DeleteFunc(st.backends, func(e beEntry) bool { return e.id == 0 })
+				break
+			}
+		}
+		s.fe[fk] = st
+		s.feIDs.mark(st.id)
+		for _, be := range st.backends {
+			s.beIDs.mark(be.id)
+		}
+	}
+	for i := range stale {
+		if err := s.objs.AxonLbSvc.Delete(&stale[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove stale slot of %s: %w", keyString(feKeyOf(stale[i])), err)
+		}
+	}
+	for id := range backends {
+		if !used[id] {
+			if err := s.objs.AxonLbBe.Delete(&id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("remove unreferenced backend %d: %w", id, err)
+			}
+		}
+	}
+	// a frontend that lost a slot is rewritten whole
+	for fk, st := range s.fe {
+		total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
+		if total != len(st.backends) {
+			f := lb.Frontend{Key: fk, Affinity: time.Duration(st.master.AffinityTimeout) * time.Second}
+			for _, be := range st.backends {
+				f.Backends = append(f.Backends, be.b)
+			}
+			if err := s.upsertLocked(f); err != nil {
+				return fmt.Errorf("repair %s: %w", keyString(fk), err)
+			}
+		}
+	}
+	if len(stale) > 0 {
+		s.log.Info("socket LB: removed stale service slots", "count", len(stale))
+	}
+	return nil
+}

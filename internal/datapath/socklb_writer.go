@@ -1,0 +1,378 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/axonhq/axon/internal/lb"
+)
+
+var _ lb.Writer = (*SockLB)(nil)
+
+// UpsertFrontend programs f (a new frontend or a new backend set for an
+// existing one). The order of writes keeps every intermediate state a whole
+// service for the hooks: backends first, then the slots beyond the current
+// count (invisible), then the slots in use, then the master entry with the
+// new counts, and only then stale slots and backends are removed. On an
+// error (bad input, map full) the previous frontend stays programmed as it
+// was.
+func (s *SockLB) UpsertFrontend(f lb.Frontend) error {
+	f, err := normFrontend(f)
+	if err != nil {
+		return fmt.Errorf("upsert frontend: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.upsertLocked(f); err != nil {
+		return fmt.Errorf("upsert frontend %s: %w", keyString(f.Key), err)
+	}
+	return nil
+}
+
+func (s *SockLB) upsertLocked(f lb.Frontend) error {
+	old := s.fe[f.Key]
+	oldSlots := 0
+	oldIDs := map[beAddr]beEntry{}
+	if old != nil {
+		oldSlots = int(old.master.Active) + int(old.master.Terminating) + int(old.master.Quarantined)
+		for _, be := range old.backends {
+			oldIDs[beAddr{be.b.Addr, be.b.Port}] = be
+		}
+	}
+
+	var (
+		feID    uint32
+		newFE   bool
+		created []uint32  // backend ids allocated by this call
+		changed []beEntry // existing backends overwritten: old values for rollback
+		written []uint16  // new slots beyond oldSlots
+		err     error
+	)
+	if old != nil {
+		feID = old.id
+	} else {
+		if feID, err = s.feIDs.alloc(); err != nil {
+			return fmt.Errorf("frontend id: %w", err)
+		}
+		newFE = true
+	}
+	rollback := func() {
+		for _, slot := range written {
+			k := svcKey(f.Key, slot)
+			_ = s.objs.AxonLbSvc.Delete(&k)
+		}
+		for _, be := range changed {
+			v := backendVal(be.b, f.Key.Proto, feID)
+			_ = s.objs.AxonLbBe.Put(&be.id, &v)
+		}
+		for _, id := range created {
+			_ = s.objs.AxonLbBe.Delete(&id)
+			s.beIDs.free(id)
+		}
+		if newFE {
+			s.feIDs.free(feID)
+		}
+	}
+
+	// 1. backends
+	entries := make([]beEntry, len(f.Backends))
+	master := sockLBLbSvcVal{Id: feID}
+	for i, b := range f.Backends {
+		switch b.State {
+		case lb.Active:
+			master.Active++
+		case lb.Terminating:
+			master.Terminating++
+		default:
+			master.Quarantined++
+		}
+		prev, ok := oldIDs[beAddr{b.Addr, b.Port}]
+		id := prev.id
+		if !ok {
+			if id, err = s.beIDs.alloc(); err != nil {
+				rollback()
+				return fmt.Errorf("backend id: %w", err)
+			}
+			created = append(created, id)
+		} else if prev.b.State == b.State {
+			entries[i] = beEntry{id: id, b: b}
+			continue
+		} else {
+			changed = append(changed, prev)
+		}
+		v := backendVal(b, f.Key.Proto, feID)
+		if err := s.objs.AxonLbBe.Put(&id, &v); err != nil {
+			rollback()
+			return fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), mapFullHint(err, MapLBBackend))
+		}
+		entries[i] = beEntry{id: id, b: b}
+	}
+	if secs := affinitySeconds(f.Affinity); secs > 0 {
+		master.Flags |= lbFlagAffinity
+		master.AffinityTimeout = secs
+	}
+
+	// 2. slots beyond the current count: not yet visible to the hooks
+	for i := oldSlots; i < len(entries); i++ {
+		slot := uint16(i + 1)
+		k := svcKey(f.Key, slot)
+		v := sockLBLbSvcVal{Id: entries[i].id}
+		if err := s.objs.AxonLbSvc.Put(&k, &v); err != nil {
+			rollback()
+			return fmt.Errorf("write slot %d: %w", slot, mapFullHint(err, MapLBService))
+		}
+		written = append(written, slot)
+	}
+	// 3. slots in use: each flips from an old backend to a new one
+	for i := 0; i < len(entries) && i < oldSlots; i++ {
+		k := svcKey(f.Key, uint16(i+1))
+		v := sockLBLbSvcVal{Id: entries[i].id}
+		if err := s.objs.AxonLbSvc.Put(&k, &v); err != nil {
+			s.restoreLocked(f.Key, old)
+			rollback()
+			return fmt.Errorf("write slot %d: %w", i+1, mapFullHint(err, MapLBService))
+		}
+	}
+	// 4. the master: the new backend set becomes visible at once
+	mk := svcKey(f.Key, 0)
+	if err := s.objs.AxonLbSvc.Put(&mk, &master); err != nil {
+		if old != nil {
+			s.restoreLocked(f.Key, old)
+		}
+		rollback()
+		return fmt.Errorf("write master entry: %w", mapFullHint(err, MapLBService))
+	}
+
+	// 5. cleanup: stale slots, then backends nothing references any more
+	var errs []error
+	for i := len(entries); i < oldSlots; i++ {
+		k := svcKey(f.Key, uint16(i+1))
+		if err := s.objs.AxonLbSvc.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale slot %d: %w", i+1, err))
+		}
+	}
+	keep := map[uint32]bool{}
+	for _, e := range entries {
+		keep[e.id] = true
+	}
+	if old != nil {
+		for _, be := range old.backends {
+			if keep[be.id] {
+				continue
+			}
+			if err := s.objs.AxonLbBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("remove backend %d: %w", be.id, err))
+				continue
+			}
+			s.beIDs.free(be.id)
+		}
+	}
+	meta := f
+	meta.Backends = slices.Clone(f.Backends)
+	s.fe[f.Key] = &feState{id: feID, master: master, backends: entries, meta: &meta}
+	if len(errs) > 0 {
+		return fmt.Errorf("frontend programmed, cleanup incomplete: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// restoreLocked rewrites the slots in use of old (best effort, after a
+// failed write in place).
+func (s *SockLB) restoreLocked(k lb.FrontendKey, old *feState) {
+	if old == nil {
+		return
+	}
+	for i, be := range old.backends {
+		sk := svcKey(k, uint16(i+1))
+		v := sockLBLbSvcVal{Id: be.id}
+		_ = s.objs.AxonLbSvc.Put(&sk, &v)
+	}
+}
+
+func backendVal(b lb.Backend, proto lb.Proto, feID uint32) sockLBLbBackend {
+	return sockLBLbBackend{Addr: addr16(b.Addr), Port: lbPort(b.Port), Proto: uint8(proto), State: uint8(b.State), FrontendId: feID}
+}
+
+// DeleteFrontend removes a frontend: its master entry first (the service
+// disappears at once), then its slots and backends. A frontend that is not
+// programmed is no error.
+func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
+	k, err := normKey(k)
+	if err != nil {
+		return fmt.Errorf("delete frontend: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.fe[k]
+	if st == nil {
+		return nil
+	}
+	mk := svcKey(k, 0)
+	if err := s.objs.AxonLbSvc.Delete(&mk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete frontend %s: master entry: %w", keyString(k), err)
+	}
+	delete(s.fe, k)
+	s.feIDs.free(st.id)
+	var errs []error
+	total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
+	for i := 0; i < total || i < len(st.backends); i++ {
+		sk := svcKey(k, uint16(i+1))
+		if err := s.objs.AxonLbSvc.Delete(&sk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("slot %d: %w", i+1, err))
+		}
+	}
+	for _, be := range st.backends {
+		if err := s.objs.AxonLbBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("backend %d: %w", be.id, err))
+			continue
+		}
+		s.beIDs.free(be.id)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("delete frontend %s (no longer served; the next load removes the rest): %w", keyString(k), errors.Join(errs...))
+	}
+	return nil
+}
+
+// Frontends reads every programmed frontend back from the maps, sorted by
+// key, backends sorted by address and port. Kind, Service, PortName,
+// LocalOnly and the backends' NodeName/Zone are not in the maps: they come
+// from the last upsert by this process (empty after a restart until the
+// agent upserts the frontend again).
+func (s *SockLB) Frontends() ([]lb.Frontend, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type raw struct {
+		master sockLBLbSvcVal
+		slots  map[uint16]uint32
+	}
+	fes := map[lb.FrontendKey]*raw{}
+	get := func(k lb.FrontendKey) *raw {
+		r := fes[k]
+		if r == nil {
+			r = &raw{slots: map[uint16]uint32{}}
+			fes[k] = r
+		}
+		return r
+	}
+	var k sockLBLbSvcKey
+	var v sockLBLbSvcVal
+	it := s.objs.AxonLbSvc.Iterate()
+	for it.Next(&k, &v) {
+		r := get(feKeyOf(k))
+		if k.Slot == 0 {
+			r.master = v
+		} else {
+			r.slots[k.Slot] = v.Id
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapLBService, err)
+	}
+	out := make([]lb.Frontend, 0, len(fes))
+	for fk, r := range fes {
+		if r.master.Id == 0 {
+			continue // slots written ahead of their master: not a frontend yet
+		}
+		f := lb.Frontend{Key: fk}
+		if r.master.Flags&lbFlagAffinity != 0 {
+			f.Affinity = time.Duration(r.master.AffinityTimeout) * time.Second
+		}
+		var meta *lb.Frontend
+		if st := s.fe[fk]; st != nil && st.meta != nil {
+			meta = st.meta
+			f.Kind, f.Service, f.PortName, f.LocalOnly = meta.Kind, meta.Service, meta.PortName, meta.LocalOnly
+		}
+		total := int(r.master.Active) + int(r.master.Terminating) + int(r.master.Quarantined)
+		for slot := 1; slot <= total; slot++ {
+			id, ok := r.slots[uint16(slot)]
+			if !ok {
+				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), slot, MapLBService)
+			}
+			var bv sockLBLbBackend
+			if err := s.objs.AxonLbBe.Lookup(&id, &bv); err != nil {
+				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, slot, err)
+			}
+			b := lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}
+			if meta != nil {
+				for _, mb := range meta.Backends {
+					if mb.Addr == b.Addr && mb.Port == b.Port {
+						b.NodeName, b.Zone = mb.NodeName, mb.Zone
+					}
+				}
+			}
+			f.Backends = append(f.Backends, b)
+		}
+		slices.SortFunc(f.Backends, func(a, b lb.Backend) int {
+			if c := a.Addr.Compare(b.Addr); c != 0 {
+				return c
+			}
+			return int(a.Port) - int(b.Port)
+		})
+		out = append(out, f)
+	}
+	slices.SortFunc(out, func(a, b lb.Frontend) int { return compareKeys(a.Key, b.Key) })
+	return out, nil
+}
+
+func compareKeys(a, b lb.FrontendKey) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if a.Port != b.Port {
+		return int(a.Port) - int(b.Port)
+	}
+	if a.Proto != b.Proto {
+		return int(a.Proto) - int(b.Proto)
+	}
+	return int(a.Scope) - int(b.Scope)
+}
+
+// SetLocalAddrs replaces the node's local addresses that NodePort and
+// HostPort frontends match on (loopback always matches). Invalid input
+// changes nothing.
+func (s *SockLB) SetLocalAddrs(addrs []netip.Addr) error {
+	want := map[[16]byte]bool{}
+	for _, a := range addrs {
+		if !a.IsValid() || a.IsUnspecified() {
+			return fmt.Errorf("set local addresses: %q is not a usable address", a)
+		}
+		want[addr16(a.Unmap())] = true
+	}
+	if max := int(s.objs.AxonLbLocal.MaxEntries()); len(want) > max {
+		return fmt.Errorf("set local addresses: %d addresses, the map %s holds at most %d", len(want), MapLBLocal, max)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var (
+		k    [16]byte
+		v    uint8
+		have [][16]byte
+	)
+	it := s.objs.AxonLbLocal.Iterate()
+	for it.Next(&k, &v) {
+		have = append(have, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("set local addresses: read %s: %w", MapLBLocal, err)
+	}
+	one := uint8(1)
+	for a := range want {
+		if err := s.objs.AxonLbLocal.Put(&a, &one); err != nil {
+			return fmt.Errorf("set local addresses: add %s: %w", fromAddr16(a), mapFullHint(err, MapLBLocal))
+		}
+	}
+	for _, a := range have {
+		if !want[a] {
+			if err := s.objs.AxonLbLocal.Delete(&a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("set local addresses: remove %s: %w", fromAddr16(a), err)
+			}
+		}
+	}
+	return nil
+}
