@@ -63,3 +63,28 @@ bench: deps build
 
 clean: bpf-clean
 	rm -rf $(BIN) $(RESULTS)
+
+# ---- kernel matrix (issue 3; owner: hack/vm, internal/vmtest) -------------------------------
+# Runs the same test binaries on the host kernel and on Debian kernels booted in QEMU (TCG, or
+# KVM when kvm_intel/kvm_amd is loaded). Kernels are cached in ${AXON_CACHE:-~/.cache/axon}/kernels. Not part
+# of `make test`. VM_LAB=1 adds the single-node lab subset inside each VM (uses `make deps`).
+# Example: make test-vm KERNEL=debian-6.1 VM_RUN=TestAttach VM_LAB=0     (see hack/vm/README.md)
+KERNEL       ?= debian-6.12
+VM_PKGS      ?= ./internal/datapath,./internal/verifier
+VM_RUN       ?=
+VM_LAB       ?= 1
+VM_FLAGS     ?=
+VM_KERNELS   ?= host,debian-6.12,debian-6.1
+VM_ARGS       = -pkgs $(VM_PKGS) -run '$(VM_RUN)' -lab=$(if $(filter 1,$(VM_LAB)),true,false) -out $(RESULTS)/kernels $(VM_FLAGS)
+
+.PHONY: vm-packages test-vm test-kernels
+
+vm-packages:
+	@hack/install-packages.sh vm
+
+test-vm: vm-packages deps generate
+	$(GO) run ./hack/vm -kernels $(KERNEL) $(VM_ARGS)
+
+test-kernels: vm-packages deps generate
+	$(GO) run ./hack/vm -kernels $(VM_KERNELS) $(VM_ARGS)
+# ---- end kernel matrix ----------------------------------------------------------------------

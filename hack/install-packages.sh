@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages axon needs to build and run its lab, if missing.
 # Idempotent: does nothing (and never runs `apt-get update`) when everything is present.
-# Usage: hack/install-packages.sh   (as root)
+# Usage: hack/install-packages.sh      (as root)   build, test and lab packages
+#        hack/install-packages.sh vm   (as root)   plus the kernel-matrix VM packages (make test-vm)
 set -euo pipefail
 
 PACKAGES=(clang-19 llvm-19 libbpf-dev bpftool iperf3 sockperf iproute2 iputils-ping util-linux zstd ca-certificates)
+# Only for the kernel matrix (hack/vm, internal/vmtest); `make test` never installs these.
+VM_PACKAGES=(qemu-system-x86 qemu-system-data busybox-static cpio xz-utils zstd kmod dpkg apt debian-archive-keyring)
+case "${1:-}" in
+"") ;;
+vm) PACKAGES+=("${VM_PACKAGES[@]}") ;;
+*) echo "usage: $0 [vm]" >&2; exit 2 ;;
+esac
 
 installed() {
 	[[ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" == ii* ]]

@@ -1,0 +1,270 @@
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// QEMUPath is the emulator binary (Debian package qemu-system-x86).
+const QEMUPath = "qemu-system-x86_64"
+
+// QbootPath is the minimal firmware that boots an uncompressed vmlinux via PVH.
+const QbootPath = "/usr/share/qemu/qboot.rom"
+
+// BootMode selects how QEMU loads the kernel.
+type BootMode string
+
+const (
+	// BootPVH boots the uncompressed vmlinux through its PVH entry with qboot (fastest).
+	BootPVH BootMode = "pvh"
+	// BootBzImage boots vmlinuz with QEMU's default SeaBIOS.
+	BootBzImage BootMode = "bzimage"
+)
+
+// HardwareKVM reports whether kvm_intel or kvm_amd is loaded per /proc/modules. A bare
+// /dev/kvm is not enough: on this machine it is a paravirtual nesting module.
+func HardwareKVM() bool {
+	b, err := os.ReadFile("/proc/modules")
+	if err != nil {
+		return false
+	}
+	return hasKVMModule(b)
+}
+
+func hasKVMModule(procModules []byte) bool {
+	for _, line := range strings.Split(string(procModules), "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		if name == "kvm_intel" || name == "kvm_amd" {
+			return true
+		}
+	}
+	return false
+}
+
+// VM is one QEMU run.
+type VM struct {
+	Kernel    *Kernel
+	Initramfs string
+	RunDir    string // host dir shared writable as /run/axon-vm; must contain run.sh
+	CPUs      int
+	MemoryMiB int
+	Timeout   time.Duration
+	Boot      BootMode
+	Console   io.Writer // optional live copy of the serial console
+	// NICPorts, when set, gives the guest two virtio-net NICs (MACs 52:54:00:a0:00:01 and :02)
+	// wired back to back through QEMU's UDP socket netdev on these two host loopback ports:
+	// native virtio_net for cross-"node" traffic and XDP without touching the host network.
+	NICPorts [2]int
+}
+
+// FreeUDPPorts returns two currently unused UDP ports on 127.0.0.1 for VM.NICPorts.
+func FreeUDPPorts() ([2]int, error) {
+	var ports [2]int
+	var conns []net.PacketConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range ports {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return ports, fmt.Errorf("pick a loopback UDP port for the VM NICs: %w", err)
+		}
+		conns = append(conns, c)
+		ports[i] = c.LocalAddr().(*net.UDPAddr).Port
+	}
+	return ports, nil
+}
+
+// VMResult is what a run produced.
+type VMResult struct {
+	Console   string        // whole serial console log
+	ExitCode  int           // run.sh's exit code (-1 if it never finished)
+	BootTime  time.Duration // QEMU start → init's AXON-VM-BOOTED marker
+	ShellTime time.Duration // QEMU start → AXON-VM-BEGIN (shares mounted, command starting)
+	Total     time.Duration
+	Accel     string
+}
+
+// Args returns the QEMU command line.
+func (vm VM) Args(accel string) []string {
+	cpus, mem := vm.CPUs, vm.MemoryMiB
+	if cpus <= 0 {
+		cpus = 2
+	}
+	if mem <= 0 {
+		mem = 2048
+	}
+	args := []string{"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+		"-no-reboot", "-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem)}
+	if accel == "kvm" {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max,-la57")
+	}
+	kernel := vm.Kernel.Vmlinux
+	if vm.Boot == BootBzImage {
+		kernel = vm.Kernel.Vmlinuz
+	} else {
+		args = append(args, "-bios", QbootPath)
+	}
+	args = append(args,
+		"-kernel", kernel,
+		"-initrd", vm.Initramfs,
+		"-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init",
+		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+		"-virtfs", "local,path="+vm.RunDir+",mount_tag=axonrun,security_model=none,multidevs=remap",
+	)
+	if p := vm.NICPorts; p[0] != 0 && p[1] != 0 {
+		for i := range 2 {
+			args = append(args,
+				"-netdev", fmt.Sprintf("socket,id=n%d,udp=127.0.0.1:%d,localaddr=127.0.0.1:%d", i, p[1-i], p[i]),
+				"-device", fmt.Sprintf("virtio-net-pci,netdev=n%d,mac=52:54:00:a0:00:%02x", i, i+1))
+		}
+	}
+	return args
+}
+
+var endRe = regexp.MustCompile(`AXON-VM-END rc=(\d+)`)
+
+// panicMarkers in the console mean the guest kernel died.
+var panicMarkers = []string{"Kernel panic", "BUG: kernel NULL pointer", "Oops:"}
+
+// Run boots the VM and waits for it to power off, the timeout, or ctx. An error means
+// the run itself failed (panic, hang, no result); the console log is in the result.
+func (vm VM) Run(ctx context.Context) (VMResult, error) {
+	res := VMResult{ExitCode: -1, Accel: "tcg"}
+	if HardwareKVM() {
+		res.Accel = "kvm"
+	}
+	if _, err := exec.LookPath(QEMUPath); err != nil {
+		return res, fmt.Errorf("%s not found: install the VM packages with `hack/install-packages.sh vm`: %w", QEMUPath, err)
+	}
+	if vm.Boot != BootBzImage {
+		if _, err := os.Stat(QbootPath); err != nil {
+			return res, fmt.Errorf("qboot firmware missing (package qemu-system-data): %w", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(vm.RunDir, "run.sh")); err != nil {
+		return res, fmt.Errorf("run dir %s has no run.sh: %w", vm.RunDir, err)
+	}
+	_ = os.Remove(filepath.Join(vm.RunDir, "exit-code"))
+	timeout := vm.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Minute
+	}
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	cmd := exec.CommandContext(runCtx, QEMUPath, vm.Args(res.Accel)...)
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Stdin = nil
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return res, err
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("start qemu: %w", err)
+	}
+
+	var (
+		mu      sync.Mutex
+		console bytes.Buffer
+		ended   = make(chan struct{})
+	)
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		endSeen := false
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			now := time.Since(start)
+			mu.Lock()
+			console.WriteString(line + "\n")
+			switch {
+			case strings.HasPrefix(line, "AXON-VM-BOOTED") && res.BootTime == 0:
+				res.BootTime = now
+			case strings.HasPrefix(line, "AXON-VM-BEGIN") && res.ShellTime == 0:
+				res.ShellTime = now
+			}
+			mu.Unlock()
+			if vm.Console != nil {
+				fmt.Fprintln(vm.Console, line)
+			}
+			if !endSeen && endRe.MatchString(line) {
+				endSeen = true
+				close(ended)
+			}
+		}
+	}()
+	// Once the guest printed its end marker, give it a moment to power off, then stop it.
+	go func() {
+		select {
+		case <-ended:
+			select {
+			case <-time.After(15 * time.Second):
+				cancel()
+			case <-runCtx.Done():
+			}
+		case <-runCtx.Done():
+		}
+	}()
+	<-readDone
+	waitErr := cmd.Wait()
+	res.Total = time.Since(start)
+	mu.Lock()
+	res.Console = console.String()
+	mu.Unlock()
+	if s := strings.TrimSpace(stderr.String()); s != "" {
+		res.Console += "[qemu stderr] " + s + "\n"
+	}
+
+	for _, m := range panicMarkers {
+		if strings.Contains(res.Console, m) {
+			return res, fmt.Errorf("guest kernel %s crashed (%q in the console)", vm.Kernel.Release, m)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(vm.RunDir, "exit-code")); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			res.ExitCode = n
+		}
+	}
+	if res.ExitCode < 0 {
+		if m := endRe.FindStringSubmatch(res.Console); m != nil {
+			res.ExitCode, _ = strconv.Atoi(m[1])
+		}
+	}
+	if res.ExitCode < 0 {
+		switch {
+		case errors.Is(runCtx.Err(), context.DeadlineExceeded):
+			return res, fmt.Errorf("VM on %s timed out after %s without finishing", vm.Kernel.Release, timeout)
+		case ctx.Err() != nil:
+			return res, ctx.Err()
+		default:
+			return res, fmt.Errorf("VM on %s stopped without a result (qemu: %v)", vm.Kernel.Release, waitErr)
+		}
+	}
+	if m := regexp.MustCompile(`AXON-VM-ERROR (.*)`).FindStringSubmatch(res.Console); m != nil {
+		return res, fmt.Errorf("VM setup on %s failed: %s", vm.Kernel.Release, m[1])
+	}
+	return res, nil
+}

@@ -1,0 +1,365 @@
+package vmtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HostKernel is the matrix name of the machine's own kernel.
+const HostKernel = "host"
+
+// TestBinary is a compiled test binary of one package.
+type TestBinary struct {
+	Package string // import path
+	Dir     string // package source dir (the binary runs there, as under go test)
+	Binary  string // host path of the binary
+	Name    string // file name inside the run dir
+}
+
+// Runner builds test binaries once and runs them on the host and in VMs.
+type Runner struct {
+	Go          string   // go tool, default "go"
+	Packages    []string // go package patterns, e.g. ./internal/datapath
+	RunRegex    string   // -test.run
+	TestTimeout time.Duration
+	CacheRoot   string
+	OutDir      string // per-kernel outputs and console logs land here
+	Boot        BootMode
+	Modules     []string
+	Refresh     bool
+	Console     io.Writer // live serial console, optional
+	Log         *slog.Logger
+	// Lab adds the single-node lab subset in VMs (axon lab up --nodes 1, check, down) as
+	// the pseudo tests LabUp, LabCheck, LabDown. It needs the cached control plane
+	// (make deps). The host column never runs it: the host's lab is `make test`'s.
+	Lab bool
+	// NICs gives each VM two virtio-net NICs wired back to back (see VM.NICPorts); run.sh
+	// exports their MACs as AXON_VM_NIC_MACS so tests can find and use them.
+	NICs bool
+
+	labBins bool
+
+	runDir string
+}
+
+func (r *Runner) goTool() string {
+	if r.Go != "" {
+		return r.Go
+	}
+	return "go"
+}
+
+// Build compiles the packages' test binaries (CGO_ENABLED=0, static) into a fresh run dir.
+// Call Close to remove it.
+func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
+	dir, err := os.MkdirTemp("", "axt-vm-run-")
+	if err != nil {
+		return nil, err
+	}
+	r.runDir = dir
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return nil, err
+	}
+	list := exec.CommandContext(ctx, r.goTool(), append([]string{"list", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{len .TestGoFiles}}"}, r.Packages...)...)
+	var stderr bytes.Buffer
+	list.Stderr = &stderr
+	out, err := list.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list %s: %w: %s", strings.Join(r.Packages, " "), err, stderr.String())
+	}
+	var bins []TestBinary
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 || f[2] == "0" {
+			continue
+		}
+		name := strings.ReplaceAll(strings.TrimPrefix(f[0], "github.com/axonhq/axon/"), "/", "_") + ".test"
+		b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name)}
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
+		}
+		r.Log.Info("built test binary", "package", b.Package, "took", time.Since(start).Round(time.Millisecond))
+		bins = append(bins, b)
+	}
+	if len(bins) == 0 && !r.Lab {
+		return nil, fmt.Errorf("no package with tests in %s", strings.Join(r.Packages, " "))
+	}
+	if r.Lab {
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, r.goTool(), "build", "-trimpath", "-o", filepath.Join(dir, "bin")+"/", "./cmd/axon", "./cmd/axon-agent", "./cmd/axon-cni")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build ./cmd/... for the lab subset: %w\n%s", err, out)
+		}
+		r.labBins = true
+		r.Log.Info("built axon binaries for the lab subset", "took", time.Since(start).Round(time.Millisecond))
+	}
+	return bins, nil
+}
+
+// Close removes the run dir.
+func (r *Runner) Close() error {
+	if r.runDir == "" {
+		return nil
+	}
+	return os.RemoveAll(r.runDir)
+}
+
+func (r *Runner) testArgs() []string {
+	args := []string{"-test.v=test2json", "-test.count=1"}
+	if r.TestTimeout > 0 {
+		args = append(args, "-test.timeout="+r.TestTimeout.String())
+	}
+	if r.RunRegex != "" {
+		args = append(args, "-test.run="+r.RunRegex)
+	}
+	return args
+}
+
+// RunHost runs the binaries on this machine, each in its package dir.
+func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
+	kr := KernelRun{Kernel: HostKernel, Accel: "-", Release: hostRelease()}
+	start := time.Now()
+	for _, b := range bins {
+		cmd := exec.CommandContext(ctx, b.Binary, r.testArgs()...)
+		cmd.Dir = b.Dir
+		t0 := time.Now()
+		raw, err := cmd.CombinedOutput()
+		took := time.Since(t0)
+		code := 0
+		if err != nil {
+			code = -1
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+		}
+		pr, err := r.collect(ctx, HostKernel, b, raw, code)
+		if err != nil {
+			kr.Err = err
+			break
+		}
+		pr.Elapsed = took
+		kr.Packages = append(kr.Packages, pr)
+	}
+	kr.Total = time.Since(start)
+	return kr
+}
+
+// collect saves the raw output and parses it.
+func (r *Runner) collect(ctx context.Context, kernel string, b TestBinary, raw []byte, code int) (PackageResult, error) {
+	dir := filepath.Join(r.OutDir, kernel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return PackageResult{}, err
+	}
+	js, err := Test2JSON(ctx, r.goTool(), b.Package, raw)
+	if err != nil {
+		return PackageResult{}, err
+	}
+	_ = os.WriteFile(filepath.Join(dir, strings.TrimSuffix(b.Name, ".test")+".json"), js, 0o644)
+	return ParseTestJSON(b.Package, bytes.NewReader(js), code)
+}
+
+func hostRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// shellQuote quotes s for /bin/sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// RunScript is the guest's run.sh: each binary in its package dir (visible read-only
+// through the host root share), output to /run/axon-vm/out and the console.
+func (r *Runner) RunScript(bins []TestBinary) string {
+	var s strings.Builder
+	s.WriteString("#!/bin/sh\n# generated by internal/vmtest: runs inside the VM, chrooted into the host's root\n")
+	s.WriteString("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TMPDIR=/run/tmp HOME=/root\n")
+	if r.CacheRoot != "" {
+		fmt.Fprintf(&s, "export AXON_CACHE=%s\n", shellQuote(r.CacheRoot))
+	}
+	if r.NICs {
+		s.WriteString("export AXON_VM_NIC_MACS=52:54:00:a0:00:01,52:54:00:a0:00:02\n")
+	}
+	s.WriteString("mkdir -p /run/axon-vm/out\nrc=0\n")
+	for _, b := range bins {
+		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
+		args := []string{shellQuote("/run/axon-vm/bin/" + b.Name)}
+		for _, a := range r.testArgs() {
+			args = append(args, shellQuote(a))
+		}
+		fmt.Fprintf(&s, "echo 'AXON-VM-PKG %s'\n", b.Package)
+		fmt.Fprintf(&s, "cd %s || exit 120\n", shellQuote(b.Dir))
+		s.WriteString("t0=$(date +%s%N)\n")
+		fmt.Fprintf(&s, "{ %s 2>&1; echo $? >%s.rc; } | tee %s.txt\n", strings.Join(args, " "), base, base)
+		fmt.Fprintf(&s, "echo $(( ($(date +%%s%%N) - t0) / 1000000 )) >%s.ms\n", base)
+		fmt.Fprintf(&s, "[ \"$(cat %s.rc)\" = 0 ] || rc=1\n", base)
+	}
+	if r.labBins {
+		s.WriteString(labScript)
+	}
+	s.WriteString("exit $rc\n")
+	return s.String()
+}
+
+// labScript runs the single-node lab subset as pseudo tests in `go test -v` format, so the
+// same parser reads it. Each step's log is indented under its result line.
+const labScript = `echo 'AXON-VM-PKG lab'
+labstep() {
+	name=$1; shift
+	echo "=== RUN   $name"
+	t0=$(date +%s)
+	if "$@" >/run/axon-vm/out/$name.log 2>&1; then r=PASS; else r=FAIL; labrc=1; fi
+	tail -n 40 /run/axon-vm/out/$name.log | sed 's/^/    /'
+	echo "--- $r: $name ($(( $(date +%s) - t0 )).00s)"
+	[ $r = PASS ]
+}
+labrc=0
+{
+	if labstep LabUp /run/axon-vm/bin/axon lab up --nodes 1 --pods-per-node 2 --bin-dir /run/axon-vm/bin; then
+		labstep LabStatus /run/axon-vm/bin/axon lab status
+		labstep LabCheck /run/axon-vm/bin/axon lab check
+	fi
+	labstep LabDown /run/axon-vm/bin/axon lab down
+	# go test's closing line: test2json reports the last test only once it sees it.
+	if [ $labrc = 0 ]; then echo PASS; else echo FAIL; fi
+	echo "rc=$labrc" >/run/axon-vm/out/lab.rc.tmp
+} | tee /run/axon-vm/out/lab.txt
+[ "$(cat /run/axon-vm/out/lab.rc.tmp)" = rc=0 ] && echo 0 >/run/axon-vm/out/lab.rc || { echo 1 >/run/axon-vm/out/lab.rc; rc=1; }
+`
+
+// RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM.
+func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
+	kr := KernelRun{Kernel: spec.Name, Accel: "tcg"}
+	if HardwareKVM() {
+		kr.Accel = "kvm"
+	}
+	f := &Fetcher{CacheRoot: r.CacheRoot, Refresh: r.Refresh, Log: r.Log}
+	_, cacheErr := f.Cached(spec)
+	kr.Cached = cacheErr == nil && !r.Refresh
+	start := time.Now()
+	k, err := f.Fetch(ctx, spec)
+	kr.Fetch = time.Since(start)
+	if err != nil {
+		kr.Err = fmt.Errorf("fetch %s: %w", spec.Name, err)
+		return kr
+	}
+	kr.Release = k.Release
+
+	// The binaries live in the shared run dir; outputs of an earlier kernel are cleared.
+	if err := os.RemoveAll(filepath.Join(r.runDir, "out")); err != nil {
+		kr.Err = err
+		return kr
+	}
+	keep := filepath.Join(r.runDir, "keep-host-tmp")
+	_ = os.Remove(keep)
+	for _, b := range bins {
+		if strings.HasPrefix(b.Dir, "/tmp/") {
+			if err := os.WriteFile(keep, nil, 0o644); err != nil {
+				kr.Err = err
+				return kr
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(r.runDir, "run.sh"), []byte(r.RunScript(bins)), 0o755); err != nil {
+		kr.Err = err
+		return kr
+	}
+	modules := r.Modules
+	if len(modules) == 0 {
+		modules = DefaultModules()
+	}
+	initrd := filepath.Join(r.runDir, "initramfs-"+spec.Name+".cpio.gz")
+	info, err := Initramfs{Kernel: k, Modules: modules}.Build(ctx, initrd)
+	if err != nil {
+		kr.Err = err
+		return kr
+	}
+	r.Log.Info("booting VM", "kernel", spec.Name, "release", k.Release, "accel", kr.Accel,
+		"modules", len(info.Loaded), "missing optional", strings.Join(info.Missing, ","), "initramfs KiB", info.Size>>10)
+
+	timeout := 30 * time.Minute
+	if r.TestTimeout > 0 {
+		timeout = time.Duration(len(bins))*r.TestTimeout + 2*time.Minute
+	}
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console}
+	if r.NICs {
+		if vm.NICPorts, err = FreeUDPPorts(); err != nil {
+			kr.Err = err
+			return kr
+		}
+	}
+	res, runErr := vm.Run(ctx)
+	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
+	if err := os.MkdirAll(filepath.Join(r.OutDir, spec.Name), 0o755); err == nil {
+		_ = os.WriteFile(filepath.Join(r.OutDir, spec.Name, "console.log"), []byte(res.Console), 0o644)
+	}
+	for _, b := range bins {
+		base := filepath.Join(r.runDir, "out", strings.TrimSuffix(b.Name, ".test"))
+		raw, err := os.ReadFile(base + ".txt")
+		if err != nil {
+			continue // never started: runErr says why
+		}
+		code := -1
+		if rc, err := os.ReadFile(base + ".rc"); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(rc))); err == nil {
+				code = n
+			}
+		}
+		pr, err := r.collect(ctx, spec.Name, b, raw, code)
+		if err != nil {
+			kr.Err = err
+			return kr
+		}
+		if ms, err := os.ReadFile(base + ".ms"); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(ms))); err == nil {
+				pr.Elapsed = time.Duration(n) * time.Millisecond
+			}
+		}
+		kr.Packages = append(kr.Packages, pr)
+	}
+	if r.labBins {
+		if pr, err := r.collectLab(ctx, spec.Name); err == nil {
+			kr.Packages = append(kr.Packages, pr)
+		} else if runErr == nil {
+			kr.Err = err
+		}
+	}
+	if runErr != nil {
+		kr.Err = fmt.Errorf("%w\n--- console (last 60 lines, full log in %s) ---\n%s", runErr,
+			filepath.Join(r.OutDir, spec.Name, "console.log"), tail(res.Console, 60))
+	}
+	return kr
+}
+
+// collectLab parses the lab subset's output of a VM run.
+func (r *Runner) collectLab(ctx context.Context, kernel string) (PackageResult, error) {
+	base := filepath.Join(r.runDir, "out", "lab")
+	raw, err := os.ReadFile(base + ".txt")
+	if err != nil {
+		return PackageResult{}, fmt.Errorf("lab subset left no output: %w", err)
+	}
+	code := -1
+	if rc, err := os.ReadFile(base + ".rc"); err == nil {
+		code, _ = strconv.Atoi(strings.TrimSpace(string(rc)))
+	}
+	pr, err := r.collect(ctx, kernel, TestBinary{Package: "lab", Name: "lab.test"}, raw, code)
+	pr.Elapsed = 0
+	for _, t := range pr.Tests {
+		pr.Elapsed += t.Elapsed
+	}
+	return pr, err
+}

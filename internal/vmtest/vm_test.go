@@ -1,0 +1,164 @@
+package vmtest
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cachedKernels returns the matrix kernels already in the cache; the VM tests never
+// download (that is `make test-vm`), they skip with the command to run instead.
+func cachedKernels(t *testing.T) []*Kernel {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: QEMU shares the host root over 9p and the guest runs as root")
+	}
+	if _, err := exec.LookPath(QEMUPath); err != nil {
+		t.Skip("qemu-system-x86_64 not installed: run `hack/install-packages.sh vm` (make test-vm does)")
+	}
+	cache := os.Getenv("AXON_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "axon")
+	}
+	f := &Fetcher{CacheRoot: cache, Log: slog.Default()}
+	var ks []*Kernel
+	var why []string
+	for _, spec := range KnownKernels() {
+		k, err := f.Cached(spec)
+		if err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		ks = append(ks, k)
+	}
+	if len(ks) == 0 {
+		t.Skipf("no VM kernel cached: %s", strings.Join(why, "; "))
+	}
+	return ks
+}
+
+// bootVM builds an initramfs and runs script in a VM on k with a fresh run dir.
+func bootVM(t *testing.T, k *Kernel, script string, timeout time.Duration) (VMResult, string, error) {
+	return bootVMWith(t, VM{Kernel: k, Timeout: timeout}, script)
+}
+
+func bootVMWith(t *testing.T, vm VM, script string) (VMResult, string, error) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	initrd := filepath.Join(dir, "initramfs.cpio.gz")
+	if _, err := (Initramfs{Kernel: vm.Kernel, Modules: DefaultModules()}).Build(ctx, initrd); err != nil {
+		t.Fatal(err)
+	}
+	vm.Initramfs, vm.RunDir = initrd, dir
+	res, err := vm.Run(ctx)
+	return res, dir, err
+}
+
+// TestVMBoot boots every cached kernel and checks what the tests inside rely on.
+func TestVMBoot(t *testing.T) {
+	for _, k := range cachedKernels(t) {
+		t.Run(k.Spec.Name, func(t *testing.T) {
+			script := `set -e
+uname -r >/run/axon-vm/release
+grep -q ' /sys/fs/bpf bpf ' /proc/mounts
+grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts
+grep -q '^sch_fq ' /proc/modules
+if touch /usr/axon-vm-must-fail 2>/dev/null; then echo "host root is writable"; exit 9; fi
+/usr/sbin/ip -V >/run/axon-vm/ip-version
+ip netns add axt-vm-probe && ip netns del axt-vm-probe
+exit 7
+`
+			res, dir, err := bootVM(t, k, script, 3*time.Minute)
+			if err != nil {
+				t.Fatalf("boot %s: %v\n%s", k.Release, err, res.Console)
+			}
+			if res.ExitCode != 7 {
+				t.Fatalf("exit code %d, want 7 (the script's own)\n%s", res.ExitCode, res.Console)
+			}
+			rel, _ := os.ReadFile(filepath.Join(dir, "release"))
+			if strings.TrimSpace(string(rel)) != k.Release {
+				t.Errorf("guest uname -r %q, want %q", rel, k.Release)
+			}
+			if ipv, _ := os.ReadFile(filepath.Join(dir, "ip-version")); !strings.Contains(string(ipv), "iproute2") {
+				t.Errorf("ip -V in the guest printed %q: the host's iproute2 should be used", ipv)
+			}
+			if res.ShellTime <= 0 || res.ShellTime > res.Total {
+				t.Errorf("boot-to-shell time %v not measured (total %v)", res.ShellTime, res.Total)
+			}
+			t.Logf("%s: boot %v, to shell %v, total %v (%s)", k.Release, res.BootTime.Round(time.Millisecond), res.ShellTime.Round(time.Millisecond), res.Total.Round(time.Millisecond), res.Accel)
+		})
+	}
+}
+
+// TestVMFailures checks that a guest panic and a hang fail the run with the console log.
+func TestVMFailures(t *testing.T) {
+	k := cachedKernels(t)[0]
+	cases := []struct {
+		desc, script string
+		timeout      time.Duration
+		wantErr      string
+	}{
+		{desc: "panic", script: "echo c >/proc/sysrq-trigger\nsleep 60\n", timeout: 3 * time.Minute, wantErr: "crashed"},
+		{desc: "hang", script: "echo AXON-TEST-HANGING\nsleep 600\n", timeout: 25 * time.Second, wantErr: "timed out"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			start := time.Now()
+			res, _, err := bootVM(t, k, c.script, c.timeout)
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("err = %v, want %q\n%s", err, c.wantErr, res.Console)
+			}
+			if !strings.Contains(res.Console, "AXON-VM-BEGIN") {
+				t.Errorf("console log not kept:\n%s", res.Console)
+			}
+			if d := time.Since(start); d > c.timeout+30*time.Second {
+				t.Errorf("run took %v, longer than its %v timeout", d, c.timeout)
+			}
+		})
+	}
+}
+
+// TestVMBackToBackNICs wires the guest's two virtio-net NICs to each other and sends
+// traffic between two namespaces over them: the groundwork of the virtio-net subset.
+func TestVMBackToBackNICs(t *testing.T) {
+	k := cachedKernels(t)[0]
+	ports, err := FreeUDPPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `set -e
+for dev in $(ls /sys/class/net); do
+	case "$(cat /sys/class/net/$dev/address)" in
+	52:54:00:a0:00:01) a=$dev ;;
+	52:54:00:a0:00:02) b=$dev ;;
+	esac
+done
+[ -n "$a" ] && [ -n "$b" ] || { echo "virtio NICs not found: $(ls /sys/class/net)"; exit 3; }
+basename "$(readlink /sys/class/net/$a/device/driver)" >/run/axon-vm/driver
+ip netns add axt-vm-a; ip netns add axt-vm-b
+ip link set $a netns axt-vm-a; ip link set $b netns axt-vm-b
+ip -n axt-vm-a addr add 198.18.99.1/24 dev $a; ip -n axt-vm-a link set $a up
+ip -n axt-vm-b addr add 198.18.99.2/24 dev $b; ip -n axt-vm-b link set $b up
+nsenter --net=/run/netns/axt-vm-a ping -c 3 -W 5 198.18.99.2 >/run/axon-vm/ping
+`
+	res, dir, err := bootVMWith(t, VM{Kernel: k, Timeout: 3 * time.Minute, NICPorts: ports}, script)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exit %d, err %v\n%s", res.ExitCode, err, res.Console)
+	}
+	if drv, _ := os.ReadFile(filepath.Join(dir, "driver")); strings.TrimSpace(string(drv)) != "virtio_net" {
+		t.Errorf("NIC driver %q, want virtio_net", drv)
+	}
+	if ping, _ := os.ReadFile(filepath.Join(dir, "ping")); !strings.Contains(string(ping), "3 received") {
+		t.Errorf("ping over the back-to-back NICs:\n%s", ping)
+	}
+}
