@@ -37,7 +37,8 @@ type Agent struct {
 	rt   *routeTable
 	reg  *registry
 	ipam *ipam.Allocator
-	kube *kube // nil until the kube client is built
+	kube *kube        // nil until the kube client is built
+	svc  *serviceSync // issue 4: Service watch; set in run before the API serves
 	load func(uplink string) (dataplane, error)
 
 	trigger chan struct{} // coalesced "reconcile now"
@@ -155,6 +156,11 @@ func (a *Agent) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// issue 4: watch Services and EndpointSlices into the lb table (watch
+	// only until SetLBWriter attaches the datapath's writer).
+	if a.svc, err = newServiceSync(rc, a.cfg.NodeName, a.log.With("component", "services")); err != nil {
+		return err
+	}
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
 	if err != nil {
@@ -189,6 +195,7 @@ func (a *Agent) run(ctx context.Context) error {
 	a.kube = k
 	a.stMu.Unlock()
 	wg.Go(func() { k.run(ctx, a.kick) })
+	wg.Go(func() { a.svc.run(ctx) }) // issue 4
 
 	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)

@@ -1,0 +1,481 @@
+package agent
+
+// Issue 4: Services and EndpointSlices → the lb model → an lb.Writer.
+//
+// serviceSync watches Services, EndpointSlices and this agent's own Node (for
+// its zone label), recomputes one Service at a time on any change to it or to
+// one of its slices, and writes only the frontends whose content changed. With
+// no lb.Writer set it only keeps the table (watch only: status and rendering).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// Queue keys that are not Service keys (a Service key always has a "/").
+const (
+	queueNode   = "@node"   // own Node changed: recompute everything if the zone changed
+	queueResync = "@resync" // compare the whole table with the Writer's read-back
+)
+
+const sliceByService = "service" // EndpointSlice indexer: namespace/service-name
+
+// ServicesStatus is the state of the Service watch (for `axon status`).
+type ServicesStatus struct {
+	Synced      bool          `json:"synced"`
+	Writer      bool          `json:"writer"` // a datapath writer is attached (else watch only)
+	Services    int           `json:"services"`
+	Frontends   int           `json:"frontends"`
+	Backends    int           `json:"backends"`
+	FullSync    time.Duration `json:"fullSync"` // first table build + write after the caches synced
+	Problems    []string      `json:"problems,omitempty"`
+	WriteErrors []string      `json:"writeErrors,omitempty"`
+	Conflicts   []string      `json:"conflicts,omitempty"`
+	WatchError  string        `json:"watchError,omitempty"`
+}
+
+type serviceSync struct {
+	node string
+	log  *slog.Logger
+
+	factory     informers.SharedInformerFactory // Services, EndpointSlices
+	nodeFactory informers.SharedInformerFactory // own Node only
+	svcs        listersv1.ServiceLister
+	nodes       listersv1.NodeLister
+	slices      cache.Indexer
+	hasSynced   []cache.InformerSynced
+	queue       workqueue.TypedRateLimitingInterface[string]
+
+	mu        sync.Mutex
+	w         lb.Writer // nil = watch only
+	table     *lb.Table
+	nodeInfo  lb.NodeInfo
+	problems  map[string][]lb.Problem  // service → what Translate skipped
+	dirty     map[lb.FrontendKey]bool  // written to the table, not yet to the Writer
+	writeErrs map[lb.FrontendKey]error // last failed write per key
+	synced    bool
+	fullSync  time.Duration
+	watchErr  string
+	watchLog  time.Time
+}
+
+func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSync, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "axon-agent/" + node + "/services"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kube client for %s: %w", cfg.Host, err)
+	}
+	s := &serviceSync{
+		node: node, log: log,
+		factory: informers.NewSharedInformerFactory(client, 0),
+		nodeFactory: informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + node })),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "services"}),
+		table:     lb.NewTable(),
+		nodeInfo:  lb.NodeInfo{Name: node},
+		problems:  map[string][]lb.Problem{},
+		dirty:     map[lb.FrontendKey]bool{},
+		writeErrs: map[lb.FrontendKey]error{},
+	}
+	svcInf := s.factory.Core().V1().Services()
+	sliceInf := s.factory.Discovery().V1().EndpointSlices()
+	nodeInf := s.nodeFactory.Core().V1().Nodes()
+	if err := sliceInf.Informer().AddIndexers(cache.Indexers{sliceByService: sliceServiceIndex}); err != nil {
+		return nil, fmt.Errorf("add endpointslice indexer: %w", err)
+	}
+	handlers := map[cache.SharedIndexInformer]cache.ResourceEventHandler{
+		svcInf.Informer(): cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { s.enqueueObj(o) },
+			UpdateFunc: func(_, o any) { s.enqueueObj(o) },
+			DeleteFunc: func(o any) { s.enqueueObj(o) },
+		},
+		sliceInf.Informer(): cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { s.enqueueSlice(o) },
+			UpdateFunc: func(old, o any) {
+				s.enqueueSlice(old) // the service-name label may have changed
+				s.enqueueSlice(o)
+			},
+			DeleteFunc: func(o any) { s.enqueueSlice(o) },
+		},
+		nodeInf.Informer(): cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.queue.Add(queueNode) },
+			UpdateFunc: func(any, any) { s.queue.Add(queueNode) },
+			DeleteFunc: func(any) { s.queue.Add(queueNode) },
+		},
+	}
+	for inf, h := range handlers {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return nil, fmt.Errorf("add event handler: %w", err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(s.watchError); err != nil {
+			return nil, fmt.Errorf("set watch error handler: %w", err)
+		}
+		if err := inf.SetTransform(dropManagedFields); err != nil {
+			return nil, fmt.Errorf("set transform: %w", err)
+		}
+		s.hasSynced = append(s.hasSynced, inf.HasSynced)
+	}
+	s.svcs, s.nodes, s.slices = svcInf.Lister(), nodeInf.Lister(), sliceInf.Informer().GetIndexer()
+	return s, nil
+}
+
+// dropManagedFields keeps the caches small (10 000 Services × their slices).
+func dropManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func sliceServiceIndex(obj any) ([]string, error) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := es.Labels[lb.ServiceNameLabel]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{lb.ServiceKey(es.Namespace, name)}, nil
+}
+
+func (s *serviceSync) enqueueObj(o any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+		s.queue.Add(key)
+	}
+}
+
+func (s *serviceSync) enqueueSlice(o any) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	keys, _ := sliceServiceIndex(o)
+	for _, k := range keys {
+		s.queue.Add(k)
+	}
+}
+
+func (s *serviceSync) watchError(ctx context.Context, r *cache.Reflector, err error) {
+	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchErr = fmt.Sprintf("watch %s: %v", r.TypeDescription(), err)
+	if time.Since(s.watchLog) > time.Minute {
+		s.watchLog = time.Now()
+		s.log.Warn("service watch failed; retrying", "resource", r.TypeDescription(), "error", err)
+	}
+}
+
+// SetWriter attaches (or, with nil, detaches) the datapath writer. The whole
+// table is then compared with what the writer reads back and the difference
+// written, so a restarted agent converges without flushing its maps.
+func (s *serviceSync) SetWriter(w lb.Writer) {
+	s.mu.Lock()
+	s.w = w
+	s.mu.Unlock()
+	s.queue.Add(queueResync)
+}
+
+// run watches until ctx is done. Nothing is written before every cache has
+// synced: a half-filled cache must never remove backends a previous run wrote.
+func (s *serviceSync) run(ctx context.Context) {
+	defer s.queue.ShutDown()
+	s.factory.Start(ctx.Done())
+	s.nodeFactory.Start(ctx.Done())
+	defer func() {
+		stopped := make(chan struct{})
+		go func() {
+			s.factory.Shutdown()
+			s.nodeFactory.Shutdown()
+			close(stopped)
+		}()
+		select { // see kube.run: do not wait for a client-go retry backoff
+		case <-stopped:
+		case <-time.After(2 * time.Second):
+		}
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), s.hasSynced...) {
+		return
+	}
+	s.initialSync()
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	}()
+	for s.processNext() {
+	}
+}
+
+// initialSync builds the whole table from the caches, then writes the
+// difference with the Writer's content in one pass.
+func (s *serviceSync) initialSync() {
+	start := time.Now()
+	s.refreshNode()
+	list, err := s.svcs.List(labels.Everything())
+	if err != nil {
+		s.log.Warn("list services from cache", "error", err)
+	}
+	s.mu.Lock()
+	for _, svc := range list {
+		key := lb.ServiceKey(svc.Namespace, svc.Name)
+		fs, probs := s.translate(key, svc)
+		s.setProblems(key, probs)
+		s.table.Apply(key, fs)
+	}
+	s.synced = true
+	err = s.resyncLocked()
+	s.fullSync = time.Since(start)
+	st := s.statusLocked()
+	s.mu.Unlock()
+	s.log.Info("services synced", "services", st.Services, "frontends", st.Frontends, "backends", st.Backends,
+		"writer", st.Writer, "took", st.FullSync.Round(time.Microsecond))
+	if err != nil {
+		s.queue.AddRateLimited(queueResync)
+	}
+}
+
+func (s *serviceSync) processNext() bool {
+	key, quit := s.queue.Get()
+	if quit {
+		return false
+	}
+	defer s.queue.Done(key)
+	var err error
+	switch key {
+	case queueResync:
+		s.mu.Lock()
+		err = s.resyncLocked()
+		s.mu.Unlock()
+	case queueNode:
+		if s.refreshNode() {
+			for _, svc := range s.listKeys() {
+				s.queue.Add(svc)
+			}
+		}
+	default:
+		err = s.syncService(key)
+	}
+	if err != nil {
+		s.queue.AddRateLimited(key)
+		return true
+	}
+	s.queue.Forget(key)
+	return true
+}
+
+func (s *serviceSync) listKeys() []string {
+	list, _ := s.svcs.List(labels.Everything())
+	keys := make([]string, 0, len(list))
+	for _, svc := range list {
+		keys = append(keys, lb.ServiceKey(svc.Namespace, svc.Name))
+	}
+	return keys
+}
+
+// refreshNode reads the own Node's zone; true when it changed.
+func (s *serviceSync) refreshNode() bool {
+	ni := lb.NodeInfo{Name: s.node}
+	if n, err := s.nodes.Get(s.node); err == nil {
+		ni.Zone = n.Labels[lb.ZoneLabel]
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := ni != s.nodeInfo
+	s.nodeInfo = ni
+	return changed
+}
+
+// translate computes one service's frontends from the caches. Called with mu held.
+func (s *serviceSync) translate(key string, svc *corev1.Service) ([]lb.Frontend, []lb.Problem) {
+	if svc == nil {
+		return nil, nil
+	}
+	objs, err := s.slices.ByIndex(sliceByService, key)
+	if err != nil {
+		return nil, []lb.Problem{{Service: key, Object: "EndpointSlices", Reason: err.Error()}}
+	}
+	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
+			eps = append(eps, es)
+		}
+	}
+	return lb.Translate(svc, eps, s.nodeInfo)
+}
+
+func (s *serviceSync) setProblems(key string, probs []lb.Problem) {
+	if slices.Equal(probs, s.problems[key]) {
+		return
+	}
+	for _, p := range probs {
+		s.log.Warn("service entry ignored", "problem", p.String())
+	}
+	if len(probs) == 0 {
+		delete(s.problems, key)
+	} else {
+		s.problems[key] = probs
+	}
+}
+
+// syncService recomputes one service and writes what changed.
+func (s *serviceSync) syncService(key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // not a key we can ever resolve
+	}
+	svc, err := s.svcs.Services(ns).Get(name)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get service %s from cache: %w", key, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs, probs := s.translate(key, svc)
+	s.setProblems(key, probs)
+	up, del := s.table.Apply(key, fs)
+	for _, f := range up {
+		s.dirty[f.Key] = true
+	}
+	for _, k := range del {
+		s.dirty[k] = true
+	}
+	return s.flushLocked()
+}
+
+// resyncLocked marks every difference between the table and the Writer's
+// read-back dirty and writes it.
+func (s *serviceSync) resyncLocked() error {
+	if s.w == nil || !s.synced {
+		return nil
+	}
+	cur, err := s.w.Frontends()
+	if err != nil {
+		return fmt.Errorf("read frontends back from the datapath: %w", err)
+	}
+	have := make(map[lb.FrontendKey]lb.Frontend, len(cur))
+	for _, f := range cur {
+		have[f.Key] = f
+	}
+	for _, f := range s.table.Frontends() {
+		if h, ok := have[f.Key]; !ok || !lb.SameDatapath(h, f) {
+			s.dirty[f.Key] = true
+		}
+		delete(have, f.Key)
+	}
+	for k := range have {
+		s.dirty[k] = true // written by a previous run for a service that is gone
+	}
+	return s.flushLocked()
+}
+
+// flushLocked writes every dirty key: the table's frontend, or a delete. A
+// failed key stays dirty and is retried with the next flush.
+func (s *serviceSync) flushLocked() error {
+	if s.w == nil {
+		clear(s.dirty) // watch only; SetWriter resyncs everything
+		return nil
+	}
+	keys := make([]lb.FrontendKey, 0, len(s.dirty))
+	for k := range s.dirty {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, lb.CompareKeys)
+	var errs []error
+	for _, k := range keys {
+		var err error
+		if f, ok := s.table.Get(k); ok {
+			err = s.w.UpsertFrontend(f)
+		} else {
+			err = s.w.DeleteFrontend(k)
+		}
+		if err != nil {
+			if s.writeErrs[k] == nil {
+				s.log.Warn("write service frontend failed; retrying", "frontend", k.String(), "error", err)
+			}
+			s.writeErrs[k] = err
+			errs = append(errs, err)
+			continue
+		}
+		if s.writeErrs[k] != nil {
+			s.log.Info("service frontend written after an earlier failure", "frontend", k.String())
+			delete(s.writeErrs, k)
+		}
+		delete(s.dirty, k)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *serviceSync) status() ServicesStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statusLocked()
+}
+
+func (s *serviceSync) statusLocked() ServicesStatus {
+	st := ServicesStatus{Synced: s.synced, Writer: s.w != nil, Services: s.table.Services(), FullSync: s.fullSync, WatchError: s.watchErr}
+	for _, f := range s.table.Frontends() {
+		st.Frontends++
+		st.Backends += len(f.Backends)
+	}
+	for _, probs := range s.problems {
+		for _, p := range probs {
+			st.Problems = append(st.Problems, p.String())
+		}
+	}
+	slices.Sort(st.Problems)
+	for k, err := range s.writeErrs {
+		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("%s: %v", k, err))
+	}
+	slices.Sort(st.WriteErrors)
+	for _, c := range s.table.Conflicts() {
+		st.Conflicts = append(st.Conflicts, fmt.Sprintf("%s wanted by %s is used by %s", c.Key, c.Service, c.Owner))
+	}
+	return st
+}
+
+// render is the table in the shared text format (lb.Render).
+func (s *serviceSync) render() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return lb.Render(s.table.Frontends())
+}
+
+// SetLBWriter attaches the datapath's lb.Writer to the Service watch (nil =
+// watch only). Safe to call at any time; the maps are then brought in line.
+func (a *Agent) SetLBWriter(w lb.Writer) {
+	if a.svc != nil {
+		a.svc.SetWriter(w)
+	}
+}
+
+// Services reports the Service watch state and its table rendered as text.
+func (a *Agent) Services() (ServicesStatus, string) {
+	if a.svc == nil {
+		return ServicesStatus{}, ""
+	}
+	return a.svc.status(), a.svc.render()
+}
