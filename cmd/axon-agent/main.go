@@ -38,6 +38,8 @@ func run(args []string) int {
 	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "BPF attach mode: auto (tcx when the kernel has it), tcx or legacy (clsact + cls_bpf)")
 	fs.StringVar(&cfg.HostRouting, "host-routing", cfg.HostRouting, "host routing: auto, bpf (redirect in BPF) or legacy (kernel routing)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "host:port serving /healthz and Prometheus /metrics, e.g. 127.0.0.1:9876; empty = off")
+	fs.BoolVar(&cfg.SocketLB, "socket-lb", cfg.SocketLB, "translate Service addresses at the socket (cgroup connect/sendmsg/recvmsg hooks on --cgroup-root)")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", cfg.CgroupRoot, "cgroup v2 directory whose processes get socket load balancing (default: the cgroup2 mount in /proc/mounts)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "log format: text or json")

@@ -19,6 +19,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad log format", []string{"--node-name", "n1", "--log-format", "yaml"}, 2},
 		{"bad health addr", []string{"--node-name", "n1", "--health-addr", "9876"}, 2},
 		{"empty node name", []string{"--node-name", ""}, 2},
+		{"cgroup root missing", []string{"--node-name", "n1", "--cgroup-root", "/nonexistent/axon-cg"}, 2},
+		{"cgroup root not cgroup2", []string{"--node-name", "n1", "--cgroup-root", "/proc"}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

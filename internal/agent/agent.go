@@ -41,6 +41,15 @@ type Agent struct {
 	svc  *serviceSync // issue 4: Service watch; set in run before the API serves
 	load func(uplink string) (dataplane, error)
 
+	// issue 4: socket load balancer, loaded after the tc datapath. lb,
+	// lbAddrs and lbOffDone are guarded by dpMu; lbErr and lbCgroup by stMu.
+	loadLB    func() (sockLB, error)
+	lb        sockLB
+	lbAddrs   []netip.Addr
+	lbOffDone bool
+	lbErr     string // why the socket LB is not loaded
+	lbCgroup  string // cgroup the hooks are attached to, "" until loaded
+
 	trigger chan struct{} // coalesced "reconcile now"
 
 	// dpMu serialises every write to the dataplane, routes and IPAM pools:
@@ -92,7 +101,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: log, load: load, trigger: make(chan struct{}, 1), attached: map[string]int{}, reconciles: map[string]uint64{}}
+	a := &Agent{cfg: cfg, log: log, load: load, loadLB: loadSockLBFunc(cfg, log), trigger: make(chan struct{}, 1), attached: map[string]int{}, reconciles: map[string]uint64{}}
 	warns, err := ensureForwarding()
 	if err != nil {
 		return nil, err
@@ -139,6 +148,12 @@ func (a *Agent) close() {
 		}
 		a.dp = nil
 		a.dpView.Store(nil)
+	}
+	if a.lb != nil {
+		if err := a.lb.Close(); err != nil {
+			a.log.Warn("close socket LB", "error", err)
+		}
+		a.lb = nil
 	}
 	a.dpMu.Unlock()
 	a.ipam.Close()
@@ -286,8 +301,11 @@ func (a *Agent) reconcile() error {
 	}
 	if err := a.ensureDatapath(); err != nil {
 		errs = append(errs, err)
-	} else if err := a.reconcileEndpoints(); err != nil {
-		errs = append(errs, err)
+	} else {
+		if err := a.reconcileEndpoints(); err != nil {
+			errs = append(errs, err)
+		}
+		a.ensureSockLB() // issue 4: never fails the pass, see status
 	}
 	a.stMu.Lock()
 	if len(errs) == 0 {

@@ -36,6 +36,8 @@ type Config struct {
 	AttachMode  string // auto|tcx|legacy
 	HostRouting string // auto|bpf|legacy
 	HealthAddr  string // host:port for /healthz and /metrics; empty = off
+	SocketLB    bool   // issue 4: attach the socket load balancer (cgroup hooks)
+	CgroupRoot  string // cgroup v2 directory the socket LB hooks attach to
 
 	ReconcileInterval time.Duration // periodic full reconcile
 }
@@ -54,6 +56,8 @@ func Defaults() Config {
 		BPFRoot:           DefaultBPFRoot,
 		AttachMode:        "auto",
 		HostRouting:       "auto",
+		SocketLB:          true,
+		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
 }
@@ -90,6 +94,11 @@ func (c Config) Validate() error {
 	if c.HealthAddr != "" {
 		if _, port, err := net.SplitHostPort(c.HealthAddr); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("--health-addr %q is invalid: use host:port such as 127.0.0.1:9876, or empty to disable", c.HealthAddr))
+		}
+	}
+	if c.SocketLB {
+		if err := checkCgroup2Dir(c.CgroupRoot); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.ReconcileInterval <= 0 {

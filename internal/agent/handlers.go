@@ -76,6 +76,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.Datapath = dp.Decisions()
 		st.Features = dp.Features()
 	}
+	st.Datapath = append(st.Datapath, a.sockLBDecision())
 	if st.PodCIDRs == nil {
 		st.PodCIDRs = []netip.Prefix{}
 	}

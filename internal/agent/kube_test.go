@@ -392,7 +392,11 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 	// Registered before the agent starts, so it runs after the agent stopped
 	// and the netns is gone (tcx links die with their devices).
 	t.Cleanup(func() { _ = os.RemoveAll(pinDir) })
+	// Never the machine's cgroup2 root: a private cgroup, removed at the end
+	// (registered before the pin cleanup, so it runs after it).
+	cgRoot := testCgroup(t)
 	cfg := Defaults()
+	cfg.CgroupRoot = cgRoot
 	cfg.NodeName = "node1"
 	cfg.Kubeconfig = kubeconfig
 	cfg.StateDir = filepath.Join(dir, "state")
@@ -465,8 +469,11 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 				return fmt.Errorf("not ready: %s", st.Message)
 			}
 			want := []netip.Prefix{pfx("10.244.1.0/24"), pfx("fd00:10:244:1::/64")}
-			if !slices.Equal(st.PodCIDRs, want) || st.Uplink != "eth0" || st.Routes != 3 || len(st.Datapath) == 0 {
+			if !slices.Equal(st.PodCIDRs, want) || st.Uplink != "eth0" || st.Routes != 3 || len(st.Datapath) < 2 {
 				return fmt.Errorf("status %+v", st)
+			}
+			if d := findDecision(st.Datapath, DecisionSocketLB); d.Value != "enabled" || !strings.HasPrefix(d.Reason, "cgroup "+cgRoot+",") {
+				return fmt.Errorf("socket_lb decision %+v, want enabled on cgroup %s", d, cgRoot)
 			}
 			return nil
 		})
@@ -635,7 +642,7 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 				return err
 			}
 			if st.Ready || !strings.Contains(st.APIServer.Message, "https://127.0.0.1") || !strings.Contains(st.APIServer.Message, "unreachable") ||
-				len(st.Datapath) == 0 || st.Uplink != "eth0" {
+				len(st.Datapath) < 2 || st.Uplink != "eth0" {
 				return fmt.Errorf("status %+v", st)
 			}
 			return nil
@@ -726,6 +733,55 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("socket LB hooks on the test cgroup, removed by --socket-lb=false", func(t *testing.T) {
+		if n := attachedCgroupProgs(t, cgRoot); n != 10 {
+			t.Errorf("%d programs attached to %s, want the 10 socket LB hooks", n, cgRoot)
+		}
+		agent.stop(t)
+		off := cfg
+		off.SocketLB = false
+		agent = startAgent(t, top, n, off, logFile)
+		eventually(t, "socket_lb disabled", 30*time.Second, func() error {
+			st, err := c.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if d := findDecision(st.Datapath, DecisionSocketLB); d.Value != "disabled" || d.Reason != "--socket-lb=false" {
+				return fmt.Errorf("socket_lb decision %+v", d)
+			}
+			return nil
+		})
+		eventually(t, "hooks detached", 10*time.Second, func() error {
+			if n := attachedCgroupProgs(t, cgRoot); n != 0 {
+				return fmt.Errorf("%d programs still attached to %s", n, cgRoot)
+			}
+			return nil
+		})
+		if pins, _ := filepath.Glob(filepath.Join(pinDir, "links", "cgroup-*")); len(pins) != 0 {
+			t.Errorf("socket LB link pins left: %v", pins)
+		}
+	})
+}
+
+// attachedCgroupProgs counts the programs attached to the cgroup dir (all
+// sock_addr attach types the socket LB uses).
+func attachedCgroupProgs(t *testing.T, dir string) int {
+	t.Helper()
+	f, err := os.Open(dir)
+	must(t, err)
+	defer f.Close()
+	total := 0
+	for _, at := range []ebpf.AttachType{
+		ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg,
+		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername,
+		ebpf.AttachCGroupInet4Bind, ebpf.AttachCGroupInet6Bind,
+	} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+		must(t, err)
+		total += len(res.Programs)
+	}
+	return total
 }
 
 func mapsEqual(a, b map[string]string) bool {
@@ -750,4 +806,36 @@ func entriesEqual(a, b map[netip.Addr]MapEntry) bool {
 		}
 	}
 	return true
+}
+
+// testCgroup creates a private cgroup v2 directory for the socket LB hooks
+// and removes it when the test ends.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	mnt := Cgroup2Mount()
+	if mnt == "" {
+		t.Skip("no cgroup2 filesystem mounted")
+	}
+	dir := filepath.Join(mnt, "axt-agent-"+randHex(t))
+	must(t, os.Mkdir(dir, 0o755))
+	t.Cleanup(func() {
+		var err error
+		for range 100 { // EBUSY while a killed helper is still exiting
+			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("remove test cgroup %s: %v", dir, err)
+	})
+	return dir
+}
+
+func findDecision(ds []api.Decision, name string) api.Decision {
+	for _, d := range ds {
+		if d.Name == name {
+			return d
+		}
+	}
+	return api.Decision{}
 }

@@ -198,6 +198,9 @@ func TestInternalIPs(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	if Cgroup2Mount() == "" {
+		t.Skip("no cgroup2 filesystem mounted: the default --cgroup-root cannot be valid")
+	}
 	ok := Defaults()
 	ok.NodeName = "node1"
 	tests := []struct {
@@ -215,6 +218,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "empty socket", mod: func(c *Config) { c.Socket = "" }, wantErr: "--socket is empty"},
 		{name: "empty bpf root", mod: func(c *Config) { c.BPFRoot = "" }, wantErr: "--bpf-root is empty"},
 		{name: "zero interval", mod: func(c *Config) { c.ReconcileInterval = 0 }, wantErr: "must be positive"},
+		{name: "cgroup root missing", mod: func(c *Config) { c.CgroupRoot = "/nonexistent/axon-cg" }, wantErr: "--cgroup-root /nonexistent/axon-cg: no such file or directory: pass an existing cgroup v2 directory, or --socket-lb=false"},
+		{name: "cgroup root not cgroup2", mod: func(c *Config) { c.CgroupRoot = "/proc" }, wantErr: "--cgroup-root /proc is not on a cgroup v2 filesystem"},
+		{name: "cgroup root empty", mod: func(c *Config) { c.CgroupRoot = "" }, wantErr: "--cgroup-root is empty"},
+		{name: "socket lb off ignores the cgroup root", mod: func(c *Config) { c.SocketLB, c.CgroupRoot = false, "/nonexistent" }},
 		{name: "two errors at once", mod: func(c *Config) { c.AttachMode, c.HostRouting = "a", "b" }, wantErr: "--attach-mode \"a\" is invalid: use one of auto|tcx|legacy\n--host-routing"},
 	}
 	for _, tt := range tests {

@@ -378,6 +378,7 @@ func startAgent(binDir string, n Node, logPath string) (*Proc, error) {
 		"--state-dir", n.StateDir,
 		"--socket", n.Socket,
 		"--bpf-root", n.PinDir,
+		"--cgroup-root", n.Cgroup, // socket LB for this node's pods only, never the machine's root
 		"--uplink", "eth0",
 		"--log-format", "text",
 	}
