@@ -29,6 +29,7 @@ type key struct{ pkg, test string }
 type summary struct {
 	passed, failed, skipped int
 	failedTests             []key
+	skippedTests            []key
 	pkgResult               map[string]string // package → pass/fail/skip
 	pkgElapsed              map[string]float64
 	output                  map[key]*strings.Builder
@@ -75,6 +76,7 @@ func summarize(r io.Reader) (*summary, error) {
 				s.failedTests = append(s.failedTests, k)
 			case "skip":
 				s.skipped++
+				s.skippedTests = append(s.skippedTests, k)
 			}
 		}
 	}
@@ -100,6 +102,11 @@ func (s *summary) report(w io.Writer) (ok bool) {
 			failedPkgs++
 		}
 		fmt.Fprintf(w, "%-4s %s (%.1fs)\n", strings.ToUpper(res), p, s.pkgElapsed[p])
+	}
+	// Every skip is shown with its reason (the t.Skip message), so a skip can
+	// never hide a missing facility silently.
+	for _, k := range s.skippedTests {
+		fmt.Fprintf(w, "--- SKIP: %s %s: %s\n", k.pkg, k.test, skipReason(s.output[k]))
 	}
 	for _, k := range s.failedTests {
 		fmt.Fprintf(w, "\n--- FAIL: %s %s\n", k.pkg, k.test)
@@ -138,4 +145,24 @@ func main() {
 	if !s.report(os.Stdout) {
 		os.Exit(1)
 	}
+}
+
+// skipReason picks the t.Skip message out of a skipped test's output: the
+// last line that is not go test's own "=== RUN"/"--- SKIP" bookkeeping.
+func skipReason(out *strings.Builder) string {
+	if out == nil {
+		return "(no reason given)"
+	}
+	reason := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "=== ") || strings.HasPrefix(l, "--- SKIP") {
+			continue
+		}
+		reason = l
+	}
+	if reason == "" {
+		return "(no reason given)"
+	}
+	return reason
 }

@@ -27,6 +27,20 @@ func TestSummarize(t *testing.T) {
 			wantText: []string{"PASS p (0.2s)"},
 		},
 		{
+			name: "a skip prints its reason",
+			input: `{"Action":"run","Package":"p","Test":"TestNetkit"}
+{"Action":"output","Package":"p","Test":"TestNetkit","Output":"=== RUN   TestNetkit\n"}
+{"Action":"output","Package":"p","Test":"TestNetkit","Output":"    x_test.go:9: netkit: not supported\n"}
+{"Action":"output","Package":"p","Test":"TestNetkit","Output":"--- SKIP: TestNetkit (0.00s)\n"}
+{"Action":"skip","Package":"p","Test":"TestNetkit","Elapsed":0}
+{"Action":"pass","Package":"p","Test":"TestB","Elapsed":0}
+{"Action":"pass","Package":"p","Elapsed":0.1}
+`,
+			wantOK:   true,
+			wantLine: "1 passed, 0 failed, 1 skipped",
+			wantText: []string{"--- SKIP: p TestNetkit: x_test.go:9: netkit: not supported"},
+		},
+		{
 			name: "failed test shows its output",
 			input: `{"Action":"output","Package":"p","Test":"TestC","Output":"    c_test.go:9: boom\n"}
 {"Action":"fail","Package":"p","Test":"TestC","Elapsed":0}
