@@ -45,6 +45,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd())
+	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd(), newServiceCmd(), newBPFCmd())
 	return root
 }

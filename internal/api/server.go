@@ -18,6 +18,8 @@ import (
 
 // Handler implements the agent side of the local API. Methods may return a
 // *StatusError to choose the HTTP status; any other error becomes a 500.
+// A Handler that also implements ServicesHandler serves the Service routes
+// (GET /v1/services, GET /v1/bpf/lb); others answer them with 501.
 type Handler interface {
 	// Healthy returns nil when the agent is ready; the error text is the 503 body.
 	Healthy(ctx context.Context) error
@@ -62,6 +64,8 @@ func NewMux(h Handler, log *slog.Logger) http.Handler {
 	mux.HandleFunc("PUT /v1/endpoints", s.putEndpoint)
 	mux.HandleFunc("DELETE /v1/endpoints", s.deleteEndpoint)
 	mux.HandleFunc("POST /v1/gc", s.gc)
+	mux.HandleFunc("GET /v1/services", s.services)
+	mux.HandleFunc("GET /v1/bpf/lb", s.lbMaps)
 	return mux
 }
 

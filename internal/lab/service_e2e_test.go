@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 )
 
@@ -302,6 +303,39 @@ func TestLabServiceSocketLB(t *testing.T) {
 		if udp.Peer != vip {
 			t.Errorf("UDP reply source (recvmsg) = %s, want the service address %s", udp.Peer, vip)
 		}
+	})
+
+	t.Run("service list and bpf lb list show the frontend", func(t *testing.T) {
+		agent, err := l.Agent(client.Node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fe, be := vip+"/TCP", "-> "+netip.AddrPortFrom(server.IP, 8080).String()
+		// desired and programmed tables render alike once the maps converged
+		var sr api.ServicesReply
+		var mr api.LBMapsReply
+		eventuallyProbe(t, "desired table == programmed maps", 5*time.Second, func() error {
+			if sr, err = agent.Services(ctx); err != nil {
+				return fmt.Errorf("Services: %w", err)
+			}
+			if mr, err = agent.LBMaps(ctx); err != nil {
+				return fmt.Errorf("LBMaps: %w", err)
+			}
+			if !mr.Enabled || sr.Text != mr.Text || sr.Frontends != mr.Frontends {
+				return fmt.Errorf("differ:\nservices %+v\nmaps %+v", sr, mr)
+			}
+			return nil
+		})
+		out, err := exec.CommandContext(ctx, filepath.Join(binDir, "axon"), "bpf", "lb", "list", "-n", client.Node).CombinedOutput()
+		if err != nil {
+			t.Fatalf("axon bpf lb list: %v\n%s", err, out)
+		}
+		for what, text := range map[string]string{"desired (/v1/services)": sr.Text, "programmed (/v1/bpf/lb)": mr.Text, "axon bpf lb list": string(out)} {
+			if !strings.Contains(text, fe) || !strings.Contains(text, be) {
+				t.Errorf("%s lacks %q or %q:\n%s", what, fe, be, text)
+			}
+		}
+		t.Logf("axon bpf lb list -n %s:\n%s", client.Node, out)
 	})
 
 	t.Run("node netns outside the node cgroup is not translated", func(t *testing.T) {
