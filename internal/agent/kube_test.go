@@ -64,36 +64,42 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// startControlPlane runs etcd + kube-apiserver in a temp dir, stopped at cleanup.
+// startControlPlane runs etcd + kube-apiserver in a temp dir on the agent
+// tests' ports, stopped at cleanup.
 func startControlPlane(t *testing.T) *controlplane.ControlPlane {
+	return startControlPlaneOn(t, testAPIPort, testEtcdPort)
+}
+
+// startControlPlaneOn runs etcd + kube-apiserver in a temp dir on the given
+// ports (each test file has its own, so packages tested in parallel never
+// collide), stopped at cleanup. It skips only when the binaries are not built.
+func startControlPlaneOn(t *testing.T, apiPort, etcdPort int) *controlplane.ControlPlane {
 	t.Helper()
 	etcd, err := lab.DepPath("etcd")
+	var apiserver string
 	if err == nil {
-		var apiserver string
-		if apiserver, err = lab.DepPath("kube-apiserver"); err == nil {
-			dir := t.TempDir()
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			t.Cleanup(func() {
-				if err := controlplane.Stop(dir); err != nil {
-					t.Errorf("stop control plane: %v", err)
-				}
-			})
-			cp, err := controlplane.Start(ctx, controlplane.Config{
-				Dir: dir, APIPort: testAPIPort, EtcdPort: testEtcdPort, Logger: testLogger(t),
-				EtcdBinary: etcd, APIServerBinary: apiserver,
-			})
-			if err != nil {
-				t.Fatalf("start control plane: %v", err)
-			}
-			return cp
-		}
+		apiserver, err = lab.DepPath("kube-apiserver")
 	}
 	if errors.Is(err, lab.ErrDepMissing) {
 		t.Skipf("kube-apiserver/etcd not built: run make deps (%v)", err)
 	}
-	t.Fatal(err)
-	return nil
+	must(t, err)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := controlplane.Stop(dir); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	cp, err := controlplane.Start(ctx, controlplane.Config{
+		Dir: dir, APIPort: apiPort, EtcdPort: etcdPort, Logger: testLogger(t),
+		EtcdBinary: etcd, APIServerBinary: apiserver,
+	})
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	return cp
 }
 
 // scratchNode is a node network namespace with an uplink eth0.

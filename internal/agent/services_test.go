@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -23,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -58,32 +56,7 @@ const (
 
 // startServiceControlPlane is startControlPlane on the Service tests' ports.
 func startServiceControlPlane(t *testing.T) *controlplane.ControlPlane {
-	t.Helper()
-	etcd, err := lab.DepPath("etcd")
-	var apiserver string
-	if err == nil {
-		apiserver, err = lab.DepPath("kube-apiserver")
-	}
-	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("kube-apiserver/etcd not built: run make deps (%v)", err)
-	}
-	must(t, err)
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		if err := controlplane.Stop(dir); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: svcTestAPIPort, EtcdPort: svcTestEtcdPort, Logger: testLogger(t),
-		EtcdBinary: etcd, APIServerBinary: apiserver,
-	})
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	return cp
+	return startControlPlaneOn(t, svcTestAPIPort, svcTestEtcdPort)
 }
 
 type testEP struct {
