@@ -75,10 +75,11 @@ func TestControlPlane(t *testing.T) {
 	needRoot(t)
 	etcdBin, apiBin := labBinaries(t)
 	dir := t.TempDir()
+	apiPort, etcdPort := freeControlPlanePorts(t)
 	cfg := Config{
 		Dir:             dir,
-		APIPort:         freePortPair(t),
-		EtcdPort:        freePortPair(t),
+		APIPort:         apiPort,
+		EtcdPort:        etcdPort,
 		EtcdBinary:      etcdBin,
 		APIServerBinary: apiBin,
 		Logger:          testLogger(t),

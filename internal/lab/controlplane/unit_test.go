@@ -253,7 +253,8 @@ func TestStartReportsLogTailOfCrashingProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	_, err := Start(context.Background(), Config{Dir: dir, APIPort: freePortPair(t), EtcdPort: freePortPair(t), EtcdBinary: fake, APIServerBinary: "/bin/true"})
+	apiPort, etcdPort := freeControlPlanePorts(t)
+	_, err := Start(context.Background(), Config{Dir: dir, APIPort: apiPort, EtcdPort: etcdPort, EtcdBinary: fake, APIServerBinary: "/bin/true"})
 	if err == nil {
 		t.Fatal("Start succeeded with a crashing etcd")
 	}
@@ -301,6 +302,15 @@ func TestPIDsRoundTripAndStopIgnoresReusedPID(t *testing.T) {
 // freePortPair returns a port p such that p and p+1 are free on 127.0.0.1 right now.
 func freePortPair(t *testing.T) int {
 	t.Helper()
+	p, release := holdPortPair(t)
+	release()
+	return p
+}
+
+// holdPortPair finds p with p and p+1 free on 127.0.0.1 and keeps both bound
+// until release is called, so a port picked meanwhile cannot collide.
+func holdPortPair(t *testing.T) (int, func()) {
+	t.Helper()
 	for i := 0; i < 50; i++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -308,12 +318,27 @@ func freePortPair(t *testing.T) int {
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
-		l.Close()
 		if err == nil {
-			l2.Close()
-			return p
+			return p, func() { l.Close(); l2.Close() }
 		}
+		l.Close()
 	}
 	t.Fatal("no free pair of ports on 127.0.0.1")
-	return 0
+	return 0, nil
+}
+
+// freeControlPlanePorts returns an API port and an etcd client port (whose
+// peer port is +1) that are free and distinct: two independent picks can
+// return the same port once the first listener is closed.
+func freeControlPlanePorts(t *testing.T) (api, etcd int) {
+	t.Helper()
+	etcd, releaseEtcd := holdPortPair(t)
+	defer releaseEtcd()
+	l, err := net.Listen("tcp", "127.0.0.1:0") // cannot be etcd or etcd+1: both are held
+	if err != nil {
+		t.Fatal(err)
+	}
+	api = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return api, etcd
 }
