@@ -15,7 +15,7 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help
+.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image
 
 all: build
 
@@ -41,6 +41,12 @@ generate: packages bpf
 build: generate
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/axon ./cmd/axon-agent ./cmd/axon-cni
+
+# Container image for deploy/kubernetes (docker or podman; not run by make test).
+IMAGE        ?= ghcr.io/axonhq/axon:$(VERSION)
+image: build
+	@tool=$$(command -v docker || command -v podman) || { echo "make image: needs docker or podman" >&2; exit 1; }; \
+	$$tool build -f deploy/Dockerfile -t $(IMAGE) .
 
 lab: deps build
 	$(BIN)/axon lab up --nodes $(NODES) --pods-per-node $(PODS)
