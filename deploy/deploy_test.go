@@ -38,8 +38,8 @@ const manifest = "kubernetes/axon.yaml"
 // Ports of this package's control plane: distinct from every other test
 // package's pair, so packages run in any order.
 const (
-	testAPIPort  = 16613
-	testEtcdPort = 12549
+	testAPIPort  = 16813
+	testEtcdPort = 12749
 )
 
 func decodeManifest(t *testing.T) []runtime.Object {
