@@ -57,3 +57,46 @@ func TestRunUpdateAndGrowth(t *testing.T) {
 		t.Errorf("results dir: %v, %v", ents, err)
 	}
 }
+
+// TestRunFrom records counts from a report measured elsewhere (a VM) without loading
+// anything, keeps the other kernels' entries, and refuses files that are not reports.
+func TestRunFrom(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "baseline.json")
+	if err := os.WriteFile(base, []byte(`{"6.18": {"axon_pod_egress": 700}}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := filepath.Join(dir, "verifier-6.1.json")
+	if err := os.WriteFile(rep, []byte(`{"kernel": "6.1", "release": "6.1.0-56-amd64", "results": [
+		{"kernel": "6.1", "object": "podegress", "program": "axon_pod_egress", "type": "SchedCLS", "loads": true, "insns": 726},
+		{"kernel": "6.1", "object": "socklb", "program": "axon_sock_destroy", "type": "Tracing", "loads": false, "status": "unsupported", "detail": "kernel feature missing"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"kernel": "latest"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"-baseline", base, "-from", rep, "-update-baseline"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errb.String())
+	}
+	got, _ := os.ReadFile(base)
+	for _, want := range []string{`"6.18"`, `"axon_pod_egress": 700`, `"6.1"`, `"axon_pod_egress": 726`} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("baseline lacks %s:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(got), "axon_sock_destroy") {
+		t.Errorf("an unsupported program got a baseline entry:\n%s", got)
+	}
+	if !strings.Contains(out.String(), "unsupported: kernel feature missing") {
+		t.Errorf("report does not show the unsupported program:\n%s", out.String())
+	}
+	for _, f := range []string{bad, filepath.Join(dir, "missing.json")} {
+		out.Reset()
+		errb.Reset()
+		if code := run([]string{"-baseline", base, "-from", f}, &out, &errb); code != 2 {
+			t.Errorf("-from %s: exit %d, want 2 (%s)", f, code, errb.String())
+		}
+	}
+}

@@ -42,7 +42,7 @@ func defaultCache() string {
 func run() error {
 	var (
 		kernels  = flag.String("kernels", "host,debian-6.12,debian-6.1", "comma-separated: host and/or "+knownNames())
-		pkgs     = flag.String("pkgs", "./internal/datapath", "comma-separated go packages whose tests run on every kernel")
+		pkgs     = flag.String("pkgs", "./internal/datapath,./internal/verifier,./internal/vmtest/virtionet", "comma-separated go packages whose tests run on every kernel")
 		runRe    = flag.String("run", "", "only tests matching this regexp (-test.run)")
 		timeout  = flag.Duration("timeout", 20*time.Minute, "per test binary (-test.timeout); the VM gets this plus 2m per binary")
 		cache    = flag.String("cache", defaultCache(), "cache root; kernels go under <cache>/kernels")
@@ -53,6 +53,7 @@ func run() error {
 		verbose  = flag.Bool("v", false, "stream the VM serial console")
 		withLab  = flag.Bool("lab", false, "also run the single-node lab subset in each VM (needs `make deps build`)")
 		nics     = flag.Bool("nics", true, "give each VM two back-to-back virtio-net NICs (MACs in $AXON_VM_NIC_MACS)")
+		twoVM    = flag.Bool("twovm", false, "also run the two-VM subset per VM kernel: one axon node per VM over a virtio-net link, cross-node pod-to-pod probes (needs `make deps`)")
 		fetchOne = flag.Bool("fetch-only", false, "only fetch and unpack the kernels, then print their paths")
 	)
 	flag.Parse()
@@ -112,7 +113,7 @@ func run() error {
 	r := &vmtest.Runner{
 		Packages: split(*pkgs), RunRegex: *runRe, TestTimeout: *timeout, CacheRoot: *cache,
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
-		Lab: *withLab, NICs: *nics,
+		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
 	}
 	if *verbose {
 		r.Console = os.Stderr

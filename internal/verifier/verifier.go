@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 
@@ -127,7 +128,15 @@ func measureOne(o datapath.Object, name string) Result {
 		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
 	})
 	if err != nil {
-		if r.Status != StatusUnsupported {
+		switch gaps := missingHelpers(ps); {
+		case r.Status == StatusUnsupported:
+		case len(gaps) > 0:
+			r.Status = StatusUnsupported
+			r.Detail = fmt.Sprintf("helper %s not available to %s programs on this kernel", strings.Join(gaps, ", "), ps.Type)
+		case errors.Is(err, ebpf.ErrNotSupported):
+			// e.g. a kfunc or map type the kernel lacks, found by the loader before the verifier ran
+			r.Status, r.Detail = StatusUnsupported, fmt.Sprintf("kernel feature missing: %v", err)
+		default:
 			r.Status, r.Detail = StatusRejected, loadErrorDetail(err)
 		}
 		return r
@@ -142,6 +151,43 @@ func measureOne(o datapath.Object, name string) Result {
 	}
 	r.Insns = n
 	return r
+}
+
+// missingHelpers lists the helpers ps calls that the kernel does not offer to its program
+// type (by cilium/ebpf's feature probe; a helper the probe cannot decide counts as present).
+func missingHelpers(ps *ebpf.ProgramSpec) []string {
+	seen := map[asm.BuiltinFunc]bool{}
+	var out []string
+	for _, ins := range ps.Instructions {
+		if !ins.IsBuiltinCall() {
+			continue
+		}
+		fn := asm.BuiltinFunc(ins.Constant)
+		if seen[fn] {
+			continue
+		}
+		seen[fn] = true
+		if err := features.HaveProgramHelper(ps.Type, fn); errors.Is(err, ebpf.ErrNotSupported) {
+			out = append(out, helperName(fn))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// helperName turns asm.FnSetRetval into "bpf_set_retval".
+func helperName(fn asm.BuiltinFunc) string {
+	name := strings.TrimPrefix(fn.String(), "Fn")
+	var sb strings.Builder
+	sb.WriteString("bpf")
+	for _, r := range name {
+		if r >= 'A' && r <= 'Z' {
+			sb.WriteByte('_')
+			r += 'a' - 'A'
+		}
+		sb.WriteRune(r)
+	}
+	return sb.String()
 }
 
 var processedRE = regexp.MustCompile(`processed (\d+) insns`)

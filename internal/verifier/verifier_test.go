@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf/asm"
 )
 
 // Pure-logic tests: no root needed.
@@ -156,6 +158,21 @@ func TestWriteResults(t *testing.T) {
 		data, err := os.ReadFile(p)
 		if err != nil || !strings.Contains(string(data), "42") {
 			t.Errorf("%s: %q, %v", p, data, err)
+		}
+	}
+}
+
+func TestHelperName(t *testing.T) {
+	for fn, want := range map[asm.BuiltinFunc]string{
+		asm.FnSetRetval:      "bpf_set_retval",
+		asm.FnRedirectPeer:   "bpf_redirect_peer",
+		asm.FnMapLookupElem:  "bpf_map_lookup_elem",
+		asm.FnGetNetnsCookie: "bpf_get_netns_cookie",
+		asm.FnSkbSetTstamp:   "bpf_skb_set_tstamp",
+		asm.FnKtimeGetBootNs: "bpf_ktime_get_boot_ns",
+	} {
+		if got := helperName(fn); got != want {
+			t.Errorf("helperName(%v) = %q, want %q", fn, got, want)
 		}
 	}
 }

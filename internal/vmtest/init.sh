@@ -3,7 +3,8 @@
 # Mounts the basics, loads the modules listed in /etc/axon-vm/modules, mounts the host's root
 # read-only (9p tag "hostroot") as /newroot with fresh proc/sys/dev/run/tmp/bpffs/cgroup2,
 # mounts the writable run share (9p tag "axonrun") at /newroot/run/axon-vm, runs
-# /run/axon-vm/run.sh chrooted there, and powers off. Markers on the console let the host
+# /run/axon-vm/run.sh (or the script named by axon.script= on the kernel command line, so two
+# VMs can share one run dir) chrooted there, and powers off. Markers on the console let the host
 # follow along: AXON-VM-BOOTED, AXON-VM-BEGIN, AXON-VM-END rc=N.
 B=/bin/busybox
 export PATH=/bin
@@ -20,6 +21,15 @@ fail() {
 	$B poweroff -f
 	$B reboot -f
 }
+
+SCRIPT=run.sh
+EXITFILE=exit-code
+for arg in $($B cat /proc/cmdline); do
+	case "$arg" in
+	axon.script=*) SCRIPT=${arg#axon.script=} ;;
+	esac
+done
+[ "$SCRIPT" = run.sh ] || EXITFILE=exit-code.$SCRIPT
 
 REL=$($B uname -r)
 while read -r path; do
@@ -51,9 +61,9 @@ $B ip link set lo up 2>/dev/null
 $B hostname axon-vm
 
 $B echo "AXON-VM-BEGIN uptime=$($B cut -d' ' -f1 /proc/uptime)"
-$B chroot /newroot /bin/sh /run/axon-vm/run.sh
+$B chroot /newroot /bin/sh "/run/axon-vm/$SCRIPT"
 rc=$?
-$B echo "$rc" >/newroot/run/axon-vm/exit-code
+$B echo "$rc" >"/newroot/run/axon-vm/$EXITFILE"
 $B sync
 $B echo "AXON-VM-END rc=$rc uptime=$($B cut -d' ' -f1 /proc/uptime)"
 $B umount /newroot/run/axon-vm

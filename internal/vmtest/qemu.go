@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -68,6 +69,44 @@ type VM struct {
 	// wired back to back through QEMU's UDP socket netdev on these two host loopback ports:
 	// native virtio_net for cross-"node" traffic and XDP without touching the host network.
 	NICPorts [2]int
+	// Wire, when set, gives the guest one virtio-net NIC joined to another VM's Wire NIC
+	// (the two-VM subset): each side sends to the other's port. NICPorts is then ignored.
+	Wire *WireNIC
+	// Script is the file in RunDir that init runs (default "run.sh"); two VMs sharing one
+	// RunDir run different scripts. Its exit code lands in ExitCodeFile(Script).
+	Script string
+}
+
+// WireNIC is one end of a point-to-point virtio-net link between two VMs over QEMU's UDP
+// socket netdev on host loopback ports: nothing on the host network, no tap, no bridge.
+type WireNIC struct {
+	LocalPort, RemotePort int
+	MAC                   string
+}
+
+// WirePair returns the two ends of a fresh VM-to-VM link with MACs 52:54:00:a0:01:01 and :02.
+func WirePair() (a, b *WireNIC, err error) {
+	p, err := FreeUDPPorts()
+	if err != nil {
+		return nil, nil, err
+	}
+	return &WireNIC{LocalPort: p[0], RemotePort: p[1], MAC: "52:54:00:a0:01:01"},
+		&WireNIC{LocalPort: p[1], RemotePort: p[0], MAC: "52:54:00:a0:01:02"}, nil
+}
+
+// ExitCodeFile is where init records the exit code of script in the run dir.
+func ExitCodeFile(script string) string {
+	if script == "" || script == "run.sh" {
+		return "exit-code"
+	}
+	return "exit-code." + script
+}
+
+func (vm VM) script() string {
+	if vm.Script == "" {
+		return "run.sh"
+	}
+	return vm.Script
 }
 
 // FreeUDPPorts returns two currently unused UDP ports on 127.0.0.1 for VM.NICPorts.
@@ -125,11 +164,15 @@ func (vm VM) Args(accel string) []string {
 	args = append(args,
 		"-kernel", kernel,
 		"-initrd", vm.Initramfs,
-		"-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init",
+		"-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init axon.script="+vm.script(),
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path="+vm.RunDir+",mount_tag=axonrun,security_model=none,multidevs=remap",
 	)
-	if p := vm.NICPorts; p[0] != 0 && p[1] != 0 {
+	if w := vm.Wire; w != nil {
+		args = append(args,
+			"-netdev", fmt.Sprintf("socket,id=w0,udp=127.0.0.1:%d,localaddr=127.0.0.1:%d", w.RemotePort, w.LocalPort),
+			"-device", "virtio-net-pci,netdev=w0,mac="+w.MAC)
+	} else if p := vm.NICPorts; p[0] != 0 && p[1] != 0 {
 		for i := range 2 {
 			args = append(args,
 				"-netdev", fmt.Sprintf("socket,id=n%d,udp=127.0.0.1:%d,localaddr=127.0.0.1:%d", i, p[1-i], p[i]),
@@ -159,10 +202,10 @@ func (vm VM) Run(ctx context.Context) (VMResult, error) {
 			return res, fmt.Errorf("qboot firmware missing (package qemu-system-data): %w", err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(vm.RunDir, "run.sh")); err != nil {
-		return res, fmt.Errorf("run dir %s has no run.sh: %w", vm.RunDir, err)
+	if _, err := os.Stat(filepath.Join(vm.RunDir, vm.script())); err != nil {
+		return res, fmt.Errorf("run dir %s has no %s: %w", vm.RunDir, vm.script(), err)
 	}
-	_ = os.Remove(filepath.Join(vm.RunDir, "exit-code"))
+	_ = os.Remove(filepath.Join(vm.RunDir, ExitCodeFile(vm.Script)))
 	timeout := vm.Timeout
 	if timeout <= 0 {
 		timeout = 30 * time.Minute
@@ -173,6 +216,8 @@ func (vm VM) Run(ctx context.Context) (VMResult, error) {
 	cmd := exec.CommandContext(runCtx, QEMUPath, vm.Args(res.Accel)...)
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Stdin = nil
+	// The VM dies with the runner (a test binary killed by go test's -timeout leaves no QEMU behind).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return res, err
@@ -243,7 +288,7 @@ func (vm VM) Run(ctx context.Context) (VMResult, error) {
 			return res, fmt.Errorf("guest kernel %s crashed (%q in the console)", vm.Kernel.Release, m)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(vm.RunDir, "exit-code")); err == nil {
+	if b, err := os.ReadFile(filepath.Join(vm.RunDir, ExitCodeFile(vm.Script))); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 			res.ExitCode = n
 		}

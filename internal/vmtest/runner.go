@@ -3,16 +3,21 @@ package vmtest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
+
+// modulePath is axon's Go module.
+const modulePath = "github.com/axonhq/axon"
 
 // HostKernel is the matrix name of the machine's own kernel.
 const HostKernel = "host"
@@ -45,8 +50,16 @@ type Runner struct {
 	// NICs gives each VM two virtio-net NICs wired back to back (see VM.NICPorts); run.sh
 	// exports their MACs as AXON_VM_NIC_MACS so tests can find and use them.
 	NICs bool
+	// TwoVM adds the two-VM subset per VM kernel: two VMs, one axon node each (agent, CNI,
+	// one pod; the first VM also runs etcd + kube-apiserver), joined by a virtio-net link,
+	// with cross-node pod-to-pod probes (hack/vm/twonode), reported as the package "twovm".
+	// It needs the cached control plane (make deps).
+	TwoVM bool
+	// TwoVMKernels limits the two-VM subset to these kernels (empty: every VM kernel).
+	TwoVMKernels []string
 
-	labBins bool
+	labBins   bool
+	twoVMBins bool
 
 	runDir string
 }
@@ -82,7 +95,7 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 		if len(f) != 3 || f[2] == "0" {
 			continue
 		}
-		name := strings.ReplaceAll(strings.TrimPrefix(f[0], "github.com/axonhq/axon/"), "/", "_") + ".test"
+		name := strings.ReplaceAll(strings.TrimPrefix(f[0], modulePath+"/"), "/", "_") + ".test"
 		b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name)}
 		start := time.Now()
 		cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
@@ -93,18 +106,24 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 		r.Log.Info("built test binary", "package", b.Package, "took", time.Since(start).Round(time.Millisecond))
 		bins = append(bins, b)
 	}
-	if len(bins) == 0 && !r.Lab {
+	if len(bins) == 0 && !r.Lab && !r.TwoVM {
 		return nil, fmt.Errorf("no package with tests in %s", strings.Join(r.Packages, " "))
 	}
-	if r.Lab {
+	if r.Lab || r.TwoVM {
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, r.goTool(), "build", "-trimpath", "-o", filepath.Join(dir, "bin")+"/", "./cmd/axon", "./cmd/axon-agent", "./cmd/axon-cni")
+		// import paths, not ./dirs: the runner also runs from a package dir (TestKernelMatrix)
+		pkgs := []string{modulePath + "/cmd/axon", modulePath + "/cmd/axon-agent", modulePath + "/cmd/axon-cni"}
+		if r.TwoVM {
+			pkgs = append(pkgs, modulePath+"/hack/vm/twonode")
+		}
+		cmd := exec.CommandContext(ctx, r.goTool(), append([]string{"build", "-trimpath", "-o", filepath.Join(dir, "bin") + "/"}, pkgs...)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("go build ./cmd/... for the lab subset: %w\n%s", err, out)
 		}
-		r.labBins = true
-		r.Log.Info("built axon binaries for the lab subset", "took", time.Since(start).Round(time.Millisecond))
+		r.labBins = r.Lab
+		r.twoVMBins = r.TwoVM
+		r.Log.Info("built axon binaries for the lab subsets", "packages", strings.Join(pkgs, " "), "took", time.Since(start).Round(time.Millisecond))
 	}
 	return bins, nil
 }
@@ -135,6 +154,9 @@ func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
 	for _, b := range bins {
 		cmd := exec.CommandContext(ctx, b.Binary, r.testArgs()...)
 		cmd.Dir = b.Dir
+		if abs, err := filepath.Abs(filepath.Join(r.OutDir, HostKernel)); err == nil && os.MkdirAll(abs, 0o755) == nil {
+			cmd.Env = append(os.Environ(), "AXON_RESULTS="+abs)
+		}
 		t0 := time.Now()
 		raw, err := cmd.CombinedOutput()
 		took := time.Since(t0)
@@ -194,7 +216,12 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	if r.NICs {
 		s.WriteString("export AXON_VM_NIC_MACS=52:54:00:a0:00:01,52:54:00:a0:00:02\n")
 	}
-	s.WriteString("mkdir -p /run/axon-vm/out\nrc=0\n")
+	// Tests may stretch their deadlines by AXON_TEST_SLOWDOWN (CPU work under TCG is 3-12x
+	// slower than on the host, more when the host is busy); AXON_VM says they run in a VM.
+	fmt.Fprintf(&s, "export AXON_VM=1 AXON_TEST_SLOWDOWN=%d\n", Slowdown(HardwareKVM()))
+	// Reports tests write (the verifier's verifier-<kernel>.{md,json}) come back through the share.
+	s.WriteString("export AXON_RESULTS=/run/axon-vm/out/results\n")
+	s.WriteString("mkdir -p /run/axon-vm/out/results\nrc=0\n")
 	for _, b := range bins {
 		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
 		args := []string{shellQuote("/run/axon-vm/bin/" + b.Name)}
@@ -229,9 +256,9 @@ labstep() {
 }
 labrc=0
 {
-	if labstep LabUp /run/axon-vm/bin/axon lab up --nodes 1 --pods-per-node 2 --bin-dir /run/axon-vm/bin; then
+	if labstep LabUp /run/axon-vm/bin/axon lab up --nodes 1 --pods-per-node 2 --bin-dir /run/axon-vm/bin --ready-timeout 6m; then
 		labstep LabStatus /run/axon-vm/bin/axon lab status
-		labstep LabCheck /run/axon-vm/bin/axon lab check
+		labstep LabCheck /run/axon-vm/bin/axon lab check --timeout 10s
 	fi
 	labstep LabDown /run/axon-vm/bin/axon lab down
 	# go test's closing line: test2json reports the last test only once it sees it.
@@ -331,6 +358,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 		}
 		kr.Packages = append(kr.Packages, pr)
 	}
+	copyDir(filepath.Join(r.runDir, "out", "results"), filepath.Join(r.OutDir, spec.Name))
 	if r.labBins {
 		if pr, err := r.collectLab(ctx, spec.Name); err == nil {
 			kr.Packages = append(kr.Packages, pr)
@@ -341,6 +369,16 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	if runErr != nil {
 		kr.Err = fmt.Errorf("%w\n--- console (last 60 lines, full log in %s) ---\n%s", runErr,
 			filepath.Join(r.OutDir, spec.Name, "console.log"), tail(res.Console, 60))
+	}
+	if r.twoVMBins && ctx.Err() == nil && (len(r.TwoVMKernels) == 0 || slices.Contains(r.TwoVMKernels, spec.Name)) {
+		pr, err := r.runTwoVM(ctx, spec, k, initrd)
+		kr.Total += pr.Elapsed
+		if len(pr.Tests) > 0 || err == nil {
+			kr.Packages = append(kr.Packages, pr)
+		}
+		if err != nil {
+			kr.Err = errors.Join(kr.Err, err)
+		}
 	}
 	return kr
 }
@@ -362,4 +400,21 @@ func (r *Runner) collectLab(ctx context.Context, kernel string) (PackageResult, 
 		pr.Elapsed += t.Elapsed
 	}
 	return pr, err
+}
+
+// copyDir copies the regular files of src (if any) into dst; best effort (reports only).
+func copyDir(src, dst string) {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return
+	}
+	_ = os.MkdirAll(dst, 0o755)
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(src, e.Name())); err == nil {
+			_ = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
+		}
+	}
 }

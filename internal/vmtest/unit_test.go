@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -314,5 +315,66 @@ func TestRunScriptIsValidShell(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("run.sh lacks %s:\n%s", want, s)
 		}
+	}
+}
+
+// TestTwoVMWiring: the two ends of a VM-to-VM link send to each other's port, each VM runs
+// its own script and records its exit code in its own file.
+func TestTwoVMWiring(t *testing.T) {
+	a, b, err := WirePair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.LocalPort != b.RemotePort || b.LocalPort != a.RemotePort || a.LocalPort == b.LocalPort || a.MAC == b.MAC {
+		t.Fatalf("ends do not mirror each other: %+v %+v", a, b)
+	}
+	k := &Kernel{Vmlinux: "/k/vmlinux"}
+	cases := []struct {
+		desc     string
+		vm       VM
+		want     []string
+		notWant  []string
+		exitFile string
+	}{
+		{"single VM, back-to-back NICs", VM{Kernel: k, NICPorts: [2]int{1001, 1002}},
+			[]string{"axon.script=run.sh", "udp=127.0.0.1:1002,localaddr=127.0.0.1:1001", "mac=52:54:00:a0:00:02"}, []string{"id=w0"}, "exit-code"},
+		{"two-VM end a", VM{Kernel: k, Wire: a, Script: "run-twovm-a.sh", NICPorts: [2]int{1001, 1002}},
+			[]string{"axon.script=run-twovm-a.sh", fmt.Sprintf("udp=127.0.0.1:%d,localaddr=127.0.0.1:%d", a.RemotePort, a.LocalPort), "mac=" + a.MAC},
+			[]string{"mac=52:54:00:a0:00:01"}, "exit-code.run-twovm-a.sh"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			args := strings.Join(c.vm.Args("tcg"), " ")
+			for _, w := range c.want {
+				if !strings.Contains(args, w) {
+					t.Errorf("args lack %q: %s", w, args)
+				}
+			}
+			for _, w := range c.notWant {
+				if strings.Contains(args, w) {
+					t.Errorf("args contain %q: %s", w, args)
+				}
+			}
+			if got := ExitCodeFile(c.vm.Script); got != c.exitFile {
+				t.Errorf("ExitCodeFile(%q) = %q, want %q", c.vm.Script, got, c.exitFile)
+			}
+		})
+	}
+	r := &Runner{CacheRoot: "/root/.cache/axon"}
+	s := r.twoVMScript("a", a)
+	path := filepath.Join(t.TempDir(), "run-twovm-a.sh")
+	if err := os.WriteFile(path, []byte(s), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("sh", "-n", path).CombinedOutput(); err != nil {
+		t.Fatalf("sh -n: %v\n%s\n%s", err, out, s)
+	}
+	for _, want := range []string{"-role a", "-mac " + a.MAC, "/run/axon-vm/out/twovm-a.rc", "AXON_CACHE='/root/.cache/axon'"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("two-VM script lacks %q:\n%s", want, s)
+		}
+	}
+	if Slowdown(true) != 1 || Slowdown(false) < 5 {
+		t.Errorf("Slowdown(kvm)=%d, Slowdown(tcg)=%d", Slowdown(true), Slowdown(false))
 	}
 }
