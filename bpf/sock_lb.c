@@ -10,6 +10,8 @@
  *              frontend as its source (reverse entry of this socket).
  *  getpeername4/6  a connected socket shows the frontend as its peer.
  *  bind4/6     a NodePort's port cannot be bound (EADDRINUSE).
+ * Sockets of an opted-out netns (axon_lb_skip) or, in hostns-only mode, of
+ * any netns but the host's are not translated (bind is still checked).
  * v4-in-v6 (a v6 socket addressing ::ffff:a.b.c.d) uses the IPv4 frontends,
  * because every address is stored v4 mapped (lib/lb.h).
  * Rejections return 0 after bpf_set_retval(-errno) (kernel >= 5.18), so the
@@ -28,6 +30,25 @@
 #define SYS_REJECT 0
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Load-time configuration, set by internal/datapath (SockLBConfig) before
+ * the programs load.
+ *  cfg_hostns_only        1: translate only sockets of the host netns (the
+ *                         agent's, cfg_host_netns_cookie); pods' sockets go
+ *                         to the stack untranslated (--socket-lb-mode
+ *                         hostns-only).
+ *  cfg_host_netns_cookie  netns cookie of the agent's netns. */
+volatile const __u8 cfg_hostns_only = 0;
+volatile const __u64 cfg_host_netns_cookie = 0;
+
+/* lb_skip_netns says whether sockets of netns cookie nsc stay untranslated:
+ * hostns-only mode and a foreign netns, or a netns that opted out. */
+AXON_INLINE int lb_skip_netns(__u64 nsc)
+{
+	if (cfg_hostns_only && nsc != cfg_host_netns_cookie)
+		return 1;
+	return bpf_map_lookup_elem(&axon_lb_skip, &nsc) != NULL;
+}
 
 AXON_INLINE int lb_proto_ok(__u32 proto)
 {
@@ -73,8 +94,12 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6)
 	struct lb_svc_val *svc;
 	struct lb_backend b;
 	__u32 proto = ctx->protocol, fe_id;
+	__u64 nsc;
 
 	if (!lb_proto_ok(proto))
+		return SYS_PROCEED;
+	nsc = bpf_get_netns_cookie(ctx);
+	if (lb_skip_netns(nsc))
 		return SYS_PROCEED;
 	ctx_get_addr(ctx, key.addr, v6);
 	key.port = (__be16)ctx->user_port;
@@ -85,7 +110,7 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6)
 	svc = lb_lookup(&key);
 	if (!svc)
 		return SYS_PROCEED;
-	fe_id = lb_select(&key, svc, bpf_get_netns_cookie(ctx), &b);
+	fe_id = lb_select(&key, svc, nsc, &b);
 	if (!fe_id) {
 		bpf_set_retval(-AXON_ECONNREFUSED);
 		return SYS_REJECT;

@@ -21,6 +21,7 @@
 #define AXON_LB_REV_MAX 65536
 #define AXON_LB_AFFINITY_MAX 65536
 #define AXON_LB_LOCAL_MAX 256
+#define AXON_LB_SKIP_MAX 65536
 
 /* Scopes (lb.Scope in internal/lb). */
 #define AXON_LB_SCOPE_CLUSTER 0
@@ -154,6 +155,19 @@ struct {
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_lb_local SEC(".maps");
+
+/* axon_lb_skip: netns cookies (bpf_get_netns_cookie) whose sockets are never
+ * translated -> 1. The agent writes the netns of every pod that opted out of
+ * socket LB (annotation axon.io/socket-lb: disabled on the Pod or its
+ * Namespace), so a sidecar mesh or a VM in the pod sees the ClusterIP. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_LB_SKIP_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_lb_skip SEC(".maps");
 
 AXON_INLINE void lb_addr_v4(__u8 *addr, __be32 ip4)
 {

@@ -103,6 +103,7 @@ func slimPod(obj any) (any, error) {
 	}
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+		Annotations: p.Annotations, // issue 4: axon.io/socket-lb opt-out (optout.go)
 	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
 }
 

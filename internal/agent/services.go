@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,7 +63,11 @@ type serviceSync struct {
 	nodeFactory informers.SharedInformerFactory // own Node only
 	svcs        listersv1.ServiceLister
 	nodes       listersv1.NodeLister
+	namespaces  listersv1.NamespaceLister // for the opt-out annotation (optout.go)
+	nsSynced    cache.InformerSynced
 	slices      cache.Indexer
+	ev          *events     // Kubernetes Events for ignored input (events.go)
+	opt         optOutState // pods opted out of socket LB (optout.go)
 	hasSynced   []cache.InformerSynced
 	queue       workqueue.TypedRateLimitingInterface[string]
 
@@ -70,9 +75,11 @@ type serviceSync struct {
 	w         lb.Writer // nil = watch only
 	table     *lb.Table
 	nodeInfo  lb.NodeInfo
-	problems  map[string][]lb.Problem  // service → what Translate skipped
-	dirty     map[lb.FrontendKey]bool  // written to the table, not yet to the Writer
-	writeErrs map[lb.FrontendKey]error // last failed write per key
+	problems  map[string][]lb.Problem   // service → what Translate skipped
+	dirty     map[lb.FrontendKey]string // written to the table, not yet to the Writer → service that changed it ("" = resync)
+	writeErrs map[lb.FrontendKey]error  // last failed write per key
+	notFit    map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
+	onNS      func()                    // called on Namespace changes (opt-out annotation)
 	synced    bool
 	fullSync  time.Duration
 	watchErr  string
@@ -97,12 +104,15 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		table:     lb.NewTable(),
 		nodeInfo:  lb.NodeInfo{Name: node},
 		problems:  map[string][]lb.Problem{},
-		dirty:     map[lb.FrontendKey]bool{},
+		dirty:     map[lb.FrontendKey]string{},
 		writeErrs: map[lb.FrontendKey]error{},
+		notFit:    map[string]string{},
+		ev:        newEvents(context.Background(), client, node, log),
 	}
 	svcInf := s.factory.Core().V1().Services()
 	sliceInf := s.factory.Discovery().V1().EndpointSlices()
 	nodeInf := s.nodeFactory.Core().V1().Nodes()
+	nsInf := s.factory.Core().V1().Namespaces()
 	if err := sliceInf.Informer().AddIndexers(cache.Indexers{sliceByService: sliceServiceIndex}); err != nil {
 		return nil, fmt.Errorf("add endpointslice indexer: %w", err)
 	}
@@ -125,6 +135,11 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 			UpdateFunc: func(any, any) { s.queue.Add(queueNode) },
 			DeleteFunc: func(any) { s.queue.Add(queueNode) },
 		},
+		nsInf.Informer(): cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.namespaceChanged() },
+			UpdateFunc: func(any, any) { s.namespaceChanged() },
+			DeleteFunc: func(any) { s.namespaceChanged() },
+		},
 	}
 	for inf, h := range handlers {
 		if _, err := inf.AddEventHandler(h); err != nil {
@@ -139,6 +154,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		s.hasSynced = append(s.hasSynced, inf.HasSynced)
 	}
 	s.svcs, s.nodes, s.slices = svcInf.Lister(), nodeInf.Lister(), sliceInf.Informer().GetIndexer()
+	s.namespaces, s.nsSynced = nsInf.Lister(), nsInf.Informer().HasSynced
 	return s, nil
 }
 
@@ -205,6 +221,7 @@ func (s *serviceSync) SetWriter(w lb.Writer) {
 // synced: a half-filled cache must never remove backends a previous run wrote.
 func (s *serviceSync) run(ctx context.Context) {
 	defer s.queue.ShutDown()
+	defer s.ev.shutdown()
 	s.factory.Start(ctx.Done())
 	s.nodeFactory.Start(ctx.Done())
 	defer func() {
@@ -332,8 +349,13 @@ func (s *serviceSync) setProblems(key string, probs []lb.Problem) {
 	if slices.Equal(probs, s.problems[key]) {
 		return
 	}
-	for _, p := range probs {
-		s.log.Warn("service entry ignored", "problem", p.String())
+	if len(probs) > 0 {
+		msgs := make([]string, 0, len(probs))
+		for _, p := range probs {
+			msgs = append(msgs, fmt.Sprintf("%s skipped: %s", p.Object, p.Reason))
+		}
+		msg := fmt.Sprintf("%d part(s) not programmed, the rest of the Service is: %s", len(probs), strings.Join(msgs, "; "))
+		s.ev.emit(s.serviceObj(key), "service "+key, corev1.EventTypeWarning, ReasonServiceEntryIgnored, msg)
 	}
 	if len(probs) == 0 {
 		delete(s.problems, key)
@@ -358,12 +380,26 @@ func (s *serviceSync) syncService(key string) error {
 	s.setProblems(key, probs)
 	up, del := s.table.Apply(key, fs)
 	for _, f := range up {
-		s.dirty[f.Key] = true
+		s.dirty[f.Key] = key
 	}
 	for _, k := range del {
-		s.dirty[k] = true
+		s.dirty[k] = key
 	}
-	return s.flushLocked()
+	if len(fs) == 0 && s.notFit[key] != "" {
+		delete(s.notFit, key) // deleted (or emptied) while refused: nothing left to program
+		s.ev.forget("service "+key, ReasonServiceNotFit)
+	}
+	err = s.flushLocked(key)
+	if len(del)+len(up) > 0 && err == nil {
+		// room may have been freed (a delete, fewer backends): refused
+		// Services try again now, not after their backoff
+		for svc := range s.notFit {
+			if svc != key {
+				s.queue.Add(svc)
+			}
+		}
+	}
+	return err
 }
 
 // resyncLocked marks every difference between the table and the Writer's
@@ -382,51 +418,125 @@ func (s *serviceSync) resyncLocked() error {
 	}
 	for _, f := range s.table.Frontends() {
 		if h, ok := have[f.Key]; !ok || !lb.SameDatapath(h, f) {
-			s.dirty[f.Key] = true
+			if _, already := s.dirty[f.Key]; !already {
+				s.dirty[f.Key] = f.Service
+			}
 		}
 		delete(have, f.Key)
 	}
 	for k := range have {
-		s.dirty[k] = true // written by a previous run for a service that is gone
+		if _, already := s.dirty[k]; !already {
+			s.dirty[k] = "" // written by a previous run for a service that is gone
+		}
 	}
-	return s.flushLocked()
+	return s.flushLocked("")
 }
 
-// flushLocked writes every dirty key: the table's frontend, or a delete. A
-// failed key stays dirty and is retried with the next flush.
-func (s *serviceSync) flushLocked() error {
+// flushLocked writes the dirty keys of service only ("" = every dirty key):
+// deletes first (they free room), then each service's upserts, a service
+// only when the Writer can take all of its frontends (lb.CapacityChecker):
+// a Service is programmed whole or keeps what it had. A failed key stays
+// dirty and is retried with the next flush.
+func (s *serviceSync) flushLocked(service string) error {
 	if s.w == nil {
 		clear(s.dirty) // watch only; SetWriter resyncs everything
 		return nil
 	}
-	keys := make([]lb.FrontendKey, 0, len(s.dirty))
-	for k := range s.dirty {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, lb.CompareKeys)
-	var errs []error
-	for _, k := range keys {
-		var err error
-		if f, ok := s.table.Get(k); ok {
-			err = s.w.UpsertFrontend(f)
-		} else {
-			err = s.w.DeleteFrontend(k)
-		}
-		if err != nil {
-			if s.writeErrs[k] == nil {
-				s.log.Warn("write service frontend failed; retrying", "frontend", k.String(), "error", err)
-			}
-			s.writeErrs[k] = err
-			errs = append(errs, err)
+	var dels []lb.FrontendKey
+	ups := map[string][]lb.Frontend{}
+	for k, svc := range s.dirty {
+		if service != "" && svc != service {
 			continue
 		}
-		if s.writeErrs[k] != nil {
-			s.log.Info("service frontend written after an earlier failure", "frontend", k.String())
-			delete(s.writeErrs, k)
+		if f, ok := s.table.Get(k); ok {
+			ups[f.Service] = append(ups[f.Service], f)
+		} else {
+			dels = append(dels, k)
 		}
-		delete(s.dirty, k)
+	}
+	slices.SortFunc(dels, lb.CompareKeys)
+	var errs []error
+	for _, k := range dels {
+		s.writeKey(k, s.w.DeleteFrontend(k), &errs)
+	}
+	svcs := make([]string, 0, len(ups))
+	for svc := range ups {
+		svcs = append(svcs, svc)
+	}
+	slices.Sort(svcs)
+	cc, _ := s.w.(lb.CapacityChecker)
+	for _, svc := range svcs {
+		fs := ups[svc]
+		slices.SortFunc(fs, func(a, b lb.Frontend) int { return lb.CompareKeys(a.Key, b.Key) })
+		if cc != nil {
+			if err := cc.Fits(s.table.Service(svc)); errors.Is(err, lb.ErrFull) {
+				s.refuseLocked(svc, err)
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if s.notFit[svc] != "" {
+			delete(s.notFit, svc)
+			s.ev.forget("service "+svc, ReasonServiceNotFit)
+			s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeNormal, ReasonServiceProgrammed,
+				"the Service fits the socket LB maps again and is programmed")
+		}
+		for _, f := range fs {
+			s.writeKey(f.Key, s.w.UpsertFrontend(f), &errs)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// writeKey records the outcome of one write.
+func (s *serviceSync) writeKey(k lb.FrontendKey, err error, errs *[]error) {
+	if err != nil {
+		if s.writeErrs[k] == nil {
+			s.log.Warn("write service frontend failed; retrying", "frontend", k.String(), "error", err)
+		}
+		s.writeErrs[k] = err
+		*errs = append(*errs, err)
+		return
+	}
+	if s.writeErrs[k] != nil {
+		s.log.Info("service frontend written after an earlier failure", "frontend", k.String())
+		delete(s.writeErrs, k)
+	}
+	delete(s.dirty, k)
+}
+
+// refuseLocked records that svc does not fit the Writer: status, one log
+// line and one Event per distinct reason. Nothing of it is written.
+func (s *serviceSync) refuseLocked(svc string, err error) {
+	msg := fmt.Sprintf("not programmed: %v; the Service keeps what it had programmed before (nothing if new), other Services are unaffected", err)
+	first := s.notFit[svc] == ""
+	s.notFit[svc] = msg
+	if first { // one Event per refusal, not one per retry with new numbers
+		s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeWarning, ReasonServiceNotFit, msg)
+	}
+}
+
+// serviceObj is the cached Service for an Event, nil when gone.
+func (s *serviceSync) serviceObj(key string) *corev1.Service {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	svc, err := s.svcs.Services(ns).Get(name)
+	if err != nil {
+		return nil
+	}
+	return svc
+}
+
+// namespaceChanged tells the opt-out logic (optout.go) to look again.
+func (s *serviceSync) namespaceChanged() {
+	s.mu.Lock()
+	f := s.onNS
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 func (s *serviceSync) status() ServicesStatus {
@@ -449,6 +559,9 @@ func (s *serviceSync) statusLocked() ServicesStatus {
 	slices.Sort(st.Problems)
 	for k, err := range s.writeErrs {
 		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("%s: %v", k, err))
+	}
+	for svc, msg := range s.notFit {
+		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("service %s %s", svc, msg))
 	}
 	slices.Sort(st.WriteErrors)
 	for _, c := range s.table.Conflicts() {

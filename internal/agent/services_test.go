@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -54,9 +56,35 @@ const (
 	svcTestEtcdPort = 12509
 )
 
-// startServiceControlPlane is startControlPlane on the Service tests' ports.
+// startServiceControlPlane is startControlPlane on the Service tests'
+// ports, with a dual-stack service CIDR.
 func startServiceControlPlane(t *testing.T) *controlplane.ControlPlane {
-	return startControlPlaneOn(t, svcTestAPIPort, svcTestEtcdPort)
+	t.Helper()
+	etcd, err := lab.DepPath("etcd")
+	var apiserver string
+	if err == nil {
+		apiserver, err = lab.DepPath("kube-apiserver")
+	}
+	if errors.Is(err, lab.ErrDepMissing) {
+		t.Skipf("kube-apiserver/etcd not built: run make deps (%v)", err)
+	}
+	must(t, err)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := controlplane.Stop(dir); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	cp, err := controlplane.Start(ctx, controlplane.Config{
+		Dir: dir, APIPort: svcTestAPIPort, EtcdPort: svcTestEtcdPort, Logger: testLogger(t),
+		EtcdBinary: etcd, APIServerBinary: apiserver, ServiceCIDR: controlplane.DefaultServiceCIDR + ",fd00:10:96::/112",
+	})
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	return cp
 }
 
 type testEP struct {
@@ -82,6 +110,20 @@ func endpointSlice(ns, name, svc string, ports []discoveryv1.EndpointPort, eps .
 			x.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: e.zone}}}
 		}
 		es.Endpoints = append(es.Endpoints, x)
+	}
+	return es
+}
+
+// v6slice makes es an IPv6 slice.
+func v6slice(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	es.AddressType = discoveryv1.AddressTypeIPv6
+	return es
+}
+
+// nodeHints gives every endpoint a forNodes hint for its own node.
+func nodeHints(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	for i := range es.Endpoints {
+		es.Endpoints[i].Hints = &discoveryv1.EndpointHints{ForNodes: []discoveryv1.ForNode{{Name: *es.Endpoints[i].NodeName}}}
 	}
 	return es
 }
@@ -119,6 +161,25 @@ func createServices(ctx context.Context, t *testing.T, cs kubernetes.Interface, 
 			Ports: []corev1.ServicePort{port("sctp", 3868, 0, corev1.ProtocolSCTP, intstr.FromInt32(3868))}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "headless"}, Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone,
 			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromInt32(8080))}}},
+		// dual-stack: one frontend per family, each with its family's slice
+		{ObjectMeta: metav1.ObjectMeta{Name: "ds"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.1.60", ClusterIPs: []string{"10.96.1.60", "fd00:10:96::60"},
+			IPFamilyPolicy: ptrTo(corev1.IPFamilyPolicyRequireDualStack), IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromString("http"))}}},
+		// sessionAffinity ClientIP without a config: the default 10800 s
+		{ObjectMeta: metav1.ObjectMeta{Name: "affdefault"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.1.61", SessionAffinity: corev1.ServiceAffinityClientIP,
+			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromInt32(8080))}}},
+		// trafficDistribution PreferClose with node hints: node1 keeps its own endpoint
+		{ObjectMeta: metav1.ObjectMeta{Name: "hinted"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.1.62", TrafficDistribution: ptrTo(corev1.ServiceTrafficDistributionPreferClose),
+			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromInt32(8080))}}},
+		// NodePort over UDP with a numeric targetPort
+		{ObjectMeta: metav1.ObjectMeta{Name: "udpnp"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.1.63",
+			Ports: []corev1.ServicePort{port("syslog", 514, 30514, corev1.ProtocolUDP, intstr.FromInt32(5514))}}},
+		// only not-ready endpoints: all quarantined, connections refused
+		{ObjectMeta: metav1.ObjectMeta{Name: "notready"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.1.64",
+			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromInt32(8080))}}},
+		// only terminating (still serving) endpoints: used, as nothing else serves
+		{ObjectMeta: metav1.ObjectMeta{Name: "termonly"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.1.65",
+			Ports: []corev1.ServicePort{port("http", 80, 0, corev1.ProtocolTCP, intstr.FromInt32(8080))}}},
 	}
 	for _, s := range svcs {
 		created, err := cs.CoreV1().Services(ns).Create(ctx, s, metav1.CreateOptions{})
@@ -155,6 +216,18 @@ func createServices(ctx context.Context, t *testing.T, cs kubernetes.Interface, 
 			testEP{addr: "10.244.1.30", node: "node1", ready: true, zone: "zone-a"},
 			testEP{addr: "10.244.3.30", node: "node3", ready: true, zone: "zone-b"}),
 		endpointSlice(ns, "headless-1", "headless", http, testEP{addr: "10.244.1.31", node: "node1", ready: true}),
+		endpointSlice(ns, "ds-v4", "ds", http, testEP{addr: "10.244.1.60", node: "node1", ready: true}),
+		v6slice(endpointSlice(ns, "ds-v6", "ds", http,
+			testEP{addr: "fd00:10:244:1::60", node: "node1", ready: true},
+			testEP{addr: "fd00:10:244:2::60", node: "node2", terminating: true})),
+		endpointSlice(ns, "affdefault-1", "affdefault", http, testEP{addr: "10.244.1.61", node: "node1", ready: true}),
+		nodeHints(endpointSlice(ns, "hinted-1", "hinted", http,
+			testEP{addr: "10.244.1.62", node: "node1", ready: true},
+			testEP{addr: "10.244.2.62", node: "node2", ready: true})),
+		endpointSlice(ns, "udpnp-1", "udpnp", []discoveryv1.EndpointPort{slicePort("syslog", 5514, corev1.ProtocolUDP)},
+			testEP{addr: "10.244.2.63", node: "node2", ready: true}),
+		endpointSlice(ns, "notready-1", "notready", http, testEP{addr: "10.244.1.64", node: "node1"}, testEP{addr: "10.244.2.64", node: "node2"}),
+		endpointSlice(ns, "termonly-1", "termonly", http, testEP{addr: "10.244.2.65", node: "node2", terminating: true}),
 	}
 	for _, es := range esl {
 		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
@@ -221,7 +294,7 @@ func TestServicesAgainstAPIServer(t *testing.T) {
 	}
 	st := s.status()
 	t.Logf("initial sync: %+v", st)
-	if !st.Writer || st.Services != 8 || len(st.Problems)+len(st.WriteErrors)+len(st.Conflicts) != 0 {
+	if !st.Writer || st.Services != 14 || len(st.Problems)+len(st.WriteErrors)+len(st.Conflicts) != 0 {
 		t.Errorf("status %+v", st)
 	}
 

@@ -7,6 +7,7 @@ package agent
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,12 +27,41 @@ import (
 // DecisionSocketLB is the name of the socket LB decision in `axon status`.
 const DecisionSocketLB = "socket_lb"
 
+// --socket-lb-mode values.
+const (
+	SocketLBModeAll    = "all"         // every socket under --cgroup-root
+	SocketLBModeHostNS = "hostns-only" // only the node's own netns
+)
+
 // sockLB is what the agent needs of *datapath.SockLB.
 type sockLB interface {
 	lb.Writer
 	SetLocalAddrs([]netip.Addr) error
+	SetSkipNetns([]uint64) error
+	EnableSockDestroy(netns func() []string) error
+	SockDestroyStatus() (enabled bool, reason string, st datapath.DestroyStats)
 	CgroupPath() string
 	Close() error
+}
+
+// validateSocketLB checks --socket-lb-mode and the map sizes.
+func (c Config) validateSocketLB() error {
+	var errs []error
+	switch c.SocketLBMode {
+	case SocketLBModeAll, SocketLBModeHostNS, "": // "" (a Config built by hand) = all
+	default:
+		errs = append(errs, fmt.Errorf("--socket-lb-mode %q is invalid: use %s (every socket) or %s (only the node's own netns; pods go through kube-proxy or the stack)",
+			c.SocketLBMode, SocketLBModeAll, SocketLBModeHostNS))
+	}
+	for _, m := range []struct {
+		flag string
+		v    uint32
+	}{{"--lb-service-map-size", c.LBServiceMapSize}, {"--lb-backend-map-size", c.LBBackendMapSize}} {
+		if m.v != 0 && (m.v < 16 || m.v > 1<<24) {
+			errs = append(errs, fmt.Errorf("%s %d is out of range: use 16..%d, or 0 for the default", m.flag, m.v, 1<<24))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Cgroup2Mount returns the cgroup v2 mount point listed in /proc/mounts, or
@@ -70,7 +100,11 @@ func checkCgroup2Dir(path string) error {
 // loadSockLBFunc returns the loader used by Run.
 func loadSockLBFunc(cfg Config, log *slog.Logger) func() (sockLB, error) {
 	return func() (sockLB, error) {
-		s, err := datapath.LoadSockLB(cfg.BPFRoot, cfg.CgroupRoot, log.With("component", "socklb"))
+		s, err := datapath.LoadSockLBWithConfig(cfg.BPFRoot, cfg.CgroupRoot, datapath.SockLBConfig{
+			ServiceMapSize: cfg.LBServiceMapSize,
+			BackendMapSize: cfg.LBBackendMapSize,
+			HostNetnsOnly:  cfg.SocketLBMode == SocketLBModeHostNS,
+		}, log.With("component", "socklb"))
 		if err != nil {
 			return nil, err
 		}
@@ -104,9 +138,16 @@ func (a *Agent) ensureSockLB() {
 		a.stMu.Lock()
 		a.lbErr, a.lbCgroup = "", s.CgroupPath()
 		a.stMu.Unlock()
-		a.log.Info("socket load balancing enabled", "cgroup", s.CgroupPath())
+		a.log.Info("socket load balancing enabled", "cgroup", s.CgroupPath(), "mode", cmp.Or(a.cfg.SocketLBMode, SocketLBModeAll))
+		if err := s.EnableSockDestroy(a.destroyNetns); err != nil {
+			a.log.Warn("socket LB: sockets connected to a removed backend are not aborted (they keep it until the application reconnects; replies stay correctly translated)", "reason", err)
+		}
+		if a.svc != nil {
+			a.svc.setNamespaceHook(a.kick)
+		}
 		a.SetLBWriter(s)
 	}
+	a.syncOptOut()
 	addrs, err := nodeLocalAddrs(a.nl)
 	if err != nil {
 		a.log.Warn("socket LB: list node addresses", "error", err)
@@ -182,14 +223,21 @@ func (a *Agent) sockLBDecision() api.Decision {
 	switch {
 	case loaded != "":
 		d.Value = "enabled"
-		d.Reason = "cgroup " + loaded
+		d.Reason = "cgroup " + loaded + ", mode " + cmp.Or(a.cfg.SocketLBMode, SocketLBModeAll)
+		if a.cfg.SocketLBMode == SocketLBModeHostNS {
+			d.Reason += " (pods' sockets untranslated: they reach Services through kube-proxy or the stack)"
+		}
 		if a.svc != nil {
 			st := a.svc.status()
 			d.Reason += fmt.Sprintf(", %d frontend%s", st.Frontends, plural(st.Frontends))
 			if !st.Synced {
 				d.Reason += " (Service watch not synced yet)"
 			}
+			if pods := a.svc.optedOut(); len(pods) > 0 {
+				d.Reason += fmt.Sprintf("; opted out (%s): %s", AnnotationSocketLB, strings.Join(pods, " "))
+			}
 		}
+		d.Reason += "; " + a.destroyReason()
 	case lbErr != "":
 		d.Reason = lbErr
 	default:
@@ -204,4 +252,46 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
+}
+
+// destroyNetns lists the network namespaces whose sockets socket
+// destruction walks: the agent's own ("") and every endpoint's.
+func (a *Agent) destroyNetns() []string {
+	out := []string{""}
+	seen := map[string]bool{}
+	for _, ep := range a.reg.List() {
+		if ep.Netns != "" && !seen[ep.Netns] {
+			seen[ep.Netns] = true
+			out = append(out, ep.Netns)
+		}
+	}
+	return out
+}
+
+// destroyReason describes socket destruction for the socket_lb decision.
+func (a *Agent) destroyReason() string {
+	// through the Service watch's writer: dpMu may be held by a long reconcile
+	var l interface {
+		SockDestroyStatus() (bool, string, datapath.DestroyStats)
+	}
+	if a.svc != nil {
+		l, _ = a.svc.writer().(interface {
+			SockDestroyStatus() (bool, string, datapath.DestroyStats)
+		})
+	}
+	if l == nil {
+		return "socket destruction: not loaded yet"
+	}
+	on, why, st := l.SockDestroyStatus()
+	if !on {
+		if why == "" {
+			why = "not loaded"
+		}
+		return "sockets of removed backends are not aborted (" + why + "): connected sockets keep a removed backend until the application reconnects"
+	}
+	r := fmt.Sprintf("sockets of removed backends are aborted (bpf_sock_destroy): %d so far", st.Destroyed)
+	if st.Failed > 0 {
+		r += fmt.Sprintf(", %d failed (last: %s)", st.Failed, st.LastError)
+	}
+	return r
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -25,7 +26,14 @@ func (f *fakeSockLB) DeleteFrontend(lb.FrontendKey) error { return nil }
 func (f *fakeSockLB) Frontends() ([]lb.Frontend, error)   { return nil, nil }
 func (f *fakeSockLB) SetLocalAddrs(a []netip.Addr) error  { f.local = a; return nil }
 func (f *fakeSockLB) CgroupPath() string                  { return f.cgroup }
-func (f *fakeSockLB) Close() error                        { return nil }
+func (f *fakeSockLB) SetSkipNetns([]uint64) error         { return nil }
+func (f *fakeSockLB) EnableSockDestroy(func() []string) error {
+	return errors.New("bpf_sock_destroy: not in this fake")
+}
+func (f *fakeSockLB) SockDestroyStatus() (bool, string, datapath.DestroyStats) {
+	return false, "fake", datapath.DestroyStats{}
+}
+func (f *fakeSockLB) Close() error { return nil }
 
 // A socket LB that fails to load leaves the agent running and says why in
 // status; the next pass retries and, once loaded, status says enabled.
@@ -73,6 +81,36 @@ func TestEnsureSockLBDecision(t *testing.T) {
 			}
 			if tt.wantValue == "enabled" && a.lb != fake {
 				t.Errorf("socket LB not kept after a successful load")
+			}
+		})
+	}
+}
+
+func TestValidateSocketLB(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{"defaults", Config{SocketLBMode: SocketLBModeAll}, ""},
+		{"hostns-only", Config{SocketLBMode: SocketLBModeHostNS}, ""},
+		{"empty mode is all", Config{}, ""},
+		{"bad mode", Config{SocketLBMode: "pods"}, `--socket-lb-mode "pods" is invalid`},
+		{"sizes", Config{SocketLBMode: SocketLBModeAll, LBServiceMapSize: 1024, LBBackendMapSize: 512}, ""},
+		{"service map too small", Config{SocketLBMode: SocketLBModeAll, LBServiceMapSize: 3}, "--lb-service-map-size 3 is out of range"},
+		{"backend map too large", Config{SocketLBMode: SocketLBModeAll, LBBackendMapSize: 1 << 30}, "--lb-backend-map-size"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.validateSocketLB()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)
 			}
 		})
 	}

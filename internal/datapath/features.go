@@ -33,6 +33,7 @@ type Features struct {
 	SchFQ         Capability // fq qdisc (needed for EDT)
 	BPFFS         Capability // bpffs mounted at /sys/fs/bpf
 	BigTCP        Capability // gso_max_size > 64k (BIG TCP)
+	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (issue 4)
 }
 
 // List returns the probe results in the agent API form.
@@ -49,6 +50,7 @@ func (f Features) List() []api.Feature {
 		mk("sch_fq", f.SchFQ),
 		mk("bpffs", f.BPFFS),
 		mk("big_tcp", f.BigTCP),
+		mk("bpf_sock_destroy", f.SockDestroy),
 	}
 }
 
@@ -69,6 +71,7 @@ func Probe() Features {
 	f.RedirectPeer = helper(asm.FnRedirectPeer, "bpf_redirect_peer")
 	f.RedirectNeigh = helper(asm.FnRedirectNeigh, "bpf_redirect_neigh")
 	f.FibLookup = helper(asm.FnFibLookup, "bpf_fib_lookup")
+	f.SockDestroy = ProbeSockDestroy()
 
 	if ok, err := isBPFFS(BPFFSRoot); err != nil {
 		f.BPFFS = Capability{Reason: err.Error()}

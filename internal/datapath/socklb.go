@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -29,7 +30,24 @@ const (
 	MapLBReverse  = "axon_lb_rev"
 	MapLBAffinity = "axon_lb_aff"
 	MapLBLocal    = "axon_lb_local"
+	MapLBSkip     = "axon_lb_skip"
 )
+
+// SockLBConfig is the load-time configuration of the socket LB.
+type SockLBConfig struct {
+	// ServiceMapSize is max_entries of axon_lb_svc: one entry per frontend
+	// plus one per backend slot (0 = the default of bpf/lib/lb.h). A
+	// Service that does not fit is refused whole (see Fits).
+	ServiceMapSize uint32
+	// BackendMapSize is max_entries of axon_lb_be: one entry per backend
+	// of every frontend (0 = default).
+	BackendMapSize uint32
+	// HostNetnsOnly translates only sockets of the agent's own network
+	// namespace (--socket-lb-mode hostns-only): pods' sockets reach
+	// Service addresses untranslated, through whatever per-packet path the
+	// node has (kube-proxy or the stack).
+	HostNetnsOnly bool
+}
 
 // sockHookPrefix prefixes the link pins: <pinDir>/links/cgroup-<hook>.
 const sockHookPrefix = "cgroup-"
@@ -65,11 +83,34 @@ type SockLB struct {
 	fe    map[lb.FrontendKey]*feState // what the maps hold, rebuilt on load
 	feIDs idAlloc
 	beIDs idAlloc
+	// svcEntries counts axon_lb_svc entries in use (masters + slots), for Fits.
+	svcEntries int
+	// destroy aborts sockets of removed backends (nil: not available).
+	// Writes queue the removed backends in destroyQ; a worker runs one pass
+	// for everything queued (a pass walks the socket tables of every netns
+	// of the node, ~2 ms each here), off the Service write path.
+	destroy     *SockDestroyer
+	destroyErr  string          // why destroy is nil
+	destroyNS   func() []string // netns paths to walk ("" = own)
+	destroyStat DestroyStats
+	destroyQ    []GoneBackend
+	destroyKick chan struct{} // buffered(1): work queued
+	destroyStop chan struct{} // closed by Close
+	destroyDone chan struct{} // closed when the worker returned
+}
+
+// DestroyStats counts what socket destruction did since load.
+type DestroyStats struct {
+	Passes    uint64 // Destroy passes run (one per write that removed backends)
+	Destroyed uint64 // sockets aborted
+	Failed    uint64 // bpf_sock_destroy or iterator errors
+	LastError string
 }
 
 // sockLBOptions are test knobs: shrink maps to test "map full".
 type sockLBOptions struct {
 	maxEntries map[string]uint32
+	cfg        SockLBConfig
 }
 
 // LoadSockLB loads the socket LB programs with their maps pinned under
@@ -79,6 +120,13 @@ type sockLBOptions struct {
 // updated in place), and reads the programmed frontends back from the maps.
 func LoadSockLB(pinDir, cgroupPath string, log *slog.Logger) (*SockLB, error) {
 	return loadSockLBWith(pinDir, cgroupPath, log, sockLBOptions{})
+}
+
+// LoadSockLBWithConfig is LoadSockLB with map sizes and mode. A pinned map
+// of another size is migrated: its entries are copied into a map of the
+// new size, which replaces the pin once the programs use it.
+func LoadSockLBWithConfig(pinDir, cgroupPath string, cfg SockLBConfig, log *slog.Logger) (*SockLB, error) {
+	return loadSockLBWith(pinDir, cgroupPath, log, sockLBOptions{cfg: cfg})
 }
 
 func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions) (*SockLB, error) {
@@ -99,13 +147,38 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: parse sock_lb object: %w", err)
 	}
+	sizes := map[string]uint32{MapLBService: o.cfg.ServiceMapSize, MapLBBackend: o.cfg.BackendMapSize}
 	for name, n := range o.maxEntries {
-		if ms := spec.Maps[name]; ms != nil {
+		sizes[name] = n
+	}
+	for name, n := range sizes {
+		if ms := spec.Maps[name]; ms != nil && n > 0 {
 			ms.MaxEntries = n
 		}
 	}
+	if o.cfg.HostNetnsOnly {
+		cookie, err := NetnsCookie("")
+		if err != nil {
+			return nil, fmt.Errorf("load socket LB: hostns-only mode: %w", err)
+		}
+		if err := spec.Variables["cfg_hostns_only"].Set(uint8(1)); err != nil {
+			return nil, fmt.Errorf("load socket LB: set cfg_hostns_only: %w", err)
+		}
+		if err := spec.Variables["cfg_host_netns_cookie"].Set(cookie); err != nil {
+			return nil, fmt.Errorf("load socket LB: set cfg_host_netns_cookie: %w", err)
+		}
+	}
 	s := &SockLB{log: log, pinDir: pinDir, cgroupPath: cgroupPath, fe: map[lb.FrontendKey]*feState{}}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	migrated, err := migrateResized(spec, pinDir, log)
+	if err != nil {
+		return nil, fmt.Errorf("load socket LB: %w", err)
+	}
+	defer func() {
+		for _, m := range migrated {
+			m.Close()
+		}
+	}()
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: migrated}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load socket LB programs: %w", verifierDetail(incompatibleHint(err, pinDir)))
 	}
@@ -120,8 +193,218 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 			return nil, fmt.Errorf("load socket LB: hook %s: %w", h.name, err)
 		}
 	}
-	log.Info("socket LB loaded", "pinDir", pinDir, "cgroup", cgroupPath, "frontends", len(s.fe))
+	// the programs now use the resized maps: move the pins over
+	for name, m := range migrated {
+		pin := filepath.Join(pinDir, name)
+		if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.Close()
+			return nil, fmt.Errorf("load socket LB: replace pin of resized map %s: %w", name, err)
+		}
+		if err := m.Pin(pin); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("load socket LB: pin resized map %s: %w", name, err)
+		}
+	}
+	log.Info("socket LB loaded", "pinDir", pinDir, "cgroup", cgroupPath, "frontends", len(s.fe),
+		"serviceMapSize", s.objs.AxonLbSvc.MaxEntries(), "backendMapSize", s.objs.AxonLbBe.MaxEntries(), "hostNetnsOnly", o.cfg.HostNetnsOnly)
 	return s, nil
+}
+
+// migrateResized copies each pinned service/backend map whose size differs
+// from spec into a new, unpinned map of the spec's size (same content).
+func migrateResized(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger) (map[string]*ebpf.Map, error) {
+	out := map[string]*ebpf.Map{}
+	for _, name := range []string{MapLBService, MapLBBackend} {
+		ms := spec.Maps[name]
+		old, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+		if errors.Is(err, os.ErrNotExist) || ms == nil {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		if old.MaxEntries() == ms.MaxEntries {
+			old.Close()
+			continue
+		}
+		fresh := ms.Copy()
+		fresh.Pinning = ebpf.PinNone
+		m, err := ebpf.NewMap(fresh)
+		if err != nil {
+			old.Close()
+			return nil, fmt.Errorf("create resized map %s: %w", name, err)
+		}
+		k := make([]byte, ms.KeySize)
+		v := make([]byte, ms.ValueSize)
+		n := 0
+		it := old.Iterate()
+		for it.Next(&k, &v) {
+			if err := m.Put(k, v); err != nil {
+				old.Close()
+				m.Close()
+				return nil, fmt.Errorf("map %s: %d entries do not fit the new size %d: %w (raise the size or delete Services first)",
+					name, n+1, ms.MaxEntries, err)
+			}
+			n++
+		}
+		ierr := it.Err()
+		old.Close()
+		if ierr != nil {
+			m.Close()
+			return nil, fmt.Errorf("read pinned map %s: %w", name, ierr)
+		}
+		log.Info("socket LB map resized", "map", name, "from", old.MaxEntries(), "to", ms.MaxEntries, "entries", n)
+		out[name] = m
+	}
+	return out, nil
+}
+
+// EnableSockDestroy loads the socket iterators that abort sockets of removed
+// backends; netns lists the network namespaces to walk ("" = the agent's
+// own, plus every pod's). Without it (error: kernel < 6.5), connected
+// sockets keep their backend until the application reconnects.
+func (s *SockLB) EnableSockDestroy(netns func() []string) error {
+	maps := map[string]*ebpf.Map{
+		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev,
+		MapLBAffinity: s.objs.AxonLbAff, MapLBLocal: s.objs.AxonLbLocal, MapLBSkip: s.objs.AxonLbSkip,
+	}
+	d, err := loadSockDestroyer(maps, s.log)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.destroyErr = err.Error()
+		return err
+	}
+	if s.destroy != nil {
+		d.Close()
+		return errors.New("socket destruction is already enabled")
+	}
+	s.destroy, s.destroyNS, s.destroyErr = d, netns, ""
+	s.destroyKick, s.destroyStop, s.destroyDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go s.destroyWorker(d, s.destroyKick, s.destroyStop, s.destroyDone)
+	return nil
+}
+
+// destroyWorker runs a destroy pass whenever writes queued removed backends.
+func (s *SockLB) destroyWorker(d *SockDestroyer, kick, stop, done chan struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-kick:
+		}
+		s.mu.Lock()
+		gone := s.destroyQ
+		s.destroyQ = nil
+		nsf := s.destroyNS
+		s.mu.Unlock()
+		ns := []string{""}
+		if nsf != nil {
+			ns = nsf()
+		}
+		res, err := d.Destroy(ns, gone)
+		s.mu.Lock()
+		s.destroyStat.Passes++
+		if err != nil {
+			s.destroyStat.Failed++
+			s.destroyStat.LastError = err.Error()
+			s.log.Warn("socket LB: aborting sockets of removed backends failed", "error", err)
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				s.destroyStat.Failed++
+				s.destroyStat.LastError = r.Err.Error()
+				s.log.Warn("socket LB: could not abort a socket of a removed backend", "backend", r.Peer, "proto", r.Proto, "netns", r.Netns, "error", r.Err)
+				continue
+			}
+			s.destroyStat.Destroyed++
+			s.log.Info("socket LB: aborted a socket of a removed backend", "backend", r.Peer, "proto", r.Proto, "netns", r.Netns, "cookie", r.Cookie)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// SockDestroyStatus says whether removed backends' sockets are aborted, and
+// what that did so far.
+func (s *SockLB) SockDestroyStatus() (enabled bool, reason string, st DestroyStats) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.destroy != nil, s.destroyErr, s.destroyStat
+}
+
+// destroyLocked queues the sockets connected to gone backends for the
+// destroy worker. Called with s.mu held, after the maps no longer hold
+// those backends (a reconnect cannot pick them again).
+func (s *SockLB) destroyLocked(gone []GoneBackend) {
+	if s.destroy == nil || len(gone) == 0 {
+		return
+	}
+	s.destroyQ = append(s.destroyQ, gone...)
+	select {
+	case s.destroyKick <- struct{}{}:
+	default: // a pass is queued already and will take these too
+	}
+}
+
+// SetSkipNetns replaces the set of netns cookies whose sockets are never
+// translated (pods that opted out of socket LB).
+func (s *SockLB) SetSkipNetns(cookies []uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := map[uint64]bool{}
+	for _, c := range cookies {
+		want[c] = true
+	}
+	if max := int(s.objs.AxonLbSkip.MaxEntries()); len(want) > max {
+		return fmt.Errorf("set opted-out netns: %d namespaces, the map %s holds at most %d", len(want), MapLBSkip, max)
+	}
+	var (
+		k    uint64
+		v    uint8
+		have []uint64
+	)
+	it := s.objs.AxonLbSkip.Iterate()
+	for it.Next(&k, &v) {
+		have = append(have, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("set opted-out netns: read %s: %w", MapLBSkip, err)
+	}
+	one := uint8(1)
+	for c := range want {
+		if err := s.objs.AxonLbSkip.Put(&c, &one); err != nil {
+			return fmt.Errorf("set opted-out netns: add %d: %w", c, mapFullHint(err, MapLBSkip))
+		}
+	}
+	for _, c := range have {
+		if !want[c] {
+			if err := s.objs.AxonLbSkip.Delete(&c); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("set opted-out netns: remove %d: %w", c, err)
+			}
+		}
+	}
+	return nil
+}
+
+// SkipNetns lists the netns cookies in axon_lb_skip, sorted.
+func (s *SockLB) SkipNetns() ([]uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var (
+		k   uint64
+		v   uint8
+		out []uint64
+	)
+	it := s.objs.AxonLbSkip.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapLBSkip, err)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // cgroupID checks that path is a cgroup v2 directory and returns its id.
@@ -184,6 +467,15 @@ func attachCgroupLink(pin, cgroupPath string, cgID uint64, attach ebpf.AttachTyp
 // Close releases file descriptors. Pinned maps and links stay: services keep
 // working while the agent is down and the next LoadSockLB adopts them.
 func (s *SockLB) Close() error {
+	s.mu.Lock()
+	d, stop, done := s.destroy, s.destroyStop, s.destroyDone
+	s.destroy, s.destroyStop = nil, nil
+	s.mu.Unlock()
+	if d != nil {
+		close(stop)
+		<-done
+		d.Close()
+	}
 	return s.objs.Close()
 }
 
@@ -224,7 +516,7 @@ func UninstallSockLB(pinDir, cgroupPath string) error {
 		}
 		l.Close()
 	}
-	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBAffinity, MapLBLocal} {
+	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBAffinity, MapLBLocal, MapLBSkip} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
 		}

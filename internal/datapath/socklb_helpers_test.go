@@ -64,15 +64,17 @@ func TestSockLBHelperProcess(t *testing.T) {
 		fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
 		os.Exit(2)
 	}
-	runtime.LockOSThread() // sockets are made on this thread, in the test netns
-	h, err := netns.GetFromName(in.Netns)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper: open netns %s: %v\n", in.Netns, err)
-		os.Exit(2)
-	}
-	if err := netns.Set(h); err != nil {
-		fmt.Fprintf(os.Stderr, "helper: enter netns %s: %v\n", in.Netns, err)
-		os.Exit(2)
+	runtime.LockOSThread() // sockets are made on this thread, in the test netns ("" = stay)
+	if in.Netns != "" {
+		h, err := netns.GetFromName(in.Netns)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "helper: open netns %s: %v\n", in.Netns, err)
+			os.Exit(2)
+		}
+		if err := netns.Set(h); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: enter netns %s: %v\n", in.Netns, err)
+			os.Exit(2)
+		}
 	}
 	out := make([]clientResult, len(in.Ops))
 	for i, op := range in.Ops {

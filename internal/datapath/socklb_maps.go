@@ -306,5 +306,9 @@ func (s *SockLB) rebuild() error {
 	if len(stale) > 0 {
 		s.log.Info("socket LB: removed stale service slots", "count", len(stale))
 	}
+	s.svcEntries = 0
+	for _, st := range s.fe {
+		s.svcEntries += 1 + len(st.backends)
+	}
 	return nil
 }

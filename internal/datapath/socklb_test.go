@@ -278,7 +278,12 @@ func TestSockLBTraffic(t *testing.T) {
 
 	t.Run("connect rate: service address vs backend directly", func(t *testing.T) {
 		e.upsert(t, lb.Frontend{Key: fkey("10.96.0.17:80", lb.TCP, lb.ScopeCluster), Backends: backends(lb.Active, "198.18.98.1:8080")})
-		const n, rounds = 500, 6
+		n, rounds := 500, 6
+		if os.Getenv("AXON_VM") != "" || os.Getenv("AXON_VM_NIC_MACS") != "" {
+			// QEMU TCG runs this 5-20x slower: keep it a correctness check
+			// within the client's 30 s budget; the numbers come from the host
+			n, rounds = 40, 2
+		}
 		var ops []clientOp
 		for i := 0; i < rounds; i++ {
 			ops = append(ops, clientOp{"tcp", 4, "198.18.98.1:8080", n}, clientOp{"tcp", 4, "10.96.0.17:80", n})
@@ -300,7 +305,7 @@ func TestSockLBTraffic(t *testing.T) {
 		slices.Sort(ratios)
 		t.Logf("connect+request+close, %d each, interleaved in %d rounds: direct %.1f µs, service %.1f µs per connection; "+
 			"service/direct rate per round min %.3f median %.3f max %.3f",
-			rounds*n, rounds, float64(direct)*1000/(rounds*n), float64(svc)*1000/(rounds*n),
+			rounds*n, rounds, float64(direct)*1000/float64(rounds*n), float64(svc)*1000/float64(rounds*n),
 			ratios[0], ratios[len(ratios)/2], ratios[len(ratios)-1])
 	})
 

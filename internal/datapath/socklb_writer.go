@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -160,11 +161,13 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	for _, e := range entries {
 		keep[e.id] = true
 	}
+	var gone []GoneBackend
 	if old != nil {
 		for _, be := range old.backends {
 			if keep[be.id] {
 				continue
 			}
+			gone = append(gone, GoneBackend{FrontendID: feID, Addr: be.b.Addr, Port: be.b.Port, TCP: true})
 			if err := s.objs.AxonLbBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				errs = append(errs, fmt.Errorf("remove backend %d: %w", be.id, err))
 				continue
@@ -174,7 +177,16 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	}
 	meta := f
 	meta.Backends = slices.Clone(f.Backends)
+	if old == nil {
+		s.svcEntries += 1 + len(entries)
+	} else {
+		s.svcEntries += len(entries) - oldSlots
+	}
 	s.fe[f.Key] = &feState{id: feID, master: master, backends: entries, meta: &meta}
+	// sockets still connected to a removed backend are aborted (both
+	// protocols: the backend is gone from this Service, its address may
+	// soon belong to another pod)
+	s.destroyLocked(gone)
 	if len(errs) > 0 {
 		return fmt.Errorf("frontend programmed, cleanup incomplete: %w", errors.Join(errs...))
 	}
@@ -220,6 +232,14 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 	s.feIDs.free(st.id)
 	var errs []error
 	total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
+	s.svcEntries -= 1 + len(st.backends)
+	// a deleted Service's connected UDP sockets are aborted, as kube-proxy
+	// flushes its UDP conntrack entries; TCP connections keep working
+	gone := make([]GoneBackend, 0, len(st.backends))
+	for _, be := range st.backends {
+		gone = append(gone, GoneBackend{FrontendID: st.id, Addr: be.b.Addr, Port: be.b.Port})
+	}
+	defer s.destroyLocked(gone)
 	for i := 0; i < total || i < len(st.backends); i++ {
 		sk := svcKey(k, uint16(i+1))
 		if err := s.objs.AxonLbSvc.Delete(&sk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -331,6 +351,51 @@ func compareKeys(a, b lb.FrontendKey) int {
 		return int(a.Proto) - int(b.Proto)
 	}
 	return int(a.Scope) - int(b.Scope)
+}
+
+// Fits reports whether the frontends of one Service can all be written
+// now: an error wrapping lb.ErrFull says which map is short and by how
+// much. Nothing is written either way. The estimate is conservative: it
+// counts each frontend's peak (new entries are written before old ones are
+// removed).
+func (s *SockLB) Fits(fs []lb.Frontend) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	needSvc, needBe := 0, 0
+	for _, f := range fs {
+		f, err := normFrontend(f)
+		if err != nil {
+			continue // UpsertFrontend reports bad input itself
+		}
+		old := s.fe[f.Key]
+		if old == nil {
+			needSvc += 1 + len(f.Backends)
+			needBe += len(f.Backends)
+			continue
+		}
+		needSvc += max(0, len(f.Backends)-len(old.backends))
+		have := map[beAddr]lb.BackendState{}
+		for _, be := range old.backends {
+			have[beAddr{be.b.Addr, be.b.Port}] = be.b.State
+		}
+		for _, b := range f.Backends {
+			if _, ok := have[beAddr{b.Addr, b.Port}]; !ok {
+				needBe++
+			}
+		}
+	}
+	svcMax, beMax := int(s.objs.AxonLbSvc.MaxEntries()), int(s.objs.AxonLbBe.MaxEntries())
+	var short []string
+	if free := svcMax - s.svcEntries; needSvc > free {
+		short = append(short, fmt.Sprintf("%s needs %d more entries, %d of %d free", MapLBService, needSvc, max(free, 0), svcMax))
+	}
+	if free := beMax - len(s.beIDs.used); needBe > free {
+		short = append(short, fmt.Sprintf("%s needs %d more entries, %d of %d free", MapLBBackend, needBe, max(free, 0), beMax))
+	}
+	if len(short) > 0 {
+		return fmt.Errorf("%w: %s (raise --lb-service-map-size/--lb-backend-map-size or remove Services)", lb.ErrFull, strings.Join(short, "; "))
+	}
+	return nil
 }
 
 // SetLocalAddrs replaces the node's local addresses that NodePort and

@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/api"
@@ -50,10 +51,20 @@ type svcProbeResult struct {
 	Err   string `json:"err,omitempty"`
 	Peer  string `json:"peer,omitempty"` // TCP: getpeername; UDP: source of the reply (recvmsg)
 	RTT   time.Duration
+	// Answer is what a "serve" backend answered a "line" probe: its name.
+	Answer string `json:"answer,omitempty"`
 }
 
 func svcProbeMain(spec string) int {
 	proto, addr, _ := strings.Cut(spec, " ")
+	switch proto { // long-running modes, stopped by closing stdin
+	case "serve":
+		return svcServe(addr)
+	case "tcploop":
+		return svcTCPLoop(addr)
+	case "udphold":
+		return svcUDPHold(addr)
+	}
 	start := time.Now()
 	var r svcProbeResult
 	var err error
@@ -62,6 +73,10 @@ func svcProbeMain(spec string) int {
 		r.Peer, err = svcProbeTCP(addr)
 	case "udp":
 		r.Peer, err = svcProbeUDP(addr)
+	case "bind": // addr is a port: bind TCP [::]:port (dual stack)
+		err = svcProbeBind(addr)
+	case "line": // one request to a "serve" backend: its name in Answer
+		r.Peer, r.Answer, err = svcProbeLine(addr)
 	default:
 		err = fmt.Errorf("unknown probe %q", spec)
 	}
@@ -147,6 +162,206 @@ func svcProbeUDP(addr string) (string, error) {
 	}
 	return "", errors.New("no UDP echo")
 }
+
+func svcProbeLine(addr string) (peer, answer string, err error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return "", "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("hello\n")); err != nil {
+		return "", "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return c.RemoteAddr().String(), strings.TrimSpace(line), err
+}
+
+func svcProbeBind(port string) error {
+	ln, err := net.Listen("tcp", ":"+port)
+	if err != nil {
+		return err
+	}
+	return ln.Close()
+}
+
+// svcServe ("serve NAME PORT") answers every line on TCP [::]:PORT with
+// NAME, so the client knows which backend it reached; it prints "ready" and
+// runs until stdin closes.
+func svcServe(spec string) int {
+	name, port, _ := strings.Cut(spec, " ")
+	ln, err := net.Listen("tcp", ":"+port)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				for {
+					_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+					if _, err := rd.ReadString('\n'); err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(name + "\n")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	pc, err := net.ListenPacket("udp", ":"+port)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(name+"\n"), from)
+		}
+	}()
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	ln.Close()
+	pc.Close()
+	return 0
+}
+
+// svcUDPHold ("udphold ADDR") is a DNS resolver's socket: connected UDP,
+// one exchange, then it waits (prints "started <answer>") for a line on
+// stdin and reads again: a socket whose backend was removed is aborted
+// (ECONNABORTED), a live one times out after a second.
+func svcUDPHold(addr string) int {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	defer c.Close()
+	buf := make([]byte, 512)
+	answer := ""
+	for range 10 {
+		_, _ = c.Write([]byte("hello\n"))
+		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if n, err := c.Read(buf); err == nil {
+			answer = strings.TrimSpace(string(buf[:n]))
+			break
+		}
+	}
+	fmt.Println("started", answer)
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	var r svcProbeResult
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	n, err := c.Read(buf)
+	r.OK = err == nil
+	if err != nil {
+		r.Err = err.Error()
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			r.Errno = unix.ErrnoName(errno)
+		}
+	} else {
+		r.Answer = strings.TrimSpace(string(buf[:n]))
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(r)
+	return 0
+}
+
+// svcLoopResult is what "tcploop" prints when stdin closes.
+type svcLoopResult struct {
+	OK, Fails int
+	FirstErr  string
+	Seen      map[string]int // answering backend name -> connections
+	Last      []string       // the last 20 answers, oldest first
+}
+
+// svcTCPLoop ("tcploop ADDR") connects, sends a line, reads the answer
+// and closes, over and over until stdin closes; then prints the counts.
+func svcTCPLoop(addr string) int {
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	r := svcLoopResult{Seen: map[string]int{}}
+	fmt.Println("started")
+	for {
+		select {
+		case <-stop:
+			_ = json.NewEncoder(os.Stdout).Encode(r)
+			return 0
+		default:
+		}
+		answer, err := func() (string, error) {
+			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Write([]byte("hello\n")); err != nil {
+				return "", err
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			return strings.TrimSpace(line), err
+		}()
+		if err != nil {
+			r.Fails++
+			if r.FirstErr == "" {
+				r.FirstErr = err.Error()
+			}
+			continue
+		}
+		r.OK++
+		r.Seen[answer]++
+		r.Last = append(r.Last, answer)
+		if len(r.Last) > 20 {
+			r.Last = r.Last[1:]
+		}
+		time.Sleep(2 * time.Millisecond) // about 300 connections a second: load, not a CPU hog
+	}
+}
+
+// startLongProbe starts a long-running mode of the prober in target and
+// waits for its first line (ready/started).
+func startLongProbe(t *testing.T, ctx context.Context, l *lab.Lab, target, spec string) (stdin io.WriteCloser, out *bufio.Reader, cmd *exec.Cmd) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = l.Command(ctx, target, self)
+	cmd.Env = append(os.Environ(), svcProbeEnv+"="+spec)
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %q in %s: %v", spec, target, err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	out = bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
+	if first := strings.Fields(line); err != nil || len(first) == 0 || (first[0] != "ready" && first[0] != "started") {
+		t.Fatalf("%q in %s: first line %q, %v", spec, target, line, err)
+	}
+	longProbeFirst[cmd] = line
+	return stdin, out, cmd
+}
+
+// longProbeFirst keeps the first line of each long probe (udphold's answer).
+var longProbeFirst = map[*exec.Cmd]string{}
 
 // svcProbe runs one probe in target (a pod: its netns and cgroup; a node:
 // its netns only, in the test's own cgroup).
@@ -412,4 +627,258 @@ func TestLabServiceSocketLB(t *testing.T) {
 			return nil
 		})
 	})
+
+	// Backends that tell who they are, for the rolling replacement and the
+	// opt-out checks: "old" and "new" on node2, port 9090.
+	oldPod, newPod := podsOn(l, "node2")[0], podsOn(l, "node2")[1]
+	optPod := podsOn(l, "node1")[1]
+	for _, p := range []lab.Pod{oldPod, newPod} {
+		name := map[bool]string{true: "old", false: "new"}[p.Name == oldPod.Name]
+		startLongProbe(t, ctx, l, p.Name, "serve "+name+" 9090")
+	}
+	type ep struct {
+		pod                lab.Pod
+		ready, terminating bool
+	}
+	rollSlice := func(rv string, eps ...ep) *discoveryv1.EndpointSlice {
+		name, proto, port := "tcp", corev1.ProtocolTCP, int32(9090)
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: "roll-1", Namespace: "default", ResourceVersion: rv, Labels: map[string]string{discoveryv1.LabelServiceName: "roll"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
+		}
+		for _, e := range eps {
+			node, serving := e.pod.Node, e.ready || e.terminating
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.pod.IP.String()}, NodeName: &node,
+				Conditions: discoveryv1.EndpointConditions{Ready: &e.ready, Serving: &serving, Terminating: &e.terminating}})
+		}
+		return es
+	}
+	const rollVIP = "10.96.77.10:80"
+	if _, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "roll", Namespace: "default"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.77.10",
+			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 31977, TargetPort: intstr.FromInt32(9090)}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create service roll: %v", err)
+	}
+	roll, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, rollSlice("", ep{pod: oldPod, ready: true}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create endpointslice roll-1: %v", err)
+	}
+	eventuallyProbe(t, "roll reachable", 10*time.Second, func() error {
+		if r := svcProbe(t, ctx, l, client.Name, "line", rollVIP); !r.OK || r.Answer != "old" || r.Peer != rollVIP {
+			return fmt.Errorf("%+v, want an answer from old with peer %s", r, rollVIP)
+		}
+		return nil
+	})
+
+	t.Run("rolling replacement of backends under load: zero failed requests", func(t *testing.T) {
+		stdin, out, _ := startLongProbe(t, ctx, l, client.Name, "tcploop "+rollVIP)
+		steps := []struct {
+			what string
+			eps  []ep
+		}{
+			{"new ready next to old", []ep{{pod: oldPod, ready: true}, {pod: newPod, ready: true}}},
+			{"old terminating (still serving)", []ep{{pod: oldPod, terminating: true}, {pod: newPod, ready: true}}},
+			{"old removed", []ep{{pod: newPod, ready: true}}},
+		}
+		time.Sleep(time.Second)
+		for _, st := range steps {
+			upd, err := kube.DiscoveryV1().EndpointSlices("default").Update(ctx, rollSlice(roll.ResourceVersion, st.eps...), metav1.UpdateOptions{})
+			if err != nil {
+				t.Fatalf("%s: update endpointslice: %v", st.what, err)
+			}
+			roll = upd
+			t.Logf("step: %s", st.what)
+			time.Sleep(1500 * time.Millisecond)
+		}
+		stdin.Close()
+		var r svcLoopResult
+		if err := json.NewDecoder(out).Decode(&r); err != nil {
+			t.Fatalf("loop result: %v", err)
+		}
+		t.Logf("%d requests, %d failed, answered by %v, last %v", r.OK+r.Fails, r.Fails, r.Seen, r.Last)
+		if r.Fails != 0 {
+			t.Errorf("%d of %d requests failed during the rolling replacement, first: %s", r.Fails, r.OK+r.Fails, r.FirstErr)
+		}
+		if r.Seen["old"] == 0 || r.Seen["new"] == 0 || r.OK < 200 {
+			t.Errorf("answers %v over %d requests: want both backends and a real load", r.Seen, r.OK)
+		}
+		for _, a := range r.Last {
+			if a != "new" {
+				t.Errorf("after the old backend was removed, a request reached %q (last answers %v)", a, r.Last)
+				break
+			}
+		}
+	})
+
+	t.Run("NodePort bind refused inside a pod", func(t *testing.T) {
+		eventuallyProbe(t, "bind 31977 refused", 10*time.Second, func() error {
+			if r := svcProbe(t, ctx, l, client.Name, "bind", "31977"); r.Errno != "EADDRINUSE" {
+				return fmt.Errorf("bind [::]:31977 in %s: %+v, want EADDRINUSE", client.Name, r)
+			}
+			return nil
+		})
+		if r := svcProbe(t, ctx, l, client.Name, "bind", "31978"); !r.OK {
+			t.Errorf("bind of a port no NodePort owns: %+v", r)
+		}
+	})
+
+	t.Run("connected UDP socket of a removed backend is aborted", func(t *testing.T) {
+		agent, err := l.Agent(client.Node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := agent.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range st.Features {
+			if f.Name == "bpf_sock_destroy" && !f.Available {
+				t.Skipf("kernel without bpf_sock_destroy (%s): the socket keeps its backend until the application reconnects", f.Reason)
+			}
+		}
+		const dnsVIP = "10.96.77.53:53"
+		if _, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "dnsroll", Namespace: "default"},
+			Spec: corev1.ServiceSpec{ClusterIP: "10.96.77.53",
+				Ports: []corev1.ServicePort{{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(9090)}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create service dnsroll: %v", err)
+		}
+		dnsSlice := func(rv string, p lab.Pod) *discoveryv1.EndpointSlice {
+			es := rollSlice(rv, ep{pod: p, ready: true})
+			es.Name, es.Labels[discoveryv1.LabelServiceName] = "dnsroll-1", "dnsroll"
+			proto := corev1.ProtocolUDP
+			es.Ports[0].Protocol, es.Ports[0].Name = &proto, ptr("dns")
+			return es
+		}
+		cur, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, dnsSlice("", oldPod), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventuallyProbe(t, "dnsroll programmed", 10*time.Second, func() error {
+			sr, err := agent.LBMaps(ctx)
+			if err != nil || !strings.Contains(sr.Text, dnsVIP+"/UDP") {
+				return fmt.Errorf("maps: %v %v", err, sr.Text)
+			}
+			return nil
+		})
+		stdin, out, cmd := startLongProbe(t, ctx, l, client.Name, "udphold "+dnsVIP)
+		if got := strings.TrimSpace(longProbeFirst[cmd]); got != "started old" {
+			t.Fatalf("connected UDP socket before the change: %q, want an answer from old", got)
+		}
+		if _, err := kube.DiscoveryV1().EndpointSlices("default").Update(ctx, dnsSlice(cur.ResourceVersion, newPod), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventuallyProbe(t, "old removed from the maps", 10*time.Second, func() error {
+			sr, err := agent.LBMaps(ctx)
+			if err != nil || strings.Contains(sr.Text, netip.AddrPortFrom(oldPod.IP, 9090).String()) {
+				return fmt.Errorf("maps: %v %v", err, sr.Text)
+			}
+			return nil
+		})
+		fmt.Fprintln(stdin, "go")
+		var r svcProbeResult
+		if err := json.NewDecoder(out).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Errno != "ECONNABORTED" {
+			t.Errorf("the resolver's socket after its backend left: %+v, want ECONNABORTED", r)
+		}
+		stdin2, _, cmd2 := startLongProbe(t, ctx, l, client.Name, "udphold "+dnsVIP)
+		stdin2.Close()
+		if got := strings.TrimSpace(longProbeFirst[cmd2]); got != "started new" {
+			t.Errorf("a resolver reconnecting: %q, want an answer from new", got)
+		}
+	})
+
+	t.Run("opt-out annotation: the pod's sockets are not translated", func(t *testing.T) {
+		agent, err := l.Agent(optPod.Node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		annotate := func(value string) {
+			v := "null"
+			if value != "" {
+				v = `"` + value + `"`
+			}
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{"axon.io/socket-lb":%s}}}`, v)
+			if _, err := kube.CoreV1().Pods("default").Patch(ctx, optPod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatalf("annotate pod %s: %v", optPod.Name, err)
+			}
+		}
+		optedOut := func() (bool, string) {
+			st, err := agent.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range st.Datapath {
+				if d.Name == "socket_lb" {
+					return strings.Contains(d.Reason, "default/"+optPod.Name), d.Reason
+				}
+			}
+			return false, "no socket_lb decision"
+		}
+		annotate("disabled")
+		eventuallyProbe(t, "agent applies the opt-out", 10*time.Second, func() error {
+			if ok, reason := optedOut(); !ok {
+				return fmt.Errorf("socket_lb decision: %s", reason)
+			}
+			return nil
+		})
+		// the lab runs without kube-proxy (the default --kube-proxy none):
+		// untranslated, nothing answers on the ClusterIP
+		r := svcProbe(t, ctx, l, optPod.Name, "line", rollVIP)
+		if r.OK || r.Answer != "" {
+			t.Errorf("opted-out pod %s reached %s although only the socket LB serves it: %+v", optPod.Name, rollVIP, r)
+		} else {
+			t.Logf("opted-out pod %s: %s untranslated, no per-packet LB in this lab: %s (%s)", optPod.Name, rollVIP, r.Err, r.RTT.Round(time.Millisecond))
+		}
+		// control: the same pod reaches the backend itself, and another pod
+		// on the node still gets the Service translated
+		direct := netip.AddrPortFrom(newPod.IP, 9090).String()
+		if r := svcProbe(t, ctx, l, optPod.Name, "line", direct); !r.OK || r.Answer != "new" {
+			t.Errorf("control: %s -> backend %s directly: %+v", optPod.Name, direct, r)
+		}
+		if r := svcProbe(t, ctx, l, client.Name, "line", rollVIP); !r.OK || r.Answer != "new" || r.Peer != rollVIP {
+			t.Errorf("control: %s (not opted out) -> %s: %+v, want translated to new", client.Name, rollVIP, r)
+		}
+		annotate("")
+		eventuallyProbe(t, "agent drops the opt-out", 10*time.Second, func() error {
+			if ok, reason := optedOut(); ok {
+				return fmt.Errorf("socket_lb decision still lists the pod: %s", reason)
+			}
+			return nil
+		})
+		eventuallyProbe(t, "translated again", 10*time.Second, func() error {
+			if r := svcProbe(t, ctx, l, optPod.Name, "line", rollVIP); !r.OK || r.Answer != "new" || r.Peer != rollVIP {
+				return fmt.Errorf("%+v", r)
+			}
+			return nil
+		})
+		annotate("bogus")
+		time.Sleep(500 * time.Millisecond)
+		if ok, reason := optedOut(); ok {
+			t.Errorf("a malformed annotation opted the pod out: %s", reason)
+		}
+		evs, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + optPod.Name + ",reason=InvalidAnnotation"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventuallyProbe(t, "InvalidAnnotation event", 10*time.Second, func() error {
+			if evs, err = kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + optPod.Name + ",reason=InvalidAnnotation"}); err != nil {
+				return err
+			}
+			if len(evs.Items) == 0 {
+				return errors.New("no event yet")
+			}
+			return nil
+		})
+		t.Logf("event: %s", evs.Items[0].Message)
+		annotate("")
+	})
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -18,6 +18,38 @@ type MemWriter struct {
 	failN   int           // fail this many next writes
 	notify  chan struct{} // closed and replaced on every write
 	maxSize int
+	entries int // SetCapacity: max of sum(1 + backends) over frontends; 0 = no limit
+	used    int // sum(1 + backends) over fs
+}
+
+// SetCapacity bounds the writer like a BPF service map: each frontend takes
+// one entry plus one per backend; 0 = no limit. Fits and writes honour it.
+func (m *MemWriter) SetCapacity(entries int) {
+	m.mu.Lock()
+	m.entries = entries
+	m.mu.Unlock()
+}
+
+func (m *MemWriter) usedLocked() int { return m.used }
+
+// Fits implements CapacityChecker.
+func (m *MemWriter) Fits(fs []Frontend) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries <= 0 {
+		return nil
+	}
+	need := 0
+	for _, f := range fs {
+		need += 1 + len(f.Backends)
+		if old, ok := m.fs[f.Key]; ok {
+			need -= 1 + len(old.Backends)
+		}
+	}
+	if free := m.entries - m.usedLocked(); need > free {
+		return fmt.Errorf("%w: needs %d more entries, %d of %d free", ErrFull, need, max(free, 0), m.entries)
+	}
+	return nil
 }
 
 // Op is one write seen by a MemWriter.
@@ -51,12 +83,29 @@ func (m *MemWriter) write(op Op) error {
 		return fmt.Errorf("write %s: injected failure", op.Key)
 	}
 	if op.Delete {
+		if old, ok := m.fs[op.Key]; ok {
+			m.used -= 1 + len(old.Backends)
+		}
 		delete(m.fs, op.Key)
 	} else {
-		if _, ok := m.fs[op.Key]; !ok && m.maxSize > 0 && len(m.fs) >= m.maxSize {
+		old, ok := m.fs[op.Key]
+		if !ok && m.maxSize > 0 && len(m.fs) >= m.maxSize {
 			return fmt.Errorf("write %s: %w (%d entries)", op.Key, ErrMemFull, m.maxSize)
 		}
+		if m.entries > 0 {
+			grow := 1 + len(op.Frontend.Backends)
+			if ok {
+				grow -= 1 + len(old.Backends)
+			}
+			if m.usedLocked()+grow > m.entries {
+				return fmt.Errorf("write %s: %w (%d entries)", op.Key, ErrFull, m.entries)
+			}
+		}
 		op.Frontend.Backends = slices.Clone(op.Frontend.Backends)
+		if ok {
+			m.used -= 1 + len(old.Backends)
+		}
+		m.used += 1 + len(op.Frontend.Backends)
 		m.fs[op.Key] = op.Frontend
 	}
 	op.At = time.Now()
@@ -107,4 +156,7 @@ func (m *MemWriter) Changed() <-chan struct{} {
 	return m.notify
 }
 
-var _ Writer = (*MemWriter)(nil)
+var (
+	_ Writer          = (*MemWriter)(nil)
+	_ CapacityChecker = (*MemWriter)(nil)
+)

@@ -169,6 +169,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 	}
 	itpLocal := spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	etpLocal := spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	ns := translateNorthSouth(svc, bad) // issue 7: algorithm, source ranges, health-check port
 
 	index := indexSlices(key, eps, bad)
 
@@ -227,6 +228,9 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 				}
 			}
 		}
+	}
+	for i := range out {
+		ns.apply(&out[i]) // issue 7
 	}
 	slices.SortFunc(out, func(a, b Frontend) int { return CompareKeys(a.Key, b.Key) })
 	return out, probs

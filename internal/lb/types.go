@@ -5,6 +5,7 @@
 package lb
 
 import (
+	"errors"
 	"net/netip"
 	"time"
 )
@@ -82,6 +83,11 @@ type Frontend struct {
 	Backends  []Backend
 	Affinity  time.Duration // sessionAffinity ClientIP timeout; 0 = none
 	LocalOnly bool          // internalTrafficPolicy/externalTrafficPolicy Local already applied to Backends
+
+	// Issue 7, north-south load balancing (see northsouth.go):
+	Algorithm           Algorithm      // backend selection; "" = node default
+	SourceRanges        []netip.Prefix // loadBalancerSourceRanges (LoadBalancer frontends); empty = any client
+	HealthCheckNodePort uint16         // healthCheckNodePort of an externalTrafficPolicy=Local Service; 0 = none
 }
 
 // Writer is what the datapath implements to program frontends. Upserts of a
@@ -91,4 +97,15 @@ type Writer interface {
 	UpsertFrontend(f Frontend) error
 	DeleteFrontend(k FrontendKey) error
 	Frontends() ([]Frontend, error) // as read back from the maps
+}
+
+// ErrFull is wrapped by errors of a Writer whose maps cannot take a write.
+var ErrFull = errors.New("load-balancer maps full")
+
+// CapacityChecker is implemented by Writers with bounded maps. Fits says,
+// without writing anything, whether all frontends of one Service fit now;
+// the agent writes a Service only when they do, so a Service is either
+// programmed whole or not at all.
+type CapacityChecker interface {
+	Fits(fs []Frontend) error
 }

@@ -1,0 +1,176 @@
+package agent
+
+// Issue 4: per-Pod and per-Namespace opt-out of socket load balancing.
+//
+// A sidecar mesh or a VM inside a pod needs to see the ClusterIP on the
+// wire, not the backend the socket LB picked. The annotation
+//
+//	axon.io/socket-lb: "disabled"
+//
+// on the Pod or on its Namespace leaves the pod's sockets untranslated: the
+// agent writes the netns cookie of the pod's network namespace into
+// axon_lb_skip, which the connect/sendmsg hooks check first. "enabled" on a
+// Pod overrides "disabled" on its Namespace. Any other value is ignored with
+// an Event on the object and a log line. What the skipped sockets get is the
+// node's per-packet path: kube-proxy where it runs, otherwise nothing
+// answers on the ClusterIP.
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
+)
+
+// AnnotationSocketLB is the opt-out annotation (Pod or Namespace).
+const AnnotationSocketLB = "axon.io/socket-lb"
+
+// Values of AnnotationSocketLB.
+const (
+	SocketLBDisabled = "disabled"
+	SocketLBEnabled  = "enabled"
+)
+
+// optState says what an annotation asks for.
+type optState int
+
+const (
+	optUnset optState = iota
+	optIn
+	optOut
+)
+
+// parseSocketLBAnnotation reads AnnotationSocketLB from annotations; a
+// malformed value gives an error (and optUnset: it is ignored).
+func parseSocketLBAnnotation(annotations map[string]string) (optState, error) {
+	v, ok := annotations[AnnotationSocketLB]
+	if !ok {
+		return optUnset, nil
+	}
+	switch strings.TrimSpace(v) {
+	case SocketLBDisabled:
+		return optOut, nil
+	case SocketLBEnabled:
+		return optIn, nil
+	}
+	return optUnset, fmt.Errorf("annotation %s=%q is invalid and ignored: use %q (skip socket load balancing: the pod sees ClusterIPs) or %q",
+		AnnotationSocketLB, v, SocketLBDisabled, SocketLBEnabled)
+}
+
+// optOutState is the opt-out bookkeeping (kept in serviceSync, which also
+// watches Namespaces).
+type optOutState struct {
+	mu      sync.Mutex
+	cookies map[string]uint64 // "<containerID>/<ifName>@<netns path>" → netns cookie
+	applied []uint64          // what axon_lb_skip holds, sorted; nil = never written
+	pods    []string          // opted-out pods (namespace/name), sorted
+}
+
+// setNamespaceHook makes Namespace changes call f (the agent's kick).
+func (s *serviceSync) setNamespaceHook(f func()) {
+	s.mu.Lock()
+	s.onNS = f
+	s.mu.Unlock()
+}
+
+// optedOut lists the pods whose sockets skip socket LB.
+func (s *serviceSync) optedOut() []string {
+	s.opt.mu.Lock()
+	defer s.opt.mu.Unlock()
+	return slices.Clone(s.opt.pods)
+}
+
+// podOptOut decides for one pod: the Pod's annotation, else its
+// Namespace's. Malformed values are reported (Event + log) and ignored.
+func (s *serviceSync) podOptOut(pod *corev1.Pod) bool {
+	st, err := parseSocketLBAnnotation(pod.Annotations)
+	if err != nil {
+		s.ev.emit(pod, "pod "+pod.Namespace+"/"+pod.Name, corev1.EventTypeWarning, ReasonInvalidAnnotation, err.Error())
+	}
+	if st != optUnset {
+		return st == optOut
+	}
+	ns, err := s.namespaces.Get(pod.Namespace)
+	if err != nil {
+		return false
+	}
+	st, err = parseSocketLBAnnotation(ns.Annotations)
+	if err != nil {
+		s.ev.emit(ns, "namespace "+ns.Name, corev1.EventTypeWarning, ReasonInvalidAnnotation, err.Error())
+	}
+	return st == optOut
+}
+
+// syncOptOut writes the netns cookies of this node's opted-out pods into
+// the socket LB. It waits for the Pod and Namespace caches (an empty cache
+// must not opt everybody back in). Called with dpMu held, from the
+// reconcile.
+func (a *Agent) syncOptOut() {
+	s := a.svc
+	k := a.kubeClient()
+	if s == nil || a.lb == nil || k == nil || !k.isSynced() || s.nsSynced == nil || !s.nsSynced() {
+		return
+	}
+	eps := a.reg.List()
+	var want []uint64
+	var pods []string
+	s.opt.mu.Lock()
+	defer s.opt.mu.Unlock()
+	if s.opt.cookies == nil {
+		s.opt.cookies = map[string]uint64{}
+	}
+	live := map[string]bool{}
+	for _, ep := range eps {
+		if ep.PodName == "" || ep.PodNamespace == "" || ep.Netns == "" {
+			continue
+		}
+		pod, err := k.pods.Pods(ep.PodNamespace).Get(ep.PodName)
+		if err != nil || !s.podOptOut(pod) {
+			continue
+		}
+		ck := cookieKey(ep)
+		live[ck] = true
+		c, ok := s.opt.cookies[ck]
+		if !ok {
+			if c, err = datapath.NetnsCookie(ep.Netns); err != nil {
+				a.log.Warn("socket LB opt-out: cannot read the pod's netns cookie; its sockets stay translated", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+				continue
+			}
+			s.opt.cookies[ck] = c
+		}
+		want = append(want, c)
+		pods = append(pods, ep.PodNamespace+"/"+ep.PodName)
+	}
+	for ck := range s.opt.cookies {
+		if !live[ck] {
+			delete(s.opt.cookies, ck)
+		}
+	}
+	slices.Sort(want)
+	want = slices.Compact(want)
+	slices.Sort(pods)
+	if want == nil {
+		want = []uint64{}
+	}
+	if s.opt.applied != nil && slices.Equal(want, s.opt.applied) {
+		s.opt.pods = pods
+		return
+	}
+	if err := a.lb.SetSkipNetns(want); err != nil {
+		a.log.Warn("socket LB opt-out: write opted-out netns", "error", err)
+		return
+	}
+	if !slices.Equal(pods, s.opt.pods) {
+		a.log.Info("socket LB opt-out applied", "annotation", AnnotationSocketLB+"="+SocketLBDisabled, "pods", pods)
+	}
+	s.opt.applied, s.opt.pods = want, pods
+}
+
+func cookieKey(ep api.Endpoint) string {
+	return ep.ContainerID + "/" + ep.IfName + "@" + ep.Netns
+}
