@@ -5,7 +5,8 @@
 #        hack/install-packages.sh vm   (as root)   plus the kernel-matrix VM packages (make test-vm)
 set -euo pipefail
 
-PACKAGES=(clang-19 llvm-19 libbpf-dev bpftool iperf3 sockperf iproute2 iputils-ping util-linux zstd ca-certificates)
+# iptables + nftables: the real kube-proxy baseline in the lab (axon lab up --kube-proxy ...).
+PACKAGES=(clang-19 llvm-19 libbpf-dev bpftool iperf3 sockperf iproute2 iputils-ping util-linux zstd ca-certificates iptables nftables)
 # Only for the kernel matrix (hack/vm, internal/vmtest); `make test` never installs these.
 VM_PACKAGES=(qemu-system-x86 qemu-system-data busybox-static cpio xz-utils zstd kmod dpkg apt debian-archive-keyring)
 case "${1:-}" in

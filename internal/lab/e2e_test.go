@@ -129,7 +129,7 @@ func downAndAssertClean(t *testing.T) {
 		st := l.State()
 		procs = append(procs, st.Forwarder)
 		for _, n := range st.Nodes {
-			procs = append(procs, n.Agent)
+			procs = append(procs, n.Agent, n.KubeProxy)
 		}
 		cpPIDs, cg = st.ControlPlane.PIDs, st.Cgroup
 	}

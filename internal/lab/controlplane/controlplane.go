@@ -30,6 +30,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,8 +103,10 @@ func (c *Config) setDefaults() error {
 	if c.APIPort == c.EtcdPort || c.APIPort == c.EtcdPort+1 {
 		return fmt.Errorf("config APIPort=%d collides with EtcdPort=%d or its peer port %d", c.APIPort, c.EtcdPort, c.EtcdPort+1)
 	}
-	if _, _, err := net.ParseCIDR(c.ServiceCIDR); err != nil {
-		return fmt.Errorf("config ServiceCIDR=%q: %w (want e.g. %s)", c.ServiceCIDR, err, DefaultServiceCIDR)
+	for _, cidr := range strings.Split(c.ServiceCIDR, ",") { // dual-stack: "v4,v6"
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			return fmt.Errorf("config ServiceCIDR=%q: %w (want e.g. %s or %s,fd00:10:96::/112)", c.ServiceCIDR, err, DefaultServiceCIDR, DefaultServiceCIDR)
+		}
 	}
 	for name, b := range map[string]string{"EtcdBinary": c.EtcdBinary, "APIServerBinary": c.APIServerBinary} {
 		if b == "" {

@@ -1,0 +1,531 @@
+package lab
+
+// The real kube-proxy as the lab's service baseline: one process per node,
+// inside the node's network namespace, talking to the apiserver through the
+// node's 127.0.0.1:<APIPort> forwarder.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/proc"
+)
+
+// Modes of `axon lab up --kube-proxy`.
+const (
+	KubeProxyNone     = "none"     // no kube-proxy (default): axon's socket LB serves Services, or nothing does (baseline)
+	KubeProxyIPTables = "iptables" // kube-proxy --proxy-mode=iptables (iptables-nft here)
+	KubeProxyNFTables = "nftables" // kube-proxy --proxy-mode=nftables
+)
+
+// KubeProxyModes lists the accepted --kube-proxy values.
+var KubeProxyModes = []string{KubeProxyNone, KubeProxyIPTables, KubeProxyNFTables}
+
+// Addresses kube-proxy is told about (docs/contracts.md "Lab topology").
+const (
+	// ServiceCIDRs is the apiserver's --service-cluster-ip-range (dual-stack).
+	ServiceCIDRs = "10.96.0.0/16,fd00:10:96::/112"
+	// clusterCIDRs covers the axon (10.244/16, fd00:10:244::/48) and the
+	// baseline (10.245/16, fd00:10:245::/48) pod ranges in one prefix per family.
+	clusterCIDRs = "10.244.0.0/15,fd00:10:244::/47"
+	// kube-proxy's health and metrics servers, on the node netns' loopback.
+	kubeProxyHealthzAddr = "127.0.0.1:10256"
+	kubeProxyMetricsAddr = "127.0.0.1:10249"
+)
+
+func validKubeProxyMode(m string) bool {
+	for _, k := range KubeProxyModes {
+		if m == k {
+			return true
+		}
+	}
+	return false
+}
+
+// kubeProxyTools are the binaries kube-proxy execs in each mode.
+func kubeProxyTools(mode string) []string {
+	switch mode {
+	case KubeProxyIPTables:
+		return []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"}
+	case KubeProxyNFTables:
+		return []string{"nft"}
+	}
+	return nil
+}
+
+// kubeProxyArgs is kube-proxy's command line for node n. Conntrack flags are
+// all "leave as is": nf_conntrack_max and the hash size are machine-wide
+// (root netns / module parameters), which the lab never changes. What
+// kube-proxy still writes (route_localnet in iptables mode, its own
+// oom_score_adj) is per network namespace or per process.
+func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
+	args := []string{
+		bin,
+		"--proxy-mode=" + mode,
+		"--kubeconfig=" + kubeconfig,
+		"--hostname-override=" + n.Name,
+		"--cluster-cidr=" + clusterCIDRs,
+		"--detect-local-mode=ClusterCIDR",
+		"--healthz-bind-address=" + kubeProxyHealthzAddr,
+		"--metrics-bind-address=" + kubeProxyMetricsAddr,
+		"--conntrack-max-per-core=0",
+		"--conntrack-min=0",
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--conntrack-udp-timeout=0",
+		"--conntrack-udp-timeout-stream=0",
+		"--oom-score-adj=0",
+		"--v=2", // logs "SyncProxyRules complete" elapsed=... (KubeProxySyncTimes)
+	}
+	if masqueradeAll {
+		// axon pods: replies from a local backend go pod-to-pod through
+		// bpf_redirect_peer and would skip the conntrack entry that undoes
+		// the DNAT. SNAT to the node makes every reply cross the stack.
+		args = append(args, "--masquerade-all")
+	}
+	return args
+}
+
+// startKubeProxy starts kube-proxy for node n (detached, PID recorded by the caller).
+func startKubeProxy(st *State, n Node) (*Proc, error) {
+	bin, err := DepPath("kube-proxy")
+	if err != nil {
+		return nil, err
+	}
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)
+	}
+	argv := append([]string{nsenter, "--net=" + netnsPath(n.Netns), "--"},
+		kubeProxyArgs(bin, st.KubeProxy, st.ControlPlane.Kubeconfig, n, st.Datapath == DatapathAxon)...)
+	p, _, err := proc.Start(proc.Spec{
+		// TZ=UTC: klog stamps its lines in local time without a zone; KubeProxySyncTimes reads them as UTC.
+		Argv: argv, Env: append(os.Environ(), "TZ=UTC"), Log: kubeProxyLog(st, n.Name),
+		Banner: fmt.Sprintf("--- %s %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(argv, " ")),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start kube-proxy on %s: %w", n.Name, err)
+	}
+	return &p, nil
+}
+
+func kubeProxyLog(st *State, node string) string {
+	return filepath.Join(st.StateDir, "nodes", node, "kube-proxy.log")
+}
+
+// KubeProxyHealth is kube-proxy's /healthz answer inside a node netns.
+type KubeProxyHealth struct {
+	OK          bool      // HTTP 200
+	Status      string    // HTTP status line or the error
+	LastUpdated time.Time // last successful sync
+}
+
+// KubeProxyHealthz asks the kube-proxy of node for /healthz (127.0.0.1:10256 in the node netns).
+func (l *Lab) KubeProxyHealthz(ctx context.Context, node string) (KubeProxyHealth, error) {
+	st := l.State()
+	n, ok := st.node(node)
+	if !ok {
+		return KubeProxyHealth{}, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
+	}
+	return kubeProxyHealthz(ctx, n.Netns)
+}
+
+func kubeProxyHealthz(ctx context.Context, nsName string) (KubeProxyHealth, error) {
+	body, status, err := httpGetInNetns(ctx, nsName, kubeProxyHealthzAddr, "/healthz")
+	if err != nil {
+		return KubeProxyHealth{Status: err.Error()}, err
+	}
+	h := KubeProxyHealth{Status: status, OK: strings.HasPrefix(status, "200 ")}
+	var j struct {
+		LastUpdated string `json:"lastUpdated"`
+	}
+	if json.Unmarshal(body, &j) == nil {
+		h.LastUpdated, _ = time.Parse(time.RFC3339Nano, j.LastUpdated)
+	}
+	return h, nil
+}
+
+// httpGetInNetns does a plain HTTP/1.0 GET of addr+path from inside the named
+// netns (the socket is created there; sockets keep the netns they were made in).
+func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte, status string, err error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// This thread changes netns and is never unlocked: it dies with the goroutine.
+		runtime.LockOSThread()
+		target, err := netns.GetFromPath(netnsPath(nsName))
+		if err != nil {
+			ch <- result{err: fmt.Errorf("open netns %s: %w", nsName, err)}
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsName, err)}
+			return
+		}
+		d := net.Dialer{Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		ch <- result{c, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+	if r.err != nil {
+		return nil, "", r.err
+	}
+	defer r.c.Close()
+	dl := time.Now().Add(3 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	_ = r.c.SetDeadline(dl)
+	if _, err := fmt.Fprintf(r.c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		return nil, "", err
+	}
+	br := bufio.NewReader(r.c)
+	status, err = br.ReadString('\n')
+	if err != nil {
+		return nil, "", fmt.Errorf("read %s%s: %w", addr, path, err)
+	}
+	status = strings.TrimSpace(status)
+	if _, code, ok := strings.Cut(status, " "); ok { // "HTTP/1.0 200 OK" → "200 OK"
+		status = code
+	}
+	for { // headers
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return nil, status, err
+		}
+		if strings.TrimSpace(line) == "" {
+			break
+		}
+	}
+	body, _ = io.ReadAll(io.LimitReader(br, 16<<20)) // /metrics is a few hundred KiB
+	return body, status, nil
+}
+
+// waitKubeProxies waits until every node's kube-proxy answers /healthz with 200.
+func waitKubeProxies(ctx context.Context, st *State, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	errs := make([]error, len(st.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range st.Nodes {
+		if n.KubeProxy == nil {
+			continue
+		}
+		wg.Go(func() {
+			var last string
+			for {
+				h, err := kubeProxyHealthz(ctx, n.Netns)
+				switch {
+				case err != nil:
+					last = err.Error()
+				case !h.OK:
+					last = h.Status
+				default:
+					return
+				}
+				if !n.KubeProxy.Alive() {
+					errs[i] = fmt.Errorf("kube-proxy on %s exited (%s); see %s:\n%s", n.Name, last, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+					return
+				}
+				select {
+				case <-ctx.Done():
+					errs[i] = fmt.Errorf("kube-proxy on %s not healthy after %s: %s; see %s:\n%s", n.Name, timeout, last, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// SyncTime is one "SyncProxyRules complete" line of a kube-proxy log.
+type SyncTime struct {
+	At      time.Time     // when kube-proxy logged it (klog has no year: the log file's year)
+	Family  string        // "IPv4" or "IPv6" (one proxier per family in dual-stack)
+	Elapsed time.Duration // kube-proxy's own measurement of the sync
+}
+
+// klog text: I1122 06:50:00.123456 1234 proxier.go:812] "SyncProxyRules complete" ipFamily="IPv4" elapsed="3.45ms"
+var (
+	klogHeader  = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6})`)
+	syncFamily  = regexp.MustCompile(`ipFamily="(IPv[46])"`)
+	syncElapsed = regexp.MustCompile(`elapsed="([^"]+)"`)
+)
+
+// ParseKubeProxySyncTimes reads every "SyncProxyRules complete" line of a
+// kube-proxy (-v=2, text format) log; year is the year to give the timestamps.
+func ParseKubeProxySyncTimes(r io.Reader, year int) ([]SyncTime, error) {
+	var out []SyncTime
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `"SyncProxyRules complete"`) {
+			continue
+		}
+		h := klogHeader.FindStringSubmatch(line)
+		e := syncElapsed.FindStringSubmatch(line)
+		if h == nil || e == nil {
+			continue
+		}
+		at, err := time.Parse("0102 15:04:05.000000", h[1])
+		if err != nil {
+			continue
+		}
+		d, err := time.ParseDuration(e[1])
+		if err != nil {
+			continue
+		}
+		s := SyncTime{At: at.AddDate(year, 0, 0), Elapsed: d}
+		if f := syncFamily.FindStringSubmatch(line); f != nil {
+			s.Family = f[1]
+		}
+		out = append(out, s)
+	}
+	return out, sc.Err()
+}
+
+// KubeProxySyncTimes returns the sync timings kube-proxy logged on node,
+// oldest first. It fails when the node runs no kube-proxy.
+func (l *Lab) KubeProxySyncTimes(node string) ([]SyncTime, error) {
+	st := l.State()
+	n, ok := st.node(node)
+	if !ok {
+		return nil, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
+	}
+	if n.KubeProxy == nil {
+		return nil, fmt.Errorf("node %s runs no kube-proxy: bring the lab up with --kube-proxy iptables|nftables", node)
+	}
+	f, err := os.Open(n.KubeProxy.Log)
+	if err != nil {
+		return nil, fmt.Errorf("kube-proxy log of %s: %w", node, err)
+	}
+	defer f.Close()
+	year := time.Now().UTC().Year()
+	if fi, err := f.Stat(); err == nil {
+		year = fi.ModTime().UTC().Year()
+	}
+	return ParseKubeProxySyncTimes(f, year)
+}
+
+// KubeProxyMode is the lab's --kube-proxy mode ("none" when unset).
+func (l *Lab) KubeProxyMode() string {
+	if m := l.State().KubeProxy; m != "" {
+		return m
+	}
+	return KubeProxyNone
+}
+
+// kubeProxyModeOf is the recorded mode of a lab ("none" for labs before --kube-proxy).
+func kubeProxyModeOf(st *State) string {
+	if st.KubeProxy == "" {
+		return KubeProxyNone
+	}
+	return st.KubeProxy
+}
+
+// upKubeProxies starts kube-proxy on every node (when the lab has a mode),
+// records the PIDs and waits until each answers /healthz.
+func upKubeProxies(ctx context.Context, st *State, save func() error) error {
+	if kubeProxyModeOf(st) == KubeProxyNone {
+		return nil
+	}
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		p, err := startKubeProxy(st, *n)
+		if err != nil {
+			_ = save()
+			return err
+		}
+		n.KubeProxy = p
+	}
+	if err := save(); err != nil {
+		return err
+	}
+	return waitKubeProxies(ctx, st, 60*time.Second)
+}
+
+// agentExtraArgs are the agent flags the lab's kube-proxy mode implies.
+// With kube-proxy, kube-proxy is the Service implementation, so the agents
+// load neither their socket load balancer nor their NodePort load balancer,
+// and route non-local pod traffic through the kernel (legacy host routing):
+// bpf_fib_lookup + redirect out of the uplink would skip the node's
+// netfilter, i.e. kube-proxy's DNAT of ClusterIPs, externalIPs and
+// LoadBalancer IPs (the same reason Cilium needs kube-proxy replacement for
+// BPF host routing). kube-proxy runs with --masquerade-all for the replies
+// (kubeProxyArgs).
+func agentExtraArgs(st *State) []string {
+	if kubeProxyModeOf(st) != KubeProxyNone {
+		return []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}
+	}
+	return nil
+}
+
+// addServiceRoutes gives node n on-link routes to the service CIDRs via its
+// uplink. A real node reaches ClusterIPs through its default route: the
+// socket's route lookup happens before kube-proxy's DNAT in OUTPUT, so
+// without a route a node process gets ENETUNREACH. (The socket load
+// balancer translates before any route lookup and does not need it.)
+func addServiceRoutes(n Node) error {
+	nl, h, err := netlinkAt(n.Netns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer nl.Close()
+	eth0, err := nl.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("find eth0 in %s: %w", n.Netns, err)
+	}
+	for _, c := range strings.Split(ServiceCIDRs, ",") {
+		dst, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("service CIDR %q: %w", c, err)
+		}
+		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(dst), Scope: netlink.SCOPE_LINK}
+		if err := nl.RouteReplace(r); err != nil {
+			return fmt.Errorf("route %s dev eth0 in %s: %w", dst, n.Netns, err)
+		}
+	}
+	return nil
+}
+
+// kubeProxySyncState is what kube-proxy's /metrics says about its syncs.
+type kubeProxySyncState struct {
+	Pending    float64              // endpoint + service changes not synced yet
+	LastSync   map[string]time.Time // per family: end of the last sync
+	LastQueued map[string]time.Time // per family: last time a sync was requested
+}
+
+func kubeProxyMetrics(ctx context.Context, nsName string) (kubeProxySyncState, error) {
+	body, status, err := httpGetInNetns(ctx, nsName, kubeProxyMetricsAddr, "/metrics")
+	if err != nil {
+		return kubeProxySyncState{}, err
+	}
+	if !strings.HasPrefix(status, "200 ") {
+		return kubeProxySyncState{}, fmt.Errorf("GET /metrics: %s", status)
+	}
+	return parseKubeProxyMetrics(string(body)), nil
+}
+
+var metricFamily = regexp.MustCompile(`ip_family="(IPv[46])"`)
+
+// parseKubeProxyMetrics reads the sync gauges from Prometheus text.
+func parseKubeProxyMetrics(text string) kubeProxySyncState {
+	s := kubeProxySyncState{LastSync: map[string]time.Time{}, LastQueued: map[string]time.Time{}}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(strings.TrimSpace(val), &v); err != nil {
+			continue
+		}
+		metric, _, _ := strings.Cut(name, "{")
+		fam := ""
+		if m := metricFamily.FindStringSubmatch(name); m != nil {
+			fam = m[1]
+		}
+		ts := time.Unix(0, int64(v*1e9))
+		switch metric {
+		case "kubeproxy_sync_proxy_rules_endpoint_changes_pending", "kubeproxy_sync_proxy_rules_service_changes_pending":
+			s.Pending += v
+		case "kubeproxy_sync_proxy_rules_last_timestamp_seconds":
+			s.LastSync[fam] = ts
+		case "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds":
+			s.LastQueued[fam] = ts
+		}
+	}
+	return s
+}
+
+// syncedSince reports why s does not show a complete sync after since, or "".
+func (s kubeProxySyncState) syncedSince(since time.Time) string {
+	if s.Pending > 0 {
+		return fmt.Sprintf("%v changes pending", s.Pending)
+	}
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		last, queued := s.LastSync[fam], s.LastQueued[fam]
+		switch {
+		case last.IsZero():
+			return fam + ": no sync yet"
+		case last.Before(since):
+			return fmt.Sprintf("%s: last sync %s is before %s", fam, last.UTC().Format(time.StampMicro), since.UTC().Format(time.StampMicro))
+		case last.Before(queued):
+			return fam + ": a sync is queued"
+		}
+	}
+	return ""
+}
+
+// WaitKubeProxySynced waits until every node's kube-proxy has synced both
+// families after since with no change pending (its /metrics gauges), i.e.
+// everything written to the apiserver before since is in its rules. It is a
+// no-op without --kube-proxy.
+func (l *Lab) WaitKubeProxySynced(ctx context.Context, since time.Time, timeout time.Duration) error {
+	st := l.State()
+	return waitKubeProxySynced(ctx, &st, since, timeout)
+}
+
+func waitKubeProxySynced(ctx context.Context, st *State, since time.Time, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	errs := make([]error, len(st.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range st.Nodes {
+		if n.KubeProxy == nil {
+			continue
+		}
+		wg.Go(func() {
+			for {
+				s, err := kubeProxyMetrics(ctx, n.Netns)
+				why := ""
+				if err != nil {
+					why = err.Error()
+				} else if why = s.syncedSince(since); why == "" {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					errs[i] = fmt.Errorf("kube-proxy on %s has not synced within %s: %s (log %s)", n.Name, timeout, why, n.KubeProxy.Log)
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
