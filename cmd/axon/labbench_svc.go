@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/lab"
+)
+
+// newLabBenchServicesCmd is `axon lab bench services`: issue 4's targets.
+func newLabBenchServicesCmd(stateDir *string) *cobra.Command {
+	var (
+		cfg      bench.SvcConfig
+		levels   string
+		out      string
+		noFull   bool
+		keepObjs bool
+		render   string
+		leave    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "services",
+		Short: "Benchmark Services: axon socket LB vs kube-proxy nftables and iptables, at 10 to 10 000 Services",
+		Long: `Benchmark Services on the running lab (4 nodes, axon datapath, no lab-wide kube-proxy:
+axon lab up --nodes 4).
+
+In ONE lab and one interleaved run it measures a TCP connect+request+close loop
+(axon lab bench _connrate; client on CPU 0, server on CPU 1) from pods on different
+nodes to one backend pod on node2:
+  node1: axon pod → pod IP (reference), axon pod → ClusterIP (socket LB),
+         ptp pod → pod IP with no netfilter rules on the node
+  node3: kube-proxy nftables (started by the benchmark): ptp pod → ClusterIP, → pod IP
+  node4: kube-proxy iptables: ptp pod → ClusterIP, → pod IP; axon pod → pod IP
+at each Service count (generated Services × endpoints written straight to the
+apiserver; endpoints are unrouted fake addresses, no pods needed). At the last
+count it measures the control plane: one EndpointSlice change → applied (axon:
+the pinned BPF map; kube-proxy: its own sync timestamp), full sync after a restart,
+and memory (VmHWM). Writes results.csv, results.md, results.json and chart.svg.
+A kube-proxy that does not apply a level within --sync-timeout is stopped and its
+paths are reported as not synced.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if render != "" { // re-render a finished run's files from its results.json
+				rep, err := bench.ReadSvcReport(filepath.Join(render, "results.json"))
+				if err != nil {
+					return err
+				}
+				if err := rep.WriteFiles(render); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\nrewrote %s/results.{md,csv,json} and chart.svg\n", rep.TargetsTable(), render)
+				return nil
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			l, err := lab.Load(*stateDir)
+			if err != nil {
+				return fmt.Errorf("%w (bring a lab up first: axon lab up --nodes 4)", err)
+			}
+			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+			if cfg.Levels, err = bench.ParseLevels(levels); err != nil {
+				return err
+			}
+			if cfg.Axon, err = os.Executable(); err != nil {
+				return fmt.Errorf("find the axon binary: %w", err)
+			}
+			if out == "" {
+				out = filepath.Join("results", "bench-services-"+time.Now().UTC().Format("20060102T150405Z"))
+			}
+			cfg.OutDir, cfg.NoFullSync, cfg.Keep, cfg.LeaveObjects = out, noFull, keepObjs, leave
+			cfg.Progress = cmd.ErrOrStderr()
+			fmt.Fprintf(cmd.ErrOrStderr(), "service benchmark: levels %v × %d endpoints, %d reps × %s, results in %s\n",
+				cfg.Levels, cfg.Endpoints, cfg.Reps, cfg.Duration, out)
+			rep, err := bench.RunServices(ctx, l, cfg)
+			if rep != nil {
+				rep.Command = "axon " + strings.Join(os.Args[1:], " ")
+				_ = rep.WriteFiles(out)
+				fmt.Fprintf(cmd.OutOrStdout(), "\n%s", rep.TargetsTable())
+				for _, lv := range rep.Levels {
+					fmt.Fprintf(cmd.OutOrStdout(), "\n%d Services × %d endpoints\n%s", lv.Services, lv.Endpoints, rep.Table(lv.Services))
+				}
+				if rep.ControlPlane != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "\ncontrol plane\n%s", rep.ControlPlaneTable())
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "\nresults: %s (results.md, results.csv, results.json, chart.svg)\n", out)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&levels, "services", "10,1000,10000", "Service counts to measure, ascending (cumulative levels), e.g. 10,1k,10k")
+	f.IntVar(&cfg.Endpoints, "endpoints", 10, "endpoints per generated Service")
+	f.IntVar(&cfg.Reps, "reps", 5, "connect-rate repetitions per path and level (interleaved across paths)")
+	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "duration of each connect-rate sample")
+	f.IntVar(&cfg.Changes, "changes", 20, "EndpointSlice changes to time at the last level (each adds then removes an endpoint: 2 samples)")
+	f.DurationVar(&cfg.SyncTimeout, "sync-timeout", 5*time.Minute, "how long a kube-proxy may take to apply a level before it is stopped")
+	f.BoolVar(&noFull, "no-full-sync", false, "skip the agent and kube-proxy restart (full sync) measurements")
+	f.StringVar(&out, "out", "", "results folder (default results/bench-services-<UTC time>)")
+	f.BoolVar(&leave, "leave-objects", false, "leave the generated Services in the apiserver (when the lab goes down next; deleting 20 000 objects takes minutes)")
+	f.StringVar(&render, "render", "", "only re-render results.md/csv/svg of a finished run from <dir>/results.json")
+	f.BoolVar(&keepObjs, "keep", false, "leave pods, Services and kube-proxies in place afterwards (debugging)")
+	return cmd
+}
+
+// newConnRateCmd is the hidden connect-rate tool: `_connrate serve` in the
+// backend pod, `_connrate client` in the client pod (one JSON line).
+func newConnRateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "_connrate",
+		Short:  "connect+request+close loop (client) and its server, for axon lab bench services",
+		Hidden: true,
+	}
+	var listen string
+	serve := &cobra.Command{
+		Use:  "serve",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ap, err := netip.ParseAddrPort(listen)
+			if err != nil {
+				return fmt.Errorf("--listen %q: want address:port: %w", listen, err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return bench.ServeConnRate(ctx, ap, nil)
+		},
+	}
+	serve.Flags().StringVar(&listen, "listen", "", "address:port to serve on")
+	var cc bench.ConnRateConfig
+	var target string
+	client := &cobra.Command{
+		Use:  "client",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ap, err := netip.ParseAddrPort(target)
+			if err != nil {
+				return fmt.Errorf("--target %q: want address:port: %w", target, err)
+			}
+			cc.Target = ap
+			res, err := bench.ConnRate(cmd.Context(), cc)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	client.Flags().StringVar(&target, "target", "", "server address:port (pod IP or ClusterIP)")
+	client.Flags().DurationVar(&cc.Duration, "duration", 3*time.Second, "how long to loop")
+	client.Flags().IntVar(&cc.Request, "request", 32, "request (and response) size in bytes")
+	cmd.AddCommand(serve, client)
+	return cmd
+}

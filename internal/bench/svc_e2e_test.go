@@ -1,0 +1,164 @@
+package bench_test
+
+// The Service benchmark end to end, tiny: a 4-node lab, 10 Services, one
+// repetition of 0.5 s per path, two EndpointSlice changes, both full syncs.
+// It proves the whole code path (pods, kube-proxies in two modes, socket LB,
+// pinned-map polling, report files, cleanup) on the real kernel and a real
+// apiserver. It needs root and the cached dependencies, and skips when a lab
+// is already up (one lab per machine).
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/lab"
+)
+
+func TestServicesBenchTiny(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces, bpffs, cgroups, kube-proxy")
+	}
+	for _, d := range []string{"etcd", "kube-apiserver", "kubectl", "kube-proxy", "ptp", "host-local"} {
+		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
+			t.Skipf("cached dependency missing (%v): run `make deps`", err)
+		}
+	}
+	for _, tool := range []string{"nft", "iptables-restore", "nsenter", "taskset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed (kube-proxy needs it; `make deps`): %v", tool, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(lab.DefaultStateDir, "lab.json")); err == nil {
+		t.Skipf("a lab is already up in %s (not created by this test): run `axon lab down` to let the test run", lab.DefaultStateDir)
+	}
+	if ents, _ := filepath.Glob("/run/netns/" + lab.NetnsPrefix + "*"); len(ents) > 0 {
+		t.Skipf("lab namespaces exist (%v): run `axon lab down` to let the test run", ents)
+	}
+
+	// AXON_TEST_BIN_DIR reuses built binaries (axon, axon-agent, axon-cni).
+	bin := os.Getenv("AXON_TEST_BIN_DIR")
+	if bin == "" {
+		bin = t.TempDir()
+		t0 := time.Now()
+		build := exec.Command("go", "build", "-o", bin+"/", "./cmd/axon", "./cmd/axon-agent", "./cmd/axon-cni")
+		build.Dir = "../.."
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
+		}
+		t.Logf("built the binaries in %s", time.Since(t0).Round(time.Millisecond))
+	}
+
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := lab.Down(context.Background(), lab.DefaultStateDir, nil); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	l, err := lab.Up(ctx, lab.DefaultStateDir, lab.UpOptions{Nodes: 4, Datapath: lab.DatapathAxon, BinDir: bin, NoDemo: true})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Logf("lab up: %s", time.Since(t0).Round(time.Millisecond))
+
+	out := t.TempDir()
+	var progress strings.Builder
+	rep, err := bench.RunServices(ctx, l, bench.SvcConfig{
+		Levels: []int{10}, Endpoints: 3, Reps: 1, Duration: 500 * time.Millisecond, Changes: 2,
+		SyncTimeout: time.Minute, Axon: filepath.Join(bin, "axon"), OutDir: out, Progress: &progress,
+	})
+	t.Logf("progress:\n%s", progress.String())
+	if err != nil {
+		t.Fatalf("RunServices: %v", err)
+	}
+	t.Logf("bench: %s (total %s)", rep.Finished.Sub(rep.Started).Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
+
+	// Every path measured, at a plausible rate, with no failed connection.
+	for _, p := range rep.Paths {
+		s := rep.Stats(10, p.Name, bench.SvcMetricRate)
+		if s.N != 1 || !(s.Median > 50) {
+			t.Errorf("%s: rate %+v, want one sample > 50 conn/s", p.Name, s)
+		}
+	}
+	for _, s := range rep.Samples {
+		if s.Err != "" || s.Result.Errors != 0 {
+			t.Errorf("%s: %s (%d failed connections: %s)", s.Path, s.Err, s.Result.Errors, s.Result.FirstError)
+		}
+	}
+	cp := rep.ControlPlane
+	if cp == nil {
+		t.Fatal("no control-plane result")
+	}
+	if len(cp.AxonChange) != 4 || len(cp.KubeProxyChange["nftables"]) != 4 || len(cp.KubeProxyChange["iptables"]) != 4 {
+		t.Errorf("changes: axon %v, kube-proxy %v; want 4 samples each", cp.AxonChange, cp.KubeProxyChange)
+	}
+	for _, v := range cp.AxonChange {
+		if math.IsNaN(v) || v <= 0 || v > 5000 {
+			t.Errorf("axon EndpointSlice change took %v ms", v)
+		}
+	}
+	if cp.AgentFullSync <= 0 || cp.AgentMapMasters < 11 {
+		t.Errorf("agent full sync %s with %d frontends in the map, want > 0 and ≥ 11", cp.AgentFullSync, cp.AgentMapMasters)
+	}
+	if len(cp.KubeProxyFullSync) != 2 {
+		t.Errorf("kube-proxy full syncs: %+v, want nftables and iptables", cp.KubeProxyFullSync)
+	}
+	for _, f := range cp.KubeProxyFullSync {
+		if f.Err != "" || f.StartToSynced <= 0 || f.HWM == 0 {
+			t.Errorf("kube-proxy %s full sync: %+v", f.Mode, f)
+		}
+	}
+	for _, f := range []string{"results.md", "results.csv", "results.json", "chart.svg", "raw/kube-proxy-nftables.log"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s missing or empty: %v", f, err)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
+	if !strings.Contains(string(md), bench.SvcPathNFTClusterIP) || strings.Contains(string(md), "## Failures") {
+		t.Errorf("results.md:\n%s", md)
+	}
+
+	// Nothing of the benchmark is left in the lab.
+	for _, p := range l.Pods() {
+		if strings.HasPrefix(p.Name, "svcb-") {
+			t.Errorf("benchmark pod %s left in the lab", p.Name)
+		}
+	}
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svcs, err := kube.CoreV1().Services("svcbench").List(ctx, metav1.ListOptions{}); err != nil || len(svcs.Items) != 0 {
+		t.Errorf("generated Services left: %v %v", len(svcs.Items), err)
+	}
+	if _, err := kube.CoreV1().Services(bench.SvcTargetNamespace).Get(ctx, bench.SvcTargetName, metav1.GetOptions{}); err == nil {
+		t.Errorf("target Service %s left", bench.SvcTargetName)
+	}
+	for _, n := range l.Nodes() {
+		out, err := exec.Command("nsenter", "--net=/run/netns/"+n.Netns, "nft", "list", "tables").CombinedOutput()
+		if err != nil {
+			t.Errorf("nft list tables in %s: %v: %s", n.Netns, err, out)
+		} else if strings.Contains(string(out), "kube-proxy") {
+			t.Errorf("kube-proxy's nft tables left in %s:\n%s", n.Netns, out)
+		}
+	}
+	if cg := filepath.Join(filepath.Dir(l.State().Cgroup), "axon-svcbench"); exists(cg) {
+		t.Errorf("cgroup %s left", cg)
+	}
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
