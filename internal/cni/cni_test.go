@@ -38,6 +38,7 @@ type testAgent struct {
 	health  error
 	failPut error
 	eps     map[api.Attachment]api.Endpoint
+	device  *api.DeviceConfig // issue 5: the pod device Allocate answers
 }
 
 func (a *testAgent) Healthy(context.Context) error {
@@ -62,7 +63,9 @@ func (a *testAgent) Allocate(_ context.Context, r api.AllocateRequest) (api.Allo
 	if err != nil {
 		return api.AllocateResponse{}, &api.StatusError{Code: 503, Message: err.Error()}
 	}
-	return api.AllocateResponse{Addresses: addrs}, nil
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return api.AllocateResponse{Addresses: addrs, Device: a.device}, nil
 }
 func (a *testAgent) Release(_ context.Context, r api.ReleaseRequest) error {
 	return a.ipam.Release(ipam.Owner{ContainerID: r.ContainerID, IfName: r.IfName})
@@ -111,38 +114,26 @@ func (a *testAgent) endpoint(cid, ifn string) (api.Endpoint, bool) {
 
 // ---- environment: node netns, agent, plugin binary ----
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	binDir    string
-)
+// asPluginEnv makes the test binary behave as axon-cni (see TestMain): the
+// tests run the plugin exactly as kubelet does, also in the kernel-matrix VMs
+// where there is no Go toolchain to build cmd/axon-cni.
+const asPluginEnv = "AXON_CNI_TEST_AS_PLUGIN"
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	if os.Getenv(asPluginEnv) == "1" {
+		os.Exit(Main())
 	}
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
+// pluginBinary is the test binary itself, run with asPluginEnv=1.
 func pluginBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "axt-cni-bin-")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "axon-cni")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/axonhq/axon/cmd/axon-cni").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build axon-cni: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	p, err := os.Executable()
+	if err != nil {
+		t.Fatalf("find the test binary to run as the plugin: %v", err)
 	}
-	return binPath
+	return p
 }
 
 var nsSeq int
@@ -284,6 +275,7 @@ func (e *env) invoke(c call) outcome {
 		"CNI_IFNAME=" + c.ifname,
 		"CNI_PATH=" + filepath.Dir(e.bin),
 		"CNI_ARGS=" + c.args,
+		asPluginEnv + "=1",
 	}
 	if !c.unsetNetns {
 		cmd.Env = append(cmd.Env, "CNI_NETNS="+c.netns)

@@ -28,13 +28,17 @@ const (
 
 // NetConf is axon-cni's network configuration (stdin), e.g.
 //
-//	{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":"/run/axon/axon.sock","mtu":1500}
+//	{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":"/run/axon/axon.sock","mtu":1500,"deviceMode":"netkit"}
 type NetConf struct {
 	types.PluginConf
 	// Socket is the agent's API socket (default api.DefaultSocket).
 	Socket string `json:"socket,omitempty"`
 	// MTU of both veth ends (default 1500).
 	MTU int `json:"mtu,omitempty"`
+	// DeviceMode overrides the pod device the agent asks for: "veth",
+	// "netkit" (L3), "netkit-l2" or "auto" (netkit where the kernel has it).
+	// Empty (the default) follows the agent's --device-mode.
+	DeviceMode string `json:"deviceMode,omitempty"`
 }
 
 // CheckVersion reports a missing or unsupported cniVersion as a CNI error with
@@ -75,6 +79,9 @@ func ParseConfig(stdin []byte) (*NetConf, error) {
 	}
 	if conf.MTU < MinMTU || conf.MTU > MaxMTU {
 		return nil, invalidConf(fmt.Sprintf(`"mtu" %d is out of range: set it between %d and %d (or omit it for %d)`, conf.MTU, MinMTU, MaxMTU, DefaultMTU))
+	}
+	if conf.DeviceMode != "" && !slices.Contains(DeviceModes, conf.DeviceMode) {
+		return nil, invalidConf(fmt.Sprintf(`"deviceMode" %q is unknown: use one of %s, or omit it to follow axon-agent's --device-mode`, conf.DeviceMode, strings.Join(DeviceModes, ", ")))
 	}
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket

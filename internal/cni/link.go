@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/api"
 )
 
 // Gateways the pod routes through. Neither exists anywhere: the pod has
@@ -134,7 +136,7 @@ type podLink struct {
 
 // setupPod configures the pod side inside podNS: sysctls, addresses,
 // gateway neighbours and default routes.
-func setupPod(podNS ns.NetNS, ifName string, ips []netip.Addr, hostMAC net.HardwareAddr) (podLink, error) {
+func setupPod(podNS ns.NetNS, ifName string, ips []netip.Addr, hostMAC net.HardwareAddr, dev api.DeviceConfig) (podLink, error) {
 	var out podLink
 	err := podNS.Do(func(ns.NetNS) error {
 		if lo, err := netlink.LinkByName("lo"); err == nil {
@@ -173,20 +175,26 @@ func setupPod(podNS ns.NetNS, ifName string, ips []netip.Addr, hostMAC net.Hardw
 				return fmt.Errorf("add %s to %s: %w", addr.IPNet, ifName, err)
 			}
 		}
+		if err := applyBigTCP(link, dev); err != nil {
+			return fmt.Errorf("pod side: %w", err)
+		}
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set %s up: %w", ifName, err)
 		}
 		idx := link.Attrs().Index
+		l3 := noARP(link) // netkit l3: no ARP/ND, the gateway needs no neighbour entry
 		for _, gw := range gateways(ips) {
-			n := &netlink.Neigh{
-				LinkIndex:    idx,
-				Family:       family(gw),
-				State:        netlink.NUD_PERMANENT,
-				IP:           gw.AsSlice(),
-				HardwareAddr: hostMAC,
-			}
-			if err := netlink.NeighSet(n); err != nil {
-				return fmt.Errorf("neighbour %s lladdr %s dev %s: %w", gw, hostMAC, ifName, err)
+			if !l3 {
+				n := &netlink.Neigh{
+					LinkIndex:    idx,
+					Family:       family(gw),
+					State:        netlink.NUD_PERMANENT,
+					IP:           gw.AsSlice(),
+					HardwareAddr: hostMAC,
+				}
+				if err := netlink.NeighSet(n); err != nil {
+					return fmt.Errorf("neighbour %s lladdr %s dev %s: %w", gw, hostMAC, ifName, err)
+				}
 			}
 			if gw.Is4() {
 				r := &netlink.Route{LinkIndex: idx, Dst: hostPrefix(gw), Scope: netlink.SCOPE_LINK}

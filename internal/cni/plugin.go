@@ -127,17 +127,24 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return cause
 	}
 
+	dev := deviceFor(conf, alloc.Device)
 	host := existing
 	if host == nil {
-		host, err = createVeth(hostName, args.IfName, args.ContainerID, conf.MTU, podNS)
+		host, err = createDevice(dev, hostName, args.IfName, args.ContainerID, conf.MTU, podNS)
 		if err != nil {
 			return rollback(types.NewError(types.ErrInternal, err.Error(), ""))
 		}
+	} else {
+		// a re-ADD keeps the device it has: a pod never changes type under it
+		dev.Type, dev.NetkitMode = deviceTypeOf(host)
+	}
+	if err := applyBigTCP(host, dev); err != nil {
+		return rollback(types.NewError(types.ErrInternal, "node side: "+err.Error(), ""))
 	}
 	if err := setupHost(host, ips); err != nil {
 		return rollback(types.NewError(types.ErrInternal, err.Error(), ""))
 	}
-	pod, err := setupPod(podNS, args.IfName, ips, host.Attrs().HardwareAddr)
+	pod, err := setupPod(podNS, args.IfName, ips, zeroMACIfNone(host.Attrs().HardwareAddr), dev)
 	if err != nil {
 		return rollback(types.NewError(types.ErrInternal, fmt.Sprintf("configure %s in %s: %v", args.IfName, args.Netns, err), ""))
 	}
@@ -150,15 +157,17 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		IPs:          ips,
 		HostIfName:   hostName,
 		HostIfIndex:  host.Attrs().Index,
-		HostMAC:      host.Attrs().HardwareAddr,
-		PodMAC:       pod.MAC,
+		HostMAC:      zeroMACIfNone(host.Attrs().HardwareAddr),
+		PodMAC:       zeroMACIfNone(pod.MAC),
+		DeviceType:   dev.Type,
+		NetkitMode:   dev.NetkitMode,
 	}
 	if err := client.PutEndpoint(ctx, ep); err != nil {
 		return rollback(agentErr("register endpoint with axon-agent", err))
 	}
 
 	result := buildResult(conf, args, host, pod, conf.MTU, alloc.Addresses)
-	p.log().Info("ADD done", "container", args.ContainerID, "ifname", args.IfName, "dev", hostName, "ips", ips, "reused", !created)
+	p.log().Info("ADD done", "container", args.ContainerID, "ifname", args.IfName, "dev", hostName, "type", dev.Type, "ips", ips, "reused", !created)
 	return types.PrintResult(result, conf.CNIVersion)
 }
 
@@ -178,17 +187,17 @@ func (p *Plugin) existingWiring(hostName string, args *skel.CmdArgs, podNS ns.Ne
 			"duplicate ADD for %s/%s: device %s already exists but %s; run DEL for this container first",
 			args.ContainerID, args.IfName, hostName, why), "")
 	}
-	if host.Type() != "veth" || host.Attrs().Alias != hostAlias(args.ContainerID, args.IfName) {
+	if !isPodDevice(host) || host.Attrs().Alias != hostAlias(args.ContainerID, args.IfName) {
 		return nil, conflict("it was not created by axon-cni for this attachment")
 	}
-	peerIdx, err := netlink.VethPeerIndex(host.(*netlink.Veth))
+	peerIdx, err := peerIndex(host)
 	if err != nil {
 		return nil, conflict(fmt.Sprintf("its peer cannot be read (%v)", err))
 	}
 	var match bool
 	_ = podNS.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(args.IfName)
-		match = err == nil && l.Attrs().Index == peerIdx && l.Type() == "veth"
+		match = err == nil && l.Attrs().Index == peerIdx && l.Type() == host.Type()
 		return nil
 	})
 	if !match {
@@ -314,6 +323,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		problems = append(problems, fmt.Sprintf("node device %s missing", hostName))
 	} else {
 		problems = append(problems, checkHost(host, ips)...)
+		if t, m := deviceTypeOf(host); ep != nil && ep.DeviceType != "" && (ep.DeviceType != t || ep.NetkitMode != m) {
+			problems = append(problems, fmt.Sprintf("axon-agent has %s as a %s %s device, it is a %s %s", hostName, ep.DeviceType, ep.NetkitMode, t, m))
+		}
 		if ep != nil && ep.HostIfIndex != host.Attrs().Index {
 			problems = append(problems, fmt.Sprintf("axon-agent has %s as ifindex %d, the device is ifindex %d", hostName, ep.HostIfIndex, host.Attrs().Index))
 		}
@@ -353,7 +365,7 @@ func checkHost(host netlink.Link, ips []netip.Addr) []string {
 
 func checkPod(podNS ns.NetNS, ifName string, host netlink.Link, ips []netip.Addr) []string {
 	var problems []string
-	peerIdx, perr := netlink.VethPeerIndex(&netlink.Veth{LinkAttrs: *host.Attrs()})
+	peerIdx, perr := peerIndex(host)
 	err := podNS.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName(ifName)
 		if err != nil {
@@ -387,6 +399,9 @@ func checkPod(podNS ns.NetNS, ifName string, host netlink.Link, ips []netip.Addr
 			})
 			if !ok {
 				problems = append(problems, fmt.Sprintf("pod default route via %s dev %s missing", gw, ifName))
+			}
+			if noARP(link) {
+				continue // L3 device (netkit l3): no neighbours to check
 			}
 			neighs, err := netlink.NeighList(link.Attrs().Index, family(gw))
 			if err != nil {
@@ -454,7 +469,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	var removed []string
 	for _, l := range links {
 		name := l.Attrs().Name
-		if l.Type() != "veth" || !strings.HasPrefix(name, "lxc") || !strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || keep[name] {
+		if !isPodDevice(l) || !strings.HasPrefix(name, "lxc") || !strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || keep[name] {
 			continue
 		}
 		if err := deleteHostVeth(name); err != nil {

@@ -48,7 +48,7 @@ func listLinkPins(pinDir string) ([]linkPin, error) {
 	var out []linkPin
 	for _, e := range ents {
 		parts := strings.SplitN(e.Name(), "-", 3)
-		if len(parts) != 3 || (parts[0] != pinTCX && parts[0] != pinTC) ||
+		if len(parts) != 3 || (parts[0] != pinTCX && parts[0] != pinTC && parts[0] != pinNKPeer && parts[0] != pinNKPrimary) ||
 			(parts[1] != rolePod && parts[1] != roleUplink) {
 			continue
 		}
@@ -62,10 +62,13 @@ func deviceExists(ifname string) bool {
 	return err == nil
 }
 
-// AttachPod attaches the pod egress program to the tc ingress of the pod's
-// host-side device ifname. Idempotent: an existing attachment is updated in
-// place (tcx link update / cls_bpf replace). With legacy host routing it only
-// makes sure nothing is attached.
+// AttachPod attaches the pod egress program to the pod's host-side device
+// ifname: the tc ingress of a veth, or the peer of a netkit pair (plus a
+// pass-through program on the primary, then the netkit policy goes from
+// blackhole to forward). The device type is read from the kernel, so veth
+// and netkit pods can live side by side. Idempotent: an existing attachment
+// is updated in place (tcx/netkit link update / cls_bpf replace). With legacy
+// host routing it only makes sure nothing is attached (and opens a netkit).
 func (d *Datapath) AttachPod(ifname string) error {
 	if err := validIfname(ifname); err != nil {
 		return fmt.Errorf("attach pod: %w", err)
@@ -73,7 +76,7 @@ func (d *Datapath) AttachPod(ifname string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.hostRouting != RoutingBPF {
-		return d.detachLocked(rolePod, ifname)
+		return errors.Join(d.detachLocked(rolePod, ifname), d.detachNetkitLocked(ifname, true))
 	}
 	return d.attachLocked(rolePod, ifname, d.podProg)
 }
@@ -86,7 +89,7 @@ func (d *Datapath) DetachPod(ifname string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.detachLocked(rolePod, ifname)
+	return errors.Join(d.detachLocked(rolePod, ifname), d.detachNetkitLocked(ifname, false))
 }
 
 // GCPodLinks detaches pinned pod programs whose device is gone or whose
@@ -114,9 +117,9 @@ func (d *Datapath) GCPodLinks(keep map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// defunctTCX reports a pinned tcx link whose device went away.
+// defunctTCX reports a pinned tcx or netkit link whose device went away.
 func defunctTCX(p linkPin) bool {
-	if p.kind != pinTCX {
+	if p.kind != pinTCX && p.kind != pinNKPeer && p.kind != pinNKPrimary {
 		return false
 	}
 	l, err := link.LoadPinnedLink(p.path, nil)
@@ -124,6 +127,9 @@ func defunctTCX(p linkPin) bool {
 		return true
 	}
 	defer l.Close()
+	if p.kind != pinTCX {
+		return netkitIfindex(l) == 0
+	}
 	return tcxIfindex(l) == 0
 }
 
@@ -138,6 +144,9 @@ func (d *Datapath) attachLocked(role, ifname string, prog *ebpf.Program) error {
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {
 		return fmt.Errorf("attach %s program to %s: device not found in this netns: %w", role, ifname, err)
+	}
+	if nk, ok := dev.(*netlink.Netkit); ok && role == rolePod { // issue 5
+		return d.attachNetkitLocked(nk)
 	}
 	tcxPin := pinPath(d.cfg.PinDir, pinTCX, role, ifname)
 	tcPin := pinPath(d.cfg.PinDir, pinTC, role, ifname)
@@ -247,7 +256,7 @@ func attachLegacy(pin string, dev netlink.Link, prog *ebpf.Program, role string)
 // detachPin removes one attachment and its pin; missing pin or device is fine.
 func detachPin(p linkPin) error {
 	switch p.kind {
-	case pinTCX:
+	case pinTCX, pinNKPeer, pinNKPrimary:
 		l, err := link.LoadPinnedLink(p.path, nil)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -257,7 +266,7 @@ func detachPin(p linkPin) error {
 		}
 		defer l.Close()
 		if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
-			return fmt.Errorf("detach tcx link of %s: %w", p.ifname, err)
+			return fmt.Errorf("detach %s link of %s: %w", p.kind, p.ifname, err)
 		}
 		if err := l.Unpin(); err != nil {
 			return fmt.Errorf("unpin %s: %w", p.path, err)

@@ -79,7 +79,7 @@ func TestDecide(t *testing.T) {
 			if d.attachMode != c.wantAttach || d.hostRouting != c.wantRouting {
 				t.Fatalf("attach %s routing %s, want %s %s", d.attachMode, d.hostRouting, c.wantAttach, c.wantRouting)
 			}
-			if len(d.decisions) != 3 {
+			if len(d.decisions) != 4 { // attach, host_routing, device, big_tcp (issue 5)
 				t.Fatalf("decisions = %+v", d.decisions)
 			}
 			for _, dec := range d.decisions {
