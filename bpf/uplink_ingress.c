@@ -7,6 +7,7 @@
 #include "lib/endpoint.h"
 #include "lib/metrics.h"
 #include "lib/forward.h"
+#include "lib/edt.h" /* issue 6: ingress bandwidth policer */
 
 SEC("tc")
 int axon_uplink_ingress(struct __sk_buff *skb)
@@ -25,6 +26,10 @@ int axon_uplink_ingress(struct __sk_buff *skb)
 	}
 	if (ttl_expired(&pkt, dir))
 		return TC_ACT_OK;
+	/* issue 6: kubernetes.io/ingress-bandwidth, policed before the
+	 * redirect (bpf_redirect_peer skips the host veth's egress hook). */
+	if (bw_ingress_police(skb, &pkt))
+		return TC_ACT_SHOT;
 	return deliver_local(&pkt, ep, dir);
 }
 

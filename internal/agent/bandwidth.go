@@ -1,0 +1,510 @@
+package agent
+
+// Issue 6: the Bandwidth Manager. Pod annotations kubernetes.io/egress-
+// bandwidth and kubernetes.io/ingress-bandwidth become per-pod limits in BPF
+// maps (EDT at the uplink egress, a token bucket before the redirect into the
+// pod); fq on the uplink gives the EDT stamps their meaning and is put back
+// when someone removes it; --bandwidth-manager-bbr sets BBR in pod netns.
+// Nothing here fails the agent's reconcile: problems show in `axon status`.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/bwm"
+	"github.com/axonhq/axon/internal/datapath"
+)
+
+// DefaultBandwidthHorizon is fq's default drop horizon for EDT stamps.
+const DefaultBandwidthHorizon = 2 * time.Second
+
+// DecisionBandwidth names the Bandwidth Manager line of `axon status`.
+const DecisionBandwidth = "bandwidth_manager"
+
+// bandwidthCheckEvery is how often the fq qdisc on the uplink is checked
+// (and put back) between reconciles.
+const bandwidthCheckEvery = 2 * time.Second
+
+// bwLoader loads the BPF side; tests may replace it.
+type bwLoader func(uplink string) (*datapath.BWM, error)
+
+// bandwidth is the Bandwidth Manager state of the agent. Its own mutex: the
+// qdisc watch runs outside the reconcile.
+type bandwidth struct {
+	cfg  Config
+	log  *slog.Logger
+	load bwLoader
+
+	mu         sync.Mutex
+	bpf        *datapath.BWM
+	nl         *netlink.Handle
+	uplink     string
+	loadErr    string
+	offDone    bool
+	qdisc      string // installed layout
+	qdiscErr   string
+	repairs    int
+	lastRepair string
+	limited    int
+	problems   map[string]string // pod key → problem text (current)
+	reported   map[string]string // pod UID/annotation → value already reported by Event
+	bbrDone    map[string]bool   // netns path → BBR set
+	bbrErr     string
+	gsoOrig    map[string]uint32 // "netns|ifname" → gso_max_size before the agent capped it
+	recorder   record.EventRecorder
+	broadcast  record.EventBroadcaster
+}
+
+func newBandwidth(cfg Config, log *slog.Logger) *bandwidth {
+	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), problems: map[string]string{},
+		reported: map[string]string{}, bbrDone: map[string]bool{}, gsoOrig: map[string]uint32{}}
+	b.load = func(uplink string) (*datapath.BWM, error) {
+		return datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
+			Logger: b.log})
+	}
+	return b
+}
+
+// bandwidthState returns the agent's Bandwidth Manager, created on first use.
+func (a *Agent) bandwidthState() *bandwidth {
+	a.stMu.Lock()
+	defer a.stMu.Unlock()
+	if a.bw == nil {
+		a.bw = newBandwidth(a.cfg, a.log)
+	}
+	return a.bw
+}
+
+// eventRecorder builds the Event recorder once the kube client exists.
+func (b *bandwidth) eventRecorder(k *kube) record.EventRecorder {
+	if b.recorder != nil || k == nil {
+		return b.recorder
+	}
+	b.broadcast = record.NewBroadcaster()
+	b.broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: k.client.CoreV1().Events("")})
+	b.recorder = b.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "axon-agent", Host: b.cfg.NodeName})
+	return b.recorder
+}
+
+// reconcileBandwidth brings the limit maps, the uplink qdisc and BBR to the
+// desired state. Called from reconcile with dpMu held and the datapath
+// loaded; never fails the pass.
+func (a *Agent) reconcileBandwidth() {
+	b := a.bandwidthState()
+	a.stMu.Lock()
+	uplink := a.uplink
+	a.stMu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !a.cfg.BandwidthManager {
+		if !b.offDone {
+			b.offDone = true
+			if err := datapath.UninstallBWM(a.cfg.BPFRoot, uplink); err != nil {
+				b.log.Warn("--bandwidth-manager=false: could not remove the limits of a previous run", "error", err)
+			}
+		}
+		return
+	}
+	if b.bpf == nil {
+		if uplink == "" {
+			return
+		}
+		bpf, err := b.load(uplink)
+		if err != nil {
+			msg := fmt.Sprintf("load failed, pod bandwidth is not enforced: %v", err)
+			if msg != b.loadErr {
+				b.log.Warn("bandwidth manager disabled; the agent keeps running without it", "error", err)
+			}
+			b.loadErr = msg
+			return
+		}
+		nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			bpf.Close()
+			b.loadErr = fmt.Sprintf("open netlink: %v", err)
+			return
+		}
+		b.bpf, b.nl, b.uplink, b.loadErr = bpf, nl, uplink, ""
+		b.log.Info("bandwidth manager enabled", "uplink", uplink, "attach", bpf.AttachMode(), "horizon", a.cfg.BandwidthHorizon)
+	}
+	if !b.bpf.Attached() {
+		if err := b.bpf.Attach(); err != nil {
+			b.log.Warn("re-attach the EDT program", "error", err)
+		}
+	}
+	b.ensureQdiscLocked()
+	want := a.desiredBandwidth(b)
+	if err := b.bpf.Apply(want, a.cfg.BandwidthHorizon); err != nil {
+		b.log.Warn("write bandwidth limits", "error", err)
+	}
+	b.ensurePodGSOLocked(a.reg.List(), want)
+	if a.cfg.BandwidthBBR {
+		b.ensureBBRLocked(a.reg.List())
+	}
+}
+
+// desiredBandwidth reads every registered endpoint's Pod annotations.
+// Invalid values leave their direction unlimited, log a line and raise one
+// Warning Event per pod and value.
+func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
+	k := a.kubeClient()
+	if k == nil || !k.isSynced() {
+		// unknown annotations: keep what the maps hold (no flush on restart)
+		var keep []datapath.BWLimit
+		if rows, err := b.bpf.List(); err == nil {
+			byID := map[uint32]*datapath.BWLimit{}
+			for _, r := range rows {
+				l := byID[r.ID]
+				if l == nil {
+					l = &datapath.BWLimit{Addrs: r.Addrs}
+					byID[r.ID] = l
+				}
+				if r.Dir == "egress" {
+					l.EgressBits = r.Bits
+				} else {
+					l.IngressBits = r.Bits
+				}
+			}
+			for _, l := range byID {
+				keep = append(keep, *l)
+			}
+		}
+		return keep
+	}
+	rec := b.eventRecorder(k)
+	var want []datapath.BWLimit
+	problems := map[string]string{}
+	seen := map[string]bool{}
+	for _, ep := range a.reg.List() {
+		if ep.PodName == "" || ep.PodNamespace == "" {
+			continue
+		}
+		pod, err := k.pods.Pods(ep.PodNamespace).Get(ep.PodName)
+		if err != nil {
+			continue
+		}
+		key := ep.PodNamespace + "/" + ep.PodName
+		lim, probs := bwm.ParseAnnotations(pod.Annotations)
+		for _, p := range probs {
+			problems[key] = joinProblem(problems[key], p.Error())
+			rk := string(pod.UID) + "/" + p.Annotation
+			seen[rk] = true
+			if b.reported[rk] == p.Value {
+				continue
+			}
+			b.reported[rk] = p.Value
+			b.log.Warn("invalid bandwidth annotation: that direction stays unlimited", "pod", key, "annotation", p.Annotation, "value", p.Value, "reason", p.Reason)
+			if rec != nil {
+				rec.Eventf(pod, corev1.EventTypeWarning, "InvalidBandwidth", "%s", p.Error())
+			}
+		}
+		if !lim.Limited() {
+			continue
+		}
+		want = append(want, datapath.BWLimit{Addrs: slices.Clone(ep.IPs), EgressBits: lim.Egress, IngressBits: lim.Ingress})
+	}
+	for rk := range b.reported {
+		if !seen[rk] {
+			delete(b.reported, rk) // fixed or gone: a new bad value reports again
+		}
+	}
+	b.problems = problems
+	b.limited = len(want)
+	return want
+}
+
+func joinProblem(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// ensureQdiscLocked installs fq (mq + fq) on the uplink when it is missing.
+func (b *bandwidth) ensureQdiscLocked() {
+	if b.nl == nil {
+		return
+	}
+	st, err := bwm.EnsureFQ(b.nl, b.uplink, b.cfg.BandwidthHorizon)
+	if err != nil {
+		msg := err.Error()
+		if msg != b.qdiscErr {
+			b.log.Warn("fq cannot be installed on the uplink: egress limits are not enforced (ingress limits are)", "uplink", b.uplink, "error", err)
+		}
+		b.qdiscErr, b.qdisc = msg, ""
+		return
+	}
+	if st.Applied {
+		if b.qdisc != "" || b.qdiscErr != "" || b.repairs > 0 {
+			b.repairs++
+			b.lastRepair = fmt.Sprintf("%s found %q at %s", b.uplink, st.Found, time.Now().UTC().Format(time.RFC3339))
+			b.log.Warn("fq was missing on the uplink; re-applied", "uplink", b.uplink, "found", st.Found, "installed", st.Layout)
+		} else {
+			b.log.Info("fq installed on the uplink", "uplink", b.uplink, "replaced", st.Found, "layout", st.Layout, "txQueues", st.Queues)
+		}
+	}
+	b.qdisc, b.qdiscErr = st.Layout, ""
+}
+
+// ensurePodGSOLocked caps the GSO size of pods with an egress limit to about
+// 5 ms of their rate (bwm.PodGSOMaxSize): with sub-512 µs RTTs TCP otherwise
+// sends 64 KiB GSO packets, each 52 ms of link time at 10 Mbit/s, and every
+// other packet of the pod waits behind them on the shared EDT clock
+// (docs/bandwidth.md: p99 under load 171 ms -> 40-58 ms at 10M). A pod whose
+// limit goes away gets its previous size back.
+func (b *bandwidth) ensurePodGSOLocked(eps []api.Endpoint, want []datapath.BWLimit) {
+	egress := map[netip.Addr]uint64{}
+	for _, w := range want {
+		for _, ip := range w.Addrs {
+			egress[ip.Unmap()] = w.EgressBits
+		}
+	}
+	live := map[string]bool{}
+	for _, ep := range eps {
+		if ep.Netns == "" || ep.IfName == "" || len(ep.IPs) == 0 {
+			continue
+		}
+		key := ep.Netns + "|" + ep.IfName
+		live[key] = true
+		bits := egress[ep.IPs[0].Unmap()]
+		orig, capped := b.gsoOrig[key]
+		switch {
+		case bits > 0:
+			prev, err := bwm.SetPodGSOMaxSize(ep.Netns, ep.IfName, bwm.PodGSOMaxSize(bits))
+			if err != nil {
+				b.log.Warn("cap the GSO size of a limited pod", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+				continue
+			}
+			if !capped {
+				if prev == bwm.PodGSOMaxSize(bits) {
+					prev = 64 << 10 // capped by a previous agent run: the original is unknown, assume the kernel default
+				}
+				b.gsoOrig[key] = prev
+			}
+		case capped:
+			if _, err := bwm.SetPodGSOMaxSize(ep.Netns, ep.IfName, orig); err != nil {
+				b.log.Warn("restore the GSO size of a pod without egress limit", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+				continue
+			}
+			delete(b.gsoOrig, key)
+		}
+	}
+	for k := range b.gsoOrig {
+		if !live[k] {
+			delete(b.gsoOrig, k)
+		}
+	}
+}
+
+// ensureBBRLocked sets BBR in every endpoint's netns once.
+func (b *bandwidth) ensureBBRLocked(eps []api.Endpoint) {
+	if err := bwm.CheckCongestionControl("bbr"); err != nil {
+		if err.Error() != b.bbrErr {
+			b.log.Warn("--bandwidth-manager-bbr: BBR cannot be set in pod netns", "error", err)
+		}
+		b.bbrErr = err.Error()
+		return
+	}
+	b.bbrErr = ""
+	live := map[string]bool{}
+	for _, ep := range eps {
+		if ep.Netns == "" {
+			continue
+		}
+		live[ep.Netns] = true
+		if b.bbrDone[ep.Netns] {
+			continue
+		}
+		prev, err := bwm.SetCongestionControl(ep.Netns, "bbr")
+		if err != nil {
+			b.log.Warn("set BBR in pod netns", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+			continue
+		}
+		b.bbrDone[ep.Netns] = true
+		b.log.Info("BBR set in pod netns", "pod", ep.PodNamespace+"/"+ep.PodName, "previous", prev)
+	}
+	for ns := range b.bbrDone {
+		if !live[ns] {
+			delete(b.bbrDone, ns)
+		}
+	}
+}
+
+// bandwidthLoop re-checks the uplink qdisc every few seconds so a removed
+// fq comes back long before the next full reconcile.
+func (a *Agent) bandwidthLoop(ctx context.Context) {
+	if !a.cfg.BandwidthManager {
+		return
+	}
+	t := time.NewTicker(bandwidthCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			b := a.bandwidthState()
+			b.mu.Lock()
+			if b.broadcast != nil {
+				b.broadcast.Shutdown()
+			}
+			if b.bpf != nil {
+				b.bpf.Close()
+				b.nl.Close()
+				b.bpf = nil
+			}
+			b.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		b := a.bandwidthState()
+		b.mu.Lock()
+		if b.bpf != nil {
+			if !b.bpf.Attached() {
+				if err := b.bpf.Attach(); err == nil {
+					b.log.Warn("EDT program was detached from the uplink; re-attached", "uplink", b.uplink)
+				}
+			}
+			b.ensureQdiscLocked()
+		}
+		b.mu.Unlock()
+	}
+}
+
+// bandwidthStatus is the Bandwidth Manager part of `axon status`.
+func (a *Agent) bandwidthStatus() *api.BandwidthStatus {
+	st := &api.BandwidthStatus{Enabled: a.cfg.BandwidthManager, HorizonMillis: a.cfg.BandwidthHorizon.Milliseconds()}
+	if !a.cfg.BandwidthManager {
+		st.Reason = "--bandwidth-manager=false"
+		return st
+	}
+	b := a.bandwidthState()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.bpf != nil:
+		st.Uplink = b.uplink
+	case b.loadErr != "":
+		st.Enabled, st.Reason = false, b.loadErr
+	default:
+		st.Enabled, st.Reason = false, "pending: loads after the tc datapath"
+	}
+	st.Qdisc, st.QdiscError, st.QdiscRepairs, st.LastRepair = b.qdisc, b.qdiscErr, b.repairs, b.lastRepair
+	st.LimitedPods = b.limited
+	switch {
+	case !a.cfg.BandwidthBBR:
+		st.BBR = "off"
+	case b.bbrErr != "":
+		st.BBR = "not set: " + b.bbrErr
+	default:
+		st.BBR = fmt.Sprintf("on (%d pod netns)", len(b.bbrDone))
+	}
+	keys := make([]string, 0, len(b.problems))
+	for k := range b.problems {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		st.Problems = append(st.Problems, k+": "+b.problems[k])
+	}
+	return st
+}
+
+// bandwidthDecision is the bandwidth_manager line of `axon status`.
+func (a *Agent) bandwidthDecision() api.Decision {
+	st := a.bandwidthStatus()
+	d := api.Decision{Name: DecisionBandwidth, Value: "disabled", Reason: st.Reason}
+	if !st.Enabled {
+		return d
+	}
+	d.Value = "enabled"
+	egress := "egress EDT on " + st.Uplink + " with " + st.Qdisc
+	if st.QdiscError != "" {
+		d.Value = "degraded"
+		egress = "egress NOT enforced: " + st.QdiscError
+	}
+	d.Reason = fmt.Sprintf("%s, horizon %dms; ingress token bucket before redirect; %d limited pod(s); BBR %s",
+		egress, st.HorizonMillis, st.LimitedPods, st.BBR)
+	if st.QdiscRepairs > 0 {
+		d.Reason += fmt.Sprintf("; fq re-applied %d time(s), last: %s", st.QdiscRepairs, st.LastRepair)
+	}
+	if n := len(st.Problems); n > 0 {
+		d.Reason += fmt.Sprintf("; %d pod(s) with invalid annotations (see axon status -o json)", n)
+	}
+	return d
+}
+
+// BandwidthMaps implements api.BandwidthHandler: the limits in the maps,
+// with the owning pod from the endpoint registry.
+func (a *Agent) BandwidthMaps(context.Context) (api.BandwidthReply, error) {
+	rep := api.BandwidthReply{Enabled: a.cfg.BandwidthManager, Rows: []api.BandwidthRow{}}
+	if !a.cfg.BandwidthManager {
+		rep.Reason = "--bandwidth-manager=false"
+		return rep, nil
+	}
+	b := a.bandwidthState()
+	b.mu.Lock()
+	bpf := b.bpf
+	loadErr := b.loadErr
+	b.mu.Unlock()
+	if bpf == nil {
+		rep.Enabled = false
+		rep.Reason = loadErr
+		if rep.Reason == "" {
+			rep.Reason = "pending: loads after the tc datapath"
+		}
+		return rep, nil
+	}
+	rows, err := bpf.List()
+	if err != nil {
+		return rep, err
+	}
+	owner := map[netip.Addr]string{}
+	for _, ep := range a.reg.List() {
+		for _, ip := range ep.IPs {
+			if ep.PodName != "" {
+				owner[ip.Unmap()] = ep.PodNamespace + "/" + ep.PodName
+			}
+		}
+	}
+	for _, r := range rows {
+		row := api.BandwidthRow{ID: r.ID, Addrs: r.Addrs, Direction: r.Dir, Bits: r.Bits, Rate: bwm.FormatBits(r.Bits), Burst: r.Burst, Drops: r.Drops}
+		if r.Horizon > 0 {
+			row.Horizon = r.Horizon.String()
+		}
+		for _, ip := range r.Addrs {
+			if p := owner[ip]; p != "" {
+				row.Pod = p
+				break
+			}
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	if rep.Counters, err = bpf.Stats(); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// validateBandwidth checks the Bandwidth Manager flags.
+func (c Config) validateBandwidth() error {
+	if c.BandwidthBBR && !c.BandwidthManager {
+		return fmt.Errorf("--bandwidth-manager-bbr needs --bandwidth-manager: BBR's pacing is only kept to the wire with the EDT datapath")
+	}
+	if c.BandwidthManager && c.BandwidthHorizon <= 0 {
+		return fmt.Errorf("--bandwidth-horizon %s must be positive (fq's default is 2s)", c.BandwidthHorizon)
+	}
+	return nil
+}

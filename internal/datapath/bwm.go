@@ -1,0 +1,584 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Bandwidth Manager (issue 6; bpf/uplink_egress.c, maps in bpf/lib/edt.h).
+// BWM loads the uplink egress EDT program, attaches it to the uplink's tc
+// egress and is the only writer of the limit maps. The ingress policer runs
+// inside the pod_egress / uplink_ingress programs and reads the same pinned
+// maps.
+
+// Map names, pinned by name under the node's pin dir.
+const (
+	MapBWAddr  = "axon_bw_addr"
+	MapBWState = "axon_bw_state"
+	MapBWStats = "axon_bw_stats"
+)
+
+// BW directions (enum axon_bw_dir).
+const (
+	BWEgress  uint8 = 0
+	BWIngress uint8 = 1
+)
+
+// bwStatNames mirror enum axon_bw_stat (same order).
+var bwStatNames = []string{
+	"egress_paced",         // departure time set
+	"egress_drop_horizon",  // dropped beyond the horizon
+	"egress_unlimited",     // packet of a pod without egress limit (or no pod)
+	"ingress_pass",         // within the destination pod's bucket
+	"ingress_drop",         // dropped: bucket empty
+	"egress_clock_reset",   // t_last was beyond the horizon: restarted at now
+	"egress_delivery_time", // limited packet came with a mono delivery time (pod TCP pacing/BBR kept across netns)
+	"egress_with_socket",   // limited packet still carries skb->sk (TCP small queues back-pressure works)
+}
+
+// roleBWM names the link pin: <pinDir>/links/<tcx|tc>-bwm-<uplink>. The
+// ingress-only pin parser (listLinkPins) ignores the role.
+const roleBWM = "bwm"
+
+// legacyEgressHandle identifies the cls_bpf filter on clsact egress.
+const legacyEgressHandle = 0xa16
+
+// BWMConfig selects where the Bandwidth Manager program is attached.
+type BWMConfig struct {
+	PinDir     string // bpffs dir of the node (same as Config.PinDir)
+	Uplink     string // device whose egress gets the EDT program
+	AttachMode string // auto | tcx | legacy
+	Logger     *slog.Logger
+}
+
+// BWM is the loaded Bandwidth Manager of one node. Safe for concurrent use;
+// call it from the netns it was loaded in.
+type BWM struct {
+	cfg   BWMConfig
+	slack time.Duration // egress catch-up window written with every egress limit
+	log  *slog.Logger
+	objs uplinkEgressObjects
+	mode string // ModeTCX | ModeLegacy
+	mu   sync.Mutex
+}
+
+type bwState = uplinkEgressBwState
+type bwStateKey = uplinkEgressBwStateKey
+
+// LoadBWM loads the EDT program with the limit maps pinned under cfg.PinDir
+// (reused when present: limits survive an agent restart) and attaches it to
+// the uplink's egress (an existing pinned link is updated in place).
+func LoadBWM(cfg BWMConfig) (*BWM, error) {
+	b, err := loadBWMObjects(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Attach(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.log.Info("bandwidth manager loaded", "uplink", cfg.Uplink, "attach", b.mode)
+	return b, nil
+}
+
+func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
+	if cfg.PinDir == "" {
+		return nil, errors.New("load bandwidth manager: pin dir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := ensurePinDir(cfg.PinDir); err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: %w", err)
+	}
+	spec, err := loadUplinkEgress()
+	if err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: parse uplink_egress object: %w", err)
+	}
+	setTstamp := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp) == nil
+	if err := spec.Variables["cfg_set_tstamp"].Set(boolU8(setTstamp)); err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: set cfg_set_tstamp: %w", err)
+	}
+	b := &BWM{cfg: cfg, log: cfg.Logger, slack: DefaultEgressSlack}
+	switch {
+	case cfg.AttachMode == ModeLegacy:
+		b.mode = ModeLegacy
+	case probeTCX().Available:
+		b.mode = ModeTCX
+	case cfg.AttachMode == ModeTCX:
+		return nil, errors.New("load bandwidth manager: attach mode tcx requested but the kernel has no tcx: use auto or legacy")
+	default:
+		b.mode = ModeLegacy
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	if err := spec.LoadAndAssign(&b.objs, opts); err != nil {
+		return nil, fmt.Errorf("load bandwidth manager program: %w", verifierDetail(incompatibleHint(err, cfg.PinDir)))
+	}
+	return b, nil
+}
+
+// SetEgressSlack sets the catch-up window written with egress limits from
+// the next Apply on (0 = strict EDT, every late packet loses its time).
+func (b *BWM) SetEgressSlack(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.slack = max(d, 0)
+}
+
+// AttachMode returns "tcx" or "legacy".
+func (b *BWM) AttachMode() string { return b.mode }
+
+// Uplink returns the device the program is attached to.
+func (b *BWM) Uplink() string { return b.cfg.Uplink }
+
+// Attach (re)attaches the program to the uplink's egress. Idempotent.
+func (b *BWM) Attach() error {
+	if err := validIfname(b.cfg.Uplink); err != nil {
+		return fmt.Errorf("attach bandwidth manager: uplink: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	dev, err := netlink.LinkByName(b.cfg.Uplink)
+	if err != nil {
+		return fmt.Errorf("attach bandwidth manager to %s: device not found in this netns: %w", b.cfg.Uplink, err)
+	}
+	tcxPin := pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink)
+	tcPin := pinPath(b.cfg.PinDir, pinTC, roleBWM, b.cfg.Uplink)
+	prog := b.objs.AxonUplinkEgress
+	if b.mode == ModeTCX {
+		if err := attachTCXEgress(tcxPin, dev.Attrs().Index, prog); err != nil {
+			return fmt.Errorf("attach bandwidth manager to %s: %w", b.cfg.Uplink, err)
+		}
+		return removeEgressFilter(tcPin, b.cfg.Uplink)
+	}
+	if err := attachLegacyEgress(tcPin, dev, prog); err != nil {
+		return fmt.Errorf("attach bandwidth manager to %s: %w", b.cfg.Uplink, err)
+	}
+	return detachPin(linkPin{path: tcxPin, kind: pinTCX, role: roleBWM, ifname: b.cfg.Uplink})
+}
+
+// Attached reports whether the program is attached to the uplink's egress
+// right now (the pinned link is alive on the device, or the filter exists).
+func (b *BWM) Attached() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	dev, err := netlink.LinkByName(b.cfg.Uplink)
+	if err != nil {
+		return false
+	}
+	if b.mode == ModeTCX {
+		l, err := link.LoadPinnedLink(pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink), nil)
+		if err != nil {
+			return false
+		}
+		defer l.Close()
+		return tcxIfindex(l) == dev.Attrs().Index
+	}
+	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_EGRESS)
+	if err != nil {
+		return false
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == legacyEgressHandle {
+			return true
+		}
+	}
+	return false
+}
+
+func attachTCXEgress(pin string, ifindex int, prog *ebpf.Program) error {
+	old, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		defer old.Close()
+		if tcxIfindex(old) == ifindex {
+			if err := old.Update(prog); err != nil {
+				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
+			}
+			return nil
+		}
+		_ = old.Detach()
+		if err := old.Unpin(); err != nil {
+			return fmt.Errorf("unpin stale tcx link %s: %w", pin, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("load pinned tcx link %s: %w", pin, err)
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})
+	if err != nil {
+		return fmt.Errorf("tcx egress attach to ifindex %d: %w", ifindex, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		_ = l.Detach()
+		return fmt.Errorf("pin tcx link at %s: %w", pin, err)
+	}
+	return nil
+}
+
+func egressFilter(ifindex, fd int) *netlink.BpfFilter {
+	return &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    netlink.HANDLE_MIN_EGRESS,
+			Handle:    legacyEgressHandle,
+			Priority:  legacyPrio,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd: fd, Name: "axon_bwm", DirectAction: true,
+	}
+}
+
+func attachLegacyEgress(pin string, dev netlink.Link, prog *ebpf.Program) error {
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	if err := netlink.FilterReplace(egressFilter(dev.Attrs().Index, prog.FD())); err != nil {
+		return fmt.Errorf("replace cls_bpf egress filter: %w", err)
+	}
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove old pin %s: %w", pin, err)
+	}
+	c, err := prog.Clone()
+	if err != nil {
+		return fmt.Errorf("clone program: %w", err)
+	}
+	defer c.Close()
+	if err := c.Pin(pin); err != nil {
+		return fmt.Errorf("pin program at %s: %w", pin, err)
+	}
+	return nil
+}
+
+// removeEgressFilter deletes axon's legacy egress filter (and its pin
+// marker) from ifname; nothing there is fine.
+func removeEgressFilter(pin, ifname string) error {
+	if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if dev, err := netlink.LinkByName(ifname); err == nil {
+		if err := netlink.FilterDel(egressFilter(dev.Attrs().Index, 0)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("delete cls_bpf egress filter on %s: %w", ifname, err)
+		}
+	}
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove pin %s: %w", pin, err)
+	}
+	return nil
+}
+
+// Detach removes the program from the uplink (limits stay in the maps but
+// nothing paces). Idempotent.
+func (b *BWM) Detach() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return errors.Join(
+		detachPin(linkPin{path: pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink), kind: pinTCX, role: roleBWM, ifname: b.cfg.Uplink}),
+		removeEgressFilter(pinPath(b.cfg.PinDir, pinTC, roleBWM, b.cfg.Uplink), b.cfg.Uplink),
+	)
+}
+
+// UninstallBWM detaches the Bandwidth Manager from uplink and removes every
+// limit (used when the agent runs with --bandwidth-manager=false after a run
+// with it). Missing pins are fine.
+func UninstallBWM(pinDir, uplink string) error {
+	var errs []error
+	if uplink != "" {
+		errs = append(errs,
+			detachPin(linkPin{path: pinPath(pinDir, pinTCX, roleBWM, uplink), kind: pinTCX, role: roleBWM, ifname: uplink}),
+			removeEgressFilter(pinPath(pinDir, pinTC, roleBWM, uplink), uplink))
+	}
+	// The ingress policer reads the pinned maps from the pod programs:
+	// empty them rather than unpinning (the programs hold them).
+	for _, name := range []string{MapBWAddr, MapBWState} {
+		m, err := ebpf.LoadPinnedMap(pinDir+"/"+name, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open pinned %s: %w", name, err))
+			continue
+		}
+		errs = append(errs, clearMap(m))
+		m.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func clearMap(m *ebpf.Map) error {
+	var keys [][]byte
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		keys = append(keys, slices.Clone(k))
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate %s: %w", m, err)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// Close releases file descriptors; pins and the attachment stay.
+func (b *BWM) Close() error { return b.objs.Close() }
+
+// Program returns the EDT program (for tests and benchmarks).
+func (b *BWM) Program() *ebpf.Program { return b.objs.AxonUplinkEgress }
+
+// BWLimit is the desired bandwidth of one pod.
+type BWLimit struct {
+	Addrs       []netip.Addr // the pod's addresses (all share the limit)
+	EgressBits  uint64       // bits per second; 0 = no egress limit
+	IngressBits uint64       // bits per second; 0 = no ingress limit
+}
+
+// BWRow is one limit read back from the maps.
+type BWRow struct {
+	ID      uint32
+	Addrs   []netip.Addr
+	Dir     string // "egress" | "ingress"
+	Bits    uint64 // bits per second
+	Horizon time.Duration
+	Burst   uint64        // bytes (ingress)
+	Slack   time.Duration // egress catch-up window
+	Drops   uint64
+}
+
+// DefaultEgressSlack is how far a limited pod may fall behind its EDT
+// schedule and still catch up (see edt_schedule in bpf/lib/edt.h): a burst
+// of at most this much time at the pod's rate.
+const DefaultEgressSlack = time.Millisecond
+
+// IngressBurst is the token bucket depth for an ingress rate: 100 ms of
+// traffic, at least 128 KiB (two full GRO aggregates).
+func IngressBurst(bits uint64) uint64 {
+	return max(bits/8, 128<<10)
+}
+
+func bwKey(a netip.Addr) [16]byte { return a.Unmap().As16() } // v4 as ::ffff:a.b.c.d
+
+func addrOfKey(k [16]byte) netip.Addr { return netip.AddrFrom16(k).Unmap() }
+
+// Apply makes the maps hold exactly want: every pod's addresses map to one
+// id (kept from the maps when any address already has one, so a rate change
+// keeps the running state), limits are written or removed, stale addresses
+// and ids are deleted. horizon is the egress drop horizon.
+func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
+	if horizon <= 0 {
+		return fmt.Errorf("bandwidth horizon %s must be positive", horizon)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur, err := b.readAddrs()
+	if err != nil {
+		return err
+	}
+	used := map[uint32]bool{}
+	for _, id := range cur {
+		used[id] = false
+	}
+	nextFree := func() uint32 {
+		for id := uint32(1); ; id++ {
+			if _, taken := used[id]; !taken {
+				return id
+			}
+		}
+	}
+	var errs []error
+	keepAddr := map[netip.Addr]bool{}
+	keepState := map[bwStateKey]bool{}
+	for _, w := range want {
+		if len(w.Addrs) == 0 || (w.EgressBits == 0 && w.IngressBits == 0) {
+			continue
+		}
+		id := uint32(0)
+		for _, a := range w.Addrs {
+			if cid, ok := cur[a.Unmap()]; ok && !used[cid] {
+				id = cid
+				break
+			}
+		}
+		if id == 0 {
+			id = nextFree()
+		}
+		used[id] = true
+		for _, a := range w.Addrs {
+			a = a.Unmap()
+			keepAddr[a] = true
+			if cur[a] == id {
+				continue
+			}
+			if err := b.objs.AxonBwAddr.Put(bwKey(a), id); err != nil {
+				errs = append(errs, fmt.Errorf("write %s %s: %w", MapBWAddr, a, err))
+			}
+		}
+		for _, d := range []struct {
+			dir  uint8
+			bits uint64
+		}{{BWEgress, w.EgressBits}, {BWIngress, w.IngressBits}} {
+			if d.bits == 0 {
+				continue
+			}
+			k := bwStateKey{Id: id, Dir: d.dir}
+			keepState[k] = true
+			if err := b.putLimit(k, d.bits, horizon); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// delete limits first, then addresses: a packet never sees an address
+	// whose id points at a half-written state.
+	var st bwState
+	var k bwStateKey
+	var staleKeys []bwStateKey
+	it := b.objs.AxonBwState.Iterate()
+	for it.Next(&k, &st) {
+		if !keepState[k] {
+			staleKeys = append(staleKeys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", MapBWState, err))
+	}
+	for _, k := range staleKeys {
+		if err := b.objs.AxonBwState.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete %s id %d dir %d: %w", MapBWState, k.Id, k.Dir, err))
+		}
+	}
+	for a := range cur {
+		if keepAddr[a] {
+			continue
+		}
+		if err := b.objs.AxonBwAddr.Delete(bwKey(a)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete %s %s: %w", MapBWAddr, a, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// putLimit writes rate/horizon/burst, keeping the running time and tokens
+// of an existing entry so a live rate change does not reset the pacing.
+func (b *BWM) putLimit(k bwStateKey, bits uint64, horizon time.Duration) error {
+	rate := bits / 8
+	if rate == 0 {
+		rate = 1
+	}
+	burst := uint64(b.slack) // egress: catch-up window, ns
+	if k.Dir == BWIngress {
+		burst = IngressBurst(bits) // ingress: bucket depth, bytes
+	}
+	var st bwState
+	err := b.objs.AxonBwState.Lookup(k, &st)
+	switch {
+	case err == nil:
+		if st.Rate == rate && st.Horizon == uint64(horizon) && st.Burst == burst {
+			return nil
+		}
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		st = bwState{}
+		if k.Dir == BWIngress {
+			st.Tokens = IngressBurst(bits) // a new bucket starts full
+		}
+	default:
+		return fmt.Errorf("read %s id %d: %w", MapBWState, k.Id, err)
+	}
+	st.Rate, st.Horizon, st.Burst = rate, uint64(horizon), burst
+	if k.Dir == BWIngress && int64(st.Tokens) > int64(st.Burst) { // signed balance
+		st.Tokens = st.Burst
+	}
+	if err := b.objs.AxonBwState.Put(k, st); err != nil {
+		return fmt.Errorf("write %s id %d dir %d: %w", MapBWState, k.Id, k.Dir, err)
+	}
+	return nil
+}
+
+func (b *BWM) readAddrs() (map[netip.Addr]uint32, error) {
+	out := map[netip.Addr]uint32{}
+	var k [16]byte
+	var id uint32
+	it := b.objs.AxonBwAddr.Iterate()
+	for it.Next(&k, &id) {
+		out[addrOfKey(k)] = id
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate %s: %w", MapBWAddr, err)
+	}
+	return out, nil
+}
+
+// List reads every limit back from the maps, sorted by id and direction.
+func (b *BWM) List() ([]BWRow, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	addrs, err := b.readAddrs()
+	if err != nil {
+		return nil, err
+	}
+	byID := map[uint32][]netip.Addr{}
+	for a, id := range addrs {
+		byID[id] = append(byID[id], a)
+	}
+	var rows []BWRow
+	var k bwStateKey
+	var st bwState
+	it := b.objs.AxonBwState.Iterate()
+	for it.Next(&k, &st) {
+		as := byID[k.Id]
+		slices.SortFunc(as, func(x, y netip.Addr) int { return x.Compare(y) })
+		r := BWRow{ID: k.Id, Addrs: as, Bits: st.Rate * 8, Drops: st.Drops, Dir: "egress"}
+		if k.Dir == BWIngress {
+			r.Dir, r.Burst = "ingress", st.Burst
+		} else {
+			r.Horizon, r.Slack = time.Duration(st.Horizon), time.Duration(st.Burst)
+		}
+		rows = append(rows, r)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate %s: %w", MapBWState, err)
+	}
+	slices.SortFunc(rows, func(x, y BWRow) int {
+		if x.ID != y.ID {
+			return int(x.ID) - int(y.ID)
+		}
+		return len(x.Dir) - len(y.Dir) // egress (6) before ingress (7)
+	})
+	return rows, nil
+}
+
+// Stats returns the node-wide counters summed over CPUs, by name.
+func (b *BWM) Stats() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(bwStatNames))
+	for i, n := range bwStatNames {
+		var perCPU []uint64
+		if err := b.objs.AxonBwStats.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read %s[%d] (%s): %w", MapBWStats, i, n, err)
+		}
+		var s uint64
+		for _, v := range perCPU {
+			s += v
+		}
+		out[n] = s
+	}
+	return out, nil
+}
