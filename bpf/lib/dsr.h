@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* dsr.h: direct server return by IP-in-IP encapsulation.
+ *
+ * The load balancer keeps the client's packet as it is (client -> service
+ * address) and puts an outer header in front: node address -> backend
+ * address, protocol IPIP (4) for IPv4 or IPv6 (41) for IPv6. The backend's
+ * kernel decapsulates it with a plain ipip / ip6tnl device (fb tunnel or
+ * `ip link add ... type ipip external`), finds the service address on a
+ * local interface and replies to the client directly, with the service
+ * address as source. Why IPIP rather than an IP option or Geneve: it needs
+ * no BPF at the backend (any Linux host, the standalone L4LB's real
+ * servers), works the same for IPv6 (an IPv4 option has no IPv6 twin that
+ * routers pass), survives middleboxes that strip options, and costs 20
+ * (IPv4) or 40 (IPv6) bytes of MTU on the LB -> backend path.
+ */
+#ifndef AXON_DSR_H
+#define AXON_DSR_H
+
+#include "common.h"
+#include "ctx.h"
+
+#define NP_IPPROTO_IPIP 4
+#define NP_IPPROTO_IPV6 41
+
+/* dsr_encap4 puts an IPv4 outer header (src -> dst, IPIP) in front of the
+ * IPv4 packet at offset ETH_HLEN. */
+AXON_INLINE int dsr_encap4(axon_ctx_t *ctx, __be32 src, __be32 dst)
+{
+	struct iphdr inner, outer = {};
+	__s64 sum;
+
+	if (ctx_load(ctx, ETH_HLEN, &inner, sizeof(inner)))
+		return -1;
+	outer.version = 4;
+	outer.ihl = 5;
+	outer.tos = inner.tos;
+	outer.tot_len = bpf_htons(bpf_ntohs(inner.tot_len) + sizeof(outer));
+	outer.ttl = 64;
+	outer.protocol = NP_IPPROTO_IPIP;
+	outer.saddr = src;
+	outer.daddr = dst;
+	sum = bpf_csum_diff(0, 0, (__be32 *)&outer, sizeof(outer), 0);
+	outer.check = csum_fold_diff(0xffff, sum);
+	if (ctx_grow_head(ctx, sizeof(outer), 0))
+		return -1;
+	return ctx_store(ctx, ETH_HLEN, &outer, sizeof(outer));
+}
+
+/* dsr_encap6 puts an IPv6 outer header (src -> dst, next header IPv6). */
+AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
+{
+	struct ipv6hdr inner, outer = {};
+
+	if (ctx_load(ctx, ETH_HLEN, &inner, sizeof(inner)))
+		return -1;
+	outer.version = 6;
+	outer.priority = inner.priority;
+	outer.payload_len = bpf_htons(bpf_ntohs(inner.payload_len) + sizeof(inner));
+	outer.nexthdr = NP_IPPROTO_IPV6;
+	outer.hop_limit = 64;
+	__builtin_memcpy(&outer.saddr, src, 16);
+	__builtin_memcpy(&outer.daddr, dst, 16);
+	if (ctx_grow_head(ctx, sizeof(outer), 1))
+		return -1;
+	return ctx_store(ctx, ETH_HLEN, &outer, sizeof(outer));
+}
+
+/* dsr_decap removes the outer header of an IPIP (IPv4 in IPv4) or IPv6 in
+ * IPv6 packet at the backend (tc ingress), where the kernel has no ipip /
+ * ip6tnl device (CONFIG_NET_IPIP unset, as on the dev host). The inner
+ * packet (client -> service address) then goes up the stack, which owns the
+ * service address on a local interface. Returns 1 when it decapsulated,
+ * 0 when the packet is not IP-in-IP, -1 on error. */
+AXON_INLINE int dsr_decap(axon_ctx_t *ctx)
+{
+	struct ethhdr eth;
+
+	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
+		return 0;
+	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr outer, inner;
+
+		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
+			return 0;
+		if (outer.protocol != NP_IPPROTO_IPIP || outer.ihl != 5 || (outer.frag_off & bpf_htons(0x3fff)))
+			return 0;
+		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 4)
+			return 0;
+#ifndef AXON_CTX_XDP
+		if (bpf_skb_adjust_room(ctx, -(int)sizeof(outer), BPF_ADJ_ROOM_MAC, 0))
+			return -1;
+		return 1;
+#else
+		return 0;
+#endif
+	}
+	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr outer, inner;
+
+		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
+			return 0;
+		if (outer.nexthdr != NP_IPPROTO_IPV6)
+			return 0;
+		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 6)
+			return 0;
+#ifndef AXON_CTX_XDP
+		if (bpf_skb_adjust_room(ctx, -(int)sizeof(outer), BPF_ADJ_ROOM_MAC, 0))
+			return -1;
+		return 1;
+#else
+		return 0;
+#endif
+	}
+	return 0;
+}
+
+#endif /* AXON_DSR_H */

@@ -1,0 +1,1042 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* nodeport.h: north-south load balancing, one code base for tc and XDP
+ * (ctx.h): NodePort, LoadBalancer ingress IPs, externalIPs and HostPort
+ * frontends, TCP and UDP, ICMP errors of translated flows, IPv4 and IPv6.
+ *
+ * Per packet at the uplink ingress (np_ingress):
+ *   1. CT hit (client -> frontend tuple in axon_np_ct): translate as stored.
+ *   2. frontend hit (axon_np_svc; NodePort/HostPort only for the node's own
+ *      addresses, axon_np_local): source ranges, then a backend (session
+ *      affinity, Maglev table or random), a CT entry (+ the reverse entry),
+ *      then translate:
+ *        local backend  DNAT, continue (uplink_ingress / the stack delivers)
+ *        remote, SNAT   source -> node address:port from cfg_snat_port_*,
+ *                       destination -> backend; FIB lookup, redirect
+ *        remote, DSR    IPIP to the backend (dsr.h); FIB lookup, redirect
+ *   3. reply of an SNAT flow (axon_np_nat): back to frontend -> client.
+ *   4. ICMP error quoting a translated flow: inner and outer header
+ *      translated like the flow, so PMTU discovery works end to end.
+ *   Anything else continues untouched (CTX_NEXT).
+ * At the uplink egress (tc only, np_egress): replies of local backends get
+ * the frontend back as their source.
+ *
+ * XDP cannot resolve neighbours: a packet whose FIB lookup does not succeed
+ * at XDP is passed to the stack unchanged (NP_XDP_PUNT) after its CT entry
+ * was written, and the tc program finishes it with bpf_redirect_neigh.
+ *
+ * Fragments (IPv4 MF/offset, IPv6 fragment header) are not translated: they
+ * continue to the stack untouched (NP_FRAGMENT). Non-first fragments carry no
+ * ports to find the flow with; tracking them is left for later.
+ * No VLAN tags: the IP header is expected at ETH_HLEN.
+ */
+#ifndef AXON_NODEPORT_H
+#define AXON_NODEPORT_H
+
+#include "common.h"
+#include "ctx.h"
+#include "ct.h"
+#include "nat.h"
+#include "maglev.h"
+#include "dsr.h"
+
+#define NP_IPPROTO_ICMP 1
+#define NP_IPPROTO_TCP 6
+#define NP_IPPROTO_UDP 17
+#define NP_IPPROTO_ICMPV6 58
+#define NP_IPPROTO_FRAGMENT 44
+
+#define AXON_NP_SVC_MAX 65536
+#define AXON_NP_BACKEND_MAX 65536
+#define AXON_NP_LOCAL_MAX 256
+#define AXON_NP_AFFINITY_MAX 65536
+#define AXON_NP_SRCRANGE_MAX 16384
+
+/* Frontend scopes (lb.Scope). */
+#define NP_SCOPE_CLUSTER 0  /* exact address: externalIP, LoadBalancer IP */
+#define NP_SCOPE_NODEPORT 1 /* any node address (axon_np_local) */
+#define NP_SCOPE_HOSTPORT 2 /* any node address, pod hostPort */
+
+/* np_svc_val.flags */
+#define NP_F_AFFINITY 0x01   /* sessionAffinity ClientIP (affinity_timeout s) */
+#define NP_F_MAGLEV 0x02     /* pick from axon_lb_maglev, not at random */
+#define NP_F_SRC_RANGES 0x04 /* only clients in axon_np_srcrange */
+#define NP_F_DSR 0x08        /* remote backends by DSR (IPIP), else SNAT */
+#define NP_F_LOCAL_ONLY 0x10 /* externalTrafficPolicy Local: never a remote backend */
+
+/* np_backend.state (lb.BackendState) and flags. */
+#define NP_BE_ACTIVE 0
+#define NP_BE_TERMINATING 1
+#define NP_BE_QUARANTINED 2
+#define NP_BE_F_LOCAL 0x01 /* a pod on this node: DNAT only */
+
+/* Hooks (rows of axon_np_metrics). */
+enum np_hook {
+	NP_HOOK_TC = 0,     /* tc ingress of the uplink */
+	NP_HOOK_XDP = 1,    /* XDP of the uplink */
+	NP_HOOK_EGRESS = 2, /* tc egress of the uplink */
+	NP_HOOK_MAX = 3,
+};
+
+/* Counters, index hook * NP_REASON_MAX + reason. Names in
+ * internal/datapath/nodeport_maps.go (npReasonNames). */
+enum np_reason {
+	NP_NOT_SERVICE = 0,      /* no CT entry, frontend or reverse entry: untouched */
+	NP_CT_HIT = 1,           /* established flow, translated from its CT entry */
+	NP_CT_NEW = 2,           /* new flow: backend selected, CT entry written */
+	NP_CT_INSERT_FAIL = 3,   /* CT update failed (translated anyway) */
+	NP_SNAT_NO_PORT = 4,     /* no free SNAT port after NP_SNAT_TRIES: dropped */
+	NP_REV_NAT = 5,          /* reply of an SNAT flow back to the client */
+	NP_DNAT_LOCAL = 6,       /* to a backend on this node */
+	NP_SNAT_FWD = 7,         /* to a remote backend, source NATed */
+	NP_DSR_ENCAP = 8,        /* to a remote backend, IPIP */
+	NP_ICMP_ERROR = 9,       /* ICMP error of a translated flow translated */
+	NP_DROP_NO_BACKEND = 10, /* frontend without a usable backend */
+	NP_DROP_SRC_RANGE = 11,  /* client outside loadBalancerSourceRanges */
+	NP_DROP_NOT_LOCAL = 12,  /* externalTrafficPolicy Local, backend not local */
+	NP_DROP_NO_ROUTE = 13,   /* FIB has no way to the backend / client */
+	NP_XDP_PUNT = 14,        /* XDP: FIB needs the stack (no neighbour): tc finishes */
+	NP_FRAGMENT = 15,        /* IP fragment: untouched */
+	NP_MALFORMED = 16,       /* truncated headers: untouched */
+	NP_TTL = 17,             /* TTL <= 1 on a forwarded flow: the stack answers */
+	NP_EGRESS_REV = 18,      /* egress: reply of a local backend, source restored */
+	NP_DROP_NO_SNAT_ADDR = 19, /* remote backend, but no node address configured */
+	NP_REWRITE_FAIL = 20,    /* a packet write or encapsulation failed: dropped */
+	NP_DSR_DECAP = 21,       /* backend side: IPIP outer header removed (axon_lb_decap, egress row) */
+	NP_REASON_MAX = 22,
+};
+
+struct np_svc_key {
+	__u8 addr[16]; /* frontend address; :: or ::ffff:0.0.0.0 for NodePort/HostPort */
+	__be16 port;
+	__u8 proto;
+	__u8 scope; /* NP_SCOPE_* */
+	__u16 slot; /* 0: master; 1..n: backends (Active, Terminating, Quarantined) */
+	__u16 pad;
+};
+
+struct np_svc_val {
+	__u32 id;          /* master: frontend id; slot: backend id */
+	__u16 active;      /* master: slot counts */
+	__u16 terminating;
+	__u16 quarantined;
+	__u16 flags;       /* NP_F_* */
+	__u32 affinity_timeout; /* s */
+};
+
+struct np_backend {
+	__u8 addr[16];
+	__be16 port;
+	__u8 state; /* NP_BE_ACTIVE... */
+	__u8 flags; /* NP_BE_F_* */
+	__u32 frontend_id;
+};
+
+struct np_srcrange_key {
+	__u32 prefixlen; /* 32 (frontend id) + prefix bits of addr (v4: 96 + bits) */
+	__u32 frontend_id;
+	__u8 addr[16];
+};
+
+struct np_aff_key {
+	__u8 addr[16]; /* client */
+	__u32 frontend_id;
+	__u32 pad;
+};
+
+struct np_aff_val {
+	__u32 backend_id;
+	__u32 pad;
+	__u64 last_used; /* ns, bpf_ktime_get_coarse_ns */
+};
+
+/* np_explain: the dry-run instance's answer (axon_np_explain[0]). */
+struct np_explain {
+	__u32 reason;      /* enum np_reason of the verdict */
+	__u32 frontend_id;
+	__u32 backend_id;
+	__u8 be_addr[16];
+	__be16 be_port;
+	__be16 nat_port;
+	__u8 ct_hit;       /* 1: an existing CT entry decided */
+	__u8 ct_flags;     /* NP_CT_* of the translation */
+	__u16 pad;
+};
+
+/* axon_np_svc: frontend master + backend slots (as lib/lb.h, own ids). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_NP_SVC_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct np_svc_key);
+	__type(value, struct np_svc_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_svc SEC(".maps");
+
+/* axon_np_be: backend id -> backend. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_NP_BACKEND_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct np_backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_be SEC(".maps");
+
+/* axon_np_local: the node's addresses (16 bytes, v4 mapped) -> 1: where
+ * NodePort/HostPort frontends match and SNAT replies arrive. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_NP_LOCAL_MAX);
+	__type(key, struct in6_addr);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_local SEC(".maps");
+
+/* axon_np_srcrange: loadBalancerSourceRanges, {frontend id, prefix} -> 1. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, AXON_NP_SRCRANGE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct np_srcrange_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_srcrange SEC(".maps");
+
+/* axon_np_aff: sessionAffinity ClientIP, {client, frontend id} -> backend. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AXON_NP_AFFINITY_MAX);
+	__type(key, struct np_aff_key);
+	__type(value, struct np_aff_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_aff SEC(".maps");
+
+/* axon_np_metrics: per-CPU counters (enum np_hook x enum np_reason). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NP_HOOK_MAX * NP_REASON_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_metrics SEC(".maps");
+
+/* axon_np_explain: written only by the dry-run instance (not pinned). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct np_explain);
+} axon_np_explain SEC(".maps");
+
+/* np_scratch: per-CPU scratch for what does not fit the 512-byte BPF
+ * stack (FIB parameters, the reverse entry of a new flow). Valid for one
+ * program run; nothing is carried between runs or programs in it. */
+struct np_scratch {
+	struct bpf_fib_lookup fp;
+	struct np_nat nat;
+	struct np_tuple rk;
+	struct np_ct ct;  /* the flow being translated (np_ingress_l4) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__uint(value_size, sizeof(struct np_scratch)); /* untyped: no Go type for bpf_fib_lookup */
+} axon_np_scratch SEC(".maps");
+
+AXON_INLINE struct np_scratch *np_scratch(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&axon_np_scratch, &zero);
+}
+
+/* Load-time configuration (NodePortOptions in internal/datapath):
+ *  cfg_snat_v4/v6   node address used as SNAT source for frontends that are
+ *                   not a node address (LoadBalancer IP, externalIP) and as
+ *                   the DSR outer source; 0 / :: = none configured
+ *  cfg_enable_neigh bpf_redirect_neigh may be used (tc)
+ *  cfg_dry_run      the Explain instance: no map writes, no redirect; the
+ *                   decision goes to axon_np_explain */
+volatile const __be32 cfg_snat_v4 = 0;
+volatile const __u32 cfg_snat_v6[4] = {}; /* memory order */
+volatile const __u8 cfg_enable_neigh = 1;
+volatile const __u8 cfg_dry_run = 0;
+
+/* A parsed packet. */
+struct np_pkt {
+	struct np_tuple t; /* as in the packet */
+	__u32 l4_off;
+	__u8 v6;
+	__u8 ttl;
+	__u8 tcp_flags;
+	__u8 frag;
+	__be16 tot_len;
+	__u16 pad;
+};
+
+#define NP_TCP_FIN 0x01
+#define NP_TCP_SYN 0x02
+#define NP_TCP_RST 0x04
+
+AXON_INLINE void np_count(enum np_hook hook, enum np_reason r)
+{
+	__u32 idx = (__u32)hook * NP_REASON_MAX + (__u32)r;
+	__u64 *v;
+
+	if (cfg_dry_run)
+		return;
+	v = bpf_map_lookup_elem(&axon_np_metrics, &idx);
+	if (v)
+		*v += 1;
+}
+
+AXON_INLINE void np_addr4(__u8 *a, __be32 ip)
+{
+	__u32 *w = (__u32 *)a;
+
+	w[0] = 0;
+	w[1] = 0;
+	w[2] = bpf_htonl(0x0000ffff);
+	w[3] = ip;
+}
+
+AXON_INLINE __be32 np_v4(const __u8 *a)
+{
+	return ((const __u32 *)a)[3];
+}
+
+AXON_INLINE int np_addr_zero(const __u8 *a, int v6)
+{
+	const __u32 *w = (const __u32 *)a;
+
+	if (!v6)
+		return w[3] == 0;
+	return (w[0] | w[1] | w[2] | w[3]) == 0;
+}
+
+/* np_parse_l3 reads the IP header into p (not the ports). 0: IPv4/IPv6 to
+ * act on; 1: not IP; -1: malformed. Not inlined: its header copies stay
+ * off the entry frame (the stack limit counts the whole call chain). */
+static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
+{
+	struct ethhdr eth;
+
+	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
+		return -1;
+	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (ctx_load(ctx, ETH_HLEN, &ip, sizeof(ip)))
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5)
+			return -1;
+		p->v6 = 0;
+		p->l4_off = ETH_HLEN + (__u32)ip.ihl * 4;
+		p->t.proto = ip.protocol;
+		p->ttl = ip.ttl;
+		p->tot_len = ip.tot_len;
+		p->frag = (ip.frag_off & bpf_htons(0x3fff)) != 0;
+		np_addr4(p->t.saddr, ip.saddr);
+		np_addr4(p->t.daddr, ip.daddr);
+		return 0;
+	}
+	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (ctx_load(ctx, ETH_HLEN, &ip6, sizeof(ip6)))
+			return -1;
+		if (ip6.version != 6)
+			return -1;
+		p->v6 = 1;
+		p->l4_off = ETH_HLEN + sizeof(ip6);
+		p->t.proto = ip6.nexthdr;
+		p->ttl = ip6.hop_limit;
+		p->tot_len = ip6.payload_len;
+		p->frag = ip6.nexthdr == NP_IPPROTO_FRAGMENT;
+		__builtin_memcpy(p->t.saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
+		return 0;
+	}
+	return 1;
+}
+
+/* np_parse_ports reads the TCP/UDP ports (and TCP flags). */
+AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
+{
+	__be16 ports[2];
+	__u8 fl = 0;
+
+	if (ctx_load(ctx, p->l4_off, ports, sizeof(ports)))
+		return -1;
+	p->t.sport = ports[0];
+	p->t.dport = ports[1];
+	if (p->t.proto == NP_IPPROTO_TCP) {
+		if (ctx_load(ctx, p->l4_off + 13, &fl, 1))
+			return -1;
+		p->tcp_flags = fl;
+	}
+	return 0;
+}
+
+AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
+{
+	return p->l4_off + (p->t.proto == NP_IPPROTO_TCP ? 16 : 6);
+}
+
+/* np_rewrite replaces addresses and ports of the packet's L3/L4 headers
+ * with those of n, updating the IPv4 and TCP/UDP checksums incrementally. */
+AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct np_tuple *n)
+{
+	__u32 oldp, newp;
+	__s64 d_addr, d_port;
+	__u32 csum_off = np_l4_csum_off(p);
+	int udp4 = !p->v6 && p->t.proto == NP_IPPROTO_UDP;
+
+	__builtin_memcpy(&oldp, &p->t.sport, 4);
+	__builtin_memcpy(&newp, &n->sport, 4);
+	d_port = bpf_csum_diff(&oldp, 4, &newp, 4, 0);
+	if (p->v6) {
+		d_addr = bpf_csum_diff((__be32 *)p->t.saddr, 32, (__be32 *)n->saddr, 32, 0);
+		if (ctx_store(ctx, ETH_HLEN + 8, n->saddr, 32))
+			return -1;
+	} else {
+		__be32 o[2] = {np_v4(p->t.saddr), np_v4(p->t.daddr)};
+		__be32 w[2] = {np_v4(n->saddr), np_v4(n->daddr)};
+
+		d_addr = bpf_csum_diff(o, 8, w, 8, 0);
+		if (ctx_store(ctx, ETH_HLEN + 12, w, 8))
+			return -1;
+		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d_addr))
+			return -1;
+	}
+	if (ctx_store(ctx, p->l4_off, &newp, 4))
+		return -1;
+	if (ctx_l4_csum_diff(ctx, csum_off, d_addr, 1, udp4))
+		return -1;
+	return ctx_l4_csum_diff(ctx, csum_off, d_port, 0, udp4);
+}
+
+/* np_dec_ttl: the node forwards the packet. The caller checked ttl > 1. */
+AXON_INLINE int np_dec_ttl(axon_ctx_t *ctx, const struct np_pkt *p)
+{
+	__u8 ttl = p->ttl - 1;
+
+	if (p->v6)
+		return ctx_store(ctx, ETH_HLEN + 7, &ttl, 1);
+	{
+		__u32 o = p->ttl, n = ttl;
+		__s64 d = bpf_csum_diff(&o, 4, &n, 4, 0);
+
+		if (ctx_store(ctx, ETH_HLEN + 8, &ttl, 1))
+			return -1;
+		return ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d);
+	}
+}
+
+/* np_fib looks up the way to dst (from src) in the node's FIB. */
+AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
+			struct bpf_fib_lookup *fp)
+{
+	__builtin_memset(fp, 0, sizeof(*fp));
+	fp->ifindex = ctx_ifindex(ctx);
+	if (v6) {
+		fp->family = AXON_AF_INET6;
+		__builtin_memcpy(fp->ipv6_src, src, 16);
+		__builtin_memcpy(fp->ipv6_dst, dst, 16);
+	} else {
+		fp->family = AXON_AF_INET;
+		fp->ipv4_src = np_v4(src);
+		fp->ipv4_dst = np_v4(dst);
+	}
+	return bpf_fib_lookup(ctx, fp, sizeof(*fp), 0);
+}
+
+/* np_fib_usable says whether this hook can finish the packet after a FIB
+ * lookup returned rc: SUCCESS always, NO_NEIGH only at tc with
+ * bpf_redirect_neigh. */
+AXON_INLINE int np_fib_usable(long rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+		return 1;
+	return !CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH && cfg_enable_neigh;
+}
+
+/* np_send transmits the rewritten packet the way np_fib found. */
+AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		__u8 macs[12];
+
+		__builtin_memcpy(macs, fp->dmac, 6);
+		__builtin_memcpy(macs + 6, fp->smac, 6);
+		if (ctx_store(ctx, 0, macs, sizeof(macs)))
+			return CTX_DROP;
+#ifdef AXON_CTX_XDP
+		if (fp->ifindex == ctx_ifindex(ctx))
+			return XDP_TX;
+#endif
+		return bpf_redirect(fp->ifindex, 0);
+	}
+#ifndef AXON_CTX_XDP
+	{
+		struct bpf_redir_neigh nh = {};
+
+		nh.nh_family = fp->family;
+		if (fp->family == AXON_AF_INET)
+			nh.ipv4_nh = fp->ipv4_dst;
+		else
+			__builtin_memcpy(nh.ipv6_nh, fp->ipv6_dst, 16);
+		return bpf_redirect_neigh(fp->ifindex, &nh, sizeof(nh), 0);
+	}
+#else
+	return CTX_PASS;
+#endif
+}
+
+/* np_lookup_svc finds the frontend of tuple t: exact address first, then,
+ * for the node's own addresses, the NodePort and HostPort wildcards. */
+AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, struct np_svc_key *key,
+					     int *local)
+{
+	struct np_svc_val *svc;
+
+	__builtin_memset(key, 0, sizeof(*key));
+	__builtin_memcpy(key->addr, t->daddr, 16);
+	key->port = t->dport;
+	key->proto = t->proto;
+	key->scope = NP_SCOPE_CLUSTER;
+	svc = bpf_map_lookup_elem(&axon_np_svc, key);
+	if (svc)
+		return svc;
+	if (!bpf_map_lookup_elem(&axon_np_local, t->daddr))
+		return NULL;
+	*local = 1;
+	if (v6)
+		__builtin_memset(key->addr, 0, 16);
+	else
+		np_addr4(key->addr, 0);
+	key->scope = NP_SCOPE_NODEPORT;
+	svc = bpf_map_lookup_elem(&axon_np_svc, key);
+	if (svc)
+		return svc;
+	key->scope = NP_SCOPE_HOSTPORT;
+	return bpf_map_lookup_elem(&axon_np_svc, key);
+}
+
+AXON_INLINE int np_usable(const struct np_backend *b, const struct np_svc_val *svc)
+{
+	if (b->frontend_id != svc->id)
+		return 0;
+	if (b->state == NP_BE_ACTIVE)
+		return 1;
+	return b->state == NP_BE_TERMINATING && svc->active == 0;
+}
+
+/* np_random picks a random Active backend, else a random Terminating one. */
+AXON_INLINE __u32 np_random(struct np_svc_key *key, const struct np_svc_val *svc)
+{
+	struct np_svc_val *slot;
+	__u32 n = svc->active, first = 1, id;
+
+	if (n == 0) {
+		n = svc->terminating;
+		first = 1 + svc->active;
+	}
+	if (n == 0)
+		return 0;
+	key->slot = first + bpf_get_prandom_u32() % n;
+	slot = bpf_map_lookup_elem(&axon_np_svc, key);
+	key->slot = 0;
+	id = slot ? slot->id : 0;
+	return id;
+}
+
+/* np_select chooses the backend of a new flow into be: the affine one
+ * while fresh and usable, else the Maglev slot's, else a random one. */
+AXON_INLINE __u32 np_select(struct np_svc_key *key, const struct np_svc_val *svc,
+			    const struct np_tuple *t, __u64 now, struct np_backend *be)
+{
+	struct np_aff_key akey = {};
+	struct np_aff_val *aff, aval = {};
+	struct np_backend *b;
+	__u32 id = 0;
+
+	if (svc->flags & NP_F_AFFINITY) {
+		__builtin_memcpy(akey.addr, t->saddr, 16);
+		akey.frontend_id = svc->id;
+		aff = bpf_map_lookup_elem(&axon_np_aff, &akey);
+		if (aff && now - aff->last_used <= (__u64)svc->affinity_timeout * 1000000000ULL) {
+			id = aff->backend_id;
+			b = bpf_map_lookup_elem(&axon_np_be, &id);
+			if (b && np_usable(b, svc)) {
+				__builtin_memcpy(be, b, sizeof(*be));
+				if (!cfg_dry_run)
+					aff->last_used = now;
+				return id;
+			}
+		}
+	}
+	id = 0;
+	if (svc->flags & NP_F_MAGLEV) {
+		id = maglev_pick(svc->id, t);
+		b = id ? bpf_map_lookup_elem(&axon_np_be, &id) : NULL;
+		if (!b || !np_usable(b, svc))
+			id = 0;
+	}
+	if (!id)
+		id = np_random(key, svc);
+	if (!id)
+		return 0;
+	b = bpf_map_lookup_elem(&axon_np_be, &id);
+	if (!b || b->frontend_id != svc->id || b->state == NP_BE_QUARANTINED)
+		return 0;
+	__builtin_memcpy(be, b, sizeof(*be));
+	if ((svc->flags & NP_F_AFFINITY) && !cfg_dry_run) {
+		__builtin_memcpy(akey.addr, t->saddr, 16);
+		akey.frontend_id = svc->id;
+		aval.backend_id = id;
+		aval.last_used = now;
+		bpf_map_update_elem(&axon_np_aff, &akey, &aval, BPF_ANY);
+	}
+	return id;
+}
+
+/* np_src_allowed checks loadBalancerSourceRanges. */
+AXON_INLINE int np_src_allowed(const struct np_svc_val *svc, const struct np_tuple *t)
+{
+	struct np_srcrange_key k = {};
+
+	if (!(svc->flags & NP_F_SRC_RANGES))
+		return 1;
+	k.prefixlen = 32 + 128;
+	k.frontend_id = svc->id;
+	__builtin_memcpy(k.addr, t->saddr, 16);
+	return bpf_map_lookup_elem(&axon_np_srcrange, &k) != NULL;
+}
+
+/* np_snat_addr: the source address of an SNAT flow to t's frontend: the
+ * node address the client used, else the configured node address. */
+AXON_INLINE int np_snat_addr(const struct np_tuple *t, int v6, __u8 *out)
+{
+	if (bpf_map_lookup_elem(&axon_np_local, t->daddr)) {
+		__builtin_memcpy(out, t->daddr, 16);
+		return 0;
+	}
+	if (v6) {
+		__u32 *w = (__u32 *)out;
+
+		w[0] = cfg_snat_v6[0]; /* volatile reads: the value is set at load */
+		w[1] = cfg_snat_v6[1];
+		w[2] = cfg_snat_v6[2];
+		w[3] = cfg_snat_v6[3];
+		return np_addr_zero(out, 1) ? -1 : 0;
+	}
+	np_addr4(out, cfg_snat_v4);
+	return cfg_snat_v4 ? 0 : -1;
+}
+
+/* np_explain_set records the dry-run decision. */
+AXON_INLINE void np_explain_set(enum np_reason r, const struct np_ct *ct, int hit)
+{
+	__u32 zero = 0;
+	struct np_explain *e;
+
+	if (!cfg_dry_run)
+		return;
+	e = bpf_map_lookup_elem(&axon_np_explain, &zero);
+	if (!e)
+		return;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->reason = r;
+	e->ct_hit = hit;
+	if (ct) {
+		e->frontend_id = ct->frontend_id;
+		e->backend_id = ct->backend_id;
+		__builtin_memcpy(e->be_addr, ct->be_addr, 16);
+		e->be_port = ct->be_port;
+		e->nat_port = ct->nat_port;
+		e->ct_flags = ct->flags;
+	}
+}
+
+/* np_forward translates and sends a packet of a known flow (ct), in the
+ * client -> frontend direction. */
+AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct *ct,
+			   enum np_hook hook, int hit)
+{
+	struct np_scratch *sc = np_scratch();
+	struct bpf_fib_lookup *fp;
+	struct np_tuple n;
+	__u8 src[16];
+	long rc = 0;
+
+	if (!sc)
+		return CTX_DROP;
+	fp = &sc->fp;
+
+	__builtin_memcpy(&n, &p->t, sizeof(n));
+	__builtin_memcpy(n.daddr, ct->be_addr, 16);
+	n.dport = ct->be_port;
+
+	if (ct->flags & NP_CT_LOCAL) {
+		np_explain_set(NP_DNAT_LOCAL, ct, hit);
+		if (np_rewrite(ctx, p, &n)) {
+			np_count(hook, NP_REWRITE_FAIL);
+			return CTX_DROP;
+		}
+		np_count(hook, NP_DNAT_LOCAL);
+		return CTX_NEXT;
+	}
+	if (p->ttl <= 1) {
+		np_explain_set(NP_TTL, ct, hit);
+		np_count(hook, NP_TTL);
+		return CTX_PASS;
+	}
+	if (ct->flags & NP_CT_DSR) {
+		np_explain_set(NP_DSR_ENCAP, ct, hit);
+		if (np_snat_addr(&p->t, p->v6, src)) {
+			np_count(hook, NP_DROP_NO_SNAT_ADDR);
+			return CTX_DROP;
+		}
+		if (!cfg_dry_run) {
+			rc = np_fib(ctx, p->v6, src, ct->be_addr, fp);
+			if (!np_fib_usable(rc)) {
+				if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+					np_count(hook, NP_XDP_PUNT);
+					return CTX_PASS;
+				}
+				np_count(hook, NP_DROP_NO_ROUTE);
+				return CTX_DROP;
+			}
+		}
+		if (p->v6 ? dsr_encap6(ctx, src, ct->be_addr) : dsr_encap4(ctx, np_v4(src), np_v4(ct->be_addr))) {
+			np_count(hook, NP_REWRITE_FAIL);
+			return CTX_DROP;
+		}
+		np_count(hook, NP_DSR_ENCAP);
+		if (cfg_dry_run)
+			return CTX_PASS;
+		return np_send(ctx, rc, fp);
+	}
+	/* SNAT */
+	np_explain_set(NP_SNAT_FWD, ct, hit);
+	if (np_snat_addr(&p->t, p->v6, src)) {
+		np_count(hook, NP_DROP_NO_SNAT_ADDR);
+		return CTX_DROP;
+	}
+	__builtin_memcpy(n.saddr, src, 16);
+	n.sport = ct->nat_port;
+	if (!cfg_dry_run) {
+		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
+		if (!np_fib_usable(rc)) {
+			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+				np_count(hook, NP_XDP_PUNT);
+				return CTX_PASS;
+			}
+			np_count(hook, NP_DROP_NO_ROUTE);
+			return CTX_DROP;
+		}
+	}
+	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
+		np_count(hook, NP_REWRITE_FAIL);
+		return CTX_DROP;
+	}
+	np_count(hook, NP_SNAT_FWD);
+	if (cfg_dry_run)
+		return CTX_PASS;
+	return np_send(ctx, rc, fp);
+}
+
+/* np_reverse sends a reply of an SNAT flow back to the client. */
+AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat, enum np_hook hook)
+{
+	struct np_scratch *sc = np_scratch();
+	struct bpf_fib_lookup *fp;
+	struct np_tuple n;
+	__u64 now;
+	long rc = 0;
+
+	if (!sc)
+		return CTX_DROP;
+	fp = &sc->fp;
+
+	__builtin_memcpy(&n, &p->t, sizeof(n));
+	__builtin_memcpy(n.saddr, nat->saddr, 16);
+	__builtin_memcpy(n.daddr, nat->daddr, 16);
+	n.sport = nat->sport;
+	n.dport = nat->dport;
+	if (p->ttl <= 1) {
+		np_count(hook, NP_TTL);
+		return CTX_PASS;
+	}
+	if (!cfg_dry_run) {
+		now = np_now();
+		if (now - nat->last_seen > cfg_ct_refresh_ns)
+			nat->last_seen = now;
+		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
+		if (!np_fib_usable(rc)) {
+			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+				np_count(hook, NP_XDP_PUNT);
+				return CTX_PASS;
+			}
+			np_count(hook, NP_DROP_NO_ROUTE);
+			return CTX_DROP;
+		}
+	}
+	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
+		np_count(hook, NP_REWRITE_FAIL);
+		return CTX_DROP;
+	}
+	np_count(hook, NP_REV_NAT);
+	if (cfg_dry_run)
+		return CTX_PASS;
+	return np_send(ctx, rc, fp);
+}
+
+/* np_new_flow sets up a new flow of frontend svc: backend, CT and reverse
+ * entries. Returns 0 with ct filled, or a verdict (> 0 reason) to drop. */
+AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const struct np_svc_val *found,
+			    struct np_ct *ct, __u64 now, enum np_hook hook)
+{
+	struct np_scratch *sc = np_scratch();
+	struct np_svc_val svc;
+	struct np_backend be;
+	struct np_nat *natp;
+	struct np_tuple *rkp;
+	__u32 id;
+	int i;
+
+	if (!sc)
+		return NP_REWRITE_FAIL;
+	natp = &sc->nat;
+	rkp = &sc->rk;
+	__builtin_memset(natp, 0, sizeof(*natp));
+	__builtin_memset(rkp, 0, sizeof(*rkp));
+
+	__builtin_memcpy(&svc, found, sizeof(svc));
+	if (!np_src_allowed(&svc, &p->t))
+		return NP_DROP_SRC_RANGE;
+	id = np_select(key, &svc, &p->t, now, &be);
+	if (!id)
+		return NP_DROP_NO_BACKEND;
+	__builtin_memset(ct, 0, sizeof(*ct));
+	__builtin_memcpy(ct->be_addr, be.addr, 16);
+	ct->be_port = be.port;
+	ct->backend_id = id;
+	ct->frontend_id = svc.id;
+	ct->last_seen = now;
+	ct->created = now;
+	if (be.flags & NP_BE_F_LOCAL)
+		ct->flags = NP_CT_LOCAL;
+	else if (svc.flags & NP_F_LOCAL_ONLY)
+		return NP_DROP_NOT_LOCAL;
+	else if (svc.flags & NP_F_DSR)
+		ct->flags = NP_CT_DSR;
+	else
+		ct->flags = NP_CT_SNAT;
+	if (cfg_dry_run) {
+		if (ct->flags & NP_CT_SNAT)
+			ct->nat_port = bpf_htons(cfg_snat_port_min);
+		return 0;
+	}
+
+	/* reverse entry */
+	__builtin_memcpy(natp->saddr, p->t.daddr, 16);
+	__builtin_memcpy(natp->daddr, p->t.saddr, 16);
+	natp->sport = p->t.dport;
+	natp->dport = p->t.sport;
+	natp->frontend_id = svc.id;
+	natp->last_seen = now;
+	__builtin_memcpy(rkp->saddr, be.addr, 16);
+	rkp->sport = be.port;
+	rkp->proto = p->t.proto;
+	if (ct->flags & NP_CT_LOCAL) {
+		natp->flags = NP_NAT_LOCAL;
+		__builtin_memcpy(rkp->daddr, p->t.saddr, 16);
+		rkp->dport = p->t.sport;
+		bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY);
+	} else if (ct->flags & NP_CT_SNAT) {
+		__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
+		__u32 start = np_hash_tuple(&p->t);
+		int ok = 0;
+
+		if (np_snat_addr(&p->t, p->v6, rkp->daddr))
+			return NP_DROP_NO_SNAT_ADDR;
+		if (cfg_snat_port_max < cfg_snat_port_min)
+			return NP_SNAT_NO_PORT;
+		natp->flags = NP_NAT_SNAT;
+		for (i = 0; i < NP_SNAT_TRIES; i++) {
+			__u16 port = cfg_snat_port_min + start % span;
+
+			start = bpf_get_prandom_u32();
+
+			rkp->dport = bpf_htons(port);
+			if (bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_NOEXIST) == 0) {
+				ok = 1;
+				break;
+			}
+		}
+		if (!ok)
+			return NP_SNAT_NO_PORT;
+		ct->nat_port = rkp->dport;
+	}
+	if (bpf_map_update_elem(&axon_np_ct, &p->t, ct, BPF_ANY))
+		np_count(hook, NP_CT_INSERT_FAIL);
+	else
+		np_count(hook, NP_CT_NEW);
+	return 0;
+}
+
+/* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST. */
+AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now)
+{
+	if (cfg_dry_run)
+		return;
+	if (now - ct->last_seen > cfg_ct_refresh_ns) {
+		ct->last_seen = now;
+		if (ct->flags & (NP_CT_SNAT | NP_CT_LOCAL)) {
+			/* keep the reverse entry alive with its flow */
+			struct np_tuple rk = {};
+			struct np_nat *nat;
+
+			__builtin_memcpy(rk.saddr, ct->be_addr, 16);
+			rk.sport = ct->be_port;
+			rk.proto = p->t.proto;
+			if (ct->flags & NP_CT_SNAT) {
+				if (np_snat_addr(&p->t, p->v6, rk.daddr))
+					return;
+				rk.dport = ct->nat_port;
+			} else {
+				__builtin_memcpy(rk.daddr, p->t.saddr, 16);
+				rk.dport = p->t.sport;
+			}
+			nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
+			if (nat) {
+				nat->last_seen = now;
+			} else {
+				struct np_nat nv = {};
+
+				__builtin_memcpy(nv.saddr, p->t.daddr, 16);
+				__builtin_memcpy(nv.daddr, p->t.saddr, 16);
+				nv.sport = p->t.dport;
+				nv.dport = p->t.sport;
+				nv.frontend_id = ct->frontend_id;
+				nv.flags = (ct->flags & NP_CT_SNAT) ? NP_NAT_SNAT : NP_NAT_LOCAL;
+				nv.last_seen = now;
+				bpf_map_update_elem(&axon_np_nat, &rk, &nv, BPF_ANY);
+			}
+		}
+	}
+	if ((p->tcp_flags & (NP_TCP_FIN | NP_TCP_RST)) && !(ct->flags & NP_CT_CLOSING))
+		ct->flags |= NP_CT_CLOSING;
+}
+
+#include "icmp_err.h"
+
+/* np_ingress_l4: a TCP/UDP packet at the uplink ingress (not inlined: its
+ * own stack frame). */
+static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_hook hook)
+{
+	struct np_scratch *sc = np_scratch();
+	struct np_svc_key key;
+	struct np_svc_val *svc;
+	struct np_ct *ctp, *ct;
+	struct np_nat *nat;
+	__u64 now;
+	int rc, local = 0;
+
+	if (!sc)
+		return CTX_NEXT;
+	ct = &sc->ct;
+
+	if (np_parse_ports(ctx, pp)) {
+		np_count(hook, NP_MALFORMED);
+		return CTX_NEXT;
+	}
+	now = np_now();
+	ctp = bpf_map_lookup_elem(&axon_np_ct, &pp->t);
+	if (ctp && !((ctp->flags & NP_CT_CLOSING) && (pp->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN)) {
+		np_ct_touch(ctp, pp, now);
+		__builtin_memcpy(ct, ctp, sizeof(*ct));
+		np_count(hook, NP_CT_HIT);
+		return np_forward(ctx, pp, ct, hook, 1);
+	}
+	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local);
+	if (svc) {
+		rc = np_new_flow(pp, &key, svc, ct, now, hook);
+		if (rc) {
+			np_explain_set(rc, NULL, 0);
+			np_count(hook, rc);
+			return CTX_DROP;
+		}
+		return np_forward(ctx, pp, ct, hook, 0);
+	}
+	/* replies of SNAT flows are addressed to a node address (axon_np_local) */
+	nat = local ? bpf_map_lookup_elem(&axon_np_nat, &pp->t) : NULL;
+	if (nat && (nat->flags & NP_NAT_SNAT))
+		return np_reverse(ctx, pp, nat, hook);
+	np_explain_set(NP_NOT_SERVICE, NULL, 0);
+	np_count(hook, NP_NOT_SERVICE);
+	return CTX_NEXT;
+}
+
+/* np_ingress is the whole uplink ingress path (tc and XDP). */
+AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
+{
+	struct np_pkt p = {};
+	int rc;
+
+	rc = np_parse_l3(ctx, &p);
+	if (rc) {
+		if (rc < 0)
+			np_count(hook, NP_MALFORMED);
+		return CTX_NEXT;
+	}
+	if (p.frag) {
+		np_count(hook, NP_FRAGMENT);
+		return CTX_NEXT;
+	}
+	if (p.t.proto == NP_IPPROTO_ICMP || p.t.proto == NP_IPPROTO_ICMPV6)
+		return np_icmp_error(ctx, &p, hook);
+	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP) {
+		np_count(hook, NP_NOT_SERVICE);
+		return CTX_NEXT;
+	}
+	return np_ingress_l4(ctx, &p, hook);
+}
+
+/* np_egress restores the frontend as source of local backends' replies
+ * (tc egress of the uplink). */
+AXON_INLINE int np_egress(axon_ctx_t *ctx)
+{
+	struct np_pkt p = {};
+	struct np_tuple n;
+	struct np_nat *nat;
+	__u64 now;
+
+	if (np_parse_l3(ctx, &p) || p.frag)
+		return CTX_NEXT;
+	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP)
+		return CTX_NEXT;
+	if (np_parse_ports(ctx, &p))
+		return CTX_NEXT;
+	nat = bpf_map_lookup_elem(&axon_np_nat, &p.t);
+	if (!nat || !(nat->flags & NP_NAT_LOCAL))
+		return CTX_NEXT;
+	now = np_now();
+	if (now - nat->last_seen > cfg_ct_refresh_ns)
+		nat->last_seen = now;
+	__builtin_memcpy(&n, &p.t, sizeof(n));
+	__builtin_memcpy(n.saddr, nat->saddr, 16);
+	n.sport = nat->sport;
+	if (np_rewrite(ctx, &p, &n)) {
+		np_count(NP_HOOK_EGRESS, NP_REWRITE_FAIL);
+		return CTX_DROP;
+	}
+	np_count(NP_HOOK_EGRESS, NP_EGRESS_REV);
+	return CTX_NEXT;
+}
+
+#endif /* AXON_NODEPORT_H */

@@ -1,0 +1,318 @@
+// Command nplbbench measures the per-packet cost of the north-south load
+// balancer (bpf/lb_tc.c, bpf/lb_xdp.c) with BPF_PROG_TEST_RUN: tc and XDP
+// side by side, interleaved (every round runs every scenario on both hooks),
+// each sample the median of -calls single runs timed by the kernel (the LB
+// rewrites packets in place, so repeat counts would time a different path).
+// It builds a scratch netns (axt-npbench-*) with an uplink, neighbours and
+// routes, loads the LB with pins under /sys/fs/bpf/axt-npbench-*, and
+// removes both at the end. Needs root.
+//
+//	go run ./hack/nplbbench                 # Markdown table on stdout
+//	go run ./hack/nplbbench -rounds 15 -calls 400
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/lb"
+)
+
+func main() {
+	rounds := flag.Int("rounds", 9, "interleaved rounds (samples per scenario and hook)")
+	calls := flag.Int("calls", 300, "single runs per sample (the sample is their median)")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "nplbbench: needs root (netns, BPF)")
+		os.Exit(2)
+	}
+	if err := run(*rounds, *calls); err != nil {
+		fmt.Fprintln(os.Stderr, "nplbbench:", err)
+		os.Exit(1)
+	}
+}
+
+type scenario struct {
+	name, desc string
+	pkt        func(i int) []byte // i-th packet (fresh flows need fresh tuples)
+	want       map[string]uint32  // expected return code per hook
+}
+
+func psi() string {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+	if len(f) > 1 {
+		return strings.TrimPrefix(f[1], "avg10=") + " %"
+	}
+	return "n/a"
+}
+
+func run(rounds, calls int) error {
+	runtime.LockOSThread() // everything below happens in the scratch netns
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	name := fmt.Sprintf("axt-npbench-%06x", rand.Uint32()&0xffffff)
+	h, err := netns.NewNamed(name)
+	if err != nil {
+		return fmt.Errorf("create netns: %w", err)
+	}
+	defer func() {
+		_ = netns.Set(orig)
+		_ = netns.DeleteNamed(name)
+	}()
+	defer h.Close()
+	pin := filepath.Join("/sys/fs/bpf", name)
+	defer os.RemoveAll(pin)
+	ifindex, err := setupNetns()
+	if err != nil {
+		return err
+	}
+	n, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+		PinDir: pin, NodeName: "node1",
+		NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
+		CTMax:     1 << 20, NATMax: 1 << 20,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { n.Close(); _ = datapath.UninstallNodePortLB(pin) }()
+
+	be := func(s string) lb.Backend {
+		a := netip.MustParseAddrPort(s)
+		return lb.Backend{Addr: a.Addr(), Port: a.Port(), NodeName: "node2"}
+	}
+	fe := func(addr string, bes ...lb.Backend) lb.Frontend {
+		a := netip.MustParseAddrPort(addr)
+		scope := lb.ScopeCluster
+		if a.Addr().IsUnspecified() {
+			scope = lb.ScopeNodePort
+		}
+		return lb.Frontend{Key: lb.FrontendKey{Addr: a.Addr(), Port: a.Port(), Proto: lb.TCP, Scope: scope}, Backends: bes}
+	}
+	var hundred []lb.Backend
+	for i := 0; i < 100; i++ {
+		hundred = append(hundred, be(fmt.Sprintf("10.244.2.%d:8080", i+1)))
+	}
+	table := make([]uint32, datapath.DefaultMaglevTableSize)
+	for i := range table {
+		table[i] = uint32(i*7919) % 100 // any table: the lookup cost does not depend on its content
+	}
+	for _, u := range []struct {
+		f lb.Frontend
+		o datapath.FrontendOptions
+	}{
+		{fe("0.0.0.0:30080", hundred...), datapath.FrontendOptions{}},
+		{fe("192.0.2.20:80", hundred...), datapath.FrontendOptions{Maglev: table}},
+		{fe("192.0.2.10:80", hundred...), datapath.FrontendOptions{Mode: datapath.NPModeDSR}},
+	} {
+		if err := n.UpsertFrontendWith(u.f, u.o); err != nil {
+			return err
+		}
+	}
+	tup := func(src string, sport int, dst string) datapath.Tuple {
+		return datapath.Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.MustParseAddr(src), uint16(sport)), Dst: netip.MustParseAddrPort(dst)}
+	}
+	ctHit := tup("198.18.0.250", 40000, "198.18.0.11:30080")
+	dsrHit := tup("198.18.0.250", 40001, "192.0.2.10:80")
+	for _, hook := range []string{datapath.NPHookTC, datapath.NPHookXDP} {
+		for _, t := range []datapath.Tuple{ctHit, dsrHit} {
+			if _, _, err := n.TestRun(hook, datapath.NPPacket(t, true), ifindex); err != nil {
+				return err
+			}
+		}
+	}
+	var revTuple datapath.Tuple
+	ct, err := n.CT()
+	if err != nil {
+		return err
+	}
+	for _, e := range ct {
+		if e.Flow == ctHit {
+			revTuple = datapath.Tuple{Proto: lb.TCP, Src: e.Backend, Dst: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.11"), e.NATPort)}
+		}
+	}
+	seq := map[string]int{}
+	fresh := func(key, dst string) func(int) []byte {
+		return func(int) []byte {
+			seq[key]++
+			i := seq[key]
+			src := fmt.Sprintf("203.%d.%d.%d", (i>>16)&0xff, (i>>8)&0xff, i&0xff)
+			return datapath.NPPacket(tup(src, 1024+i%60000, dst), true)
+		}
+	}
+	fwd := map[string]uint32{"tc": 7, "xdp": 3}
+	scens := []scenario{
+		{"ct_hit", "established NodePort flow, remote backend: CT hit, SNAT + DNAT, FIB, redirect",
+			func(int) []byte { return datapath.NPPacket(ctHit, false) }, fwd},
+		{"new_flow", "new NodePort flow (SYN), 100 backends, random pick: CT miss, selection, SNAT port + NAT + CT insert",
+			fresh("new", "198.18.0.11:30080"), fwd},
+		{"maglev_new_flow", "new flow to a Maglev frontend (M=16381, 100 backends)",
+			fresh("maglev", "192.0.2.20:80"), fwd},
+		{"dsr_encap", "established DSR flow: CT hit, IPIP encapsulation, FIB, redirect",
+			func(int) []byte { return datapath.NPPacket(dsrHit, false) }, fwd},
+		{"rev_nat", "backend reply of an SNAT flow: reverse NAT, FIB, redirect",
+			func(int) []byte { return datapath.NPPacket(revTuple, false) }, fwd},
+		{"not_service", "packet for a pod address (not a service): passed on",
+			func(int) []byte { return datapath.NPPacket(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
+			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
+	}
+	hooks := []string{datapath.NPHookTC, datapath.NPHookXDP}
+	samples := map[string]map[string][]float64{}
+	// the empty program: what the test-run harness itself costs per run
+	empty := map[string]*ebpf.Program{}
+	for hook, typ := range map[string]ebpf.ProgramType{"tc": ebpf.SchedCLS, "xdp": ebpf.XDP} {
+		ret := int32(-1)
+		if typ == ebpf.XDP {
+			ret = 2
+		}
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: typ, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
+		if err != nil {
+			return fmt.Errorf("empty %s program: %w", hook, err)
+		}
+		defer p.Close()
+		empty[hook] = p
+	}
+	emptyPkt := datapath.NPPacket(ctHit, false)
+	psiBefore := psi()
+	for r := 0; r < rounds; r++ {
+		for _, hook := range hooks {
+			durs := make([]float64, 0, calls)
+			for c := 0; c < calls; c++ {
+				_, d, err := n.TestRunProgram(empty[hook], hook, emptyPkt, ifindex)
+				if err != nil {
+					return err
+				}
+				durs = append(durs, float64(d.Nanoseconds()))
+			}
+			if samples["empty_program"] == nil {
+				samples["empty_program"] = map[string][]float64{}
+			}
+			samples["empty_program"][hook] = append(samples["empty_program"][hook], median(durs))
+		}
+		for _, s := range scens {
+			for _, hook := range hooks {
+				durs := make([]float64, 0, calls)
+				for c := 0; c < calls; c++ {
+					ret, d, err := n.TestRun(hook, s.pkt(c), ifindex)
+					if err != nil {
+						return err
+					}
+					if ret != s.want[hook] {
+						return fmt.Errorf("%s on %s: return code %d, want %d", s.name, hook, ret, s.want[hook])
+					}
+					durs = append(durs, float64(d.Nanoseconds()))
+				}
+				if samples[s.name] == nil {
+					samples[s.name] = map[string][]float64{}
+				}
+				samples[s.name][hook] = append(samples[s.name][hook], median(durs))
+			}
+		}
+	}
+	psiAfter := psi()
+	var release string
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		release = unix.ByteSliceToString(u.Release[:])
+	}
+	fmt.Printf("Kernel %s, %d CPUs, %d interleaved rounds x %d single runs per sample (kernel-timed BPF_PROG_TEST_RUN, repeat 1); "+
+		"CPU pressure avg10 %s before, %s after; %s\n\n", release, runtime.NumCPU(), rounds, calls, psiBefore, psiAfter, time.Now().UTC().Format(time.RFC3339))
+	fmt.Println("| scenario | tc ns/packet median (min–max) | XDP ns/packet median (min–max) | XDP / tc |")
+	fmt.Println("|---|---:|---:|---:|")
+	scens = append(scens, scenario{name: "empty_program", desc: "a program that only returns: the cost of the test-run harness itself (subtract it)"})
+	for _, s := range scens {
+		tc, xdp := samples[s.name]["tc"], samples[s.name]["xdp"]
+		fmt.Printf("| %s | %.0f (%.0f–%.0f) | %.0f (%.0f–%.0f) | %.2f× |\n", s.name,
+			median(tc), slices.Min(tc), slices.Max(tc), median(xdp), slices.Min(xdp), slices.Max(xdp), median(xdp)/median(tc))
+	}
+	fmt.Println()
+	for _, s := range scens {
+		fmt.Printf("- `%s`: %s\n", s.name, s.desc)
+	}
+	return nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// setupNetns builds, in the current (scratch) netns: eth0 (veth to wire)
+// 198.18.0.11/24, neighbours for node2 (198.18.0.12) and the client
+// (198.18.0.250), 10.244.2.0/24 via node2, forwarding on. Returns eth0's
+// ifindex.
+func setupNetns() (int, error) {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return 0, err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return 0, err
+	}
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "wire"}); err != nil {
+		return 0, fmt.Errorf("add veth: %w", err)
+	}
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return 0, err
+	}
+	wire, err := netlink.LinkByName("wire")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range []netlink.Link{eth0, wire} {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return 0, err
+		}
+	}
+	a, _ := netlink.ParseAddr("198.18.0.11/24")
+	if err := netlink.AddrAdd(eth0, a); err != nil {
+		return 0, err
+	}
+	for ip, mac := range map[string]string{"198.18.0.12": "02:00:00:00:00:12", "198.18.0.250": "02:00:00:00:00:fa"} {
+		hw, _ := net.ParseMAC(mac)
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(ip), HardwareAddr: hw}); err != nil {
+			return 0, err
+		}
+	}
+	_, dst, _ := net.ParseCIDR("10.244.2.0/24")
+	if err := netlink.RouteAdd(&netlink.Route{Dst: dst, Gw: net.ParseIP("198.18.0.12"), LinkIndex: eth0.Attrs().Index}); err != nil {
+		return 0, err
+	}
+	// /proc/thread-self/net is this thread's netns
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return 0, err
+	}
+	return eth0.Attrs().Index, nil
+}

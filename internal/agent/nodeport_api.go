@@ -1,0 +1,87 @@
+package agent
+
+// Issue 7: the local API routes of the north-south LB (api.NorthSouthHandler:
+// /v1/bpf/ct, /v1/bpf/nat, /v1/bpf/maglev, /v1/lb/explain).
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/nodeportapi"
+)
+
+var _ api.NorthSouthHandler = (*Agent)(nil)
+
+func (a *Agent) nodePortAPI() nodeportapi.Handler {
+	return nodeportapi.Handler{
+		LB: func() (*datapath.NodePortLB, string) {
+			if !a.cfg.NodePortLB.Enabled {
+				return nil, "--nodeport=false"
+			}
+			n := &a.nport
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.np == nil {
+				return nil, cmpOr(n.err, "not loaded yet (loads after the tc datapath)")
+			}
+			return n.np, ""
+		},
+		Resolve: a.resolveService,
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// resolveService returns the north-south frontends of a Service
+// (namespace/name; "default/" is assumed without a slash).
+func (a *Agent) resolveService(name string) ([]lb.Frontend, error) {
+	if a.svc == nil {
+		return nil, fmt.Errorf("the Service watch is not running")
+	}
+	if !strings.Contains(name, "/") {
+		name = "default/" + name
+	}
+	var out []lb.Frontend
+	for _, f := range a.svc.frontends() {
+		if f.Service == name && northSouth(f) {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("service %s has no NodePort, LoadBalancer, externalIP or HostPort frontend on this node (ClusterIPs are balanced by the socket LB: see `axon bpf lb list`)", name)
+	}
+	return out, nil
+}
+
+// CT implements api.NorthSouthHandler.
+func (a *Agent) CT(ctx context.Context) (api.CTReply, error) { return a.nodePortAPI().CT(ctx) }
+
+// NAT implements api.NorthSouthHandler.
+func (a *Agent) NAT(ctx context.Context) (api.NATReply, error) { return a.nodePortAPI().NAT(ctx) }
+
+// Maglev implements api.NorthSouthHandler.
+func (a *Agent) Maglev(ctx context.Context, service, frontend string, slots bool) (api.MaglevReply, error) {
+	return a.nodePortAPI().Maglev(ctx, service, frontend, slots)
+}
+
+// Explain implements api.NorthSouthHandler.
+func (a *Agent) Explain(ctx context.Context, proto, src, dst string) (api.ExplainReply, error) {
+	rep, err := a.nodePortAPI().Explain(ctx, proto, src, dst)
+	if err == nil && rep.Frontend != "" && a.svc != nil {
+		for _, f := range a.svc.frontends() {
+			if f.Key.String() == rep.Frontend {
+				rep.Service = f.Service
+			}
+		}
+	}
+	return rep, err
+}

@@ -1,0 +1,66 @@
+package agent
+
+// Issue 7: Prometheus metrics of the north-south LB (registered by
+// healthServer): conntrack fullness, GC work and the LB's packet counters.
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	descNPCTEntries = prometheus.NewDesc("axon_nodeport_ct_entries", "North-south conntrack entries in use.", nil, nil)
+	descNPCTMax     = prometheus.NewDesc("axon_nodeport_ct_max", "North-south conntrack table size (--ct-max).", nil, nil)
+	descNPCTFull    = prometheus.NewDesc("axon_nodeport_ct_fullness_ratio", "Entries in use / table size; at 1 the least recently used flows are evicted.", nil, nil)
+	descNPCTCreated = prometheus.NewDesc("axon_nodeport_ct_created_total", "Flows created in the north-south conntrack table.", nil, nil)
+	descNPCTInsFail = prometheus.NewDesc("axon_nodeport_ct_insert_failed_total", "Conntrack inserts that failed (the packet was still translated).", nil, nil)
+	descNPGCDeleted = prometheus.NewDesc("axon_nodeport_ct_gc_deleted_total", "Conntrack entries removed by the agent's garbage collection (expired or backend gone).", nil, nil)
+	descNPPackets   = prometheus.NewDesc("axon_nodeport_packets_total", "Packets seen by the north-south LB, by hook (tc, xdp, egress) and verdict.", []string{"hook", "reason"}, nil)
+	descNPHC        = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
+)
+
+type nodePortCollector struct{ a *Agent }
+
+func (c nodePortCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC} {
+		ch <- d
+	}
+}
+
+func (c nodePortCollector) Collect(ch chan<- prometheus.Metric) {
+	n := &c.a.nport
+	n.mu.Lock()
+	np, hc, deleted := n.np, n.hc, n.gcDeleted
+	n.mu.Unlock()
+	if hc != nil {
+		var ok, failed float64
+		for _, s := range hc.Statuses() {
+			if s.Error != "" {
+				failed++
+			} else {
+				ok++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descNPHC, prometheus.GaugeValue, ok, "serving")
+		ch <- prometheus.MustNewConstMetric(descNPHC, prometheus.GaugeValue, failed, "failed")
+	}
+	if np == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descNPGCDeleted, prometheus.CounterValue, float64(deleted))
+	if st, err := np.CTStats(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descNPCTEntries, prometheus.GaugeValue, float64(st.Entries))
+		ch <- prometheus.MustNewConstMetric(descNPCTMax, prometheus.GaugeValue, float64(st.Max))
+		if st.Max > 0 {
+			ch <- prometheus.MustNewConstMetric(descNPCTFull, prometheus.GaugeValue, float64(st.Entries)/float64(st.Max))
+		}
+		ch <- prometheus.MustNewConstMetric(descNPCTCreated, prometheus.CounterValue, float64(st.Created))
+		ch <- prometheus.MustNewConstMetric(descNPCTInsFail, prometheus.CounterValue, float64(st.InsertFailed))
+	}
+	if m, err := np.Metrics(); err == nil {
+		for hook, row := range m {
+			for reason, v := range row {
+				ch <- prometheus.MustNewConstMetric(descNPPackets, prometheus.CounterValue, float64(v), hook, reason)
+			}
+		}
+	}
+}

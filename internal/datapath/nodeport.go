@@ -1,0 +1,384 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// North-south load balancing (bpf/lb_tc.c, bpf/lb_xdp.c, shared code in
+// bpf/lib/nodeport.h): NodePort, LoadBalancer, externalIP and HostPort
+// frontends translated per packet at the node uplink, at tc and/or XDP, with
+// BPF conntrack, SNAT or DSR (IPIP) to remote backends, Maglev or random
+// selection, session affinity and source ranges. NodePortLB loads the
+// programs, owns their maps (pinned by name under the node's pin dir, apart
+// from the socket LB's) and implements lb.Writer.
+
+// Map names, pinned by name under the pin dir.
+const (
+	MapNPService  = "axon_np_svc"
+	MapNPBackend  = "axon_np_be"
+	MapNPLocal    = "axon_np_local"
+	MapNPSrcRange = "axon_np_srcrange"
+	MapNPAffinity = "axon_np_aff"
+	MapNPCT       = "axon_np_ct"
+	MapNPNAT      = "axon_np_nat"
+	MapNPMetrics  = "axon_np_metrics"
+	MapLBMaglev   = "axon_lb_maglev"
+)
+
+// Defaults of NodePortOptions (the sizes in bpf/lib/*.h).
+const (
+	DefaultCTMax           = 131072
+	DefaultNATMax          = 131072
+	DefaultAffinityMax     = 65536
+	DefaultMaglevTableSize = 16381
+	DefaultSNATPortMin     = 61000
+	DefaultSNATPortMax     = 65535
+	DefaultHashSeed        = 0x61786f6e
+)
+
+// Remote-backend modes (NodePortOptions.Mode, FrontendOptions.Mode).
+const (
+	NPModeSNAT = "snat" // source NAT to the node address, replies back through this node
+	NPModeDSR  = "dsr"  // IPIP to the backend, replies go directly to the client
+)
+
+// NodePortOptions configure LoadNodePortLB. Sizes and addresses are
+// load-time constants: changing them means loading again (pinned maps of
+// another size are refused with a hint).
+type NodePortOptions struct {
+	PinDir string // bpffs dir of the node, e.g. /sys/fs/bpf/axon; created if missing
+	// NodeName marks backends with lb.Backend.NodeName == NodeName as local:
+	// DNAT only, client address preserved, replies fixed up at uplink egress.
+	// Empty (standalone L4LB): every backend is remote.
+	NodeName string
+	// NodeAddrs are the node's addresses: NodePort/HostPort frontends match
+	// them and SNAT replies come back to them. The first IPv4 and the first
+	// IPv6 one are the SNAT source of frontends that are not a node address
+	// (LoadBalancer IP, externalIP) and the DSR outer source. Can be changed
+	// later with SetNodeAddrs (match only; the SNAT source stays).
+	NodeAddrs []netip.Addr
+	// Mode for remote backends: NPModeSNAT (default) or NPModeDSR. A
+	// frontend may override it (FrontendOptions.Mode).
+	Mode string
+	// Map sizes; 0 = default.
+	CTMax, NATMax, AffinityMax uint32
+	// MaglevTableSize M: a prime, 0 = 16381. Every Maglev table written
+	// through FrontendOptions.Maglev has exactly M slots.
+	MaglevTableSize uint32
+	// SNAT source port range (inclusive); 0,0 = 61000-65535.
+	SNATPortMin, SNATPortMax uint16
+	// HashSeed of the flow hash (Maglev slot, SNAT port): the same on every
+	// node so every node picks the same Maglev backend. 0 = default.
+	HashSeed uint32
+	// NoNeigh: the kernel lacks bpf_redirect_neigh (tc falls back to the
+	// stack for unresolved neighbours). Normally false (probed by the caller).
+	NoNeigh bool
+	Logger  *slog.Logger
+}
+
+// FrontendOptions are the per-frontend settings lb.Frontend does not carry.
+type FrontendOptions struct {
+	// Maglev is the frontend's Maglev lookup table (internal/maglev): for
+	// each of the MaglevTableSize slots an index into the Backends of the
+	// lb.Frontend passed with it (in the caller's order). nil: random pick.
+	Maglev []uint32
+	// SourceRanges (loadBalancerSourceRanges): only clients inside one of
+	// them are served, others are dropped. Empty: everyone.
+	SourceRanges []netip.Prefix
+	// Mode overrides NodePortOptions.Mode for this frontend ("" = default).
+	Mode string
+}
+
+// NodePortLB is the loaded north-south load balancer of one node. Methods
+// are safe for concurrent use.
+type NodePortLB struct {
+	log  *slog.Logger
+	opts NodePortOptions
+	tc   lbTCObjects
+	xdp  lbXDPObjects
+
+	mu      sync.Mutex
+	fe      map[lb.FrontendKey]*npFrontend
+	feIDs   idAlloc
+	beIDs   idAlloc
+	optFn   func(lb.Frontend) FrontendOptions
+	explain *npExplainer // dry-run instance, loaded on first Explain
+}
+
+// Verdict names of enum np_reason (bpf/lib/nodeport.h), in order; also the
+// metric names and Explanation.Verdict.
+var npReasonNames = []string{
+	"not_service", "ct_hit", "ct_new", "ct_insert_fail", "snat_no_port", "rev_nat",
+	"dnat_local", "snat_fwd", "dsr_encap", "icmp_error", "drop_no_backend",
+	"drop_src_range", "drop_not_local", "drop_no_route", "xdp_punt", "fragment",
+	"malformed", "ttl", "egress_rev", "drop_no_snat_addr", "rewrite_fail", "dsr_decap",
+}
+
+// npHookNames are the rows of axon_np_metrics (enum np_hook).
+var npHookNames = []string{"tc", "xdp", "egress"}
+
+func (o *NodePortOptions) normalise() error {
+	if o.PinDir == "" {
+		return errors.New("nodeport LB: PinDir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
+	}
+	if o.Mode == "" {
+		o.Mode = NPModeSNAT
+	}
+	if o.Mode != NPModeSNAT && o.Mode != NPModeDSR {
+		return fmt.Errorf("nodeport LB: mode %q is not %s or %s", o.Mode, NPModeSNAT, NPModeDSR)
+	}
+	if o.CTMax == 0 {
+		o.CTMax = DefaultCTMax
+	}
+	if o.NATMax == 0 {
+		o.NATMax = DefaultNATMax
+	}
+	if o.AffinityMax == 0 {
+		o.AffinityMax = DefaultAffinityMax
+	}
+	if o.MaglevTableSize == 0 {
+		o.MaglevTableSize = DefaultMaglevTableSize
+	}
+	if !isPrime(o.MaglevTableSize) {
+		return fmt.Errorf("nodeport LB: Maglev table size %d is not a prime: use one such as 251, 1021, 4093, 16381 or 65521", o.MaglevTableSize)
+	}
+	if o.SNATPortMin == 0 && o.SNATPortMax == 0 {
+		o.SNATPortMin, o.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	if o.SNATPortMin == 0 || o.SNATPortMax < o.SNATPortMin {
+		return fmt.Errorf("nodeport LB: SNAT port range %d-%d is empty or starts at 0: give min <= max, e.g. 61000-65535", o.SNATPortMin, o.SNATPortMax)
+	}
+	if o.HashSeed == 0 {
+		o.HashSeed = DefaultHashSeed
+	}
+	for _, a := range o.NodeAddrs {
+		if !a.IsValid() || a.IsUnspecified() {
+			return fmt.Errorf("nodeport LB: node address %q is not a usable address", a)
+		}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+func isPrime(n uint32) bool {
+	if n < 2 {
+		return false
+	}
+	for d := uint32(2); d*d <= n; d++ {
+		if n%d == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// snatAddrs returns the first IPv4 and IPv6 node address (zero if none).
+func (o *NodePortOptions) snatAddrs() (v4 [4]byte, v6 [16]byte) {
+	var have4, have6 bool
+	for _, a := range o.NodeAddrs {
+		a = a.Unmap()
+		if a.Is4() && !have4 {
+			v4, have4 = a.As4(), true
+		}
+		if a.Is6() && !have6 {
+			v6, have6 = a.As16(), true
+		}
+	}
+	return v4, v6
+}
+
+// setVariables writes the load-time constants into a spec of either object.
+func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
+	v4, v6 := o.snatAddrs()
+	vals := map[string]any{
+		"cfg_snat_v4":       v4, // __be32 in memory order
+		"cfg_snat_v6":       v6,
+		"cfg_snat_port_min": o.SNATPortMin,
+		"cfg_snat_port_max": o.SNATPortMax,
+		"cfg_maglev_size":   o.MaglevTableSize,
+		"cfg_hash_seed":     o.HashSeed,
+		"cfg_enable_neigh":  boolU8(!o.NoNeigh),
+		"cfg_dry_run":       boolU8(dryRun),
+	}
+	for name, v := range vals {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("object has no variable %s (stale object: run go generate ./internal/datapath)", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	for name, n := range map[string]uint32{MapNPCT: o.CTMax, MapNPNAT: o.NATMax, MapNPAffinity: o.AffinityMax} {
+		if ms := spec.Maps[name]; ms != nil {
+			ms.MaxEntries = n
+		}
+	}
+	if ms := spec.Maps[MapLBMaglev]; ms != nil && ms.InnerMap != nil {
+		ms.InnerMap.MaxEntries = o.MaglevTableSize
+	}
+	return nil
+}
+
+// LoadNodePortLB loads the tc and XDP load-balancer programs with their maps
+// pinned under o.PinDir (existing pins are reused: frontends and flows
+// survive an agent restart), writes the node addresses and reads the
+// programmed frontends back. Nothing is attached: see Attach.
+func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
+	if err := o.normalise(); err != nil {
+		return nil, err
+	}
+	if err := ensurePinDir(o.PinDir); err != nil {
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	n := &NodePortLB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}}
+	tcSpec, err := loadLbTC()
+	if err != nil {
+		return nil, fmt.Errorf("load nodeport LB: parse lb_tc object: %w", err)
+	}
+	if err := o.setVariables(tcSpec, false); err != nil {
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {
+		return nil, fmt.Errorf("load nodeport LB tc programs: %w", verifierDetail(npIncompatibleHint(err, o.PinDir)))
+	}
+	xdpSpec, err := loadLbXDP()
+	if err != nil {
+		n.tc.Close()
+		return nil, fmt.Errorf("load nodeport LB: parse lb_xdp object: %w", err)
+	}
+	if err := o.setVariables(xdpSpec, false); err != nil {
+		n.tc.Close()
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	opts.MapReplacements = n.sharedMaps()
+	if err := xdpSpec.LoadAndAssign(&n.xdp, opts); err != nil {
+		n.tc.Close()
+		return nil, fmt.Errorf("load nodeport LB XDP program: %w", verifierDetail(err))
+	}
+	if err := n.SetNodeAddrs(o.NodeAddrs); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	if err := n.rebuild(); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	n.log.Info("nodeport LB loaded", "pinDir", o.PinDir, "mode", o.Mode, "ctMax", o.CTMax,
+		"maglevM", o.MaglevTableSize, "frontends", len(n.fe))
+	return n, nil
+}
+
+// sharedMaps are the maps every program instance shares (all pinned ones).
+func (n *NodePortLB) sharedMaps() map[string]*ebpf.Map {
+	m := n.tc.lbTCMaps
+	return map[string]*ebpf.Map{
+		MapNPService: m.AxonNpSvc, MapNPBackend: m.AxonNpBe, MapNPLocal: m.AxonNpLocal,
+		MapNPSrcRange: m.AxonNpSrcrange, MapNPAffinity: m.AxonNpAff, MapNPCT: m.AxonNpCt,
+		MapNPNAT: m.AxonNpNat, MapNPMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
+	}
+}
+
+func npIncompatibleHint(err error, pinDir string) error {
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w (a map pinned under %s has another layout or size: CT/NAT/affinity sizes and the Maglev "+
+			"table size are load-time settings; remove the pins with UninstallNodePortLB (flows are lost) or load with the old sizes)", err, pinDir)
+	}
+	return err
+}
+
+// Options returns the options the LB was loaded with (defaults filled in).
+func (n *NodePortLB) Options() NodePortOptions { return n.opts }
+
+// SetFrontendOptions installs the function UpsertFrontend (the lb.Writer
+// method) asks for a frontend's Maglev table, source ranges and mode. nil:
+// defaults (random, everyone, NodePortOptions.Mode).
+func (n *NodePortLB) SetFrontendOptions(fn func(lb.Frontend) FrontendOptions) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.optFn = fn
+}
+
+// SetNodeAddrs replaces the node addresses NodePort/HostPort frontends
+// match (axon_np_local). The SNAT source chosen at load stays.
+func (n *NodePortLB) SetNodeAddrs(addrs []netip.Addr) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	want := map[[16]byte]bool{}
+	for _, a := range addrs {
+		if !a.IsValid() || a.IsUnspecified() {
+			return fmt.Errorf("set node addresses: %q is not a usable address", a)
+		}
+		want[a.Unmap().As16()] = true
+	}
+	m := n.tc.AxonNpLocal
+	var k [16]byte
+	var v uint8
+	var stale [][16]byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", MapNPLocal, err)
+	}
+	for k := range want {
+		if err := m.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("write %s: %w", MapNPLocal, mapFullHint(err, MapNPLocal))
+		}
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", MapNPLocal, err)
+		}
+	}
+	return nil
+}
+
+// Close releases file descriptors. Pinned maps and links stay: traffic keeps
+// being balanced while the agent is down and the next load adopts them.
+func (n *NodePortLB) Close() error {
+	var errs []error
+	if n.explain != nil {
+		errs = append(errs, n.explain.close())
+	}
+	errs = append(errs, n.xdp.Close(), n.tc.Close())
+	return errors.Join(errs...)
+}
+
+// UninstallNodePortLB detaches every nodeport LB attachment pinned under
+// pinDir (in the current netns) and removes its maps. Missing pins are fine.
+func UninstallNodePortLB(pinDir string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	pins, err := listNPLinkPins(pinDir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range pins {
+		errs = append(errs, detachNPPin(p))
+	}
+	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev} {
+		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,359 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// np_ct.flags and np_nat.flags (bpf/lib/ct.h, nat.h).
+const (
+	npCTLocal   = 0x01
+	npCTSNAT    = 0x02
+	npCTDSR     = 0x04
+	npCTClosing = 0x08
+	npNATSNAT   = 0x01
+	npNATLocal  = 0x02
+)
+
+// Tuple is one direction of a flow.
+type Tuple struct {
+	Proto lb.Proto
+	Src   netip.AddrPort
+	Dst   netip.AddrPort
+}
+
+func (t Tuple) String() string {
+	p := map[lb.Proto]string{lb.TCP: "tcp", lb.UDP: "udp", lb.SCTP: "sctp"}[t.Proto]
+	if p == "" {
+		p = fmt.Sprintf("proto%d", t.Proto)
+	}
+	return fmt.Sprintf("%s %s -> %s", p, t.Src, t.Dst)
+}
+
+func npTuple(t Tuple) lbTCNpTuple {
+	return lbTCNpTuple{
+		Saddr: addr16(t.Src.Addr()), Daddr: addr16(t.Dst.Addr()),
+		Sport: lbPort(t.Src.Port()), Dport: lbPort(t.Dst.Port()), Proto: uint8(t.Proto),
+	}
+}
+
+func fromNPTuple(k lbTCNpTuple) Tuple {
+	return Tuple{
+		Proto: lb.Proto(k.Proto),
+		Src:   netip.AddrPortFrom(fromAddr16(k.Saddr), lbPortHost(k.Sport)),
+		Dst:   netip.AddrPortFrom(fromAddr16(k.Daddr), lbPortHost(k.Dport)),
+	}
+}
+
+// CTEntry is one tracked flow (axon_np_ct).
+type CTEntry struct {
+	Flow       Tuple          // as the client sent it: client -> frontend
+	Backend    netip.AddrPort // where it goes
+	NATPort    uint16         // SNAT source port (Mode snat)
+	Mode       string         // "local", "snat" or "dsr"
+	Closing    bool           // TCP FIN/RST seen
+	FrontendID uint32
+	BackendID  uint32
+	Age        time.Duration // since creation
+	Idle       time.Duration // since the last refresh (refreshed at most once a second)
+}
+
+// NATEntry is one reverse translation (axon_np_nat).
+type NATEntry struct {
+	Reply  Tuple          // a reply as it is seen on the wire
+	NewSrc netip.AddrPort // its source becomes (the frontend)
+	NewDst netip.AddrPort // its destination becomes (the client)
+	Kind   string         // "snat" (uplink ingress) or "local" (uplink egress, source only)
+	Idle   time.Duration
+}
+
+// monoCoarse is bpf_ktime_get_coarse_ns's clock.
+func monoCoarse() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return uint64(ts.Nano())
+}
+
+func since(now, t uint64) time.Duration {
+	if t > now {
+		return 0
+	}
+	return time.Duration(now - t)
+}
+
+func ctMode(flags uint8) string {
+	switch {
+	case flags&npCTLocal != 0:
+		return "local"
+	case flags&npCTDSR != 0:
+		return "dsr"
+	case flags&npCTSNAT != 0:
+		return "snat"
+	}
+	return "none"
+}
+
+func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
+	return CTEntry{
+		Flow:       fromNPTuple(k),
+		Backend:    netip.AddrPortFrom(fromAddr16(v.BeAddr), lbPortHost(v.BePort)),
+		NATPort:    lbPortHost(v.NatPort),
+		Mode:       ctMode(v.Flags),
+		Closing:    v.Flags&npCTClosing != 0,
+		FrontendID: v.FrontendId,
+		BackendID:  v.BackendId,
+		Age:        since(now, v.Created),
+		Idle:       since(now, v.LastSeen),
+	}
+}
+
+// CT lists the conntrack table (`axon bpf ct list`).
+func (n *NodePortLB) CT() ([]CTEntry, error) {
+	now := monoCoarse()
+	var out []CTEntry
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, ctEntry(k, v, now))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPCT, err)
+	}
+	return out, nil
+}
+
+// NAT lists the reverse translations (`axon bpf nat list`).
+func (n *NodePortLB) NAT() ([]NATEntry, error) {
+	now := monoCoarse()
+	var out []NATEntry
+	var k lbTCNpTuple
+	var v lbTCNpNat
+	it := n.tc.AxonNpNat.Iterate()
+	for it.Next(&k, &v) {
+		kind := "snat"
+		if v.Flags&npNATLocal != 0 {
+			kind = "local"
+		}
+		out = append(out, NATEntry{
+			Reply:  fromNPTuple(k),
+			NewSrc: netip.AddrPortFrom(fromAddr16(v.Saddr), lbPortHost(v.Sport)),
+			NewDst: netip.AddrPortFrom(fromAddr16(v.Daddr), lbPortHost(v.Dport)),
+			Kind:   kind,
+			Idle:   since(now, v.LastSeen),
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPNAT, err)
+	}
+	return out, nil
+}
+
+// CTTimeouts are the idle times after which GC removes a flow.
+type CTTimeouts struct {
+	TCP        time.Duration // established TCP (default 6 h... kube-proxy/conntrack use 24 h; Cilium 6 h)
+	TCPClosing time.Duration // after FIN/RST (default 10 s)
+	UDP        time.Duration // (default 60 s)
+}
+
+// DefaultCTTimeouts follow Cilium's defaults.
+var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second}
+
+// GCStats is what one GC pass did.
+type GCStats struct {
+	CTEntries, CTDeleted   int
+	NATEntries, NATDeleted int
+}
+
+// GC removes CT entries idle longer than their timeout or whose backend is
+// gone, then reverse entries idle longer than the longest timeout or without
+// a flow. Safe to run while traffic flows (the agent calls it periodically).
+func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
+	if to.TCP == 0 {
+		to.TCP = DefaultCTTimeouts.TCP
+	}
+	if to.TCPClosing == 0 {
+		to.TCPClosing = DefaultCTTimeouts.TCPClosing
+	}
+	if to.UDP == 0 {
+		to.UDP = DefaultCTTimeouts.UDP
+	}
+	var st GCStats
+	now := monoCoarse()
+	n.mu.Lock()
+	liveBE := map[uint32]bool{}
+	for _, fe := range n.fe {
+		for _, be := range fe.backends {
+			liveBE[be.id] = true
+		}
+	}
+	n.mu.Unlock()
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	var dead []lbTCNpTuple
+	live := map[lbTCNpTuple]bool{} // local reverse keys still in use
+	// SNAT reverse keys still in use: backend, backend port, SNAT port
+	// (the SNAT address is the node's own, one per family).
+	type snatKey struct {
+		be     [16]uint8
+		bePort uint16
+		port   uint16
+		proto  uint8
+	}
+	liveSNAT := map[snatKey]bool{}
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		st.CTEntries++
+		to1 := to.UDP
+		if k.Proto == uint8(lb.TCP) {
+			to1 = to.TCP
+			if v.Flags&npCTClosing != 0 {
+				to1 = to.TCPClosing
+			}
+		}
+		if since(now, v.LastSeen) > to1 || !liveBE[v.BackendId] {
+			dead = append(dead, k)
+			continue
+		}
+		live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
+		if v.Flags&npCTSNAT != 0 {
+			liveSNAT[snatKey{be: v.BeAddr, bePort: v.BePort, port: v.NatPort, proto: k.Proto}] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("gc: read %s: %w", MapNPCT, err)
+	}
+	for i := range dead {
+		if err := n.tc.AxonNpCt.Delete(&dead[i]); err == nil {
+			st.CTDeleted++
+		}
+	}
+	maxTO := max(to.TCP, to.UDP)
+	var nk lbTCNpTuple
+	var nv lbTCNpNat
+	var deadNAT []lbTCNpTuple
+	it = n.tc.AxonNpNat.Iterate()
+	for it.Next(&nk, &nv) {
+		st.NATEntries++
+		// A reverse entry goes with its flow: once no CT entry uses it (and
+		// it has been idle for the closing timeout) its SNAT port is free
+		// again. Without this, SNAT ports stayed taken for hours and a
+		// busy NodePort ran out of them.
+		inUse := live[nk]
+		if nv.Flags&npNATSNAT != 0 {
+			inUse = liveSNAT[snatKey{be: nk.Saddr, bePort: nk.Sport, port: nk.Dport, proto: nk.Proto}]
+		}
+		if since(now, nv.LastSeen) > maxTO || (!inUse && since(now, nv.LastSeen) > to.TCPClosing) {
+			deadNAT = append(deadNAT, nk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("gc: read %s: %w", MapNPNAT, err)
+	}
+	for i := range deadNAT {
+		if err := n.tc.AxonNpNat.Delete(&deadNAT[i]); err == nil {
+			st.NATDeleted++
+		}
+	}
+	return st, nil
+}
+
+// CTStats says how full the conntrack table is.
+type CTStats struct {
+	Entries int    // flows in axon_np_ct now
+	Max     uint32 // its size (NodePortOptions.CTMax)
+	Created uint64 // flows created since the maps were made (ct_new)
+	// InsertFailed counts CT updates that failed (the packet was still
+	// translated). A full LRU table evicts the least recently used flow
+	// instead: Created - deleted by GC - Entries is the number evicted.
+	InsertFailed uint64
+}
+
+// CTStats counts the entries of the CT table and reads the counters.
+func (n *NodePortLB) CTStats() (CTStats, error) {
+	st := CTStats{Max: n.tc.AxonNpCt.MaxEntries()}
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		st.Entries++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read %s: %w", MapNPCT, err)
+	}
+	m, err := n.Metrics()
+	if err != nil {
+		return st, err
+	}
+	for hook := range m {
+		st.Created += m[hook]["ct_new"]
+		st.InsertFailed += m[hook]["ct_insert_fail"]
+	}
+	return st, nil
+}
+
+// NPReasonNames lists the LB's counter / verdict names in enum order.
+func NPReasonNames() []string { return append([]string(nil), npReasonNames...) }
+
+// Metrics returns the LB's packet counters summed over CPUs, keyed by hook
+// ("tc", "xdp", "egress") and reason (NPReasonNames).
+func (n *NodePortLB) Metrics() (map[string]map[string]uint64, error) {
+	out := map[string]map[string]uint64{}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		ncpu = runtime.NumCPU()
+	}
+	for hi, hook := range npHookNames {
+		row := map[string]uint64{}
+		for ri, r := range npReasonNames {
+			idx := uint32(hi*len(npReasonNames) + ri)
+			vals := make([]uint64, ncpu)
+			if err := n.tc.AxonNpMetrics.Lookup(&idx, &vals); err != nil {
+				return nil, fmt.Errorf("read %s[%d]: %w", MapNPMetrics, idx, err)
+			}
+			var sum uint64
+			for _, v := range vals {
+				sum += v
+			}
+			row[r] = sum
+		}
+		out[hook] = row
+	}
+	return out, nil
+}
+
+// ParseTuple parses "<proto> <src addr:port> <dst addr:port>" (the
+// arguments of `axon lb explain`); proto is tcp or udp.
+func ParseTuple(proto, src, dst string) (Tuple, error) {
+	var t Tuple
+	switch strings.ToLower(proto) {
+	case "tcp":
+		t.Proto = lb.TCP
+	case "udp":
+		t.Proto = lb.UDP
+	default:
+		return t, fmt.Errorf("protocol %q: use tcp or udp", proto)
+	}
+	var err error
+	if t.Src, err = netip.ParseAddrPort(src); err != nil {
+		return t, fmt.Errorf("source %q: %w (write 203.0.113.7:40000 or [2001:db8::7]:40000)", src, err)
+	}
+	if t.Dst, err = netip.ParseAddrPort(dst); err != nil {
+		return t, fmt.Errorf("destination %q: %w (write 198.18.0.11:30080 or [fd00::11]:30080)", dst, err)
+	}
+	t.Src = netip.AddrPortFrom(t.Src.Addr().Unmap(), t.Src.Port())
+	t.Dst = netip.AddrPortFrom(t.Dst.Addr().Unmap(), t.Dst.Port())
+	if t.Src.Addr().Is4() != t.Dst.Addr().Is4() {
+		return t, errors.New("source and destination are of different address families")
+	}
+	return t, nil
+}
