@@ -1,0 +1,390 @@
+package bench
+
+// The north-south forwarding benchmark (issue 7, `axon lab bench
+// northsouth`): an external client (the lab's axonlab-external namespace)
+// sends new connections and bulk traffic to a NodePort on node2 whose only
+// backend is a pod on node1, so every packet is forwarded by the entry node.
+// Compared, one lab per configuration, configurations alternated inside
+// every repetition (A B C D, A B C D, ...):
+//
+//	axon-tc              axon datapath, north-south LB at tc (--lb-acceleration disabled)
+//	axon-xdp             the same LB at native XDP on the node uplink (veth) (--lb-acceleration native)
+//	kube-proxy-iptables  reference CNI plugins (ptp) + real kube-proxy, iptables mode
+//	kube-proxy-nftables  reference CNI plugins (ptp) + real kube-proxy, nftables mode
+//
+// Metrics per sample: new connections/s (connect+request+response+close
+// loop, `axon lab bench _connrate`, client on CPU 0, server on CPU 1),
+// single-flow TCP throughput (iperf3), and softirq CPU per connection:
+// /proc/stat softirq time (all CPUs, machine-wide) and /proc/softirqs
+// NET_RX invocations during the connect loop, divided by the connections.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/axonhq/axon/internal/api"
+	labpkg "github.com/axonhq/axon/internal/lab"
+)
+
+// NSLabConfig is one configuration of the north-south benchmark.
+type NSLabConfig struct {
+	Name string
+	Up   labpkg.UpOptions // Nodes, PodsPerNode, BinDir, Logger are filled in by the runner
+	// WantXDP: the configuration is only meaningful with the LB at XDP; a
+	// lab whose agents did not attach at XDP is recorded as skipped.
+	WantXDP bool
+}
+
+// NSConfigs are the configurations, by name; the reference is kube-proxy-iptables.
+func NSConfigs() []NSLabConfig {
+	return []NSLabConfig{
+		{Name: "axon-tc", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "disabled"}},
+		{Name: "axon-xdp", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "native"}, WantXDP: true},
+		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyIPTables}},
+		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyNFTables}},
+	}
+}
+
+// NSReference is the configuration ratios are computed against.
+const NSReference = "kube-proxy-iptables"
+
+// Ports of the benchmark Service.
+const (
+	nsService       = "bench-northsouth"
+	nsConnPort      = 7000  // connrate server in the backend pod
+	nsIperfPort     = 5201  // iperf3 server in the backend pod
+	NSConnNodePort  = 30090 // NodePort → nsConnPort
+	NSIperfNodePort = 30091 // NodePort → nsIperfPort
+)
+
+// NSConfig describes one run.
+type NSConfig struct {
+	Configs  []string      // names from NSConfigs, in interleaving order; default all
+	Reps     int           // default 3
+	Duration time.Duration // per connect-rate and per iperf3 sample; default 3s
+	StateDir string        // lab state dir; default lab.DefaultStateDir
+	BinDir   string        // axon, axon-agent, axon-cni
+	OutDir   string
+	Progress io.Writer
+	Keep     bool // leave the last lab up
+	// WaitFree: how long to wait for the lab slot when a lab is up (0 = fail at once).
+	WaitFree time.Duration
+}
+
+// NSSample is one configuration measured once.
+type NSSample struct {
+	Rep      int     `json:"rep"`
+	Config   string  `json:"config"`
+	UpSec    float64 `json:"labUpSeconds"`
+	Attach   string  `json:"attach,omitempty"` // axon: nodeport_lb status of the entry node
+	Skipped  string  `json:"skipped,omitempty"`
+	ConnRate float64 `json:"connPerSec"`
+	Conns    int     `json:"conns"`
+	ConnErrs int     `json:"connErrors"`
+	FirstErr string  `json:"firstError,omitempty"`
+	// connect(2) and whole-cycle latency of the connect loop, µs
+	ConnectP50 float64 `json:"connectP50Us"`
+	ConnectP99 float64 `json:"connectP99Us"`
+	CycleP50   float64 `json:"cycleP50Us"`
+	// softirq CPU during the connect loop (machine-wide), per connection
+	SoftirqUsPerConn float64  `json:"softirqUsPerConn"`
+	NetRxPerConn     float64  `json:"netRxPerConn"`
+	Throughput       float64  `json:"throughputBps"`
+	Retransmits      float64  `json:"retransmits"`
+	PSIBefore        float64  `json:"psiBefore"`
+	PSIAfter         float64  `json:"psiAfter"`
+	Commands         []string `json:"commands,omitempty"`
+	Err              string   `json:"error,omitempty"`
+}
+
+// RunNorthSouth runs the benchmark. It needs the machine's lab slot: it
+// refuses to start when a lab is up, and brings its own labs up and down.
+func RunNorthSouth(ctx context.Context, cfg NSConfig) (*NSReport, error) {
+	if cfg.Reps <= 0 {
+		cfg.Reps = 3
+	}
+	if cfg.Duration <= 0 {
+		cfg.Duration = 3 * time.Second
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = labpkg.DefaultStateDir
+	}
+	all := map[string]NSLabConfig{}
+	var names []string
+	for _, c := range NSConfigs() {
+		all[c.Name] = c
+		names = append(names, c.Name)
+	}
+	if len(cfg.Configs) == 0 {
+		cfg.Configs = names
+	}
+	for _, c := range cfg.Configs {
+		if _, ok := all[c]; !ok {
+			return nil, fmt.Errorf("--configs: unknown configuration %q (have %s)", c, strings.Join(names, ", "))
+		}
+	}
+	for deadline := time.Now().Add(cfg.WaitFree); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(cfg.StateDir, "lab.json")); err != nil {
+			break
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "lab.json")); err == nil {
+		return nil, fmt.Errorf("a lab is up in %s: the north-south benchmark brings up one lab per configuration itself; run `axon lab down` first", cfg.StateDir)
+	}
+	axon := filepath.Join(cfg.BinDir, "axon")
+	rep := &NSReport{Started: time.Now().UTC(), Reps: cfg.Reps, Duration: cfg.Duration, Configs: cfg.Configs,
+		Reference: NSReference, Kernel: kernelRelease()}
+	progress := func(format string, args ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, format+"\n", args...)
+		}
+	}
+	down := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := labpkg.Down(dctx, cfg.StateDir, nil); err != nil {
+			progress("lab down: %v", err)
+		}
+	}
+	var errs []error
+	for r := 1; r <= cfg.Reps; r++ {
+		for i, name := range cfg.Configs {
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			s := measureNS(ctx, cfg, all[name], r, axon, progress)
+			rep.Samples = append(rep.Samples, s)
+			if s.Err != "" {
+				errs = append(errs, fmt.Errorf("rep %d %s: %s", r, name, s.Err))
+			}
+			last := r == cfg.Reps && i == len(cfg.Configs)-1
+			if !(last && cfg.Keep) {
+				down()
+			}
+			if cfg.OutDir != "" {
+				_ = rep.WriteFiles(cfg.OutDir)
+			}
+		}
+	}
+	rep.Finished = time.Now().UTC()
+	return rep, errors.Join(errs...)
+}
+
+func kernelRelease() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+// measureNS brings the configuration's lab up and takes one sample.
+func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon string, progress func(string, ...any)) NSSample {
+	s := NSSample{Rep: rep, Config: c.Name, ConnRate: math.NaN(), ConnectP50: math.NaN(), ConnectP99: math.NaN(), CycleP50: math.NaN(), SoftirqUsPerConn: math.NaN(), NetRxPerConn: math.NaN(),
+		Throughput: math.NaN(), Retransmits: math.NaN(), PSIBefore: math.NaN(), PSIAfter: math.NaN()}
+	o := c.Up
+	o.Nodes, o.PodsPerNode, o.BinDir, o.NoDemo = 2, 1, cfg.BinDir, true
+	t0 := time.Now()
+	l, err := labpkg.Up(ctx, cfg.StateDir, o)
+	s.UpSec = time.Since(t0).Seconds()
+	if err != nil {
+		s.Err = "lab up: " + err.Error()
+		return s
+	}
+	st := l.State()
+	entry := st.Nodes[1]
+	var backend labpkg.Pod
+	for _, p := range st.Pods {
+		if p.Node == st.Nodes[0].Name {
+			backend = p
+		}
+	}
+	if st.Datapath == labpkg.DatapathAxon {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if stt, err := api.NewClient(entry.Socket).Status(cctx); err == nil {
+			for _, d := range stt.Datapath {
+				if d.Name == "nodeport_lb" {
+					s.Attach = d.Value + " — " + d.Reason
+				}
+			}
+		}
+		cancel()
+		if c.WantXDP && !strings.HasPrefix(s.Attach, "xdp") {
+			s.Skipped = "the north-south LB did not attach at XDP: " + s.Attach
+			progress("rep %d %-20s skipped: %s", rep, c.Name, s.Skipped)
+			return s
+		}
+	}
+	if err := ensureNSService(ctx, l, backend); err != nil {
+		s.Err = err.Error()
+		return s
+	}
+	// Servers in the backend pod, pinned to CPU 1.
+	srvCtx, stopSrv := context.WithCancel(ctx)
+	defer stopSrv()
+	crSrv := l.Command(srvCtx, backend.Name, "taskset", "-c", "1", axon, "lab", "bench", "_connrate", "serve",
+		"--listen", netip.AddrPortFrom(backend.IP, nsConnPort).String())
+	ipSrv := l.Command(srvCtx, backend.Name, "taskset", "-c", "1", "iperf3", "-s", "-B", backend.IP.String(), "-p", strconv.Itoa(nsIperfPort))
+	for _, srv := range []*exec.Cmd{crSrv, ipSrv} {
+		srv.Stdout, srv.Stderr = io.Discard, io.Discard
+		if err := srv.Start(); err != nil {
+			s.Err = fmt.Sprintf("start server %v: %v", srv.Args, err)
+			return s
+		}
+		defer func() { stopSrv(); _ = srv.Wait() }()
+	}
+	target := netip.AddrPortFrom(entry.IP, NSConnNodePort)
+	// Wait until the NodePort answers (Service programmed, servers listening).
+	ready := false
+	for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
+		out, _ := l.Command(ctx, labpkg.ExternalName, axon, "lab", "bench", "_connrate", "client", "--target", target.String(), "--duration", "300ms").Output()
+		if r, err := ParseConnRate(out); err == nil && r.Conns > 0 {
+			ready = true
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if !ready {
+		s.Err = fmt.Sprintf("NodePort %s never answered within 45 s", target)
+		return s
+	}
+
+	crArgv := []string{"taskset", "-c", "0", axon, "lab", "bench", "_connrate", "client", "--target", target.String(),
+		"--duration", cfg.Duration.String()}
+	s.Commands = append(s.Commands, "GODEBUG=asyncpreemptoff=1 nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(crArgv, " "))
+	before := readPressure()
+	sq0, nr0 := softirqTicks(), netRx()
+	crCmd := l.Command(ctx, labpkg.ExternalName, crArgv...)
+	// No async preemption signals: one landing in a blocking connect(2)
+	// fails it with EINTR, which the loop would count as a failed connection.
+	crCmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+	out, err := crCmd.Output()
+	sq1, nr1 := softirqTicks(), netRx()
+	after := readPressure()
+	s.PSIBefore, s.PSIAfter = before.Avg10, after.Avg10
+	cr, perr := ParseConnRate(out)
+	switch {
+	case err != nil:
+		s.Err = fmt.Sprintf("connrate client: %v", err)
+	case perr != nil:
+		s.Err = perr.Error()
+	default:
+		s.ConnRate, s.Conns, s.ConnErrs, s.FirstErr = cr.Rate, cr.Conns, cr.Errors, cr.FirstError
+		s.ConnectP50, s.ConnectP99, s.CycleP50 = cr.ConnectP50, cr.ConnectP99, cr.CycleP50
+		if cr.Conns > 0 {
+			s.SoftirqUsPerConn = float64(sq1-sq0) * 1e6 / float64(clkTck) / float64(cr.Conns)
+			s.NetRxPerConn = float64(nr1-nr0) / float64(cr.Conns)
+		}
+	}
+	secs := max(1, int(math.Ceil(cfg.Duration.Seconds())))
+	ipArgv := []string{"taskset", "-c", "0", "iperf3", "-c", entry.IP.String(), "-p", strconv.Itoa(NSIperfNodePort), "-t", strconv.Itoa(secs), "-J"}
+	s.Commands = append(s.Commands, "nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(ipArgv, " "))
+	ictx, cancel := context.WithTimeout(ctx, cfg.Duration+30*time.Second)
+	iout, ierr := l.Command(ictx, labpkg.ExternalName, ipArgv...).Output()
+	cancel()
+	if ir, err := ParseIperfJSON(iout); err == nil {
+		s.Throughput, s.Retransmits = ir.BitsPerSecond, float64(ir.Retransmits)
+	} else if s.Err == "" {
+		s.Err = fmt.Sprintf("iperf3: %v %v", err, ierr)
+	}
+	progress("rep %d %-20s up %4.1fs  %8.0f conn/s (%d errors)  %6.2f Gbit/s  softirq %5.1f µs/conn  psi %.0f%%",
+		rep, c.Name, s.UpSec, s.ConnRate, s.ConnErrs, s.Throughput/1e9, s.SoftirqUsPerConn, s.PSIAfter)
+	return s
+}
+
+// clkTck is USER_HZ, the unit of /proc/stat (100 on Linux).
+const clkTck = 100
+
+// softirqTicks sums the softirq column of /proc/stat's "cpu" line.
+func softirqTicks() uint64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	return parseStatSoftirq(string(b))
+}
+
+func parseStatSoftirq(stat string) uint64 {
+	for _, line := range strings.Split(stat, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 7 && f[0] == "cpu" {
+			v, _ := strconv.ParseUint(f[7], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// netRx sums the NET_RX row of /proc/softirqs over all CPUs.
+func netRx() uint64 {
+	b, err := os.ReadFile("/proc/softirqs")
+	if err != nil {
+		return 0
+	}
+	return parseSoftirqsRow(string(b), "NET_RX:")
+}
+
+func parseSoftirqsRow(data, row string) uint64 {
+	for _, line := range strings.Split(data, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && f[0] == row {
+			var sum uint64
+			for _, x := range f[1:] {
+				v, _ := strconv.ParseUint(x, 10, 64)
+				sum += v
+			}
+			return sum
+		}
+	}
+	return 0
+}
+
+// ensureNSService creates the benchmark's NodePort Service (IPv4, TCP:
+// NSConnNodePort → 7000, NSIperfNodePort → 5201) with backend as its only
+// endpoint (the lab runs no controller-manager: the EndpointSlice is ours).
+func ensureNSService(ctx context.Context, l *labpkg.Lab, backend labpkg.Pod) error {
+	kube, err := l.Kube()
+	if err != nil {
+		return err
+	}
+	ns := labpkg.DemoNamespace
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: nsService, Namespace: ns},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{
+			{Name: "conn", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(nsConnPort), NodePort: NSConnNodePort},
+			{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(nsIperfPort), NodePort: NSIperfNodePort},
+		}},
+	}
+	if _, err := kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Service %s: %w", nsService, err)
+	}
+	yes, node := true, backend.Node
+	tcp := corev1.ProtocolTCP
+	conn, iperf := "conn", "iperf"
+	cp, ip := int32(nsConnPort), int32(nsIperfPort)
+	eps := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: nsService + "-v4", Namespace: ns, Labels: map[string]string{
+			discoveryv1.LabelServiceName: nsService, discoveryv1.LabelManagedBy: "axon-bench"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &conn, Protocol: &tcp, Port: &cp}, {Name: &iperf, Protocol: &tcp, Port: &ip}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{backend.IP.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: new(bool)}, NodeName: &node,
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: backend.Namespace, Name: backend.Name}}},
+	}
+	if _, err := kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, eps, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create EndpointSlice of %s: %w", nsService, err)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package bench
+
+// Report of the north-south benchmark (ns.go): medians with min–max per
+// configuration, ratios to kube-proxy iptables from the same run, CPU
+// pressure, every sample and exact command (results.json, results.csv,
+// results.md).
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// NSReport is the outcome of RunNorthSouth.
+type NSReport struct {
+	Started   time.Time     `json:"started"`
+	Finished  time.Time     `json:"finished"`
+	Command   string        `json:"command,omitempty"`
+	Kernel    string        `json:"kernel"`
+	Reps      int           `json:"reps"`
+	Duration  time.Duration `json:"duration"`
+	Configs   []string      `json:"configs"`
+	Reference string        `json:"reference"`
+	Samples   []NSSample    `json:"samples"`
+}
+
+// NS metric names.
+const (
+	NSMetricConnRate   = "conn_per_sec"
+	NSMetricThroughput = "throughput"
+	NSMetricSoftirq    = "softirq_us_per_conn"
+	NSMetricNetRx      = "net_rx_per_conn"
+	NSMetricPSI        = "psi_some_avg10"
+)
+
+func (s NSSample) value(metric string) float64 {
+	if s.Skipped != "" {
+		return math.NaN()
+	}
+	switch metric {
+	case NSMetricConnRate:
+		return s.ConnRate
+	case NSMetricThroughput:
+		return s.Throughput
+	case NSMetricSoftirq:
+		return s.SoftirqUsPerConn
+	case NSMetricNetRx:
+		return s.NetRxPerConn
+	case NSMetricPSI:
+		return s.PSIAfter
+	}
+	return math.NaN()
+}
+
+// Values returns the samples of one configuration and metric, in rep order.
+func (r *NSReport) Values(config, metric string) []float64 {
+	var out []float64
+	for _, s := range r.Samples {
+		if s.Config == config {
+			out = append(out, s.value(metric))
+		}
+	}
+	return out
+}
+
+// Stats returns min/median/max of a configuration's metric.
+func (r *NSReport) Stats(config, metric string) Stats { return Summarize(r.Values(config, metric)) }
+
+// Ratio is the configuration's median over the reference's median.
+func (r *NSReport) Ratio(config, metric string) float64 {
+	return Ratio(r.Stats(config, metric).Median, r.Stats(r.Reference, metric).Median)
+}
+
+func (r *NSReport) skipped(config string) string {
+	for _, s := range r.Samples {
+		if s.Config == config && s.Skipped != "" {
+			return s.Skipped
+		}
+	}
+	return ""
+}
+
+// Table is the Markdown summary table.
+func (r *NSReport) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| configuration | new conn/s median (min–max) | ratio | throughput Gbit/s median (min–max) | ratio | softirq µs/conn | ratio | NET_RX/conn | failed conns | CPU pressure avg10 %% |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range r.Configs {
+		if why := r.skipped(c); why != "" && r.Stats(c, NSMetricConnRate).N == 0 {
+			fmt.Fprintf(&b, "| %s | skipped: %s |||||||||\n", c, mdEscape(why))
+			continue
+		}
+		cr, tp, sq, nr, psi := r.Stats(c, NSMetricConnRate), r.Stats(c, NSMetricThroughput), r.Stats(c, NSMetricSoftirq), r.Stats(c, NSMetricNetRx), r.Stats(c, NSMetricPSI)
+		fails := 0
+		for _, s := range r.Samples {
+			if s.Config == c {
+				fails += s.ConnErrs
+			}
+		}
+		name := c
+		if c == r.Reference {
+			name += " (reference)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", name,
+			cell(cr, 1, 0), fmtRatio(r.Ratio(c, NSMetricConnRate)),
+			cell(tp, 1e9, 2), fmtRatio(r.Ratio(c, NSMetricThroughput)),
+			fmtNum(sq.Median, 1), fmtRatio(r.Ratio(c, NSMetricSoftirq)),
+			fmtNum(nr.Median, 2), fails, fmtNum(psi.Median, 0))
+	}
+	return b.String()
+}
+
+// Markdown is results.md: the table, how it was measured, every sample.
+func (r *NSReport) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# North-south forwarding: external client → NodePort (backend on another node)\n\n")
+	fmt.Fprintf(&b, "Kernel %s, %d repetitions × %s per metric, configurations interleaved in every repetition (one lab each). Started %s, finished %s.\n\n",
+		r.Kernel, r.Reps, r.Duration, r.Started.Format(time.RFC3339), r.Finished.Format(time.RFC3339))
+	if r.Command != "" {
+		fmt.Fprintf(&b, "Command: `%s`\n\n", r.Command)
+	}
+	b.WriteString(r.Table())
+	b.WriteString("\nRatios are medians over the reference's median (kube-proxy iptables) from the same run; for softirq µs/conn lower is better. " +
+		"softirq time is /proc/stat's softirq column (all CPUs, machine-wide: includes other users of this shared machine) over the connect loop, divided by its connections; NET_RX/conn likewise from /proc/softirqs.\n\n")
+	b.WriteString("## Samples\n\n| rep | configuration | lab up s | conn/s | connect p50/p99 µs | conns | errors | Gbit/s | retransmits | softirq µs/conn | NET_RX/conn | PSI before/after % | attach / note |\n|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+	for _, s := range r.Samples {
+		note := s.Attach
+		if s.Skipped != "" {
+			note = "skipped: " + s.Skipped
+		}
+		if s.Err != "" {
+			note += " ERROR: " + s.Err
+		}
+		if s.FirstErr != "" {
+			note += " first conn error: " + s.FirstErr
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.1f | %s | %s/%s | %d | %d | %s | %s | %s | %s | %s/%s | %s |\n", s.Rep, s.Config, s.UpSec,
+			fmtNum(s.ConnRate, 0), fmtNum(s.ConnectP50, 0), fmtNum(s.ConnectP99, 0), s.Conns, s.ConnErrs, fmtNum(s.Throughput/1e9, 2), fmtNum(s.Retransmits, 0),
+			fmtNum(s.SoftirqUsPerConn, 1), fmtNum(s.NetRxPerConn, 2), fmtNum(s.PSIBefore, 0), fmtNum(s.PSIAfter, 0), mdEscape(note))
+	}
+	b.WriteString("\n## Commands (first sample of each configuration)\n\n")
+	done := map[string]bool{}
+	for _, s := range r.Samples {
+		if done[s.Config] || len(s.Commands) == 0 {
+			continue
+		}
+		done[s.Config] = true
+		fmt.Fprintf(&b, "%s:\n\n```sh\n%s\n```\n\n", s.Config, strings.Join(s.Commands, "\n"))
+	}
+	return b.String()
+}
+
+// CSV is one row per sample and metric.
+func (r *NSReport) CSV() []byte {
+	var buf bytes.Buffer
+	w := csv.NewWriter(&buf)
+	_ = w.Write([]string{"rep", "config", "metric", "value"})
+	for _, s := range r.Samples {
+		for _, m := range []string{NSMetricConnRate, NSMetricThroughput, NSMetricSoftirq, NSMetricNetRx, NSMetricPSI} {
+			v := s.value(m)
+			txt := ""
+			if !math.IsNaN(v) {
+				txt = strconv.FormatFloat(v, 'g', 8, 64)
+			}
+			_ = w.Write([]string{strconv.Itoa(s.Rep), s.Config, m, txt})
+		}
+	}
+	w.Flush()
+	return buf.Bytes()
+}
+
+// MarshalJSON writes NaN as null.
+func (s NSSample) MarshalJSON() ([]byte, error) {
+	type plain NSSample
+	return json.Marshal(struct {
+		plain
+		ConnRate         *float64 `json:"connPerSec"`
+		SoftirqUsPerConn *float64 `json:"softirqUsPerConn"`
+		NetRxPerConn     *float64 `json:"netRxPerConn"`
+		Throughput       *float64 `json:"throughputBps"`
+		Retransmits      *float64 `json:"retransmits"`
+		PSIBefore        *float64 `json:"psiBefore"`
+		PSIAfter         *float64 `json:"psiAfter"`
+		ConnectP50       *float64 `json:"connectP50Us"`
+		ConnectP99       *float64 `json:"connectP99Us"`
+		CycleP50         *float64 `json:"cycleP50Us"`
+	}{plain(s), jnum(s.ConnRate), jnum(s.SoftirqUsPerConn), jnum(s.NetRxPerConn), jnum(s.Throughput),
+		jnum(s.Retransmits), jnum(s.PSIBefore), jnum(s.PSIAfter), jnum(s.ConnectP50), jnum(s.ConnectP99), jnum(s.CycleP50)})
+}
+
+// WriteFiles writes results.json, results.csv and results.md into dir.
+func (r *NSReport) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results.json: %w", err)
+	}
+	for name, data := range map[string][]byte{"results.json": j, "results.csv": r.CSV(), "results.md": []byte(r.Markdown())} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	return nil
+}

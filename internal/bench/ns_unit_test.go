@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseStatSoftirq(t *testing.T) {
+	stat := "cpu  4705 356 584 3699176 23060 0 1277 0 0 0\ncpu0 1393 280 234 1848686 13166 0 1000 0 0 0\n"
+	if got := parseStatSoftirq(stat); got != 1277 {
+		t.Errorf("softirq = %d, want 1277", got)
+	}
+	if got := parseStatSoftirq("garbage"); got != 0 {
+		t.Errorf("garbage = %d", got)
+	}
+	softirqs := "                    CPU0       CPU1\n          HI:          1          0\n      NET_TX:        10         20\n      NET_RX:     1000       2345\n"
+	if got := parseSoftirqsRow(softirqs, "NET_RX:"); got != 3345 {
+		t.Errorf("NET_RX = %d, want 3345", got)
+	}
+}
+
+func TestNSReport(t *testing.T) {
+	nan := math.NaN()
+	s := func(rep int, cfg string, rate, tput, sq float64) NSSample {
+		return NSSample{Rep: rep, Config: cfg, ConnRate: rate, Throughput: tput, SoftirqUsPerConn: sq, NetRxPerConn: 2,
+			Retransmits: 0, PSIBefore: 50, PSIAfter: 60}
+	}
+	r := &NSReport{Configs: []string{"axon-tc", "axon-xdp", NSReference}, Reference: NSReference, Reps: 2}
+	r.Samples = []NSSample{
+		s(1, "axon-tc", 3000, 10e9, 20), s(1, NSReference, 1000, 5e9, 40),
+		s(2, "axon-tc", 5000, 12e9, 30), s(2, NSReference, 2000, 7e9, 60),
+		{Rep: 1, Config: "axon-xdp", Skipped: "the north-south LB did not attach at XDP: tc on eth0", ConnRate: nan, Throughput: nan,
+			SoftirqUsPerConn: nan, NetRxPerConn: nan, Retransmits: nan, PSIBefore: nan, PSIAfter: nan},
+	}
+	if got := r.Ratio("axon-tc", NSMetricConnRate); math.Abs(got-4000.0/1500) > 1e-9 {
+		t.Errorf("conn/s ratio = %v", got)
+	}
+	if got := r.Stats("axon-tc", NSMetricThroughput); got.Median != 11e9 || got.Min != 10e9 || got.Max != 12e9 {
+		t.Errorf("throughput stats %+v", got)
+	}
+	tbl := r.Table()
+	for _, want := range []string{"| axon-tc | 4000 (3000–5000) | 2.67× | 11.00 (10.00–12.00) | 1.83× | 25.0 | 0.50×", "axon-xdp | skipped: the north-south LB did not attach", "kube-proxy-iptables (reference)"} {
+		if !strings.Contains(tbl, want) {
+			t.Errorf("table lacks %q:\n%s", want, tbl)
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatalf("JSON with NaN samples: %v", err)
+	}
+	if !strings.Contains(string(b), `"connPerSec":null`) || !strings.Contains(string(b), `"connPerSec":3000`) {
+		t.Errorf("JSON: %s", b)
+	}
+	if md := r.Markdown(); !strings.Contains(md, "## Samples") || strings.Count(md, "\n| 1 |")+strings.Count(md, "\n| 2 |") != 5 {
+		t.Errorf("markdown:\n%s", md)
+	}
+	if csv := string(r.CSV()); strings.Count(csv, "\n") != 1+5*5 {
+		t.Errorf("csv rows: %d\n%s", strings.Count(csv, "\n"), csv)
+	}
+}
+
+func TestRunNorthSouthRefusesRunningLab(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/lab.json", []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := RunNorthSouth(t.Context(), NSConfig{StateDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "axon lab down") {
+		t.Errorf("RunNorthSouth with a lab up: %v", err)
+	}
+	if _, err := RunNorthSouth(t.Context(), NSConfig{StateDir: dir, Configs: []string{"ipvs"}}); err == nil || !strings.Contains(err.Error(), "unknown configuration") {
+		t.Errorf("unknown config: %v", err)
+	}
+}

@@ -1,0 +1,1172 @@
+package lab
+
+// `axon lab check --external` (issue 7): the north-south checks. A client
+// outside the cluster (the axonlab-external namespace on the wire,
+// 198.18.0.250) reaches every Service type that is meant for it: NodePort on
+// every node address, LoadBalancer ingress IPs and externalIPs, TCP and UDP,
+// IPv4 and IPv6, with backends local and remote to the entry node, and
+// externalTrafficPolicy Local (client address preserved at the backend, no
+// service on nodes without a local backend, health check node port 200/503).
+//
+// How the wire reaches LoadBalancer and externalIP addresses: nobody owns
+// them, so an on-link ARP/ND for them goes unanswered. A real cluster has a
+// BGP or L2 announcer (MetalLB, kube-vip, Cilium's BGP/L2 announcements); the
+// lab has a fixed one: the external namespace gets static /32 and /128 routes
+// to every demo LoadBalancer/externalIP address via the FIRST node
+// (LBAnnouncer), added by `up` and re-added (idempotently) by the check.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/axonhq/axon/internal/api"
+)
+
+// PeerEchoPort is the port of the peer-echo server (TCP and UDP): it answers
+// a line with the line, the client address it saw and its own address.
+const PeerEchoPort = 5658
+
+// External demo Services (created by `up` next to the demo Services). Both
+// are backed by the pods of the FIRST node only, on PeerEchoPort, so that
+// every other node is an entry node without a local backend.
+const (
+	// DemoPinned: NodePort, externalTrafficPolicy Cluster: on the first node
+	// the backends are local, on every other node remote.
+	DemoPinned         = "demo-pinned"
+	DemoPinnedNodePort = 30083
+	// DemoLocal: LoadBalancer (ingress 198.18.0.201, fd00:198:18::201) with
+	// externalTrafficPolicy Local, NodePort 30081, healthCheckNodePort 30082.
+	DemoLocal           = "demo-local"
+	DemoLocalNodePort   = 30081
+	DemoLocalHealthPort = 30082
+)
+
+// DemoLocalIngress are the LoadBalancer ingress IPs of demo-local.
+func DemoLocalIngress() []netip.Addr {
+	return []netip.Addr{netip.MustParseAddr("198.18.0.201"), netip.MustParseAddr("fd00:198:18::201")}
+}
+
+// LBAnnouncer is the node the external client routes LoadBalancer and
+// externalIP addresses to (the lab's stand-in for a BGP/L2 announcer).
+func LBAnnouncer(st *State) Node { return st.Nodes[0] }
+
+// announcedAddrs are the addresses routed via the announcer.
+func announcedAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, d := range DemoServices() {
+		out = append(out, d.ExternalIPs...)
+		out = append(out, d.LBIngress...)
+	}
+	return append(out, DemoLocalIngress()...)
+}
+
+// addExternalRoutes routes the announced addresses from the external
+// namespace via the announcer node (idempotent: RouteReplace).
+func addExternalRoutes(st *State) error {
+	if len(st.Nodes) == 0 {
+		return nil
+	}
+	nl, h, err := netlinkAt(st.External.Netns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer nl.Close()
+	eth0, err := nl.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("find eth0 in %s: %w", st.External.Netns, err)
+	}
+	ann := LBAnnouncer(st)
+	for _, a := range announcedAddrs() {
+		var gw netip.Addr
+		for _, ip := range ann.IPs {
+			if ip.Is4() == a.Is4() {
+				gw = ip
+			}
+		}
+		if !gw.IsValid() {
+			continue
+		}
+		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen())),
+			Gw: net.IP(gw.AsSlice())}
+		if err := nl.RouteReplace(r); err != nil {
+			return fmt.Errorf("route %s via %s in %s: %w", a, gw, st.External.Netns, err)
+		}
+	}
+	return nil
+}
+
+// externalDemoObjects builds demo-pinned and demo-local (pure logic).
+func externalDemoObjects() []*corev1.Service {
+	dual := corev1.IPFamilyPolicyRequireDualStack
+	local := corev1.ServiceExternalTrafficPolicyLocal
+	mk := func(name string, typ corev1.ServiceType, nodePort int32) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: DemoNamespace,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": demoManagedBy, "axon.dev/demo": "true"}},
+			Spec: corev1.ServiceSpec{Type: typ, IPFamilyPolicy: &dual,
+				IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}},
+		}
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: portName(proto), Protocol: proto,
+				Port: DemoPort, TargetPort: intstr.FromInt32(PeerEchoPort), NodePort: nodePort})
+		}
+		return s
+	}
+	pinned := mk(DemoPinned, corev1.ServiceTypeNodePort, DemoPinnedNodePort)
+	lbs := mk(DemoLocal, corev1.ServiceTypeLoadBalancer, DemoLocalNodePort)
+	lbs.Spec.ExternalTrafficPolicy = local
+	lbs.Spec.HealthCheckNodePort = DemoLocalHealthPort
+	return []*corev1.Service{pinned, lbs}
+}
+
+// externalDemoBackends are the pods behind demo-pinned and demo-local: the
+// first node's pods of the lab's datapath.
+func externalDemoBackends(st *State) []Pod {
+	if len(st.Nodes) == 0 {
+		return nil
+	}
+	var out []Pod
+	for _, p := range demoBackends(st) {
+		if p.Node == st.Nodes[0].Name {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// EnsureExternalDemoServices creates demo-pinned and demo-local, their
+// EndpointSlices (first node's pods, PeerEchoPort) and demo-local's
+// LoadBalancer status, and routes the announced addresses from the external
+// namespace via the announcer. Idempotent.
+func (l *Lab) EnsureExternalDemoServices(ctx context.Context) error {
+	kube, err := l.Kube()
+	if err != nil {
+		return err
+	}
+	st := l.State()
+	return ensureExternalDemo(ctx, kube, &st)
+}
+
+func ensureExternalDemo(ctx context.Context, kube kubernetes.Interface, st *State) error {
+	if err := addExternalRoutes(st); err != nil {
+		return err
+	}
+	backends := externalDemoBackends(st)
+	svcs := kube.CoreV1().Services(DemoNamespace)
+	for _, want := range externalDemoObjects() {
+		cur, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			if cur, err = svcs.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create demo service %s: %w", want.Name, err)
+			}
+		case err != nil:
+			return fmt.Errorf("get demo service %s: %w", want.Name, err)
+		}
+		if want.Name == DemoLocal {
+			var ing []corev1.LoadBalancerIngress
+			for _, ip := range DemoLocalIngress() {
+				ing = append(ing, corev1.LoadBalancerIngress{IP: ip.String()})
+			}
+			if fmt.Sprint(cur.Status.LoadBalancer.Ingress) != fmt.Sprint(ing) {
+				cur.Status.LoadBalancer.Ingress = ing
+				if _, err := svcs.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+					return fmt.Errorf("set status.loadBalancer.ingress of %s: %w", want.Name, err)
+				}
+			}
+		}
+		d := DemoService{Name: want.Name}
+		for _, s := range d.endpointSlices(backends) {
+			for i := range s.Ports {
+				p := int32(PeerEchoPort)
+				s.Ports[i].Port = &p
+			}
+			if err := ensureEndpointSlice(ctx, kube, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// Peer-echo server and external prober (hidden `axon lab _xprobe`).
+
+// ServePeerEcho serves TCP and UDP on [::]:port: each request line is
+// answered with "<line> <client addr:port> <server addr:port>\n" (TCP; UDP
+// answers "<line> <client addr:port> -"). It writes "ready" to ready and
+// serves until ctx ends or stop reaches EOF.
+func ServePeerEcho(ctx context.Context, port int, ready io.Writer, stop io.Reader) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	addr := ":" + strconv.Itoa(port)
+	tl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("peer echo: listen tcp %s: %w", addr, err)
+	}
+	defer tl.Close()
+	ul, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return fmt.Errorf("peer echo: listen udp %s: %w", addr, err)
+	}
+	defer ul.Close()
+	context.AfterFunc(ctx, func() { tl.Close(); ul.Close() })
+	if stop != nil {
+		go func() { _, _ = io.Copy(io.Discard, stop); cancel() }()
+	}
+	unmap := func(a net.Addr) string {
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+		}
+		return a.String()
+	}
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := ul.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			line := strings.TrimRight(string(buf[:n]), "\n")
+			_, _ = ul.WriteTo([]byte(line+" "+unmap(from)+" -\n"), from)
+		}
+	}()
+	if _, err := fmt.Fprintln(ready, "ready"); err != nil {
+		return err
+	}
+	for {
+		c, err := tl.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("peer echo: accept: %w", err)
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			r := bufio.NewReader(io.LimitReader(c, 512))
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				line = strings.TrimRight(line, "\n")
+				if _, err := fmt.Fprintf(c, "%s %s %s\n", line, unmap(c.RemoteAddr()), unmap(c.LocalAddr())); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// XProbe is one exchange of the external client: tcp, udp or http (GET
+// /healthz) to an address:port.
+type XProbe struct {
+	Proto string         `json:"proto"`
+	Addr  netip.AddrPort `json:"addr"`
+}
+
+func (p XProbe) String() string { return p.Proto + "/" + p.Addr.String() }
+
+// ParseXProbe parses "tcp/198.18.0.11:30080", "udp/[fd00:198:18::200]:80"
+// or "http/198.18.0.11:30082".
+func ParseXProbe(s string) (XProbe, error) {
+	proto, addr, ok := strings.Cut(s, "/")
+	if !ok || (proto != "tcp" && proto != "udp" && proto != "http") {
+		return XProbe{}, fmt.Errorf("probe %q: want tcp|udp|http/ADDR:PORT, e.g. tcp/198.18.0.11:30080 or udp/[fd00:198:18::200]:80", s)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return XProbe{}, fmt.Errorf("probe %q: %w", s, err)
+	}
+	return XProbe{Proto: proto, Addr: ap}, nil
+}
+
+// XProbeResult is one JSON line of `axon lab _xprobe`.
+type XProbeResult struct {
+	XProbe
+	OK     bool          `json:"ok"`               // the exchange completed (tcp/udp: echo came back from Addr; http: any answer)
+	Peer   string        `json:"peer,omitempty"`   // reply source (udp) / getpeername (tcp)
+	Seen   string        `json:"seen,omitempty"`   // client address the backend saw (peer-echo servers only)
+	Server string        `json:"server,omitempty"` // backend address (peer-echo TCP only)
+	Status int           `json:"status,omitempty"` // http status
+	Body   string        `json:"body,omitempty"`   // http body
+	RTT    time.Duration `json:"rtt"`
+	Err    string        `json:"err,omitempty"`
+}
+
+// RunXProbes runs the probes (at most 16 at a time) and writes one
+// XProbeResult JSON line each to out.
+func RunXProbes(ctx context.Context, probes []XProbe, timeout time.Duration, out io.Writer) error {
+	var mu sync.Mutex
+	enc := json.NewEncoder(out)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var werr error
+	for _, p := range probes {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			r := xprobe(pctx, p)
+			r.RTT = time.Since(start)
+			mu.Lock()
+			if err := enc.Encode(r); err != nil && werr == nil {
+				werr = err
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return werr
+}
+
+func xprobe(ctx context.Context, p XProbe) XProbeResult {
+	r := XProbeResult{XProbe: p}
+	fail := func(err error) XProbeResult { r.Err = err.Error(); return r }
+	tok := string(token())
+	switch p.Proto {
+	case "http":
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr.String()+"/healthz", nil)
+		if err != nil {
+			return fail(err)
+		}
+		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+		if err != nil {
+			return fail(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		r.OK, r.Status, r.Body = true, resp.StatusCode, strings.TrimSpace(string(b))
+		return r
+	case "tcp":
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", p.Addr.String())
+		if err != nil {
+			return fail(err)
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		r.Peer = c.RemoteAddr().String()
+		if _, err := io.WriteString(c, tok+"\n"); err != nil {
+			return fail(fmt.Errorf("write: %w", err))
+		}
+		// The plain echo (5657) sends the line back; the peer echo adds addresses.
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return fail(fmt.Errorf("read answer: %w", err))
+		}
+		return parseAnswer(r, tok, line)
+	case "udp":
+		network := "udp4"
+		if p.Addr.Addr().Is6() {
+			network = "udp6"
+		}
+		c, err := net.ListenUDP(network, nil)
+		if err != nil {
+			return fail(err)
+		}
+		defer c.Close()
+		dst := net.UDPAddrFromAddrPort(p.Addr)
+		buf := make([]byte, 512)
+		for ctx.Err() == nil {
+			if _, err := c.WriteToUDP([]byte(tok+"\n"), dst); err != nil {
+				return fail(fmt.Errorf("send: %w", err))
+			}
+			wait := time.Now().Add(300 * time.Millisecond)
+			if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
+				wait = dl
+			}
+			_ = c.SetReadDeadline(wait)
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				continue // resend
+			}
+			if !strings.HasPrefix(string(buf[:n]), tok) {
+				continue
+			}
+			r.Peer = netip.AddrPortFrom(from.Addr().Unmap(), from.Port()).String()
+			r = parseAnswer(r, tok, string(buf[:n]))
+			if r.OK && r.Peer != p.Addr.String() {
+				r.OK, r.Err = false, fmt.Sprintf("echo came back from %s, not from the service address", r.Peer)
+			}
+			return r
+		}
+		return fail(errors.New("no UDP answer before the deadline"))
+	}
+	return fail(fmt.Errorf("unknown protocol %q", p.Proto))
+}
+
+// parseAnswer checks "<tok>[ <seen> <server>]\n".
+func parseAnswer(r XProbeResult, tok, line string) XProbeResult {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != tok {
+		r.Err = fmt.Sprintf("unexpected answer %q", strings.TrimSpace(line))
+		return r
+	}
+	if len(f) >= 2 {
+		r.Seen = f[1]
+	}
+	if len(f) >= 3 && f[2] != "-" {
+		r.Server = f[2]
+	}
+	r.OK = true
+	return r
+}
+
+// ---------------------------------------------------------------------------
+// Planning and evaluation (pure logic).
+
+// What an external probe expects.
+const (
+	ExpectOK       = "ok"        // the exchange completes
+	ExpectClientIP = "client-ip" // ... and the backend saw the external client's own address
+	ExpectBlocked  = "blocked"   // no answer (dropped or refused)
+	ExpectHealthy  = "200"       // health check: 200 with localEndpoints > 0
+	ExpectNoLocal  = "503"       // health check: 503
+)
+
+// ExtPlanned is one planned probe of the external check.
+type ExtPlanned struct {
+	Case   string // row, e.g. "NodePort node1 (demo-nodeport)"
+	Col    string // column: tcp/v4, tcp/v6, udp/v4, udp/v6, http/v4, http/v6
+	Probe  XProbe
+	Expect string
+	NA     string // not empty: not run, with the reason
+}
+
+func famCol(proto string, a netip.Addr) string {
+	if a.Is4() {
+		return proto + "/v4"
+	}
+	return proto + "/v6"
+}
+
+// externalImpl says what serves north-south traffic in the lab, or why
+// nothing does (na != "").
+func externalImpl(st *State, nodeport map[string]string) (impl, na string) {
+	switch {
+	case st.KubeProxy != "" && st.KubeProxy != KubeProxyNone:
+		return "kube-proxy " + st.KubeProxy, ""
+	case st.Datapath != DatapathAxon:
+		return "", "no Service implementation: --datapath baseline runs no agent; add --kube-proxy iptables|nftables"
+	}
+	var bad []string
+	var modes []string
+	for _, n := range st.Nodes {
+		v, ok := nodeport[n.Name]
+		switch {
+		case !ok:
+			bad = append(bad, n.Name+": agent status unavailable")
+		case v == "" || strings.HasPrefix(v, "disabled") || strings.HasPrefix(v, "pending") || strings.HasPrefix(v, "failed"):
+			bad = append(bad, n.Name+": nodeport_lb "+orDash(v))
+		default:
+			modes = append(modes, strings.Fields(v)[0])
+		}
+	}
+	if len(bad) > 0 {
+		return "", "the axon north-south LB is not attached (" + strings.Join(bad, "; ") + "): start the agents with --nodeport"
+	}
+	sort.Strings(modes)
+	return "axon north-south LB (" + strings.Join(compactStrings(modes), ",") + ")", ""
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func compactStrings(s []string) []string {
+	var out []string
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// planExternalProbes lists every probe of the external check.
+func planExternalProbes(st *State, na string) []ExtPlanned {
+	var out []ExtPlanned
+	masqAll := st.Datapath == DatapathAxon && kubeProxyModeOf(st) != KubeProxyNone
+	add := func(c, proto string, a netip.Addr, port uint16, expect, why string) {
+		if masqAll && expect == ExpectClientIP {
+			why = masqueradeAllNA
+		}
+		if na != "" {
+			why = na
+		}
+		out = append(out, ExtPlanned{Case: c, Col: famCol(proto, a), Probe: XProbe{Proto: proto, Addr: netip.AddrPortFrom(a, port)},
+			Expect: expect, NA: why})
+	}
+	both := func(c string, a netip.Addr, port uint16, expect, why string) {
+		add(c, "tcp", a, port, expect, why)
+		add(c, "udp", a, port, expect, why)
+	}
+	demo := map[string]DemoService{}
+	for _, d := range DemoServices() {
+		demo[d.Name] = d
+	}
+	if len(st.Nodes) == 0 {
+		return nil
+	}
+	first := st.Nodes[0].Name
+	for _, n := range st.Nodes {
+		for _, ip := range n.IPs {
+			both("NodePort "+n.Name+" (all pods)", ip, DemoNodePortPort, ExpectOK, "")
+		}
+	}
+	for _, n := range st.Nodes {
+		where := "remote backends"
+		if n.Name == first {
+			where = "local backends"
+		}
+		for _, ip := range n.IPs {
+			both(fmt.Sprintf("NodePort %s (%s pods: %s)", n.Name, first, where), ip, DemoPinnedNodePort, ExpectOK, "")
+		}
+	}
+	ann := LBAnnouncer(st).Name
+	for _, ip := range demo[DemoLoadBalancer].LBIngress {
+		both("LoadBalancer IP via "+ann, ip, DemoPort, ExpectOK, "")
+	}
+	for _, ip := range demo[DemoExternalIP].ExternalIPs {
+		both("externalIP via "+ann, ip, DemoPort, ExpectOK, "")
+	}
+	for _, n := range st.Nodes {
+		expect, hc, what := ExpectClientIP, ExpectHealthy, "local backends: client IP kept"
+		if n.Name != first {
+			expect, hc, what = ExpectBlocked, ExpectNoLocal, "no local backend: not served"
+		}
+		for _, ip := range n.IPs {
+			both(fmt.Sprintf("ETP Local NodePort %s (%s)", n.Name, what), ip, DemoLocalNodePort, expect, "")
+		}
+		for _, ip := range n.IPs {
+			add(fmt.Sprintf("ETP Local health check %s (want %s)", n.Name, hc), "http", ip, DemoLocalHealthPort, hc, "")
+		}
+	}
+	for _, ip := range DemoLocalIngress() {
+		both("ETP Local LoadBalancer IP via "+ann+" (client IP kept)", ip, DemoPort, ExpectClientIP, "")
+	}
+	for _, n := range st.Nodes {
+		for _, ip := range n.IPs {
+			both("HostPort "+n.Name, ip, PeerEchoPort, ExpectOK, hostPortNA)
+		}
+	}
+	return out
+}
+
+// masqueradeAllNA: in an axon-datapath lab kube-proxy runs with
+// --masquerade-all (docs/lab-services.md), so no client address survives.
+const masqueradeAllNA = "n/a (kube-proxy runs with --masquerade-all next to the axon datapath: the client address is not preserved)"
+
+// hostPortNA: the axon agent's Service watch builds frontends from Services
+// only; Pod hostPorts (lb.ScopeHostPort, which the datapath supports) are
+// not translated from Pods yet, and the lab's pods declare none.
+const hostPortNA = "n/a (no Pod hostPort source yet: the agent translates Services only; lb.ScopeHostPort is supported by the datapath but nothing writes it)"
+
+// evalExternal decides whether a result meets its expectation; "" = pass.
+func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
+	switch p.Expect {
+	case ExpectOK:
+		if !r.OK {
+			return r.Err
+		}
+	case ExpectClientIP:
+		if !r.OK {
+			return r.Err
+		}
+		seen, err := netip.ParseAddrPort(r.Seen)
+		if err != nil {
+			return fmt.Sprintf("the backend did not report the client address (answer from a plain echo?): %q", r.Seen)
+		}
+		for _, c := range client {
+			if seen.Addr() == c {
+				return ""
+			}
+		}
+		return fmt.Sprintf("the backend saw %s, not the client's address (externalTrafficPolicy Local must keep it)", seen.Addr())
+	case ExpectBlocked:
+		if r.OK {
+			return fmt.Sprintf("answered (backend %s saw %s) although the node has no local backend", orDash(r.Server), orDash(r.Seen))
+		}
+	case ExpectHealthy, ExpectNoLocal:
+		if !r.OK {
+			return r.Err
+		}
+		want, _ := strconv.Atoi(p.Expect)
+		if r.Status != want {
+			return fmt.Sprintf("status %d, want %d (body %s)", r.Status, want, r.Body)
+		}
+		var body struct {
+			LocalEndpoints int `json:"localEndpoints"`
+		}
+		if err := json.Unmarshal([]byte(r.Body), &body); err != nil {
+			return fmt.Sprintf("body %q is not the kube-proxy health JSON: %v", r.Body, err)
+		}
+		if (want == 200) != (body.LocalEndpoints > 0) {
+			return fmt.Sprintf("localEndpoints %d with status %d", body.LocalEndpoints, r.Status)
+		}
+	}
+	return ""
+}
+
+// ExtCell is one evaluated probe.
+type ExtCell struct {
+	ExtPlanned
+	Result XProbeResult
+	Fail   string // "" = passed
+}
+
+// ExternalCheckResult is `axon lab check --external`.
+type ExternalCheckResult struct {
+	Impl      string
+	NA        string // not empty: nothing ran, with the reason
+	Client    []netip.Addr
+	Announcer string
+	Cases     []string
+	Cols      []string
+	Cells     map[[2]string][]ExtCell
+	Elapsed   time.Duration
+}
+
+// Counts returns (passed, ran, not applicable).
+func (r *ExternalCheckResult) Counts() (ok, ran, na int) {
+	for _, cs := range r.Cells {
+		for _, c := range cs {
+			switch {
+			case c.NA != "":
+				na++
+			case c.Fail == "":
+				ok++
+				ran++
+			default:
+				ran++
+			}
+		}
+	}
+	return ok, ran, na
+}
+
+// Failed returns the failed probes as "CASE proto/addr: why" lines.
+func (r *ExternalCheckResult) Failed() []string {
+	var out []string
+	for _, c := range r.Cases {
+		for _, col := range r.Cols {
+			for _, x := range r.Cells[[2]string{c, col}] {
+				if x.NA == "" && x.Fail != "" {
+					out = append(out, fmt.Sprintf("%s %s: %s", c, x.Probe, x.Fail))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Print writes the table, failures, n/a reasons and a summary.
+func (r *ExternalCheckResult) Print(w io.Writer) {
+	fmt.Fprintf(w, "External client (%s) → Services, served by %s; LoadBalancer/externalIP addresses routed via %s\n",
+		joinAddrList(r.Client), orDash(r.Impl), orDash(r.Announcer))
+	if r.NA != "" && len(r.Cases) == 0 {
+		fmt.Fprintf(w, "n/a  %s\n", r.NA)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "CASE")
+	for _, c := range r.Cols {
+		fmt.Fprint(tw, "\t", c)
+	}
+	fmt.Fprintln(tw)
+	for _, c := range r.Cases {
+		fmt.Fprint(tw, c)
+		for _, col := range r.Cols {
+			fmt.Fprint(tw, "\t", extCellText(r.Cells[[2]string{c, col}]))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+	for _, f := range r.Failed() {
+		fmt.Fprintln(w, "FAIL", f)
+	}
+	seen := map[string]int{}
+	var order []string
+	for _, c := range r.Cases {
+		for _, col := range r.Cols {
+			for _, x := range r.Cells[[2]string{c, col}] {
+				if x.NA != "" {
+					if seen[x.NA] == 0 {
+						order = append(order, x.NA)
+					}
+					seen[x.NA]++
+				}
+			}
+		}
+	}
+	for _, why := range order {
+		fmt.Fprintf(w, "n/a  %s [%d probes]\n", why, seen[why])
+	}
+	ok, ran, na := r.Counts()
+	fmt.Fprintf(w, "%d/%d external probes passed, %d n/a, in %s\n", ok, ran, na, r.Elapsed.Round(time.Millisecond))
+}
+
+func joinAddrList(as []netip.Addr) string {
+	var s []string
+	for _, a := range as {
+		s = append(s, a.String())
+	}
+	return strings.Join(s, ", ")
+}
+
+func extCellText(cs []ExtCell) string {
+	if len(cs) == 0 {
+		return "-"
+	}
+	ok, ran := 0, 0
+	var detail string
+	for _, c := range cs {
+		if c.NA != "" {
+			continue
+		}
+		ran++
+		if c.Fail == "" {
+			ok++
+		}
+		switch c.Expect {
+		case ExpectBlocked:
+			detail = "blocked"
+		case ExpectClientIP:
+			detail = "client IP"
+		case ExpectHealthy, ExpectNoLocal:
+			detail = c.Expect
+		}
+	}
+	if ran == 0 {
+		return "n/a"
+	}
+	s := "ok"
+	if ok < ran {
+		s = fmt.Sprintf("FAIL %d/%d", ok, ran)
+	}
+	if detail != "" {
+		s += " (" + detail + ")"
+	}
+	return s
+}
+
+// nodePortStatus returns each agent's nodeport_lb decision value.
+func nodePortStatus(ctx context.Context, st *State) map[string]string {
+	out := map[string]string{}
+	for _, n := range st.Nodes {
+		if n.Agent == nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		s, err := api.NewClient(n.Socket).Status(cctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, d := range s.Datapath {
+			if d.Name == "nodeport_lb" {
+				out[n.Name] = d.Value
+			}
+		}
+		if _, ok := out[n.Name]; !ok {
+			out[n.Name] = ""
+		}
+	}
+	return out
+}
+
+// CheckExternal runs the external check: it makes sure demo-pinned,
+// demo-local and the external routes exist, starts the echo servers (plain
+// echo on EchoPort in every demo backend, peer echo on PeerEchoPort in the
+// first node's pods) and probes from the external namespace. It returns an
+// error only when the check itself could not run.
+func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*ExternalCheckResult, error) {
+	t0 := time.Now()
+	st := l.State()
+	res := &ExternalCheckResult{Client: st.External.IPs, Cells: map[[2]string][]ExtCell{},
+		Cols: []string{"tcp/v4", "tcp/v6", "udp/v4", "udp/v6", "http/v4", "http/v6"}}
+	if len(st.Nodes) > 0 {
+		res.Announcer = LBAnnouncer(&st).Name
+	}
+	if !st.DemoServices {
+		return nil, errors.New("the lab has no demo Services: bring it up without --no-demo")
+	}
+	impl, na := externalImpl(&st, nodePortStatus(ctx, &st))
+	res.Impl, res.NA = impl, na
+	plan := planExternalProbes(&st, na)
+	if na == "" {
+		if err := l.EnsureExternalDemoServices(ctx); err != nil {
+			return nil, fmt.Errorf("external demo Services: %w", err)
+		}
+		if err := l.waitExternalProgrammed(ctx, &st, 20*time.Second); err != nil {
+			l.log.Warn("external demo Services may not be programmed yet", "err", err)
+		}
+	}
+	seenCase := map[string]bool{}
+	for _, p := range plan {
+		if !seenCase[p.Case] {
+			seenCase[p.Case] = true
+			res.Cases = append(res.Cases, p.Case)
+		}
+	}
+	run := map[XProbe]ExtPlanned{}
+	var normal, blocked []XProbe
+	for _, p := range plan {
+		if p.NA != "" {
+			key := [2]string{p.Case, p.Col}
+			res.Cells[key] = append(res.Cells[key], ExtCell{ExtPlanned: p})
+			continue
+		}
+		run[p.Probe] = p
+		if p.Expect == ExpectBlocked {
+			blocked = append(blocked, p.Probe)
+		} else {
+			normal = append(normal, p.Probe)
+		}
+	}
+	if len(run) > 0 {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var echo, peer []string
+		for _, p := range demoBackends(&st) {
+			echo = append(echo, p.Name)
+		}
+		for _, p := range externalDemoBackends(&st) {
+			peer = append(peer, p.Name)
+		}
+		self := filepath.Join(st.BinDir, "axon")
+		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))
+		if err != nil {
+			return nil, err
+		}
+		defer stop1()
+		stop2, err := l.startServers(ctx, peer, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+		if err != nil {
+			return nil, err
+		}
+		defer stop2()
+		var mu sync.Mutex
+		var errs []error
+		var wg sync.WaitGroup
+		for _, batch := range []struct {
+			probes  []XProbe
+			timeout time.Duration
+		}{{normal, timeout}, {blocked, min(timeout, 1500*time.Millisecond)}} {
+			if len(batch.probes) == 0 {
+				continue
+			}
+			wg.Go(func() {
+				rs, err := l.RunXProbesFromExternal(ctx, batch.probes, batch.timeout)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				for _, r := range rs {
+					p := run[r.XProbe]
+					key := [2]string{p.Case, p.Col}
+					res.Cells[key] = append(res.Cells[key], ExtCell{ExtPlanned: p, Result: r, Fail: evalExternal(p, r, st.External.IPs)})
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return res, err
+		}
+	}
+	res.Elapsed = time.Since(t0)
+	return res, nil
+}
+
+// RunXProbesFromExternal runs `axon lab _xprobe` in the external namespace.
+func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeout time.Duration) ([]XProbeResult, error) {
+	st := l.State()
+	args := []string{filepath.Join(st.BinDir, "axon"), "lab", "_xprobe", "--timeout", timeout.String()}
+	for _, p := range probes {
+		args = append(args, p.String())
+	}
+	cmd := l.Command(ctx, ExternalName, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rs []XProbeResult
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		var r XProbeResult
+		if json.Unmarshal(sc.Bytes(), &r) == nil {
+			rs = append(rs, r)
+		}
+	}
+	if err != nil {
+		return rs, fmt.Errorf("external probes: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return rs, nil
+}
+
+// waitExternalProgrammed waits until every axon agent's desired Service
+// table holds demo-local's health check port (the watch saw the Services).
+func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout time.Duration) error {
+	if st.Datapath != DatapathAxon || (st.KubeProxy != "" && st.KubeProxy != KubeProxyNone) {
+		if st.KubeProxy != "" && st.KubeProxy != KubeProxyNone {
+			return waitKubeProxySynced(ctx, st, time.Now(), 30*time.Second)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	want := []string{strconv.Itoa(DemoLocalNodePort), strconv.Itoa(DemoPinnedNodePort)}
+	var errs []error
+	for _, n := range st.Nodes {
+		c := api.NewClient(n.Socket)
+		for {
+			mr, err := c.LBMaps(ctx)
+			sr, err2 := c.Services(ctx)
+			if err == nil && err2 == nil && mr.Text == sr.Text && strings.Contains(mr.Text, ":"+want[0]+"/") && strings.Contains(mr.Text, ":"+want[1]+"/") {
+				break
+			}
+			if ctx.Err() != nil {
+				errs = append(errs, fmt.Errorf("agent of %s has not programmed %s and %s", n.Name, DemoLocal, DemoPinned))
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// The agents apply the same table to the north-south LB right after the
+	// socket LB, and count local endpoints for the health check: wait until
+	// the announcer's health check reports its local backends.
+	hc := "http://" + netip.AddrPortFrom(LBAnnouncer(st).IP, DemoLocalHealthPort).String() + "/healthz"
+	for ctx.Err() == nil {
+		rs, err := l.RunXProbesFromExternal(ctx, []XProbe{{Proto: "http", Addr: netip.AddrPortFrom(LBAnnouncer(st).IP, DemoLocalHealthPort)}}, time.Second)
+		if err == nil && len(rs) == 1 && rs[0].Status == http.StatusOK {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, fmt.Errorf("%s did not answer 200 within %s", hc, timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// startServers starts argv in each target (a server that prints "ready"
+// and exits when its stdin closes); stop ends them.
+func (l *Lab) startServers(ctx context.Context, targets []string, argv ...string) (stop func(), err error) {
+	var closers []io.Closer
+	var srvWG sync.WaitGroup
+	var mu sync.Mutex
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range closers {
+			c.Close()
+		}
+		srvWG.Wait()
+	}
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			cmd := l.Command(ctx, t, argv...)
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				errs[i] = fmt.Errorf("start %s in %s: %w", strings.Join(argv, " "), t, err)
+				return
+			}
+			mu.Lock()
+			closers = append(closers, stdin)
+			srvWG.Go(func() { _ = cmd.Wait() })
+			mu.Unlock()
+			if err := readReady(stdout); err != nil {
+				errs[i] = fmt.Errorf("server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
+}
+
+// ---------------------------------------------------------------------------
+// Lab options for the north-south LB (agents' flags).
+
+// Values of `axon lab up --lb-acceleration` and `--nodeport-mode` ("" = the
+// agent's default: disabled, snat).
+var (
+	LBAccelerations = []string{"native", "best-effort", "disabled"}
+	NodePortModes   = []string{"snat", "dsr"}
+)
+
+func validateNorthSouth(accel, mode string) error {
+	ok := func(v string, in []string) bool {
+		if v == "" {
+			return true
+		}
+		for _, x := range in {
+			if v == x {
+				return true
+			}
+		}
+		return false
+	}
+	var errs []error
+	if !ok(accel, LBAccelerations) {
+		errs = append(errs, fmt.Errorf("--lb-acceleration %q: want one of %s", accel, strings.Join(LBAccelerations, ", ")))
+	}
+	if !ok(mode, NodePortModes) {
+		errs = append(errs, fmt.Errorf("--nodeport-mode %q: want one of %s", mode, strings.Join(NodePortModes, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// northSouthAgentArgs are the agents' north-south flags for the lab (none
+// when kube-proxy serves Services: the agents then run with --nodeport=false).
+func northSouthAgentArgs(st *State) []string {
+	if kubeProxyModeOf(st) != KubeProxyNone {
+		return nil
+	}
+	var out []string
+	if st.LBAcceleration != "" {
+		out = append(out, "--lb-acceleration="+st.LBAcceleration)
+	}
+	if st.NodePortMode != "" {
+		out = append(out, "--nodeport-mode="+st.NodePortMode)
+	}
+	return out
+}
+
+// upExternalDemo is called by Up after the demo Services.
+func upExternalDemo(ctx context.Context, st *State, kube kubernetes.Interface, log *slog.Logger) error {
+	if err := ensureExternalDemo(ctx, kube, st); err != nil {
+		return err
+	}
+	log.Debug("external demo services ready", "announcer", LBAnnouncer(st).Name)
+	return nil
+}
+
+// StartPeerEcho starts the peer-echo server (PeerEchoPort, TCP and UDP) in
+// the given pods; stop ends them. For tests and benchmarks.
+func (l *Lab) StartPeerEcho(ctx context.Context, pods []string) (stop func(), err error) {
+	self := filepath.Join(l.State().BinDir, "axon")
+	return l.startServers(ctx, pods, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+}
+
+// xdpPassOnWirePorts attaches a one-instruction XDP_PASS program in driver
+// mode to every node's wire-side veth port (w-<node>, in axonlab-wire), when
+// the lab's agents may run the north-south LB at native XDP. A veth whose
+// XDP program answers XDP_TX (or redirects) hands the frame to its peer's
+// NAPI ring, which exists only when the peer has an XDP program of its own
+// (DESIGN.md §2): without it, XDP_TX from a node's eth0 is dropped. It
+// also turns transmit checksum offload off on those ports (see below).
+// Both go away with the wire namespace.
+func xdpPassOnWirePorts(st *State) error {
+	if st.LBAcceleration != "native" && st.LBAcceleration != "best-effort" {
+		return nil
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "axonlab_xdp_pass", Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Errorf("load the wire ports' XDP_PASS program: %w", err)
+	}
+	defer prog.Close()
+	return inNetns(WireNetns, func() error {
+		for _, n := range st.Nodes {
+			port := "w-" + n.Name
+			link, err := netlink.LinkByName(port)
+			if err != nil {
+				return fmt.Errorf("find %s in %s: %w", port, WireNetns, err)
+			}
+			if err := netlink.LinkSetXdpFdWithFlags(link, prog.FD(), nl.XDP_FLAGS_DRV_MODE); err != nil {
+				return fmt.Errorf("attach XDP_PASS to %s in %s (the peer of %s's eth0, so that XDP_TX works there): %w", port, WireNetns, n.Name, err)
+			}
+			// Frames from other lab namespaces may carry CHECKSUM_PARTIAL
+			// (only a pseudo-header sum in the TCP/UDP checksum); XDP sees
+			// the raw bytes and XDP_TX sends them on without the skb that
+			// knew it, so the receiver would drop them. Checksums of frames
+			// entering a node are completed here instead.
+			if err := txChecksumOff(port); err != nil {
+				return fmt.Errorf("%w (frames XDP_TX'd by %s would carry partial checksums)", err, n.Name)
+			}
+		}
+		return nil
+	})
+}
+
+// txChecksumOff turns transmit checksum offload off on a device of the
+// current network namespace (ETHTOOL_STXCSUM, as `ethtool -K dev tx off`):
+// an skb with CHECKSUM_PARTIAL leaving through it gets its checksum computed
+// in software.
+func txChecksumOff(dev string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	val := struct{ cmd, data uint32 }{cmd: 0x17 /* ETHTOOL_STXCSUM */, data: 0}
+	var ifr struct {
+		name [unix.IFNAMSIZ]byte
+		data uintptr
+		_    [16]byte
+	}
+	copy(ifr.name[:], dev)
+	ifr.data = uintptr(unsafe.Pointer(&val))
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
+		return fmt.Errorf("ETHTOOL_STXCSUM %s off: %w", dev, errno)
+	}
+	runtime.KeepAlive(&val)
+	return nil
+}
