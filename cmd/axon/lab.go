@@ -75,6 +75,8 @@ func newLabCmd() *cobra.Command {
 		newLabUpCmd(f), newLabDownCmd(f), newLabStatusCmd(f), newLabListCmd(f),
 		newLabExecCmd(f), newLabKubectlCmd(f), newLabCheckCmd(f),
 		newLabBenchCmd(&f.stateDir), newLabForwardCmd(f), newLabEchoCmd(),
+		newLabProbeCmd(),
+		newLabXProbeCmd(), newLabPeerEchoCmd(), // issue 7: labbench_ns.go
 	)
 	return cmd
 }
@@ -106,7 +108,17 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&o.Nodes, "nodes", 2, "number of nodes (1..50)")
 	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
+	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
+	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", lab.KubeProxyNone, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
+	// issue 5: pod device and BIG TCP
+	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
+	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
+	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "axon agents enforce the Pod annotations kubernetes.io/{egress,ingress}-bandwidth (EDT + fq, ingress token bucket): on or off") // issue 6
+	// issue 7: north-south LB of the axon agents (check_external.go)
+	cmd.Flags().StringVar(&o.LBAcceleration, "lb-acceleration", "", "axon agents' --lb-acceleration: native, best-effort or disabled (default: the agent's, disabled = tc only)")
+	cmd.Flags().StringVar(&o.NodePortMode, "nodeport-mode", "", "axon agents' --nodeport-mode: snat or dsr (default: the agent's, snat)")
+	cmd.Flags().BoolVar(&o.NoDemo, "no-demo", false, "do not create the demo Services (ClusterIP, NodePort, externalIPs, LoadBalancer) that `axon lab check` probes")
 	return cmd
 }
 
@@ -192,6 +204,7 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Node, p.Datapath, joinAddrs(p.IPs))
 	}
 	tw.Flush()
+	printKubeProxyStatus(ctx, w, l)
 	for _, p := range rep.Problems {
 		fmt.Fprintln(w, "PROBLEM:", p)
 	}
@@ -304,10 +317,11 @@ func runPassthrough(cmd *exec.Cmd) error {
 func newLabExecCmd(f *labFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec <node|pod|external> -- <cmd...>",
-		Short: "Run a command in a node, pod or the external namespace (pods: also in the pod's cgroup)",
+		Short: "Run a command in a node, pod or the external namespace (pods and nodes: also in their cgroup)",
 		Long: "Run a command in the network namespace of a lab node, pod or \"external\". For a pod the\n" +
 			"process starts in the pod's cgroup (<cgroup2>/axon-lab/<node>/<pod>), as a container\n" +
-			"would. The command's exit code becomes axon's.",
+			"would; for a node in the node's cgroup (<cgroup2>/axon-lab/<node>), so the node's socket\n" +
+			"load balancer translates its Service connections. The command's exit code becomes axon's.",
 		Example: "  axon lab exec node1-pod1 -- ping -c1 10.244.2.2\n  axon lab exec node2 -- ip route",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -319,7 +333,7 @@ func newLabExecCmd(f *labFlags) *cobra.Command {
 			if argv[0] == "--" { // kept by pflag when parsing stopped at the target
 				argv = argv[1:]
 			}
-			return runPassthrough(l.Command(cmd.Context(), args[0], argv...))
+			return runPassthrough(l.CommandInCgroup(cmd.Context(), args[0], argv...))
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
@@ -353,6 +367,8 @@ func newLabKubectlCmd(f *labFlags) *cobra.Command {
 
 func newLabCheckCmd(f *labFlags) *cobra.Command {
 	var timeout time.Duration
+	var services bool
+	var external bool // issue 7
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Connectivity matrix: every pod to every pod and node, IPv4+IPv6, TCP/UDP/ICMP",
@@ -372,10 +388,60 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("lab check: %w", err)
 			}
-			if failed := res.Failed(); len(failed) > 0 {
-				return fmt.Errorf("lab check: %d probes failed", len(failed))
+			failed := len(res.Failed())
+			if services && l.State().DemoServices {
+				fmt.Fprintln(cmd.OutOrStdout())
+				sres, err := l.CheckServices(cmd.Context(), timeout)
+				if sres != nil {
+					sres.Print(cmd.OutOrStdout())
+				}
+				if err != nil {
+					return fmt.Errorf("lab check (services): %w", err)
+				}
+				failed += len(sres.Failed())
+			}
+			if external && l.State().DemoServices { // issue 7: check_external.go
+				fmt.Fprintln(cmd.OutOrStdout())
+				xres, err := l.CheckExternal(cmd.Context(), timeout)
+				if xres != nil {
+					xres.Print(cmd.OutOrStdout())
+					failed += len(xres.Failed())
+				}
+				if err != nil {
+					return fmt.Errorf("lab check (external): %w", err)
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("lab check: %d probes failed", failed)
 			}
 			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
+	cmd.Flags().BoolVar(&external, "external", true, "also probe NodePort, LoadBalancer, externalIP, HostPort and externalTrafficPolicy Local from the external namespace (n/a with the reason when nothing serves north-south traffic)") // issue 7
+	cmd.Flags().BoolVar(&services, "services", true, "also probe every demo Service type from every pod and node (labs brought up without --no-demo)")
+	return cmd
+}
+
+// newLabProbeCmd is the hidden Service prober of `axon lab check`; the
+// checker starts it in a pod (pod cgroup) or a node (node cgroup).
+func newLabProbeCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:    "_probe tcp|udp/ADDR:PORT...",
+		Short:  "internal: Service prober of `axon lab check` (one JSON line per probe)",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ps []lab.SvcProbe
+			for _, a := range args {
+				p, err := lab.ParseSvcProbe(a)
+				if err != nil {
+					return err
+				}
+				ps = append(ps, p)
+			}
+			return lab.RunServiceProbes(cmd.Context(), ps, timeout, os.Stdout)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
@@ -461,4 +527,41 @@ func newLabEchoCmd() *cobra.Command {
 	ping.Flags().DurationVarP(&wait, "wait", "W", time.Second, "how long to wait for the last reply")
 	cmd.AddCommand(serve, probe, ping)
 	return cmd
+}
+
+// printKubeProxyStatus prints the lab's Service implementation and, with
+// --kube-proxy, each kube-proxy's process and /healthz.
+func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
+	st := l.State()
+	mode := l.KubeProxyMode()
+	fmt.Fprintf(w, "kube-proxy: %s", mode)
+	if st.DemoServices {
+		fmt.Fprint(w, " (demo Services: ", strings.Join([]string{lab.DemoClusterIP, lab.DemoNodePort, lab.DemoExternalIP, lab.DemoLoadBalancer}, ", "), ")")
+	}
+	fmt.Fprintln(w)
+	if mode == lab.KubeProxyNone {
+		return
+	}
+	for _, n := range st.Nodes {
+		state := "gone"
+		if n.KubeProxy.Alive() {
+			state = "running"
+		}
+		pid := 0
+		if n.KubeProxy != nil {
+			pid = n.KubeProxy.PID
+		}
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		h, err := l.KubeProxyHealthz(hctx, n.Name)
+		cancel()
+		health := h.Status
+		if err == nil && !h.LastUpdated.IsZero() {
+			health += ", last sync " + h.LastUpdated.UTC().Format(time.RFC3339)
+		}
+		syncs := ""
+		if ts, err := l.KubeProxySyncTimes(n.Name); err == nil && len(ts) > 0 {
+			syncs = fmt.Sprintf(", %d syncs logged, last took %s", len(ts), ts[len(ts)-1].Elapsed)
+		}
+		fmt.Fprintf(w, "  kube-proxy/%-8s pid %-8d %s; healthz: %s%s\n", n.Name, pid, state, health, syncs)
+	}
 }

@@ -33,6 +33,7 @@ func newLabBenchCmd(stateDir *string) *cobra.Command {
 		duration time.Duration
 		out      string
 		keep     bool
+		cmpBig   bool // issue 5: labbench_bigtcp.go
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -83,6 +84,14 @@ the table with medians and ratios to host-to-host. The pods are removed afterwar
 				{Name: "baseline pod-to-pod cross-node", Client: ep(pods["bench-base-c"]), Server: ep(pods["bench-base-s2"])},
 				{Name: "baseline pod-to-pod same-node", Client: ep(pods["bench-base-c"]), Server: ep(pods["bench-base-s1"])},
 			}
+			if cmpBig { // issue 5: BIG TCP off next to the lab's pods
+				p, cleanupSmall, err := addSmallGSOPath(ctx, l, nodes, keep)
+				defer cleanupSmall()
+				if err != nil {
+					return err
+				}
+				paths = append(paths, p)
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "benchmark: %d paths × %d reps × %s (iperf3 + sockperf), results in %s\n", len(paths), reps, duration, out)
 			rep, err := bench.Run(ctx, bench.Config{
 				Paths: paths, Reps: reps, Duration: duration, OutDir: out, Progress: cmd.ErrOrStderr(),
@@ -98,6 +107,9 @@ the table with medians and ratios to host-to-host. The pods are removed afterwar
 	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&out, "out", "", "results folder (default results/bench-<UTC time>)")
 	cmd.Flags().BoolVar(&keep, "keep-pods", false, "leave the benchmark pods in the lab afterwards")
+	cmd.Flags().BoolVar(&cmpBig, "compare-big-tcp", false, "also measure a cross-node axon pod pair whose devices keep GSO/GRO at 64 KiB (BIG TCP off), next to the lab's pods (use with axon lab up --big-tcp on)")
+	cmd.AddCommand(newLabBenchServicesCmd(stateDir), newConnRateCmd()) // issue 4: labbench_svc.go
+	cmd.AddCommand(newLabBenchNorthSouthCmd(stateDir))                 // issue 7: labbench_ns.go
 	return cmd
 }
 

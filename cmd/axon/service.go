@@ -120,5 +120,6 @@ func newBPFCmd() *cobra.Command {
 	f.register(list)
 	lbCmd.AddCommand(list)
 	cmd.AddCommand(lbCmd)
+	cmd.AddCommand(newBPFBandwidthCmd()) // issue 6: bandwidth.go
 	return cmd
 }

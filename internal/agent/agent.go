@@ -50,6 +50,10 @@ type Agent struct {
 	lbErr     string // why the socket LB is not loaded
 	lbCgroup  string // cgroup the hooks are attached to, "" until loaded
 
+	nport nodePort // issue 7: north-south LB (nodeport.go)
+
+	bw *bandwidth // issue 6: Bandwidth Manager (bandwidth.go), guarded by stMu until created
+
 	trigger chan struct{} // coalesced "reconcile now"
 
 	// dpMu serialises every write to the dataplane, routes and IPAM pools:
@@ -155,6 +159,7 @@ func (a *Agent) close() {
 		}
 		a.lb = nil
 	}
+	a.closeNodePort() // issue 7
 	a.dpMu.Unlock()
 	a.ipam.Close()
 	a.nl.Close()
@@ -211,6 +216,10 @@ func (a *Agent) run(ctx context.Context) error {
 	a.stMu.Unlock()
 	wg.Go(func() { k.run(ctx, a.kick) })
 	wg.Go(func() { a.svc.run(ctx) }) // issue 4
+	// issue 7: health checks, conntrack GC (nodeport.go)
+	wg.Go(func() { a.runNodePort(ctx) })
+	// issue 6: keeps fq on the uplink (bandwidth.go)
+	wg.Go(func() { a.bandwidthLoop(ctx) })
 
 	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)
@@ -306,6 +315,10 @@ func (a *Agent) reconcile() error {
 			errs = append(errs, err)
 		}
 		a.ensureSockLB() // issue 4: never fails the pass, see status
+		// issue 7: never fails the pass, see status (nodeport.go)
+		a.ensureNodePort()
+		// issue 6: never fails the pass, see status (bandwidth.go)
+		a.reconcileBandwidth()
 	}
 	a.stMu.Lock()
 	if len(errs) == 0 {

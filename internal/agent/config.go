@@ -38,6 +38,20 @@ type Config struct {
 	HealthAddr  string // host:port for /healthz and /metrics; empty = off
 	SocketLB    bool   // issue 4: attach the socket load balancer (cgroup hooks)
 	CgroupRoot  string // cgroup v2 directory the socket LB hooks attach to
+	// issue 4 (socklb.go, optout.go): socket LB mode and map sizes
+	SocketLBMode     string // all|hostns-only
+	LBServiceMapSize uint32 // axon_lb_svc entries (frontends + backend slots); 0 = default
+	LBBackendMapSize uint32 // axon_lb_be entries; 0 = default
+	// issue 5 (device.go): pod device type and BIG TCP
+	DeviceMode       string // veth|netkit|netkit-l2|auto
+	EnableIPv4BigTCP bool   // BIG TCP for IPv4 where kernel and uplink allow it
+	EnableIPv6BigTCP bool   // BIG TCP for IPv6 where kernel and uplink allow it
+	// issue 7 (nodeport.go): north-south load balancer on the uplink
+	NodePortLB NodePortConfig
+	// issue 6 (bandwidth.go): Bandwidth Manager
+	BandwidthManager bool          // enforce kubernetes.io/{egress,ingress}-bandwidth (EDT + fq, ingress token bucket)
+	BandwidthBBR     bool          // set BBR as congestion control in pod netns
+	BandwidthHorizon time.Duration // EDT drop horizon (fq's horizon too)
 
 	ReconcileInterval time.Duration // periodic full reconcile
 }
@@ -57,6 +71,12 @@ func Defaults() Config {
 		AttachMode:        "auto",
 		HostRouting:       "auto",
 		SocketLB:          true,
+		SocketLBMode:      SocketLBModeAll,   // issue 4
+		DeviceMode:        DefaultDeviceMode, // issue 5
+		EnableIPv4BigTCP:  true,
+		EnableIPv6BigTCP:  true,
+		NodePortLB:        DefaultNodePortConfig(), // issue 7
+		BandwidthHorizon:  DefaultBandwidthHorizon, // issue 6
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
@@ -100,6 +120,18 @@ func (c Config) Validate() error {
 		if err := checkCgroup2Dir(c.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := c.validateSocketLB(); err != nil { // issue 4: socklb.go
+		errs = append(errs, err)
+	}
+	if err := c.validateDevice(); err != nil { // issue 5: device.go
+		errs = append(errs, err)
+	}
+	if err := c.NodePortLB.Validate(); err != nil { // issue 7: nodeport.go
+		errs = append(errs, err)
+	}
+	if err := c.validateBandwidth(); err != nil { // issue 6: bandwidth.go
+		errs = append(errs, err)
 	}
 	if c.ReconcileInterval <= 0 {
 		errs = append(errs, fmt.Errorf("reconcile interval %s must be positive", c.ReconcileInterval))

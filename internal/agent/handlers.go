@@ -77,6 +77,11 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.Features = dp.Features()
 	}
 	st.Datapath = append(st.Datapath, a.sockLBDecision())
+	st.Datapath = append(st.Datapath, a.nodePortDecision()) // issue 7: nodeport.go
+	// issue 6: bandwidth.go
+	st.Datapath = append(st.Datapath, a.bandwidthDecision())
+	st.Bandwidth = a.bandwidthStatus()
+	st.Datapath = append(st.Datapath, a.podDevicesDecision()) // issue 5: device.go
 	if st.PodCIDRs == nil {
 		st.PodCIDRs = []netip.Prefix{}
 	}
@@ -138,7 +143,7 @@ func (a *Agent) Allocate(_ context.Context, r api.AllocateRequest) (api.Allocate
 		return api.AllocateResponse{}, fmt.Errorf("allocate for %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
 	a.log.Info("addresses allocated", "containerID", r.ContainerID, "ifName", r.IfName, "pod", r.PodNamespace+"/"+r.PodName, "addresses", addrs)
-	return api.AllocateResponse{Addresses: addrs}, nil
+	return api.AllocateResponse{Addresses: addrs, Device: a.podDevice()}, nil // issue 5: device.go
 }
 
 // Release implements api.Handler. Idempotent.
@@ -218,6 +223,9 @@ func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
 			a.detach(prev.HostIfName)
 		}
 	}
+	// issue 4: a pod that opted out of socket LB must be skipped from its
+	// first connect, not from the next reconcile.
+	a.syncOptOut()
 	a.log.Info("endpoint registered", "containerID", ep.ContainerID, "ifName", ep.IfName,
 		"pod", ep.PodNamespace+"/"+ep.PodName, "ips", ep.IPs, "device", ep.HostIfName, "ifindex", li.Index)
 	return nil

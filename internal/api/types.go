@@ -35,6 +35,28 @@ type Address struct {
 // AllocateResponse carries one address per configured family (v4 first).
 type AllocateResponse struct {
 	Addresses []Address `json:"addresses"`
+	// Device is how the CNI plugin must build the pod device (issue 5);
+	// nil (an agent that does not say) means a veth with kernel defaults.
+	Device *DeviceConfig `json:"device,omitempty"`
+}
+
+// Pod device types (Endpoint.DeviceType, DeviceConfig.Type).
+const (
+	DeviceVeth   = "veth"
+	DeviceNetkit = "netkit"
+)
+
+// DeviceConfig is the pod device the agent's operational mode asks for, with
+// the BIG TCP sizes for both ends (0 = leave the kernel default).
+type DeviceConfig struct {
+	Type       string `json:"type"`                 // DeviceVeth | DeviceNetkit
+	NetkitMode string `json:"netkitMode,omitempty"` // "l3" (default) | "l2", netkit only
+	// BIG TCP (IFLA_GSO_MAX_SIZE, IFLA_GRO_MAX_SIZE, IFLA_GSO_IPV4_MAX_SIZE,
+	// IFLA_GRO_IPV4_MAX_SIZE) for the pod device and its host-side end.
+	GSOMaxSize     uint32 `json:"gsoMaxSize,omitempty"`
+	GROMaxSize     uint32 `json:"groMaxSize,omitempty"`
+	GSOIPv4MaxSize uint32 `json:"gsoIPv4MaxSize,omitempty"`
+	GROIPv4MaxSize uint32 `json:"groIPv4MaxSize,omitempty"`
 }
 
 // ReleaseRequest frees what AllocateRequest took. Idempotent.
@@ -55,6 +77,10 @@ type Endpoint struct {
 	HostIfIndex  int              `json:"hostIfIndex"`
 	HostMAC      net.HardwareAddr `json:"hostMAC"`
 	PodMAC       net.HardwareAddr `json:"podMAC"`
+	// DeviceType is the pod device axon-cni created (DeviceVeth when empty,
+	// for endpoints registered before issue 5); NetkitMode "l3"|"l2" for netkit.
+	DeviceType string `json:"deviceType,omitempty"`
+	NetkitMode string `json:"netkitMode,omitempty"`
 	// Filled in by the agent in replies:
 	State   string    `json:"state,omitempty"` // "ready", "pending", "orphan" (no Pod object)
 	Created time.Time `json:"created,omitempty"`
@@ -111,4 +137,7 @@ type Status struct {
 	Features  []Feature       `json:"features"`
 	Endpoints int             `json:"endpoints"`
 	Routes    int             `json:"routes"` // podCIDR routes to other nodes
+
+	// issue 6: Bandwidth Manager (nil when the agent predates it)
+	Bandwidth *BandwidthStatus `json:"bandwidth,omitempty"`
 }

@@ -360,7 +360,7 @@ func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 		if err := n.Agent.Stop(15 * time.Second); err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}
-		agent, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"))
+		agent, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"), append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...)...)
 		if err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}
@@ -369,7 +369,7 @@ func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 	})
 }
 
-func startAgent(binDir string, n Node, logPath string) (*Proc, error) {
+func startAgent(binDir string, n Node, logPath string, extra ...string) (*Proc, error) {
 	agent := filepath.Join(binDir, "axon-agent")
 	argv := []string{
 		"nsenter", "--net=" + netnsPath(n.Netns), "--", agent,
@@ -382,6 +382,7 @@ func startAgent(binDir string, n Node, logPath string) (*Proc, error) {
 		"--uplink", "eth0",
 		"--log-format", "text",
 	}
+	argv = append(argv, extra...)
 	nsenter, err := exec.LookPath("nsenter")
 	if err != nil {
 		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)

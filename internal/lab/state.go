@@ -62,6 +62,7 @@ type Node struct {
 	Cgroup        string         `json:"cgroup"` // absolute cgroup2 dir
 	Kubeconfig    string         `json:"kubeconfig,omitempty"`
 	Agent         *Proc          `json:"agent,omitempty"`
+	KubeProxy     *Proc          `json:"kubeProxy,omitempty"` // --kube-proxy iptables|nftables
 }
 
 // Pod is one lab pod (a network namespace wired into its node).
@@ -101,7 +102,11 @@ type State struct {
 	Created      time.Time         `json:"created"`
 	StateDir     string            `json:"stateDir"`
 	BinDir       string            `json:"binDir"`
-	Datapath     string            `json:"datapath"` // datapath of `up`
+	Datapath     string            `json:"datapath"`               // datapath of `up`
+	KubeProxy    string            `json:"kubeProxy,omitempty"`    // none|iptables|nftables ("" = none)
+	DemoServices bool              `json:"demoServices,omitempty"` // `up` created the demo Services
+	Device       string            `json:"device,omitempty"`       // issue 5: agents' --device-mode (auto|veth|netkit; "" = veth)
+	BigTCP       bool              `json:"bigTCP,omitempty"`       // issue 5: BIG TCP on wire, uplinks and pod devices
 	PodsPerNode  int               `json:"podsPerNode"`
 	Ready        bool              `json:"ready"` // up finished
 	ControlPlane ControlPlaneState `json:"controlPlane"`
@@ -110,6 +115,13 @@ type State struct {
 	Nodes        []Node            `json:"nodes"`
 	Pods         []Pod             `json:"pods"`
 	External     External          `json:"external"`
+
+	// issue 6: agents' --bandwidth-manager (on|off; "" = off)
+	BandwidthManager string `json:"bandwidthManager,omitempty"`
+
+	// issue 7: agents' --lb-acceleration and --nodeport-mode ("" = agent default; check_external.go)
+	LBAcceleration string `json:"lbAcceleration,omitempty"`
+	NodePortMode   string `json:"nodePortMode,omitempty"`
 }
 
 func statePath(dir string) string { return filepath.Join(dir, stateFile) }

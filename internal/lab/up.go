@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,7 +27,30 @@ type UpOptions struct {
 	BinDir      string // holds axon, axon-agent, axon-cni
 	APIPort     int    // kube-apiserver port on 127.0.0.1 (root netns and, forwarded, every node netns); 0 = 6443
 	EtcdPort    int    // 0 = 2379
+	KubeProxy   string // none (default), iptables or nftables: real kube-proxy in every node netns
+	NoDemo      bool   // do not create the demo Services (services.go)
+	Device      string // issue 5: pod device of the agents: veth (default), netkit or auto (bigtcp.go)
+	BigTCP      bool   // issue 5: BIG TCP on the wire, the uplinks and (through the agents) the pod devices
 	Logger      *slog.Logger
+	// ReadyTimeout bounds each readiness wait (etcd, kube-apiserver, agents); 0 = 90 s.
+	// Raise it where CPU is slow, e.g. under QEMU TCG (the kernel matrix passes 6m).
+	ReadyTimeout time.Duration
+
+	// issue 6: agents' --bandwidth-manager: on or off (bandwidth.go)
+	BandwidthManager string
+
+	// issue 7: agents' --lb-acceleration (native|best-effort|disabled) and
+	// --nodeport-mode (snat|dsr); "" = the agent's default (check_external.go)
+	LBAcceleration string
+	NodePortMode   string
+}
+
+// readyTimeout is ReadyTimeout or its 90 s default.
+func (o *UpOptions) readyTimeout() time.Duration {
+	if o.ReadyTimeout > 0 {
+		return o.ReadyTimeout
+	}
+	return 90 * time.Second
 }
 
 func (o *UpOptions) validate() error {
@@ -38,6 +62,24 @@ func (o *UpOptions) validate() error {
 	}
 	if o.Datapath != DatapathAxon && o.Datapath != DatapathBaseline {
 		return fmt.Errorf("--datapath %q: want %s or %s", o.Datapath, DatapathAxon, DatapathBaseline)
+	}
+	if o.KubeProxy == "" {
+		o.KubeProxy = KubeProxyNone
+	}
+	if !validKubeProxyMode(o.KubeProxy) {
+		return fmt.Errorf("--kube-proxy %q: want one of %s", o.KubeProxy, strings.Join(KubeProxyModes, ", "))
+	}
+	if err := validateBandwidthMode(o.BandwidthManager); err != nil { // issue 6: bandwidth.go
+		return err
+	}
+	if err := validateNorthSouth(o.LBAcceleration, o.NodePortMode); err != nil { // issue 7: check_external.go
+		return err
+	}
+	if o.Device == "" { // issue 5: bigtcp.go
+		o.Device = DeviceVeth
+	}
+	if err := validateDevice(o.Device); err != nil {
+		return err
 	}
 	if o.APIPort == 0 {
 		o.APIPort = controlplane.DefaultAPIPort
@@ -89,6 +131,16 @@ func preflight(o UpOptions) error {
 	if _, err := cgroup2Mount(); err != nil {
 		errs = append(errs, err)
 	}
+	if o.KubeProxy != KubeProxyNone {
+		if _, err := DepPath("kube-proxy"); err != nil {
+			errs = append(errs, err)
+		}
+		for _, tool := range kubeProxyTools(o.KubeProxy) {
+			if _, err := exec.LookPath(tool); err != nil {
+				errs = append(errs, fmt.Errorf("%s not found in PATH (kube-proxy --proxy-mode=%s runs it): `apt-get install iptables nftables`", tool, o.KubeProxy))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -132,6 +184,8 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	if old, err := readState(stateDir); err == nil {
 		healthy := labHealthy(ctx, old) == nil
 		same := len(old.Nodes) == o.Nodes && old.PodsPerNode == o.PodsPerNode && old.Datapath == o.Datapath
+		same = same && kubeProxyModeOf(old) == o.KubeProxy
+		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // issue 7
 		switch {
 		case healthy && same:
 			log.Info("lab already up", "nodes", len(old.Nodes), "pods", len(old.Pods))
@@ -160,10 +214,13 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	}
 	st := &State{
 		Version: stateVersion, Created: time.Now().UTC(), StateDir: stateDir, BinDir: o.BinDir,
-		Datapath: o.Datapath, PodsPerNode: o.PodsPerNode,
+		Datapath: o.Datapath, PodsPerNode: o.PodsPerNode, KubeProxy: o.KubeProxy,
 		Cgroup:   filepath.Join(cg2, cgroupSubtree),
 		External: newExternal(),
+		Device:   o.Device, BigTCP: o.BigTCP, // issue 5
+		BandwidthManager: o.BandwidthManager, // issue 6
 	}
+	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // issue 7: check_external.go
 	for i := 1; i <= o.Nodes; i++ {
 		st.Nodes = append(st.Nodes, newNode(stateDir, st.Cgroup, i))
 	}
@@ -186,6 +243,14 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		return nil, err
 	}
 	log.Info("namespaces and wire ready", "nodes", len(st.Nodes), "elapsed", time.Since(t0).Round(time.Millisecond))
+	if err := xdpPassOnWirePorts(st); err != nil { // issue 7: check_external.go
+		return nil, err
+	}
+	if st.BigTCP { // issue 5: bigtcp.go
+		if err := setWireBigTCP(st); err != nil {
+			return nil, err
+		}
+	}
 
 	fwd, err := startForwarder(st, o)
 	if err != nil {
@@ -209,7 +274,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	if o.Datapath == DatapathAxon {
 		for i := range st.Nodes {
 			n := &st.Nodes[i]
-			p, err := startAgent(o.BinDir, *n, filepath.Join(stateDir, "nodes", n.Name, "agent.log"))
+			p, err := startAgent(o.BinDir, *n, filepath.Join(stateDir, "nodes", n.Name, "agent.log"), append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...)...)
 			if err != nil {
 				_ = save()
 				return nil, fmt.Errorf("start agent on %s: %w", n.Name, err)
@@ -219,10 +284,16 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		if err := save(); err != nil {
 			return nil, err
 		}
-		if err := waitAgents(ctx, st.Nodes, 60*time.Second); err != nil {
+		if err := waitAgents(ctx, st.Nodes, o.readyTimeout()); err != nil {
 			return nil, err
 		}
 		log.Info("agents healthy", "elapsed", time.Since(t0).Round(time.Millisecond))
+	}
+	if err := upKubeProxies(ctx, st, save); err != nil {
+		return nil, err
+	}
+	if st.KubeProxy != KubeProxyNone {
+		log.Info("kube-proxy healthy", "mode", st.KubeProxy, "elapsed", time.Since(t0).Round(time.Millisecond))
 	}
 
 	// Pods: one goroutine per node, pods of a node in order.
@@ -255,6 +326,17 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	if err := errors.Join(errs...); err != nil {
 		_ = save()
 		return nil, err
+	}
+	if !o.NoDemo {
+		if err := upDemoServices(ctx, st, kube, log); err != nil {
+			_ = save()
+			return nil, err
+		}
+		log.Info("demo services ready", "elapsed", time.Since(t0).Round(time.Millisecond))
+		if err := upExternalDemo(ctx, st, kube, log); err != nil { // issue 7: check_external.go
+			_ = save()
+			return nil, err
+		}
 	}
 	st.Ready = true
 	if err := save(); err != nil {
@@ -291,8 +373,8 @@ func upControlPlane(ctx context.Context, st *State, o UpOptions, log *slog.Logge
 	st.ControlPlane = ControlPlaneState{Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort,
 		Kubeconfig: controlplane.AdminKubeconfigPath(dir)}
 	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort, ServiceCIDR: controlplane.DefaultServiceCIDR,
-		Logger: log, EtcdBinary: etcd, APIServerBinary: apiserver,
+		Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort, ServiceCIDR: ServiceCIDRs,
+		Logger: log, EtcdBinary: etcd, APIServerBinary: apiserver, ReadyTimeout: o.readyTimeout(),
 	})
 	if err != nil {
 		return fmt.Errorf("start control plane: %w", err)
@@ -331,6 +413,9 @@ func upTopology(st *State) error {
 		if err := addBaselineRoutes(n, st.Nodes); err != nil {
 			return err
 		}
+		if err := addServiceRoutes(n); err != nil {
+			return err
+		}
 	}
 	return plugIntoWire(st.External.Netns, ExternalName, wirePrefixes(st.External.IPs), false)
 }
@@ -364,6 +449,9 @@ func labHealthy(ctx context.Context, st *State) error {
 		}
 		if n.Agent != nil && !n.Agent.Alive() {
 			return fmt.Errorf("axon-agent of %s is not running", n.Name)
+		}
+		if n.KubeProxy != nil && !n.KubeProxy.Alive() {
+			return fmt.Errorf("kube-proxy of %s is not running", n.Name)
 		}
 	}
 	for _, p := range st.Pods {
@@ -417,6 +505,9 @@ func teardown(stateDir string, log *slog.Logger) error {
 	}
 	if st != nil {
 		for _, n := range st.Nodes {
+			if err := n.KubeProxy.Stop(10 * time.Second); err != nil {
+				errs = append(errs, fmt.Errorf("stop kube-proxy of %s: %w", n.Name, err))
+			}
 			if err := n.Agent.Stop(10 * time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop agent of %s: %w", n.Name, err))
 			}
