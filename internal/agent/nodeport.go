@@ -11,6 +11,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -348,41 +349,11 @@ func attachNodePort(np *datapath.NodePortLB, uplink, accel string) (string, erro
 	if uplink == "" {
 		return "", fmt.Errorf("uplink not known yet")
 	}
-	describe := func(at datapath.Attachment, note string) string {
-		s := "tc"
-		if at.XDP != "" {
-			s = "xdp-" + at.XDP
-		}
-		s += fmt.Sprintf(" on %s (tc ingress %s, egress %s", at.Ifname, at.Ingress, at.Egress)
-		if note != "" {
-			s += "; " + note
-		}
-		return s + ")"
+	how, err := np.AttachAccelerated(uplink, accel)
+	if xe := (*datapath.NativeXDPError)(nil); errors.As(err, &xe) {
+		return "", fmt.Errorf("--lb-acceleration=native: %w (use best-effort to fall back to tc)", xe.Err)
 	}
-	switch accel {
-	case "native":
-		at, err := np.Attach(uplink, datapath.XDPNative)
-		if err != nil {
-			return "", fmt.Errorf("--lb-acceleration=native: %w (use best-effort to fall back to tc)", err)
-		}
-		return describe(at, ""), nil
-	case "best-effort":
-		at, err := np.Attach(uplink, datapath.XDPNative)
-		if err == nil {
-			return describe(at, ""), nil
-		}
-		at, err2 := np.Attach(uplink, datapath.XDPNone)
-		if err2 != nil {
-			return "", err2
-		}
-		return describe(at, fmt.Sprintf("no native XDP: %v", err)), nil
-	default:
-		at, err := np.Attach(uplink, datapath.XDPNone)
-		if err != nil {
-			return "", err
-		}
-		return describe(at, ""), nil
-	}
+	return how, err
 }
 
 // ctGC removes expired conntrack entries and records the table's fullness.

@@ -11,28 +11,20 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netns"
-
+	labpkg "github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// kube-proxy's servers inside the node netns (loopback of that netns only).
-const (
-	kubeProxyMetricsAddr = "127.0.0.1:10249"
-	kubeProxyHealthzAddr = "127.0.0.1:10256"
-	// kubeProxyClusterCIDRs covers the lab's axon (10.244/16) and baseline
-	// (10.245/16) pod ranges: pod-originated traffic is never masqueraded.
-	kubeProxyClusterCIDRs = "10.244.0.0/15,fd00:10:244::/47"
-)
+// kubeProxyMetricsAddr is kube-proxy's metrics server inside the node netns
+// (loopback of that netns only), as the lab configures it.
+const kubeProxyMetricsAddr = labpkg.KubeProxyMetricsAddr
 
 // KubeProxySpec describes one kube-proxy process of the benchmark.
 type KubeProxySpec struct {
@@ -44,25 +36,15 @@ type KubeProxySpec struct {
 	Log        string // log file
 }
 
-// KubeProxyArgv is the exact command line (recorded in the report). All
-// conntrack flags are "leave as is": nf_conntrack_max is machine-wide and the
-// benchmark never changes the root namespace.
+// KubeProxyArgv is the exact command line (recorded in the report): the
+// lab's (lab.KubeProxyArgs, without --masquerade-all) run in the node netns,
+// with a higher apiserver QPS for the churn. All conntrack flags are "leave
+// as is": nf_conntrack_max is machine-wide and the benchmark never changes
+// the root namespace.
 func (s KubeProxySpec) KubeProxyArgv(nsenter string) []string {
-	return []string{nsenter, "--net=" + s.Netns, "--", s.Binary,
-		"--proxy-mode=" + s.Mode,
-		"--kubeconfig=" + s.Kubeconfig,
-		"--hostname-override=" + s.Node,
-		"--cluster-cidr=" + kubeProxyClusterCIDRs,
-		"--detect-local-mode=ClusterCIDR",
-		"--healthz-bind-address=" + kubeProxyHealthzAddr,
-		"--metrics-bind-address=" + kubeProxyMetricsAddr,
-		"--conntrack-max-per-core=0", "--conntrack-min=0",
-		"--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
-		"--conntrack-udp-timeout=0", "--conntrack-udp-timeout-stream=0",
-		"--oom-score-adj=0",
-		"--kube-api-qps=100", "--kube-api-burst=200",
-		"--v=2", // "SyncProxyRules complete" elapsed=...
-	}
+	argv := []string{nsenter, "--net=" + s.Netns, "--"}
+	argv = append(argv, labpkg.KubeProxyArgs(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
+	return append(argv, "--kube-api-qps=100", "--kube-api-burst=200")
 }
 
 // KubeProxy is a running kube-proxy of the benchmark.
@@ -249,66 +231,17 @@ func (k *KubeProxy) WaitSynced(ctx context.Context, t time.Time, timeout, poll t
 }
 
 // httpGetInNetns GETs http://addr/path with a socket created inside the
-// netns at path nsPath (sockets keep the netns they were made in).
+// netns at path nsPath (lab.HTTPGetInNetns, 5s at most); anything but 200
+// is an error.
 func httpGetInNetns(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The thread changes netns and is never unlocked: it exits with the goroutine.
-		runtime.LockOSThread()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			ch <- result{err: fmt.Errorf("open netns %s: %w", nsPath, err)}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsPath, err)}
-			return
-		}
-		d := net.Dialer{Timeout: 2 * time.Second}
-		c, err := d.Dial("tcp", addr)
-		ch <- result{c, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	defer r.c.Close()
-	dl := time.Now().Add(5 * time.Second)
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl = d
-	}
-	_ = r.c.SetDeadline(dl)
-	if _, err := fmt.Fprintf(r.c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+	body, status, err := labpkg.HTTPGetInNetns(ctx, nsPath, addr, path, 5*time.Second)
+	if err != nil {
 		return nil, err
 	}
-	br := bufio.NewReader(r.c)
-	status, err := br.ReadString('\n')
-	if err != nil {
-		return nil, fmt.Errorf("read %s%s: %w", addr, path, err)
+	if !strings.HasPrefix(status+" ", "200 ") {
+		return nil, fmt.Errorf("GET %s%s: %s", addr, path, status)
 	}
-	if !strings.Contains(status, " 200 ") {
-		return nil, fmt.Errorf("GET %s%s: %s", addr, path, strings.TrimSpace(status))
-	}
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return nil, err
-		}
-		if strings.TrimSpace(line) == "" {
-			break
-		}
-	}
-	return io.ReadAll(io.LimitReader(br, 8<<20))
+	return body, nil
 }
 
 // VmHWM returns the peak and current resident set size of pid in bytes

@@ -36,8 +36,18 @@ type linkPin struct {
 	path, kind, role, ifname string
 }
 
-// listLinkPins lists links/<kind>-<role>-<ifname> entries under pinDir.
+// listLinkPins lists the datapath's links/<kind>-<role>-<ifname> entries
+// under pinDir.
 func listLinkPins(pinDir string) ([]linkPin, error) {
+	return listPins(pinDir, func(kind, role string) bool {
+		return (kind == pinTCX || kind == pinTC || kind == pinNKPeer || kind == pinNKPrimary) &&
+			(role == rolePod || role == roleUplink)
+	})
+}
+
+// listPins lists the links/<kind>-<role>-<ifname> entries under pinDir
+// that keep accepts; a missing links directory is an empty list.
+func listPins(pinDir string, keep func(kind, role string) bool) ([]linkPin, error) {
 	ents, err := os.ReadDir(linksDir(pinDir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -48,8 +58,7 @@ func listLinkPins(pinDir string) ([]linkPin, error) {
 	var out []linkPin
 	for _, e := range ents {
 		parts := strings.SplitN(e.Name(), "-", 3)
-		if len(parts) != 3 || (parts[0] != pinTCX && parts[0] != pinTC && parts[0] != pinNKPeer && parts[0] != pinNKPrimary) ||
-			(parts[1] != rolePod && parts[1] != roleUplink) {
+		if len(parts) != 3 || !keep(parts[0], parts[1]) {
 			continue
 		}
 		out = append(out, linkPin{path: filepath.Join(linksDir(pinDir), e.Name()), kind: parts[0], role: parts[1], ifname: parts[2]})
@@ -179,44 +188,80 @@ func tcxIfindex(l link.Link) int {
 }
 
 // attachTCX updates the pinned link when it is still on ifindex, otherwise
-// attaches a new tcx ingress link and pins it.
+// attaches a new tcx ingress link (appended to the chain) and pins it.
 func attachTCX(pin string, ifindex int, prog *ebpf.Program) error {
+	return attachTCXPinned(pin, ifindex, prog, ebpf.AttachTCXIngress, nil)
+}
+
+// attachTCXPinned keeps a pinned tcx link of prog on ifindex (see
+// replacePinnedLink). at is ebpf.AttachTCXIngress or AttachTCXEgress; anchor
+// places a new link in the tcx chain (nil appends, link.Head() goes first);
+// an updated link keeps its place.
+func attachTCXPinned(pin string, ifindex int, prog *ebpf.Program, at ebpf.AttachType, anchor link.Anchor) error {
+	return replacePinnedLink(pin, "tcx", ifindex, prog, tcxIfindex, func() (link.Link, error) {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at, Anchor: anchor})
+		if err != nil {
+			what := "tcx"
+			if at == ebpf.AttachTCXEgress {
+				what = "tcx egress"
+			}
+			return nil, fmt.Errorf("%s attach to ifindex %d: %w", what, ifindex, err)
+		}
+		return l, nil
+	})
+}
+
+// replacePinnedLink is how every pinned bpf_link of axon on a device (tcx,
+// XDP) is installed: a link pinned at pin that is still on ifindex is
+// updated to prog in place (adoption after a restart, no gap); a stale one
+// (device gone or re-created under the same name) is detached and unpinned;
+// then attach creates a new link, which is pinned at pin. kind names the
+// link in errors ("tcx", "XDP"); linkIfindex reads a link's device.
+func replacePinnedLink(pin, kind string, ifindex int, prog *ebpf.Program, linkIfindex func(link.Link) int, attach func() (link.Link, error)) error {
 	old, err := link.LoadPinnedLink(pin, nil)
 	switch {
 	case err == nil:
 		defer old.Close()
-		if tcxIfindex(old) == ifindex {
+		if linkIfindex(old) == ifindex {
 			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
+				return fmt.Errorf("update pinned %s link %s: %w", kind, pin, err)
 			}
 			return nil
 		}
 		// device gone or re-created under the same name: replace the link
 		_ = old.Detach()
 		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale tcx link %s: %w", pin, err)
+			return fmt.Errorf("unpin stale %s link %s: %w", kind, pin, err)
 		}
 	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned tcx link %s: %w", pin, err)
+		return fmt.Errorf("load pinned %s link %s: %w", kind, pin, err)
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	l, err := attach()
 	if err != nil {
-		return fmt.Errorf("tcx attach to ifindex %d: %w", ifindex, err)
+		return err
 	}
 	defer l.Close()
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		_ = l.Detach()
+		return fmt.Errorf("create %s: %w", filepath.Dir(pin), err)
+	}
 	if err := l.Pin(pin); err != nil {
 		_ = l.Detach()
-		return fmt.Errorf("pin tcx link at %s: %w", pin, err)
+		return fmt.Errorf("pin %s link at %s: %w", kind, pin, err)
 	}
 	return nil
 }
 
-func legacyFilter(ifindex, fd int, name string) *netlink.BpfFilter {
+// clsBPFFilter is one of axon's cls_bpf filters: direct action, all
+// protocols, prio legacyPrio, on parent (netlink.HANDLE_MIN_INGRESS or
+// HANDLE_MIN_EGRESS of the clsact qdisc) with handle, which tells axon's
+// filters apart (legacyHandle, legacyEgressHandle, npLegacyHandle, ...).
+func clsBPFFilter(ifindex, fd int, parent, handle uint32, name string) *netlink.BpfFilter {
 	return &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
-			Handle:    legacyHandle,
+			Parent:    parent,
+			Handle:    handle,
 			Priority:  legacyPrio,
 			Protocol:  unix.ETH_P_ALL,
 		},
@@ -229,6 +274,14 @@ func legacyFilter(ifindex, fd int, name string) *netlink.BpfFilter {
 // attachLegacy makes sure dev has a clsact qdisc, replaces axon's cls_bpf
 // filter in place and pins the program as a marker for GC/Uninstall.
 func attachLegacy(pin string, dev netlink.Link, prog *ebpf.Program, role string) error {
+	return attachClsBPF(pin, dev, prog, netlink.HANDLE_MIN_INGRESS, legacyHandle, "axon_"+role)
+}
+
+// attachClsBPF makes sure dev has a clsact qdisc, replaces the cls_bpf
+// filter parent/handle (see clsBPFFilter) with one running prog, and pins a
+// clone of prog at pin: the marker that detach, GC and Uninstall find the
+// filter by (deleteOwnFilter only deletes a filter still running it).
+func attachClsBPF(pin string, dev netlink.Link, prog *ebpf.Program, parent, handle uint32, name string) error {
 	q := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)},
 		QdiscType:  "clsact",
@@ -236,8 +289,15 @@ func attachLegacy(pin string, dev netlink.Link, prog *ebpf.Program, role string)
 	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add clsact qdisc: %w", err)
 	}
-	if err := netlink.FilterReplace(legacyFilter(dev.Attrs().Index, prog.FD(), "axon_"+role)); err != nil {
-		return fmt.Errorf("replace cls_bpf filter: %w", err)
+	if err := netlink.FilterReplace(clsBPFFilter(dev.Attrs().Index, prog.FD(), parent, handle, name)); err != nil {
+		what := "filter"
+		if parent == netlink.HANDLE_MIN_EGRESS {
+			what = "egress filter"
+		}
+		return fmt.Errorf("replace cls_bpf %s: %w", what, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", filepath.Dir(pin), err)
 	}
 	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove old pin %s: %w", pin, err)
@@ -257,26 +317,16 @@ func attachLegacy(pin string, dev netlink.Link, prog *ebpf.Program, role string)
 func detachPin(p linkPin) error {
 	switch p.kind {
 	case pinTCX, pinNKPeer, pinNKPrimary:
-		l, err := link.LoadPinnedLink(p.path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("detach %s: load pinned link %s: %w", p.ifname, p.path, err)
-		}
-		defer l.Close()
-		if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
-			return fmt.Errorf("detach %s link of %s: %w", p.kind, p.ifname, err)
-		}
-		if err := l.Unpin(); err != nil {
-			return fmt.Errorf("unpin %s: %w", p.path, err)
-		}
+		return detachPinnedLink(p)
 	case pinTC:
 		if _, err := os.Stat(p.path); errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
-		if err := deleteOwnFilter(p); err != nil {
-			return err
+		dev, err := netlink.LinkByName(p.ifname)
+		if err == nil { // device gone: the filter went with it
+			if err := deleteOwnFilter(p, dev, netlink.HANDLE_MIN_INGRESS, legacyHandle); err != nil {
+				return err
+			}
 		}
 		if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove pin %s: %w", p.path, err)
@@ -285,14 +335,31 @@ func detachPin(p linkPin) error {
 	return nil
 }
 
-// deleteOwnFilter removes axon's cls_bpf filter from p.ifname in the current
-// netns, but only when it still runs the pinned program: called from another
-// netns (or after someone replaced the filter) it touches nothing.
-func deleteOwnFilter(p linkPin) error {
-	dev, err := netlink.LinkByName(p.ifname)
-	if err != nil {
-		return nil // device gone: the filter went with it
+// detachPinnedLink detaches the bpf_link pinned at p.path (tcx, netkit,
+// XDP) and removes the pin; a missing pin is fine.
+func detachPinnedLink(p linkPin) error {
+	l, err := link.LoadPinnedLink(p.path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("detach %s: load pinned link %s: %w", p.ifname, p.path, err)
+	}
+	defer l.Close()
+	if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
+		return fmt.Errorf("detach %s link of %s: %w", p.kind, p.ifname, err)
+	}
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("unpin %s: %w", p.path, err)
+	}
+	return nil
+}
+
+// deleteOwnFilter removes axon's cls_bpf filter parent/handle from dev in
+// the current netns, but only when it still runs the program pinned at
+// p.path: called from another netns (or after someone replaced the filter)
+// it touches nothing.
+func deleteOwnFilter(p linkPin, dev netlink.Link, parent, handle uint32) error {
 	prog, err := ebpf.LoadPinnedProgram(p.path, nil)
 	if err != nil {
 		return fmt.Errorf("load pinned program %s: %w", p.path, err)
@@ -306,16 +373,16 @@ func deleteOwnFilter(p linkPin) error {
 	if !ok {
 		return fmt.Errorf("program id of %s: not supported by the kernel", p.path)
 	}
-	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
+	filters, err := netlink.FilterList(dev, parent)
 	if err != nil {
 		return nil // no clsact: nothing of ours there
 	}
 	for _, f := range filters {
 		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || bf.Handle != legacyHandle || bf.Priority != legacyPrio || bf.Id != int(id) {
+		if !ok || bf.Handle != handle || bf.Priority != legacyPrio || bf.Id != int(id) {
 			continue
 		}
-		if err := netlink.FilterDel(legacyFilter(dev.Attrs().Index, 0, "")); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := netlink.FilterDel(clsBPFFilter(dev.Attrs().Index, 0, parent, handle, "")); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete cls_bpf filter on %s: %w", p.ifname, err)
 		}
 	}

@@ -69,10 +69,10 @@ type BWMConfig struct {
 type BWM struct {
 	cfg   BWMConfig
 	slack time.Duration // egress catch-up window written with every egress limit
-	log  *slog.Logger
-	objs uplinkEgressObjects
-	mode string // ModeTCX | ModeLegacy
-	mu   sync.Mutex
+	log   *slog.Logger
+	objs  uplinkEgressObjects
+	mode  string // ModeTCX | ModeLegacy
+	mu    sync.Mutex
 }
 
 type bwState = uplinkEgressBwState
@@ -200,71 +200,15 @@ func (b *BWM) Attached() bool {
 }
 
 func attachTCXEgress(pin string, ifindex int, prog *ebpf.Program) error {
-	old, err := link.LoadPinnedLink(pin, nil)
-	switch {
-	case err == nil:
-		defer old.Close()
-		if tcxIfindex(old) == ifindex {
-			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
-			}
-			return nil
-		}
-		_ = old.Detach()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale tcx link %s: %w", pin, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned tcx link %s: %w", pin, err)
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})
-	if err != nil {
-		return fmt.Errorf("tcx egress attach to ifindex %d: %w", ifindex, err)
-	}
-	defer l.Close()
-	if err := l.Pin(pin); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("pin tcx link at %s: %w", pin, err)
-	}
-	return nil
+	return attachTCXPinned(pin, ifindex, prog, ebpf.AttachTCXEgress, nil)
 }
 
 func egressFilter(ifindex, fd int) *netlink.BpfFilter {
-	return &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_EGRESS,
-			Handle:    legacyEgressHandle,
-			Priority:  legacyPrio,
-			Protocol:  unix.ETH_P_ALL,
-		},
-		Fd: fd, Name: "axon_bwm", DirectAction: true,
-	}
+	return clsBPFFilter(ifindex, fd, netlink.HANDLE_MIN_EGRESS, legacyEgressHandle, "axon_bwm")
 }
 
 func attachLegacyEgress(pin string, dev netlink.Link, prog *ebpf.Program) error {
-	q := &netlink.GenericQdisc{
-		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)},
-		QdiscType:  "clsact",
-	}
-	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("add clsact qdisc: %w", err)
-	}
-	if err := netlink.FilterReplace(egressFilter(dev.Attrs().Index, prog.FD())); err != nil {
-		return fmt.Errorf("replace cls_bpf egress filter: %w", err)
-	}
-	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove old pin %s: %w", pin, err)
-	}
-	c, err := prog.Clone()
-	if err != nil {
-		return fmt.Errorf("clone program: %w", err)
-	}
-	defer c.Close()
-	if err := c.Pin(pin); err != nil {
-		return fmt.Errorf("pin program at %s: %w", pin, err)
-	}
-	return nil
+	return attachClsBPF(pin, dev, prog, netlink.HANDLE_MIN_EGRESS, legacyEgressHandle, "axon_bwm")
 }
 
 // removeEgressFilter deletes axon's legacy egress filter (and its pin

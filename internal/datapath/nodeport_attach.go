@@ -10,7 +10,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // XDP modes of NodePortLB.Attach.
@@ -102,6 +101,64 @@ func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
 	return a, nil
 }
 
+// Acceleration modes of AttachAccelerated (the agent's --lb-acceleration,
+// axon lb's xdpMode).
+const (
+	AccelNative     = "native"      // native XDP or an error
+	AccelBestEffort = "best-effort" // native XDP, else tc only
+)
+
+// NativeXDPError is AttachAccelerated's error when native XDP was asked for
+// and could not be attached; callers say how to fall back.
+type NativeXDPError struct{ Err error }
+
+func (e *NativeXDPError) Error() string { return e.Err.Error() }
+func (e *NativeXDPError) Unwrap() error { return e.Err }
+
+// AttachAccelerated attaches the LB to ifname per accel: AccelNative (tc
+// plus native XDP; a failing XDP attach is a *NativeXDPError),
+// AccelBestEffort (the same, else tc only, with the reason in the
+// description) or anything else (tc only). It describes the result, e.g.
+// "xdp-native on eth0 (tc ingress tcx, egress tcx)" or
+// "tc on eth0 (tc ingress tcx, egress tcx; no native XDP: ...)".
+func (n *NodePortLB) AttachAccelerated(ifname, accel string) (string, error) {
+	describe := func(at Attachment, note string) string {
+		s := "tc"
+		if at.XDP != "" {
+			s = "xdp-" + at.XDP
+		}
+		s += fmt.Sprintf(" on %s (tc ingress %s, egress %s", at.Ifname, at.Ingress, at.Egress)
+		if note != "" {
+			s += "; " + note
+		}
+		return s + ")"
+	}
+	switch accel {
+	case AccelNative:
+		at, err := n.Attach(ifname, XDPNative)
+		if err != nil {
+			return "", &NativeXDPError{Err: err}
+		}
+		return describe(at, ""), nil
+	case AccelBestEffort:
+		at, err := n.Attach(ifname, XDPNative)
+		if err == nil {
+			return describe(at, ""), nil
+		}
+		at, err2 := n.Attach(ifname, XDPNone)
+		if err2 != nil {
+			return "", err2
+		}
+		return describe(at, fmt.Sprintf("no native XDP: %v", err)), nil
+	default:
+		at, err := n.Attach(ifname, XDPNone)
+		if err != nil {
+			return "", err
+		}
+		return describe(at, ""), nil
+	}
+}
+
 // AttachDecap attaches the DSR decapsulation program (axon_lb_decap) to the
 // tc ingress of ifname: on a DSR backend without an ipip / ip6tnl device it
 // strips the outer header the LB added, so the inner packet (client ->
@@ -148,47 +205,7 @@ func (n *NodePortLB) Detach(ifname string) error {
 
 // attachTCXAt is attachTCX with an attach type and anchor for new links.
 func attachTCXAt(pin string, ifindex int, prog *ebpf.Program, at ebpf.AttachType, anchor link.Anchor) error {
-	old, err := link.LoadPinnedLink(pin, nil)
-	switch {
-	case err == nil:
-		defer old.Close()
-		if tcxIfindex(old) == ifindex {
-			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
-			}
-			return nil
-		}
-		_ = old.Detach()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale tcx link %s: %w", pin, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned tcx link %s: %w", pin, err)
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at, Anchor: anchor})
-	if err != nil {
-		return fmt.Errorf("tcx attach to ifindex %d: %w", ifindex, err)
-	}
-	defer l.Close()
-	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("create %s: %w", filepath.Dir(pin), err)
-	}
-	if err := l.Pin(pin); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("pin tcx link at %s: %w", pin, err)
-	}
-	return nil
-}
-
-func npLegacyFilter(ifindex, fd int, parent, handle uint32) *netlink.BpfFilter {
-	return &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: ifindex, Parent: parent, Handle: handle,
-			Priority: legacyPrio, Protocol: unix.ETH_P_ALL,
-		},
-		Fd: fd, Name: "axon_lb", DirectAction: true,
-	}
+	return attachTCXPinned(pin, ifindex, prog, at, anchor)
 }
 
 // attachNPLegacy adds clsact if needed, replaces the LB's cls_bpf filter on
@@ -198,31 +215,7 @@ func attachNPLegacy(pin string, dev netlink.Link, prog *ebpf.Program, parent uin
 	if strings.Contains(filepath.Base(pin), "-"+npRoleDec+"-") {
 		handle = npDecapHandle
 	}
-	q := &netlink.GenericQdisc{
-		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)},
-		QdiscType:  "clsact",
-	}
-	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("add clsact qdisc: %w", err)
-	}
-	if err := netlink.FilterReplace(npLegacyFilter(dev.Attrs().Index, prog.FD(), parent, handle)); err != nil {
-		return fmt.Errorf("replace cls_bpf filter: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", filepath.Dir(pin), err)
-	}
-	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove old pin %s: %w", pin, err)
-	}
-	c, err := prog.Clone()
-	if err != nil {
-		return fmt.Errorf("clone program: %w", err)
-	}
-	defer c.Close()
-	if err := c.Pin(pin); err != nil {
-		return fmt.Errorf("pin program at %s: %w", pin, err)
-	}
-	return nil
+	return attachClsBPF(pin, dev, prog, parent, handle, "axon_lb")
 }
 
 func xdpIfindex(l link.Link) int {
@@ -240,77 +233,27 @@ func attachXDPPinned(pin string, ifindex int, prog *ebpf.Program, mode string) e
 	if mode == XDPGeneric {
 		flags = link.XDPGenericMode
 	}
-	old, err := link.LoadPinnedLink(pin, nil)
-	switch {
-	case err == nil:
-		defer old.Close()
-		if xdpIfindex(old) == ifindex {
-			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned XDP link %s: %w", pin, err)
-			}
-			return nil
+	return replacePinnedLink(pin, "XDP", ifindex, prog, xdpIfindex, func() (link.Link, error) {
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
+		if err != nil {
+			return nil, fmt.Errorf("XDP attach to ifindex %d: %w", ifindex, err)
 		}
-		_ = old.Detach()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale XDP link %s: %w", pin, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned XDP link %s: %w", pin, err)
-	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
-	if err != nil {
-		return fmt.Errorf("XDP attach to ifindex %d: %w", ifindex, err)
-	}
-	defer l.Close()
-	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("create %s: %w", filepath.Dir(pin), err)
-	}
-	if err := l.Pin(pin); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("pin XDP link at %s: %w", pin, err)
-	}
-	return nil
+		return l, nil
+	})
 }
 
 // listNPLinkPins lists the LB's link pins under pinDir.
 func listNPLinkPins(pinDir string) ([]linkPin, error) {
-	ents, err := os.ReadDir(linksDir(pinDir))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list pinned links: %w", err)
-	}
-	var out []linkPin
-	for _, e := range ents {
-		parts := strings.SplitN(e.Name(), "-", 3)
-		if len(parts) != 3 || (parts[1] != npRoleIn && parts[1] != npRoleOut && parts[1] != npRoleXDP && parts[1] != npRoleDec) {
-			continue
-		}
-		out = append(out, linkPin{path: filepath.Join(linksDir(pinDir), e.Name()), kind: parts[0], role: parts[1], ifname: parts[2]})
-	}
-	return out, nil
+	return listPins(pinDir, func(_, role string) bool {
+		return role == npRoleIn || role == npRoleOut || role == npRoleXDP || role == npRoleDec
+	})
 }
 
 // detachNPPin removes one LB attachment and its pin.
 func detachNPPin(p linkPin) error {
 	switch p.kind {
 	case pinTCX, pinXDP:
-		l, err := link.LoadPinnedLink(p.path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("detach %s: load pinned link %s: %w", p.ifname, p.path, err)
-		}
-		defer l.Close()
-		if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
-			return fmt.Errorf("detach %s link of %s: %w", p.kind, p.ifname, err)
-		}
-		if err := l.Unpin(); err != nil {
-			return fmt.Errorf("unpin %s: %w", p.path, err)
-		}
+		return detachPinnedLink(p)
 	case pinTC:
 		if _, err := os.Stat(p.path); errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -320,40 +263,12 @@ func detachNPPin(p linkPin) error {
 			parent = netlink.HANDLE_MIN_EGRESS
 		}
 		if dev, err := netlink.LinkByName(p.ifname); err == nil {
-			if err := deleteNPFilter(p, dev, parent); err != nil {
+			if err := deleteOwnFilter(p, dev, parent, npHandle(p.role)); err != nil {
 				return err
 			}
 		}
 		if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove pin %s: %w", p.path, err)
-		}
-	}
-	return nil
-}
-
-// deleteNPFilter deletes the LB's cls_bpf filter when it runs the pinned program.
-func deleteNPFilter(p linkPin, dev netlink.Link, parent uint32) error {
-	prog, err := ebpf.LoadPinnedProgram(p.path, nil)
-	if err != nil {
-		return fmt.Errorf("load pinned program %s: %w", p.path, err)
-	}
-	defer prog.Close()
-	info, err := prog.Info()
-	if err != nil {
-		return fmt.Errorf("program info of %s: %w", p.path, err)
-	}
-	id, _ := info.ID()
-	filters, err := netlink.FilterList(dev, parent)
-	if err != nil {
-		return nil
-	}
-	for _, f := range filters {
-		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || bf.Handle != npHandle(p.role) || bf.Id != int(id) {
-			continue
-		}
-		if err := netlink.FilterDel(npLegacyFilter(dev.Attrs().Index, 0, parent, npHandle(p.role))); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("delete cls_bpf filter on %s: %w", p.ifname, err)
 		}
 	}
 	return nil

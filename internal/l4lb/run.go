@@ -2,6 +2,7 @@ package l4lb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -212,42 +213,16 @@ func (r *Runner) resolve(name string) ([]lb.Frontend, error) {
 	return out, nil
 }
 
+// attach attaches per xdpMode and describes the result.
 func attach(np *datapath.NodePortLB, ifname, mode string) (string, error) {
-	describe := func(at datapath.Attachment, note string) string {
-		s := "tc"
-		if at.XDP != "" {
-			s = "xdp-" + at.XDP
-		}
-		s += fmt.Sprintf(" on %s (tc ingress %s, egress %s", at.Ifname, at.Ingress, at.Egress)
-		if note != "" {
-			s += "; " + note
-		}
-		return s + ")"
+	how, err := np.AttachAccelerated(ifname, mode)
+	if xe := (*datapath.NativeXDPError)(nil); errors.As(err, &xe) {
+		return "", fmt.Errorf("xdpMode native: %w (set xdpMode: best-effort to fall back to tc)", xe.Err)
 	}
-	switch mode {
-	case "native":
-		at, err := np.Attach(ifname, datapath.XDPNative)
-		if err != nil {
-			return "", fmt.Errorf("xdpMode native: %w (set xdpMode: best-effort to fall back to tc)", err)
-		}
-		return describe(at, ""), nil
-	case "best-effort":
-		at, err := np.Attach(ifname, datapath.XDPNative)
-		if err == nil {
-			return describe(at, ""), nil
-		}
-		at, err2 := np.Attach(ifname, datapath.XDPNone)
-		if err2 != nil {
-			return "", fmt.Errorf("attach to %s: %w", ifname, err2)
-		}
-		return describe(at, fmt.Sprintf("no native XDP: %v", err)), nil
-	default:
-		at, err := np.Attach(ifname, datapath.XDPNone)
-		if err != nil {
-			return "", fmt.Errorf("attach to %s: %w", ifname, err)
-		}
-		return describe(at, ""), nil
+	if err != nil {
+		return "", fmt.Errorf("attach to %s: %w", ifname, err)
 	}
+	return how, nil
 }
 
 // sourceAddrs is sourceAddress, else the interface's global addresses.

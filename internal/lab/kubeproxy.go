@@ -47,7 +47,7 @@ const (
 	clusterCIDRs = "10.244.0.0/15,fd00:10:244::/47"
 	// kube-proxy's health and metrics servers, on the node netns' loopback.
 	kubeProxyHealthzAddr = "127.0.0.1:10256"
-	kubeProxyMetricsAddr = "127.0.0.1:10249"
+	KubeProxyMetricsAddr = "127.0.0.1:10249" // also read by the Service benchmark
 )
 
 func validKubeProxyMode(m string) bool {
@@ -70,21 +70,28 @@ func kubeProxyTools(mode string) []string {
 	return nil
 }
 
-// kubeProxyArgs is kube-proxy's command line for node n. Conntrack flags are
+// kubeProxyArgs is KubeProxyArgs for node n.
+func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
+	return KubeProxyArgs(bin, mode, kubeconfig, n.Name, masqueradeAll)
+}
+
+// KubeProxyArgs is kube-proxy's command line (binary first) for the node
+// named node; the lab and the Service benchmark (internal/bench) both run
+// kube-proxy with it, so the two cannot drift. Conntrack flags are
 // all "leave as is": nf_conntrack_max and the hash size are machine-wide
 // (root netns / module parameters), which the lab never changes. What
 // kube-proxy still writes (route_localnet in iptables mode, its own
 // oom_score_adj) is per network namespace or per process.
-func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
+func KubeProxyArgs(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
 	args := []string{
 		bin,
 		"--proxy-mode=" + mode,
 		"--kubeconfig=" + kubeconfig,
-		"--hostname-override=" + n.Name,
+		"--hostname-override=" + node,
 		"--cluster-cidr=" + clusterCIDRs,
 		"--detect-local-mode=ClusterCIDR",
 		"--healthz-bind-address=" + kubeProxyHealthzAddr,
-		"--metrics-bind-address=" + kubeProxyMetricsAddr,
+		"--metrics-bind-address=" + KubeProxyMetricsAddr,
 		"--conntrack-max-per-core=0",
 		"--conntrack-min=0",
 		"--conntrack-tcp-timeout-established=0",
@@ -162,9 +169,17 @@ func kubeProxyHealthz(ctx context.Context, nsName string) (KubeProxyHealth, erro
 	return h, nil
 }
 
-// httpGetInNetns does a plain HTTP/1.0 GET of addr+path from inside the named
-// netns (the socket is created there; sockets keep the netns they were made in).
+// httpGetInNetns is HTTPGetInNetns in the lab netns nsName, 3s at most.
 func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte, status string, err error) {
+	return HTTPGetInNetns(ctx, netnsPath(nsName), addr, path, 3*time.Second)
+}
+
+// HTTPGetInNetns does a plain HTTP/1.0 GET of addr+path with a socket
+// created inside the netns at nsPath (sockets keep the netns they were made
+// in), within timeout or ctx's deadline if sooner. status is the status line
+// without the protocol ("200 OK"); the body is read up to 16 MiB. The lab and
+// the Service benchmark read kube-proxy's /healthz and /metrics with it.
+func HTTPGetInNetns(ctx context.Context, nsPath, addr, path string, timeout time.Duration) (body []byte, status string, err error) {
 	type result struct {
 		c   net.Conn
 		err error
@@ -173,14 +188,14 @@ func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte
 	go func() {
 		// This thread changes netns and is never unlocked: it dies with the goroutine.
 		runtime.LockOSThread()
-		target, err := netns.GetFromPath(netnsPath(nsName))
+		target, err := netns.GetFromPath(nsPath)
 		if err != nil {
-			ch <- result{err: fmt.Errorf("open netns %s: %w", nsName, err)}
+			ch <- result{err: fmt.Errorf("open netns %s: %w", nsPath, err)}
 			return
 		}
 		defer target.Close()
 		if err := netns.Set(target); err != nil {
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsName, err)}
+			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsPath, err)}
 			return
 		}
 		d := net.Dialer{Timeout: 2 * time.Second}
@@ -197,7 +212,7 @@ func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte
 		return nil, "", r.err
 	}
 	defer r.c.Close()
-	dl := time.Now().Add(3 * time.Second)
+	dl := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
@@ -426,7 +441,7 @@ type kubeProxySyncState struct {
 }
 
 func kubeProxyMetrics(ctx context.Context, nsName string) (kubeProxySyncState, error) {
-	body, status, err := httpGetInNetns(ctx, nsName, kubeProxyMetricsAddr, "/metrics")
+	body, status, err := httpGetInNetns(ctx, nsName, KubeProxyMetricsAddr, "/metrics")
 	if err != nil {
 		return kubeProxySyncState{}, err
 	}
