@@ -358,22 +358,9 @@ func (n *NodePortLB) Frontends() ([]lb.Frontend, error) {
 			f.Kind, f.Service, f.PortName = meta.Kind, meta.Service, meta.PortName
 		}
 		for _, be := range st.backends {
-			b := be.b
-			if meta != nil {
-				for _, mb := range meta.Backends {
-					if mb.Addr == b.Addr && mb.Port == b.Port {
-						b.NodeName, b.Zone = mb.NodeName, mb.Zone
-					}
-				}
-			}
-			f.Backends = append(f.Backends, b)
+			f.Backends = append(f.Backends, withBackendMeta(be.b, meta))
 		}
-		slices.SortFunc(f.Backends, func(a, b lb.Backend) int {
-			if c := a.Addr.Compare(b.Addr); c != 0 {
-				return c
-			}
-			return int(a.Port) - int(b.Port)
-		})
+		slices.SortFunc(f.Backends, lb.CompareBackends)
 		out = append(out, f)
 	}
 	slices.SortFunc(out, func(a, b lb.Frontend) int { return compareKeys(a.Key, b.Key) })

@@ -153,10 +153,7 @@ func normFrontend(f lb.Frontend) (lb.Frontend, error) {
 		if a.State != b.State {
 			return int(a.State) - int(b.State)
 		}
-		if c := a.Addr.Compare(b.Addr); c != 0 {
-			return c
-		}
-		return int(a.Port) - int(b.Port)
+		return lb.CompareBackends(a, b)
 	})
 	f.Backends = bs
 	return f, nil

@@ -319,25 +319,26 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, slot, err)
 			}
 			b := lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}
-			if meta != nil {
-				for _, mb := range meta.Backends {
-					if mb.Addr == b.Addr && mb.Port == b.Port {
-						b.NodeName, b.Zone = mb.NodeName, mb.Zone
-					}
-				}
-			}
-			f.Backends = append(f.Backends, b)
+			f.Backends = append(f.Backends, withBackendMeta(b, meta))
 		}
-		slices.SortFunc(f.Backends, func(a, b lb.Backend) int {
-			if c := a.Addr.Compare(b.Addr); c != 0 {
-				return c
-			}
-			return int(a.Port) - int(b.Port)
-		})
+		slices.SortFunc(f.Backends, lb.CompareBackends)
 		out = append(out, f)
 	}
 	slices.SortFunc(out, func(a, b lb.Frontend) int { return compareKeys(a.Key, b.Key) })
 	return out, nil
+}
+
+// withBackendMeta fills in what the maps do not hold (node, zone) from the
+// frontend last written, for a backend read back from the maps.
+func withBackendMeta(b lb.Backend, meta *lb.Frontend) lb.Backend {
+	if meta != nil {
+		for _, mb := range meta.Backends {
+			if mb.Addr == b.Addr && mb.Port == b.Port {
+				b.NodeName, b.Zone = mb.NodeName, mb.Zone
+			}
+		}
+	}
+	return b
 }
 
 func compareKeys(a, b lb.FrontendKey) int {

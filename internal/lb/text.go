@@ -84,7 +84,7 @@ func Render(fs []Frontend) string {
 			continue
 		}
 		bs := slices.Clone(f.Backends)
-		slices.SortStableFunc(bs, compareBackends)
+		slices.SortStableFunc(bs, CompareBackends)
 		for _, be := range bs {
 			node := be.NodeName
 			if node == "" {

@@ -242,7 +242,9 @@ func CompareKeys(a, b FrontendKey) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Scope, b.Scope))
 }
 
-func compareBackends(a, b Backend) int {
+// CompareBackends orders backends by address, then port: the order of
+// Frontend.Backends everywhere (translation, golden text, map read-back).
+func CompareBackends(a, b Backend) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 }
 
@@ -385,7 +387,7 @@ func (idx sliceIndex) candidates(portName string, proto Proto, is6 bool) []candi
 	for _, c := range m {
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b candidate) int { return compareBackends(a.Backend, b.Backend) })
+	slices.SortFunc(out, func(a, b candidate) int { return CompareBackends(a.Backend, b.Backend) })
 	return out
 }
 
