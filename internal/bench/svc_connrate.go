@@ -110,7 +110,12 @@ func ConnRate(ctx context.Context, cfg ConnRateConfig) (ConnRateResult, error) {
 		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 		t0 := time.Now()
 		if err := unix.Connect(fd, sa); err != nil {
-			return 0, fmt.Errorf("connect %s: %w", cfg.Target, err)
+			if err == unix.EINTR { // a signal (Go's async preemption): the handshake goes on
+				err = awaitConnect(fd, cfg.Timeout)
+			}
+			if err != nil {
+				return 0, fmt.Errorf("connect %s: %w", cfg.Target, err)
+			}
 		}
 		connect = time.Since(t0)
 		if _, err := unix.Write(fd, req); err != nil {
@@ -172,6 +177,34 @@ func ConnRate(ctx context.Context, cfg ConnRateConfig) (ConnRateResult, error) {
 
 // percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN
 // when empty. It sorts ns in place.
+// awaitConnect finishes a blocking connect(2) that a signal interrupted: the
+// kernel goes on with the handshake, so wait until the socket is writable and
+// return its SO_ERROR (nil when connected).
+func awaitConnect(fd int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return unix.ETIMEDOUT
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, int(left.Milliseconds())+1)
+		if err == unix.EINTR || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("poll: %w", err)
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return fmt.Errorf("SO_ERROR: %w", err)
+		}
+		if soErr != 0 {
+			return unix.Errno(soErr)
+		}
+		return nil
+	}
+}
+
 func percentileUs(ns []int64, p float64) float64 {
 	if len(ns) == 0 {
 		return math.NaN()
