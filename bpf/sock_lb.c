@@ -84,8 +84,10 @@ AXON_INLINE void ctx_set_addr(struct bpf_sock_addr *ctx, const __u8 *addr, __be1
 	ctx->user_port = (__u32)port;
 }
 
-/* sock_fwd translates ctx's destination when it is a frontend. */
-AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6)
+/* sock_fwd translates ctx's destination when it is a frontend. connect is
+ * 1 in the connect hooks: the socket's cookie is new (or the socket is
+ * re-pointed), so the reverse entry is written without looking first. */
+AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 {
 	struct lb_svc_key key = {};
 	struct lb_rev_key rk = {};
@@ -123,10 +125,14 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6)
 	__builtin_memcpy(rk.addr, b.addr, sizeof(rk.addr));
 	rk.port = b.port;
 	rv.frontend_id = fe_id;
-	/* lookup first: an unconnected UDP socket re-sends to the same pair */
-	old = bpf_map_lookup_elem(&axon_lb_rev, &rk);
-	if (!old || __builtin_memcmp(old, &rv, sizeof(rv)) != 0)
+	if (connect) {
 		bpf_map_update_elem(&axon_lb_rev, &rk, &rv, BPF_ANY);
+	} else {
+		/* lookup first: an unconnected UDP socket re-sends to the same pair */
+		old = bpf_map_lookup_elem(&axon_lb_rev, &rk);
+		if (!old || __builtin_memcmp(old, &rv, sizeof(rv)) != 0)
+			bpf_map_update_elem(&axon_lb_rev, &rk, &rv, BPF_ANY);
+	}
 
 	ctx_set_addr(ctx, b.addr, b.port, v6);
 	return SYS_PROCEED;
@@ -179,16 +185,16 @@ AXON_INLINE int sock_bind(struct bpf_sock_addr *ctx, int v6)
 }
 
 SEC("cgroup/connect4")
-int axon_sock_connect4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0); }
+int axon_sock_connect4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0, 1); }
 
 SEC("cgroup/connect6")
-int axon_sock_connect6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1); }
+int axon_sock_connect6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1, 1); }
 
 SEC("cgroup/sendmsg4")
-int axon_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0); }
+int axon_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 0, 0); }
 
 SEC("cgroup/sendmsg6")
-int axon_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1); }
+int axon_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1, 0); }
 
 SEC("cgroup/recvmsg4")
 int axon_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0); }

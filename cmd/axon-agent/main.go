@@ -52,6 +52,9 @@ func run(args []string) int {
 	fs.BoolVar(&cfg.BandwidthBBR, "bandwidth-manager-bbr", cfg.BandwidthBBR, "set BBR as TCP congestion control in every pod netns (needs --bandwidth-manager and bbr in net.ipv4.tcp_allowed_congestion_control)")
 	fs.DurationVar(&cfg.BandwidthHorizon, "bandwidth-horizon", cfg.BandwidthHorizon, "drop egress packets of a limited pod whose departure time is further ahead than this (also fq's horizon)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
+	// issue 4: profiling and the Go memory limit (runtime.go)
+	pprofAddr := fs.String("pprof-address", "", "loopback host:port serving net/http/pprof (e.g. 127.0.0.1:6060); empty = off")
+	memLimit := fs.String("memory-limit", defaultMemoryLimit, "Go soft memory limit (GOMEMLIMIT) as a quantity, e.g. 100Mi; 0 = none. $GOMEMLIMIT applies when this flag is not given")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -83,11 +86,27 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "axon-agent: invalid configuration:", err)
 		return 2
 	}
+	if *pprofAddr != "" {
+		if err := checkPprofAddr(*pprofAddr); err != nil {
+			fmt.Fprintln(os.Stderr, "axon-agent:", err)
+			return 2
+		}
+	}
+	if err := applyMemoryLimit(*memLimit, fs.Changed("memory-limit"), log); err != nil {
+		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		return 2
+	}
 	// client-go logs through klog: send it to our logger.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *pprofAddr != "" {
+		if err := servePprof(ctx, *pprofAddr, log); err != nil {
+			log.Error("axon-agent failed", "error", err)
+			return 1
+		}
+	}
 	if err := agent.Run(ctx, cfg, log); err != nil {
 		log.Error("axon-agent failed", "error", err)
 		return 1

@@ -20,6 +20,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad health addr", []string{"--node-name", "n1", "--health-addr", "9876"}, 2},
 		{"empty node name", []string{"--node-name", ""}, 2},
 		{"cgroup root missing", []string{"--node-name", "n1", "--cgroup-root", "/nonexistent/axon-cg"}, 2},
+		{"pprof not on loopback", []string{"--node-name", "n1", "--pprof-address", "0.0.0.0:6060"}, 2},
+		{"bad memory limit", []string{"--node-name", "n1", "--memory-limit", "lots"}, 2},
+		{"memory limit too small", []string{"--node-name", "n1", "--memory-limit", "1Mi"}, 2},
 		{"cgroup root not cgroup2", []string{"--node-name", "n1", "--cgroup-root", "/proc"}, 2},
 	}
 	for _, tt := range tests {

@@ -211,6 +211,10 @@ func (a *Agent) run(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := a.svc.watchHostPorts(k); err != nil { // issue 7: Pod hostPorts (hostport.go)
+		cancel()
+		return err
+	}
 	a.stMu.Lock()
 	a.kube = k
 	a.stMu.Unlock()

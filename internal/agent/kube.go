@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -21,18 +22,21 @@ import (
 )
 
 // restConfig builds the client config: a kubeconfig file, or in-cluster.
+// The agent only reads and writes built-in types, so it talks protobuf
+// (JSON stays acceptable): at 10 000 Services the initial lists decode
+// several times faster and allocate far less than with JSON.
 func restConfig(kubeconfig string) (*rest.Config, error) {
+	var c *rest.Config
+	var err error
 	if kubeconfig == "" {
-		c, err := rest.InClusterConfig()
-		if err != nil {
+		if c, err = rest.InClusterConfig(); err != nil {
 			return nil, fmt.Errorf("in-cluster kube config: %w (outside a Pod, pass --kubeconfig)", err)
 		}
-		return c, nil
-	}
-	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
+	} else if c, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
 		return nil, fmt.Errorf("load --kubeconfig %s: %w", kubeconfig, err)
 	}
+	c.ContentType = runtime.ContentTypeProtobuf
+	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	return c, nil
 }
 
@@ -101,10 +105,12 @@ func slimPod(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+	slim := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		Annotations: p.Annotations, // issue 4: axon.io/socket-lb opt-out (optout.go)
-	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
+	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}
+	slimHostPorts(p, slim) // issue 7: hostPorts, phase and pod IPs (hostport.go)
+	return slim, nil
 }
 
 // run starts the informers and the connection probe, calls onSynced once both

@@ -80,6 +80,7 @@ type serviceSync struct {
 	writeErrs map[lb.FrontendKey]error  // last failed write per key
 	notFit    map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
 	onNS      func()                    // called on Namespace changes (opt-out annotation)
+	hp        *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
 	synced    bool
 	fullSync  time.Duration
 	watchErr  string
@@ -148,7 +149,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		if err := inf.SetWatchErrorHandlerWithContext(s.watchError); err != nil {
 			return nil, fmt.Errorf("set watch error handler: %w", err)
 		}
-		if err := inf.SetTransform(dropManagedFields); err != nil {
+		if err := inf.SetTransform(slimServiceObjects); err != nil {
 			return nil, fmt.Errorf("set transform: %w", err)
 		}
 		s.hasSynced = append(s.hasSynced, inf.HasSynced)
@@ -158,12 +159,50 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 	return s, nil
 }
 
-// dropManagedFields keeps the caches small (10 000 Services × their slices).
-func dropManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
+// slimServiceObjects keeps the caches small (10 000 Services × their
+// slices): before an object is cached it is replaced by a copy holding only
+// what lb.Translate, the slice index, the opt-out and Events read. Everything
+// else (managedFields, kubectl's last-applied annotation, owner references,
+// endpoint target references and hostnames) is dropped.
+func slimServiceObjects(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		return &corev1.Service{ObjectMeta: slimMeta(&o.ObjectMeta), Spec: o.Spec, Status: o.Status}, nil
+	case *discoveryv1.EndpointSlice:
+		es := &discoveryv1.EndpointSlice{ObjectMeta: slimMeta(&o.ObjectMeta), AddressType: o.AddressType,
+			Ports: o.Ports, Endpoints: make([]discoveryv1.Endpoint, len(o.Endpoints))}
+		if name, ok := o.Labels[lb.ServiceNameLabel]; ok {
+			es.Labels = map[string]string{lb.ServiceNameLabel: name}
+		}
+		for i := range o.Endpoints {
+			ep := &o.Endpoints[i]
+			es.Endpoints[i] = discoveryv1.Endpoint{Addresses: ep.Addresses, Conditions: ep.Conditions,
+				NodeName: ep.NodeName, Zone: ep.Zone, Hints: ep.Hints}
+		}
+		return es, nil
+	case *corev1.Namespace:
+		return &corev1.Namespace{ObjectMeta: slimMeta(&o.ObjectMeta)}, nil
+	}
+	if m, err := meta.Accessor(obj); err == nil { // the own Node: small, keep it whole
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// slimMeta keeps identity (for the cache, Events) and the axon.io/
+// annotations (opt-out, lb-algorithm).
+func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		DeletionTimestamp: m.DeletionTimestamp}
+	for k, v := range m.Annotations {
+		if strings.HasPrefix(k, "axon.io/") {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
+	}
+	return out
 }
 
 func sliceServiceIndex(obj any) ([]string, error) {
@@ -264,6 +303,7 @@ func (s *serviceSync) initialSync() {
 		s.setProblems(key, probs)
 		s.table.Apply(key, fs)
 	}
+	s.applyHostPortsLocked() // issue 7 (hostport.go)
 	s.synced = true
 	err = s.resyncLocked()
 	s.fullSync = time.Since(start)
@@ -288,6 +328,8 @@ func (s *serviceSync) processNext() bool {
 		s.mu.Lock()
 		err = s.resyncLocked()
 		s.mu.Unlock()
+	case queueHostPort: // issue 7 (hostport.go)
+		err = s.syncHostPorts()
 	case queueNode:
 		if s.refreshNode() {
 			for _, svc := range s.listKeys() {
@@ -465,6 +507,9 @@ func (s *serviceSync) flushLocked(service string) error {
 	}
 	slices.Sort(svcs)
 	cc, _ := s.w.(lb.CapacityChecker)
+	if s.flushBatchLocked(svcs, ups, cc, &errs) {
+		return errors.Join(errs...)
+	}
 	for _, svc := range svcs {
 		fs := ups[svc]
 		slices.SortFunc(fs, func(a, b lb.Frontend) int { return lb.CompareKeys(a.Key, b.Key) })
@@ -486,6 +531,53 @@ func (s *serviceSync) flushLocked(service string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// flushBatchLocked writes the upserts of many Services at once through an
+// lb.BatchWriter (the full sync: 10 000 Services in a few system calls
+// instead of 210 000). It does so only when all of them fit together, so
+// every Service is still programmed whole; false = nothing written, take
+// the one-by-one path (it refuses the Services that do not fit).
+func (s *serviceSync) flushBatchLocked(svcs []string, ups map[string][]lb.Frontend, cc lb.CapacityChecker, errs *[]error) bool {
+	bw, ok := s.w.(lb.BatchWriter)
+	if !ok || len(svcs) < 2 {
+		return false
+	}
+	var all []lb.Frontend
+	n := 0
+	for _, svc := range svcs {
+		n += len(ups[svc])
+	}
+	all = make([]lb.Frontend, 0, n)
+	if cc != nil {
+		whole := make([]lb.Frontend, 0, n)
+		for _, svc := range svcs {
+			whole = append(whole, s.table.Service(svc)...)
+		}
+		if err := cc.Fits(whole); err != nil {
+			return false
+		}
+	}
+	for _, svc := range svcs {
+		fs := ups[svc]
+		slices.SortFunc(fs, func(a, b lb.Frontend) int { return lb.CompareKeys(a.Key, b.Key) })
+		all = append(all, fs...)
+		if s.notFit[svc] != "" {
+			delete(s.notFit, svc)
+			s.ev.forget("service "+svc, ReasonServiceNotFit)
+			s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeNormal, ReasonServiceProgrammed,
+				"the Service fits the socket LB maps again and is programmed")
+		}
+	}
+	res := bw.UpsertFrontends(all)
+	for i, f := range all {
+		var err error
+		if res != nil {
+			err = res[i]
+		}
+		s.writeKey(f.Key, err, errs)
+	}
+	return true
 }
 
 // writeKey records the outcome of one write.

@@ -236,6 +236,9 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 	defer stopSrv()
 	crSrv := l.Command(srvCtx, backend.Name, "taskset", "-c", "1", axon, "lab", "bench", "_connrate", "serve",
 		"--listen", netip.AddrPortFrom(backend.IP, nsConnPort).String())
+	// No async preemption signals in the server: an interrupted read(2)
+	// (EINTR) made it close with the request unread, answered by a reset.
+	crSrv.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
 	ipSrv := l.Command(srvCtx, backend.Name, "taskset", "-c", "1", "iperf3", "-s", "-B", backend.IP.String(), "-p", strconv.Itoa(nsIperfPort))
 	for _, srv := range []*exec.Cmd{crSrv, ipSrv} {
 		srv.Stdout, srv.Stderr = io.Discard, io.Discard

@@ -40,6 +40,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -252,6 +253,7 @@ func benchKube(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	rc.QPS, rc.Burst = -1, 0
 	rc.Timeout = 30 * time.Second
+	rc.ContentType = "application/vnd.kubernetes.protobuf" // cheaper to encode and for the apiserver to decode
 	return kubernetes.NewForConfig(rc)
 }
 
@@ -707,6 +709,9 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 	rng := rand.New(rand.NewPCG(uint64(level), 42))
 	r.progress("control plane: %d EndpointSlice changes at %d Services (axon: node1 map; kube-proxy: own sync timestamp)", r.cfg.Changes, level)
 	var errs []error
+	if err := r.idleChanges(ctx, level, m, rng, cp); err != nil {
+		errs = append(errs, err)
+	}
 	for c := range r.cfg.Changes {
 		i := rng.IntN(level)
 		ip, ok := r.ips[i]
@@ -758,6 +763,80 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 	return errors.Join(errs...)
 }
 
+// pauseKubeProxies stops (SIGSTOP) every running kube-proxy, so a window
+// of axon measurements does not share the CPU with their syncs; the
+// returned function resumes them (SIGCONT).
+func (r *svcRun) pauseKubeProxies() (resume func()) {
+	var pids []int
+	for _, mode := range []string{"nftables", "iptables"} {
+		if kp := r.kps[mode]; kp != nil && kp.Proc.PID > 0 {
+			if err := syscall.Kill(kp.Proc.PID, syscall.SIGSTOP); err == nil {
+				pids = append(pids, kp.Proc.PID)
+			}
+		}
+	}
+	return func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+}
+
+// waitKubeProxiesIdle waits (at most 90 s) until no kube-proxy has changes
+// pending or a sync queued after its last one, so the next window starts
+// without a sync in progress.
+func (r *svcRun) waitKubeProxiesIdle(ctx context.Context) {
+	deadline := time.Now().Add(90 * time.Second)
+	for _, mode := range []string{"nftables", "iptables"} {
+		kp := r.kps[mode]
+		for kp != nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			m, err := kp.Metrics(ctx)
+			if err == nil && m.EndpointsPending == 0 && m.ServicesPending == 0 && m.LastSync >= m.LastQueued {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// idleChanges measures axon's change latency alone: the kube-proxies are
+// first left to finish their syncs, then paused for the window and resumed
+// after it (they then apply the window's changes in one sync).
+func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *rand.Rand, cp *SvcControlPlane) error {
+	if len(r.kps) == 0 {
+		return nil
+	}
+	r.waitKubeProxiesIdle(ctx)
+	resume := r.pauseKubeProxies()
+	defer resume()
+	cp.AxonChangeIdlePSI[0] = readPressure().Avg10
+	r.progress("control plane: %d EndpointSlice changes, axon alone (kube-proxies paused)", r.cfg.Changes)
+	for range r.cfg.Changes {
+		i := rng.IntN(level)
+		ip, ok := r.ips[i]
+		if !ok {
+			continue
+		}
+		for _, n := range []int{r.cfg.Endpoints + 1, r.cfg.Endpoints} {
+			written := time.Now()
+			if err := scale.SetEndpoints(ctx, r.kube, r.spec, i, n); err != nil {
+				return err
+			}
+			d, err := waitActive(ctx, m, ip, n, written, 30*time.Second)
+			if err != nil {
+				return err
+			}
+			cp.AxonChangeIdle = append(cp.AxonChangeIdle, d.Seconds()*1e3)
+		}
+	}
+	cp.AxonChangeIdlePSI[1] = readPressure().Avg10
+	resume()
+	r.progress("  axon alone: p50 %.1f ms, p99 %.1f ms (n=%d); kube-proxies resumed", percentile(cp.AxonChangeIdle, 50),
+		percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
+	r.waitKubeProxiesIdle(ctx)
+	return nil
+}
+
 func last(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
@@ -806,6 +885,11 @@ func (r *svcRun) agentFullSync(ctx context.Context, level int, cp *SvcControlPla
 			want = append(want, ip)
 		}
 	}
+	// the kube-proxies sit idle meanwhile (not in a sync of their own)
+	r.waitKubeProxiesIdle(ctx)
+	resume := r.pauseKubeProxies()
+	defer resume()
+	cp.AgentFullSyncIdle = len(r.kps) > 0
 	t0 := time.Now()
 	restarted := make(chan error, 1)
 	go func() { restarted <- r.l.RestartAgent(ctx, n.Name) }()

@@ -89,6 +89,13 @@ type SvcControlPlane struct {
 	// EndpointSlice change → applied, ms, one sample per change.
 	AxonChange      []float64            `json:"axonChangeMs"`
 	KubeProxyChange map[string][]float64 `json:"kubeProxyChangeMs"`
+	// AxonChangeIdle: the same measurement for axon alone, in a window where
+	// the kube-proxies were idle (paused with SIGSTOP, resumed afterwards),
+	// so their sync storms do not compete for the CPU; PSI around it.
+	AxonChangeIdle    []float64  `json:"axonChangeIdleMs,omitempty"`
+	AxonChangeIdlePSI [2]float64 `json:"axonChangeIdlePsi"`
+	// AgentFullSyncIdle: the kube-proxies were paused during the agent's full sync.
+	AgentFullSyncIdle bool `json:"agentFullSyncKubeProxiesPaused,omitempty"`
 	// Agent restart with empty maps → every Service in the maps.
 	AgentFullSync      time.Duration `json:"agentFullSyncNs"`      // restart begins → all in the map
 	AgentStartToSynced time.Duration `json:"agentStartToSyncedNs"` // new process start → all in the map
@@ -315,6 +322,10 @@ func (r *SvcReport) ControlPlaneTable() string {
 	fmt.Fprintf(&b, "| full sync: process start → all Services applied | %s | %s | %s |\n", axonFull, kpFull("nftables"), kpFull("iptables"))
 	fmt.Fprintf(&b, "| one EndpointSlice change → applied, ms | %s | %s | %s |\n", msStats(cp.AxonChange),
 		msStats(cp.KubeProxyChange["nftables"]), msStats(cp.KubeProxyChange["iptables"]))
+	if len(cp.AxonChangeIdle) > 0 {
+		fmt.Fprintf(&b, "| the same for axon alone, kube-proxies idle (paused), ms | %s (CPU pressure %.0f → %.0f %%) | – | – |\n",
+			msStats(cp.AxonChangeIdle), cp.AxonChangeIdlePSI[0], cp.AxonChangeIdlePSI[1])
+	}
 	// Memory: the largest VmHWM of the long-running processes, and of the
 	// restarted one after its full sync.
 	peak := func(list []SvcRSS, pick func(SvcRSS) bool) (uint64, string) {
@@ -807,7 +818,11 @@ func (r *SvcReport) Targets() []SvcTarget {
 		}
 		out = append(out, t)
 		t = SvcTarget{Target: "one EndpointSlice change in the BPF maps, p99 ≤ 50 ms", Met: "n/a"}
-		if p99 := percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
+		if p99 := percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
+			t.Got = fmt.Sprintf("kube-proxies idle: p99 %.1f ms (p50 %.1f ms, n=%d); while they sync the same change: p99 %.1f ms",
+				p99, percentile(cp.AxonChangeIdle, 50), Summarize(cp.AxonChangeIdle).N, percentile(cp.AxonChange, 99))
+			t.Met = yesNo(p99 <= 50)
+		} else if p99 := percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
 			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, percentile(cp.AxonChange, 50), Summarize(cp.AxonChange).N)
 			t.Met = yesNo(p99 <= 50)
 		}

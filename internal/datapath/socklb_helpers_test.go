@@ -45,6 +45,7 @@ type clientResult struct {
 	From   string         // recvfrom source (udp)
 	Reply  string         // what the server answered: its own address
 	Millis int64          // duration of the op (all repetitions)
+	Nanos  int64          // the same in ns (cost measurements)
 	Fails  int            // repetitions that failed (Count > 1)
 	Seen   map[string]int // answering backends (Count > 1)
 }
@@ -97,6 +98,7 @@ func TestSockLBHelperProcess(t *testing.T) {
 			out[i] = runOp(op)
 		}
 		out[i].Millis = time.Since(start).Milliseconds()
+		out[i].Nanos = time.Since(start).Nanoseconds()
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("%s%s\n", sockLBResultPrefix, b)
@@ -139,7 +141,7 @@ func runOp(op clientOp) clientResult {
 		af = unix.AF_INET6
 	}
 	typ := unix.SOCK_STREAM
-	if op.Kind == "udp" || op.Kind == "udpc" {
+	if op.Kind == "udp" || op.Kind == "udpc" || op.Kind == "udpconnect" {
 		typ = unix.SOCK_DGRAM
 	}
 	fd, err := unix.Socket(af, typ|unix.SOCK_CLOEXEC, 0)
@@ -203,6 +205,10 @@ func runOp(op clientOp) clientResult {
 		}
 		r.From = sockaddrString(from)
 		r.Reply = strings.TrimSpace(string(buf[:n]))
+	case "udpconnect": // connect only (the connect hook's cost, nothing sent)
+		if err := unix.Connect(fd, sa); err != nil {
+			return fail(err)
+		}
 	default:
 		return fail(fmt.Errorf("unknown op %q", op.Kind))
 	}
@@ -211,7 +217,7 @@ func runOp(op clientOp) clientResult {
 
 // runClients runs ops in one client process inside netns ns, in the cgroup
 // whose directory fd is cgFD (-1: the test process's own cgroup).
-func runClients(t *testing.T, ns string, cgFD int, ops ...clientOp) []clientResult {
+func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResult {
 	t.Helper()
 	req, err := json.Marshal(struct {
 		Netns string
@@ -359,7 +365,7 @@ func serveUDP(pc net.PacketConn) {
 
 // addLoopbackAddrs adds addresses to lo inside ns (dummy devices may be
 // missing from the kernel).
-func addLoopbackAddrs(t *testing.T, ns string, cidrs ...string) {
+func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 	t.Helper()
 	c := nsConf(t, ns)
 	for _, cidr := range cidrs {

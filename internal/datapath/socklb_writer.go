@@ -80,6 +80,13 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 		}
 	}
 
+	if old != nil && sameProgrammed(old, f) {
+		meta := f
+		meta.Backends = slices.Clone(f.Backends)
+		old.meta = &meta // display fields only: the maps already hold f
+		return nil
+	}
+
 	// 1. backends
 	entries := make([]beEntry, len(f.Backends))
 	master := sockLBLbSvcVal{Id: feID}
@@ -191,6 +198,35 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 		return fmt.Errorf("frontend programmed, cleanup incomplete: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// sameProgrammed reports whether the maps already hold exactly f (same
+// backends in the same slots, same master), so an upsert has nothing to
+// write (a restarted agent re-upserts every frontend once).
+func sameProgrammed(old *feState, f lb.Frontend) bool {
+	if len(old.backends) != len(f.Backends) {
+		return false
+	}
+	master := sockLBLbSvcVal{Id: old.id}
+	for i, b := range f.Backends {
+		e := old.backends[i].b
+		if e.Addr != b.Addr || e.Port != b.Port || e.State != b.State {
+			return false
+		}
+		switch b.State {
+		case lb.Active:
+			master.Active++
+		case lb.Terminating:
+			master.Terminating++
+		default:
+			master.Quarantined++
+		}
+	}
+	if secs := affinitySeconds(f.Affinity); secs > 0 {
+		master.Flags |= lbFlagAffinity
+		master.AffinityTimeout = secs
+	}
+	return master == old.master
 }
 
 // restoreLocked rewrites the slots in use of old (best effort, after a

@@ -28,6 +28,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -553,13 +554,17 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 			both("NodePort "+n.Name+" (all pods)", ip, DemoNodePortPort, ExpectOK, "")
 		}
 	}
+	dsr := st.NodePortMode == "dsr" && st.Datapath == DatapathAxon && kubeProxyModeOf(st) == KubeProxyNone
 	for _, n := range st.Nodes {
-		where := "remote backends"
+		where, expect := "remote backends", ExpectOK
 		if n.Name == first {
 			where = "local backends"
+		} else if dsr {
+			// DSR: the backend sees the client itself and answers it directly
+			where, expect = "remote backends, DSR: client IP kept", ExpectClientIP
 		}
 		for _, ip := range n.IPs {
-			both(fmt.Sprintf("NodePort %s (%s pods: %s)", n.Name, first, where), ip, DemoPinnedNodePort, ExpectOK, "")
+			both(fmt.Sprintf("NodePort %s (%s pods: %s)", n.Name, first, where), ip, DemoPinnedNodePort, expect, "")
 		}
 	}
 	ann := LBAnnouncer(st).Name
@@ -584,22 +589,13 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 	for _, ip := range DemoLocalIngress() {
 		both("ETP Local LoadBalancer IP via "+ann+" (client IP kept)", ip, DemoPort, ExpectClientIP, "")
 	}
-	for _, n := range st.Nodes {
-		for _, ip := range n.IPs {
-			both("HostPort "+n.Name, ip, PeerEchoPort, ExpectOK, hostPortNA)
-		}
-	}
+	planHostPortExternal(st, both) // check_external_hostport.go
 	return out
 }
 
 // masqueradeAllNA: in an axon-datapath lab kube-proxy runs with
 // --masquerade-all (docs/lab-services.md), so no client address survives.
 const masqueradeAllNA = "n/a (kube-proxy runs with --masquerade-all next to the axon datapath: the client address is not preserved)"
-
-// hostPortNA: the axon agent's Service watch builds frontends from Services
-// only; Pod hostPorts (lb.ScopeHostPort, which the datapath supports) are
-// not translated from Pods yet, and the lab's pods declare none.
-const hostPortNA = "n/a (no Pod hostPort source yet: the agent translates Services only; lb.ScopeHostPort is supported by the datapath but nothing writes it)"
 
 // evalExternal decides whether a result meets its expectation; "" = pass.
 func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
@@ -872,6 +868,9 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 		}
 		for _, p := range externalDemoBackends(&st) {
 			peer = append(peer, p.Name)
+		}
+		if hp, ok := hostPortPod(&st); ok && !slices.Contains(peer, hp.Name) {
+			peer = append(peer, hp.Name) // DemoHostPortPeer → PeerEchoPort
 		}
 		self := filepath.Join(st.BinDir, "axon")
 		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))

@@ -33,19 +33,20 @@ func TestPlanExternalProbes(t *testing.T) {
 		if p.Expect == ExpectBlocked && !strings.Contains(p.Case, "node2") {
 			t.Errorf("blocked probe on a node with local backends: %+v", p)
 		}
-		if p.Probe.Addr.Port() == PeerEchoPort && p.NA == "" {
-			t.Errorf("HostPort probe not n/a: %+v", p)
+		if strings.HasPrefix(p.Case, "HostPort") && p.NA != "" {
+			t.Errorf("HostPort probe n/a in an axon lab with %s: %+v", DemoHostPortPod, p)
 		}
 		if strings.HasPrefix(p.Col, "http") != (p.Probe.Proto == "http") {
 			t.Errorf("column %s for %s", p.Col, p.Probe)
 		}
 	}
-	// Per node: 4 NodePort + 4 pinned NodePort + 4 ETP Local NodePort + 2 health + 4 HostPort = 18;
+	// Per node: 4 NodePort + 4 pinned NodePort + 4 ETP Local NodePort + 2 health = 14;
+	// HostPort: 8 on node1 (the pod's node: client IP + echo), 4 blocked on node2;
 	// plus 4 LB + 4 externalIP + 4 ETP Local LB.
-	if len(plan) != 2*18+12 {
-		t.Errorf("planned %d probes, want %d", len(plan), 2*18+12)
+	if len(plan) != 2*14+12+12 {
+		t.Errorf("planned %d probes, want %d", len(plan), 2*14+12+12)
 	}
-	want := map[string]int{ExpectBlocked: 4, ExpectClientIP: 4 + 4, ExpectHealthy: 2, ExpectNoLocal: 2}
+	want := map[string]int{ExpectBlocked: 4 + 4, ExpectClientIP: 4 + 4 + 4, ExpectHealthy: 2, ExpectNoLocal: 2}
 	for k, v := range want {
 		if count[k] != v {
 			t.Errorf("%d probes expect %s, want %d (all: %v)", count[k], k, v, count)
@@ -259,7 +260,7 @@ func TestExternalCheckResultPrint(t *testing.T) {
 	var b bytes.Buffer
 	r.Print(&b)
 	out := b.String()
-	for _, want := range []string{"FAIL 0/1", "ok (blocked)", "ok (503)", "ok (client IP)", "n/a  n/a (no Pod hostPort", "39/40 external probes passed, 8 n/a"} {
+	for _, want := range []string{"FAIL 0/1", "ok (blocked)", "ok (503)", "ok (client IP)", "HostPort node1 :30901 (pod node1-pod1, client IP kept)", "51/52 external probes passed, 0 n/a"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -37,9 +37,10 @@ const (
 	SvcTypeNodePort     = "NodePort"
 	SvcTypeExternalIP   = "ExternalIP"
 	SvcTypeLoadBalancer = "LoadBalancer"
+	SvcTypeHostPort     = "HostPort" // issue 7: a Pod hostPort (check_external_hostport.go)
 )
 
-var svcTypes = []string{SvcTypeClusterIP, SvcTypeNodePort, SvcTypeExternalIP, SvcTypeLoadBalancer}
+var svcTypes = []string{SvcTypeClusterIP, SvcTypeNodePort, SvcTypeExternalIP, SvcTypeLoadBalancer, SvcTypeHostPort}
 
 // SvcProbe is one TCP or UDP exchange with a service address.
 type SvcProbe struct {
@@ -276,6 +277,9 @@ func planServiceProbes(st *State) []plannedProbe {
 		}
 		for _, ip := range demo[DemoLoadBalancer].LBIngress {
 			add(SvcTypeLoadBalancer, ip, DemoPort, "")
+		}
+		for _, hp := range hostPortServiceTargets(st, src.name, src.isNode) { // issue 7 (check_external_hostport.go)
+			add(SvcTypeHostPort, hp.addr, DemoHostPort, hp.na)
 		}
 	}
 	return out

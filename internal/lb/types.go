@@ -99,6 +99,13 @@ type Writer interface {
 	Frontends() ([]Frontend, error) // as read back from the maps
 }
 
+// BatchWriter is implemented by Writers that can program many frontends
+// at once more cheaply than one by one (the full sync). errs is nil when all
+// succeeded, else errs[i] is the outcome of fs[i].
+type BatchWriter interface {
+	UpsertFrontends(fs []Frontend) (errs []error)
+}
+
 // ErrFull is wrapped by errors of a Writer whose maps cannot take a write.
 var ErrFull = errors.New("load-balancer maps full")
 

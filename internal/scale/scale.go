@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,6 +154,12 @@ func Apply(ctx context.Context, kube kubernetes.Interface, s Spec, workers int, 
 	res := Result{ClusterIPs: map[int]netip.Addr{}}
 	var mu sync.Mutex
 	var created, existing, done atomic.Int64
+	// what a previous run left: one paged list instead of two failed
+	// creates and a get per object
+	have, err := s.existing(ctx, kube)
+	if err != nil {
+		return Result{}, err
+	}
 	total := 2 * s.Services
 	jobs := make(chan int)
 	errc := make(chan error, workers)
@@ -162,6 +169,14 @@ func Apply(ctx context.Context, kube kubernetes.Interface, s Spec, workers int, 
 	for range workers {
 		wg.Go(func() {
 			for i := range jobs {
+				if ip, ok := have[i]; ok {
+					existing.Add(2)
+					mu.Lock()
+					res.ClusterIPs[i] = ip
+					mu.Unlock()
+					done.Add(2)
+					continue
+				}
 				ip, err := s.applyOne(cctx, kube, i, &created, &existing)
 				if err != nil {
 					errc <- err
@@ -224,6 +239,44 @@ func (s Spec) applyOne(ctx context.Context, kube kubernetes.Interface, i int, cr
 	}
 	ip, _ := netip.ParseAddr(svc.Spec.ClusterIP)
 	return ip, nil
+}
+
+// existing lists the generated Services that already exist with their
+// EndpointSlice: index → ClusterIP.
+func (s Spec) existing(ctx context.Context, kube kubernetes.Interface) (map[int]netip.Addr, error) {
+	sel := metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedBy, Limit: 5000}
+	slicesHave := map[string]bool{}
+	for {
+		l, err := kube.DiscoveryV1().EndpointSlices(s.Namespace).List(ctx, sel)
+		if err != nil {
+			return nil, fmt.Errorf("scale: list endpointslices in %s: %w", s.Namespace, err)
+		}
+		for _, es := range l.Items {
+			slicesHave[es.Name] = true
+		}
+		if sel.Continue = l.Continue; sel.Continue == "" {
+			break
+		}
+	}
+	out := map[int]netip.Addr{}
+	sel.Continue = ""
+	for {
+		l, err := kube.CoreV1().Services(s.Namespace).List(ctx, sel)
+		if err != nil {
+			return nil, fmt.Errorf("scale: list services in %s: %w", s.Namespace, err)
+		}
+		for _, svc := range l.Items {
+			i, err := strconv.Atoi(strings.TrimPrefix(svc.Name, s.Prefix+"-"))
+			ip, perr := netip.ParseAddr(svc.Spec.ClusterIP)
+			if err == nil && perr == nil && s.Name(i) == svc.Name && slicesHave[svc.Name] {
+				out[i] = ip
+			}
+		}
+		if sel.Continue = l.Continue; sel.Continue == "" {
+			break
+		}
+	}
+	return out, nil
 }
 
 func ensureNamespace(ctx context.Context, kube kubernetes.Interface, ns string) error {
