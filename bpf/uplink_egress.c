@@ -18,7 +18,7 @@ int axon_uplink_egress(struct __sk_buff *skb)
 	struct in6_addr src;
 	struct bw_state *st;
 	__u64 now, base = 0, tstamp = 0, len;
-	int reset;
+	int small;
 
 	switch (parse_packet(skb, &pkt)) {
 	case PARSE_IPV4:
@@ -39,13 +39,15 @@ int axon_uplink_egress(struct __sk_buff *skb)
 	 * Any other stamp (an RX time in another clock) is not a departure
 	 * time. */
 	if (cfg_set_tstamp && skb->tstamp_type == BPF_SKB_TSTAMP_DELIVERY_MONO) {
-		base = skb->tstamp;
+		if (!(st->flags & AXON_BW_F_IGNORE_POD_TSTAMP))
+			base = skb->tstamp;
 		bw_count(AXON_BW_EGRESS_DELIVERY_TIME);
 	}
 	if (skb->sk)
 		bw_count(AXON_BW_EGRESS_WITH_SOCKET);
 	len = skb->wire_len ? skb->wire_len : skb->len; /* GSO: every segment's headers */
-	switch (edt_schedule(st, now, base, len, &tstamp, &reset)) {
+	small = !(st->flags & AXON_BW_F_NO_SMALL_BYPASS) && len <= AXON_EDT_SMALL_LEN;
+	switch (edt_schedule(st, now, base, len, small, &tstamp)) {
 	case EDT_DROP:
 		__sync_fetch_and_add(&st->drops, 1);
 		bw_count(AXON_BW_EGRESS_DROP_HORIZON);
@@ -53,8 +55,7 @@ int axon_uplink_egress(struct __sk_buff *skb)
 	default:
 		break;
 	}
-	if (reset)
-		bw_count(AXON_BW_EGRESS_CLOCK_RESET);
+	__sync_fetch_and_add(&st->bytes, len);
 	if (cfg_set_tstamp)
 		bpf_skb_set_tstamp(skb, tstamp, BPF_SKB_TSTAMP_DELIVERY_MONO);
 	else

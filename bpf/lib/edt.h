@@ -58,7 +58,9 @@ enum axon_bw_stat {
 	AXON_BW_EGRESS_CLOCK_RESET = 5,  /* egress: t_last beyond the horizon (clock or state went backwards), restarted at now */
 	AXON_BW_EGRESS_DELIVERY_TIME = 6, /* egress: limited packet arrived with a mono delivery time (TCP pacing/BBR stamp kept across the netns switch) */
 	AXON_BW_EGRESS_WITH_SOCKET = 7, /* egress: limited packet still carries its socket (skb->sk): TCP small queues see it */
-	AXON_BW_STAT_MAX = 8,
+	AXON_BW_EGRESS_POD_PACED = 8,   /* egress: the pod's own delivery time, not the limit, set the departure (its TCP paces below the limit) */
+	AXON_BW_EGRESS_SMALL_BYPASS = 9, /* egress: small packet left without waiting behind the pod's backlog (charged to its clock) */
+	AXON_BW_STAT_MAX = 10,
 };
 
 /* axon_bw_addr: pod address -> bandwidth id. IPv4 as ::ffff:a.b.c.d. */
@@ -77,7 +79,7 @@ struct bw_state_key {
 	__u8 pad[3];
 };
 
-/* One limit. Layout is ABI with internal/datapath/bwm.go (48 bytes). The
+/* One limit. Layout is ABI with internal/datapath/bwm.go (56 bytes). The
  * agent writes rate/horizon/burst and leaves the time fields of an existing
  * entry alone when only the rate changes. */
 struct bw_state {
@@ -87,7 +89,21 @@ struct bw_state {
 	__u64 burst;   /* ingress: bucket depth (bytes); egress: catch-up window (ns, see edt_schedule) */
 	__u64 tokens;  /* ingress: byte balance (signed: may be one packet in debt) */
 	__u64 drops;   /* packets dropped for this limit (horizon or empty bucket) */
+	__u64 bytes;   /* L2 bytes let through (egress: skb->wire_len of paced packets, every GSO segment's headers; ingress: skb->len passed): the pod's rate as the limit counts it */
+	__u64 flags;   /* egress: AXON_BW_F_* (0 = defaults) */
 };
+
+/* bw_state.flags (egress). */
+#define AXON_BW_F_IGNORE_POD_TSTAMP 1ULL /* do not honour the pod's own mono delivery time (TCP pacing) */
+#define AXON_BW_F_NO_SMALL_BYPASS 2ULL   /* small packets wait behind the pod's backlog like the others (default: they do not, see edt_schedule) */
+
+/* A packet of at most this many wire bytes is "small" (a pure ACK, a
+ * request/response segment): see edt_schedule. */
+#define AXON_EDT_SMALL_LEN 256
+/* Small packets skip the pod's backlog only while its clock is at most this
+ * far ahead of now (ns): a pod sending nothing but small packets above its
+ * rate gets at most this much of its rate as a burst, then is paced. */
+#define AXON_EDT_BYPASS_AHEAD (100ULL * 1000 * 1000)
 
 /* axon_bw_state: (id, direction) -> limit and its running state. */
 struct {
@@ -180,14 +196,22 @@ enum edt_verdict {
  * waited for a TX completion) catch up on its schedule for at most that
  * long instead of losing the time; 0 = strict.
  *
+ * small (a packet of at most AXON_EDT_SMALL_LEN wire bytes, unless the
+ * limit has AXON_BW_F_NO_SMALL_BYPASS): the packet departs at max(now, base) instead of behind the
+ * pod's backlog, and is still charged (t_last moves on by its time), as
+ * long as the pod's clock is at most AXON_EDT_BYPASS_AHEAD ahead of now. A
+ * request/response flow of a pod that also runs a bulk flow at its limit
+ * then does not wait for the bulk flow's GSO packets (tens of ms each at
+ * low rates).
+ *
  * Time going backwards: t_last can only be ahead of now by up to the horizon
  * plus one packet's time (later packets are dropped without advancing it;
  * AXON_EDT_MAX_PKT bounds a packet, BIG TCP GSO included). A t_last further
  * ahead means the clock or the state went backwards (or the horizon was
  * lowered): pacing restarts at now instead of dropping everything until the
- * clock catches up. *reset tells the caller. */
+ * clock catches up (counted as egress_clock_reset). */
 AXON_INLINE enum edt_verdict edt_schedule(struct bw_state *st, __u64 now, __u64 base,
-					  __u64 len, __u64 *tstamp, int *reset)
+					  __u64 len, int small, __u64 *tstamp)
 {
 	__u64 t_last = READ_ONCE_U64(st->t_last);
 	__u64 horizon = st->horizon;
@@ -195,17 +219,29 @@ AXON_INLINE enum edt_verdict edt_schedule(struct bw_state *st, __u64 now, __u64 
 	__u64 delay = len * AXON_NSEC_PER_SEC / st->rate;
 	__u64 start, depart;
 
-	*reset = 0;
+	/* Counters are bumped where the decision is made (no flags carried to
+	 * the end: that multiplies the verifier's paths). */
 	if (t_last > now && t_last - now > horizon + AXON_EDT_MAX_PKT * AXON_NSEC_PER_SEC / st->rate) {
 		t_last = now;
-		*reset = 1;
+		bw_count(AXON_BW_EGRESS_CLOCK_RESET);
 	}
 	start = now > slack ? now - slack : 0;
 	if (t_last > start)
 		start = t_last;
-	if (base > start)
+	if (base > start) {
 		start = base;
+		if (base > now)
+			bw_count(AXON_BW_EGRESS_POD_PACED);
+	}
 	depart = start > now ? start : now;
+	if (small && start <= now + AXON_EDT_BYPASS_AHEAD) {
+		/* A small packet does not queue behind the pod's backlog (its
+		 * bulk flow's GSO packets): it leaves at its own time and is
+		 * charged to the clock like any other, so the long-run rate
+		 * holds and the bulk flow pays for it. */
+		depart = base > now ? base : now;
+		bw_count(AXON_BW_EGRESS_SMALL_BYPASS);
+	}
 	if (depart - now > horizon)
 		return EDT_DROP;
 	WRITE_ONCE_U64(st->t_last, start + delay);
@@ -260,6 +296,7 @@ AXON_INLINE int bw_ingress_police(struct __sk_buff *skb, const struct packet *pk
 	if (!st)
 		return 0;
 	if (tb_police(st, bpf_ktime_get_ns(), skb->len)) {
+		__sync_fetch_and_add(&st->bytes, skb->len);
 		bw_count(AXON_BW_INGRESS_PASS);
 		return 0;
 	}

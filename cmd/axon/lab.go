@@ -114,7 +114,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	// issue 5: pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
-	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "axon agents enforce the Pod annotations kubernetes.io/{egress,ingress}-bandwidth (EDT + fq, ingress token bucket): on or off") // issue 6
+	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "Pod annotations kubernetes.io/{egress,ingress}-bandwidth: on (axon agents: EDT + fq, ingress token bucket), off, or cni-plugin (baseline: the reference bandwidth plugin's TBF chained after axon-cni, pods kernel-routed)") // issue 6
 	// issue 7: north-south LB of the axon agents (check_external.go)
 	cmd.Flags().StringVar(&o.LBAcceleration, "lb-acceleration", "", "axon agents' --lb-acceleration: native, best-effort or disabled (default: the agent's, disabled = tc only)")
 	cmd.Flags().StringVar(&o.NodePortMode, "nodeport-mode", "", "axon agents' --nodeport-mode: snat or dsr (default: the agent's, snat)")

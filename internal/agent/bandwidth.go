@@ -73,8 +73,12 @@ func newBandwidth(cfg Config, log *slog.Logger) *bandwidth {
 	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), problems: map[string]string{},
 		reported: map[string]string{}, bbrDone: map[string]bool{}, gsoOrig: map[string]uint32{}}
 	b.load = func(uplink string) (*datapath.BWM, error) {
-		return datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
+		m, err := datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
 			Logger: b.log})
+		if err == nil {
+			m.SetEgressSlack(bwm.EgressSlack) // catch-up credit after late packets (docs/bandwidth.md)
+		}
+		return m, err
 	}
 	return b
 }
@@ -260,8 +264,8 @@ func (b *bandwidth) ensureQdiscLocked() {
 	b.qdisc, b.qdiscErr = st.Layout, ""
 }
 
-// ensurePodGSOLocked caps the GSO size of pods with an egress limit to about
-// 5 ms of their rate (bwm.PodGSOMaxSize): with sub-512 µs RTTs TCP otherwise
+// ensurePodGSOLocked caps the GSO size of pods with an egress limit to
+// bwm.PodGSOCapTime of their rate (bwm.PodGSOMaxSize): with sub-512 µs RTTs TCP otherwise
 // sends 64 KiB GSO packets, each 52 ms of link time at 10 Mbit/s, and every
 // other packet of the pod waits behind them on the shared EDT clock
 // (docs/bandwidth.md: p99 under load 171 ms -> 40-58 ms at 10M). A pod whose

@@ -249,20 +249,61 @@ func parseMAC(s string) ([]byte, error) {
 	return b[:], err
 }
 
-// setLimit programs the pod's limits (bits/s, 0 = none).
+// setLimit programs the pod's limits (bits/s, 0 = none) with the agent's
+// policy (pod GSO cap, egress catch-up credit).
 func (tp *topo) setLimit(egress, ingress uint64) {
+	tp.t.Helper()
+	tp.setLimitWith(egress, ingress, agentPolicy)
+}
+
+// edtPolicy is what the agent does around an egress limit: the pod's GSO
+// cap (time of the rate per GSO packet, floor) and the EDT catch-up credit.
+type edtPolicy struct {
+	name      string
+	capTime   time.Duration // 0: no cap (64 KiB)
+	capMin    uint32
+	slack     time.Duration
+	ignorePod bool // AXON_BW_F_IGNORE_POD_TSTAMP: the pod's own TCP delivery time is not honoured
+	noBypass  bool // AXON_BW_F_NO_SMALL_BYPASS: small packets wait behind the pod's backlog
+}
+
+// agentPolicy is what internal/agent applies (bwm.PodGSOMaxSize, bwm.EgressSlack).
+var agentPolicy = edtPolicy{name: "agent", capTime: PodGSOCapTime, capMin: PodGSOMin, slack: EgressSlack}
+
+func (p edtPolicy) gso(bits uint64) uint32 {
+	if p.capTime == 0 || bits == 0 {
+		return 64 << 10
+	}
+	return GSOCap(bits, p.capTime, p.capMin)
+}
+
+// setLimitWith programs the pod's limits under policy p.
+func (tp *topo) setLimitWith(egress, ingress uint64, p edtPolicy) {
 	tp.t.Helper()
 	var want []datapath.BWLimit
 	if egress > 0 || ingress > 0 {
 		want = append(want, datapath.BWLimit{Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, EgressBits: egress, IngressBits: ingress})
 	}
+	tp.bwm.SetEgressSlack(p.slack)
 	if err := tp.bwm.Apply(want, 2*time.Second); err != nil {
 		tp.t.Fatal(err)
+	}
+	if egress > 0 {
+		var f uint64
+		if p.ignorePod {
+			f |= flagIgnorePodTstamp
+		}
+		if p.noBypass {
+			f |= flagNoSmallBypass
+		}
+		if err := setEgressFlags(tp.pin, netip.MustParseAddr(podIP), f); err != nil {
+			tp.t.Fatal(err)
+		}
 	}
 	// what the agent does for a pod with an egress limit (ensurePodGSOLocked)
 	gso := uint32(64 << 10)
 	if egress > 0 && os.Getenv("AXON_BW_POD_GSO") != "off" {
-		gso = PodGSOMaxSize(egress)
+		gso = p.gso(egress)
 	}
 	if _, err := SetPodGSOMaxSize("/run/netns/"+tp.pod, "eth0", gso); err != nil {
 		tp.t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/lab"
 )
 
@@ -67,31 +66,29 @@ func record(t *testing.T, v map[string]any) {
 
 // TestEDTRateAccuracy: a single TCP flow from a pod limited to 10/50/100
 // Mbit/s, interleaved with an unlimited run (the path's capacity in this
-// run), lands near its limit. The limit counts L2 bytes (like TBF): TCP
-// goodput with 1500-byte frames is 1448/1514 = 95.6 % of it. Under TCG the
-// VM may not reach a limit at all: the lower bound is then 85 % of the
-// capacity measured in the same repetition.
+// run), lands near its limit. The limit counts L2 bytes (like TBF): the
+// flow's rate is its L2 rate, measured from the pod's own byte counter in
+// the BPF map (skb->wire_len); TCP goodput with 1500-byte frames is
+// 1448/1514 = 95.6 % of it, reported next to it. Under TCG the VM may not
+// reach a limit at all: the lower bound is relative to the capacity
+// measured in the same repetition.
 func TestEDTRateAccuracy(t *testing.T) {
 	requireE2E(t)
 	requireFQ(t)
 	tp := newTopo(t)
 	tp.server("iperf3", "-s", "-B", peerIP, "-p", "5301")
 	rates := []uint64{0, 10_000_000, 50_000_000, 100_000_000} // 0: unlimited, the reference
-	got := map[uint64][]iperfResult{}
+	got := map[uint64][]rateSample{}
 	if _, err := tp.iperf(3*time.Second, 5301, false); err != nil { // warm-up: page cache, ARP, TCG code cache
 		t.Fatal(err)
 	}
 	for rep := range reps {
 		for _, r := range rates {
-			tp.setLimit(r, 0)
-			res, err := tp.iperf(measureDur, 5301, false)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := tp.rateRun(t, r, agentPolicy, 5301)
 			got[r] = append(got[r], res)
-			v := map[string]any{"rep": rep, "limit_bits": r, "goodput_bits": res.bits, "retransmits": res.retrans, "virtio": tp.virtio}
+			v := map[string]any{"rep": rep, "limit_bits": r, "goodput_bits": res.goodput, "retransmits": res.retrans, "virtio": tp.virtio}
 			if r > 0 {
-				v["ratio"] = res.bits / float64(r)
+				v["goodput_ratio"], v["l2_bits"], v["l2_ratio"] = res.goodput/float64(r), res.l2, res.l2/float64(r)
 			}
 			record(t, v)
 		}
@@ -100,27 +97,28 @@ func TestEDTRateAccuracy(t *testing.T) {
 	t.Logf("bwm counters: %v", stats)
 	var capacity []float64
 	for _, res := range got[0] {
-		capacity = append(capacity, res.bits)
+		capacity = append(capacity, res.goodput)
 	}
 	capMed := median(capacity)
 	t.Logf("unlimited (capacity of this path in this run): %.1f Mbit/s median", capMed/1e6)
 	for _, r := range rates[1:] {
-		var ratios []float64
+		var l2, gp []float64
+		var rt []int
 		for _, res := range got[r] {
-			ratios = append(ratios, res.bits/float64(r))
+			l2 = append(l2, res.l2/float64(r))
+			gp = append(gp, res.goodput/float64(r))
+			rt = append(rt, res.retrans)
 		}
-		med := median(ratios)
-		t.Logf("limit %s: goodput/limit median %.3f (%v), retransmits %v", FormatBits(r), med, ratios, retrans(got[r]))
+		med := median(l2)
+		t.Logf("limit %s: L2/limit median %.3f %v, goodput/limit median %.3f %v, retransmits %v", FormatBits(r), med, l2, median(gp), gp, rt)
 		if med > 1.05 {
-			t.Errorf("limit %s: goodput %.3f of the limit: over the limit", FormatBits(r), med)
+			t.Errorf("limit %s: L2 rate %.3f of the limit: over the limit", FormatBits(r), med)
 		}
-		// TCG tolerance: >= 40 % of min(limit x 0.956, capacity). Measured
-		// 0.37..0.95 of the limit in a TCG guest on a host at 87-99 % CPU
-		// pressure (docs/bandwidth.md): the guest's timers and softirqs run
-		// late, and a paced flow (TCP small queues, a few 64 KiB GSO packets
-		// in flight) loses every late wake-up. The ±5 % target needs real CPUs.
-		if expect := min(float64(r)*0.956, capMed); med*float64(r) < 0.40*expect {
-			t.Errorf("limit %s: goodput %.1f Mbit/s, want >= 40%% of min(limit x 0.956, capacity %.1f Mbit/s)", FormatBits(r), med*float64(r)/1e6, capMed/1e6)
+		// TCG tolerance: the target is ±5 %; under TCG on a shared host the
+		// guest cannot always carry the limit: >= 70 % of min(limit,
+		// capacity at L2) passes, the numbers go to docs/bandwidth.md.
+		if expect := min(float64(r), capMed/0.956); med*float64(r) < 0.70*expect {
+			t.Errorf("limit %s: L2 rate %.1f Mbit/s, want >= 70%% of min(limit, capacity %.1f Mbit/s at L2)", FormatBits(r), med*float64(r)/1e6, capMed/0.956/1e6)
 		}
 	}
 	if stats["egress_paced"] == 0 {
@@ -213,8 +211,8 @@ func tbfBurst(bits uint64) uint64 { return max(64<<10*8, bits/100) }
 
 // TestEDTLatencyVsTBF: a limited pod runs a bulk TCP flow at its limit and
 // a TCP request/response flow from the same pod measures latency; axon's
-// EDT (fq on the uplink, skb->sk kept) against the bandwidth CNI plugin's
-// TBF, interleaved.
+// EDT (fq on the uplink, skb->sk kept, the agent's GSO cap) against the
+// bandwidth CNI plugin's TBF, interleaved.
 func TestEDTLatencyVsTBF(t *testing.T) {
 	requireE2E(t)
 	requireFQ(t)
@@ -222,76 +220,28 @@ func TestEDTLatencyVsTBF(t *testing.T) {
 	tp.server("iperf3", "-s", "-B", peerIP, "-p", "5303")
 	tp.server("sockperf", "server", "--tcp", "-i", peerIP, "-p", "11311")
 	bits := uint64(envInt("AXON_BW_LAT_MBIT", 10)) * 1_000_000 // below what the TCG VM can push: the limiter, not the CPU, is the bottleneck
-	type sample struct {
-		p50, p90, p99, tps, bulk float64
-	}
-	res := map[string][]sample{}
+	res := map[string][]latSample{}
 	for rep := range reps {
 		for _, mode := range []string{"edt", "tbf"} {
-			switch mode {
-			case "edt":
-				tp.tbfBaseline(t, bits, false)
-				if err := tp.dpAttachPod(); err != nil {
-					t.Fatal(err)
-				}
-				tp.setLimit(bits, 0) // caps the pod's GSO size like the agent (AXON_BW_POD_GSO=off: not)
-			case "tbf":
-				tp.setLimit(0, 0) // and GSO back to 64 KiB
-				if err := tp.dpDetachPod(); err != nil {
-					t.Fatal(err)
-				}
-				tp.tbfBaseline(t, bits, true)
-			}
-			bulk := inNS(tp.pod, "iperf3", "-c", peerIP, "-p", "5303", "-t", fmt.Sprint(int(measureDur.Seconds())+3), "-J")
-			var bulkOut strings.Builder
-			bulk.Stdout = &bulkOut
-			if err := bulk.Start(); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(1500 * time.Millisecond) // bulk at its limit first
-			secs := fmt.Sprint(int(measureDur.Seconds()))
-			out, err := inNS(tp.pod, "sockperf", "ping-pong", "--tcp", "-i", peerIP, "-p", "11311", "-t", secs, "-m", "64", "--full-rtt").CombinedOutput()
-			werr := bulk.Wait()
-			if err != nil {
-				t.Fatalf("%s: sockperf: %v\n%s", mode, err, out)
-			}
-			if werr != nil {
-				t.Fatalf("%s: bulk iperf3: %v", mode, werr)
-			}
-			sp, err := bench.ParseSockperf(out)
-			if err != nil {
-				t.Fatalf("%s: %v\n%s", mode, err, out)
-			}
-			var bj struct {
-				End struct {
-					SumReceived struct {
-						BitsPerSecond float64 `json:"bits_per_second"`
-					} `json:"sum_received"`
-					SumSent struct{ Retransmits int } `json:"sum_sent"`
-				} `json:"end"`
-			}
-			_ = json.Unmarshal([]byte(bulkOut.String()), &bj)
-			s := sample{p50: sp.Percentiles[50], p90: sp.Percentiles[90], p99: sp.Percentiles[99],
-				tps: float64(sp.Observations) / measureDur.Seconds(), bulk: bj.End.SumReceived.BitsPerSecond}
+			s := tp.latRun(t, mode, bits, agentPolicy, 5303)
 			res[mode] = append(res[mode], s)
-			record(t, map[string]any{"rep": rep, "mode": mode, "limit_bits": bits, "pod_gso_cap": os.Getenv("AXON_BW_POD_GSO") != "off" && mode == "edt", "rtt_p50_us": s.p50, "rtt_p90_us": s.p90,
-				"rtt_p99_us": s.p99, "transactions_per_s": s.tps, "bulk_goodput_bits": s.bulk, "bulk_retransmits": bj.End.SumSent.Retransmits, "virtio": tp.virtio})
+			record(t, map[string]any{"rep": rep, "mode": mode, "limit_bits": bits, "pod_gso_cap": mode == "edt" && os.Getenv("AXON_BW_POD_GSO") != "off", "rtt_p50_us": s.p50, "rtt_p90_us": s.p90,
+				"rtt_p99_us": s.p99, "transactions_per_s": s.tps, "bulk_goodput_bits": s.bulk, "bulk_retransmits": s.retrans, "virtio": tp.virtio})
 		}
 	}
-	tp.tbfBaseline(t, bits, false)
-	med := func(mode string, f func(sample) float64) float64 {
+	med := func(mode string, f func(latSample) float64) float64 {
 		var v []float64
 		for _, s := range res[mode] {
 			v = append(v, f(s))
 		}
 		return median(v)
 	}
-	p99 := func(s sample) float64 { return s.p99 }
-	tps := func(s sample) float64 { return s.tps }
+	p99 := func(s latSample) float64 { return s.p99 }
+	tps := func(s latSample) float64 { return s.tps }
 	for _, m := range []string{"edt", "tbf"} {
 		t.Logf("%s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, %.0f transactions/s, bulk %.1f Mbit/s", m,
-			med(m, func(s sample) float64 { return s.p50 }), med(m, func(s sample) float64 { return s.p90 }), med(m, p99), med(m, tps),
-			med(m, func(s sample) float64 { return s.bulk })/1e6)
+			med(m, func(s latSample) float64 { return s.p50 }), med(m, func(s latSample) float64 { return s.p90 }), med(m, p99), med(m, tps),
+			med(m, func(s latSample) float64 { return s.bulk })/1e6)
 	}
 	// Targets: p99 <= 0.25x TBF's, transactions/s >= 2x. Under TCG the
 	// pass/fail bar is looser (0.5x, 1.5x); the docs report the numbers.

@@ -139,12 +139,28 @@ func RemoveFQ(h *netlink.Handle, dev string) error {
 }
 
 // PodGSOMaxSize is the GSO size cap for a pod limited to bits per second:
-// about 5 ms of its rate, at least 16 KiB, at most 64 KiB. A pod whose RTT
-// is below 512 µs otherwise sends full 64 KiB GSO packets (tcp_tso_rtt_log),
-// each of which is 52 ms of link time at 10 Mbit/s that every other packet
-// of the pod (a request/response flow) waits behind on the shared EDT clock.
-func PodGSOMaxSize(bits uint64) uint32 {
-	return uint32(min(max(bits/8/200, 16<<10), 64<<10))
+// PodGSOCapTime of its rate, at least PodGSOMin, at most 64 KiB. A pod whose
+// RTT is below 512 µs otherwise sends full 64 KiB GSO packets
+// (tcp_tso_rtt_log), each of which is 52 ms of link time at 10 Mbit/s that
+// every other packet of the pod (a request/response flow) waits behind on
+// the shared EDT clock.
+func PodGSOMaxSize(bits uint64) uint32 { return GSOCap(bits, PodGSOCapTime, PodGSOMin) }
+
+// The pod GSO cap and the egress catch-up credit the agent uses (measured
+// A/B in the 6.12 VM, docs/bandwidth.md).
+const (
+	PodGSOCapTime = 5 * time.Millisecond // link time of one GSO packet at the pod's rate
+	PodGSOMin     = 16 << 10             // bytes: floor of the cap
+	// EgressSlack is how far behind its EDT schedule a limited pod may fall
+	// (a late timer, a late TX completion) and still catch up, as a burst
+	// of at most this much time at its rate (datapath.BWM.SetEgressSlack).
+	EgressSlack = 10 * time.Millisecond
+)
+
+// GSOCap is d of bits per second in bytes, clamped to [floor, 64 KiB].
+func GSOCap(bits uint64, d time.Duration, floor uint32) uint32 {
+	b := bits / 8 * uint64(d.Microseconds()) / 1_000_000
+	return uint32(min(max(b, uint64(floor)), 64<<10))
 }
 
 // SetPodGSOMaxSize sets gso_max_size (and, at or below 64 KiB, the IPv4

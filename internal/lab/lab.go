@@ -272,6 +272,10 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	undo = append(undo, func() { _ = plugin.del(context.WithoutCancel(ctx), *n, p) })
 	p.IPs = ips
 	p.IP = ips[0]
+	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // issue 6: chained bandwidth plugin (bandwidth.go)
+		_ = bandwidthChainDel(context.WithoutCancel(ctx), st, *n, p)
+		return Pod{}, err
+	}
 	if err := setPodRunning(ctx, kube, p, n.IPs); err != nil {
 		return Pod{}, err
 	}
@@ -337,6 +341,9 @@ func deletePod(ctx context.Context, st *State, kube kubernetes.Interface, p Pod)
 	}
 	pids, _ := pidsInNetns(p.Netns)
 	killPIDs(pids)
+	if err := bandwidthChainDel(ctx, st, *n, p); err != nil { // issue 6: chained plugins are deleted in reverse order (bandwidth.go)
+		return fmt.Errorf("delete pod %s: %w (fix the cause and run it again; the pod stays recorded)", p.Name, err)
+	}
 	if err := plugin.del(ctx, *n, p); err != nil {
 		return fmt.Errorf("delete pod %s: %w (fix the cause and run it again; the pod stays recorded)", p.Name, err)
 	}

@@ -19,6 +19,8 @@ func DefaultModules() []string {
 		"veth", "dummy", "sch_ingress", "cls_bpf", "sch_fq", "tcp_bbr", "netkit?",
 		// lab subset
 		"bridge", "br_netfilter?",
+		// Bandwidth Manager's TBF baseline (the reference bandwidth CNI plugin: ifb + tbf + u32 + mirred)
+		"sch_tbf", "ifb", "cls_u32", "act_mirred",
 	}
 }
 
