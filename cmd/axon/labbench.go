@@ -98,6 +98,11 @@ the table with medians and ratios to host-to-host. The pods are removed afterwar
 			})
 			if rep != nil {
 				fmt.Fprintln(cmd.OutOrStdout(), rep.Table())
+				if cmpBig { // issue 5: the two BIG TCP ratios, also in results.md
+					if werr := writeBigTCPSummary(cmd.OutOrStdout(), rep, out); werr != nil {
+						fmt.Fprintln(cmd.ErrOrStderr(), "benchmark:", werr)
+					}
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "results: %s (results.md, results.csv, chart.svg)\n", out)
 			}
 			return err

@@ -3,7 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/axonhq/axon/internal/bench"
@@ -18,12 +23,19 @@ const (
 	benchSmallGSOClient = "bench-axon-c64k"
 	benchSmallGSOServer = "bench-axon-s64k"
 	smallGSO            = 65536
+	// path names of the two ratios the issue asks for (labbench.go names the first two)
+	bigTCPRefPath = "host-to-host"
+	bigTCPOnPath  = "axon pod-to-pod cross-node"
+	bigTCPOffPath = "axon pod-to-pod cross-node, GSO 64 KiB"
 )
 
 // addSmallGSOPath creates the two pods and returns the extra path; cleanup
 // removes them unless keep.
 func addSmallGSOPath(ctx context.Context, l *lab.Lab, nodes []lab.Node, keep bool) (bench.Path, func(), error) {
 	var made []string
+	if !l.State().BigTCP {
+		return bench.Path{}, func() {}, fmt.Errorf("--compare-big-tcp compares the lab's BIG TCP pods with 64 KiB ones, but this lab runs without BIG TCP: bring it up with axon lab up --big-tcp on")
+	}
 	cleanup := func() {
 		if keep {
 			return
@@ -60,5 +72,60 @@ func addSmallGSOPath(ctx context.Context, l *lab.Lab, nodes []lab.Node, keep boo
 	ep := func(p lab.Pod) bench.Endpoint {
 		return bench.Endpoint{Name: p.Name, Netns: "/run/netns/" + p.Netns, Cgroup: p.Cgroup, IP: p.IP}
 	}
-	return bench.Path{Name: "axon pod-to-pod cross-node, GSO 64 KiB", Client: ep(pods[benchSmallGSOClient]), Server: ep(pods[benchSmallGSOServer])}, cleanup, nil
+	return bench.Path{Name: bigTCPOffPath, Client: ep(pods[benchSmallGSOClient]), Server: ep(pods[benchSmallGSOServer])}, cleanup, nil
+}
+
+// bigTCPSummary states the two ratios of issue 5 from a --compare-big-tcp
+// run: BIG TCP on / off, and axon pod-to-pod (BIG TCP) / host-to-host with
+// the same GSO settings (the lab's wire and uplinks are at 192 KiB), each as
+// the ratio of medians and as the median (min–max) of the per-repetition
+// ratios (the paths of one repetition run back to back).
+func bigTCPSummary(rep *bench.Report) string {
+	var b strings.Builder
+	b.WriteString("\n## BIG TCP (issue 5)\n\n")
+	b.WriteString("Single-flow throughput (iperf3), kernel " + rep.Host.Kernel + "; wire, uplinks and the BIG TCP pods at 192 KiB GSO/GRO, the 64 KiB pair at the pre-BIG-TCP limit.\n\n")
+	b.WriteString("| ratio | of medians | per-repetition median (min–max) | repetitions > 1 | asked |\n|---|---:|---:|---:|---|\n")
+	for _, c := range []struct{ name, num, den, asked string }{
+		{"BIG TCP on / off (axon pod-to-pod cross-node, 192 KiB / 64 KiB)", bigTCPOnPath, bigTCPOffPath, "report the ratio"},
+		{"axon pod-to-pod (BIG TCP) / host-to-host, same GSO settings", bigTCPOnPath, bigTCPRefPath, "≥ 0.98"},
+	} {
+		num, den := rep.Result(c.num), rep.Result(c.den)
+		if num == nil || den == nil {
+			fmt.Fprintf(&b, "| %s | n/a | n/a | n/a | %s |\n", c.name, c.asked)
+			continue
+		}
+		var per []float64
+		for i := range min(len(num.Throughput), len(den.Throughput)) {
+			if x, y := num.Throughput[i], den.Throughput[i]; y > 0 && !math.IsNaN(x) && !math.IsNaN(y) {
+				per = append(per, x/y)
+			}
+		}
+		above := 0
+		for _, v := range per {
+			if v > 1 {
+				above++
+			}
+		}
+		cell := "n/a"
+		if len(per) > 0 {
+			s := bench.Summarize(per)
+			cell = fmt.Sprintf("%.2f× (%.2f–%.2f)", s.Median, slices.Min(per), slices.Max(per))
+		}
+		fmt.Fprintf(&b, "| %s | %.2f× | %s | %d of %d | %s |\n", c.name,
+			rep.Stats(c.num, bench.MetricThroughput).Median/rep.Stats(c.den, bench.MetricThroughput).Median, cell, above, len(per), c.asked)
+	}
+	return b.String()
+}
+
+// writeBigTCPSummary prints the summary and appends it to results.md in out.
+func writeBigTCPSummary(w io.Writer, rep *bench.Report, out string) error {
+	sum := bigTCPSummary(rep)
+	fmt.Fprint(w, sum)
+	f, err := os.OpenFile(filepath.Join(out, "results.md"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("append the BIG TCP summary to results.md: %w", err)
+	}
+	defer f.Close()
+	_, err = f.WriteString(sum)
+	return err
 }

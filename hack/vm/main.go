@@ -55,7 +55,11 @@ func run() error {
 		nics     = flag.Bool("nics", true, "give each VM two back-to-back virtio-net NICs (MACs in $AXON_VM_NIC_MACS)")
 		twoVM    = flag.Bool("twovm", false, "also run the two-VM subset per VM kernel: one axon node per VM over a virtio-net link, cross-node pod-to-pod probes (needs `make deps`)")
 		fetchOne = flag.Bool("fetch-only", false, "only fetch and unpack the kernels, then print their paths")
+		labNodes = flag.Int("lab-nodes", 1, "nodes of the lab subset (axon lab up --nodes): 2 adds cross-node pod-to-pod to its check")
+		labDev   = flag.String("lab-device", "auto", "pod device of the lab subset (axon lab up --device): auto (netkit where the kernel has it), veth or netkit")
+		env      envFlag
 	)
+	flag.Var(&env, "env", "KEY=VALUE exported to the tests in the VMs and on the host (repeatable), e.g. -env AXON_NK_BENCH_REPS=30")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -114,6 +118,7 @@ func run() error {
 		Packages: split(*pkgs), RunRegex: *runRe, TestTimeout: *timeout, CacheRoot: *cache,
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
 		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
+		Env: env, LabDevice: *labDev, LabNodes: *labNodes,
 	}
 	if *verbose {
 		r.Console = os.Stderr
@@ -184,4 +189,20 @@ func errLine(err error) string {
 	}
 	line, _, _ := strings.Cut(err.Error(), "\n")
 	return line
+}
+
+// envFlag collects -env KEY=VALUE flags (issue 5: benchmark knobs for the guest).
+type envFlag []string
+
+func (e *envFlag) String() string { return strings.Join(*e, " ") }
+
+func (e *envFlag) Set(v string) error {
+	k, _, ok := strings.Cut(v, "=")
+	if !ok || k == "" || strings.IndexFunc(k, func(c rune) bool {
+		return !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9')
+	}) >= 0 || k[0] >= '0' && k[0] <= '9' {
+		return fmt.Errorf("%q: want KEY=VALUE with KEY a shell variable name, e.g. AXON_NK_BENCH_REPS=30", v)
+	}
+	*e = append(*e, v)
+	return nil
 }

@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"io"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
 )
 
@@ -46,4 +52,56 @@ func TestDeviceModeValidate(t *testing.T) {
 			t.Logf("%s: %v", mode, err)
 		}
 	}
+}
+
+// TestBigTCPOnByDefault (issue 5: "on by default where supported"): the
+// agent's defaults enable BIG TCP for both families, and the datapath the
+// agent loads with them on a node whose uplink takes more than 64 KiB
+// (a veth: tso_max_size 524280) decides 192 KiB for IPv6, and for IPv4 where
+// the kernel has gso_ipv4_max_size (6.3+) — the `big_tcp` line of `axon status`.
+func TestBigTCPOnByDefault(t *testing.T) {
+	cfg := Defaults()
+	if !cfg.EnableIPv4BigTCP || !cfg.EnableIPv6BigTCP {
+		t.Fatalf("Defaults(): --enable-ipv4-big-tcp=%v --enable-ipv6-big-tcp=%v, want both on", cfg.EnableIPv4BigTCP, cfg.EnableIPv6BigTCP)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads the datapath in a scratch netns")
+	}
+	n := newScratchNode(t)
+	cfg.BPFRoot = filepath.Join(datapath.BPFFSRoot, "axt-agent-bigtcp-"+randHex(t))
+	var dec api.Decision
+	var v4 bool
+	err := ns.WithNetNSPath(n.path, func(ns.NetNS) error {
+		lim, err := datapath.ReadUplinkLimits("eth0")
+		if err != nil {
+			return err
+		}
+		v4 = lim.GSOIPv4MaxSize > 0
+		dp, err := loadDatapath(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))("eth0")
+		if err != nil {
+			return err
+		}
+		d := dp.(dpAdapter)
+		t.Cleanup(func() {
+			d.Close()
+			_ = ns.WithNetNSPath(n.path, func(ns.NetNS) error { return datapath.Uninstall(cfg.BPFRoot) })
+		})
+		for _, x := range d.Decisions() {
+			if x.Name == "big_tcp" {
+				dec = x
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ipv6 196608"
+	if v4 {
+		want = "ipv4+ipv6 196608"
+	}
+	if dec.Value != want {
+		t.Errorf("big_tcp decision with the default flags = %q (%s), want %q", dec.Value, dec.Reason, want)
+	}
+	t.Logf("big_tcp %s: %s", dec.Value, dec.Reason)
 }

@@ -57,6 +57,15 @@ type Runner struct {
 	TwoVM bool
 	// TwoVMKernels limits the two-VM subset to these kernels (empty: every VM kernel).
 	TwoVMKernels []string
+	// Env is exported in the guest's run.sh (KEY=VALUE; hack/vm -env): knobs for tests
+	// such as the datapath benchmark (issue 5).
+	Env []string
+	// LabDevice is the lab subset's `axon lab up --device` (default auto: netkit pods
+	// where the kernel has netkit, veth elsewhere; issue 5).
+	LabDevice string
+	// LabNodes is the lab subset's `axon lab up --nodes` (default 1; 2 adds cross-node
+	// pod-to-pod over the lab's wire to the check).
+	LabNodes int
 
 	labBins   bool
 	twoVMBins bool
@@ -157,6 +166,12 @@ func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
 		if abs, err := filepath.Abs(filepath.Join(r.OutDir, HostKernel)); err == nil && os.MkdirAll(abs, 0o755) == nil {
 			cmd.Env = append(os.Environ(), "AXON_RESULTS="+abs)
 		}
+		if len(r.Env) > 0 { // issue 5: hack/vm -env
+			if cmd.Env == nil {
+				cmd.Env = os.Environ()
+			}
+			cmd.Env = append(cmd.Env, r.Env...)
+		}
 		t0 := time.Now()
 		raw, err := cmd.CombinedOutput()
 		took := time.Since(t0)
@@ -221,6 +236,11 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	fmt.Fprintf(&s, "export AXON_VM=1 AXON_TEST_SLOWDOWN=%d\n", Slowdown(HardwareKVM()))
 	// Reports tests write (the verifier's verifier-<kernel>.{md,json}) come back through the share.
 	s.WriteString("export AXON_RESULTS=/run/axon-vm/out/results\n")
+	for _, kv := range r.Env { // issue 5: hack/vm -env
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			fmt.Fprintf(&s, "export %s=%s\n", k, shellQuote(v))
+		}
+	}
 	s.WriteString("mkdir -p /run/axon-vm/out/results\nrc=0\n")
 	for _, b := range bins {
 		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
@@ -236,7 +256,7 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 		fmt.Fprintf(&s, "[ \"$(cat %s.rc)\" = 0 ] || rc=1\n", base)
 	}
 	if r.labBins {
-		s.WriteString(labScript)
+		s.WriteString(r.labSubsetScript()) // issue 5: labdevice.go
 	}
 	s.WriteString("exit $rc\n")
 	return s.String()
@@ -255,9 +275,10 @@ labstep() {
 	[ $r = PASS ]
 }
 labrc=0
-{
-	if labstep LabUp /run/axon-vm/bin/axon lab up --nodes 1 --pods-per-node 2 --bin-dir /run/axon-vm/bin --ready-timeout 6m; then
+` + labDeviceFunc + `{
+	if labstep LabUp /run/axon-vm/bin/axon lab up --nodes @NODES@ --pods-per-node 2 --device @DEVICE@ --bin-dir /run/axon-vm/bin --ready-timeout 6m; then
 		labstep LabStatus /run/axon-vm/bin/axon lab status
+		labstep LabDevice labdevice @DEVICE@ @NODES@
 		labstep LabCheck /run/axon-vm/bin/axon lab check --timeout 10s
 	fi
 	labstep LabDown /run/axon-vm/bin/axon lab down
@@ -329,7 +350,9 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 			return kr
 		}
 	}
+	stopPressure := mirrorHostPressure(ctx, r.runDir, time.Second) // issue 5: the guest reads the host's CPU pressure
 	res, runErr := vm.Run(ctx)
+	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
 	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
 	if err := os.MkdirAll(filepath.Join(r.OutDir, spec.Name), 0o755); err == nil {
 		_ = os.WriteFile(filepath.Join(r.OutDir, spec.Name, "console.log"), []byte(res.Console), 0o644)
