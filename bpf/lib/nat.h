@@ -8,6 +8,16 @@
  *   NP_NAT_LOCAL key local backend:port -> client:port (leaves through
  *                uplink egress): rewrite the source to frontend:port
  * Entries are created with the CT entry of a new flow and refreshed with it.
+ *
+ * An NP_NAT_SNAT entry is also the reservation of its SNAT port: a port is
+ * free for another flow to the same backend:port only when no entry holds
+ * it. The map is a plain hash, not an LRU: nothing but the agent's GC
+ * (NodePortLB.GC) removes an entry, and GC keeps a closed TCP flow's entry
+ * for SNATTimeWait (default 65 s) after its last packet, longer than the
+ * backend's TIME_WAIT (60 s on Linux), so a new flow never lands on a
+ * 4-tuple the backend still holds for an older one. A full map fails the
+ * insert (NP_SNAT_NO_PORT, the SYN is dropped and retransmitted) instead
+ * of evicting a flow that is still in use.
  */
 #ifndef AXON_NAT_H
 #define AXON_NAT_H
@@ -20,8 +30,10 @@
 #define NP_NAT_SNAT 0x01
 #define NP_NAT_LOCAL 0x02
 
-/* How many source ports a new SNAT flow tries before giving up: the first
- * from the flow hash, then random ones (a bounded loop, not unrolled). */
+/* How many source ports a new SNAT flow tries before giving up (a bounded
+ * loop, not unrolled): the previous port of the same client tuple, the
+ * client's own port when it is inside the range, the flow hash, then
+ * random ones. */
 #define NP_SNAT_TRIES 32
 
 /* np_nat: value of axon_np_nat (48 bytes). */
@@ -37,17 +49,36 @@ struct np_nat {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, AXON_NP_NAT_MAX);
 	__type(key, struct np_tuple);
 	__type(value, struct np_nat);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_np_nat SEC(".maps");
 
-/* SNAT source port range, host byte order, inclusive (NodePortOptions). The
- * default stays above Linux's ephemeral range (32768-60999) so node-local
- * connections never collide with translated ones. */
-volatile const __u16 cfg_snat_port_min = 61000;
-volatile const __u16 cfg_snat_port_max = 65535;
+/* SNAT source port range, host byte order, inclusive (NodePortOptions
+ * SNATPortMin/Max). The default 1024-29999 (28 976 ports per backend
+ * address:port and node address) stays clear of Linux's ephemeral range
+ * (32768-60999: the node's own connections to the same backend must never
+ * meet a translated flow's reply key) and of the NodePort range
+ * (30000-32767: a reply to such a port would be taken for a new NodePort
+ * flow). */
+volatile const __u16 cfg_snat_port_min = 1024;
+volatile const __u16 cfg_snat_port_max = 29999;
+
+/* np_nat_mine: the SNAT entry v is the reservation of the same client
+ * tuple (client -> frontend) as t: a new flow of that tuple (the client
+ * reused its port) may take it over, as conntrack keeps a tuple's mapping;
+ * the backend then sees the same 4-tuple sequence as without NAT. */
+AXON_INLINE int np_nat_mine(const struct np_nat *v, const struct np_tuple *t)
+{
+	const __u32 *a = (const __u32 *)v->daddr, *b = (const __u32 *)t->saddr;
+	const __u32 *c = (const __u32 *)v->saddr, *d = (const __u32 *)t->daddr;
+
+	if (!(v->flags & NP_NAT_SNAT) || v->dport != t->sport || v->sport != t->dport)
+		return 0;
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) |
+		(c[0] ^ d[0]) | (c[1] ^ d[1]) | (c[2] ^ d[2]) | (c[3] ^ d[3])) == 0;
+}
 
 #endif /* AXON_NAT_H */

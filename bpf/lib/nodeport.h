@@ -24,9 +24,10 @@
  * at XDP is passed to the stack unchanged (NP_XDP_PUNT) after its CT entry
  * was written, and the tc program finishes it with bpf_redirect_neigh.
  *
- * Fragments (IPv4 MF/offset, IPv6 fragment header) are not translated: they
- * continue to the stack untouched (NP_FRAGMENT). Non-first fragments carry no
- * ports to find the flow with; tracking them is left for later.
+ * Fragments (IPv4 MF/offset, IPv6 fragment header) of TCP/UDP are tracked
+ * (frag.h): the first fragment's ports are recorded per datagram, the later
+ * fragments get the same translation of their IP header; a later fragment
+ * whose first was not seen continues untouched (NP_FRAG_NOT_FOUND).
  * No VLAN tags: the IP header is expected at ETH_HLEN.
  */
 #ifndef AXON_NODEPORT_H
@@ -95,14 +96,16 @@ enum np_reason {
 	NP_DROP_NOT_LOCAL = 12,  /* externalTrafficPolicy Local, backend not local */
 	NP_DROP_NO_ROUTE = 13,   /* FIB has no way to the backend / client */
 	NP_XDP_PUNT = 14,        /* XDP: FIB needs the stack (no neighbour): tc finishes */
-	NP_FRAGMENT = 15,        /* IP fragment: untouched */
+	NP_FRAGMENT = 15,        /* IP fragment of a protocol other than TCP/UDP: untouched (frag.h) */
 	NP_MALFORMED = 16,       /* truncated headers: untouched */
 	NP_TTL = 17,             /* TTL <= 1 on a forwarded flow: the stack answers */
 	NP_EGRESS_REV = 18,      /* egress: reply of a local backend, source restored */
 	NP_DROP_NO_SNAT_ADDR = 19, /* remote backend, but no node address configured */
 	NP_REWRITE_FAIL = 20,    /* a packet write or encapsulation failed: dropped */
 	NP_DSR_DECAP = 21,       /* backend side: IPIP outer header removed (axon_lb_decap, egress row) */
-	NP_REASON_MAX = 22,
+	NP_FRAG_TRACKED = 22,    /* frag.h: first fragment, its ports recorded in axon_np_frag */
+	NP_FRAG_NOT_FOUND = 23,  /* frag.h: later fragment whose first was not seen: untouched */
+	NP_REASON_MAX = 24,
 };
 
 struct np_svc_key {
@@ -271,10 +274,15 @@ struct np_pkt {
 	__u8 v6;
 	__u8 ttl;
 	__u8 tcp_flags;
-	__u8 frag;
+	__u8 frag;         /* NP_FRAG_* (frag.h) */
 	__be16 tot_len;
 	__u16 pad;
+	__be32 frag_id;    /* IP identification of a fragment (frag.h) */
 };
+
+/* np_pkt.frag */
+#define NP_FRAG_FIRST 1 /* offset 0: has the L4 header */
+#define NP_FRAG_LATER 2 /* offset > 0: no L4 header, ports from axon_np_frag */
 
 #define NP_TCP_FIN 0x01
 #define NP_TCP_SYN 0x02
@@ -337,7 +345,11 @@ static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 		p->t.proto = ip.protocol;
 		p->ttl = ip.ttl;
 		p->tot_len = ip.tot_len;
-		p->frag = (ip.frag_off & bpf_htons(0x3fff)) != 0;
+		/* frag.h: MF or an offset; offset 0 is the first fragment */
+		if (ip.frag_off & bpf_htons(0x3fff)) {
+			p->frag = (ip.frag_off & bpf_htons(0x1fff)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
+			p->frag_id = ip.id;
+		}
 		np_addr4(p->t.saddr, ip.saddr);
 		np_addr4(p->t.daddr, ip.daddr);
 		return 0;
@@ -354,7 +366,18 @@ static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 		p->t.proto = ip6.nexthdr;
 		p->ttl = ip6.hop_limit;
 		p->tot_len = ip6.payload_len;
-		p->frag = ip6.nexthdr == NP_IPPROTO_FRAGMENT;
+		if (ip6.nexthdr == NP_IPPROTO_FRAGMENT) {
+			/* frag.h: fragment header right after the fixed header:
+			 * nexthdr, reserved, offset << 3 | M, identification */
+			struct { __u8 nexthdr, res; __be16 off; __be32 id; } fh;
+
+			if (ctx_load(ctx, p->l4_off, &fh, sizeof(fh)))
+				return -1;
+			p->t.proto = fh.nexthdr;
+			p->l4_off += sizeof(fh);
+			p->frag = (fh.off & bpf_htons(0xfff8)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
+			p->frag_id = fh.id;
+		}
 		__builtin_memcpy(p->t.saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
 		return 0;
@@ -368,6 +391,8 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 	__be16 ports[2];
 	__u8 fl = 0;
 
+	if (p->frag == NP_FRAG_LATER) /* frag.h: no L4 header, ports from axon_np_frag */
+		return 0;
 	if (ctx_load(ctx, p->l4_off, ports, sizeof(ports)))
 		return -1;
 	p->t.sport = ports[0];
@@ -379,6 +404,8 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 	}
 	return 0;
 }
+
+#include "frag.h"
 
 AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
 {
@@ -411,6 +438,8 @@ AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct
 		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d_addr))
 			return -1;
 	}
+	if (p->frag == NP_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
+		return 0;
 	if (ctx_store(ctx, p->l4_off, &newp, 4))
 		return -1;
 	if (ctx_l4_csum_diff(ctx, csum_off, d_addr, 1, udp4))
@@ -795,18 +824,109 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 	return np_send(ctx, rc, fp);
 }
 
+/* np_snat_insert inserts the reservation natp under the reply key rkp
+ * (rkp->dport: the candidate port) with BPF_NOEXIST. 0: reserved; 1: the
+ * key exists (the port is taken for this backend), *oldp its entry; -1:
+ * not inserted and no entry either: the map is full (or the insert failed
+ * otherwise, or GC removed the entry in between: the SYN is retransmitted):
+ * no port anywhere.
+ *
+ * The error code of a failed insert is deliberately not looked at: on
+ * kernels before 6.4 the verifier turns bpf_map_update_elem into a direct
+ * call of the map's map_update_elem, declared int (commit d7ba4cc900bf
+ * "bpf: return long from bpf_map_ops funcs" made it long), so the program's
+ * 64-bit r0 holds -EEXIST as 0xffffffef without sign extension, not -17:
+ * on 6.1 every collision compared as "map full". Only the low 32 bits of the result are
+ * defined there, hence the (int) before the test for 0, and whether the key
+ * is present is asked of the map itself. */
+AXON_INLINE int np_snat_insert(struct np_tuple *rkp, struct np_nat *natp, struct np_nat **oldp)
+{
+	struct np_nat *old;
+
+	if ((int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_NOEXIST) == 0)
+		return 0;
+	old = bpf_map_lookup_elem(&axon_np_nat, rkp);
+	if (!old)
+		return -1;
+	*oldp = old;
+	return 1;
+}
+
+/* np_snat_try reserves port for the reply key rkp (np_snat_insert), or
+ * takes over the entry if it is t's own old reservation (np_nat_mine).
+ * 0: reserved; 1: taken or outside the range; -1: the map is full (no port
+ * anywhere). */
+AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp, __u16 port)
+{
+	struct np_nat *old = NULL;
+	int rc;
+
+	if (port < cfg_snat_port_min || port > cfg_snat_port_max)
+		return 1;
+	rkp->dport = bpf_htons(port);
+	rc = np_snat_insert(rkp, natp, &old);
+	if (rc <= 0)
+		return rc;
+	/* (int): as in np_snat_insert, only the low 32 bits are defined < 6.4 */
+	if (old && np_nat_mine(old, t) && (int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_EXIST) == 0)
+		return 0;
+	return 1;
+}
+
+/* np_snat_port reserves the SNAT source port of a new flow t -> backend
+ * (rkp: the reply key with the backend and the SNAT address filled in;
+ * natp: the reverse entry). Candidates in order: prev_port (the port of the
+ * same client tuple's previous, closing flow to the same backend), the
+ * client's own port when it is inside the range (as nf_nat keeps it), the
+ * flow hash (these three may be t's own old reservation, taken over), then
+ * random ports, NP_SNAT_TRIES in all, each inserted with BPF_NOEXIST
+ * (unique per SNAT address, backend address:port and protocol); a taken
+ * port moves on to the next candidate, a full map ends the search. Returns
+ * 0 with rkp->dport set, or NP_SNAT_NO_PORT (pool or map full: the packet
+ * is dropped, a TCP client retransmits its SYN). */
+AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp,
+			     __u16 prev_port)
+{
+	__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
+	struct np_nat *old;
+	int i, rc;
+
+	if (cfg_snat_port_max < cfg_snat_port_min)
+		return NP_SNAT_NO_PORT;
+	if (prev_port) {
+		rc = np_snat_try(t, rkp, natp, prev_port);
+		if (rc <= 0)
+			return rc ? NP_SNAT_NO_PORT : 0;
+	}
+	rc = np_snat_try(t, rkp, natp, bpf_ntohs(t->sport));
+	if (rc <= 0)
+		return rc ? NP_SNAT_NO_PORT : 0;
+	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span);
+	if (rc <= 0)
+		return rc ? NP_SNAT_NO_PORT : 0;
+	for (i = 3; i < NP_SNAT_TRIES; i++) {
+		rkp->dport = bpf_htons(cfg_snat_port_min + bpf_get_prandom_u32() % span);
+		rc = np_snat_insert(rkp, natp, &old);
+		if (rc <= 0)
+			return rc ? NP_SNAT_NO_PORT : 0; /* reserved, or map full */
+	}
+	return NP_SNAT_NO_PORT;
+}
+
 /* np_new_flow sets up a new flow of frontend svc: backend, CT and reverse
- * entries. Returns 0 with ct filled, or a verdict (> 0 reason) to drop. */
+ * entries. prev is the flow's closing CT entry a SYN reopens (NULL if
+ * none): its SNAT port is tried first when the same backend is chosen.
+ * Returns 0 with ct filled, or a verdict (> 0 reason) to drop. */
 AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const struct np_svc_val *found,
-			    struct np_ct *ct, __u64 now, enum np_hook hook)
+			    struct np_ct *ct, __u64 now, enum np_hook hook, const struct np_ct *prev)
 {
 	struct np_scratch *sc = np_scratch();
 	struct np_svc_val svc;
 	struct np_backend be;
 	struct np_nat *natp;
 	struct np_tuple *rkp;
+	__u16 prev_port = 0;
 	__u32 id;
-	int i;
 
 	if (!sc)
 		return NP_REWRITE_FAIL;
@@ -821,6 +941,14 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	id = np_select(key, &svc, &p->t, now, &be);
 	if (!id)
 		return NP_DROP_NO_BACKEND;
+	/* prev (a CT map value, unchanged until the CT update below): the same
+	 * backend means the same reply key, so its port comes first */
+	if (prev && (prev->flags & NP_CT_SNAT) && prev->be_port == be.port) {
+		const __u32 *a = (const __u32 *)prev->be_addr, *b = (const __u32 *)be.addr;
+
+		if (((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0)
+			prev_port = bpf_ntohs(prev->nat_port);
+	}
 	__builtin_memset(ct, 0, sizeof(*ct));
 	__builtin_memcpy(ct->be_addr, be.addr, 16);
 	ct->be_port = be.port;
@@ -858,27 +986,10 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 		rkp->dport = p->t.sport;
 		bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY);
 	} else if (ct->flags & NP_CT_SNAT) {
-		__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
-		__u32 start = np_hash_tuple(&p->t);
-		int ok = 0;
-
 		if (np_snat_addr(&p->t, p->v6, rkp->daddr))
 			return NP_DROP_NO_SNAT_ADDR;
-		if (cfg_snat_port_max < cfg_snat_port_min)
-			return NP_SNAT_NO_PORT;
 		natp->flags = NP_NAT_SNAT;
-		for (i = 0; i < NP_SNAT_TRIES; i++) {
-			__u16 port = cfg_snat_port_min + start % span;
-
-			start = bpf_get_prandom_u32();
-
-			rkp->dport = bpf_htons(port);
-			if (bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_NOEXIST) == 0) {
-				ok = 1;
-				break;
-			}
-		}
-		if (!ok)
+		if (np_snat_port(&p->t, rkp, natp, prev_port))
 			return NP_SNAT_NO_PORT;
 		ct->nat_port = rkp->dport;
 	}
@@ -925,7 +1036,9 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 				nv.frontend_id = ct->frontend_id;
 				nv.flags = (ct->flags & NP_CT_SNAT) ? NP_NAT_SNAT : NP_NAT_LOCAL;
 				nv.last_seen = now;
-				bpf_map_update_elem(&axon_np_nat, &rk, &nv, BPF_ANY);
+				/* NOEXIST: never take over a port another flow reserved
+				 * after this one's entry was removed */
+				bpf_map_update_elem(&axon_np_nat, &rk, &nv, BPF_NOEXIST);
 			}
 		}
 	}
@@ -963,9 +1076,17 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		np_count(hook, NP_CT_HIT);
 		return np_forward(ctx, pp, ct, hook, 1);
 	}
+	/* replies of SNAT flows are addressed to a node address (axon_np_local);
+	 * they are looked up before the frontends, so an SNAT port that is also
+	 * a NodePort or hostPort can never be taken for a new flow */
+	if (bpf_map_lookup_elem(&axon_np_local, pp->t.daddr)) {
+		nat = bpf_map_lookup_elem(&axon_np_nat, &pp->t);
+		if (nat && (nat->flags & NP_NAT_SNAT))
+			return np_reverse(ctx, pp, nat, hook);
+	}
 	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local);
 	if (svc) {
-		rc = np_new_flow(pp, &key, svc, ct, now, hook);
+		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
 		if (rc) {
 			np_explain_set(rc, NULL, 0);
 			np_count(hook, rc);
@@ -973,10 +1094,6 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		}
 		return np_forward(ctx, pp, ct, hook, 0);
 	}
-	/* replies of SNAT flows are addressed to a node address (axon_np_local) */
-	nat = local ? bpf_map_lookup_elem(&axon_np_nat, &pp->t) : NULL;
-	if (nat && (nat->flags & NP_NAT_SNAT))
-		return np_reverse(ctx, pp, nat, hook);
 	np_explain_set(NP_NOT_SERVICE, NULL, 0);
 	np_count(hook, NP_NOT_SERVICE);
 	return CTX_NEXT;
@@ -994,10 +1111,8 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 			np_count(hook, NP_MALFORMED);
 		return CTX_NEXT;
 	}
-	if (p.frag) {
-		np_count(hook, NP_FRAGMENT);
+	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
-	}
 	if (p.t.proto == NP_IPPROTO_ICMP || p.t.proto == NP_IPPROTO_ICMPV6)
 		return np_icmp_error(ctx, &p, hook);
 	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP) {
@@ -1016,9 +1131,11 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 	struct np_nat *nat;
 	__u64 now;
 
-	if (np_parse_l3(ctx, &p) || p.frag)
+	if (np_parse_l3(ctx, &p))
 		return CTX_NEXT;
 	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP)
+		return CTX_NEXT;
+	if (p.frag && np_frag_track(ctx, &p, NP_HOOK_EGRESS)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
 	if (np_parse_ports(ctx, &p))
 		return CTX_NEXT;

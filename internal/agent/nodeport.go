@@ -83,12 +83,19 @@ func (a *Agent) ensureNodePort() {
 		return
 	}
 	if n.np == nil {
+		snatMin, snatMax, _ := c.SNATPortRange() // validated at start
+		if w := snatRangeWarning(snatMin, snatMax); w != "" {
+			a.log.Warn("nodeport LB: "+w, "snatPorts", c.SNATPorts)
+		}
 		np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
 			PinDir:          a.cfg.BPFRoot,
 			NodeName:        a.cfg.NodeName,
 			NodeAddrs:       addrs,
 			Mode:            c.Mode,
 			CTMax:           uint32(c.CTMax),
+			NATMax:          uint32(c.NATMax),
+			SNATPortMin:     snatMin,
+			SNATPortMax:     snatMax,
 			MaglevTableSize: uint32(c.MaglevSize),
 			HashSeed:        hashSeed(c.MaglevSeed),
 			Logger:          a.log.With("component", "nodeport"),
@@ -367,7 +374,7 @@ func (a *Agent) ctGC() {
 	}
 	c := a.cfg.NodePortLB
 	start := time.Now()
-	st, err := np.GC(datapath.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout})
+	st, err := np.GC(datapath.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
 	gc := ctGCStats{At: start, Took: time.Since(start), Scanned: st.CTEntries, Removed: st.CTDeleted, Used: st.CTEntries - st.CTDeleted}
 	if err != nil {
 		gc.Err = err.Error()

@@ -6,11 +6,14 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	flag "github.com/spf13/pflag"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
 )
@@ -31,6 +34,14 @@ type NodePortConfig struct {
 	CTTCPClose   time.Duration // after FIN/RST
 	CTUDPTimeout time.Duration
 	CTGCInterval time.Duration // how often the agent removes expired CT entries
+	// SNATPorts: source ports of SNAT flows to remote backends, "min-max"
+	// (datapath.DefaultSNATPortMin/Max). Keep it clear of the node's
+	// ip_local_port_range and of the NodePort range (a warning says so).
+	SNATPorts string
+	// SNATTimeWait: how long a closed TCP flow's SNAT port stays reserved
+	// (longer than the backends' TIME_WAIT, 60 s on Linux).
+	SNATTimeWait time.Duration
+	NATMax       int // reverse NAT entries (SNAT port reservations included)
 }
 
 // Values of --lb-acceleration and --nodeport-mode.
@@ -53,7 +64,22 @@ func DefaultNodePortConfig() NodePortConfig {
 		CTTCPClose:   10 * time.Second,
 		CTUDPTimeout: 60 * time.Second,
 		CTGCInterval: 10 * time.Second,
+		SNATPorts:    fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
+		SNATTimeWait: datapath.DefaultSNATTimeWait,
+		NATMax:       datapath.DefaultNATMax,
 	}
+}
+
+// SNATPortRange parses SNATPorts ("min-max").
+func (c NodePortConfig) SNATPortRange() (lo, hi uint16, err error) {
+	a, b, ok := strings.Cut(c.SNATPorts, "-")
+	x, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
+	y, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
+	if !ok || err1 != nil || err2 != nil || x < 1 || y < x {
+		return 0, 0, fmt.Errorf("--nodeport-snat-ports %q is not a port range min-max with 1 <= min <= max <= 65535 (default %d-%d)",
+			c.SNATPorts, datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax)
+	}
+	return uint16(x), uint16(y), nil
 }
 
 // algorithmFlag adapts lb.Algorithm to pflag.
@@ -83,6 +109,9 @@ func (c *NodePortConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CTTCPClose, "ct-tcp-close-timeout", c.CTTCPClose, "timeout of TCP flows after FIN or RST")
 	fs.DurationVar(&c.CTUDPTimeout, "ct-udp-timeout", c.CTUDPTimeout, "idle timeout of UDP (and other non-TCP) flows")
 	fs.DurationVar(&c.CTGCInterval, "ct-gc-interval", c.CTGCInterval, "how often the agent removes expired conntrack entries")
+	fs.StringVar(&c.SNATPorts, "nodeport-snat-ports", c.SNATPorts, "source ports of NodePort SNAT to remote backends, min-max (per node address and backend address:port); keep it clear of net.ipv4.ip_local_port_range and the NodePort range")
+	fs.DurationVar(&c.SNATTimeWait, "nodeport-snat-timewait", c.SNATTimeWait, "how long a closed TCP flow's SNAT port stays reserved; must exceed the backends' TIME_WAIT (60s on Linux)")
+	fs.IntVar(&c.NATMax, "nat-max", c.NATMax, "north-south reverse NAT entries, SNAT port reservations included (a full table drops new SNAT flows, metric axon_nodeport_snat_no_port_total)")
 }
 
 // Validate says what to fix.
@@ -106,6 +135,15 @@ func (c NodePortConfig) Validate() error {
 	if c.CTMax < 1024 || c.CTMax > 1<<24 {
 		errs = append(errs, fmt.Errorf("--ct-max %d is outside 1024..16777216", c.CTMax))
 	}
+	if c.NATMax < 1024 || c.NATMax > 1<<24 {
+		errs = append(errs, fmt.Errorf("--nat-max %d is outside 1024..16777216", c.NATMax))
+	}
+	if _, _, err := c.SNATPortRange(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.SNATTimeWait < 60*time.Second {
+		errs = append(errs, fmt.Errorf("--nodeport-snat-timewait %s is below Linux's TIME_WAIT of 60s: a reused port would meet the backend's old connection (default %s)", c.SNATTimeWait, datapath.DefaultSNATTimeWait))
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -115,4 +153,28 @@ func (c NodePortConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// snatRangeWarning says why the SNAT port range lo-hi is risky on this node
+// ("" if it is not): overlapping the node's ip_local_port_range, a reply to
+// a node-local connection to a backend could be taken for a translated
+// flow's (the LB does not see the node's own sockets).
+func snatRangeWarning(lo, hi uint16) string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return ""
+	}
+	elo, err1 := strconv.Atoi(f[0])
+	ehi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return ""
+	}
+	if int(lo) <= ehi && elo <= int(hi) {
+		return fmt.Sprintf("the SNAT port range %d-%d overlaps net.ipv4.ip_local_port_range %d-%d: the node's own connections to a backend may collide with translated flows; move one of them (--nodeport-snat-ports)", lo, hi, elo, ehi)
+	}
+	return ""
 }

@@ -8,20 +8,23 @@ import (
 )
 
 var (
-	descNPCTEntries = prometheus.NewDesc("axon_nodeport_ct_entries", "North-south conntrack entries in use.", nil, nil)
-	descNPCTMax     = prometheus.NewDesc("axon_nodeport_ct_max", "North-south conntrack table size (--ct-max).", nil, nil)
-	descNPCTFull    = prometheus.NewDesc("axon_nodeport_ct_fullness_ratio", "Entries in use / table size; at 1 the least recently used flows are evicted.", nil, nil)
-	descNPCTCreated = prometheus.NewDesc("axon_nodeport_ct_created_total", "Flows created in the north-south conntrack table.", nil, nil)
-	descNPCTInsFail = prometheus.NewDesc("axon_nodeport_ct_insert_failed_total", "Conntrack inserts that failed (the packet was still translated).", nil, nil)
-	descNPGCDeleted = prometheus.NewDesc("axon_nodeport_ct_gc_deleted_total", "Conntrack entries removed by the agent's garbage collection (expired or backend gone).", nil, nil)
-	descNPPackets   = prometheus.NewDesc("axon_nodeport_packets_total", "Packets seen by the north-south LB, by hook (tc, xdp, egress) and verdict.", []string{"hook", "reason"}, nil)
-	descNPHC        = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
+	descNPCTEntries  = prometheus.NewDesc("axon_nodeport_ct_entries", "North-south conntrack entries in use.", nil, nil)
+	descNPCTMax      = prometheus.NewDesc("axon_nodeport_ct_max", "North-south conntrack table size (--ct-max).", nil, nil)
+	descNPCTFull     = prometheus.NewDesc("axon_nodeport_ct_fullness_ratio", "Entries in use / table size; at 1 the least recently used flows are evicted.", nil, nil)
+	descNPCTCreated  = prometheus.NewDesc("axon_nodeport_ct_created_total", "Flows created in the north-south conntrack table.", nil, nil)
+	descNPCTInsFail  = prometheus.NewDesc("axon_nodeport_ct_insert_failed_total", "Conntrack inserts that failed (the packet was still translated).", nil, nil)
+	descNPGCDeleted  = prometheus.NewDesc("axon_nodeport_ct_gc_deleted_total", "Conntrack entries removed by the agent's garbage collection (expired or backend gone).", nil, nil)
+	descNPPackets    = prometheus.NewDesc("axon_nodeport_packets_total", "Packets seen by the north-south LB, by hook (tc, xdp, egress) and verdict.", []string{"hook", "reason"}, nil)
+	descNPNATEntries = prometheus.NewDesc("axon_nodeport_nat_entries", "North-south reverse NAT entries in use, SNAT port reservations (held --nodeport-snat-timewait after a TCP flow closed) included.", nil, nil)
+	descNPNATMax     = prometheus.NewDesc("axon_nodeport_nat_max", "North-south reverse NAT table size (--nat-max); it never evicts: when full, new SNAT flows are dropped.", nil, nil)
+	descNPSNATNoPort = prometheus.NewDesc("axon_nodeport_snat_no_port_total", "New SNAT flows dropped because no source port was free for their backend or the NAT table was full (the client retransmits its SYN): widen --nodeport-snat-ports or raise --nat-max.", nil, nil)
+	descNPHC         = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
 )
 
 type nodePortCollector struct{ a *Agent }
 
 func (c nodePortCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC} {
+	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC, descNPNATEntries, descNPNATMax, descNPSNATNoPort} {
 		ch <- d
 	}
 }
@@ -55,6 +58,9 @@ func (c nodePortCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descNPCTCreated, prometheus.CounterValue, float64(st.Created))
 		ch <- prometheus.MustNewConstMetric(descNPCTInsFail, prometheus.CounterValue, float64(st.InsertFailed))
+		ch <- prometheus.MustNewConstMetric(descNPNATEntries, prometheus.GaugeValue, float64(st.NATEntries))
+		ch <- prometheus.MustNewConstMetric(descNPNATMax, prometheus.GaugeValue, float64(st.NATMax))
+		ch <- prometheus.MustNewConstMetric(descNPSNATNoPort, prometheus.CounterValue, float64(st.SNATNoPort))
 	}
 	if m, err := np.Metrics(); err == nil {
 		for hook, row := range m {

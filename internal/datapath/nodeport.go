@@ -41,9 +41,13 @@ const (
 	DefaultNATMax          = 131072
 	DefaultAffinityMax     = 65536
 	DefaultMaglevTableSize = 16381
-	DefaultSNATPortMin     = 61000
-	DefaultSNATPortMax     = 65535
-	DefaultHashSeed        = 0x61786f6e
+	// SNAT ports 1024-29999 (bpf/lib/nat.h): clear of Linux's ephemeral
+	// range (32768-60999, the node's own connections) and of the NodePort
+	// range (30000-32767); 28 976 ports per node address and backend
+	// address:port, each held SNATTimeWait after its flow closed.
+	DefaultSNATPortMin = 1024
+	DefaultSNATPortMax = 29999
+	DefaultHashSeed    = 0x61786f6e
 )
 
 // Remote-backend modes (NodePortOptions.Mode, FrontendOptions.Mode).
@@ -72,10 +76,14 @@ type NodePortOptions struct {
 	Mode string
 	// Map sizes; 0 = default.
 	CTMax, NATMax, AffinityMax uint32
+	// FragMax: datagrams whose fragments can be in flight at once
+	// (axon_np_frag, bpf/lib/frag.h); 0 = DefaultFragMax.
+	FragMax uint32
 	// MaglevTableSize M: a prime, 0 = 16381. Every Maglev table written
 	// through FrontendOptions.Maglev has exactly M slots.
 	MaglevTableSize uint32
-	// SNAT source port range (inclusive); 0,0 = 61000-65535.
+	// SNAT source port range (inclusive); 0,0 = 1024-29999. Keep it clear
+	// of the node's ip_local_port_range and of the NodePort range.
 	SNATPortMin, SNATPortMax uint16
 	// HashSeed of the flow hash (Maglev slot, SNAT port): the same on every
 	// node so every node picks the same Maglev backend. 0 = default.
@@ -122,6 +130,7 @@ var npReasonNames = []string{
 	"dnat_local", "snat_fwd", "dsr_encap", "icmp_error", "drop_no_backend",
 	"drop_src_range", "drop_not_local", "drop_no_route", "xdp_punt", "fragment",
 	"malformed", "ttl", "egress_rev", "drop_no_snat_addr", "rewrite_fail", "dsr_decap",
+	"frag_tracked", "frag_not_found", // IP fragments (bpf/lib/frag.h)
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
@@ -146,6 +155,9 @@ func (o *NodePortOptions) normalise() error {
 	if o.AffinityMax == 0 {
 		o.AffinityMax = DefaultAffinityMax
 	}
+	if o.FragMax == 0 {
+		o.FragMax = DefaultFragMax
+	}
 	if o.MaglevTableSize == 0 {
 		o.MaglevTableSize = DefaultMaglevTableSize
 	}
@@ -156,7 +168,7 @@ func (o *NodePortOptions) normalise() error {
 		o.SNATPortMin, o.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
 	}
 	if o.SNATPortMin == 0 || o.SNATPortMax < o.SNATPortMin {
-		return fmt.Errorf("nodeport LB: SNAT port range %d-%d is empty or starts at 0: give min <= max, e.g. 61000-65535", o.SNATPortMin, o.SNATPortMax)
+		return fmt.Errorf("nodeport LB: SNAT port range %d-%d is empty or starts at 0: give min <= max, e.g. 1024-29999", o.SNATPortMin, o.SNATPortMax)
 	}
 	if o.HashSeed == 0 {
 		o.HashSeed = DefaultHashSeed
@@ -221,7 +233,7 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	for name, n := range map[string]uint32{MapNPCT: o.CTMax, MapNPNAT: o.NATMax, MapNPAffinity: o.AffinityMax} {
+	for name, n := range map[string]uint32{MapNPCT: o.CTMax, MapNPNAT: o.NATMax, MapNPAffinity: o.AffinityMax, MapNPFrag: o.FragMax} {
 		if ms := spec.Maps[name]; ms != nil {
 			ms.MaxEntries = n
 		}
@@ -252,8 +264,17 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	restoreNAT, err := npNATMigration(o.PinDir) // an older LRU axon_np_nat (nodeport_maps.go)
+	if err != nil {
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
 	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {
 		return nil, fmt.Errorf("load nodeport LB tc programs: %w", verifierDetail(npIncompatibleHint(err, o.PinDir)))
+	}
+	if restoreNAT != nil {
+		if err := restoreNAT(n.tc.AxonNpNat); err != nil {
+			n.log.Warn("nodeport LB: reverse entries of the old NAT map lost (their flows re-create them within a second)", "error", err)
+		}
 	}
 	xdpSpec, err := loadLbXDP()
 	if err != nil {
@@ -289,6 +310,7 @@ func (n *NodePortLB) sharedMaps() map[string]*ebpf.Map {
 		MapNPService: m.AxonNpSvc, MapNPBackend: m.AxonNpBe, MapNPLocal: m.AxonNpLocal,
 		MapNPSrcRange: m.AxonNpSrcrange, MapNPAffinity: m.AxonNpAff, MapNPCT: m.AxonNpCt,
 		MapNPNAT: m.AxonNpNat, MapNPMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
+		MapNPFrag: m.AxonNpFrag,
 	}
 }
 
@@ -375,7 +397,7 @@ func UninstallNodePortLB(pinDir string) error {
 	for _, p := range pins {
 		errs = append(errs, detachNPPin(p))
 	}
-	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev} {
+	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
 		}

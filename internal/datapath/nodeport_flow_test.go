@@ -485,23 +485,46 @@ func TestNodePortGC(t *testing.T) {
 	if len(nat) != 21 || nat[0].Kind != "snat" {
 		t.Errorf("NAT list: %d entries, first %+v", len(nat), nat[0])
 	}
-	// one backend leaves: its flows go
+	// one backend leaves: its flows keep it while they move (a flow whose
+	// SYN raced the removal must not be cut), and go once idle for the
+	// closing timeout
 	fe.Backends = fe.Backends[:1]
 	f.upsert(t, fe, FrontendOptions{})
 	st, err = f.n.GC(DefaultCTTimeouts)
-	if err != nil || st.CTDeleted == 0 || st.CTDeleted == 20 {
-		t.Fatalf("GC after a backend left: %+v, %v (random pick over 2 backends: some flows were on it)", st, err)
+	if err != nil || st.CTDeleted != 0 {
+		t.Fatalf("GC right after a backend left: %+v, %v: its fresh flows must stay", st, err)
+	}
+	onGone := 0
+	for _, e := range mustCT(t, f.n) {
+		if e.Backend == npAP("10.244.2.6:8080") && e.Flow.Proto == lb.TCP {
+			onGone++
+		}
+	}
+	if onGone == 0 || onGone == 20 {
+		t.Fatalf("%d of 20 flows on the removed backend: random pick over 2 backends should put some on each", onGone)
+	}
+	time.Sleep(20 * time.Millisecond)
+	st, err = f.n.GC(CTTimeouts{TCP: time.Hour, UDP: time.Hour, TCPClosing: time.Millisecond})
+	if err != nil || st.CTDeleted != onGone {
+		t.Fatalf("GC after the closing timeout: %+v, %v: want the %d flows of the removed backend gone", st, err, onGone)
 	}
 	for _, e := range mustCT(t, f.n) {
-		if e.Backend == npAP("10.244.2.6:8080") {
-			t.Errorf("flow to the removed backend kept: %+v", e)
+		if e.Backend == npAP("10.244.2.6:8080") && e.Flow.Proto == lb.TCP {
+			t.Errorf("idle flow to the removed backend kept: %+v", e)
 		}
 	}
 	// idle timeouts
-	time.Sleep(20 * time.Millisecond)
 	st, err = f.n.GC(CTTimeouts{TCP: time.Hour, UDP: time.Millisecond, TCPClosing: time.Millisecond})
 	if err != nil || st.CTDeleted != 1 {
 		t.Fatalf("GC with a 1 ms UDP timeout: %+v, %v: want the UDP flow gone", st, err)
+	}
+	// the SNAT ports of the ended TCP flows stay reserved for SNATTimeWait
+	if nat, err := f.n.NAT(); err != nil || len(nat) != 20 {
+		t.Errorf("after GC: %d reverse NAT entries (%v), want the 20 TCP reservations held (SNATTimeWait)", len(nat), err)
+	}
+	st, err = f.n.GC(CTTimeouts{TCP: time.Hour, UDP: time.Millisecond, TCPClosing: time.Millisecond, SNATTimeWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
 	}
 	cs, err := f.n.CTStats()
 	if err != nil || cs.Entries != len(mustCT(t, f.n)) || cs.Created != 21 {

@@ -33,6 +33,10 @@ func TestNodePortFuzz(t *testing.T) {
 		icmpErr(netip.MustParseAddr("fd00:198:18::1"), npNode6, npPacket(npTCP("[fd00:198:18::11]:30080", "[fd00:198:18::250]:40000"), npACK), 1280),
 		npPacket(npTCP("10.244.2.5:8080", "198.18.0.11:61000"), npACK),
 	}
+	// IP fragments (frag.h): first, middle and last of UDP datagrams, v4 and v6
+	for _, fl := range []Tuple{npUDP("198.18.0.250:40000", "198.18.0.11:30053"), npUDP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30080")} {
+		seeds = append(seeds, npWithMACs(npFrags(npPacketPayload(fl, 0, npFragPayload), 0x77, npFragChunk), f.upMAC, f.cliMAC)...)
+	}
 	// establish flows so mutated packets also hit CT, NAT and ICMP paths
 	for _, s := range seeds[:4] {
 		f.run(t, "tc", s)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -163,10 +165,21 @@ type CTTimeouts struct {
 	TCP        time.Duration // established TCP (default 6 h... kube-proxy/conntrack use 24 h; Cilium 6 h)
 	TCPClosing time.Duration // after FIN/RST (default 10 s)
 	UDP        time.Duration // (default 60 s)
+	// SNATTimeWait: how long the SNAT port of a TCP flow stays reserved
+	// after the flow's last packet once nothing uses it (default
+	// DefaultSNATTimeWait). It must outlast the backend's TIME_WAIT: a port
+	// given to another client earlier reaches the backend on a 4-tuple it
+	// still holds, and a SYN the TIME_WAIT socket does not accept is
+	// answered with an ACK, reset by the client and retransmitted 1 s later.
+	SNATTimeWait time.Duration
 }
 
+// DefaultSNATTimeWait is Linux's TIME_WAIT (TCP_TIMEWAIT_LEN, 60 s) plus the
+// 1 s granularity of last_seen (cfg_ct_refresh_ns) and some slack.
+const DefaultSNATTimeWait = 65 * time.Second
+
 // DefaultCTTimeouts follow Cilium's defaults.
-var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second}
+var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second, SNATTimeWait: DefaultSNATTimeWait}
 
 // GCStats is what one GC pass did.
 type GCStats struct {
@@ -174,9 +187,15 @@ type GCStats struct {
 	NATEntries, NATDeleted int
 }
 
-// GC removes CT entries idle longer than their timeout or whose backend is
-// gone, then reverse entries idle longer than the longest timeout or without
-// a flow. Safe to run while traffic flows (the agent calls it periodically).
+// GC removes CT entries idle longer than their timeout, and those whose
+// backend is gone once they are closing or idle for TCPClosing (a flow
+// still moving keeps its backend: graceful termination must not cut a
+// connection whose SYN raced the backend's removal), then reverse entries
+// idle longer than the longest timeout or without a flow: a local one after
+// TCPClosing, an SNAT one (its port reservation) after SNATTimeWait for TCP,
+// TCPClosing for UDP. An entry is re-read right before it is deleted and
+// kept if a packet touched it meanwhile. Safe to run while traffic flows
+// (the agent calls it periodically).
 func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 	if to.TCP == 0 {
 		to.TCP = DefaultCTTimeouts.TCP
@@ -186,6 +205,9 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 	}
 	if to.UDP == 0 {
 		to.UDP = DefaultCTTimeouts.UDP
+	}
+	if to.SNATTimeWait == 0 {
+		to.SNATTimeWait = DefaultCTTimeouts.SNATTimeWait
 	}
 	var st GCStats
 	now := monoCoarse()
@@ -200,7 +222,8 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 	var k lbTCNpTuple
 	var v lbTCNpCt
 	var dead []lbTCNpTuple
-	live := map[lbTCNpTuple]bool{} // local reverse keys still in use
+	ctSeen := map[lbTCNpTuple]uint64{} // last_seen of dead entries at the scan
+	live := map[lbTCNpTuple]bool{}     // local reverse keys still in use
 	// SNAT reverse keys still in use: backend, backend port, SNAT port
 	// (the SNAT address is the node's own, one per family).
 	type snatKey struct {
@@ -220,8 +243,10 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 				to1 = to.TCPClosing
 			}
 		}
-		if since(now, v.LastSeen) > to1 || !liveBE[v.BackendId] {
+		idle := since(now, v.LastSeen)
+		if idle > to1 || (!liveBE[v.BackendId] && (v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
 			dead = append(dead, k)
+			ctSeen[k] = v.LastSeen
 			continue
 		}
 		live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
@@ -233,6 +258,14 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 		return st, fmt.Errorf("gc: read %s: %w", MapNPCT, err)
 	}
 	for i := range dead {
+		// re-read: a SYN may have reopened the flow since the scan
+		var cur lbTCNpCt
+		if err := n.tc.AxonNpCt.Lookup(&dead[i], &cur); err != nil {
+			continue
+		}
+		if cur.LastSeen != ctSeen[dead[i]] {
+			continue
+		}
 		if err := n.tc.AxonNpCt.Delete(&dead[i]); err == nil {
 			st.CTDeleted++
 		}
@@ -241,6 +274,7 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 	var nk lbTCNpTuple
 	var nv lbTCNpNat
 	var deadNAT []lbTCNpTuple
+	natSeen := map[lbTCNpTuple]uint64{}
 	it = n.tc.AxonNpNat.Iterate()
 	for it.Next(&nk, &nv) {
 		st.NATEntries++
@@ -249,17 +283,29 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 		// again. Without this, SNAT ports stayed taken for hours and a
 		// busy NodePort ran out of them.
 		inUse := live[nk]
+		hold := to.TCPClosing
 		if nv.Flags&npNATSNAT != 0 {
 			inUse = liveSNAT[snatKey{be: nk.Saddr, bePort: nk.Sport, port: nk.Dport, proto: nk.Proto}]
+			if nk.Proto == uint8(lb.TCP) {
+				// the port stays reserved while the backend may hold the
+				// 4-tuple in TIME_WAIT
+				hold = max(to.SNATTimeWait, to.TCPClosing)
+			}
 		}
-		if since(now, nv.LastSeen) > maxTO || (!inUse && since(now, nv.LastSeen) > to.TCPClosing) {
+		if idle := since(now, nv.LastSeen); idle > maxTO || (!inUse && idle > hold) {
 			deadNAT = append(deadNAT, nk)
+			natSeen[nk] = nv.LastSeen
 		}
 	}
 	if err := it.Err(); err != nil {
 		return st, fmt.Errorf("gc: read %s: %w", MapNPNAT, err)
 	}
 	for i := range deadNAT {
+		// re-read: a new flow may have taken the entry over since the scan
+		var cur lbTCNpNat
+		if err := n.tc.AxonNpNat.Lookup(&deadNAT[i], &cur); err != nil || cur.LastSeen != natSeen[deadNAT[i]] {
+			continue
+		}
 		if err := n.tc.AxonNpNat.Delete(&deadNAT[i]); err == nil {
 			st.NATDeleted++
 		}
@@ -276,6 +322,16 @@ type CTStats struct {
 	// translated). A full LRU table evicts the least recently used flow
 	// instead: Created - deleted by GC - Entries is the number evicted.
 	InsertFailed uint64
+	// NATEntries / NATMax: reverse entries (SNAT port reservations
+	// included) in axon_np_nat and its size. The NAT map never evicts: when
+	// full, new SNAT flows fail (SNATNoPort) until GC frees entries.
+	NATEntries int
+	NATMax     uint32
+	// SNATNoPort counts new SNAT flows dropped because no port was free for
+	// their backend (NP_SNAT_TRIES candidates taken) or the NAT map was
+	// full; the client retransmits its SYN. Widen the SNAT port range or
+	// raise NATMax when it grows.
+	SNATNoPort uint64
 }
 
 // CTStats counts the entries of the CT table and reads the counters.
@@ -290,6 +346,16 @@ func (n *NodePortLB) CTStats() (CTStats, error) {
 	if err := it.Err(); err != nil {
 		return st, fmt.Errorf("read %s: %w", MapNPCT, err)
 	}
+	st.NATMax = n.tc.AxonNpNat.MaxEntries()
+	var nk lbTCNpTuple
+	var nv lbTCNpNat
+	it = n.tc.AxonNpNat.Iterate()
+	for it.Next(&nk, &nv) {
+		st.NATEntries++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read %s: %w", MapNPNAT, err)
+	}
 	m, err := n.Metrics()
 	if err != nil {
 		return st, err
@@ -297,6 +363,7 @@ func (n *NodePortLB) CTStats() (CTStats, error) {
 	for hook := range m {
 		st.Created += m[hook]["ct_new"]
 		st.InsertFailed += m[hook]["ct_insert_fail"]
+		st.SNATNoPort += m[hook]["snat_no_port"]
 	}
 	return st, nil
 }
@@ -356,4 +423,51 @@ func ParseTuple(proto, src, dst string) (Tuple, error) {
 		return t, errors.New("source and destination are of different address families")
 	}
 	return t, nil
+}
+
+// npNATMigration moves the entries of an axon_np_nat pinned by an older
+// axon, an LRU hash (which could evict a live flow's reverse entry or free a
+// reserved SNAT port), into the plain hash the programs now use: the old pin
+// is read and removed before the load creates the new map, and restore
+// writes the entries back after it. Nothing to do (nil restore) when the pin
+// is missing or already a hash.
+func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
+	path := filepath.Join(pinDir, MapNPNAT)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", MapNPNAT, err)
+	}
+	defer old.Close()
+	if old.Type() != ebpf.LRUHash {
+		return nil, nil
+	}
+	var keys []lbTCNpTuple
+	var vals []lbTCNpNat
+	var k lbTCNpTuple
+	var v lbTCNpNat
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("migrate %s: read the old LRU map: %w", MapNPNAT, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return nil, fmt.Errorf("migrate %s: unpin the old LRU map: %w", MapNPNAT, err)
+	}
+	return func(m *ebpf.Map) error {
+		var errs []error
+		for i := range keys {
+			if err := m.Update(&keys[i], &vals[i], ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", MapNPNAT, len(errs), len(keys), errs[0])
+		}
+		return nil
+	}, nil
 }

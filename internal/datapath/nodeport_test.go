@@ -188,7 +188,7 @@ func (f *npFix) runErr(hook string, pkt []byte) (npVerdict, []byte, error) {
 // resetFlows empties CT, NAT and affinity (between tc and XDP runs).
 func (f *npFix) resetFlows(t testing.TB) {
 	t.Helper()
-	for _, m := range []*ebpf.Map{f.n.tc.AxonNpCt, f.n.tc.AxonNpNat, f.n.tc.AxonNpAff} {
+	for _, m := range []*ebpf.Map{f.n.tc.AxonNpCt, f.n.tc.AxonNpNat, f.n.tc.AxonNpAff, f.n.tc.AxonNpFrag} {
 		if err := npClearMap(m); err != nil {
 			t.Fatal(err)
 		}
@@ -437,11 +437,11 @@ func TestNodePortPrograms(t *testing.T) {
 			}},
 		{desc: "backend behind an unreachable route: dropped",
 			pkt: f.wirePkt(npTCP(cli, "192.0.2.70:80"), npSYN), want: npDrop, reason: "drop_no_route"},
-		{desc: "IPv4 first fragment to a NodePort: untouched (fragments are not translated)",
-			pkt: frag, want: npNext, reason: "fragment"},
-		{desc: "IPv4 non-first fragment (no ports): untouched",
-			pkt: fragLater, want: npNext, reason: "fragment"},
-		{desc: "IPv6 with a fragment header: untouched",
+		{desc: "IPv4 first fragment to a NodePort: ports recorded, translated (nodeport_frag_test.go checks the bytes)",
+			pkt: frag, want: npFwd, out: npAny, reason: "frag_tracked"},
+		{desc: "IPv4 non-first fragment whose first was not seen: untouched, counted",
+			pkt: fragLater, want: npNext, reason: "frag_not_found"},
+		{desc: "IPv6 fragment header of a protocol other than TCP/UDP: untouched",
 			pkt: frag6, want: npNext, reason: "fragment"},
 		{desc: "SCTP to a node address: untouched (only TCP and UDP are translated per packet)",
 			pkt: func() []byte { b := f.wirePkt(np4, npSYN); b[14+9] = 132; return b }(), want: npNext, reason: "not_service"},

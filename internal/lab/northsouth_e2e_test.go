@@ -8,9 +8,11 @@ package lab_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/lab"
 )
 
@@ -295,6 +298,135 @@ func TestLabNorthSouth(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("ChurnUnderLoad", func(t *testing.T) {
+		// Connect loop from outside to node2's NodePort while the backends
+		// change: a new ready one, an old one terminating, then removed.
+		all := l.Pods()
+		byName := map[string]lab.Pod{}
+		for _, p := range all {
+			byName[p.Name] = p
+		}
+		self := filepath.Join(binDir, "axon")
+		const port = 7001
+		for _, p := range all {
+			cmd := l.Command(ctx, p.Name, self, "lab", "bench", "_connrate", "serve", "--listen", netip.AddrPortFrom(p.IP, port).String())
+			// No async preemption signals in the server either: its
+			// read(2) of the request, interrupted (EINTR), made it close
+			// the socket with the request unread, which the kernel
+			// answers with a reset (TcpExt TCPAbortOnData on the
+			// backend): 2 of 56 621 connections, a server artefact.
+			cmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		}
+		svc := newTestService("ns-churn", corev1.ServiceTypeNodePort, 30085, corev1.ProtocolTCP)
+		created, err := kube.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := &testService{svc: created, port: port, states: map[string]string{},
+			backends: []lab.Pod{byName["node1-pod1"], byName["node2-pod1"]}}
+		ts.apply(t, kube)
+		target := netip.AddrPortFrom(node2.IP, 30085).String()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out, _ := l.Command(ctx, lab.ExternalName, self, "lab", "bench", "_connrate", "client", "--target", target, "--duration", "300ms").Output()
+			if r, err := bench.ParseConnRate(out); err == nil && r.Conns > 0 && r.Errors == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("NodePort %s never answered", target)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		// evidence around each loop: TcpExt counters of the backend pods
+		// (resets on close with unread data, TIME_WAIT handling, listen
+		// overflows) and node2's LB counters
+		nstat := func() map[string]int64 {
+			sum := map[string]int64{}
+			for _, p := range all {
+				out, err := l.Command(ctx, p.Name, "cat", "/proc/net/netstat").Output()
+				if err != nil {
+					continue
+				}
+				for k, v := range parseTcpExt(string(out)) {
+					sum[k] += v
+				}
+			}
+			return sum
+		}
+		evidence := func(what string, before map[string]int64) {
+			after := nstat()
+			var parts []string
+			for _, k := range []string{"TCPAbortOnData", "TCPAbortOnClose", "TWRecycled", "PAWSEstabRejected", "TCPChallengeACK", "ListenOverflows", "ListenDrops", "SyncookiesSent", "SyncookiesFailed"} {
+				parts = append(parts, fmt.Sprintf("%s +%d", k, after[k]-before[k]))
+			}
+			t.Logf("%s: backend pods TcpExt: %s", what, strings.Join(parts, ", "))
+			if out, err := l.Command(ctx, node2.Name, self, "bpf", "nat", "list", "--node", node2.Name).Output(); err == nil {
+				t.Logf("%s: node2 axon_np_nat holds %d entries", what, strings.Count(string(out), "\n")-1)
+			}
+		}
+		// The same loop without changes first: failures here are not churn's.
+		nst0 := nstat()
+		steady := l.Command(ctx, lab.ExternalName, self, "lab", "bench", "_connrate", "client", "--target", target, "--duration", "12s")
+		steady.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+		if sout, err := steady.Output(); err != nil {
+			t.Fatalf("steady connect loop: %v", err)
+		} else if r, err := bench.ParseConnRate(sout); err != nil {
+			t.Fatal(err)
+		} else {
+			t.Logf("connect loop through %s, backends unchanged: %d connections (%.0f/s), %d failed (first: %s)", target, r.Conns, r.Rate, r.Errors, r.FirstError)
+			if r.Errors != 0 {
+				t.Errorf("connect loop without churn: %d of %d connections failed (first: %s)", r.Errors, r.Conns+r.Errors, r.FirstError)
+			}
+		}
+		evidence("steady loop", nst0)
+		nst1 := nstat()
+		loop := l.Command(ctx, lab.ExternalName, self, "lab", "bench", "_connrate", "client", "--target", target, "--duration", "12s")
+		// No async preemption signals: a signal landing in a blocking
+		// connect(2) makes it fail with EINTR, a client artefact.
+		loop.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+		var out strings.Builder
+		loop.Stdout = &out
+		if err := loop.Start(); err != nil {
+			t.Fatal(err)
+		}
+		steps := []struct {
+			at   time.Duration
+			what string
+			do   func()
+		}{
+			{2 * time.Second, "node2-pod2 added (ready)", func() { ts.backends = append(ts.backends, byName["node2-pod2"]) }},
+			{4 * time.Second, "node1-pod1 terminating", func() { ts.states["node1-pod1"] = "terminating" }},
+			{7 * time.Second, "node1-pod1 removed", func() { ts.backends = []lab.Pod{byName["node2-pod1"], byName["node2-pod2"]} }},
+			{9 * time.Second, "node1-pod2 added, node2-pod1 terminating", func() {
+				ts.backends = append(ts.backends, byName["node1-pod2"])
+				ts.states["node2-pod1"] = "terminating"
+			}},
+		}
+		t0 := time.Now()
+		for _, s := range steps {
+			time.Sleep(time.Until(t0.Add(s.at)))
+			s.do()
+			ts.apply(t, kube)
+			t.Logf("%5.1fs %s", time.Since(t0).Seconds(), s.what)
+		}
+		if err := loop.Wait(); err != nil {
+			t.Fatalf("connect loop: %v", err)
+		}
+		r, err := bench.ParseConnRate([]byte(out.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("connect loop through %s during churn: %d connections (%.0f/s), %d failed (first: %s)", target, r.Conns, r.Rate, r.Errors, r.FirstError)
+		evidence("churn loop", nst1)
+		if r.Conns == 0 || r.Errors != 0 {
+			t.Errorf("backend churn under load: %d connections, %d failed (first: %s); want zero failures", r.Conns, r.Errors, r.FirstError)
+		}
+	})
 }
 
 // waitFrontend waits until node's agent has a frontend in its BPF maps.
@@ -343,4 +475,23 @@ func TestLabNorthSouthXDP(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// parseTcpExt returns the TcpExt counters of a /proc/net/netstat text.
+func parseTcpExt(text string) map[string]int64 {
+	out := map[string]int64{}
+	lines := strings.Split(text, "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		h, v := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(h) != len(v) || len(h) == 0 || h[0] != "TcpExt:" {
+			continue
+		}
+		for j := 1; j < len(h); j++ {
+			n, err := strconv.ParseInt(v[j], 10, 64)
+			if err == nil {
+				out[h[j]] = n
+			}
+		}
+	}
+	return out
 }
