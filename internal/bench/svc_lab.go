@@ -941,36 +941,13 @@ func (r *svcRun) agentFullSync(ctx context.Context, level int, cp *SvcControlPla
 		if d, ok := lastAgentTook(a.Log); ok {
 			cp.AgentLoggedSync = d
 		}
-		if start, err := procStartTime(a.PID); err == nil && start.After(t0) {
+		if start, err := proc.StartTime(a.PID); err == nil && start.After(t0) {
 			cp.AgentStartToSynced = done.Sub(start)
 		}
 	}
 	r.progress("  axon agent: restart → %d Services in the new BPF map: %s (process start → map %s; agent's own table build + write %s), %d frontends in the map",
 		len(want), cp.AgentFullSync.Round(time.Millisecond), cp.AgentStartToSynced.Round(time.Millisecond), cp.AgentLoggedSync.Round(time.Millisecond), cp.AgentMapMasters)
 	return nil
-}
-
-// procStartTime is when pid started (/proc/<pid>/stat field 22, clock ticks
-// after boot; /proc/stat btime), at the kernel's 10 ms resolution.
-func procStartTime(pid int) (time.Time, error) {
-	_, ticks, err := proc.Stat(pid)
-	if err != nil {
-		return time.Time{}, err
-	}
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return time.Time{}, err
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "btime "); ok {
-			bt, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return time.Time{}, fmt.Errorf("bad btime %q", l)
-			}
-			return time.Unix(bt, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), nil // USER_HZ is 100 on Linux
-		}
-	}
-	return time.Time{}, fmt.Errorf("no btime in /proc/stat")
 }
 
 func lastAgentTook(logPath string) (time.Duration, bool) {

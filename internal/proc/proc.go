@@ -182,3 +182,26 @@ func LogTail(path string, n int) (string, error) {
 	}
 	return strings.Join(lines, "\n"), nil
 }
+
+// StartTime is when pid started (/proc/<pid>/stat field 22, clock ticks
+// after boot; /proc/stat btime), at the kernel's 10 ms resolution.
+func StartTime(pid int) (time.Time, error) {
+	_, ticks, err := Stat(pid)
+	if err != nil {
+		return time.Time{}, err
+	}
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "btime "); ok {
+			bt, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("bad btime %q", l)
+			}
+			return time.Unix(bt, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), nil // USER_HZ is 100 on Linux
+		}
+	}
+	return time.Time{}, fmt.Errorf("no btime in /proc/stat")
+}

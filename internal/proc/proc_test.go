@@ -238,3 +238,17 @@ func waitLog(t *testing.T, path, want string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestStartTime(t *testing.T) {
+	got, err := StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// this test process started before now and not long ago
+	if now := time.Now(); got.After(now.Add(time.Second)) || got.Before(now.Add(-10*time.Minute)) {
+		t.Fatalf("StartTime of the test process = %s, now %s", got, now)
+	}
+	if _, err := StartTime(-1); err == nil {
+		t.Fatal("StartTime(-1): want an error")
+	}
+}

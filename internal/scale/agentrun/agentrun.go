@@ -292,7 +292,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	}()
 
 	start := t0
-	if st, e := procStart(pid); e == nil && st.After(t0.Add(-20*time.Millisecond)) {
+	if st, e := proc.StartTime(pid); e == nil && st.After(t0.Add(-20*time.Millisecond)) {
 		start = st
 	}
 	res.StartDelay = start.Sub(t0)
@@ -414,28 +414,6 @@ func cpuTicks(pid int) (uint64, error) {
 	u, _ := strconv.ParseUint(f[11], 10, 64)
 	st, _ := strconv.ParseUint(f[12], 10, 64)
 	return u + st, nil
-}
-
-// procStart is when pid started, from /proc/<pid>/stat (10 ms resolution).
-func procStart(pid int) (time.Time, error) {
-	_, ticks, err := proc.Stat(pid)
-	if err != nil {
-		return time.Time{}, err
-	}
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return time.Time{}, err
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "btime "); ok {
-			bt, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return time.Time{}, err
-			}
-			return time.Unix(bt, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), nil
-		}
-	}
-	return time.Time{}, errors.New("no btime in /proc/stat")
 }
 
 // cpuPressure is /proc/pressure/cpu "some avg10" (NaN when unavailable).
