@@ -203,6 +203,13 @@ func (tp *topo) tbfBaseline(t *testing.T, bits uint64, on bool) {
 	if out, err := c.CombinedOutput(); err != nil {
 		t.Fatalf("bandwidth plugin %s: %v\n%s", cmd, err, out)
 	}
+	if !on {
+		// The plugin's DEL removes its ifb but leaves the ingress qdisc it
+		// put on the host veth (kubelet deletes the veth with the pod); the
+		// next ADD on this veth would fail with "file exists".
+		// A missing qdisc is fine; a failure to remove one shows at that ADD.
+		_ = inNS(tp.node, "tc", "qdisc", "del", "dev", tp.hostIf, "ingress").Run()
+	}
 }
 
 // tbfBurst is the TBF bucket used for the baseline: 64 KiB (one GSO packet)
