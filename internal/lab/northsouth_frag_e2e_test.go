@@ -18,13 +18,12 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
+	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -127,36 +126,7 @@ func labFragments(t *testing.T, extra ...string) {
 // fragInNetns runs fn on a locked OS thread switched into the named netns;
 // sockets opened by fn stay in that netns.
 func fragInNetns(name string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(name)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", name, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", name, err)
-			return // the thread stays locked and dies with its goroutine
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return from netns %s: %w", name, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return ns.WithNetNSPath("/run/netns/"+name, func(ns.NetNS) error { return fn() })
 }
 
 // fragEchoServer echoes every UDP datagram (up to 64 KiB, both families)
