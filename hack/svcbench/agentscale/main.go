@@ -20,13 +20,11 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,6 +34,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/scale"
@@ -209,17 +208,9 @@ func report(w *os.File, ags []string, all []sample, services, endpoints int) {
 }
 
 func mmm(xs []float64, f string) string {
-	if len(xs) == 0 {
+	st := bench.Summarize(xs)
+	if st.N == 0 {
 		return "–"
 	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	if math.IsNaN(med) {
-		return "–"
-	}
-	return fmt.Sprintf(f+" ("+f+"–"+f+")", med, s[0], s[len(s)-1])
+	return fmt.Sprintf(f+" ("+f+"–"+f+")", st.Median, st.Min, st.Max)
 }
