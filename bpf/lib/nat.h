@@ -33,7 +33,7 @@
 /* How many source ports a new SNAT flow tries before giving up (a bounded
  * loop, not unrolled): the previous port of the same client tuple, the
  * client's own port when it is inside the range, the flow hash, then
- * random ones. */
+ * consecutive ports from a random start. */
 #define NP_SNAT_TRIES 32
 
 /* np_nat: value of axon_np_nat (48 bytes). */

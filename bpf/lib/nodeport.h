@@ -879,7 +879,8 @@ AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, stru
  * same client tuple's previous, closing flow to the same backend), the
  * client's own port when it is inside the range (as nf_nat keeps it), the
  * flow hash (these three may be t's own old reservation, taken over), then
- * random ports, NP_SNAT_TRIES in all, each inserted with BPF_NOEXIST
+ * consecutive ports from a random start (as nf_nat searches; a pool smaller
+ * than the tries is searched whole), NP_SNAT_TRIES in all, each inserted with BPF_NOEXIST
  * (unique per SNAT address, backend address:port and protocol); a taken
  * port moves on to the next candidate, a full map ends the search. Returns
  * 0 with rkp->dport set, or NP_SNAT_NO_PORT (pool or map full: the packet
@@ -889,6 +890,7 @@ AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, str
 {
 	__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
 	struct np_nat *old;
+	__u32 start;
 	int i, rc;
 
 	if (cfg_snat_port_max < cfg_snat_port_min)
@@ -904,8 +906,9 @@ AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, str
 	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span);
 	if (rc <= 0)
 		return rc ? NP_SNAT_NO_PORT : 0;
+	start = bpf_get_prandom_u32();
 	for (i = 3; i < NP_SNAT_TRIES; i++) {
-		rkp->dport = bpf_htons(cfg_snat_port_min + bpf_get_prandom_u32() % span);
+		rkp->dport = bpf_htons(cfg_snat_port_min + (start + i) % span);
 		rc = np_snat_insert(rkp, natp, &old);
 		if (rc <= 0)
 			return rc ? NP_SNAT_NO_PORT : 0; /* reserved, or map full */
