@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Record identifies a detached process. StartTime (clock ticks since boot,
@@ -183,25 +185,20 @@ func LogTail(path string, n int) (string, error) {
 	return strings.Join(lines, "\n"), nil
 }
 
-// StartTime is when pid started (/proc/<pid>/stat field 22, clock ticks
-// after boot; /proc/stat btime), at the kernel's 10 ms resolution.
+// StartTime is when pid started (/proc/<pid>/stat field 22: clock ticks of
+// CLOCK_BOOTTIME at start, Linux ≥ 5.5), at the kernel's 10 ms resolution.
+// It is the process's age on CLOCK_BOOTTIME subtracted from now, not
+// /proc/stat's btime (whole seconds: up to a second off).
 func StartTime(pid int) (time.Time, error) {
 	_, ticks, err := Stat(pid)
 	if err != nil {
 		return time.Time{}, err
 	}
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return time.Time{}, err
+	var ts unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}, fmt.Errorf("read CLOCK_BOOTTIME: %w", err)
 	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "btime "); ok {
-			bt, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return time.Time{}, fmt.Errorf("bad btime %q", l)
-			}
-			return time.Unix(bt, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), nil // USER_HZ is 100 on Linux
-		}
-	}
-	return time.Time{}, fmt.Errorf("no btime in /proc/stat")
+	age := time.Duration(ts.Nano()) - time.Duration(ticks)*10*time.Millisecond // USER_HZ is 100 on Linux
+	return now.Add(-age), nil
 }

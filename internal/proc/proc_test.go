@@ -2,6 +2,7 @@ package proc
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -250,5 +251,21 @@ func TestStartTime(t *testing.T) {
 	}
 	if _, err := StartTime(-1); err == nil {
 		t.Fatal("StartTime(-1): want an error")
+	}
+	// a child started now: within the kernel's 10 ms ticks of the time
+	// taken around its exec (btime alone would be up to a second off)
+	before := time.Now()
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	got, err = StartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Before(before.Add(-20*time.Millisecond)) || got.After(after.Add(20*time.Millisecond)) {
+		t.Fatalf("StartTime of a child started between %s and %s = %s", before.Format("15:04:05.000"), after.Format("15:04:05.000"), got.Format("15:04:05.000"))
 	}
 }
