@@ -13,6 +13,10 @@
  *        remote, SNAT   source -> node address:port from cfg_snat_port_*,
  *                       destination -> backend; FIB lookup, redirect
  *        remote, DSR    IPIP to the backend (dsr.h); FIB lookup, redirect
+ *                       (clients of the cluster itself, axon_np_cluster: SNAT)
+ *   On the backend's node, an IPIP / IPv6-in-IPv6 DSR request for a local
+ *   pod (axon_np_dsr) is decapsulated first and then handled as a packet
+ *   for its frontend with that pod as the backend (np_dsr_accept).
  *   3. reply of an SNAT flow (axon_np_nat): back to frontend -> client.
  *   4. ICMP error quoting a translated flow: inner and outer header
  *      translated like the flow, so PMTU discovery works end to end.
@@ -102,7 +106,7 @@ enum np_reason {
 	NP_EGRESS_REV = 18,      /* egress: reply of a local backend, source restored */
 	NP_DROP_NO_SNAT_ADDR = 19, /* remote backend, but no node address configured */
 	NP_REWRITE_FAIL = 20,    /* a packet write or encapsulation failed: dropped */
-	NP_DSR_DECAP = 21,       /* backend side: IPIP outer header removed (axon_lb_decap, egress row) */
+	NP_DSR_DECAP = 21,       /* backend side: IPIP outer header removed (np_dsr_accept at tc ingress; axon_lb_decap: egress row) */
 	NP_FRAG_TRACKED = 22,    /* frag.h: first fragment, its ports recorded in axon_np_frag */
 	NP_FRAG_NOT_FOUND = 23,  /* frag.h: later fragment whose first was not seen: untouched */
 	NP_REASON_MAX = 24,
@@ -185,6 +189,51 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_np_be SEC(".maps");
 
+/* axon_np_dsr: the backend side of DSR. {frontend id, address of a
+ * backend that is a pod on this node} -> backend id (axon_np_be), written by
+ * the agent for every local backend of every frontend. An IPIP / IPv6-in-IPv6
+ * packet whose outer destination is such a pod and whose inner packet is for
+ * that frontend is another node's DSR request: np_dsr_accept removes the
+ * outer header and the flow is DNATed to the pod here (NP_CT_LOCAL), so its
+ * replies get the frontend as source at the uplink egress and go straight
+ * to the client. */
+struct np_dsr_key {
+	__u32 frontend_id; /* np_svc_val.id on this node */
+	__u8 addr[16];     /* backend (pod) address, IPv4 as ::ffff:a.b.c.d */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_NP_BACKEND_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct np_dsr_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_dsr SEC(".maps");
+
+/* axon_np_cluster: the cluster's own addresses (every Node's podCIDRs and
+ * InternalIPs, from the agent's Node watch), {prefixlen, addr} -> 1. A
+ * client inside them is served by SNAT even where the frontend says DSR:
+ * its replies would not leave through the backend node's uplink egress
+ * (a pod on the backend's node gets them by bpf_redirect_peer, the node
+ * itself through its stack), so nothing would give them the frontend
+ * address back. Empty (the standalone L4LB): every client may get DSR. */
+struct np_cluster_key {
+	__u32 prefixlen; /* prefix bits of addr (IPv4: 96 + bits) */
+	__u8 addr[16];
+};
+
+#define AXON_NP_CLUSTER_MAX 16384
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, AXON_NP_CLUSTER_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct np_cluster_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_cluster SEC(".maps");
+
 /* axon_np_local: the node's addresses (16 bytes, v4 mapped) -> 1: where
  * NodePort/HostPort frontends match and SNAT replies arrive. */
 struct {
@@ -266,6 +315,11 @@ volatile const __be32 cfg_snat_v4 = 0;
 volatile const __u32 cfg_snat_v6[4] = {}; /* memory order */
 volatile const __u8 cfg_enable_neigh = 1;
 volatile const __u8 cfg_dry_run = 0;
+/* cfg_dsr_mss_v4/v6: the largest TCP MSS a client may use towards a DSR
+ * backend on this node: the uplink MTU minus the IP and TCP headers and the
+ * LB's outer header (v4: MTU - 60, v6: MTU - 100); 0 = no clamp. */
+volatile const __u16 cfg_dsr_mss_v4 = 0;
+volatile const __u16 cfg_dsr_mss_v6 = 0;
 
 /* A parsed packet. */
 struct np_pkt {
@@ -278,6 +332,7 @@ struct np_pkt {
 	__be16 tot_len;
 	__u16 pad;
 	__be32 frag_id;    /* IP identification of a fragment (frag.h) */
+	__u32 dsr_be;      /* a DSR request for a local pod (np_dsr_accept): its backend id, else 0 */
 };
 
 /* np_pkt.frag */
@@ -322,6 +377,14 @@ AXON_INLINE int np_addr_zero(const __u8 *a, int v6)
 	if (!v6)
 		return w[3] == 0;
 	return (w[0] | w[1] | w[2] | w[3]) == 0;
+}
+
+/* np_addr_eq compares two 16-byte addresses. */
+AXON_INLINE int np_addr_eq(const __u8 *x, const __u8 *y)
+{
+	const __u32 *a = (const __u32 *)x, *b = (const __u32 *)y;
+
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
 }
 
 /* np_parse_l3 reads the IP header into p (not the ports). 0: IPv4/IPv6 to
@@ -525,9 +588,11 @@ AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
 }
 
 /* np_lookup_svc finds the frontend of tuple t: exact address first, then,
- * for the node's own addresses, the NodePort and HostPort wildcards. */
+ * for the node's own addresses, the NodePort and HostPort wildcards. With
+ * remote set (a DSR request: the destination is the address of the node
+ * whose LB forwarded it), the NodePort wildcard matches any address. */
 AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, struct np_svc_key *key,
-					     int *local)
+					     int *local, int remote)
 {
 	struct np_svc_val *svc;
 
@@ -539,16 +604,16 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc)
 		return svc;
-	if (!bpf_map_lookup_elem(&axon_np_local, t->daddr))
+	if (!remote && !bpf_map_lookup_elem(&axon_np_local, t->daddr))
 		return NULL;
-	*local = 1;
+	*local = !remote;
 	if (v6)
 		__builtin_memset(key->addr, 0, 16);
 	else
 		np_addr4(key->addr, 0);
 	key->scope = NP_SCOPE_NODEPORT;
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
-	if (svc)
+	if (svc || remote)
 		return svc;
 	key->scope = NP_SCOPE_HOSTPORT;
 	return bpf_map_lookup_elem(&axon_np_svc, key);
@@ -630,6 +695,16 @@ AXON_INLINE __u32 np_select(struct np_svc_key *key, const struct np_svc_val *svc
 		bpf_map_update_elem(&axon_np_aff, &akey, &aval, BPF_ANY);
 	}
 	return id;
+}
+
+/* np_in_cluster: addr is a pod or node address of the cluster
+ * (axon_np_cluster). */
+AXON_INLINE int np_in_cluster(const __u8 *addr)
+{
+	struct np_cluster_key k = {.prefixlen = 128};
+
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&axon_np_cluster, &k) != NULL;
 }
 
 /* np_src_allowed checks loadBalancerSourceRanges. */
@@ -941,17 +1016,24 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	__builtin_memcpy(&svc, found, sizeof(svc));
 	if (!np_src_allowed(&svc, &p->t))
 		return NP_DROP_SRC_RANGE;
-	id = np_select(key, &svc, &p->t, now, &be);
+	if (!CTX_IS_XDP && p->dsr_be) {
+		/* the forwarding node's LB chose this pod (np_dsr_accept) */
+		struct np_backend *b;
+
+		id = p->dsr_be;
+		b = bpf_map_lookup_elem(&axon_np_be, &id);
+		if (!b || b->frontend_id != svc.id || !(b->flags & NP_BE_F_LOCAL))
+			return NP_DROP_NO_BACKEND;
+		__builtin_memcpy(&be, b, sizeof(be));
+	} else {
+		id = np_select(key, &svc, &p->t, now, &be);
+	}
 	if (!id)
 		return NP_DROP_NO_BACKEND;
 	/* prev (a CT map value, unchanged until the CT update below): the same
 	 * backend means the same reply key, so its port comes first */
-	if (prev && (prev->flags & NP_CT_SNAT) && prev->be_port == be.port) {
-		const __u32 *a = (const __u32 *)prev->be_addr, *b = (const __u32 *)be.addr;
-
-		if (((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0)
-			prev_port = bpf_ntohs(prev->nat_port);
-	}
+	if (prev && (prev->flags & NP_CT_SNAT) && prev->be_port == be.port && np_addr_eq(prev->be_addr, be.addr))
+		prev_port = bpf_ntohs(prev->nat_port);
 	__builtin_memset(ct, 0, sizeof(*ct));
 	__builtin_memcpy(ct->be_addr, be.addr, 16);
 	ct->be_port = be.port;
@@ -963,7 +1045,7 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 		ct->flags = NP_CT_LOCAL;
 	else if (svc.flags & NP_F_LOCAL_ONLY)
 		return NP_DROP_NOT_LOCAL;
-	else if (svc.flags & NP_F_DSR)
+	else if ((svc.flags & NP_F_DSR) && !np_in_cluster(p->t.saddr))
 		ct->flags = NP_CT_DSR;
 	else
 		ct->flags = NP_CT_SNAT;
@@ -985,6 +1067,8 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	rkp->proto = p->t.proto;
 	if (ct->flags & NP_CT_LOCAL) {
 		natp->flags = NP_NAT_LOCAL;
+		if (!CTX_IS_XDP && p->dsr_be)
+			natp->flags |= NP_NAT_DSR;
 		__builtin_memcpy(rkp->daddr, p->t.saddr, 16);
 		rkp->dport = p->t.sport;
 		bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY);
@@ -1073,6 +1157,9 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	}
 	now = np_now();
 	ctp = bpf_map_lookup_elem(&axon_np_ct, &pp->t);
+	/* a DSR request only ever continues a local DNAT here (never forwards on) */
+	if (!CTX_IS_XDP && ctp && pp->dsr_be && (!(ctp->flags & NP_CT_LOCAL) || ctp->backend_id != pp->dsr_be))
+		ctp = NULL;
 	if (ctp && !((ctp->flags & NP_CT_CLOSING) && (pp->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN)) {
 		np_ct_touch(ctp, pp, now);
 		__builtin_memcpy(ct, ctp, sizeof(*ct));
@@ -1087,7 +1174,7 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		if (nat && (nat->flags & NP_NAT_SNAT))
 			return np_reverse(ctx, pp, nat, hook);
 	}
-	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local);
+	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0);
 	if (svc) {
 		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
 		if (rc) {
@@ -1102,6 +1189,83 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	return CTX_NEXT;
 }
 
+/* np_dsr_accept is the backend side of DSR (tc only: XDP passes IP-in-IP
+ * up to it). p is an IPIP (IPv4 in IPv4) or IPv6-in-IPv6 packet. It is a
+ * DSR request of another node's LB when its outer destination is a pod on
+ * this node that backs the inner packet's frontend (axon_np_dsr), or, for a
+ * running flow, when the inner tuple's CT entry is a local DNAT to that pod
+ * (established flows do not depend on axon_np_dsr). Anything else (another
+ * tunnel, a pod's own IPIP traffic) is left as it is. A request has its
+ * outer header removed and p parsed again as the inner packet, p->dsr_be
+ * set to the backend: np_ingress_l4 then DNATs it like a packet that came
+ * to this node's own frontend, and its reverse entry gives the replies the
+ * frontend as source at the uplink egress (np_egress), straight to the
+ * client. 0: decapsulated; 1: not a DSR request, untouched; -1: drop. */
+static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
+{
+	struct np_pkt in = {};
+	struct np_dsr_key dk = {};
+	struct np_svc_key key;
+	struct np_svc_val *svc;
+	struct np_ct *ct;
+	__u32 off = p->l4_off, be_id, *idp;
+	int local = 0;
+
+	if (p->frag)
+		return 1;
+	if (p->v6) {
+		struct ipv6hdr ip6;
+
+		if (p->t.proto != NP_IPPROTO_IPV6 || off != ETH_HLEN + sizeof(struct ipv6hdr))
+			return 1;
+		if (ctx_load(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6)
+			return 1;
+		in.v6 = 1;
+		in.t.proto = ip6.nexthdr;
+		in.l4_off = off + sizeof(ip6);
+		__builtin_memcpy(in.t.saddr, &ip6.saddr, 16);
+		__builtin_memcpy(in.t.daddr, &ip6.daddr, 16);
+	} else {
+		struct iphdr ip;
+
+		if (p->t.proto != NP_IPPROTO_IPIP || off != ETH_HLEN + sizeof(struct iphdr))
+			return 1;
+		if (ctx_load(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
+			return 1;
+		if (ip.frag_off & bpf_htons(0x3fff)) /* the LB encapsulates whole packets */
+			return 1;
+		in.t.proto = ip.protocol;
+		in.l4_off = off + (__u32)ip.ihl * 4;
+		np_addr4(in.t.saddr, ip.saddr);
+		np_addr4(in.t.daddr, ip.daddr);
+	}
+	if (in.t.proto != NP_IPPROTO_TCP && in.t.proto != NP_IPPROTO_UDP)
+		return 1;
+	if (np_parse_ports(ctx, &in))
+		return 1;
+	ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
+		be_id = ct->backend_id;
+	} else {
+		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1);
+		if (!svc)
+			return 1;
+		dk.frontend_id = svc->id;
+		__builtin_memcpy(dk.addr, p->t.daddr, 16);
+		idp = bpf_map_lookup_elem(&axon_np_dsr, &dk);
+		if (!idp)
+			return 1;
+		be_id = *idp;
+	}
+	if (dsr_decap(ctx) <= 0)
+		return -1;
+	__builtin_memset(p, 0, sizeof(*p));
+	if (np_parse_l3(ctx, p))
+		return -1;
+	p->dsr_be = be_id;
+	return 0;
+}
+
 /* np_ingress is the whole uplink ingress path (tc and XDP). */
 AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 {
@@ -1114,6 +1278,23 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 			np_count(hook, NP_MALFORMED);
 		return CTX_NEXT;
 	}
+	if (p.t.proto == NP_IPPROTO_IPIP || p.t.proto == NP_IPPROTO_IPV6) {
+		/* maybe a DSR request for a local pod: tc decapsulates it */
+		if (CTX_IS_XDP || cfg_dry_run) {
+			np_count(hook, NP_NOT_SERVICE);
+			return CTX_NEXT;
+		}
+		rc = np_dsr_accept(ctx, &p);
+		if (rc < 0) {
+			np_count(hook, NP_REWRITE_FAIL);
+			return CTX_DROP;
+		}
+		if (rc > 0) {
+			np_count(hook, NP_NOT_SERVICE);
+			return CTX_NEXT;
+		}
+		np_count(hook, NP_DSR_DECAP);
+	}
 	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
 	if (p.t.proto == NP_IPPROTO_ICMP || p.t.proto == NP_IPPROTO_ICMPV6)
@@ -1123,6 +1304,38 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 		return CTX_NEXT;
 	}
 	return np_ingress_l4(ctx, &p, hook);
+}
+
+/* np_dsr_clamp_mss lowers the MSS option of a SYN-ACK that answers a DSR
+ * request to cfg_dsr_mss_v4/v6: the client's segments reach this node
+ * through another node's LB, which adds an outer IP header (20 / 40
+ * bytes); without the clamp a full-sized segment would not fit the wire
+ * and, with no ICMP error on that path, the flow would stall. The SYN-ACK
+ * goes to the client directly, so this node is the only place to do it.
+ * Only an MSS in the first option slot is changed, where Linux, the BSDs
+ * and Windows put it. */
+AXON_INLINE void np_dsr_clamp_mss(axon_ctx_t *ctx, const struct np_pkt *p)
+{
+	__u16 max = p->v6 ? cfg_dsr_mss_v6 : cfg_dsr_mss_v4;
+	__u8 opt[4], doff;
+	__be16 old, mss;
+	__s64 d;
+
+	if (!max || p->t.proto != NP_IPPROTO_TCP)
+		return;
+	if (ctx_load(ctx, p->l4_off + 12, &doff, 1) || (doff >> 4) < 6)
+		return;
+	if (ctx_load(ctx, p->l4_off + 20, opt, sizeof(opt)) || opt[0] != 2 || opt[1] != 4)
+		return;
+	__builtin_memcpy(&old, &opt[2], 2);
+	if (bpf_ntohs(old) <= max)
+		return;
+	mss = bpf_htons(max);
+	d = bpf_csum_diff((__be32 *)opt, 4, 0, 0, 0);
+	__builtin_memcpy(&opt[2], &mss, 2);
+	d = bpf_csum_diff(0, 0, (__be32 *)opt, 4, d);
+	if (ctx_store(ctx, p->l4_off + 22, &mss, 2) || ctx_l4_csum_diff(ctx, np_l4_csum_off(p), d, 0, 0))
+		np_count(NP_HOOK_EGRESS, NP_REWRITE_FAIL);
 }
 
 /* np_egress restores the frontend as source of local backends' replies
@@ -1155,6 +1368,8 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 		np_count(NP_HOOK_EGRESS, NP_REWRITE_FAIL);
 		return CTX_DROP;
 	}
+	if ((nat->flags & NP_NAT_DSR) && (p.tcp_flags & NP_TCP_SYN))
+		np_dsr_clamp_mss(ctx, &p);
 	np_count(NP_HOOK_EGRESS, NP_EGRESS_REV);
 	return CTX_NEXT;
 }

@@ -455,6 +455,8 @@ func (a *Agent) reconcileNodes(k *kube) error {
 		}
 	}
 
+	a.setClusterPrefixes(nodes) // north-south LB: in-cluster clients get SNAT, not DSR
+
 	a.stMu.Lock()
 	up := a.uplink
 	a.stMu.Unlock()

@@ -47,6 +47,7 @@ type nodePort struct {
 	tables    maglevCache
 	hc        *healthcheck.Server
 	hcAddrs   []netip.Addr // addresses hc listens on
+	cluster   []netip.Prefix // every Node's podCIDRs and InternalIPs (SetClusterPrefixes)
 }
 
 // ctGCStats is the last conntrack garbage collection pass.
@@ -58,6 +59,30 @@ type ctGCStats struct {
 	Used    int
 	Max     int
 	Err     string
+}
+
+// setClusterPrefixes records the cluster's own address ranges (every
+// Node's podCIDRs and InternalIPs) for the north-south LB, which serves
+// clients inside them by SNAT even for DSR frontends, and writes them when
+// the LB is loaded. Called with dpMu held, from the Node reconciliation.
+func (a *Agent) setClusterPrefixes(nodes []NodeInfo) {
+	var ps []netip.Prefix
+	for _, ni := range nodes {
+		ps = append(ps, ni.PodCIDRs...)
+		for _, ip := range ni.InternalIPs {
+			ps = append(ps, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	n := &a.nport
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.cluster = ps
+	if n.np == nil {
+		return
+	}
+	if err := n.np.SetClusterPrefixes(ps); err != nil {
+		a.log.Warn("nodeport LB: write the cluster address ranges", "error", err)
+	}
 }
 
 // ensureNodePort loads and attaches the north-south LB once the tc datapath
@@ -87,7 +112,17 @@ func (a *Agent) ensureNodePort() {
 		if w := snatRangeWarning(snatMin, snatMax); w != "" {
 			a.log.Warn("nodeport LB: "+w, "snatPorts", c.SNATPorts)
 		}
+		a.stMu.Lock()
+		up := a.uplink
+		a.stMu.Unlock()
+		var mtu uint32 // DSR MSS clamp; 0 (no clamp) if the uplink is not known yet
+		if l, err := a.nl.LinkByName(up); err == nil {
+			mtu = uint32(l.Attrs().MTU)
+		} else {
+			a.log.Warn("nodeport LB: read the uplink MTU, DSR SYN-ACKs keep their MSS", "uplink", up, "error", err)
+		}
 		np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+			UplinkMTU:       mtu,
 			PinDir:          a.cfg.BPFRoot,
 			NodeName:        a.cfg.NodeName,
 			NodeAddrs:       addrs,
@@ -105,6 +140,9 @@ func (a *Agent) ensureNodePort() {
 			return
 		}
 		np.SetFrontendOptions(a.npFrontendOptions)
+		if err := np.SetClusterPrefixes(n.cluster); err != nil {
+			a.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
+		}
 		n.np, n.addrs, n.err = np, addrs, ""
 	}
 	if n.attached == "" {

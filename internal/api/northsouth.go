@@ -43,7 +43,7 @@ type NATEntry struct {
 	ReplyDst string  `json:"replyDst"`
 	NewSrc   string  `json:"newSrc"` // rewritten to
 	NewDst   string  `json:"newDst"`
-	Kind     string  `json:"kind"` // snat, local
+	Kind     string  `json:"kind"` // snat, local, local-dsr (a local backend reached by another node's DSR)
 	IdleSec  float64 `json:"idleSeconds"`
 }
 

@@ -33,6 +33,12 @@ const (
 	MapNPNAT      = "axon_np_nat"
 	MapNPMetrics  = "axon_np_metrics"
 	MapLBMaglev   = "axon_lb_maglev"
+	// MapNPDSR: {frontend id, local backend address} -> backend id, the
+	// backend side of DSR (bpf/lib/nodeport.h np_dsr_accept).
+	MapNPDSR = "axon_np_dsr"
+	// MapNPCluster: the cluster's pod and node address ranges (clients
+	// there get SNAT, not DSR).
+	MapNPCluster = "axon_np_cluster"
 )
 
 // Defaults of NodePortOptions (the sizes in bpf/lib/*.h).
@@ -88,6 +94,11 @@ type NodePortOptions struct {
 	// HashSeed of the flow hash (Maglev slot, SNAT port): the same on every
 	// node so every node picks the same Maglev backend. 0 = default.
 	HashSeed uint32
+	// UplinkMTU is the MTU of the node's uplink. DSR requests of other
+	// nodes' LBs arrive with an outer header (20 / 40 bytes), so the
+	// SYN-ACK of such a flow gets its MSS clamped to fit it (the clamp
+	// assumes the same MTU on every node). 0: no clamp.
+	UplinkMTU uint32
 	// NoNeigh: the kernel lacks bpf_redirect_neigh (tc falls back to the
 	// stack for unresolved neighbours). Normally false (probed by the caller).
 	NoNeigh bool
@@ -211,6 +222,14 @@ func (o *NodePortOptions) snatAddrs() (v4 [4]byte, v6 [16]byte) {
 	return v4, v6
 }
 
+// dsrMSS is the MSS clamp of DSR flows for an uplink MTU (0: none).
+func dsrMSS(mtu uint32, overhead uint32) uint16 {
+	if mtu <= overhead || mtu-overhead > 0xffff {
+		return 0
+	}
+	return uint16(mtu - overhead)
+}
+
 // setVariables writes the load-time constants into a spec of either object.
 func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 	v4, v6 := o.snatAddrs()
@@ -223,6 +242,8 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 		"cfg_hash_seed":     o.HashSeed,
 		"cfg_enable_neigh":  boolU8(!o.NoNeigh),
 		"cfg_dry_run":       boolU8(dryRun),
+		"cfg_dsr_mss_v4":    dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
+		"cfg_dsr_mss_v6":    dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
 	}
 	for name, v := range vals {
 		vs, ok := spec.Variables[name]
@@ -310,7 +331,7 @@ func (n *NodePortLB) sharedMaps() map[string]*ebpf.Map {
 		MapNPService: m.AxonNpSvc, MapNPBackend: m.AxonNpBe, MapNPLocal: m.AxonNpLocal,
 		MapNPSrcRange: m.AxonNpSrcrange, MapNPAffinity: m.AxonNpAff, MapNPCT: m.AxonNpCt,
 		MapNPNAT: m.AxonNpNat, MapNPMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
-		MapNPFrag: m.AxonNpFrag,
+		MapNPFrag: m.AxonNpFrag, MapNPDSR: m.AxonNpDsr, MapNPCluster: m.AxonNpCluster,
 	}
 }
 
@@ -332,6 +353,58 @@ func (n *NodePortLB) SetFrontendOptions(fn func(lb.Frontend) FrontendOptions) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.optFn = fn
+}
+
+// SetClusterPrefixes replaces the cluster's own address ranges (every
+// Node's podCIDRs and InternalIPs; axon_np_cluster). Clients inside them
+// are served by SNAT even by DSR frontends: their replies would not pass
+// the backend node's uplink egress, where DSR replies get the frontend
+// address back. Empty: DSR for every client (the standalone L4LB).
+func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	want := map[lbTCNpClusterKey]bool{}
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			return fmt.Errorf("set cluster prefixes: %q is not a prefix", p)
+		}
+		want[npClusterKey(p)] = true
+	}
+	m := n.tc.AxonNpCluster
+	var k lbTCNpClusterKey
+	var v uint8
+	var stale []lbTCNpClusterKey
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", MapNPCluster, err)
+	}
+	for k := range want {
+		if err := m.Put(&k, uint8(1)); err != nil {
+			return fmt.Errorf("write %s: %w", MapNPCluster, mapFullHint(err, MapNPCluster))
+		}
+	}
+	var errs []error
+	for _, k := range stale {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete from %s: %w", MapNPCluster, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// npClusterKey is the axon_np_cluster key of p (IPv4 v4-mapped, +96 bits).
+func npClusterKey(p netip.Prefix) lbTCNpClusterKey {
+	p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	return lbTCNpClusterKey{Prefixlen: uint32(bits), Addr: p.Addr().As16()}
 }
 
 // SetNodeAddrs replaces the node addresses NodePort/HostPort frontends
@@ -397,7 +470,7 @@ func UninstallNodePortLB(pinDir string) error {
 	for _, p := range pins {
 		errs = append(errs, detachNPPin(p))
 	}
-	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag} {
+	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag, MapNPDSR, MapNPCluster} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
 		}

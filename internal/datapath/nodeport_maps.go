@@ -24,6 +24,7 @@ const (
 	npCTClosing = 0x08
 	npNATSNAT   = 0x01
 	npNATLocal  = 0x02
+	npNATDSR    = 0x04 // with npNATLocal: a DSR request of another node's LB
 )
 
 // Tuple is one direction of a flow.
@@ -74,7 +75,7 @@ type NATEntry struct {
 	Reply  Tuple          // a reply as it is seen on the wire
 	NewSrc netip.AddrPort // its source becomes (the frontend)
 	NewDst netip.AddrPort // its destination becomes (the client)
-	Kind   string         // "snat" (uplink ingress) or "local" (uplink egress, source only)
+	Kind   string         // "snat" (uplink ingress), "local" (uplink egress, source only), "local-dsr" (local, came by DSR)
 	Idle   time.Duration
 }
 
@@ -145,6 +146,9 @@ func (n *NodePortLB) NAT() ([]NATEntry, error) {
 		kind := "snat"
 		if v.Flags&npNATLocal != 0 {
 			kind = "local"
+			if v.Flags&npNATDSR != 0 {
+				kind = "local-dsr"
+			}
 		}
 		out = append(out, NATEntry{
 			Reply:  fromNPTuple(k),

@@ -106,6 +106,11 @@ func npFeKey(k lbTCNpSvcKey) lb.FrontendKey {
 	return lb.FrontendKey{Addr: fromAddr16(k.Addr), Port: lbPortHost(k.Port), Proto: lb.Proto(k.Proto), Scope: lb.Scope(k.Scope)}
 }
 
+// npDSRKey is the axon_np_dsr key of a backend address of frontend id.
+func npDSRKey(id uint32, a netip.Addr) lbTCNpDsrKey {
+	return lbTCNpDsrKey{FrontendId: id, Addr: addr16(a)}
+}
+
 func npRangeKey(id uint32, p netip.Prefix) lbTCNpSrcrangeKey {
 	bits := p.Bits()
 	if p.Addr().Is4() {
@@ -142,7 +147,11 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 		feID = id
 	}
+	var dsrWritten []lbTCNpDsrKey
 	fail := func(err error) error {
+		for _, k := range dsrWritten {
+			_ = m.AxonNpDsr.Delete(&k)
+		}
 		for _, id := range created {
 			_ = m.AxonNpBe.Delete(&id)
 			n.beIDs.free(id)
@@ -157,8 +166,9 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		return err
 	}
 
-	// 1. backends
+	// 1. backends (and the DSR entries of local ones)
 	master := lbTCNpSvcVal{Id: feID}
+	local := map[netip.Addr]bool{}
 	entries := make([]beEntry, len(f.Backends))
 	ids := map[beAddr]uint32{}
 	for i, b := range f.Backends {
@@ -185,6 +195,17 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 		entries[i] = beEntry{id: id, b: b}
 		ids[ba] = id
+		// a pod on this node: accept other nodes' DSR requests for it
+		if v.Flags&npBackendLocal != 0 {
+			dk := npDSRKey(feID, b.Addr)
+			if err := m.AxonNpDsr.Put(&dk, &id); err != nil {
+				return fail(fmt.Errorf("write DSR entry of %s: %w", netip.AddrPortFrom(b.Addr, b.Port), mapFullHint(err, MapNPDSR)))
+			}
+			if oldIDs[ba].id == 0 {
+				dsrWritten = append(dsrWritten, dk)
+			}
+			local[b.Addr] = true
+		}
 	}
 	// 2. slots: beyond the old count first (invisible), then the ones in use
 	for pass := 0; pass < 2; pass++ {
@@ -262,6 +283,12 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 	}
 	for ba, be := range oldIDs {
+		if !local[ba.addr] {
+			dk := npDSRKey(feID, ba.addr)
+			if err := m.AxonNpDsr.Delete(&dk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("delete DSR entry of %s: %w", ba.addr, err))
+			}
+		}
 		if _, ok := ids[ba]; ok {
 			continue
 		}
@@ -321,6 +348,8 @@ func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
 		sk := npSvcKey(k, uint16(i+1))
 		del(m.AxonNpSvc, &sk, "slot")
 		del(m.AxonNpBe, &be.id, "backend")
+		dk := npDSRKey(st.id, be.b.Addr)
+		del(m.AxonNpDsr, &dk, "DSR entry")
 		n.beIDs.free(be.id)
 	}
 	for _, p := range st.ranges {
