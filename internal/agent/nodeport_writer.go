@@ -72,7 +72,15 @@ func (t *teeWriter) DeleteFrontend(k lb.FrontendKey) error {
 // every frontend the secondary lacks is reported missing: the resync then
 // rewrites it through the tee (identical content for the socket LB) and the
 // tee learns its kind.
-func (t *teeWriter) Frontends() ([]lb.Frontend, error) {
+func (t *teeWriter) Frontends() ([]lb.Frontend, error) { return t.FrontendsFor(nil) }
+
+// FrontendsFor implements kindAwareReader: Frontends, told the kind the
+// Service table wants for each key (wanted; nil = unknown), so a new tee
+// can tell a ClusterIP (socket LB only) from a LoadBalancer IP or externalIP
+// of the same exact-address scope instead of reporting every one missing
+// (which made the resync after the north-south LB appeared rewrite the
+// whole table: 10 000 Services again, ~120 MB of garbage).
+func (t *teeWriter) FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
 	cold := !t.warm
 	t.warm = true
 	sec, err := t.secondary.Frontends()
@@ -95,6 +103,12 @@ func (t *teeWriter) Frontends() ([]lb.Frontend, error) {
 		s, inSec := secBy[f.Key]
 		delete(secBy, f.Key)
 		kind, known := t.kinds[f.Key]
+		if !known && !inSec && wanted != nil && f.Key.Scope == lb.ScopeCluster {
+			// the table wants a ClusterIP here and the secondary does not
+			// hold it: programmed as wanted (it never goes to the secondary)
+			kind, known = wanted(f.Key)
+			known = known && kind == lb.KindClusterIP
+		}
 		ns := inSec || (known && northSouthKey(f.Key, kind)) || f.Key.Scope != lb.ScopeCluster || (cold && !known)
 		switch {
 		case !ns:

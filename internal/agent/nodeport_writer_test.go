@@ -89,6 +89,27 @@ func TestTeeWriter(t *testing.T) {
 	if err := tee.DeleteFrontend(orphan.Key); err != nil {
 		t.Fatal(err)
 	}
+	// A new tee told what the table wants (the Service watch's resync):
+	// a ClusterIP the socket LB already holds is reported as programmed
+	// (no rewrite of every ClusterIP when the north-south LB appears), an
+	// external frontend the secondary lacks still as missing.
+	sock2, ns2 := lb.NewMemWriter(0), lb.NewMemWriter(0)
+	for _, f := range []lb.Frontend{cip, ext} {
+		if err := sock2.UpsertFrontend(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	table := map[lb.FrontendKey]lb.Kind{cip.Key: cip.Kind, ext.Key: ext.Kind}
+	got, err = newTeeWriter(sock2, ns2).FrontendsFor(func(k lb.FrontendKey) (lb.Kind, bool) {
+		kind, ok := table[k]
+		return kind, ok
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Key != cip.Key {
+		t.Errorf("cold read-back with the table's kinds = %v, want only the ClusterIP %s", keys(got), cip.Key)
+	}
 	// No socket LB: the tee is the secondary alone.
 	solo := newTeeWriter(nil, ns)
 	if err := solo.UpsertFrontend(cip); err != nil {

@@ -444,13 +444,28 @@ func (s *serviceSync) syncService(key string) error {
 	return err
 }
 
+// kindAwareReader is a Writer whose read-back depends on the kind the
+// table wants for a key (teeWriter); resyncLocked reads it back with them.
+type kindAwareReader interface {
+	FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error)
+}
+
 // resyncLocked marks every difference between the table and the Writer's
 // read-back dirty and writes it.
 func (s *serviceSync) resyncLocked() error {
 	if s.w == nil || !s.synced {
 		return nil
 	}
-	cur, err := s.w.Frontends()
+	var cur []lb.Frontend
+	var err error
+	if r, ok := s.w.(kindAwareReader); ok {
+		cur, err = r.FrontendsFor(func(k lb.FrontendKey) (lb.Kind, bool) {
+			f, ok := s.table.Get(k)
+			return f.Kind, ok
+		})
+	} else {
+		cur, err = s.w.Frontends()
+	}
 	if err != nil {
 		return fmt.Errorf("read frontends back from the datapath: %w", err)
 	}
