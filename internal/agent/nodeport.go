@@ -46,7 +46,7 @@ type nodePort struct {
 	gcDeleted uint64 // CT entries removed by GC since start
 	tables    maglevCache
 	hc        *healthcheck.Server
-	hcAddrs   []netip.Addr // addresses hc listens on
+	hcAddrs   []netip.Addr   // addresses hc listens on
 	cluster   []netip.Prefix // every Node's podCIDRs and InternalIPs (SetClusterPrefixes)
 }
 
