@@ -81,9 +81,14 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	}
 
 	if old != nil && sameProgrammed(old, f) {
+		// display fields only (kind, names; node and zone of the
+		// backends, index for index): the maps already hold f
+		for i := range old.backends {
+			old.backends[i].b = f.Backends[i]
+		}
 		meta := f
-		meta.Backends = slices.Clone(f.Backends)
-		old.meta = &meta // display fields only: the maps already hold f
+		meta.Backends = nil // the backends live in old.backends
+		old.meta = &meta
 		return nil
 	}
 
@@ -183,7 +188,7 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 		}
 	}
 	meta := f
-	meta.Backends = slices.Clone(f.Backends)
+	meta.Backends = nil // the backends (with node and zone) live in entries
 	if old == nil {
 		s.svcEntries += 1 + len(entries)
 	} else {
@@ -339,9 +344,9 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 		if r.master.Flags&lbFlagAffinity != 0 {
 			f.Affinity = time.Duration(r.master.AffinityTimeout) * time.Second
 		}
-		var meta *lb.Frontend
-		if st := s.fe[fk]; st != nil && st.meta != nil {
-			meta = st.meta
+		st := s.fe[fk]
+		if st != nil && st.meta != nil {
+			meta := st.meta
 			f.Kind, f.Service, f.PortName, f.LocalOnly = meta.Kind, meta.Service, meta.PortName, meta.LocalOnly
 		}
 		total := int(r.master.Active) + int(r.master.Terminating) + int(r.master.Quarantined)
@@ -355,7 +360,13 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, slot, err)
 			}
 			b := lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}
-			f.Backends = append(f.Backends, withBackendMeta(b, meta))
+			if st != nil && slot <= len(st.backends) {
+				// node and zone (not in the maps) from the entry last written to this slot
+				if w := st.backends[slot-1].b; w.Addr == b.Addr && w.Port == b.Port {
+					b.NodeName, b.Zone = w.NodeName, w.Zone
+				}
+			}
+			f.Backends = append(f.Backends, b)
 		}
 		slices.SortFunc(f.Backends, lb.CompareBackends)
 		out = append(out, f)
@@ -365,7 +376,8 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 }
 
 // withBackendMeta fills in what the maps do not hold (node, zone) from the
-// frontend last written, for a backend read back from the maps.
+// frontend last written, for a backend read back from the maps (the
+// north-south LB; the socket LB takes them from its slot entries).
 func withBackendMeta(b lb.Backend, meta *lb.Frontend) lb.Backend {
 	if meta != nil {
 		for _, mb := range meta.Backends {
