@@ -12,6 +12,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -126,6 +127,8 @@ func run(rounds, calls int) error {
 		{fe("0.0.0.0:30080", hundred...), datapath.FrontendOptions{}},
 		{fe("192.0.2.20:80", hundred...), datapath.FrontendOptions{Maglev: table}},
 		{fe("192.0.2.10:80", hundred...), datapath.FrontendOptions{Mode: datapath.NPModeDSR}},
+		// a pod on this node backing a frontend: another node's LB sends it DSR requests
+		{fe("192.0.2.30:80", lb.Backend{Addr: netip.MustParseAddr("10.244.1.7"), Port: 8080, NodeName: "node1"}), datapath.FrontendOptions{}},
 	} {
 		if err := n.UpsertFrontendWith(u.f, u.o); err != nil {
 			return err
@@ -136,12 +139,18 @@ func run(rounds, calls int) error {
 	}
 	ctHit := tup("198.18.0.250", 40000, "198.18.0.11:30080")
 	dsrHit := tup("198.18.0.250", 40001, "192.0.2.10:80")
+	dsrReq := tup("198.18.0.250", 40002, "192.0.2.30:80")
+	node2, pod := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("10.244.1.7")
 	for _, hook := range []string{datapath.NPHookTC, datapath.NPHookXDP} {
 		for _, t := range []datapath.Tuple{ctHit, dsrHit} {
 			if _, _, err := n.TestRun(hook, datapath.NPPacket(t, true), ifindex); err != nil {
 				return err
 			}
 		}
+	}
+	// the DSR request's flow: its SYN arrives encapsulated (tc decapsulates)
+	if _, _, err := n.TestRun(datapath.NPHookTC, ipip(datapath.NPPacket(dsrReq, true), node2, pod), ifindex); err != nil {
+		return err
 	}
 	var revTuple datapath.Tuple
 	ct, err := n.CT()
@@ -172,6 +181,9 @@ func run(rounds, calls int) error {
 			fresh("maglev", "192.0.2.20:80"), fwd},
 		{"dsr_encap", "established DSR flow: CT hit, IPIP encapsulation, FIB, redirect",
 			func(int) []byte { return datapath.NPPacket(dsrHit, false) }, fwd},
+		{"dsr_accept", "DSR request at the backend's node (IPIP to a local pod, established flow): decapsulate, CT hit, DNAT, on to the pod (XDP passes IP-in-IP up to tc)",
+			func(int) []byte { return ipip(datapath.NPPacket(dsrReq, false), node2, pod) },
+			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
 		{"rev_nat", "backend reply of an SNAT flow: reverse NAT, FIB, redirect",
 			func(int) []byte { return datapath.NPPacket(revTuple, false) }, fwd},
 		{"not_service", "packet for a pod address (not a service): passed on",
@@ -315,4 +327,28 @@ func setupNetns() (int, error) {
 		return 0, err
 	}
 	return eth0.Attrs().Index, nil
+}
+
+// ipip is the IPv4 frame pkt IPIP-encapsulated from src to dst, as another
+// node's LB sends a DSR request.
+func ipip(pkt []byte, src, dst netip.Addr) []byte {
+	inner := pkt[14:]
+	outer := make([]byte, 20)
+	outer[0] = 0x45
+	outer[1] = inner[1]
+	binary.BigEndian.PutUint16(outer[2:], uint16(20+len(inner)))
+	outer[8] = 64
+	outer[9] = 4 // IPIP
+	s, d := src.As4(), dst.As4()
+	copy(outer[12:], s[:])
+	copy(outer[16:], d[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(outer[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(outer[10:], ^uint16(sum))
+	return append(append(append([]byte{}, pkt[:14]...), outer...), inner...)
 }
