@@ -39,33 +39,37 @@ func (t *Table) Apply(service string, fs []Frontend) (upserts []Frontend, delete
 		f.Service = service
 		next[f.Key] = f
 	}
-	affected := map[FrontendKey]bool{}
+	// keys whose programmed frontend may change: each once (old ones that
+	// go, then every new one)
+	affected := make([]FrontendKey, 0, len(old)+len(next))
 	for k := range old {
 		if _, still := next[k]; !still {
 			t.unclaim(k, service)
-			affected[k] = true
+			affected = append(affected, k)
 		}
 	}
 	for k := range next {
 		if _, had := old[k]; !had {
 			t.claim(k, service)
 		}
-		affected[k] = true
+		affected = append(affected, k)
 	}
 	// Compute what was programmed before changing want.
-	before := make(map[FrontendKey]Frontend, len(affected))
-	for k := range affected {
-		if f, ok := t.programmed(k); ok {
-			before[k] = f
-		}
+	type prev struct {
+		f   Frontend
+		had bool
+	}
+	before := make([]prev, len(affected))
+	for i, k := range affected {
+		before[i].f, before[i].had = t.programmed(k)
 	}
 	if len(next) == 0 {
 		delete(t.want, service)
 	} else {
 		t.want[service] = next
 	}
-	for k := range affected {
-		cur, had := before[k]
+	for i, k := range affected {
+		cur, had := before[i].f, before[i].had
 		ow, ok := t.owner[k]
 		if !ok || !slices.Contains(t.claims[k], ow) {
 			if cl := t.claims[k]; len(cl) > 0 {

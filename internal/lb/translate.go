@@ -177,14 +177,14 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 	var out []Frontend
 	for i := range spec.Ports {
 		sp := &spec.Ports[i]
-		obj := fmt.Sprintf("spec.ports[%d]", i)
+		obj := func() string { return fmt.Sprintf("spec.ports[%d]", i) } // only when something is wrong
 		proto, ok := protoOf(sp.Protocol)
 		if !ok {
-			bad(obj, "protocol %q is not TCP, UDP or SCTP", sp.Protocol)
+			bad(obj(), "protocol %q is not TCP, UDP or SCTP", sp.Protocol)
 			continue
 		}
 		if sp.Port <= 0 || sp.Port > 65535 {
-			bad(obj, "port %d is outside 1..65535", sp.Port)
+			bad(obj(), "port %d is outside 1..65535", sp.Port)
 			continue
 		}
 		cands := map[bool][]candidate{} // per family, built lazily
@@ -199,7 +199,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 		add := func(addr netip.Addr, port int32, kind Kind, scope Scope, local bool) {
 			k := FrontendKey{Addr: addr, Port: uint16(port), Proto: proto, Scope: scope}
 			if seen[k] {
-				bad(fmt.Sprintf("%s %s %s", obj, kind, fmtKey(k)), "duplicate of another frontend of this service")
+				bad(fmt.Sprintf("%s %s %s", obj(), kind, fmtKey(k)), "duplicate of another frontend of this service")
 				return
 			}
 			seen[k] = true
@@ -219,7 +219,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 		}
 		if nodePorts && sp.NodePort != 0 {
 			if sp.NodePort < 0 || sp.NodePort > 65535 {
-				bad(obj, "nodePort %d is outside 1..65535", sp.NodePort)
+				bad(obj(), "nodePort %d is outside 1..65535", sp.NodePort)
 				continue
 			}
 			for _, is6 := range []bool{false, true} {
@@ -282,8 +282,9 @@ func protoOf(p corev1.Protocol) (Proto, bool) {
 }
 
 // sliceIndex holds every usable endpoint of a Service's slices, by
-// (port name, protocol, family).
-type sliceIndex map[sliceKey]map[netip.AddrPort]candidate
+// (port name, protocol, family), sorted by address and port, each address
+// and port once.
+type sliceIndex map[sliceKey][]candidate
 
 type sliceKey struct {
 	name  string
@@ -293,6 +294,12 @@ type sliceKey struct {
 
 func indexSlices(svc string, eps []*discoveryv1.EndpointSlice, bad func(obj, f string, a ...any)) sliceIndex {
 	idx := sliceIndex{}
+	n := 0 // endpoints of all slices: room for each port's list at once
+	for _, es := range eps {
+		if es != nil {
+			n += len(es.Endpoints)
+		}
+	}
 	for _, es := range eps {
 		if es == nil {
 			continue
@@ -311,18 +318,18 @@ func indexSlices(svc string, eps []*discoveryv1.EndpointSlice, bad func(obj, f s
 		}
 		var ports []sport
 		for j, p := range es.Ports {
-			obj := fmt.Sprintf("EndpointSlice %s ports[%d]", es.Name, j)
+			obj := func() string { return fmt.Sprintf("EndpointSlice %s ports[%d]", es.Name, j) }
 			proto := corev1.ProtocolTCP
 			if p.Protocol != nil {
 				proto = *p.Protocol
 			}
 			pr, ok := protoOf(proto)
 			if !ok {
-				bad(obj, "protocol %q is not TCP, UDP or SCTP", proto)
+				bad(obj(), "protocol %q is not TCP, UDP or SCTP", proto)
 				continue
 			}
 			if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
-				bad(obj, "port is missing or outside 1..65535")
+				bad(obj(), "port is missing or outside 1..65535")
 				continue
 			}
 			var name string
@@ -362,33 +369,31 @@ func indexSlices(svc string, eps []*discoveryv1.EndpointSlice, bad func(obj, f s
 					continue
 				}
 				for _, p := range ports {
-					m := idx[p.key]
-					if m == nil {
-						m = map[netip.AddrPort]candidate{}
-						idx[p.key] = m
-					}
-					ap := netip.AddrPortFrom(a, p.port)
 					cc := c
 					cc.Addr, cc.Port = a, p.port
-					// Duplicates across slices (e.g. during a slice split): keep the best state.
-					if old, dup := m[ap]; !dup || cc.State < old.State {
-						m[ap] = cc
+					l, ok := idx[p.key]
+					if !ok {
+						l = make([]candidate, 0, n)
 					}
+					idx[p.key] = append(l, cc)
 				}
 			}
 		}
 	}
+	// Sorted by address and port; a duplicate across slices (e.g. during a
+	// slice split) keeps its best state.
+	for k, cs := range idx {
+		slices.SortFunc(cs, func(a, b candidate) int {
+			return cmp.Or(CompareBackends(a.Backend, b.Backend), cmp.Compare(a.State, b.State))
+		})
+		idx[k] = slices.CompactFunc(cs, func(a, b candidate) bool { return a.Addr == b.Addr && a.Port == b.Port })
+	}
 	return idx
 }
 
+// candidates returns the endpoints for one port (shared: do not modify).
 func (idx sliceIndex) candidates(portName string, proto Proto, is6 bool) []candidate {
-	m := idx[sliceKey{portName, proto, is6}]
-	out := make([]candidate, 0, len(m))
-	for _, c := range m {
-		out = append(out, c)
-	}
-	slices.SortFunc(out, func(a, b candidate) int { return CompareBackends(a.Backend, b.Backend) })
-	return out
+	return idx[sliceKey{portName, proto, is6}]
 }
 
 // stateOf maps EndpointSlice conditions: ready (nil = ready) → Active;
