@@ -19,8 +19,8 @@ func (t *teeWriter) UpsertFrontends(fs []lb.Frontend) []error {
 	errs := make([]error, len(fs))
 	failed := false
 	bw, _ := t.primary.(lb.BatchWriter)
-	var batch []lb.Frontend
-	var at []int
+	batch := make([]lb.Frontend, 0, len(fs))
+	at := make([]int, 0, len(fs))
 	for i, f := range fs {
 		k, known := t.kinds[f.Key]
 		if bw == nil || northSouth(f) || (known && northSouthKey(f.Key, k)) {

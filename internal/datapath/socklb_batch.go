@@ -83,11 +83,15 @@ func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 		entries []beEntry
 	}
 	plans := make([]plan, len(idx))
+	nbe := 0
+	for _, i := range idx {
+		nbe += len(fs[i].Backends)
+	}
 	var (
-		beKeys   []uint32
-		beVals   []sockLBLbBackend
-		slotKeys []sockLBLbSvcKey
-		slotVals []sockLBLbSvcVal
+		beKeys   = make([]uint32, 0, nbe)
+		beVals   = make([]sockLBLbBackend, 0, nbe)
+		slotKeys = make([]sockLBLbSvcKey, 0, nbe)
+		slotVals = make([]sockLBLbSvcVal, 0, nbe)
 		mKeys    = make([]sockLBLbSvcKey, 0, len(idx))
 		mVals    = make([]sockLBLbSvcVal, 0, len(idx))
 	)
@@ -173,8 +177,7 @@ func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 	}
 	for n, i := range idx {
 		f, p := fs[i], plans[n]
-		meta := f
-		s.fe[f.Key] = &feState{id: p.feID, master: p.master, backends: p.entries, meta: &meta}
+		s.fe[f.Key] = newFEState(p.feID, p.master, f, p.entries)
 		s.svcEntries += 1 + len(p.entries)
 	}
 	return nil

@@ -32,13 +32,30 @@ type beEntry struct {
 	b  lb.Backend
 }
 
-// feState is what the maps hold for one frontend (plus the display fields
-// of the last upsert, which the maps do not carry).
+// feState is what the maps hold for one frontend: the ids, and the
+// frontend last written with its backends in slot order (display fields,
+// node and zone are not in the maps). meta.Backends is the slice the caller
+// passed in (normFrontend copies only what it has to reorder), so the socket
+// LB keeps no second copy of every backend list.
 type feState struct {
-	id       uint32
-	master   sockLBLbSvcVal
-	backends []beEntry // in slot order: slot i+1 holds backends[i]
-	meta     *lb.Frontend
+	id     uint32
+	master sockLBLbSvcVal
+	ids    []uint32     // slot i+1 holds backend ids[i] ...
+	meta   *lb.Frontend // ... which is meta.Backends[i]
+}
+
+// entry is slot i+1's backend.
+func (st *feState) entry(i int) beEntry { return beEntry{id: st.ids[i], b: st.meta.Backends[i]} }
+
+// newFEState records f (normalized, backends in slot order) written with
+// entries (entries[i].b == f.Backends[i]).
+func newFEState(id uint32, master sockLBLbSvcVal, f lb.Frontend, entries []beEntry) *feState {
+	ids := make([]uint32, len(entries))
+	for i, e := range entries {
+		ids[i] = e.id
+	}
+	f.Backends = f.Backends[:len(f.Backends):len(f.Backends)] // an append by anyone else copies
+	return &feState{id: id, master: master, ids: ids, meta: &f}
 }
 
 // idAlloc hands out the lowest free non-zero u32 at or after a moving hint.
@@ -126,6 +143,9 @@ func normFrontend(f lb.Frontend) (lb.Frontend, error) {
 	if len(f.Backends) > lbMaxSlots {
 		return f, fmt.Errorf("frontend %s: %d backends, at most %d fit the service map slots", keyString(k), len(f.Backends), lbMaxSlots)
 	}
+	if inSlotOrder(k, f.Backends) {
+		return f, nil // the common case: nothing to copy
+	}
 	seen := map[beAddr]bool{}
 	bs := make([]lb.Backend, 0, len(f.Backends))
 	for _, b := range f.Backends {
@@ -157,6 +177,22 @@ func normFrontend(f lb.Frontend) (lb.Frontend, error) {
 	})
 	f.Backends = bs
 	return f, nil
+}
+
+// inSlotOrder reports whether bs is valid for k and already as normFrontend
+// would return it: all Active, unmapped, of k's family, with a port, sorted by
+// address and port without duplicates. Anything else takes the slow path,
+// which reports what is wrong.
+func inSlotOrder(k lb.FrontendKey, bs []lb.Backend) bool {
+	for i, b := range bs {
+		if b.State != lb.Active || !b.Addr.IsValid() || b.Addr.Is4In6() || b.Addr.Is4() != k.Addr.Is4() || b.Port == 0 {
+			return false
+		}
+		if i > 0 && lb.CompareBackends(bs[i-1], b) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func normKey(k lb.FrontendKey) (lb.FrontendKey, error) {
@@ -217,36 +253,32 @@ func (s *SockLB) rebuild() error {
 		id  uint32
 	}
 	var (
-		k      sockLBLbSvcKey
-		v      sockLBLbSvcVal
 		slots  []slotEnt
 		stale  []sockLBLbSvcKey
-		states = map[lb.FrontendKey]*feState{}
+		states = map[lb.FrontendKey][]beEntry{} // slot order
+		master = map[lb.FrontendKey]sockLBLbSvcVal{}
 	)
-	it := s.objs.AxonLbSvc.Iterate()
-	for it.Next(&k, &v) {
-		if k.Slot == 0 {
-			states[feKeyOf(k)] = &feState{id: v.Id, master: v}
-			continue
-		}
-		slots = append(slots, slotEnt{k, v.Id})
-	}
-	if err := it.Err(); err != nil {
+	svcKeys, svcVals, err := dumpMap[sockLBLbSvcKey, sockLBLbSvcVal](s.objs.AxonLbSvc, 0)
+	if err != nil {
 		return fmt.Errorf("read %s: %w", MapLBService, err)
 	}
-	backends := map[uint32]sockLBLbBackend{}
-	var bid uint32
-	var bv sockLBLbBackend
-	bit := s.objs.AxonLbBe.Iterate()
-	for bit.Next(&bid, &bv) {
-		backends[bid] = bv
+	for i, k := range svcKeys {
+		if k.Slot == 0 {
+			master[feKeyOf(k)] = svcVals[i]
+			continue
+		}
+		slots = append(slots, slotEnt{k, svcVals[i].Id})
 	}
-	if err := bit.Err(); err != nil {
+	beKeys, beVals, err := dumpMap[uint32, sockLBLbBackend](s.objs.AxonLbBe, 0)
+	if err != nil {
 		return fmt.Errorf("read %s: %w", MapLBBackend, err)
 	}
-	for _, st := range states {
-		total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
-		st.backends = make([]beEntry, total)
+	backends := make(map[uint32]sockLBLbBackend, len(beKeys))
+	for i, id := range beKeys {
+		backends[id] = beVals[i]
+	}
+	for fk, m := range master {
+		states[fk] = make([]beEntry, int(m.Active)+int(m.Terminating)+int(m.Quarantined))
 	}
 	used := map[uint32]bool{}
 	for _, se := range slots {
@@ -254,24 +286,32 @@ func (s *SockLB) rebuild() error {
 		st := states[fk]
 		idx := int(se.key.Slot) - 1
 		b, ok := backends[se.id]
-		if st == nil || idx >= len(st.backends) || !ok {
+		if st == nil || idx >= len(st) || !ok {
 			stale = append(stale, se.key)
 			continue
 		}
-		st.backends[idx] = beEntry{id: se.id, b: lb.Backend{Addr: fromAddr16(b.Addr), Port: lbPortHost(b.Port), State: lb.BackendState(b.State)}}
+		st[idx] = beEntry{id: se.id, b: lb.Backend{Addr: fromAddr16(b.Addr), Port: lbPortHost(b.Port), State: lb.BackendState(b.State)}}
 		used[se.id] = true
 	}
 	for fk, st := range states {
-		for i, be := range st.backends {
+		for i, be := range st {
 			if be.id == 0 { // a slot missing below the count: rewrite the frontend without it
 				s.log.Warn("socket LB: frontend has a missing slot, dropping it", "frontend", keyString(fk), "slot", i+1)
-				st.backends = slices.DeleteFunc(st.backends, func(e beEntry) bool { return e.id == 0 })
+				st = slices.DeleteFunc(st, func(e beEntry) bool { return e.id == 0 })
 				break
 			}
 		}
-		s.fe[fk] = st
-		s.feIDs.mark(st.id)
-		for _, be := range st.backends {
+		f := lb.Frontend{Key: fk, Backends: make([]lb.Backend, len(st))}
+		for i, be := range st {
+			f.Backends[i] = be.b
+		}
+		m := master[fk]
+		if m.Flags&lbFlagAffinity != 0 {
+			f.Affinity = time.Duration(m.AffinityTimeout) * time.Second
+		}
+		s.fe[fk] = newFEState(m.Id, m, f, st)
+		s.feIDs.mark(m.Id)
+		for _, be := range st {
 			s.beIDs.mark(be.id)
 		}
 	}
@@ -290,11 +330,9 @@ func (s *SockLB) rebuild() error {
 	// a frontend that lost a slot is rewritten whole
 	for fk, st := range s.fe {
 		total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
-		if total != len(st.backends) {
-			f := lb.Frontend{Key: fk, Affinity: time.Duration(st.master.AffinityTimeout) * time.Second}
-			for _, be := range st.backends {
-				f.Backends = append(f.Backends, be.b)
-			}
+		if total != len(st.ids) {
+			f := *st.meta
+			f.Backends = slices.Clone(f.Backends)
 			if err := s.upsertLocked(f); err != nil {
 				return fmt.Errorf("repair %s: %w", keyString(fk), err)
 			}
@@ -305,7 +343,7 @@ func (s *SockLB) rebuild() error {
 	}
 	s.svcEntries = 0
 	for _, st := range s.fe {
-		s.svcEntries += 1 + len(st.backends)
+		s.svcEntries += 1 + len(st.ids)
 	}
 	return nil
 }

@@ -41,7 +41,8 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	oldIDs := map[beAddr]beEntry{}
 	if old != nil {
 		oldSlots = int(old.master.Active) + int(old.master.Terminating) + int(old.master.Quarantined)
-		for _, be := range old.backends {
+		for i := range old.ids {
+			be := old.entry(i)
 			oldIDs[beAddr{be.b.Addr, be.b.Port}] = be
 		}
 	}
@@ -83,11 +84,8 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	if old != nil && sameProgrammed(old, f) {
 		// display fields only (kind, names; node and zone of the
 		// backends, index for index): the maps already hold f
-		for i := range old.backends {
-			old.backends[i].b = f.Backends[i]
-		}
 		meta := f
-		meta.Backends = nil // the backends live in old.backends
+		meta.Backends = meta.Backends[:len(meta.Backends):len(meta.Backends)]
 		old.meta = &meta
 		return nil
 	}
@@ -175,7 +173,8 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	}
 	var gone []GoneBackend
 	if old != nil {
-		for _, be := range old.backends {
+		for i := range old.ids {
+			be := old.entry(i)
 			if keep[be.id] {
 				continue
 			}
@@ -187,14 +186,12 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 			s.beIDs.free(be.id)
 		}
 	}
-	meta := f
-	meta.Backends = nil // the backends (with node and zone) live in entries
 	if old == nil {
 		s.svcEntries += 1 + len(entries)
 	} else {
 		s.svcEntries += len(entries) - oldSlots
 	}
-	s.fe[f.Key] = &feState{id: feID, master: master, backends: entries, meta: &meta}
+	s.fe[f.Key] = newFEState(feID, master, f, entries)
 	// sockets still connected to a removed backend are aborted (both
 	// protocols: the backend is gone from this Service, its address may
 	// soon belong to another pod)
@@ -209,12 +206,12 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 // backends in the same slots, same master), so an upsert has nothing to
 // write (a restarted agent re-upserts every frontend once).
 func sameProgrammed(old *feState, f lb.Frontend) bool {
-	if len(old.backends) != len(f.Backends) {
+	if len(old.ids) != len(f.Backends) {
 		return false
 	}
 	master := sockLBLbSvcVal{Id: old.id}
 	for i, b := range f.Backends {
-		e := old.backends[i].b
+		e := old.meta.Backends[i]
 		if e.Addr != b.Addr || e.Port != b.Port || e.State != b.State {
 			return false
 		}
@@ -240,9 +237,9 @@ func (s *SockLB) restoreLocked(k lb.FrontendKey, old *feState) {
 	if old == nil {
 		return
 	}
-	for i, be := range old.backends {
+	for i, id := range old.ids {
 		sk := svcKey(k, uint16(i+1))
-		v := sockLBLbSvcVal{Id: be.id}
+		v := sockLBLbSvcVal{Id: id}
 		_ = s.objs.AxonLbSvc.Put(&sk, &v)
 	}
 }
@@ -273,26 +270,26 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 	s.feIDs.free(st.id)
 	var errs []error
 	total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
-	s.svcEntries -= 1 + len(st.backends)
+	s.svcEntries -= 1 + len(st.ids)
 	// a deleted Service's connected UDP sockets are aborted, as kube-proxy
 	// flushes its UDP conntrack entries; TCP connections keep working
-	gone := make([]GoneBackend, 0, len(st.backends))
-	for _, be := range st.backends {
-		gone = append(gone, GoneBackend{FrontendID: st.id, Addr: be.b.Addr, Port: be.b.Port})
+	gone := make([]GoneBackend, 0, len(st.ids))
+	for _, b := range st.meta.Backends {
+		gone = append(gone, GoneBackend{FrontendID: st.id, Addr: b.Addr, Port: b.Port})
 	}
 	defer s.destroyLocked(gone)
-	for i := 0; i < total || i < len(st.backends); i++ {
+	for i := 0; i < total || i < len(st.ids); i++ {
 		sk := svcKey(k, uint16(i+1))
 		if err := s.objs.AxonLbSvc.Delete(&sk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("slot %d: %w", i+1, err))
 		}
 	}
-	for _, be := range st.backends {
-		if err := s.objs.AxonLbBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("backend %d: %w", be.id, err))
+	for _, id := range st.ids {
+		if err := s.objs.AxonLbBe.Delete(&id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("backend %d: %w", id, err))
 			continue
 		}
-		s.beIDs.free(be.id)
+		s.beIDs.free(id)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("delete frontend %s (no longer served; the next load removes the rest): %w", keyString(k), errors.Join(errs...))
@@ -308,61 +305,58 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	svcKeys, svcVals, err := dumpMap[sockLBLbSvcKey, sockLBLbSvcVal](s.objs.AxonLbSvc, s.svcEntries)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapLBService, err)
+	}
+	beKeys, beVals, err := dumpMap[uint32, sockLBLbBackend](s.objs.AxonLbBe, len(s.beIDs.used))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapLBBackend, err)
+	}
+	backends := make(map[uint32]*sockLBLbBackend, len(beKeys))
+	for i, id := range beKeys {
+		backends[id] = &beVals[i]
+	}
+	// masters first: their counts size the slot lists
 	type raw struct {
 		master sockLBLbSvcVal
-		slots  map[uint16]uint32
+		ids    []uint32 // slot i+1
 	}
-	fes := map[lb.FrontendKey]*raw{}
-	get := func(k lb.FrontendKey) *raw {
-		r := fes[k]
-		if r == nil {
-			r = &raw{slots: map[uint16]uint32{}}
-			fes[k] = r
-		}
-		return r
-	}
-	var k sockLBLbSvcKey
-	var v sockLBLbSvcVal
-	it := s.objs.AxonLbSvc.Iterate()
-	for it.Next(&k, &v) {
-		r := get(feKeyOf(k))
-		if k.Slot == 0 {
-			r.master = v
-		} else {
-			r.slots[k.Slot] = v.Id
+	fes := make(map[lb.FrontendKey]*raw, len(s.fe))
+	for i, k := range svcKeys {
+		if k.Slot == 0 && svcVals[i].Id != 0 { // slots written ahead of their master: not a frontend yet
+			m := svcVals[i]
+			fes[feKeyOf(k)] = &raw{master: m, ids: make([]uint32, int(m.Active)+int(m.Terminating)+int(m.Quarantined))}
 		}
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapLBService, err)
+	for i, k := range svcKeys {
+		if r := fes[feKeyOf(k)]; k.Slot != 0 && r != nil && int(k.Slot) <= len(r.ids) {
+			r.ids[k.Slot-1] = svcVals[i].Id
+		}
 	}
 	out := make([]lb.Frontend, 0, len(fes))
 	for fk, r := range fes {
-		if r.master.Id == 0 {
-			continue // slots written ahead of their master: not a frontend yet
-		}
-		f := lb.Frontend{Key: fk}
+		f := lb.Frontend{Key: fk, Backends: make([]lb.Backend, 0, len(r.ids))}
 		if r.master.Flags&lbFlagAffinity != 0 {
 			f.Affinity = time.Duration(r.master.AffinityTimeout) * time.Second
 		}
 		st := s.fe[fk]
-		if st != nil && st.meta != nil {
+		if st != nil {
 			meta := st.meta
 			f.Kind, f.Service, f.PortName, f.LocalOnly = meta.Kind, meta.Service, meta.PortName, meta.LocalOnly
 		}
-		total := int(r.master.Active) + int(r.master.Terminating) + int(r.master.Quarantined)
-		for slot := 1; slot <= total; slot++ {
-			id, ok := r.slots[uint16(slot)]
-			if !ok {
-				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), slot, MapLBService)
+		for i, id := range r.ids {
+			if id == 0 {
+				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), i+1, MapLBService)
 			}
-			var bv sockLBLbBackend
-			if err := s.objs.AxonLbBe.Lookup(&id, &bv); err != nil {
-				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, slot, err)
+			bv := backends[id]
+			if bv == nil {
+				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, i+1, ebpf.ErrKeyNotExist)
 			}
 			b := lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}
-			if st != nil && slot <= len(st.backends) {
+			if st != nil && i < len(st.ids) {
 				// node and zone (not in the maps) from the entry last written to this slot
-				if w := st.backends[slot-1].b; w.Addr == b.Addr && w.Port == b.Port {
+				if w := st.meta.Backends[i]; w.Addr == b.Addr && w.Port == b.Port {
 					b.NodeName, b.Zone = w.NodeName, w.Zone
 				}
 			}
@@ -422,10 +416,10 @@ func (s *SockLB) Fits(fs []lb.Frontend) error {
 			needBe += len(f.Backends)
 			continue
 		}
-		needSvc += max(0, len(f.Backends)-len(old.backends))
+		needSvc += max(0, len(f.Backends)-len(old.ids))
 		have := map[beAddr]lb.BackendState{}
-		for _, be := range old.backends {
-			have[beAddr{be.b.Addr, be.b.Port}] = be.b.State
+		for _, b := range old.meta.Backends {
+			have[beAddr{b.Addr, b.Port}] = b.State
 		}
 		for _, b := range f.Backends {
 			if _, ok := have[beAddr{b.Addr, b.Port}]; !ok {
