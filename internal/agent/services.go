@@ -82,6 +82,8 @@ type serviceSync struct {
 	onNS      func()                    // called on Namespace changes (opt-out annotation)
 	hp        *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
 	synced    bool
+	writerGen uint64 // SetWriter calls so far
+	comparedW uint64 // writerGen of the last whole-table compare that succeeded
 	fullSync  time.Duration
 	watchErr  string
 	watchLog  time.Time
@@ -252,6 +254,7 @@ func (s *serviceSync) watchError(ctx context.Context, r *cache.Reflector, err er
 func (s *serviceSync) SetWriter(w lb.Writer) {
 	s.mu.Lock()
 	s.w = w
+	s.writerGen++
 	s.mu.Unlock()
 	s.queue.Add(queueResync)
 }
@@ -326,7 +329,9 @@ func (s *serviceSync) processNext() bool {
 	switch key {
 	case queueResync:
 		s.mu.Lock()
-		err = s.resyncLocked()
+		if s.comparedW != s.writerGen { // else the initial sync already compared with this writer
+			err = s.resyncLocked()
+		}
 		s.mu.Unlock()
 	case queueHostPort: // issue 7 (hostport.go)
 		err = s.syncHostPorts()
@@ -486,7 +491,11 @@ func (s *serviceSync) resyncLocked() error {
 			s.dirty[k] = "" // written by a previous run for a service that is gone
 		}
 	}
-	return s.flushLocked("")
+	if err := s.flushLocked(""); err != nil {
+		return err
+	}
+	s.comparedW = s.writerGen
+	return nil
 }
 
 // flushLocked writes the dirty keys of service only ("" = every dirty key):
