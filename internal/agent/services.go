@@ -144,6 +144,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 			DeleteFunc: func(any) { s.namespaceChanged() },
 		},
 	}
+	sl := newSlimmer()
 	for inf, h := range handlers {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, fmt.Errorf("add event handler: %w", err)
@@ -151,7 +152,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		if err := inf.SetWatchErrorHandlerWithContext(s.watchError); err != nil {
 			return nil, fmt.Errorf("set watch error handler: %w", err)
 		}
-		if err := inf.SetTransform(slimServiceObjects); err != nil {
+		if err := inf.SetTransform(sl.slim); err != nil {
 			return nil, fmt.Errorf("set transform: %w", err)
 		}
 		s.hasSynced = append(s.hasSynced, inf.HasSynced)
@@ -161,15 +162,17 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 	return s, nil
 }
 
-// slimServiceObjects keeps the caches small (10 000 Services × their
+// slim keeps the caches small (10 000 Services × their
 // slices): before an object is cached it is replaced by a copy holding only
 // what lb.Translate, the slice index, the opt-out and Events read. Everything
 // else (managedFields, kubectl's last-applied annotation, owner references,
 // endpoint target references and hostnames) is dropped.
-func slimServiceObjects(obj any) (any, error) {
+func (sl *slimmer) slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		return &corev1.Service{ObjectMeta: slimMeta(&o.ObjectMeta), Spec: o.Spec, Status: o.Status}, nil
+		spec := o.Spec
+		spec.Selector = nil // the control plane's business: EndpointSlices carry the result
+		return &corev1.Service{ObjectMeta: slimMeta(&o.ObjectMeta), Spec: spec, Status: o.Status}, nil
 	case *discoveryv1.EndpointSlice:
 		es := &discoveryv1.EndpointSlice{ObjectMeta: slimMeta(&o.ObjectMeta), AddressType: o.AddressType,
 			Ports: o.Ports, Endpoints: make([]discoveryv1.Endpoint, len(o.Endpoints))}
@@ -178,8 +181,9 @@ func slimServiceObjects(obj any) (any, error) {
 		}
 		for i := range o.Endpoints {
 			ep := &o.Endpoints[i]
-			es.Endpoints[i] = discoveryv1.Endpoint{Addresses: ep.Addresses, Conditions: ep.Conditions,
-				NodeName: ep.NodeName, Zone: ep.Zone, Hints: ep.Hints}
+			es.Endpoints[i] = discoveryv1.Endpoint{Addresses: ep.Addresses, Conditions: discoveryv1.EndpointConditions{
+				Ready: sl.cond(ep.Conditions.Ready), Serving: sl.cond(ep.Conditions.Serving), Terminating: sl.cond(ep.Conditions.Terminating)},
+				NodeName: sl.name(ep.NodeName), Zone: sl.name(ep.Zone), Hints: ep.Hints}
 		}
 		return es, nil
 	case *corev1.Namespace:
@@ -190,6 +194,51 @@ func slimServiceObjects(obj any) (any, error) {
 	}
 	return obj, nil
 }
+
+// slimmer makes the cached copies. Cached objects are never modified
+// (client-go's contract), so the few distinct condition values and node and
+// zone names of 100 000 endpoints point at one copy each instead of one per
+// endpoint. Safe for concurrent use: informers transform on their own
+// goroutines.
+type slimmer struct {
+	yes, no bool // what every cached condition points at
+	mu      sync.Mutex
+	names   map[string]*string
+}
+
+func newSlimmer() *slimmer { return &slimmer{yes: true, names: map[string]*string{}} }
+
+func (sl *slimmer) cond(b *bool) *bool {
+	switch {
+	case b == nil:
+		return nil
+	case *b:
+		return &sl.yes
+	}
+	return &sl.no
+}
+
+// name returns the shared copy of *p (node and zone names).
+func (sl *slimmer) name(p *string) *string {
+	if p == nil {
+		return nil
+	}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if q, ok := sl.names[*p]; ok {
+		return q
+	}
+	if len(sl.names) >= maxInterned {
+		return p // unbounded input (hostile slices) does not grow the table
+	}
+	v := strings.Clone(*p)
+	sl.names[v] = &v
+	return &v
+}
+
+// maxInterned bounds the shared names: far above the nodes and zones of
+// any cluster.
+const maxInterned = 65536
 
 // slimMeta keeps identity (for the cache, Events) and the axon.io/
 // annotations (opt-out, lb-algorithm).
