@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"testing"
+
+	clientfeatures "k8s.io/client-go/features"
+)
 
 // Bad flags must stop the agent before it touches anything (exit 2).
 func TestRunRejectsBadFlags(t *testing.T) {
@@ -31,5 +35,28 @@ func TestRunRejectsBadFlags(t *testing.T) {
 				t.Errorf("run(%q) = %d, want %d", tt.args, got, tt.want)
 			}
 		})
+	}
+}
+
+// --kube-watch-list sets client-go's gate; without the flag an operator's
+// $KUBE_FEATURE_WatchListClient is left to client-go.
+func TestApplyWatchList(t *testing.T) {
+	gates := clientfeatures.FeatureGates()
+	was := gates.Enabled(clientfeatures.WatchListClient)
+	t.Cleanup(func() { _ = applyWatchList(was, true) })
+	for _, on := range []bool{false, true, false} {
+		if err := applyWatchList(on, true); err != nil {
+			t.Fatal(err)
+		}
+		if got := gates.Enabled(clientfeatures.WatchListClient); got != on {
+			t.Fatalf("--kube-watch-list=%v: gate is %v", on, got)
+		}
+	}
+	t.Setenv("KUBE_FEATURE_WatchListClient", "true")
+	if err := applyWatchList(true, false); err != nil {
+		t.Fatal(err)
+	}
+	if gates.Enabled(clientfeatures.WatchListClient) {
+		t.Error("flag not given, env set: the agent overrode the gate anyway")
 	}
 }

@@ -1,7 +1,8 @@
 package main
 
 // Issue 4: process-level knobs of the agent: a loopback-only pprof endpoint
-// for profiling a large sync, and the Go memory limit.
+// for profiling a large sync, the Go memory limit, and how the informer
+// caches are filled.
 
 import (
 	"context"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	clientfeatures "k8s.io/client-go/features"
 )
 
 // defaultMemoryLimit is the Go soft memory limit when neither
@@ -56,6 +58,28 @@ func applyMemoryLimit(flagValue string, flagSet bool, log *slog.Logger) error {
 	}
 	debug.SetMemoryLimit(v)
 	log.Debug("go memory limit set", "bytes", v)
+	return nil
+}
+
+// applyWatchList sets client-go's WatchListClient gate (process-wide, read
+// when each informer's reflector starts) unless the flag was not given and
+// $KUBE_FEATURE_WatchListClient says what the operator wants. client-go 1.35+
+// enables it by default; agentscale at 10 000 Services × 10 measured full
+// sync 1.45 s with it, 1.14 s with paginated protobuf LISTs (4 interleaved
+// rounds each; the watch-list decodes every object twice, inside its event).
+func applyWatchList(on, flagSet bool) error {
+	if !flagSet && os.Getenv("KUBE_FEATURE_"+string(clientfeatures.WatchListClient)) != "" {
+		return nil
+	}
+	g, ok := clientfeatures.FeatureGates().(interface {
+		Set(clientfeatures.Feature, bool) error
+	})
+	if !ok {
+		return fmt.Errorf("--kube-watch-list: client-go's feature gates cannot be set")
+	}
+	if err := g.Set(clientfeatures.WatchListClient, on); err != nil {
+		return fmt.Errorf("--kube-watch-list: %w", err)
+	}
 	return nil
 }
 
