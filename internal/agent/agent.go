@@ -55,6 +55,7 @@ type Agent struct {
 	bw *bandwidth // issue 6: Bandwidth Manager (bandwidth.go), guarded by stMu until created
 
 	trigger chan struct{} // coalesced "reconcile now"
+	started time.Time     // when run began (servicesFirst)
 
 	// dpMu serialises every write to the dataplane, routes and IPAM pools:
 	// API handlers and the reconcile loop.
@@ -166,6 +167,7 @@ func (a *Agent) close() {
 }
 
 func (a *Agent) run(ctx context.Context) error {
+	a.started = time.Now()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -181,6 +183,7 @@ func (a *Agent) run(ctx context.Context) error {
 	if a.svc, err = newServiceSync(rc, a.cfg.NodeName, a.log.With("component", "services")); err != nil {
 		return err
 	}
+	a.svc.onSynced = a.kick // the north-south LB waits for it (servicesFirst)
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
 	if err != nil {

@@ -107,6 +107,9 @@ func (a *Agent) ensureNodePort() {
 		a.log.Warn("nodeport LB: list node addresses", "error", err)
 		return
 	}
+	if n.np == nil && a.servicesFirst() {
+		return // a reconcile pass is kicked when the first Service sync is done
+	}
 	if n.np == nil {
 		snatMin, snatMax, _ := c.SNATPortRange() // validated at start
 		if w := snatRangeWarning(snatMin, snatMax); w != "" {
@@ -174,6 +177,22 @@ func (a *Agent) ensureNodePort() {
 		n.tee, n.primary = newTeeWriter(primary, n.np), primary
 		a.SetLBWriter(n.tee)
 	}
+}
+
+// nodePortAfterServices bounds how long a starting agent holds the
+// north-south LB back for its first Service sync (an apiserver that cannot
+// be reached must not keep NodePorts untranslated).
+const nodePortAfterServices = 10 * time.Second
+
+// servicesFirst reports whether the north-south programs should wait for the
+// first Service sync. A starting agent needs the CPU for both at the same
+// moment: the verifier spends ~1 s on the north-south programs while the
+// Service watch lists and writes every Service (10 000 × 10 in a 2-CPU lab:
+// 2.9 s start → socket-LB maps with both at once). Pods' ClusterIP
+// connections depend on the socket LB, and on a restart the previous run's
+// north-south programs stay attached and keep forwarding meanwhile.
+func (a *Agent) servicesFirst() bool {
+	return a.svc != nil && !a.svc.initialSynced() && time.Since(a.started) < nodePortAfterServices
 }
 
 func (a *Agent) setNodePortErr(n *nodePort, msg string) {
@@ -371,7 +390,7 @@ func (a *Agent) nodePortDecision() api.Decision {
 		d.Reason = n.err
 	default:
 		d.Value = "pending"
-		d.Reason = "loads after the tc datapath"
+		d.Reason = fmt.Sprintf("loads after the tc datapath and the first Service sync (at most %s after start)", nodePortAfterServices)
 	}
 	return d
 }

@@ -26,7 +26,7 @@ func (a *Agent) nodePortAPI() nodeportapi.Handler {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			if n.np == nil {
-				return nil, cmpOr(n.err, "not loaded yet (loads after the tc datapath)")
+				return nil, cmpOr(n.err, "not loaded yet (loads after the tc datapath and the first Service sync)")
 			}
 			return n.np, ""
 		},

@@ -80,6 +80,7 @@ type serviceSync struct {
 	writeErrs map[lb.FrontendKey]error  // last failed write per key
 	notFit    map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
 	onNS      func()                    // called on Namespace changes (opt-out annotation)
+	onSynced  func()                    // called once the initial sync is done
 	hp        *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
 	synced    bool
 	writerGen uint64 // SetWriter calls so far
@@ -363,6 +364,9 @@ func (s *serviceSync) initialSync() {
 	s.mu.Unlock()
 	s.log.Info("services synced", "services", st.Services, "frontends", st.Frontends, "backends", st.Backends,
 		"writer", st.Writer, "took", st.FullSync.Round(time.Microsecond))
+	if s.onSynced != nil {
+		s.onSynced()
+	}
 	if err != nil {
 		s.queue.AddRateLimited(queueResync)
 	}
@@ -702,6 +706,13 @@ func (s *serviceSync) namespaceChanged() {
 	if f != nil {
 		f()
 	}
+}
+
+// initialSynced reports whether the first whole-table sync is done.
+func (s *serviceSync) initialSynced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
 }
 
 func (s *serviceSync) status() ServicesStatus {
