@@ -1,8 +1,9 @@
 package agent
 
 // Issue 7: the north-south load balancer (datapath.NodePortLB) on the
-// uplink. It is loaded after the tc datapath (and the socket LB), attached
-// per --lb-acceleration, and becomes a second lb.Writer beside the socket LB
+// uplink. It is loaded after the tc datapath, the socket LB and the first
+// Service sync (servicesFirst), attached per --lb-acceleration, and becomes
+// a second lb.Writer beside the socket LB
 // (teeWriter): NodePort, LoadBalancer, externalIP and HostPort frontends of
 // the Service table are programmed into it. The agent also runs the
 // healthCheckNodePort servers of externalTrafficPolicy=Local Services, the
