@@ -764,8 +764,11 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 }
 
 // pauseKubeProxies stops (SIGSTOP) every running kube-proxy, so a window
-// of axon measurements does not share the CPU with their syncs; the
-// returned function resumes them (SIGCONT).
+// of axon measurements does not share the CPU with their syncs, and waits
+// (at most 30 s) for a rules restore they had already started to finish:
+// iptables-restore and nft run as child processes, which the signal does not
+// stop, and at 10 000 Services one takes seconds of CPU. The returned
+// function resumes them (SIGCONT).
 func (r *svcRun) pauseKubeProxies() (resume func()) {
 	var pids []int
 	for _, mode := range []string{"nftables", "iptables"} {
@@ -775,11 +778,29 @@ func (r *svcRun) pauseKubeProxies() (resume func()) {
 			}
 		}
 	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, pid := range pids {
+		for hasChildren(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	return func() {
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}
+}
+
+// hasChildren reports whether process pid has a running child process
+// (from /proc/<pid>/task/*/children).
+func hasChildren(pid int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		if b, err := os.ReadFile(t); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // waitKubeProxiesIdle waits (at most 90 s) until no kube-proxy has changes

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -401,5 +402,22 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 	}
 	if back.Markdown() != r.Markdown() {
 		t.Errorf("re-rendered report differs:\n%s\n---\n%s", back.Markdown(), r.Markdown())
+	}
+}
+
+// hasChildren sees a child process of ours while it runs and not after it
+// is reaped (pauseKubeProxies waits on it for kube-proxy's rule restores).
+func TestHasChildren(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !hasChildren(os.Getpid()) {
+		t.Error("a running child was not seen")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if hasChildren(os.Getpid()) {
+		t.Error("a reaped child is still seen")
 	}
 }
