@@ -48,3 +48,29 @@ func iterateMap[K, V any](m *ebpf.Map, hint int) ([]K, []V, error) {
 	}
 	return keys, vals, nil
 }
+
+// replaceKeys makes m (named name; a set: value 1 per key) hold exactly the
+// keys of want: the missing ones are added first, then the others removed,
+// so a key in both states is never absent. Callers validate want and add
+// their own context to the error.
+func replaceKeys[K comparable](m *ebpf.Map, name string, want map[K]bool) error {
+	have, _, err := iterateMap[K, uint8](m, len(want))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	one := uint8(1)
+	for k := range want {
+		if err := m.Put(&k, &one); err != nil {
+			return fmt.Errorf("write %s: %w", name, mapFullHint(err, name))
+		}
+	}
+	var errs []error
+	for _, k := range have {
+		if !want[k] {
+			if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("delete from %s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -49,3 +49,36 @@ func TestDumpMap(t *testing.T) {
 		}
 	}
 }
+
+// TestReplaceKeys: the set map ends up holding exactly the wanted keys,
+// from empty, across an overlap, and down to nothing.
+func TestReplaceKeys(t *testing.T) {
+	requireRoot(t)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 1, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, want := range [][]uint64{{1, 2, 3}, {2, 3, 4, 5}, {5}, nil} {
+		set := map[uint64]bool{}
+		for _, k := range want {
+			set[k] = true
+		}
+		if err := replaceKeys(m, "test", set); err != nil {
+			t.Fatalf("replace with %v: %v", want, err)
+		}
+		keys, vals, err := iterateMap[uint64, uint8](m, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vals {
+			if v != 1 {
+				t.Errorf("key %d has value %d, want 1", keys[i], v)
+			}
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, want) && !(len(keys) == 0 && len(want) == 0) {
+			t.Errorf("replace with %v: map holds %v", want, keys)
+		}
+	}
+}

@@ -370,31 +370,7 @@ func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 		}
 		want[npClusterKey(p)] = true
 	}
-	m := n.tc.AxonNpCluster
-	var k lbTCNpClusterKey
-	var v uint8
-	var stale []lbTCNpClusterKey
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", MapNPCluster, err)
-	}
-	for k := range want {
-		if err := m.Put(&k, uint8(1)); err != nil {
-			return fmt.Errorf("write %s: %w", MapNPCluster, mapFullHint(err, MapNPCluster))
-		}
-	}
-	var errs []error
-	for _, k := range stale {
-		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete from %s: %w", MapNPCluster, err))
-		}
-	}
-	return errors.Join(errs...)
+	return replaceKeys(n.tc.AxonNpCluster, MapNPCluster, want)
 }
 
 // npClusterKey is the axon_np_cluster key of p (IPv4 v4-mapped, +96 bits).
@@ -419,30 +395,7 @@ func (n *NodePortLB) SetNodeAddrs(addrs []netip.Addr) error {
 		}
 		want[a.Unmap().As16()] = true
 	}
-	m := n.tc.AxonNpLocal
-	var k [16]byte
-	var v uint8
-	var stale [][16]byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", MapNPLocal, err)
-	}
-	for k := range want {
-		if err := m.Put(k, uint8(1)); err != nil {
-			return fmt.Errorf("write %s: %w", MapNPLocal, mapFullHint(err, MapNPLocal))
-		}
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete from %s: %w", MapNPLocal, err)
-		}
-	}
-	return nil
+	return replaceKeys(n.tc.AxonNpLocal, MapNPLocal, want)
 }
 
 // Close releases file descriptors. Pinned maps and links stay: traffic keeps

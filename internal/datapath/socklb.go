@@ -359,30 +359,8 @@ func (s *SockLB) SetSkipNetns(cookies []uint64) error {
 	if max := int(s.objs.AxonLbSkip.MaxEntries()); len(want) > max {
 		return fmt.Errorf("set opted-out netns: %d namespaces, the map %s holds at most %d", len(want), MapLBSkip, max)
 	}
-	var (
-		k    uint64
-		v    uint8
-		have []uint64
-	)
-	it := s.objs.AxonLbSkip.Iterate()
-	for it.Next(&k, &v) {
-		have = append(have, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("set opted-out netns: read %s: %w", MapLBSkip, err)
-	}
-	one := uint8(1)
-	for c := range want {
-		if err := s.objs.AxonLbSkip.Put(&c, &one); err != nil {
-			return fmt.Errorf("set opted-out netns: add %d: %w", c, mapFullHint(err, MapLBSkip))
-		}
-	}
-	for _, c := range have {
-		if !want[c] {
-			if err := s.objs.AxonLbSkip.Delete(&c); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("set opted-out netns: remove %d: %w", c, err)
-			}
-		}
+	if err := replaceKeys(s.objs.AxonLbSkip, MapLBSkip, want); err != nil {
+		return fmt.Errorf("set opted-out netns: %w", err)
 	}
 	return nil
 }

@@ -457,30 +457,8 @@ func (s *SockLB) SetLocalAddrs(addrs []netip.Addr) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var (
-		k    [16]byte
-		v    uint8
-		have [][16]byte
-	)
-	it := s.objs.AxonLbLocal.Iterate()
-	for it.Next(&k, &v) {
-		have = append(have, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("set local addresses: read %s: %w", MapLBLocal, err)
-	}
-	one := uint8(1)
-	for a := range want {
-		if err := s.objs.AxonLbLocal.Put(&a, &one); err != nil {
-			return fmt.Errorf("set local addresses: add %s: %w", fromAddr16(a), mapFullHint(err, MapLBLocal))
-		}
-	}
-	for _, a := range have {
-		if !want[a] {
-			if err := s.objs.AxonLbLocal.Delete(&a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("set local addresses: remove %s: %w", fromAddr16(a), err)
-			}
-		}
+	if err := replaceKeys(s.objs.AxonLbLocal, MapLBLocal, want); err != nil {
+		return fmt.Errorf("set local addresses: %w", err)
 	}
 	return nil
 }
