@@ -244,53 +244,82 @@ func mapFullHint(err error, m string) error {
 	return err
 }
 
+// slotEnt is one slot entry of axon_lb_svc as read back.
+type slotEnt struct {
+	key sockLBLbSvcKey
+	id  uint32
+}
+
+// lbMaps is the content of axon_lb_svc and axon_lb_be: master entries by
+// frontend, slot entries, backends by id.
+type lbMaps struct {
+	masters  map[lb.FrontendKey]sockLBLbSvcVal
+	slots    []slotEnt
+	backends map[uint32]sockLBLbBackend
+}
+
+// readMaps reads both maps in batches (hints size the result).
+func (s *SockLB) readMaps(svcHint, beHint int) (lbMaps, error) {
+	svcKeys, svcVals, err := dumpMap[sockLBLbSvcKey, sockLBLbSvcVal](s.objs.AxonLbSvc, svcHint)
+	if err != nil {
+		return lbMaps{}, fmt.Errorf("read %s: %w", MapLBService, err)
+	}
+	c := lbMaps{masters: map[lb.FrontendKey]sockLBLbSvcVal{}, slots: make([]slotEnt, 0, len(svcKeys))}
+	for i, k := range svcKeys {
+		if k.Slot == 0 {
+			c.masters[feKeyOf(k)] = svcVals[i]
+		} else {
+			c.slots = append(c.slots, slotEnt{k, svcVals[i].Id})
+		}
+	}
+	beKeys, beVals, err := dumpMap[uint32, sockLBLbBackend](s.objs.AxonLbBe, beHint)
+	if err != nil {
+		return lbMaps{}, fmt.Errorf("read %s: %w", MapLBBackend, err)
+	}
+	c.backends = make(map[uint32]sockLBLbBackend, len(beKeys))
+	for i, id := range beKeys {
+		c.backends[id] = beVals[i]
+	}
+	return c, nil
+}
+
+// slotCount is the number of slots a master entry says are in use.
+func slotCount(m sockLBLbSvcVal) int {
+	return int(m.Active) + int(m.Terminating) + int(m.Quarantined)
+}
+
+// fromBackendVal is the lb.Backend of an axon_lb_be value (the inverse of
+// backendVal without node and zone, which the map does not hold).
+func fromBackendVal(v sockLBLbBackend) lb.Backend {
+	return lb.Backend{Addr: fromAddr16(v.Addr), Port: lbPortHost(v.Port), State: lb.BackendState(v.State)}
+}
+
 // rebuild reads the maps into s.fe and the id allocators, and removes what a
 // crash between two writes may have left: slots beyond a master's count or
 // without a master, and backends no frontend references.
 func (s *SockLB) rebuild() error {
-	type slotEnt struct {
-		key sockLBLbSvcKey
-		id  uint32
+	c, err := s.readMaps(0, 0)
+	if err != nil {
+		return err
 	}
 	var (
-		slots  []slotEnt
 		stale  []sockLBLbSvcKey
 		states = map[lb.FrontendKey][]beEntry{} // slot order
-		master = map[lb.FrontendKey]sockLBLbSvcVal{}
 	)
-	svcKeys, svcVals, err := dumpMap[sockLBLbSvcKey, sockLBLbSvcVal](s.objs.AxonLbSvc, 0)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", MapLBService, err)
-	}
-	for i, k := range svcKeys {
-		if k.Slot == 0 {
-			master[feKeyOf(k)] = svcVals[i]
-			continue
-		}
-		slots = append(slots, slotEnt{k, svcVals[i].Id})
-	}
-	beKeys, beVals, err := dumpMap[uint32, sockLBLbBackend](s.objs.AxonLbBe, 0)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", MapLBBackend, err)
-	}
-	backends := make(map[uint32]sockLBLbBackend, len(beKeys))
-	for i, id := range beKeys {
-		backends[id] = beVals[i]
-	}
-	for fk, m := range master {
-		states[fk] = make([]beEntry, int(m.Active)+int(m.Terminating)+int(m.Quarantined))
+	for fk, m := range c.masters {
+		states[fk] = make([]beEntry, slotCount(m))
 	}
 	used := map[uint32]bool{}
-	for _, se := range slots {
+	for _, se := range c.slots {
 		fk := feKeyOf(se.key)
 		st := states[fk]
 		idx := int(se.key.Slot) - 1
-		b, ok := backends[se.id]
+		b, ok := c.backends[se.id]
 		if st == nil || idx >= len(st) || !ok {
 			stale = append(stale, se.key)
 			continue
 		}
-		st[idx] = beEntry{id: se.id, b: lb.Backend{Addr: fromAddr16(b.Addr), Port: lbPortHost(b.Port), State: lb.BackendState(b.State)}}
+		st[idx] = beEntry{id: se.id, b: fromBackendVal(b)}
 		used[se.id] = true
 	}
 	for fk, st := range states {
@@ -305,7 +334,7 @@ func (s *SockLB) rebuild() error {
 		for i, be := range st {
 			f.Backends[i] = be.b
 		}
-		m := master[fk]
+		m := c.masters[fk]
 		if m.Flags&lbFlagAffinity != 0 {
 			f.Affinity = time.Duration(m.AffinityTimeout) * time.Second
 		}
@@ -320,7 +349,7 @@ func (s *SockLB) rebuild() error {
 			return fmt.Errorf("remove stale slot of %s: %w", keyString(feKeyOf(stale[i])), err)
 		}
 	}
-	for id := range backends {
+	for id := range c.backends {
 		if !used[id] {
 			if err := s.objs.AxonLbBe.Delete(&id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("remove unreferenced backend %d: %w", id, err)
@@ -329,8 +358,7 @@ func (s *SockLB) rebuild() error {
 	}
 	// a frontend that lost a slot is rewritten whole
 	for fk, st := range s.fe {
-		total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
-		if total != len(st.ids) {
+		if slotCount(st.master) != len(st.ids) {
 			f := *st.meta
 			f.Backends = slices.Clone(f.Backends)
 			if err := s.upsertLocked(f); err != nil {

@@ -40,7 +40,7 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	oldSlots := 0
 	oldIDs := map[beAddr]beEntry{}
 	if old != nil {
-		oldSlots = int(old.master.Active) + int(old.master.Terminating) + int(old.master.Quarantined)
+		oldSlots = slotCount(old.master)
 		for i := range old.ids {
 			be := old.entry(i)
 			oldIDs[beAddr{be.b.Addr, be.b.Port}] = be
@@ -269,7 +269,7 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 	delete(s.fe, k)
 	s.feIDs.free(st.id)
 	var errs []error
-	total := int(st.master.Active) + int(st.master.Terminating) + int(st.master.Quarantined)
+	total := slotCount(st.master)
 	s.svcEntries -= 1 + len(st.ids)
 	// a deleted Service's connected UDP sockets are aborted, as kube-proxy
 	// flushes its UDP conntrack entries; TCP connections keep working
@@ -305,33 +305,24 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	svcKeys, svcVals, err := dumpMap[sockLBLbSvcKey, sockLBLbSvcVal](s.objs.AxonLbSvc, s.svcEntries)
+	c, err := s.readMaps(s.svcEntries, len(s.beIDs.used))
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapLBService, err)
-	}
-	beKeys, beVals, err := dumpMap[uint32, sockLBLbBackend](s.objs.AxonLbBe, len(s.beIDs.used))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapLBBackend, err)
-	}
-	backends := make(map[uint32]*sockLBLbBackend, len(beKeys))
-	for i, id := range beKeys {
-		backends[id] = &beVals[i]
+		return nil, err
 	}
 	// masters first: their counts size the slot lists
 	type raw struct {
 		master sockLBLbSvcVal
 		ids    []uint32 // slot i+1
 	}
-	fes := make(map[lb.FrontendKey]*raw, len(s.fe))
-	for i, k := range svcKeys {
-		if k.Slot == 0 && svcVals[i].Id != 0 { // slots written ahead of their master: not a frontend yet
-			m := svcVals[i]
-			fes[feKeyOf(k)] = &raw{master: m, ids: make([]uint32, int(m.Active)+int(m.Terminating)+int(m.Quarantined))}
+	fes := make(map[lb.FrontendKey]*raw, len(c.masters))
+	for fk, m := range c.masters {
+		if m.Id != 0 { // slots written ahead of their master: not a frontend yet
+			fes[fk] = &raw{master: m, ids: make([]uint32, slotCount(m))}
 		}
 	}
-	for i, k := range svcKeys {
-		if r := fes[feKeyOf(k)]; k.Slot != 0 && r != nil && int(k.Slot) <= len(r.ids) {
-			r.ids[k.Slot-1] = svcVals[i].Id
+	for _, se := range c.slots {
+		if r := fes[feKeyOf(se.key)]; r != nil && int(se.key.Slot) <= len(r.ids) {
+			r.ids[se.key.Slot-1] = se.id
 		}
 	}
 	out := make([]lb.Frontend, 0, len(fes))
@@ -349,11 +340,11 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 			if id == 0 {
 				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), i+1, MapLBService)
 			}
-			bv := backends[id]
-			if bv == nil {
+			bv, ok := c.backends[id]
+			if !ok {
 				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, i+1, ebpf.ErrKeyNotExist)
 			}
-			b := lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}
+			b := fromBackendVal(bv)
 			if st != nil && i < len(st.ids) {
 				// node and zone (not in the maps) from the entry last written to this slot
 				if w := st.meta.Backends[i]; w.Addr == b.Addr && w.Port == b.Port {
