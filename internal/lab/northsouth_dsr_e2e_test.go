@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -24,7 +23,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -259,39 +257,23 @@ type wireCapture struct {
 // wire namespace) and counts until stop.
 func startWireCapture(t *testing.T, port string) *wireCapture {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	wire, err := netns.GetFromName(lab.WireNetns)
-	if err != nil {
-		t.Fatalf("open netns %s: %v", lab.WireNetns, err)
-	}
-	defer wire.Close()
-	h, err := netlink.NewHandleAt(wire)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	link, err := h.LinkByName(port)
-	if err != nil {
-		t.Fatalf("find %s in %s: %v", port, lab.WireNetns, err)
-	}
-	if err := netns.Set(wire); err != nil {
-		t.Fatal(err)
-	}
 	all := htons(unix.ETH_P_ALL)
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(all))
-	if serr := netns.Set(orig); serr != nil {
-		t.Fatalf("back to the test's netns: %v", serr) // the locked thread dies with the test
-	}
+	var fd, ifindex int
+	err := inNetns(lab.WireNetns, func() error {
+		link, err := netlink.LinkByName(port)
+		if err != nil {
+			return fmt.Errorf("find %s in %s: %w", port, lab.WireNetns, err)
+		}
+		ifindex = link.Attrs().Index
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(all)); err != nil {
+			return fmt.Errorf("AF_PACKET socket in %s: %w", lab.WireNetns, err)
+		}
+		return nil
+	})
 	if err != nil {
-		t.Fatalf("AF_PACKET socket in %s: %v", lab.WireNetns, err)
+		t.Fatal(err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: all, Ifindex: link.Attrs().Index}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: all, Ifindex: ifindex}); err != nil {
 		unix.Close(fd)
 		t.Fatalf("bind to %s: %v", port, err)
 	}

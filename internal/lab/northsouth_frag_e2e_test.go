@@ -123,9 +123,9 @@ func labFragments(t *testing.T, extra ...string) {
 	}
 }
 
-// fragInNetns runs fn on a locked OS thread switched into the named netns;
+// inNetns runs fn on a locked OS thread switched into the named netns;
 // sockets opened by fn stay in that netns.
-func fragInNetns(name string, fn func() error) error {
+func inNetns(name string, fn func() error) error {
 	return ns.WithNetNSPath("/run/netns/"+name, func(ns.NetNS) error { return fn() })
 }
 
@@ -134,7 +134,7 @@ func fragInNetns(name string, fn func() error) error {
 func fragEchoServer(t *testing.T, nsName string, port int) {
 	t.Helper()
 	var c *net.UDPConn
-	if err := fragInNetns(nsName, func() (err error) {
+	if err := inNetns(nsName, func() (err error) {
 		c, err = net.ListenUDP("udp", &net.UDPAddr{Port: port})
 		return err
 	}); err != nil {
@@ -162,7 +162,7 @@ func fragExchange(nsName string, dst netip.AddrPort, size int, timeout time.Dura
 		network = "udp6"
 	}
 	var c *net.UDPConn
-	if err := fragInNetns(nsName, func() (err error) {
+	if err := inNetns(nsName, func() (err error) {
 		c, err = net.ListenUDP(network, nil)
 		return err
 	}); err != nil {
