@@ -43,6 +43,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -205,18 +206,42 @@ func ensureExternalDemo(ctx context.Context, kube kubernetes.Interface, st *Stat
 				}
 			}
 		}
-		d := DemoService{Name: want.Name}
-		for _, s := range d.endpointSlices(backends) {
-			for i := range s.Ports {
-				p := int32(PeerEchoPort)
-				s.Ports[i].Port = &p
-			}
+		for _, s := range externalDemoSlices(want.Name, backends) {
 			if err := ensureEndpointSlice(ctx, kube, s); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// externalDemoSlices are the EndpointSlices of the external demo Service
+// name: the backends on PeerEchoPort.
+func externalDemoSlices(name string, backends []Pod) []*discoveryv1.EndpointSlice {
+	slices := DemoService{Name: name}.endpointSlices(backends)
+	for _, s := range slices {
+		for i := range s.Ports {
+			p := int32(PeerEchoPort)
+			s.Ports[i].Port = &p
+		}
+	}
+	return slices
+}
+
+// externalDemoKubeProxyWants is what the external demo Services ask of
+// every kube-proxy.
+func externalDemoKubeProxyWants(st *State) []kubeProxyWant {
+	var out []kubeProxyWant
+	backends := externalDemoBackends(st)
+	for _, svc := range externalDemoObjects() {
+		if svc.Name == DemoLocal {
+			for _, ip := range DemoLocalIngress() {
+				svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+			}
+		}
+		out = append(out, kubeProxyWants(svc, externalDemoSlices(svc.Name, backends))...)
+	}
+	return out
 }
 
 // ---------------------------------------------------------------------------
@@ -941,13 +966,14 @@ func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeo
 	return rs, nil
 }
 
-// waitExternalProgrammed waits until every axon agent's desired Service
-// table holds demo-local's health check port (the watch saw the Services).
+// waitExternalProgrammed waits until every kube-proxy's rules hold the
+// external demo Services, or every axon agent's desired Service table holds
+// demo-local's health check port (the watch saw the Services).
 func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout time.Duration) error {
-	if st.Datapath != DatapathAxon || (st.KubeProxy != "" && st.KubeProxy != KubeProxyNone) {
-		if st.KubeProxy != "" && st.KubeProxy != KubeProxyNone {
-			return waitKubeProxySynced(ctx, st, time.Now(), 30*time.Second)
-		}
+	if kubeProxyModeOf(st) != KubeProxyNone {
+		return waitKubeProxyRules(ctx, st, externalDemoKubeProxyWants(st), 30*time.Second)
+	}
+	if st.Datapath != DatapathAxon {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

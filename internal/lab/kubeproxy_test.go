@@ -38,42 +38,6 @@ func TestParseKubeProxySyncTimes(t *testing.T) {
 	}
 }
 
-func TestKubeProxyMetricsSynced(t *testing.T) {
-	const base = `# HELP kubeproxy_sync_proxy_rules_endpoint_changes_pending [ALPHA] Pending proxy rules Endpoint changes
-# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge
-kubeproxy_sync_proxy_rules_endpoint_changes_pending %s
-kubeproxy_sync_proxy_rules_service_changes_pending 0
-kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"} 1.7953293622e+09
-kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"} 1.7953293622e+09
-kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7953293633e+09
-kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} %s
-`
-	at := func(sec float64) time.Time { return time.Unix(0, int64(sec*1e9)) }
-	tests := []struct {
-		name, pending, v6 string
-		since             time.Time
-		wantWhy           string // "" = synced
-	}{
-		{"synced", "0", "1.7953293624e+09", at(1.7953293620e+09), ""},
-		{"change pending", "2", "1.7953293624e+09", at(1.7953293620e+09), "2 changes pending"},
-		{"IPv6 queued after its last sync", "0", "1.7953293621e+09", at(1.7953293620e+09), "IPv6: a sync is queued"},
-		{"IPv4 synced before since", "0", "1.7953293640e+09", at(1.7953293635e+09), "IPv4: last sync"},
-		{"IPv6 never synced", "0", "0", at(1.7953293620e+09), "IPv6: last sync"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			text := strings.Replace(strings.Replace(base, "%s", tc.pending, 1), "%s", tc.v6, 1)
-			why := parseKubeProxyMetrics(text).syncedSince(tc.since)
-			if (tc.wantWhy == "") != (why == "") || !strings.Contains(why, tc.wantWhy) {
-				t.Errorf("syncedSince = %q, want %q", why, tc.wantWhy)
-			}
-		})
-	}
-	if why := parseKubeProxyMetrics("").syncedSince(time.Time{}); why != "IPv4: no sync yet" {
-		t.Errorf("empty metrics: %q", why)
-	}
-}
-
 func TestKubeProxyArgs(t *testing.T) {
 	n := newNode("/run/axon-lab", "/sys/fs/cgroup/unified/axon-lab", 1)
 	for _, tc := range []struct {

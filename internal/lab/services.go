@@ -187,6 +187,20 @@ func ensureDemoServices(ctx context.Context, kube kubernetes.Interface, st *Stat
 	return nil
 }
 
+// demoKubeProxyWants is what the demo Services ask of every kube-proxy.
+func demoKubeProxyWants(st *State) []kubeProxyWant {
+	var out []kubeProxyWant
+	backends := demoBackends(st)
+	for _, d := range DemoServices() {
+		svc := d.object()
+		for _, ip := range d.LBIngress {
+			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+		}
+		out = append(out, kubeProxyWants(svc, d.endpointSlices(backends))...)
+	}
+	return out
+}
+
 func ensureService(ctx context.Context, kube kubernetes.Interface, d DemoService) error {
 	want := d.object()
 	svcs := kube.CoreV1().Services(DemoNamespace)
@@ -274,15 +288,16 @@ func demoFrontendText(d DemoService) string {
 }
 
 // upDemoServices creates the demo Services and waits (up to 20-30 s) until
-// whatever serves Services has them: every kube-proxy synced after their
-// creation, or every agent's BPF maps hold what its Service watch wants.
+// whatever serves Services has them: every kube-proxy's rules hold their
+// frontends and endpoints, or every agent's BPF maps hold what its Service
+// watch wants.
 func upDemoServices(ctx context.Context, st *State, kube kubernetes.Interface, log *slog.Logger) error {
 	if err := ensureDemoServices(ctx, kube, st); err != nil {
 		return err
 	}
 	st.DemoServices = true
 	if kubeProxyModeOf(st) != KubeProxyNone {
-		return waitKubeProxySynced(ctx, st, time.Now(), 30*time.Second)
+		return waitKubeProxyRules(ctx, st, demoKubeProxyWants(st), 30*time.Second)
 	}
 	if st.Datapath != DatapathAxon {
 		return nil
