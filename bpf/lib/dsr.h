@@ -70,8 +70,9 @@ AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
  * ip6tnl device (CONFIG_NET_IPIP unset, as on the dev host). The inner
  * packet (client -> service address) then goes up the stack, which owns the
  * service address on a local interface. Returns 1 when it decapsulated,
- * 0 when the packet is not IP-in-IP, -1 on error. */
-AXON_INLINE int dsr_decap(axon_ctx_t *ctx)
+ * 0 when the packet is not IP-in-IP, -1 on error. Not inlined: the header
+ * copies stay off the callers' frames. */
+static __noinline int dsr_decap(axon_ctx_t *ctx)
 {
 	struct ethhdr eth;
 

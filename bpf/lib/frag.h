@@ -86,6 +86,45 @@ struct {
  * Linux reuses an IPv4 id for the same peers only after 65536 datagrams). */
 volatile const __u64 cfg_frag_timeout_ns = 1000000000ULL;
 
+/* np_frag_key_of fills the axon_np_frag key of fragment p. */
+AXON_INLINE void np_frag_key_of(const struct np_pkt *p, struct np_frag_key *k)
+{
+	__builtin_memcpy(k->saddr, p->t.saddr, 16);
+	__builtin_memcpy(k->daddr, p->t.daddr, 16);
+	k->id = p->frag_id;
+	k->proto = p->t.proto;
+}
+
+/* np_frag_recorded fills in the ports of a later fragment from its first
+ * fragment's entry. 0: found (and not older than cfg_frag_timeout_ns). */
+AXON_INLINE int np_frag_recorded(struct np_pkt *p, __u64 now)
+{
+	struct np_frag_key k = {};
+	struct np_frag_val *vp;
+
+	np_frag_key_of(p, &k);
+	vp = bpf_map_lookup_elem(&axon_np_frag, &k);
+	if (!vp || now - vp->seen > cfg_frag_timeout_ns)
+		return -1;
+	p->t.sport = vp->sport;
+	p->t.dport = vp->dport;
+	return 0;
+}
+
+/* np_frag_ports reads the ports of a TCP/UDP fragment without recording
+ * anything: from its L4 header (first fragment) or from axon_np_frag
+ * (later ones). np_dsr_accept uses it on the inner packet of a DSR request;
+ * np_frag_track records the first fragment once it is decapsulated. 0: the
+ * ports are in p. Not inlined: the key stays off the caller's frame. */
+static __noinline int np_frag_ports(axon_ctx_t *ctx, struct np_pkt *p)
+{
+	if (p->t.proto != NP_IPPROTO_TCP && p->t.proto != NP_IPPROTO_UDP)
+		return -1;
+	if (p->frag == NP_FRAG_FIRST)
+		return np_parse_ports(ctx, p);
+	return np_frag_recorded(p, np_now());
+}
+
 /* np_frag_track runs for every fragment (p->frag != 0) before the LB looks
  * at its ports. 0: go on (ports of a first fragment parsed and recorded, or
  * of a later fragment filled in from axon_np_frag); 1: continue untouched
@@ -93,17 +132,14 @@ volatile const __u64 cfg_frag_timeout_ns = 1000000000ULL;
 static __noinline int np_frag_track(axon_ctx_t *ctx, struct np_pkt *p, enum np_hook hook)
 {
 	struct np_frag_key k = {};
-	struct np_frag_val v = {}, *vp;
+	struct np_frag_val v = {};
 	__u64 now;
 
 	if (p->t.proto != NP_IPPROTO_TCP && p->t.proto != NP_IPPROTO_UDP) {
 		np_count(hook, NP_FRAGMENT);
 		return 1;
 	}
-	__builtin_memcpy(k.saddr, p->t.saddr, 16);
-	__builtin_memcpy(k.daddr, p->t.daddr, 16);
-	k.id = p->frag_id;
-	k.proto = p->t.proto;
+	np_frag_key_of(p, &k);
 	now = np_now();
 	if (p->frag == NP_FRAG_FIRST) {
 		/* offset 0 but the L4 header is cut short: nothing to record */
@@ -120,13 +156,10 @@ static __noinline int np_frag_track(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 			np_count(hook, NP_FRAG_TRACKED);
 		return 0;
 	}
-	vp = bpf_map_lookup_elem(&axon_np_frag, &k);
-	if (!vp || now - vp->seen > cfg_frag_timeout_ns) {
+	if (np_frag_recorded(p, now)) {
 		np_count(hook, NP_FRAG_NOT_FOUND);
 		return 1;
 	}
-	p->t.sport = vp->sport;
-	p->t.dport = vp->dport;
 	return 0;
 }
 

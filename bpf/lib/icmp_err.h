@@ -14,7 +14,10 @@
  *     found in axon_np_ct as the reverse of the inner header): inner
  *     becomes what the backend sent (backend -> snat:natport for SNAT,
  *     backend -> client for a local backend), outer goes to the backend;
- *     DSR flows get the error IPIP-encapsulated unchanged.
+ *     DSR flows get the error IPIP-encapsulated unchanged, and the backend
+ *     node's np_dsr_accept takes it in when the quoted flow is a local
+ *     DNAT to the pod it was sent to, then translates it here as for a
+ *     local backend.
  * Checksums: outer IPv4 header, ICMP (incl. the ICMPv6 pseudo header) and
  * the inner IPv4 header are updated; the quoted TCP/UDP checksum is left
  * as is (usually truncated, never verified by the receiver).
@@ -96,6 +99,53 @@ AXON_INLINE void np_tuple_swap(struct np_tuple *dst, const struct np_tuple *src)
 	dst->pad[0] = dst->pad[1] = dst->pad[2] = 0;
 }
 
+/* np_icmp_quoted reads the flow an ICMP error at p->l4_off is about: it
+ * (the quoted header's tuple, as the quoted packet was sent), the quoted IP
+ * header's offset and its ports' offset. 0: an error type this file
+ * handles, quoting TCP/UDP; 1: anything else; -1: truncated. */
+AXON_INLINE int np_icmp_quoted(axon_ctx_t *ctx, const struct np_pkt *p, struct np_tuple *it,
+			       __u32 *inner_off, __u32 *inner_l4)
+{
+	__be16 ports[2];
+	__u8 type;
+
+	*inner_off = p->l4_off + 8;
+	if (ctx_load(ctx, p->l4_off, &type, 1))
+		return 1;
+	if (p->v6) {
+		struct ipv6hdr ip6;
+
+		if (type != NP_ICMP6_DEST_UNREACH && type != NP_ICMP6_PKT_TOOBIG && type != NP_ICMP6_TIME_EXCEED)
+			return 1;
+		if (ctx_load(ctx, *inner_off, &ip6, sizeof(ip6)))
+			return -1;
+		it->proto = ip6.nexthdr;
+		__builtin_memcpy(it->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(it->daddr, &ip6.daddr, 16);
+		*inner_l4 = *inner_off + sizeof(ip6);
+	} else {
+		struct iphdr ip;
+
+		if (type != NP_ICMP_DEST_UNREACH && type != NP_ICMP_TIME_EXCEEDED)
+			return 1;
+		if (ctx_load(ctx, *inner_off, &ip, sizeof(ip)))
+			return -1;
+		if (ip.ihl < 5)
+			return -1;
+		it->proto = ip.protocol;
+		np_addr4(it->saddr, ip.saddr);
+		np_addr4(it->daddr, ip.daddr);
+		*inner_l4 = *inner_off + (__u32)ip.ihl * 4;
+	}
+	if (it->proto != NP_IPPROTO_TCP && it->proto != NP_IPPROTO_UDP)
+		return 1;
+	if (ctx_load(ctx, *inner_l4, ports, sizeof(ports)))
+		return -1;
+	it->sport = ports[0];
+	it->dport = ports[1];
+	return 0;
+}
+
 /* Not inlined: its own stack frame (the BPF stack is 512 bytes). */
 static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_hook hook)
 {
@@ -105,47 +155,17 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 	struct np_nat *nat;
 	struct np_ct *ctp, ct;
 	__u8 osrc[16], odst[16];
-	__u32 inner_off = p->l4_off + 8, inner_l4;
-	__u8 type;
-	__be16 ports[2];
+	__u32 inner_off, inner_l4;
 	long rc = 0;
 
 	if (!sc)
 		return CTX_NEXT;
 	fp = &sc->fp;
-	if (ctx_load(ctx, p->l4_off, &type, 1))
+	rc = np_icmp_quoted(ctx, p, &it, &inner_off, &inner_l4);
+	if (rc > 0)
 		goto not_ours;
-	if (p->v6) {
-		struct ipv6hdr ip6;
-
-		if (type != NP_ICMP6_DEST_UNREACH && type != NP_ICMP6_PKT_TOOBIG && type != NP_ICMP6_TIME_EXCEED)
-			goto not_ours;
-		if (ctx_load(ctx, inner_off, &ip6, sizeof(ip6)))
-			goto malformed;
-		it.proto = ip6.nexthdr;
-		__builtin_memcpy(it.saddr, &ip6.saddr, 16);
-		__builtin_memcpy(it.daddr, &ip6.daddr, 16);
-		inner_l4 = inner_off + sizeof(ip6);
-	} else {
-		struct iphdr ip;
-
-		if (type != NP_ICMP_DEST_UNREACH && type != NP_ICMP_TIME_EXCEEDED)
-			goto not_ours;
-		if (ctx_load(ctx, inner_off, &ip, sizeof(ip)))
-			goto malformed;
-		if (ip.ihl < 5)
-			goto malformed;
-		it.proto = ip.protocol;
-		np_addr4(it.saddr, ip.saddr);
-		np_addr4(it.daddr, ip.daddr);
-		inner_l4 = inner_off + (__u32)ip.ihl * 4;
-	}
-	if (it.proto != NP_IPPROTO_TCP && it.proto != NP_IPPROTO_UDP)
-		goto not_ours;
-	if (ctx_load(ctx, inner_l4, ports, sizeof(ports)))
+	if (rc < 0)
 		goto malformed;
-	it.sport = ports[0];
-	it.dport = ports[1];
 	np_tuple_swap(&rk, &it);
 
 	if (p->ttl <= 1) {

@@ -109,7 +109,8 @@ enum np_reason {
 	NP_DSR_DECAP = 21,       /* backend side: IPIP outer header removed (np_dsr_accept at tc ingress; axon_lb_decap: egress row) */
 	NP_FRAG_TRACKED = 22,    /* frag.h: first fragment, its ports recorded in axon_np_frag */
 	NP_FRAG_NOT_FOUND = 23,  /* frag.h: later fragment whose first was not seen: untouched */
-	NP_REASON_MAX = 24,
+	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
+	NP_REASON_MAX = 25,
 };
 
 struct np_svc_key {
@@ -288,6 +289,7 @@ struct np_scratch {
 	struct np_nat nat;
 	struct np_tuple rk;
 	struct np_ct ct;  /* the flow being translated (np_ingress_l4) */
+	__u8 answer[160]; /* np_reply_too_big's ICMP answer (icmp_too_big.h) */
 };
 
 struct {
@@ -387,24 +389,24 @@ AXON_INLINE int np_addr_eq(const __u8 *x, const __u8 *y)
 	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
 }
 
-/* np_parse_l3 reads the IP header into p (not the ports). 0: IPv4/IPv6 to
- * act on; 1: not IP; -1: malformed. Not inlined: its header copies stay
- * off the entry frame (the stack limit counts the whole call chain). */
-static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
+/* np_parse_ip reads the IPv4 (v6 = 0) or IPv6 header at packet offset off
+ * into p (not the ports): the packet's own header (np_parse_l3) or the
+ * inner header of a DSR request (np_dsr_accept). 0: ok; -1: malformed. Not
+ * inlined: its header copies stay off the callers' frames (the stack limit
+ * counts the whole call chain). */
+static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, int v6)
 {
-	struct ethhdr eth;
-
-	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
+	if (off > CTX_MAX_OFF)
 		return -1;
-	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
+	if (!v6) {
 		struct iphdr ip;
 
-		if (ctx_load(ctx, ETH_HLEN, &ip, sizeof(ip)))
+		if (ctx_load(ctx, off, &ip, sizeof(ip)))
 			return -1;
 		if (ip.version != 4 || ip.ihl < 5)
 			return -1;
 		p->v6 = 0;
-		p->l4_off = ETH_HLEN + (__u32)ip.ihl * 4;
+		p->l4_off = off + (__u32)ip.ihl * 4;
 		p->t.proto = ip.protocol;
 		p->ttl = ip.ttl;
 		p->tot_len = ip.tot_len;
@@ -417,15 +419,15 @@ static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 		np_addr4(p->t.daddr, ip.daddr);
 		return 0;
 	}
-	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+	{
 		struct ipv6hdr ip6;
 
-		if (ctx_load(ctx, ETH_HLEN, &ip6, sizeof(ip6)))
+		if (ctx_load(ctx, off, &ip6, sizeof(ip6)))
 			return -1;
 		if (ip6.version != 6)
 			return -1;
 		p->v6 = 1;
-		p->l4_off = ETH_HLEN + sizeof(ip6);
+		p->l4_off = off + sizeof(ip6);
 		p->t.proto = ip6.nexthdr;
 		p->ttl = ip6.hop_limit;
 		p->tot_len = ip6.payload_len;
@@ -445,6 +447,20 @@ static __noinline int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
 		return 0;
 	}
+}
+
+/* np_parse_l3 reads the packet's IP header into p (not the ports). 0:
+ * IPv4/IPv6 to act on; 1: not IP; -1: malformed. */
+AXON_INLINE int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
+{
+	struct ethhdr eth;
+
+	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
+		return -1;
+	if (eth.h_proto == bpf_htons(ETH_P_IP))
+		return np_parse_ip(ctx, p, ETH_HLEN, 0);
+	if (eth.h_proto == bpf_htons(ETH_P_IPV6))
+		return np_parse_ip(ctx, p, ETH_HLEN, 1);
 	return 1;
 }
 
@@ -469,6 +485,7 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 }
 
 #include "frag.h"
+#include "icmp_too_big.h"
 
 AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
 {
@@ -799,6 +816,10 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 		return CTX_PASS;
 	}
 	if (ct->flags & NP_CT_DSR) {
+		if (np_dsr_too_big(ctx, p)) {
+			np_explain_set(NP_DSR_TOO_BIG, ct, hit);
+			return NP_RET_TOO_BIG; /* np_ingress answers: np_reply_too_big's frame off this chain */
+		}
 		np_explain_set(NP_DSR_ENCAP, ct, hit);
 		if (np_snat_addr(&p->t, p->v6, src)) {
 			np_count(hook, NP_DROP_NO_SNAT_ADDR);
@@ -1194,59 +1215,58 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
  * DSR request of another node's LB when its outer destination is a pod on
  * this node that backs the inner packet's frontend (axon_np_dsr), or, for a
  * running flow, when the inner tuple's CT entry is a local DNAT to that pod
- * (established flows do not depend on axon_np_dsr). Anything else (another
- * tunnel, a pod's own IPIP traffic) is left as it is. A request has its
- * outer header removed and p parsed again as the inner packet, p->dsr_be
- * set to the backend: np_ingress_l4 then DNATs it like a packet that came
- * to this node's own frontend, and its reverse entry gives the replies the
- * frontend as source at the uplink egress (np_egress), straight to the
- * client. 0: decapsulated; 1: not a DSR request, untouched; -1: drop. */
+ * (established flows do not depend on axon_np_dsr). Inner fragments count
+ * too (a client that learnt the path MTU from np_reply_too_big fragments
+ * its datagrams): a later fragment finds its ports in axon_np_frag, where
+ * the first one was recorded after its decapsulation (frag.h). So does an
+ * ICMP error the LB forwarded about a reply of a local DNAT flow to that
+ * pod (icmp_err.h, b): found by the CT entry of the flow it quotes. Anything
+ * else (another tunnel, a pod's own IPIP traffic) is left as it is. A
+ * request has its outer header removed and p parsed again as the inner
+ * packet, p->dsr_be set to the backend: np_ingress_l4 then DNATs it like a
+ * packet that came to this node's own frontend (np_icmp_error translates
+ * the error), and its reverse entry gives the replies the frontend as
+ * source at the uplink egress (np_egress), straight to the client.
+ * 0: decapsulated; 1: not a DSR request, untouched; -1: drop. */
 static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 {
 	struct np_pkt in = {};
 	struct np_dsr_key dk = {};
 	struct np_svc_key key;
 	struct np_svc_val *svc;
+	struct np_tuple it;
 	struct np_ct *ct;
-	__u32 off = p->l4_off, be_id, *idp;
+	__u32 be_id = 0, *idp, inner_off, inner_l4;
 	int local = 0;
 
 	if (p->frag)
 		return 1;
-	if (p->v6) {
-		struct ipv6hdr ip6;
-
-		if (p->t.proto != NP_IPPROTO_IPV6 || off != ETH_HLEN + sizeof(struct ipv6hdr))
+	if (p->v6 ? (p->t.proto != NP_IPPROTO_IPV6 || p->l4_off != ETH_HLEN + sizeof(struct ipv6hdr))
+		  : (p->t.proto != NP_IPPROTO_IPIP || p->l4_off != ETH_HLEN + sizeof(struct iphdr)))
+		return 1;
+	if (np_parse_ip(ctx, &in, p->l4_off, p->v6))
+		return 1;
+	if (in.t.proto == NP_IPPROTO_ICMP || in.t.proto == NP_IPPROTO_ICMPV6) {
+		/* an error about a reply (frontend -> client) of a flow that
+		 * is a local DNAT to this pod */
+		if (in.frag || np_icmp_quoted(ctx, &in, &it, &inner_off, &inner_l4))
 			return 1;
-		if (ctx_load(ctx, off, &ip6, sizeof(ip6)) || ip6.version != 6)
+		np_tuple_swap(&in.t, &it); /* the flow's CT key; in is not needed after */
+		ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+		if (!ct || !(ct->flags & NP_CT_LOCAL) || !np_addr_eq(ct->be_addr, p->t.daddr))
 			return 1;
-		in.v6 = 1;
-		in.t.proto = ip6.nexthdr;
-		in.l4_off = off + sizeof(ip6);
-		__builtin_memcpy(in.t.saddr, &ip6.saddr, 16);
-		__builtin_memcpy(in.t.daddr, &ip6.daddr, 16);
-	} else {
-		struct iphdr ip;
-
-		if (p->t.proto != NP_IPPROTO_IPIP || off != ETH_HLEN + sizeof(struct iphdr))
-			return 1;
-		if (ctx_load(ctx, off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
-			return 1;
-		if (ip.frag_off & bpf_htons(0x3fff)) /* the LB encapsulates whole packets */
-			return 1;
-		in.t.proto = ip.protocol;
-		in.l4_off = off + (__u32)ip.ihl * 4;
-		np_addr4(in.t.saddr, ip.saddr);
-		np_addr4(in.t.daddr, ip.daddr);
+		goto decap;
 	}
 	if (in.t.proto != NP_IPPROTO_TCP && in.t.proto != NP_IPPROTO_UDP)
 		return 1;
-	if (np_parse_ports(ctx, &in))
+	if (in.frag ? np_frag_ports(ctx, &in) : np_parse_ports(ctx, &in))
 		return 1;
 	ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
 	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
 		be_id = ct->backend_id;
 	} else {
+		if (in.frag == NP_FRAG_LATER)
+			return 1; /* the first fragment made the CT entry, or was not ours */
 		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1);
 		if (!svc)
 			return 1;
@@ -1257,6 +1277,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 			return 1;
 		be_id = *idp;
 	}
+decap:
 	if (dsr_decap(ctx) <= 0)
 		return -1;
 	__builtin_memset(p, 0, sizeof(*p));
@@ -1303,7 +1324,10 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 		np_count(hook, NP_NOT_SERVICE);
 		return CTX_NEXT;
 	}
-	return np_ingress_l4(ctx, &p, hook);
+	rc = np_ingress_l4(ctx, &p, hook);
+	if (rc == NP_RET_TOO_BIG)
+		return np_reply_too_big(ctx, &p, hook);
+	return rc;
 }
 
 /* np_dsr_clamp_mss lowers the MSS option of a SYN-ACK that answers a DSR

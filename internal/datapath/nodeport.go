@@ -97,7 +97,9 @@ type NodePortOptions struct {
 	// UplinkMTU is the MTU of the node's uplink. DSR requests of other
 	// nodes' LBs arrive with an outer header (20 / 40 bytes), so the
 	// SYN-ACK of such a flow gets its MSS clamped to fit it (the clamp
-	// assumes the same MTU on every node). 0: no clamp.
+	// assumes the same MTU on every node), and a packet this LB would
+	// encapsulate beyond it is answered with ICMP "fragmentation needed" /
+	// "packet too big" (bpf/lib/icmp_too_big.h). 0: neither.
 	UplinkMTU uint32
 	// NoNeigh: the kernel lacks bpf_redirect_neigh (tc falls back to the
 	// stack for unresolved neighbours). Normally false (probed by the caller).
@@ -142,6 +144,7 @@ var npReasonNames = []string{
 	"drop_src_range", "drop_not_local", "drop_no_route", "xdp_punt", "fragment",
 	"malformed", "ttl", "egress_rev", "drop_no_snat_addr", "rewrite_fail", "dsr_decap",
 	"frag_tracked", "frag_not_found", // IP fragments (bpf/lib/frag.h)
+	"dsr_too_big", // bpf/lib/icmp_too_big.h
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
@@ -244,6 +247,7 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 		"cfg_dry_run":       boolU8(dryRun),
 		"cfg_dsr_mss_v4":    dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
 		"cfg_dsr_mss_v6":    dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
+		"cfg_dsr_mtu":       o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
 	}
 	for name, v := range vals {
 		vs, ok := spec.Variables[name]
@@ -287,6 +291,9 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
 	restoreNAT, err := npNATMigration(o.PinDir) // an older LRU axon_np_nat (nodeport_maps.go)
 	if err != nil {
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
+	if err := npMetricsMigration(o.PinDir, tcSpec.Maps[MapNPMetrics], n.log); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
 	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -435,6 +436,34 @@ func ParseTuple(proto, src, dst string) (Tuple, error) {
 // is read and removed before the load creates the new map, and restore
 // writes the entries back after it. Nothing to do (nil restore) when the pin
 // is missing or already a hash.
+// npMetricsMigration unpins an axon_np_metrics of another size than spec
+// (an older object with fewer np_reason rows): counters are not worth an
+// agent that cannot start. They restart from zero, which Prometheus counters
+// handle as a reset.
+func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) error {
+	if spec == nil {
+		return nil
+	}
+	path := filepath.Join(pinDir, MapNPMetrics)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned %s: %w", MapNPMetrics, err)
+	}
+	size := old.MaxEntries()
+	old.Close()
+	if size == spec.MaxEntries {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("migrate %s: unpin the old counters: %w", MapNPMetrics, err)
+	}
+	log.Info("nodeport LB: packet counters restart from zero (their layout changed)", "map", MapNPMetrics, "old_entries", size, "entries", spec.MaxEntries)
+	return nil
+}
+
 func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
 	path := filepath.Join(pinDir, MapNPNAT)
 	old, err := ebpf.LoadPinnedMap(path, nil)

@@ -107,7 +107,12 @@ func Run(ctx context.Context, path string, o RunOptions) error {
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err == nil && strings.TrimSpace(string(b)) != "1" {
 		return fmt.Errorf("IPv4 forwarding is off in this network namespace: the load balancer forwards packets to backends after a FIB lookup, which the kernel refuses without it: run `sysctl -w net.ipv4.ip_forward=1` (and net.ipv6.conf.all.forwarding=1 for IPv6 VIPs)")
 	}
+	link, err := netlink.LinkByName(cfg.Interface)
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", cfg.Interface, err)
+	}
 	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+		UplinkMTU:       uint32(link.Attrs().MTU), // answer "too big" for what IPIP would push over it
 		PinDir:          cfg.BPFRoot,
 		NodeAddrs:       addrs,
 		Mode:            datapath.NPModeDSR,

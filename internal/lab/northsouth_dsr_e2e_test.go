@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/lab"
 )
@@ -62,10 +63,11 @@ func TestLabNorthSouthDSR(t *testing.T) {
 	extIPs := []netip.Addr{a("198.18.0.111"), a("fd00:198:18::111")}
 	lbIPs := []netip.Addr{a("198.18.0.211"), a("fd00:198:18::211")}
 	bulkIPs := []netip.Addr{a("198.18.0.212"), a("fd00:198:18::212")}
+	bigIPs := []netip.Addr{a("198.18.0.213"), a("fd00:198:18::213")}
 	const nodePort = 30086
 	// The external client reaches externalIPs and LoadBalancer IPs via node1
 	// (the lab's announcer stand-in).
-	for _, ip := range slices.Concat(extIPs, lbIPs, bulkIPs) {
+	for _, ip := range slices.Concat(extIPs, lbIPs, bulkIPs, bigIPs) {
 		gw := node1.IP
 		args := []string{"ip", "route", "replace", ip.String() + "/32", "via", gw.String()}
 		if ip.Is6() {
@@ -199,6 +201,56 @@ func TestLabNorthSouthDSR(t *testing.T) {
 		if mss <= 0 || mss > max {
 			t.Errorf("client MSS toward %s is %d, want ≤ %d (clamped for the outer header)", ip, mss, max)
 		}
+	}
+
+	// UDP datagrams that do not fit the outer header (bpf/lib/icmp_too_big.h):
+	// the client's kernel fragments 4 000 bytes at the wire's 1 500; the
+	// first fragment plus 20 / 40 bytes would not fit node1's uplink, so
+	// node1 answers "fragmentation needed" / "packet too big", the client
+	// caches the smaller path MTU and sends the next datagram in fragments
+	// that fit; node2 takes each encapsulated fragment, and the pod's echo
+	// comes back whole, straight from node2.
+	for _, p := range remote {
+		fragEchoServer(t, p.Netns, fragEchoPort)
+	}
+	big := newTestService("dsr-big", corev1.ServiceTypeLoadBalancer, 30088, corev1.ProtocolUDP)
+	big.Spec.Ports[0].TargetPort = intstr.FromInt32(fragEchoPort)
+	if big, err = kube.CoreV1().Services("default").Create(ctx, big, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range bigIPs {
+		big.Status.LoadBalancer.Ingress = append(big.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+	}
+	if big, err = kube.CoreV1().Services("default").UpdateStatus(ctx, big, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	(&testService{svc: big, port: fragEchoPort, backends: remote}).apply(t, kube)
+	for _, ip := range bigIPs {
+		waitFrontend(t, l, node1.Name, netip.AddrPortFrom(ip, 80).String()+"/UDP")
+		waitFrontend(t, l, node2.Name, netip.AddrPortFrom(ip, 80).String()+"/UDP")
+	}
+	before := npPinnedCounters(t, node1.PinDir)
+	for _, ip := range bigIPs {
+		dst := netip.AddrPortFrom(ip, 80)
+		sends, err := fragExchange(l.External().Netns, dst, fragDatagram, 20*time.Second)
+		if err != nil {
+			t.Errorf("%d-byte datagram to %s through DSR: %v", fragDatagram, dst, err)
+			continue
+		}
+		route, _ := l.Command(ctx, lab.ExternalName, "ip", "route", "get", ip.String()).CombinedOutput()
+		t.Logf("%d-byte datagram to %s through DSR echoed whole after %d sends; client route: %s", fragDatagram, dst, sends, strings.Join(strings.Fields(string(route)), " "))
+		want := "mtu 1480"
+		if ip.Is6() {
+			want = "mtu 1460"
+		}
+		if !strings.Contains(string(route), want) {
+			t.Errorf("the client's route to %s has no cached %s: %s", ip, want, route)
+		}
+	}
+	moved := npPinnedCounters(t, node1.PinDir)["tc"]["dsr_too_big"] - before["tc"]["dsr_too_big"]
+	t.Logf("%s answered %d packets too big for DSR", node1.Name, moved)
+	if moved == 0 {
+		t.Errorf("%s's dsr_too_big did not move: the datagrams were not too big, or not answered", node1.Name)
 	}
 }
 
