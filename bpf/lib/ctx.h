@@ -54,6 +54,17 @@ AXON_INLINE __u32 ctx_ifindex(const axon_ctx_t *ctx)
 /* Largest packet offset the LB reads or writes at (headers only). */
 #define CTX_MAX_OFF 192
 
+/* ctx_bound_off returns off (already checked <= CTX_MAX_OFF) masked to 8
+ * bits in the register that is added to the packet pointer. Verifiers
+ * before ~6.3 do not carry a bounds check over to a copy of the offset the
+ * compiler spilled before it, and reject the access as unbounded; the mask
+ * gives them the bound on the register itself. */
+AXON_INLINE __u32 ctx_bound_off(__u32 off)
+{
+	asm volatile("%0 &= 0xff" : "+r"(off));
+	return off;
+}
+
 /* ctx_load copies len bytes at packet offset off into dst (len constant).
  * Direct packet access where the bytes are in the linear area (always at
  * XDP); tc falls back to bpf_skb_load_bytes, which also reads paged data. */
@@ -64,7 +75,7 @@ AXON_INLINE int ctx_load_bytes(axon_ctx_t *ctx, __u32 off, void *dst, __u32 len)
 	void *p;
 
 	if (off <= CTX_MAX_OFF) {
-		p = data + off;
+		p = data + ctx_bound_off(off);
 		if (p + len <= end) {
 			__builtin_memcpy(dst, p, len);
 			return 0;
@@ -86,7 +97,7 @@ AXON_INLINE int ctx_store(axon_ctx_t *ctx, __u32 off, const void *src, __u32 len
 	void *p;
 
 	if (off <= CTX_MAX_OFF) {
-		p = data + off;
+		p = data + ctx_bound_off(off);
 		if (p + len <= end) {
 			__builtin_memcpy(p, src, len);
 			return 0;
