@@ -996,18 +996,36 @@ func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout tim
 		}
 	}
 	// The agents apply the same table to the north-south LB right after the
-	// socket LB, and count local endpoints for the health check: wait until
-	// the announcer's health check reports its local backends.
-	hc := "http://" + netip.AddrPortFrom(LBAnnouncer(st).IP, DemoLocalHealthPort).String() + "/healthz"
+	// socket LB, count local endpoints for the health check and open its
+	// server: wait until the announcer's health check reports its local
+	// backends and every other node's answers at all (503: none local).
+	var probes []XProbe
+	announcer := LBAnnouncer(st)
+	for _, n := range st.Nodes {
+		probes = append(probes, XProbe{Proto: "http", Addr: netip.AddrPortFrom(n.IP, DemoLocalHealthPort)})
+	}
+	why := "no answer yet"
 	for ctx.Err() == nil {
-		rs, err := l.RunXProbesFromExternal(ctx, []XProbe{{Proto: "http", Addr: netip.AddrPortFrom(LBAnnouncer(st).IP, DemoLocalHealthPort)}}, time.Second)
-		if err == nil && len(rs) == 1 && rs[0].Status == http.StatusOK {
+		rs, err := l.RunXProbesFromExternal(ctx, probes, time.Second)
+		why = ""
+		if err != nil || len(rs) != len(probes) {
+			why = fmt.Sprintf("probes: %v", err)
+		}
+		for _, r := range rs {
+			switch {
+			case !r.OK:
+				why = fmt.Sprintf("%s: %s", r.Addr, r.Err)
+			case r.Addr.Addr() == announcer.IP && r.Status != http.StatusOK:
+				why = fmt.Sprintf("%s answers %d, want 200 (local backends)", r.Addr, r.Status)
+			}
+		}
+		if why == "" {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if ctx.Err() != nil {
-		errs = append(errs, fmt.Errorf("%s did not answer 200 within %s", hc, timeout))
+	if why != "" {
+		errs = append(errs, fmt.Errorf("the %s health checks are not all up within %s: %s", DemoLocal, timeout, why))
 	}
 	return errors.Join(errs...)
 }

@@ -244,6 +244,28 @@ func HTTPGetInNetns(ctx context.Context, nsPath, addr, path string, timeout time
 
 // waitKubeProxies waits until every node's kube-proxy answers /healthz with 200.
 func waitKubeProxies(ctx context.Context, st *State, timeout time.Duration) error {
+	return pollKubeProxies(ctx, st, timeout, func(ctx context.Context, n Node) string {
+		h, err := kubeProxyHealthz(ctx, n.Netns)
+		switch {
+		case err != nil:
+			return err.Error()
+		case !h.OK:
+			return h.Status
+		}
+		return ""
+	}, func(n Node, why string, exited bool) error {
+		if exited {
+			return fmt.Errorf("kube-proxy on %s exited (%s); see %s:\n%s", n.Name, why, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+		}
+		return fmt.Errorf("kube-proxy on %s not healthy after %s: %s; see %s:\n%s", n.Name, timeout, why, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+	})
+}
+
+// pollKubeProxies runs check for every node's kube-proxy every 100 ms until
+// it says "" (done), the kube-proxy exits or timeout; fail turns the last
+// reason into the node's error.
+func pollKubeProxies(ctx context.Context, st *State, timeout time.Duration,
+	check func(context.Context, Node) (why string), fail func(n Node, why string, exited bool) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	errs := make([]error, len(st.Nodes))
@@ -253,24 +275,18 @@ func waitKubeProxies(ctx context.Context, st *State, timeout time.Duration) erro
 			continue
 		}
 		wg.Go(func() {
-			var last string
 			for {
-				h, err := kubeProxyHealthz(ctx, n.Netns)
-				switch {
-				case err != nil:
-					last = err.Error()
-				case !h.OK:
-					last = h.Status
-				default:
+				why := check(ctx, n)
+				if why == "" {
 					return
 				}
 				if !n.KubeProxy.Alive() {
-					errs[i] = fmt.Errorf("kube-proxy on %s exited (%s); see %s:\n%s", n.Name, last, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+					errs[i] = fail(n, why, true)
 					return
 				}
 				select {
 				case <-ctx.Done():
-					errs[i] = fmt.Errorf("kube-proxy on %s not healthy after %s: %s; see %s:\n%s", n.Name, timeout, last, n.KubeProxy.Log, logTail(n.KubeProxy.Log, 15))
+					errs[i] = fail(n, why, false)
 					return
 				case <-time.After(100 * time.Millisecond):
 				}

@@ -10,14 +10,12 @@ package lab
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -251,32 +249,16 @@ func waitKubeProxyRules(ctx context.Context, st *State, wants []kubeProxyWant, t
 	if mode == KubeProxyNone {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	errs := make([]error, len(st.Nodes))
-	var wg sync.WaitGroup
-	for i, n := range st.Nodes {
-		if n.KubeProxy == nil {
-			continue
+	return pollKubeProxies(ctx, st, timeout, func(ctx context.Context, n Node) string {
+		why, err := kubeProxyLacks(ctx, n.Netns, mode, wants)
+		if err != nil {
+			return err.Error()
 		}
-		wg.Go(func() {
-			for {
-				why, err := kubeProxyLacks(ctx, n.Netns, mode, wants)
-				if err == nil && why == "" {
-					return
-				}
-				if err != nil {
-					why = err.Error()
-				}
-				select {
-				case <-ctx.Done():
-					errs[i] = fmt.Errorf("kube-proxy on %s has not programmed the demo Services within %s: %s (log %s)", n.Name, timeout, why, n.KubeProxy.Log)
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+		return why
+	}, func(n Node, why string, exited bool) error {
+		if exited {
+			return fmt.Errorf("kube-proxy on %s exited before it programmed the demo Services (%s); see %s", n.Name, why, n.KubeProxy.Log)
+		}
+		return fmt.Errorf("kube-proxy on %s has not programmed the demo Services within %s: %s (log %s)", n.Name, timeout, why, n.KubeProxy.Log)
+	})
 }
