@@ -157,6 +157,38 @@ func newConnRateCmd() *cobra.Command {
 	client.Flags().StringVar(&target, "target", "", "server address:port (pod IP or ClusterIP)")
 	client.Flags().DurationVar(&cc.Duration, "duration", 3*time.Second, "how long to loop")
 	client.Flags().IntVar(&cc.Request, "request", 32, "request (and response) size in bytes")
-	cmd.AddCommand(serve, client)
+	var pc bench.ConnRateConfig
+	var ptarget, pversus string
+	var slice time.Duration
+	paired := &cobra.Command{
+		Use:   "paired",
+		Short: "the same loop against --target and --versus in alternating slices: their rate ratio per pair",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := netip.ParseAddrPort(ptarget)
+			if err != nil {
+				return fmt.Errorf("--target %q: want address:port: %w", ptarget, err)
+			}
+			b, err := netip.ParseAddrPort(pversus)
+			if err != nil {
+				return fmt.Errorf("--versus %q: want address:port: %w", pversus, err)
+			}
+			pc.Target = a
+			res, err := bench.ConnRatePaired(cmd.Context(), pc, b, slice)
+			if err != nil {
+				return err
+			}
+			if res.Pairs == 0 {
+				return fmt.Errorf("no pair of slices with connections on both sides (%s: %s; %s: %s)", a, res.A.FirstError, b, res.B.FirstError)
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	paired.Flags().StringVar(&ptarget, "target", "", "A: server address:port (e.g. a ClusterIP)")
+	paired.Flags().StringVar(&pversus, "versus", "", "B: server address:port (e.g. the backend pod IP)")
+	paired.Flags().DurationVar(&pc.Duration, "duration", 15*time.Second, "how long to loop in all")
+	paired.Flags().DurationVar(&slice, "slice", 250*time.Millisecond, "length of each slice")
+	paired.Flags().IntVar(&pc.Request, "request", 32, "request (and response) size in bytes")
+	cmd.AddCommand(serve, client, paired)
 	return cmd
 }

@@ -91,88 +91,191 @@ func ConnRate(ctx context.Context, cfg ConnRateConfig) (ConnRateResult, error) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	family, sa := sockaddr(cfg.Target)
-	tv := unix.NsecToTimeval(cfg.Timeout.Nanoseconds())
-	req := bytes.Repeat([]byte{'x'}, cfg.Request)
-	buf := make([]byte, cfg.Request+1)
-	res := ConnRateResult{Target: cfg.Target.String()}
-	connectNs := make([]int64, 0, 1<<16)
-	cycleNs := make([]int64, 0, 1<<16)
-
-	cycle := func() (connect time.Duration, err error) {
-		fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return 0, fmt.Errorf("socket: %w", err)
-		}
-		defer unix.Close(fd)
-		// SO_SNDTIMEO bounds a blocking connect(2), SO_RCVTIMEO the read.
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		t0 := time.Now()
-		if err := unix.Connect(fd, sa); err != nil {
-			if err == unix.EINTR { // a signal (Go's async preemption): the handshake goes on
-				err = awaitConnect(fd, cfg.Timeout)
-			}
-			if err != nil {
-				return 0, fmt.Errorf("connect %s: %w", cfg.Target, err)
-			}
-		}
-		connect = time.Since(t0)
-		if _, err := unix.Write(fd, req); err != nil {
-			return connect, fmt.Errorf("write: %w", err)
-		}
-		got := 0
-		for {
-			n, err := unix.Read(fd, buf)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return connect, fmt.Errorf("read: %w", err)
-			}
-			if n == 0 {
-				break // the server closes after its answer
-			}
-			got += n
-		}
-		if got != cfg.Request {
-			return connect, fmt.Errorf("got %d response bytes, want %d", got, cfg.Request)
-		}
-		return connect, nil
-	}
-
+	l := newConnLoop(cfg)
+	acc := &connAcc{res: ConnRateResult{Target: cfg.Target.String()}}
 	start := time.Now()
-	deadline := start.Add(cfg.Duration)
-	for n := 0; ; n++ {
+	l.run(ctx, cfg.Target, start.Add(cfg.Duration), acc)
+	return acc.result(time.Since(start)), nil
+}
+
+// connLoop runs connect+request+response+close cycles (blocking system
+// calls, on the caller's locked OS thread).
+type connLoop struct {
+	cfg ConnRateConfig
+	tv  unix.Timeval
+	req []byte
+	buf []byte
+}
+
+func newConnLoop(cfg ConnRateConfig) *connLoop {
+	return &connLoop{cfg: cfg, tv: unix.NsecToTimeval(cfg.Timeout.Nanoseconds()),
+		req: bytes.Repeat([]byte{'x'}, cfg.Request), buf: make([]byte, cfg.Request+1)}
+}
+
+// connAcc collects the cycles of one target.
+type connAcc struct {
+	res                ConnRateResult
+	connectNs, cycleNs []int64
+	stopped            bool // ctx ended or MaxErrors
+}
+
+// result finishes acc after d of looping.
+func (a *connAcc) result(d time.Duration) ConnRateResult {
+	res := a.res
+	res.Seconds = d.Seconds()
+	res.Conns = len(a.cycleNs)
+	if res.Seconds > 0 {
+		res.Rate = float64(res.Conns) / res.Seconds
+	}
+	res.ConnectP50, res.ConnectP99 = percentileUs(a.connectNs, 50), percentileUs(a.connectNs, 99)
+	res.CycleP50, res.CycleP99 = percentileUs(a.cycleNs, 50), percentileUs(a.cycleNs, 99)
+	return res
+}
+
+// run loops cycles to target until deadline (or ctx ends, or MaxErrors);
+// it returns the cycles completed.
+func (l *connLoop) run(ctx context.Context, target netip.AddrPort, deadline time.Time, acc *connAcc) int {
+	done := 0
+	for n := 0; !acc.stopped; n++ {
 		if n%64 == 0 && ctx.Err() != nil {
+			acc.stopped = true
 			break
 		}
 		t0 := time.Now()
 		if !t0.Before(deadline) {
 			break
 		}
-		c, err := cycle()
+		c, err := l.cycle(target)
 		if err != nil {
-			res.Errors++
-			if res.FirstError == "" {
-				res.FirstError = err.Error()
+			acc.res.Errors++
+			if acc.res.FirstError == "" {
+				acc.res.FirstError = err.Error()
 			}
-			if res.Errors >= cfg.MaxErrors {
-				break
+			if acc.res.Errors >= l.cfg.MaxErrors {
+				acc.stopped = true
 			}
 			continue
 		}
-		cycleNs = append(cycleNs, int64(time.Since(t0)))
-		connectNs = append(connectNs, int64(c))
+		acc.cycleNs = append(acc.cycleNs, int64(time.Since(t0)))
+		acc.connectNs = append(acc.connectNs, int64(c))
+		done++
 	}
-	res.Seconds = time.Since(start).Seconds()
-	res.Conns = len(cycleNs)
-	if res.Seconds > 0 {
-		res.Rate = float64(res.Conns) / res.Seconds
+	return done
+}
+
+func (l *connLoop) cycle(target netip.AddrPort) (connect time.Duration, err error) {
+	family, sa := sockaddr(target)
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("socket: %w", err)
 	}
-	res.ConnectP50, res.ConnectP99 = percentileUs(connectNs, 50), percentileUs(connectNs, 99)
-	res.CycleP50, res.CycleP99 = percentileUs(cycleNs, 50), percentileUs(cycleNs, 99)
+	defer unix.Close(fd)
+	// SO_SNDTIMEO bounds a blocking connect(2), SO_RCVTIMEO the read.
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &l.tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &l.tv)
+	t0 := time.Now()
+	if err := unix.Connect(fd, sa); err != nil {
+		if err == unix.EINTR { // a signal (Go's async preemption): the handshake goes on
+			err = awaitConnect(fd, l.cfg.Timeout)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("connect %s: %w", target, err)
+		}
+	}
+	connect = time.Since(t0)
+	if _, err := unix.Write(fd, l.req); err != nil {
+		return connect, fmt.Errorf("write: %w", err)
+	}
+	got := 0
+	for {
+		n, err := unix.Read(fd, l.buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return connect, fmt.Errorf("read: %w", err)
+		}
+		if n == 0 {
+			break // the server closes after its answer
+		}
+		got += n
+	}
+	if got != l.cfg.Request {
+		return connect, fmt.Errorf("got %d response bytes, want %d", got, l.cfg.Request)
+	}
+	return connect, nil
+}
+
+// ConnRatePairedResult compares two targets measured in alternating time
+// slices by one client (A B B A A B ...: each pair's order flips, so a
+// steady drift of the machine cancels out): the ratio of A's rate to B's in
+// each adjacent pair of slices, and every cycle of each side.
+type ConnRatePairedResult struct {
+	A           ConnRateResult `json:"a"`
+	B           ConnRateResult `json:"b"`
+	SliceSec    float64        `json:"sliceSec"`
+	Pairs       int            `json:"pairs"`       // pairs with cycles on both sides
+	RatioMedian float64        `json:"ratioMedian"` // rate(A) / rate(B), median over the pairs
+	RatioP25    float64        `json:"ratioP25"`
+	RatioP75    float64        `json:"ratioP75"`
+}
+
+// ConnRatePaired measures cfg.Target (A) against versus (B) for
+// cfg.Duration in alternating slices of slice. A noisy shared machine moves
+// both sides of a pair alike, so the paired ratio is far tighter than a
+// ratio of two separately measured rates.
+func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPort, slice time.Duration) (ConnRatePairedResult, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return ConnRatePairedResult{}, err
+	}
+	if !versus.IsValid() || slice <= 0 || slice*2 > cfg.Duration {
+		return ConnRatePairedResult{}, fmt.Errorf("versus %s, slice %s, duration %s: want a versus address and 2 slices within the duration", versus, slice, cfg.Duration)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	l := newConnLoop(cfg)
+	acc := [2]*connAcc{{res: ConnRateResult{Target: cfg.Target.String()}}, {res: ConnRateResult{Target: versus.String()}}}
+	targets := [2]netip.AddrPort{cfg.Target, versus}
+	var spent [2]time.Duration
+	var ratios []float64
+	end := time.Now().Add(cfg.Duration)
+	for pair := 0; time.Now().Add(2*slice).Before(end) || pair == 0; pair++ {
+		var rate [2]float64
+		order := [2]int{0, 1}
+		if pair%2 == 1 {
+			order = [2]int{1, 0}
+		}
+		for _, i := range order {
+			t0 := time.Now()
+			n := l.run(ctx, targets[i], t0.Add(slice), acc[i])
+			d := time.Since(t0)
+			spent[i] += d
+			rate[i] = float64(n) / d.Seconds()
+		}
+		if acc[0].stopped || acc[1].stopped {
+			break
+		}
+		if rate[0] > 0 && rate[1] > 0 {
+			ratios = append(ratios, rate[0]/rate[1])
+		}
+	}
+	res := ConnRatePairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
+	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile(ratios, 0.5), quantile(ratios, 0.25), quantile(ratios, 0.75)
 	return res, nil
+}
+
+// quantile is the q-quantile of xs (linear between ranks), NaN when empty.
+// It sorts xs in place.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	pos := q * float64(len(xs)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(xs)-1)
+	return xs[lo] + (xs[hi]-xs[lo])*(pos-float64(lo))
 }
 
 // percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN

@@ -96,6 +96,12 @@ func TestServicesBenchTiny(t *testing.T) {
 			t.Errorf("%s: %s (%d failed connections: %s)", s.Path, s.Err, s.Result.Errors, s.Result.FirstError)
 		}
 	}
+	// ClusterIP against the pod IP in alternating slices, from one client.
+	if len(rep.Paired) != 1 || rep.Paired[0].Err != "" || rep.Paired[0].Result.Pairs < 1 ||
+		!(rep.Paired[0].Result.RatioMedian > 0.3 && rep.Paired[0].Result.RatioMedian < 3) ||
+		rep.Paired[0].Result.A.Errors+rep.Paired[0].Result.B.Errors != 0 {
+		t.Errorf("paired ClusterIP vs pod IP: %+v, want one level with a plausible ratio and no failed connection", rep.Paired)
+	}
 	cp := rep.ControlPlane
 	if cp == nil {
 		t.Fatal("no control-plane result")
@@ -125,7 +131,8 @@ func TestServicesBenchTiny(t *testing.T) {
 		}
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
-	if !strings.Contains(string(md), bench.SvcPathNFTClusterIP) || strings.Contains(string(md), "## Failures") {
+	if !strings.Contains(string(md), bench.SvcPathNFTClusterIP) || !strings.Contains(string(md), "ClusterIP vs the backend pod IP, paired") ||
+		strings.Contains(string(md), "## Failures") {
 		t.Errorf("results.md:\n%s", md)
 	}
 

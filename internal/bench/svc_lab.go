@@ -24,7 +24,9 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -284,6 +286,9 @@ func (r *svcRun) run(ctx context.Context) error {
 		}
 		prev = level
 		if err := r.measureLevel(ctx, level, paths); err != nil {
+			errs = append(errs, err)
+		}
+		if err := r.measurePaired(ctx, level, paths); err != nil {
 			errs = append(errs, err)
 		}
 		if ctx.Err() != nil {
@@ -652,6 +657,45 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// measurePaired runs axon's ClusterIP against the backend pod IP in
+// alternating slices from the ClusterIP path's client (as long as all the
+// connect-rate samples of one path at this level).
+func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) error {
+	var cip, direct *svcPath
+	for i := range paths {
+		switch paths[i].Name {
+		case SvcPathAxonClusterIP:
+			cip = &paths[i]
+		case SvcPathAxonDirect:
+			direct = &paths[i]
+		}
+	}
+	if cip == nil || direct == nil {
+		return nil
+	}
+	pr := SvcPaired{Services: level, Client: cip.Client.Name}
+	d := time.Duration(r.cfg.Reps) * r.cfg.Duration
+	argv := r.tools.wrap(cip.Client.Netns, r.cfg.ClientCPU, r.cfg.Axon, "lab", "bench", "_connrate", "paired",
+		"--target", cip.Target.String(), "--versus", direct.Target.String(), "--duration", d.String(), "--slice", "250ms")
+	out, stderr, err := runClient(ctx, cip.Client.Cgroup, argv, d+30*time.Second)
+	if r.cfg.OutDir != "" {
+		_ = os.WriteFile(filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-paired.json", level)), append(out, stderr...), 0o644)
+	}
+	if err == nil {
+		err = json.Unmarshal(bytes.TrimSpace(out), &pr.Result)
+	}
+	if err != nil {
+		pr.Err = fmt.Sprintf("%v %s", err, truncate(strings.TrimSpace(string(stderr)), 300))
+		r.rep.Paired = append(r.rep.Paired, pr)
+		return fmt.Errorf("%d Services, paired ClusterIP vs pod IP: %s", level, pr.Err)
+	}
+	x := pr.Result
+	r.progress("[%5d svc paired] ClusterIP / pod IP %.3f (IQR %.3f–%.3f) over %d pairs; %.0f vs %.0f conn/s",
+		level, x.RatioMedian, x.RatioP25, x.RatioP75, x.Pairs, x.A.Rate, x.B.Rate)
+	r.rep.Paired = append(r.rep.Paired, pr)
+	return nil
 }
 
 // controlPlane measures, at the last level: EndpointSlice change → applied

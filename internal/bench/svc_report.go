@@ -129,7 +129,35 @@ type SvcReport struct {
 	Levels            []SvcLevel       `json:"levels"`
 	Samples           []SvcSample      `json:"samples"`
 	ControlPlane      *SvcControlPlane `json:"controlPlane,omitempty"`
+	Paired            []SvcPaired      `json:"paired,omitempty"`
 	Errors            []string         `json:"errors,omitempty"`
+}
+
+// SvcPaired is axon's ClusterIP against the backend pod IP measured by one
+// client in alternating slices at one level (ConnRatePaired): the ratio a
+// noisy machine cannot blur, since both sides of every pair share its state.
+type SvcPaired struct {
+	Services int                  `json:"services"`
+	Client   string               `json:"client"`
+	Result   ConnRatePairedResult `json:"result"`
+	Err      string               `json:"err,omitempty"`
+}
+
+// PairedTable renders the paired ratios, one row per level.
+func (r *SvcReport) PairedTable() string {
+	var b strings.Builder
+	b.WriteString("| Services | pairs × slice | ClusterIP / pod IP, median (IQR) | ClusterIP conn/s | pod IP conn/s | connect p50 µs ClusterIP / pod IP |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Paired {
+		if p.Err != "" {
+			fmt.Fprintf(&b, "| %d | – | %s | | | |\n", p.Services, mdEscape(p.Err))
+			continue
+		}
+		x := p.Result
+		fmt.Fprintf(&b, "| %d | %d × %.0f ms | %.3f (%.3f–%.3f) | %.0f | %.0f | %.1f / %.1f |\n", p.Services, x.Pairs, x.SliceSec*1e3,
+			x.RatioMedian, x.RatioP25, x.RatioP75, x.A.Rate, x.B.Rate, x.A.ConnectP50, x.B.ConnectP50)
+	}
+	return b.String()
 }
 
 // Connect-rate metrics of a sample.
@@ -422,6 +450,14 @@ func (r *SvcReport) Markdown() string {
 		b.WriteString(r.ScaleTable(SvcMetricCycleRate))
 		b.WriteString("\n## Scale: measured conn/s, median of the repetitions (ratio to the reference at that level)\n\n")
 		b.WriteString(r.ScaleTable(SvcMetricRate))
+		b.WriteString("\n")
+	}
+	if len(r.Paired) > 0 {
+		b.WriteString("## axon ClusterIP vs the backend pod IP, paired\n\n")
+		b.WriteString("One client (the ClusterIP path's pod) alternates between the ClusterIP and the backend pod IP in short slices " +
+			"(A B B A …), and each adjacent pair of slices gives one rate ratio (`axon lab bench _connrate paired`): both sides of a pair " +
+			"see the same machine, so CPU contention that moves separate samples by ±10 % cancels out.\n\n")
+		b.WriteString(r.PairedTable())
 		b.WriteString("\n")
 	}
 	b.WriteString("## Applying each level\n\n")

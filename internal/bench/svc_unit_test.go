@@ -346,6 +346,58 @@ func TestConnRateLoopback(t *testing.T) {
 	}
 }
 
+// TestConnRatePairedLoopback: two servers on loopback measured in
+// alternating slices; the same kind of server on both sides gives a ratio
+// near 1, with every cycle accounted to its side.
+func TestConnRatePairedLoopback(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var addrs [2]netip.AddrPort
+	for i := range addrs {
+		addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+		ready := make(chan struct{})
+		go func() { _ = ServeConnRate(ctx, addrs[i], func() { close(ready) }) }()
+		<-ready
+	}
+	res, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: 1200 * time.Millisecond}, addrs[1], 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pairs %d, ratio median %.3f (IQR %.3f–%.3f), A %.0f/s, B %.0f/s", res.Pairs, res.RatioMedian, res.RatioP25, res.RatioP75, res.A.Rate, res.B.Rate)
+	if res.Pairs < 4 || res.A.Conns == 0 || res.B.Conns == 0 || res.A.Errors+res.B.Errors != 0 {
+		t.Errorf("implausible result: %+v", res)
+	}
+	if res.A.Target != addrs[0].String() || res.B.Target != addrs[1].String() {
+		t.Errorf("targets %s / %s, want %s / %s", res.A.Target, res.B.Target, addrs[0], addrs[1])
+	}
+	if !(res.RatioP25 <= res.RatioMedian && res.RatioMedian <= res.RatioP75) || res.RatioMedian < 0.5 || res.RatioMedian > 2 {
+		t.Errorf("ratio median %.3f (IQR %.3f–%.3f): want ≈ 1 for two alike servers", res.RatioMedian, res.RatioP25, res.RatioP75)
+	}
+	if _, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: time.Second}, addrs[1], time.Second); err == nil {
+		t.Error("a slice longer than half the duration was accepted")
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	for _, tc := range []struct {
+		xs      []float64
+		q, want float64
+	}{
+		{[]float64{3, 1, 2}, 0.5, 2},
+		{[]float64{4, 1, 3, 2}, 0.5, 2.5},
+		{[]float64{1, 2, 3, 4, 5}, 0.25, 2},
+		{[]float64{1, 2}, 0.75, 1.75},
+		{[]float64{7}, 0.25, 7},
+	} {
+		if got := quantile(append([]float64(nil), tc.xs...), tc.q); got != tc.want {
+			t.Errorf("quantile(%v, %v) = %v, want %v", tc.xs, tc.q, got, tc.want)
+		}
+	}
+	if !math.IsNaN(quantile(nil, 0.5)) {
+		t.Error("quantile of nothing is not NaN")
+	}
+}
+
 func freePort(t *testing.T) uint16 {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
