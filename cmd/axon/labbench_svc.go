@@ -103,6 +103,7 @@ paths are reported as not synced.`,
 	f.IntVar(&cfg.Endpoints, "endpoints", 10, "endpoints per generated Service")
 	f.IntVar(&cfg.Reps, "reps", 5, "connect-rate repetitions per path and level (interleaved across paths)")
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "duration of each connect-rate sample")
+	f.DurationVar(&cfg.PairedDuration, "paired-duration", 0, "length of the alternating ClusterIP-vs-pod-IP run at each level (default reps × duration)")
 	f.IntVar(&cfg.Changes, "changes", 20, "EndpointSlice changes to time at the last level (each adds then removes an endpoint: 2 samples)")
 	f.DurationVar(&cfg.SyncTimeout, "sync-timeout", 5*time.Minute, "how long a kube-proxy may take to apply a level before it is stopped")
 	f.BoolVar(&noFull, "no-full-sync", false, "skip the agent and kube-proxy restart (full sync) measurements")

@@ -108,6 +108,9 @@ type SvcConfig struct {
 	Reps      int           // connect-rate repetitions per level and path; default 5
 	Duration  time.Duration // per connect-rate sample; default 3s
 	Changes   int           // EndpointSlice changes measured at the last level; default 20 (0: skip)
+	// PairedDuration is the length of the alternating ClusterIP-vs-pod-IP
+	// run at each level (250 ms slices); default Reps × Duration.
+	PairedDuration time.Duration
 	// SyncTimeout bounds the wait for each kube-proxy to apply a level
 	// (iptables at 10 000 Services may take many minutes); default 5m.
 	SyncTimeout time.Duration
@@ -141,6 +144,9 @@ func (c SvcConfig) withDefaults() (SvcConfig, error) {
 	}
 	if c.SyncTimeout == 0 {
 		c.SyncTimeout = 5 * time.Minute
+	}
+	if c.PairedDuration == 0 {
+		c.PairedDuration = time.Duration(c.Reps) * c.Duration
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -660,8 +666,7 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 }
 
 // measurePaired runs axon's ClusterIP against the backend pod IP in
-// alternating slices from the ClusterIP path's client (as long as all the
-// connect-rate samples of one path at this level).
+// alternating slices from the ClusterIP path's client for PairedDuration.
 func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) error {
 	var cip, direct *svcPath
 	for i := range paths {
@@ -676,7 +681,7 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 		return nil
 	}
 	pr := SvcPaired{Services: level, Client: cip.Client.Name}
-	d := time.Duration(r.cfg.Reps) * r.cfg.Duration
+	d := r.cfg.PairedDuration
 	argv := r.tools.wrap(cip.Client.Netns, r.cfg.ClientCPU, r.cfg.Axon, "lab", "bench", "_connrate", "paired",
 		"--target", cip.Target.String(), "--versus", direct.Target.String(), "--duration", d.String(), "--slice", "250ms")
 	out, stderr, err := runClient(ctx, cip.Client.Cgroup, argv, d+30*time.Second)
