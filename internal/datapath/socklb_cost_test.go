@@ -16,8 +16,30 @@ import (
 // reported numbers are medians over rounds of ns per socket+connect+close.
 //
 //	go test -run '^$' -bench SockLBConnectCost -benchtime 1x ./internal/datapath/
+//
+// The /10000 variant first fills the maps with 10 000 more frontends × 10
+// backends (the Service benchmark's largest level), so the hook's lookups
+// run against tables of that size.
 func BenchmarkSockLBConnectCost(b *testing.B) {
+	for _, extra := range []int{0, 10000} {
+		b.Run(fmt.Sprint(extra), func(b *testing.B) { sockLBConnectCost(b, extra) })
+	}
+}
+
+func sockLBConnectCost(b *testing.B, extra int) {
 	e := newSockLBEnv(b, sockLBOptions{})
+	var fill []lb.Frontend
+	for i := range extra {
+		var bes []string
+		for j := range 10 {
+			bes = append(bes, fmt.Sprintf("10.%d.%d.%d:8080", 100+j, i/250, i%250+1))
+		}
+		fill = append(fill, lb.Frontend{Key: fkey(fmt.Sprintf("10.97.%d.%d:80", i/250, i%250+1), lb.TCP, lb.ScopeCluster),
+			Backends: backends(lb.Active, bes...)})
+	}
+	if len(fill) > 0 {
+		e.upsert(b, fill...)
+	}
 	ns := newNetns(b, "lbcost")
 	addLoopbackAddrs(b, ns, "198.18.97.1/24")
 	var ten []string
