@@ -430,12 +430,6 @@ func ParseTuple(proto, src, dst string) (Tuple, error) {
 	return t, nil
 }
 
-// npNATMigration moves the entries of an axon_np_nat pinned by an older
-// axon, an LRU hash (which could evict a live flow's reverse entry or free a
-// reserved SNAT port), into the plain hash the programs now use: the old pin
-// is read and removed before the load creates the new map, and restore
-// writes the entries back after it. Nothing to do (nil restore) when the pin
-// is missing or already a hash.
 // npMetricsMigration unpins an axon_np_metrics of another size than spec
 // (an older object with fewer np_reason rows): counters are not worth an
 // agent that cannot start. They restart from zero, which Prometheus counters
@@ -464,6 +458,12 @@ func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) err
 	return nil
 }
 
+// npNATMigration moves the entries of an axon_np_nat pinned by an older
+// axon, an LRU hash (which could evict a live flow's reverse entry or free a
+// reserved SNAT port), into the plain hash the programs now use: the old pin
+// is read and removed before the load creates the new map, and restore
+// writes the entries back after it. Nothing to do (nil restore) when the pin
+// is missing or already a hash.
 func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
 	path := filepath.Join(pinDir, MapNPNAT)
 	old, err := ebpf.LoadPinnedMap(path, nil)

@@ -195,10 +195,7 @@ func ensureExternalDemo(ctx context.Context, kube kubernetes.Interface, st *Stat
 			return fmt.Errorf("get demo service %s: %w", want.Name, err)
 		}
 		if want.Name == DemoLocal {
-			var ing []corev1.LoadBalancerIngress
-			for _, ip := range DemoLocalIngress() {
-				ing = append(ing, corev1.LoadBalancerIngress{IP: ip.String()})
-			}
+			ing := lbIngress(DemoLocalIngress())
 			if fmt.Sprint(cur.Status.LoadBalancer.Ingress) != fmt.Sprint(ing) {
 				cur.Status.LoadBalancer.Ingress = ing
 				if _, err := svcs.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
@@ -235,9 +232,7 @@ func externalDemoKubeProxyWants(st *State) []kubeProxyWant {
 	backends := externalDemoBackends(st)
 	for _, svc := range externalDemoObjects() {
 		if svc.Name == DemoLocal {
-			for _, ip := range DemoLocalIngress() {
-				svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
-			}
+			svc.Status.LoadBalancer.Ingress = lbIngress(DemoLocalIngress())
 		}
 		out = append(out, kubeProxyWants(svc, externalDemoSlices(svc.Name, backends))...)
 	}

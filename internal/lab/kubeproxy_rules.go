@@ -88,7 +88,7 @@ type kubeProxyRules struct {
 var (
 	iptComment  = regexp.MustCompile(`--comment (?:"([^"]*)"|(\S+))`)
 	iptDNAT     = regexp.MustCompile(`-j DNAT --to-destination (\S+)`)
-	nftChain    = regexp.MustCompile(`^\s*chain (service-[A-Z0-9]+-|local-[A-Z0-9]+-)?(\S+)/(tcp|udp|sctp)/(\S+) \{`)
+	nftChain    = regexp.MustCompile(`^\s*chain (?:service|local)-[A-Z0-9]+-(\S+)/(tcp|udp|sctp)/(\S+) \{`)
 	nftAnyChain = regexp.MustCompile(`^\s*chain \S+ \{`)
 	nftEndpoint = regexp.MustCompile(`([0-9a-fA-F:.]+) \. ([0-9]+)`)
 	nftDNATOne  = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
@@ -122,8 +122,8 @@ func parseKubeProxyRules(mode, text string) kubeProxyRules {
 			}
 			continue
 		}
-		if m := nftChain.FindStringSubmatch(line); m != nil && m[1] != "" {
-			chain = m[2] + ":" + m[4]
+		if m := nftChain.FindStringSubmatch(line); m != nil {
+			chain = m[1] + ":" + m[3]
 			continue
 		}
 		if nftAnyChain.MatchString(line) {

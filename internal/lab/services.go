@@ -187,15 +187,22 @@ func ensureDemoServices(ctx context.Context, kube kubernetes.Interface, st *Stat
 	return nil
 }
 
+// lbIngress is a Service's status.loadBalancer.ingress for the addresses ips.
+func lbIngress(ips []netip.Addr) []corev1.LoadBalancerIngress {
+	var out []corev1.LoadBalancerIngress
+	for _, ip := range ips {
+		out = append(out, corev1.LoadBalancerIngress{IP: ip.String()})
+	}
+	return out
+}
+
 // demoKubeProxyWants is what the demo Services ask of every kube-proxy.
 func demoKubeProxyWants(st *State) []kubeProxyWant {
 	var out []kubeProxyWant
 	backends := demoBackends(st)
 	for _, d := range DemoServices() {
 		svc := d.object()
-		for _, ip := range d.LBIngress {
-			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
-		}
+		svc.Status.LoadBalancer.Ingress = lbIngress(d.LBIngress)
 		out = append(out, kubeProxyWants(svc, d.endpointSlices(backends))...)
 	}
 	return out
@@ -220,10 +227,7 @@ func ensureService(ctx context.Context, kube kubernetes.Interface, d DemoService
 	if len(d.LBIngress) == 0 {
 		return nil
 	}
-	var ing []corev1.LoadBalancerIngress
-	for _, ip := range d.LBIngress {
-		ing = append(ing, corev1.LoadBalancerIngress{IP: ip.String()})
-	}
+	ing := lbIngress(d.LBIngress)
 	if fmt.Sprint(cur.Status.LoadBalancer.Ingress) == fmt.Sprint(ing) {
 		return nil
 	}
