@@ -137,6 +137,9 @@ type VMResult struct {
 	ShellTime time.Duration // QEMU start → AXON-VM-BEGIN (shares mounted, command starting)
 	Total     time.Duration
 	Accel     string
+	// BootRetries counts boots repeated because the guest kernel crashed
+	// before init started (see Run).
+	BootRetries int
 }
 
 // Args returns the QEMU command line.
@@ -189,7 +192,43 @@ var panicMarkers = []string{"Kernel panic", "BUG: kernel NULL pointer", "Oops:"}
 
 // Run boots the VM and waits for it to power off, the timeout, or ctx. An error means
 // the run itself failed (panic, hang, no result); the console log is in the result.
+//
+// A guest kernel that crashes before init printed AXON-VM-BOOTED is booted once
+// more (within the same timeout): nothing of ours has run by then, and under TCG
+// the stock Debian kernels occasionally die in early boot (an int3 left by text
+// patching, hit on another vCPU). The first attempt's console stays at the top of
+// the result's console log and BootRetries says it happened. A crash after init
+// started is never retried.
 func (vm VM) Run(ctx context.Context) (VMResult, error) {
+	timeout := vm.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Minute
+	}
+	deadline := time.Now().Add(timeout)
+	var earlier string
+	for attempt := 0; ; attempt++ {
+		res, err := vm.runOnce(ctx, time.Until(deadline))
+		res.BootRetries = attempt
+		res.Console = earlier + res.Console
+		var crash *earlyCrashError
+		if attempt > 0 || !errors.As(err, &crash) || time.Until(deadline) < time.Minute {
+			return res, err
+		}
+		note := fmt.Sprintf("AXON-VM: %v before init started; booting again\n", err)
+		if vm.Console != nil {
+			fmt.Fprint(vm.Console, note)
+		}
+		earlier = res.Console + note
+	}
+}
+
+// earlyCrashError is a guest kernel crash before init's AXON-VM-BOOTED marker.
+type earlyCrashError struct{ err error }
+
+func (e *earlyCrashError) Error() string { return e.err.Error() }
+func (e *earlyCrashError) Unwrap() error { return e.err }
+
+func (vm VM) runOnce(ctx context.Context, timeout time.Duration) (VMResult, error) {
 	res := VMResult{ExitCode: -1, Accel: "tcg"}
 	if HardwareKVM() {
 		res.Accel = "kvm"
@@ -206,10 +245,6 @@ func (vm VM) Run(ctx context.Context) (VMResult, error) {
 		return res, fmt.Errorf("run dir %s has no %s: %w", vm.RunDir, vm.script(), err)
 	}
 	_ = os.Remove(filepath.Join(vm.RunDir, ExitCodeFile(vm.Script)))
-	timeout := vm.Timeout
-	if timeout <= 0 {
-		timeout = 30 * time.Minute
-	}
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
@@ -285,7 +320,11 @@ func (vm VM) Run(ctx context.Context) (VMResult, error) {
 
 	for _, m := range panicMarkers {
 		if strings.Contains(res.Console, m) {
-			return res, fmt.Errorf("guest kernel %s crashed (%q in the console)", vm.Kernel.Release, m)
+			err := fmt.Errorf("guest kernel %s crashed (%q in the console)", vm.Kernel.Release, m)
+			if res.BootTime == 0 {
+				return res, &earlyCrashError{err}
+			}
+			return res, err
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join(vm.RunDir, ExitCodeFile(vm.Script))); err == nil {

@@ -354,6 +354,10 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	res, runErr := vm.Run(ctx)
 	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
 	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
+	if res.BootRetries > 0 {
+		r.Log.Warn("guest kernel crashed before init and was booted again (console.log has both boots)",
+			"kernel", spec.Name, "retries", res.BootRetries)
+	}
 	if err := os.MkdirAll(filepath.Join(r.OutDir, spec.Name), 0o755); err == nil {
 		_ = os.WriteFile(filepath.Join(r.OutDir, spec.Name, "console.log"), []byte(res.Console), 0o644)
 	}

@@ -134,6 +134,36 @@ func TestVMFailures(t *testing.T) {
 	}
 }
 
+// TestVMEarlyCrashRetried boots a guest whose kernel dies before init (its
+// initramfs is not an archive, so there is no root and no init: "Kernel
+// panic"), as TCG's early-boot crashes do: the run boots once more, then
+// reports the crash with both boots' consoles.
+func TestVMEarlyCrashRetried(t *testing.T) {
+	k := cachedKernels(t)[0]
+	dir := t.TempDir()
+	initrd := filepath.Join(dir, "initramfs.cpio.gz")
+	if err := os.WriteFile(initrd, []byte("not a cpio archive\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte("exit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: dir, Timeout: 3 * time.Minute}
+	res, err := vm.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "crashed") {
+		t.Fatalf("err = %v, want a crash\n%s", err, res.Console)
+	}
+	if res.BootRetries != 1 {
+		t.Errorf("BootRetries = %d, want 1 (one more boot, then give up)", res.BootRetries)
+	}
+	if n := strings.Count(res.Console, "Kernel panic - not syncing"); n != 2 {
+		t.Errorf("console holds %d panics, want both boots' (2):\n%s", n, res.Console)
+	}
+	if !strings.Contains(res.Console, "before init started; booting again") {
+		t.Errorf("console does not say the boot was repeated:\n%s", res.Console)
+	}
+}
+
 // TestVMBackToBackNICs wires the guest's two virtio-net NICs to each other and sends
 // traffic between two namespaces over them: the groundwork of the virtio-net subset.
 func TestVMBackToBackNICs(t *testing.T) {
