@@ -4,10 +4,12 @@
  * Attached to the agent's cgroup root; every socket of a process below it:
  *  connect4/6  TCP/UDP/SCTP connect to a frontend -> a backend (forward
  *              translation of the sockaddr; no per-packet NAT), records the
- *              reverse entry; no usable backend -> ECONNREFUSED.
+ *              reverse entry in the socket's storage (axon_lb_sk); no
+ *              usable backend -> ECONNREFUSED.
  *  sendmsg4/6  unconnected UDP sendto a frontend: the same per datagram.
- *  recvmsg4/6  unconnected UDP recvfrom: a reply from the backend shows the
- *              frontend as its source (reverse entry of this socket).
+ *  recvmsg4/6  UDP recvfrom: a reply from the backend shows the frontend as
+ *              its source (the socket's entry; for unconnected sockets the
+ *              LRU entry sendmsg recorded).
  *  getpeername4/6  a connected socket shows the frontend as its peer.
  *  bind4/6     a NodePort's port cannot be bound (EADDRINUSE).
  * Sockets of an opted-out netns (axon_lb_skip) or, in hostns-only mode, of
@@ -85,14 +87,16 @@ AXON_INLINE void ctx_set_addr(struct bpf_sock_addr *ctx, const __u8 *addr, __be1
 }
 
 /* sock_fwd translates ctx's destination when it is a frontend. connect is
- * 1 in the connect hooks: the socket's cookie is new (or the socket is
- * re-pointed), so the reverse entry is written without looking first. */
+ * 1 in the connect hooks: the reverse entry goes to the socket's storage
+ * (overwritten when the socket is re-pointed); sendmsg keeps one LRU entry
+ * per {socket, backend}. */
 AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 {
 	struct lb_svc_key key = {};
 	struct lb_rev_key rk = {};
 	struct lb_rev_val rv = {};
 	struct lb_rev_val *old;
+	struct lb_sk_rev *sr;
 	struct lb_svc_val *svc;
 	struct lb_backend b;
 	__u32 proto = ctx->protocol, fe_id;
@@ -121,13 +125,21 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 	if (!v6 && !lb_addr_is_v4(b.addr))
 		return SYS_PROCEED;
 
-	rk.cookie = bpf_get_socket_cookie(ctx);
-	__builtin_memcpy(rk.addr, b.addr, sizeof(rk.addr));
-	rk.port = b.port;
 	rv.frontend_id = fe_id;
 	if (connect) {
-		bpf_map_update_elem(&axon_lb_rev, &rk, &rv, BPF_ANY);
+		/* Without storage (out of memory) the socket is still translated;
+		 * only getpeername/recvfrom then show the backend, and the socket
+		 * is not aborted when that backend goes. */
+		sr = bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (sr) {
+			sr->fe = rv;
+			__builtin_memcpy(sr->addr, b.addr, sizeof(sr->addr));
+			sr->port = b.port;
+		}
 	} else {
+		rk.cookie = bpf_get_socket_cookie(ctx);
+		__builtin_memcpy(rk.addr, b.addr, sizeof(rk.addr));
+		rk.port = b.port;
 		/* lookup first: an unconnected UDP socket re-sends to the same pair */
 		old = bpf_map_lookup_elem(&axon_lb_rev, &rk);
 		if (!old || __builtin_memcmp(old, &rv, sizeof(rv)) != 0)
@@ -138,18 +150,31 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 	return SYS_PROCEED;
 }
 
-/* sock_rev shows the frontend instead of the backend (recvmsg, getpeername). */
-AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6)
+/* sock_rev shows the frontend instead of the backend: the socket's own
+ * entry when the peer is the backend connect() chose (getpeername, and
+ * recvfrom on a connected socket), else, for recvmsg only, the LRU entry of
+ * {cookie, peer} that sendmsg wrote (unconnected UDP). getpeername never
+ * reads the LRU: a connected socket has no entry there, and the lookup in
+ * that large table would cost every getpeername in the cgroup. */
+AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6, int recvmsg)
 {
 	struct lb_rev_key rk = {};
 	struct lb_rev_val *rv;
+	struct lb_sk_rev *sr;
 
-	rk.cookie = bpf_get_socket_cookie(ctx);
 	ctx_get_addr(ctx, rk.addr, v6);
 	rk.port = (__be16)ctx->user_port;
-	rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
-	if (!rv)
-		return SYS_PROCEED;
+	sr = bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, 0);
+	if (sr && sr->port == rk.port && __builtin_memcmp(sr->addr, rk.addr, sizeof(rk.addr)) == 0) {
+		rv = &sr->fe;
+	} else {
+		if (!recvmsg)
+			return SYS_PROCEED;
+		rk.cookie = bpf_get_socket_cookie(ctx);
+		rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
+		if (!rv)
+			return SYS_PROCEED;
+	}
 	if (!v6 && !lb_addr_is_v4(rv->addr))
 		return SYS_PROCEED;
 	ctx_set_addr(ctx, rv->addr, rv->port, v6);
@@ -197,16 +222,16 @@ SEC("cgroup/sendmsg6")
 int axon_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_fwd(ctx, 1, 0); }
 
 SEC("cgroup/recvmsg4")
-int axon_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0); }
+int axon_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0, 1); }
 
 SEC("cgroup/recvmsg6")
-int axon_sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1); }
+int axon_sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1, 1); }
 
 SEC("cgroup/getpeername4")
-int axon_sock_getpeername4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0); }
+int axon_sock_getpeername4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 0, 0); }
 
 SEC("cgroup/getpeername6")
-int axon_sock_getpeername6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1); }
+int axon_sock_getpeername6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, 1, 0); }
 
 SEC("cgroup/bind4")
 int axon_sock_bind4(struct bpf_sock_addr *ctx) { return sock_bind(ctx, 0); }

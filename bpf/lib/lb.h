@@ -75,10 +75,11 @@ struct lb_backend {
 	__u32 frontend_id;
 };
 
-/* Reverse translation for recvmsg/getpeername (LRU, written by the hooks):
- * {socket cookie, backend addr, backend port} -> the frontend the socket
- * addressed. Keyed by backend too, so one unconnected UDP socket talking to
- * several services gets each reply's source right. 32 bytes. */
+/* Reverse translation of unconnected UDP for recvmsg (LRU, written by the
+ * sendmsg hooks): {socket cookie, backend addr, backend port} -> the
+ * frontend the socket addressed. Keyed by backend too, so one unconnected
+ * UDP socket talking to several services gets each reply's source right.
+ * Connected sockets keep theirs in axon_lb_sk (below). 32 bytes. */
 struct lb_rev_key {
 	__u64 cookie;
 	__u8 addr[16];
@@ -92,6 +93,22 @@ struct lb_rev_val {
 	__be16 port;
 	__u16 pad;
 	__u32 frontend_id;
+};
+
+/* Reverse translation of a connected socket (socket local storage, written
+ * by connect4/6): the backend connect() translated the socket to and the
+ * frontend it addressed (fe: frontend addr, port, id). It lives and dies
+ * with the socket: no eviction however many sockets a node churns through,
+ * nothing to clean up, and getpeername finds it through the socket (no
+ * hash lookup in a large, cold table). The peer is compared before use: a
+ * socket re-connected elsewhere keeps a stale value that matches nothing.
+ * 40 bytes. */
+struct lb_sk_rev {
+	struct lb_rev_val fe;
+	__u8 addr[16]; /* backend */
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
 };
 
 /* Session affinity (LRU, written by the hooks): {netns cookie, frontend id}
@@ -136,6 +153,17 @@ struct {
 	__type(value, struct lb_rev_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_lb_rev SEC(".maps");
+
+/* axon_lb_sk: connected sockets' reverse translation (see struct
+ * lb_sk_rev). Pinned so a restarted agent's programs read what the old ones
+ * wrote on sockets that are still open. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct lb_sk_rev);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_lb_sk SEC(".maps");
 
 /* axon_lb_aff: session affinity (see struct lb_aff_key). */
 struct {

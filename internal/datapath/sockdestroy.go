@@ -76,7 +76,7 @@ type SockDestroyer struct {
 }
 
 // loadSockDestroyer loads the iterators, sharing the LB maps of s (the
-// reverse map above all) through map replacements.
+// reverse entries above all) through map replacements.
 func loadSockDestroyer(maps map[string]*ebpf.Map, log *slog.Logger) (*SockDestroyer, error) {
 	spec, err := loadSockDestroy()
 	if err != nil {
@@ -90,8 +90,8 @@ func loadSockDestroyer(maps map[string]*ebpf.Map, log *slog.Logger) (*SockDestro
 			repl[name] = m
 		} else {
 			ms.Pinning = ebpf.PinNone
-			if maps == nil {
-				ms.MaxEntries = 1 // the probe: throwaway maps, keep them small
+			if maps == nil && ms.Type != ebpf.SkStorage {
+				ms.MaxEntries = 1 // the probe: throwaway maps, keep them small (socket storage has no size)
 			}
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -36,6 +37,7 @@ type holdSock struct {
 	Before string // reply before the change ("" = failed: see BeforeErr)
 	BeErr  string
 	After  string // reply after the change
+	Peer   string // getpeername after the change, before using the socket
 	Errno  string // errno name after the change ("" = worked)
 	AfErr  string
 }
@@ -107,6 +109,9 @@ func TestSockDestroyHelperProcess(t *testing.T) {
 		s := &in.Socks[i]
 		if fds[i] == 0 {
 			continue
+		}
+		if sa, err := unix.Getpeername(fds[i]); err == nil {
+			s.Peer = sockaddrString(sa)
 		}
 		var err error
 		if s.Kind == "udp" {
@@ -247,6 +252,11 @@ func TestSockDestroy(t *testing.T) {
 		holdSock{Kind: "udp", Addr: "10.96.0.61:53"},    // 3: through the LB to .2 (kept): stays
 		holdSock{Kind: "tcp", Addr: "10.96.0.61:80"},    // 4: through the LB to .2 (kept): stays
 	)
+	// Churn past the reverse LRU's size, as a node making that many
+	// unconnected UDP exchanges would: the held sockets' reverse entries
+	// live in their own storage, so the abort below and getpeername still
+	// find them (with the LRU holding them, neither did).
+	floodReverseLRU(t, e.s.objs.AxonLbRev)
 	// .1 leaves both frontends, .2 takes over
 	t0 := time.Now()
 	e.upsert(t,
@@ -280,6 +290,9 @@ func TestSockDestroy(t *testing.T) {
 		}
 		if r.Errno != "" || r.After != w.after {
 			t.Errorf("%s %s must be left alone: after=%q errno=%q (%s)", r.Kind, r.Addr, r.After, r.Errno, r.AfErr)
+		}
+		if r.Peer != r.Addr {
+			t.Errorf("%s %s: getpeername %q after the churn, want the address it connected to", r.Kind, r.Addr, r.Peer)
 		}
 	}
 	on, why, st := e.s.SockDestroyStatus()
@@ -396,5 +409,34 @@ func lineEchoServers(t *testing.T, ns string, addrs ...string) {
 	})
 	if t.Failed() {
 		t.FailNow()
+	}
+}
+
+// floodReverseLRU writes more entries than axon_lb_rev holds, for sockets
+// that do not exist (cookies no kernel hands out this soon), so every entry
+// written before is evicted.
+func floodReverseLRU(t *testing.T, rev *ebpf.Map) {
+	t.Helper()
+	n := int(rev.MaxEntries()) + 4096
+	keys := make([]sockLBLbRevKey, n)
+	vals := make([]sockLBLbRevVal, n)
+	for i := range keys {
+		keys[i].Cookie = 1<<62 + uint64(i)
+		keys[i].Port = 9
+		vals[i].FrontendId = 1
+	}
+	if _, err := rev.BatchUpdate(keys, vals, nil); err != nil {
+		t.Fatalf("flood axon_lb_rev: %v", err)
+	}
+	var k sockLBLbRevKey
+	var v sockLBLbRevVal
+	left := 0
+	for it := rev.Iterate(); it.Next(&k, &v); {
+		if k.Cookie < 1<<62 {
+			left++
+		}
+	}
+	if left != 0 {
+		t.Fatalf("%d entries of real sockets still in axon_lb_rev after %d writes", left, n)
 	}
 }

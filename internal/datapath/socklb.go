@@ -28,6 +28,7 @@ const (
 	MapLBService  = "axon_lb_svc"
 	MapLBBackend  = "axon_lb_be"
 	MapLBReverse  = "axon_lb_rev"
+	MapLBSock     = "axon_lb_sk"
 	MapLBAffinity = "axon_lb_aff"
 	MapLBLocal    = "axon_lb_local"
 	MapLBSkip     = "axon_lb_skip"
@@ -265,7 +266,7 @@ func migrateResized(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger) 
 // sockets keep their backend until the application reconnects.
 func (s *SockLB) EnableSockDestroy(netns func() []string) error {
 	maps := map[string]*ebpf.Map{
-		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev,
+		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev, MapLBSock: s.objs.AxonLbSk,
 		MapLBAffinity: s.objs.AxonLbAff, MapLBLocal: s.objs.AxonLbLocal, MapLBSkip: s.objs.AxonLbSkip,
 	}
 	d, err := loadSockDestroyer(maps, s.log)
@@ -494,7 +495,7 @@ func UninstallSockLB(pinDir, cgroupPath string) error {
 		}
 		l.Close()
 	}
-	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBAffinity, MapLBLocal, MapLBSkip} {
+	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBSock, MapLBAffinity, MapLBLocal, MapLBSkip} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
 		}

@@ -20,13 +20,17 @@ import (
 // The /10000 variant first fills the maps with 10 000 more frontends × 10
 // backends (the Service benchmark's largest level), so the hook's lookups
 // run against tables of that size.
+//
+// The /peer variants also call getpeername after connect, as Go's net.Dial
+// (and most runtimes) do, so the getpeername hook's cost is in the numbers.
 func BenchmarkSockLBConnectCost(b *testing.B) {
 	for _, extra := range []int{0, 10000} {
-		b.Run(fmt.Sprint(extra), func(b *testing.B) { sockLBConnectCost(b, extra) })
+		b.Run(fmt.Sprint(extra), func(b *testing.B) { sockLBConnectCost(b, extra, "udpconnect") })
+		b.Run(fmt.Sprint(extra)+"/peer", func(b *testing.B) { sockLBConnectCost(b, extra, "udpconnectpeer") })
 	}
 }
 
-func sockLBConnectCost(b *testing.B, extra int) {
+func sockLBConnectCost(b *testing.B, extra int, kind string) {
 	e := newSockLBEnv(b, sockLBOptions{})
 	var fill []lb.Frontend
 	for i := range extra {
@@ -59,7 +63,7 @@ func sockLBConnectCost(b *testing.B, extra int) {
 	var ops []clientOp
 	for range rounds {
 		for _, p := range paths {
-			ops = append(ops, clientOp{Kind: "udpconnect", Family: 4, Addr: p.addr, Count: count})
+			ops = append(ops, clientOp{Kind: kind, Family: 4, Addr: p.addr, Count: count})
 		}
 	}
 	res := runClients(b, ns, e.cgFD, ops...)

@@ -141,7 +141,7 @@ func runOp(op clientOp) clientResult {
 		af = unix.AF_INET6
 	}
 	typ := unix.SOCK_STREAM
-	if op.Kind == "udp" || op.Kind == "udpc" || op.Kind == "udpconnect" {
+	if op.Kind == "udp" || op.Kind == "udpc" || op.Kind == "udpconnect" || op.Kind == "udpconnectpeer" {
 		typ = unix.SOCK_DGRAM
 	}
 	fd, err := unix.Socket(af, typ|unix.SOCK_CLOEXEC, 0)
@@ -205,9 +205,14 @@ func runOp(op clientOp) clientResult {
 		}
 		r.From = sockaddrString(from)
 		r.Reply = strings.TrimSpace(string(buf[:n]))
-	case "udpconnect": // connect only (the connect hook's cost, nothing sent)
+	case "udpconnect", "udpconnectpeer": // connect (+ getpeername, as Go's Dial does); nothing sent
 		if err := unix.Connect(fd, sa); err != nil {
 			return fail(err)
+		}
+		if op.Kind == "udpconnectpeer" {
+			if _, err := unix.Getpeername(fd); err != nil {
+				return fail(err)
+			}
 		}
 	default:
 		return fail(fmt.Errorf("unknown op %q", op.Kind))
