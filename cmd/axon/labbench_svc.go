@@ -188,7 +188,7 @@ func newConnRateCmd() *cobra.Command {
 	paired.Flags().StringVar(&ptarget, "target", "", "A: server address:port (e.g. a ClusterIP)")
 	paired.Flags().StringVar(&pversus, "versus", "", "B: server address:port (e.g. the backend pod IP)")
 	paired.Flags().DurationVar(&pc.Duration, "duration", 15*time.Second, "how long to loop in all")
-	paired.Flags().DurationVar(&slice, "slice", 250*time.Millisecond, "length of each slice")
+	paired.Flags().DurationVar(&slice, "slice", 250*time.Millisecond, "nominal length of each slice (each pair draws 0.75–1.25 × it; the order within a pair is random)")
 	paired.Flags().IntVar(&pc.Request, "request", 32, "request (and response) size in bytes")
 	cmd.AddCommand(serve, client, paired)
 	return cmd

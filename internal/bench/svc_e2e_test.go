@@ -109,10 +109,17 @@ func TestServicesBenchTiny(t *testing.T) {
 	if len(cp.AxonChange) != 4 || len(cp.KubeProxyChange["nftables"]) != 4 || len(cp.KubeProxyChange["iptables"]) != 4 {
 		t.Errorf("changes: axon %v, kube-proxy %v; want 4 samples each", cp.AxonChange, cp.KubeProxyChange)
 	}
-	for _, v := range cp.AxonChange {
+	for i, v := range cp.AxonChange {
 		if math.IsNaN(v) || v <= 0 || v > 5000 {
 			t.Errorf("axon EndpointSlice change took %v ms", v)
 		}
+		if i < len(cp.ChangeWrite) && !(cp.ChangeWrite[i] > 0 && cp.ChangeWrite[i] <= v) {
+			t.Errorf("change %d: API write %v ms, want > 0 and within the whole change's %v ms", i, cp.ChangeWrite[i], v)
+		}
+	}
+	if len(cp.ChangeWrite) != len(cp.AxonChange) || len(cp.ChangeIdleWrite) != len(cp.AxonChangeIdle) {
+		t.Errorf("API write times: %d and %d samples, want one per change (%d, %d)",
+			len(cp.ChangeWrite), len(cp.ChangeIdleWrite), len(cp.AxonChange), len(cp.AxonChangeIdle))
 	}
 	if cp.AgentFullSync <= 0 || cp.AgentMapMasters < 11 {
 		t.Errorf("agent full sync %s with %d frontends in the map, want > 0 and ≥ 11", cp.AgentFullSync, cp.AgentMapMasters)

@@ -772,6 +772,7 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 			if err := scale.SetEndpoints(ctx, r.kube, r.spec, i, n); err != nil {
 				return err
 			}
+			cp.ChangeWrite = append(cp.ChangeWrite, msSince(written))
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			wg.Go(func() {
@@ -892,6 +893,7 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 			if err := scale.SetEndpoints(ctx, r.kube, r.spec, i, n); err != nil {
 				return err
 			}
+			cp.ChangeIdleWrite = append(cp.ChangeIdleWrite, msSince(written))
 			d, err := waitActive(ctx, m, ip, n, written, 30*time.Second)
 			if err != nil {
 				return err
@@ -906,6 +908,9 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 	r.waitKubeProxiesIdle(ctx)
 	return nil
 }
+
+// msSince is the time since t in milliseconds.
+func msSince(t time.Time) float64 { return time.Since(t).Seconds() * 1e3 }
 
 func last(xs []float64) float64 {
 	if len(xs) == 0 {
