@@ -108,7 +108,7 @@ paths are reported as not synced.`,
 	f.DurationVar(&cfg.SyncTimeout, "sync-timeout", 5*time.Minute, "how long a kube-proxy may take to apply a level before it is stopped")
 	f.BoolVar(&noFull, "no-full-sync", false, "skip the agent and kube-proxy restart (full sync) measurements")
 	f.StringVar(&out, "out", "", "results folder (default results/bench-services-<UTC time>)")
-	f.BoolVar(&leave, "leave-objects", false, "leave the generated Services in the apiserver (when the lab goes down next; deleting 20 000 objects takes minutes)")
+	f.BoolVar(&leave, "leave-objects", false, "leave the generated Services in the apiserver and kube-proxy's rules in the node namespaces (when the lab goes down next; deleting 20 000 objects takes minutes)")
 	f.StringVar(&render, "render", "", "only re-render results.md/csv/svg of a finished run from <dir>/results.json")
 	f.BoolVar(&keepObjs, "keep", false, "leave pods, Services and kube-proxies in place afterwards (debugging)")
 	return cmd

@@ -124,8 +124,10 @@ type SvcConfig struct {
 	ServerCPU  int // default 1
 	Keep       bool
 	// LeaveObjects leaves the generated Services and EndpointSlices in the
-	// apiserver (for a lab that is brought down right after: deleting
-	// 20 000 objects one by one takes minutes).
+	// apiserver and the kube-proxies' rules in their node namespaces (for a
+	// lab that is brought down right after: deleting 20 000 objects one by
+	// one takes minutes, and `kube-proxy --cleanup` of 10 000 Services'
+	// iptables rules on a busy machine more than two).
 	LeaveObjects bool
 }
 
@@ -1081,7 +1083,8 @@ func (r *svcRun) kubeProxyFullSync(ctx context.Context, mode string, cp *SvcCont
 // cleanup removes everything the run added, also after a failure: the
 // kube-proxies and their rules, the server, the pods, the target Service and
 // the cgroup first, the generated Services last (20 000 deletes take minutes
-// on a busy apiserver; LeaveObjects skips them when the lab goes down next).
+// on a busy apiserver; LeaveObjects skips them and the rules when the lab
+// goes down next).
 func (r *svcRun) cleanup() error {
 	step := func(d time.Duration) (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), d)
@@ -1097,7 +1100,7 @@ func (r *svcRun) cleanup() error {
 		if err := kp.Stop(); err != nil {
 			errs = append(errs, err)
 		}
-		if !r.cfg.Keep {
+		if !r.cfg.Keep && !r.cfg.LeaveObjects { // lab down removes the node namespaces with their rules
 			ctx, cancel := step(2 * time.Minute)
 			if err := kp.Cleanup(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("kube-proxy %s rules: %w", mode, err))

@@ -358,6 +358,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 		msStats(cp.KubeProxyChange["nftables"]), msStats(cp.KubeProxyChange["iptables"]))
 	if len(cp.ChangeWrite) > 0 {
 		fmt.Fprintf(&b, "| … of which the API write (EndpointSlice update acknowledged), ms | %s | (same writes) | (same writes) |\n", msStats(cp.ChangeWrite))
+		fmt.Fprintf(&b, "| … and after it (watch → agent → BPF map), ms | %s | – | – |\n", msStats(afterWrite(cp.AxonChange, cp.ChangeWrite)))
 	}
 	if len(cp.AxonChangeIdle) > 0 {
 		fmt.Fprintf(&b, "| the same for axon alone, kube-proxies idle (paused), ms | %s (CPU pressure %.0f → %.0f %%) | – | – |\n",
@@ -365,6 +366,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 	}
 	if len(cp.ChangeIdleWrite) > 0 {
 		fmt.Fprintf(&b, "| … of which the API write, ms | %s | – | – |\n", msStats(cp.ChangeIdleWrite))
+		fmt.Fprintf(&b, "| … and after it, ms | %s | – | – |\n", msStats(afterWrite(cp.AxonChangeIdle, cp.ChangeIdleWrite)))
 	}
 	// Memory: the largest VmHWM of the long-running processes, and of the
 	// restarted one after its full sync.
@@ -675,6 +677,18 @@ func (l SvcLevel) MarshalJSON() ([]byte, error) {
 		PSIBefore *float64 `json:"psiBefore"`
 		PSIAfter  *float64 `json:"psiAfter"`
 	}{plain(l), jnum(l.PSIBefore), jnum(l.PSIAfter)})
+}
+
+// afterWrite is each change's time after its API write was acknowledged
+// (total - write, sample by sample; NaN where the change failed).
+func afterWrite(total, write []float64) []float64 {
+	out := make([]float64, 0, len(total))
+	for i, t := range total {
+		if i < len(write) {
+			out = append(out, t-write[i])
+		}
+	}
+	return out
 }
 
 // MarshalJSON writes NaN (a failed measurement, unavailable pressure) as null.

@@ -238,6 +238,7 @@ func testReport() *SvcReport {
 		add(1000, rep, "ipt", 0, "skipped: kube-proxy iptables has not applied this level")
 	}
 	r.ControlPlane = &SvcControlPlane{Services: 1001, Endpoints: 10, AxonChange: []float64{1, 2, math.NaN()},
+		ChangeWrite:     []float64{0.5, 1.5, 3},
 		KubeProxyChange: map[string][]float64{"nftables": {500, 700}}, PSIBefore: math.NaN()}
 	return r
 }
@@ -255,6 +256,9 @@ func TestSvcReportRendering(t *testing.T) {
 		"| cip | 9900 (0.99×) | 10100 (1.01×) | +2.0 % |",
 		"| ipt | 8000 (0.80×) | n/a | n/a |",
 		"p50 500.0, p99 700.0",
+		// the failed change (NaN) has no "after the write" sample
+		"| … of which the API write (EndpointSlice update acknowledged), ms | p50 1.5, p99 3.0, max 3.0 (n=3) |",
+		"| … and after it (watch → agent → BPF map), ms | p50 0.5, p99 0.5, max 0.5 (n=2) |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
