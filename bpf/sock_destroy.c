@@ -98,8 +98,7 @@ AXON_INLINE int sd_visit(struct seq_file *seq, struct sock_common *skc, void *sk
 	struct lb_rev_key rk = {};
 	struct lb_gone_key gk = {};
 	struct sd_record rec = {};
-	struct lb_rev_val *rv = NULL;
-	struct lb_sk_rev *sr;
+	struct lb_rev_val *rv;
 	int from_lru = 0;
 	__u8 *mask;
 	__u16 family = skc->skc_family;
@@ -116,10 +115,8 @@ AXON_INLINE int sd_visit(struct seq_file *seq, struct sock_common *skc, void *sk
 	if (rk.port == 0)
 		return 0; /* not connected */
 	rk.cookie = bpf_get_socket_cookie(skc);
-	sr = sk ? bpf_sk_storage_get(&axon_lb_sk, sk, 0, 0) : NULL;
-	if (sr && sr->port == rk.port && __builtin_memcmp(sr->addr, rk.addr, sizeof(rk.addr)) == 0) {
-		rv = &sr->fe;
-	} else {
+	rv = lb_sk_rev_frontend(sk ? bpf_sk_storage_get(&axon_lb_sk, sk, 0, 0) : NULL, rk.addr, rk.port);
+	if (!rv) {
 		/* connected under an agent from before axon_lb_sk */
 		rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
 		from_lru = 1;

@@ -160,14 +160,11 @@ AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6, int recvmsg)
 {
 	struct lb_rev_key rk = {};
 	struct lb_rev_val *rv;
-	struct lb_sk_rev *sr;
 
 	ctx_get_addr(ctx, rk.addr, v6);
 	rk.port = (__be16)ctx->user_port;
-	sr = bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, 0);
-	if (sr && sr->port == rk.port && __builtin_memcmp(sr->addr, rk.addr, sizeof(rk.addr)) == 0) {
-		rv = &sr->fe;
-	} else {
+	rv = lb_sk_rev_frontend(bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, 0), rk.addr, rk.port);
+	if (!rv) {
 		if (!recvmsg)
 			return SYS_PROCEED;
 		rk.cookie = bpf_get_socket_cookie(ctx);

@@ -165,6 +165,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_lb_sk SEC(".maps");
 
+/* lb_sk_rev_frontend returns the frontend in sr (a socket's axon_lb_sk
+ * storage; NULL when it has none) when the socket's peer addr:port is the
+ * backend connect() translated it to, else NULL. */
+AXON_INLINE struct lb_rev_val *lb_sk_rev_frontend(struct lb_sk_rev *sr, const __u8 *addr, __be16 port)
+{
+	if (sr && sr->port == port && __builtin_memcmp(sr->addr, addr, sizeof(sr->addr)) == 0)
+		return &sr->fe;
+	return NULL;
+}
+
 /* axon_lb_aff: session affinity (see struct lb_aff_key). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
