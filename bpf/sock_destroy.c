@@ -7,9 +7,9 @@
  * socket iterators in the node's netns and in every pod netns of the node
  * (a tcp/udp iterator walks the sockets of the netns it was opened in). A
  * socket is aborted with bpf_sock_destroy (kfunc, kernel >= 6.5) only when
- *  - its socket LB reverse entry (its axon_lb_sk storage, written by this
- *    node's connect hook; axon_lb_rev for a socket connected under an
- *    agent from before that map) says it was translated to that peer, and
+ *  - its socket LB reverse entry (axon_lb_sock, written by this node's
+ *    connect hook; axon_lb_rev for a socket connected under an agent from
+ *    before that map) says it was translated to that peer, and
  *  - {frontend id of that entry, peer} is in axon_lb_gone with this
  *    protocol's bit set.
  * The application then gets ECONNABORTED on its next send/recv and
@@ -90,10 +90,8 @@ struct bpf_iter__udp {
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
 
-/* sd_visit aborts skc when it is a translated socket of a gone backend. sk
- * is the same socket as a full socket (for its storage), NULL when it is
- * not one. */
-AXON_INLINE int sd_visit(struct seq_file *seq, struct sock_common *skc, void *sk, __u8 proto, __u8 bit)
+/* sd_visit aborts skc when it is a translated socket of a gone backend. */
+AXON_INLINE int sd_visit(struct seq_file *seq, struct sock_common *skc, __u8 proto, __u8 bit)
 {
 	struct lb_rev_key rk = {};
 	struct lb_gone_key gk = {};
@@ -115,9 +113,9 @@ AXON_INLINE int sd_visit(struct seq_file *seq, struct sock_common *skc, void *sk
 	if (rk.port == 0)
 		return 0; /* not connected */
 	rk.cookie = bpf_get_socket_cookie(skc);
-	rv = lb_sk_rev_frontend(sk ? bpf_sk_storage_get(&axon_lb_sk, sk, 0, 0) : NULL, rk.addr, rk.port);
+	rv = lb_sk_rev_frontend(bpf_map_lookup_elem(&axon_lb_sock, &rk.cookie), rk.addr, rk.port);
 	if (!rv) {
-		/* connected under an agent from before axon_lb_sk */
+		/* connected under an agent from before axon_lb_sock */
 		rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
 		from_lru = 1;
 	}
@@ -153,7 +151,7 @@ int axon_sock_destroy_tcp(struct bpf_iter__tcp *ctx)
 	state = skc->skc_state;
 	if (state == AXON_TCP_TIME_WAIT || state == AXON_TCP_LISTEN || state == AXON_TCP_NEW_SYN_RECV)
 		return 0;
-	return sd_visit(ctx->meta->seq, skc, bpf_skc_to_tcp_sock(skc), 6, AXON_GONE_TCP);
+	return sd_visit(ctx->meta->seq, skc, 6, AXON_GONE_TCP);
 }
 
 SEC("iter/udp")
@@ -164,5 +162,5 @@ int axon_sock_destroy_udp(struct bpf_iter__udp *ctx)
 	if (!skc)
 		return 0;
 	/* a udp_sock starts with its struct sock */
-	return sd_visit(ctx->meta->seq, skc, ctx->udp_sk, 17, AXON_GONE_UDP);
+	return sd_visit(ctx->meta->seq, skc, 17, AXON_GONE_UDP);
 }

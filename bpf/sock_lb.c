@@ -4,7 +4,7 @@
  * Attached to the agent's cgroup root; every socket of a process below it:
  *  connect4/6  TCP/UDP/SCTP connect to a frontend -> a backend (forward
  *              translation of the sockaddr; no per-packet NAT), records the
- *              reverse entry in the socket's storage (axon_lb_sk); no
+ *              reverse entry under the socket's cookie (axon_lb_sock); no
  *              usable backend -> ECONNREFUSED.
  *  sendmsg4/6  unconnected UDP sendto a frontend: the same per datagram.
  *  recvmsg4/6  UDP recvfrom: a reply from the backend shows the frontend as
@@ -12,6 +12,7 @@
  *              LRU entry sendmsg recorded).
  *  getpeername4/6  a connected socket shows the frontend as its peer.
  *  bind4/6     a NodePort's port cannot be bound (EADDRINUSE).
+ *  sock_release  a closed socket's axon_lb_sock entry is deleted.
  * Sockets of an opted-out netns (axon_lb_skip) or, in hostns-only mode, of
  * any netns but the host's are not translated (bind is still checked).
  * v4-in-v6 (a v6 socket addressing ::ffff:a.b.c.d) uses the IPv4 frontends,
@@ -87,16 +88,16 @@ AXON_INLINE void ctx_set_addr(struct bpf_sock_addr *ctx, const __u8 *addr, __be1
 }
 
 /* sock_fwd translates ctx's destination when it is a frontend. connect is
- * 1 in the connect hooks: the reverse entry goes to the socket's storage
- * (overwritten when the socket is re-pointed); sendmsg keeps one LRU entry
- * per {socket, backend}. */
+ * 1 in the connect hooks: the reverse entry goes to axon_lb_sock under the
+ * socket's cookie (overwritten when the socket is re-pointed); sendmsg
+ * keeps one axon_lb_rev entry per {socket, backend}. */
 AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 {
 	struct lb_svc_key key = {};
 	struct lb_rev_key rk = {};
 	struct lb_rev_val rv = {};
 	struct lb_rev_val *old;
-	struct lb_sk_rev *sr;
+	struct lb_sk_rev sr = {};
 	struct lb_svc_val *svc;
 	struct lb_backend b;
 	__u32 proto = ctx->protocol, fe_id;
@@ -127,15 +128,14 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 
 	rv.frontend_id = fe_id;
 	if (connect) {
-		/* Without storage (out of memory) the socket is still translated;
-		 * only getpeername/recvfrom then show the backend, and the socket
-		 * is not aborted when that backend goes. */
-		sr = bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (sr) {
-			sr->fe = rv;
-			__builtin_memcpy(sr->addr, b.addr, sizeof(sr->addr));
-			sr->port = b.port;
-		}
+		/* Should the insert fail, the socket is still translated; only
+		 * getpeername/recvfrom then show the backend, and the socket is
+		 * not aborted when that backend goes. */
+		sr.fe = rv;
+		__builtin_memcpy(sr.addr, b.addr, sizeof(sr.addr));
+		sr.port = b.port;
+		rk.cookie = bpf_get_socket_cookie(ctx);
+		bpf_map_update_elem(&axon_lb_sock, &rk.cookie, &sr, BPF_ANY);
 	} else {
 		rk.cookie = bpf_get_socket_cookie(ctx);
 		__builtin_memcpy(rk.addr, b.addr, sizeof(rk.addr));
@@ -150,12 +150,11 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 	return SYS_PROCEED;
 }
 
-/* sock_rev shows the frontend instead of the backend: the socket's own
- * entry when the peer is the backend connect() chose (getpeername, and
- * recvfrom on a connected socket), else, for recvmsg only, the LRU entry of
- * {cookie, peer} that sendmsg wrote (unconnected UDP). getpeername never
- * reads the LRU: a connected socket has no entry there, and the lookup in
- * that large table would cost every getpeername in the cgroup. */
+/* sock_rev shows the frontend instead of the backend: the socket's
+ * axon_lb_sock entry when the peer is the backend connect() chose
+ * (getpeername, and recvfrom on a connected socket), else, for recvmsg
+ * only, the axon_lb_rev entry of {cookie, peer} that sendmsg wrote
+ * (unconnected UDP; a connected socket has none there). */
 AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6, int recvmsg)
 {
 	struct lb_rev_key rk = {};
@@ -163,11 +162,11 @@ AXON_INLINE int sock_rev(struct bpf_sock_addr *ctx, int v6, int recvmsg)
 
 	ctx_get_addr(ctx, rk.addr, v6);
 	rk.port = (__be16)ctx->user_port;
-	rv = lb_sk_rev_frontend(bpf_sk_storage_get(&axon_lb_sk, ctx->sk, 0, 0), rk.addr, rk.port);
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rv = lb_sk_rev_frontend(bpf_map_lookup_elem(&axon_lb_sock, &rk.cookie), rk.addr, rk.port);
 	if (!rv) {
 		if (!recvmsg)
 			return SYS_PROCEED;
-		rk.cookie = bpf_get_socket_cookie(ctx);
 		rv = bpf_map_lookup_elem(&axon_lb_rev, &rk);
 		if (!rv)
 			return SYS_PROCEED;
@@ -235,3 +234,19 @@ int axon_sock_bind4(struct bpf_sock_addr *ctx) { return sock_bind(ctx, 0); }
 
 SEC("cgroup/bind6")
 int axon_sock_bind6(struct bpf_sock_addr *ctx) { return sock_bind(ctx, 1); }
+
+/* A closed socket's reverse entry goes with it (see axon_lb_sock). Runs for
+ * every socket of the cgroup that is closed: a lookup first, because most
+ * were never translated and a miss takes no lock. */
+SEC("cgroup/sock_release")
+int axon_sock_release(struct bpf_sock *ctx)
+{
+	__u64 cookie;
+
+	if (!lb_proto_ok(ctx->protocol))
+		return SYS_PROCEED;
+	cookie = bpf_get_socket_cookie(ctx);
+	if (bpf_map_lookup_elem(&axon_lb_sock, &cookie))
+		bpf_map_delete_elem(&axon_lb_sock, &cookie);
+	return SYS_PROCEED;
+}

@@ -19,6 +19,7 @@
 #define AXON_LB_SVC_MAX 262144
 #define AXON_LB_BACKEND_MAX 262144
 #define AXON_LB_REV_MAX 65536
+#define AXON_LB_SOCK_MAX 131072
 #define AXON_LB_AFFINITY_MAX 65536
 #define AXON_LB_LOCAL_MAX 256
 #define AXON_LB_SKIP_MAX 65536
@@ -79,7 +80,7 @@ struct lb_backend {
  * sendmsg hooks): {socket cookie, backend addr, backend port} -> the
  * frontend the socket addressed. Keyed by backend too, so one unconnected
  * UDP socket talking to several services gets each reply's source right.
- * Connected sockets keep theirs in axon_lb_sk (below). 32 bytes. */
+ * Connected sockets keep theirs in axon_lb_sock (below). 32 bytes. */
 struct lb_rev_key {
 	__u64 cookie;
 	__u8 addr[16];
@@ -95,14 +96,12 @@ struct lb_rev_val {
 	__u32 frontend_id;
 };
 
-/* Reverse translation of a connected socket (socket local storage, written
- * by connect4/6): the backend connect() translated the socket to and the
- * frontend it addressed (fe: frontend addr, port, id). It lives and dies
- * with the socket: no eviction however many sockets a node churns through,
- * nothing to clean up, and getpeername finds it through the socket (no
- * hash lookup in a large, cold table). The peer is compared before use: a
- * socket re-connected elsewhere keeps a stale value that matches nothing.
- * 40 bytes. */
+/* Reverse translation of a connected socket (value of axon_lb_sock, keyed
+ * by socket cookie; written by connect4/6, deleted by sock_release when the
+ * socket is closed): the backend connect() translated the socket to and the
+ * frontend it addressed (fe: frontend addr, port, id). The peer is compared
+ * before use: a socket re-connected elsewhere keeps a stale value that
+ * matches nothing. 40 bytes. */
 struct lb_sk_rev {
 	struct lb_rev_val fe;
 	__u8 addr[16]; /* backend */
@@ -154,19 +153,31 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_lb_rev SEC(".maps");
 
-/* axon_lb_sk: connected sockets' reverse translation (see struct
- * lb_sk_rev). Pinned so a restarted agent's programs read what the old ones
- * wrote on sockets that are still open. */
+/* axon_lb_sock: connected sockets' reverse translation, socket cookie ->
+ * struct lb_sk_rev. An entry lives exactly as long as its socket is open:
+ * written at connect, deleted by the sock_release hook at close, so the
+ * table holds the node's open translated sockets, not its connection
+ * history, and a long-lived socket (a resolver's connected UDP socket that
+ * no hook sees again) keeps its entry however many short connections churn
+ * past it. LRU only as a safety net: should a release be missed (kernel
+ * sockets skip the hook) or more than AXON_LB_SOCK_MAX translated sockets
+ * be open at once, the least recently used entries go (those sockets then
+ * show their backend to getpeername and are not aborted when it leaves)
+ * instead of new sockets finding the table full.
+ * Socket local storage would need no delete, but its allocation at connect
+ * and kfree_rcu at close measured twice the cost of this insert + delete
+ * (docs/socket-lb.md). Pinned: a restarted agent's programs read what the
+ * old ones wrote on sockets that are still open. */
 struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AXON_LB_SOCK_MAX);
+	__type(key, __u64);
 	__type(value, struct lb_sk_rev);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} axon_lb_sk SEC(".maps");
+} axon_lb_sock SEC(".maps");
 
-/* lb_sk_rev_frontend returns the frontend in sr (a socket's axon_lb_sk
- * storage; NULL when it has none) when the socket's peer addr:port is the
+/* lb_sk_rev_frontend returns the frontend in sr (a socket's axon_lb_sock
+ * entry; NULL when it has none) when the socket's peer addr:port is the
  * backend connect() translated it to, else NULL. */
 AXON_INLINE struct lb_rev_val *lb_sk_rev_frontend(struct lb_sk_rev *sr, const __u8 *addr, __be16 port)
 {

@@ -25,7 +25,7 @@ const (
 )
 
 // LBMapNames are the socket LB maps pinned in a node's pin dir.
-var LBMapNames = []string{"axon_lb_svc", "axon_lb_be", "axon_lb_rev", "axon_lb_sk", "axon_lb_aff", "axon_lb_local", "axon_lb_skip"}
+var LBMapNames = []string{"axon_lb_svc", "axon_lb_be", "axon_lb_rev", "axon_lb_sock", "axon_lb_aff", "axon_lb_local", "axon_lb_skip"}
 
 // LBSvcMap is a read-only handle on a node's pinned axon_lb_svc.
 type LBSvcMap struct {

@@ -90,8 +90,8 @@ func loadSockDestroyer(maps map[string]*ebpf.Map, log *slog.Logger) (*SockDestro
 			repl[name] = m
 		} else {
 			ms.Pinning = ebpf.PinNone
-			if maps == nil && ms.Type != ebpf.SkStorage {
-				ms.MaxEntries = 1 // the probe: throwaway maps, keep them small (socket storage has no size)
+			if maps == nil {
+				ms.MaxEntries = 1 // the probe: throwaway maps, keep them small
 			}
 		}
 	}

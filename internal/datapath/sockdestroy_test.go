@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -228,7 +227,8 @@ func TestSockDestroy(t *testing.T) {
 	if c := ProbeSockDestroy(); !c.Available {
 		t.Skipf("kernel without bpf_sock_destroy: %s", c.Reason)
 	}
-	e := newSockLBEnv(t, sockLBOptions{})
+	const sockTable = 1024 // axon_lb_sock, small so that the churn below overruns it
+	e := newSockLBEnv(t, sockLBOptions{maxEntries: map[string]uint32{MapLBSock: sockTable}})
 	ns := newNetns(t, "sockdestroy")
 	addLoopbackAddrs(t, ns, "198.18.97.1/24", "198.18.97.2/24")
 	echoServers(t, ns, "198.18.97.1:5353", "198.18.97.2:5353")
@@ -252,11 +252,18 @@ func TestSockDestroy(t *testing.T) {
 		holdSock{Kind: "udp", Addr: "10.96.0.61:53"},    // 3: through the LB to .2 (kept): stays
 		holdSock{Kind: "tcp", Addr: "10.96.0.61:80"},    // 4: through the LB to .2 (kept): stays
 	)
-	// Churn past the reverse LRU's size, as a node making that many
-	// unconnected UDP exchanges would: the held sockets' reverse entries
-	// live in their own storage, so the abort below and getpeername still
-	// find them (with the LRU holding them, neither did).
-	floodReverseLRU(t, e.s.objs.AxonLbRev)
+	// Churn four times the socket table's size of short connections
+	// through the LB while they are held, as a busy node would: each
+	// closed socket's entry goes with it, so the held sockets keep theirs
+	// and the abort below and getpeername still find them (when entries
+	// stayed until evicted, neither did).
+	churn := runClients(t, ns, e.cgFD, clientOp{Kind: "udpconnect", Family: 4, Addr: "10.96.0.61:53", Count: 4 * sockTable})[0]
+	if churn.Fails > 0 {
+		t.Fatalf("churn: %d of %d connects failed: %s", churn.Fails, 4*sockTable, churn.Err)
+	}
+	if n := mapLen(t, e.s.objs.AxonLbSock); n != 4 {
+		t.Errorf("axon_lb_sock holds %d entries after the churn, want 4 (the held translated sockets)", n)
+	}
 	// .1 leaves both frontends, .2 takes over
 	t0 := time.Now()
 	e.upsert(t,
@@ -409,34 +416,5 @@ func lineEchoServers(t *testing.T, ns string, addrs ...string) {
 	})
 	if t.Failed() {
 		t.FailNow()
-	}
-}
-
-// floodReverseLRU writes more entries than axon_lb_rev holds, for sockets
-// that do not exist (cookies no kernel hands out this soon), so every entry
-// written before is evicted.
-func floodReverseLRU(t *testing.T, rev *ebpf.Map) {
-	t.Helper()
-	n := int(rev.MaxEntries()) + 4096
-	keys := make([]sockLBLbRevKey, n)
-	vals := make([]sockLBLbRevVal, n)
-	for i := range keys {
-		keys[i].Cookie = 1<<62 + uint64(i)
-		keys[i].Port = 9
-		vals[i].FrontendId = 1
-	}
-	if _, err := rev.BatchUpdate(keys, vals, nil); err != nil {
-		t.Fatalf("flood axon_lb_rev: %v", err)
-	}
-	var k sockLBLbRevKey
-	var v sockLBLbRevVal
-	left := 0
-	for it := rev.Iterate(); it.Next(&k, &v); {
-		if k.Cookie < 1<<62 {
-			left++
-		}
-	}
-	if left != 0 {
-		t.Fatalf("%d entries of real sockets still in axon_lb_rev after %d writes", left, n)
 	}
 }

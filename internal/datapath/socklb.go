@@ -28,10 +28,15 @@ const (
 	MapLBService  = "axon_lb_svc"
 	MapLBBackend  = "axon_lb_be"
 	MapLBReverse  = "axon_lb_rev"
-	MapLBSock     = "axon_lb_sk"
+	MapLBSock     = "axon_lb_sock"
 	MapLBAffinity = "axon_lb_aff"
 	MapLBLocal    = "axon_lb_local"
 	MapLBSkip     = "axon_lb_skip"
+
+	// mapLBSockStorage is the socket-storage map that held connected
+	// sockets' reverse entries in builds of 2026-11-25 (now axon_lb_sock):
+	// its pin is removed at load and uninstall.
+	mapLBSockStorage = "axon_lb_sk"
 )
 
 // SockLBConfig is the load-time configuration of the socket LB.
@@ -70,6 +75,7 @@ var sockHooks = []sockHook{
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(p *sockLBPrograms) *ebpf.Program { return p.AxonSockGetpeername6 }},
 	{"bind4", ebpf.AttachCGroupInet4Bind, func(p *sockLBPrograms) *ebpf.Program { return p.AxonSockBind4 }},
 	{"bind6", ebpf.AttachCGroupInet6Bind, func(p *sockLBPrograms) *ebpf.Program { return p.AxonSockBind6 }},
+	{"release", ebpf.AttachCgroupInetSockRelease, func(p *sockLBPrograms) *ebpf.Program { return p.AxonSockRelease }},
 }
 
 // SockLB is the loaded socket load balancer of one node. Methods are safe
@@ -194,6 +200,11 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 			return nil, fmt.Errorf("load socket LB: hook %s: %w", h.name, err)
 		}
 	}
+	// the old programs, and with them the maps only they used, are gone
+	if err := os.Remove(filepath.Join(pinDir, mapLBSockStorage)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.Close()
+		return nil, fmt.Errorf("load socket LB: remove the pin of the replaced map %s: %w", mapLBSockStorage, err)
+	}
 	// the programs now use the resized maps: move the pins over
 	for name, m := range migrated {
 		pin := filepath.Join(pinDir, name)
@@ -266,7 +277,7 @@ func migrateResized(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger) 
 // sockets keep their backend until the application reconnects.
 func (s *SockLB) EnableSockDestroy(netns func() []string) error {
 	maps := map[string]*ebpf.Map{
-		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev, MapLBSock: s.objs.AxonLbSk,
+		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev, MapLBSock: s.objs.AxonLbSock,
 		MapLBAffinity: s.objs.AxonLbAff, MapLBLocal: s.objs.AxonLbLocal, MapLBSkip: s.objs.AxonLbSkip,
 	}
 	d, err := loadSockDestroyer(maps, s.log)
@@ -495,7 +506,7 @@ func UninstallSockLB(pinDir, cgroupPath string) error {
 		}
 		l.Close()
 	}
-	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBSock, MapLBAffinity, MapLBLocal, MapLBSkip} {
+	for _, m := range []string{MapLBService, MapLBBackend, MapLBReverse, MapLBSock, MapLBAffinity, MapLBLocal, MapLBSkip, mapLBSockStorage} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
 		}
