@@ -489,7 +489,8 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 			t.Fatalf("GET /healthz: %d %q %v", code, body, err)
 		}
 		code, body, err = n.httpGet("http://127.0.0.1:19876/metrics")
-		for _, want := range []string{"axon_agent_ready 1", "axon_agent_routes 3", `axon_datapath_packets_total{direction="pod_egress"`, "go_goroutines"} {
+		for _, want := range []string{"axon_agent_ready 1", "axon_agent_routes 3", `axon_datapath_packets_total{direction="pod_egress"`, "go_goroutines",
+			"axon_services_last_write_timestamp_seconds ", "axon_services_writes_total ", "axon_services_full_sync_seconds "} {
 			if err != nil || code != 200 || !strings.Contains(body, want) {
 				t.Errorf("GET /metrics: %d %v: no %q in\n%.2000s", code, err, want, body)
 			}

@@ -48,7 +48,9 @@ type ServicesStatus struct {
 	Services    int           `json:"services"`
 	Frontends   int           `json:"frontends"`
 	Backends    int           `json:"backends"`
-	FullSync    time.Duration `json:"fullSync"` // first table build + write after the caches synced
+	FullSync    time.Duration `json:"fullSync"`           // first table build + write after the caches synced
+	LastWrite   time.Time     `json:"lastWrite,omitzero"` // end of the last write of a change to the Writer
+	Writes      uint64        `json:"writes"`             // writes of changes to the Writer so far
 	Problems    []string      `json:"problems,omitempty"`
 	WriteErrors []string      `json:"writeErrors,omitempty"`
 	Conflicts   []string      `json:"conflicts,omitempty"`
@@ -86,6 +88,8 @@ type serviceSync struct {
 	writerGen uint64 // SetWriter calls so far
 	comparedW uint64 // writerGen of the last whole-table compare that succeeded
 	fullSync  time.Duration
+	lastWrite time.Time // end of the last flush that wrote anything (services_metrics.go)
+	writes    uint64    // such flushes
 	watchErr  string
 	watchLog  time.Time
 }
@@ -573,6 +577,9 @@ func (s *serviceSync) flushLocked(service string) error {
 			dels = append(dels, k)
 		}
 	}
+	if len(dels)+len(ups) > 0 {
+		defer s.noteWrite() // after the last write below, failed ones included
+	}
 	slices.SortFunc(dels, lb.CompareKeys)
 	var errs []error
 	for _, k := range dels {
@@ -722,7 +729,8 @@ func (s *serviceSync) status() ServicesStatus {
 }
 
 func (s *serviceSync) statusLocked() ServicesStatus {
-	st := ServicesStatus{Synced: s.synced, Writer: s.w != nil, Services: s.table.Services(), FullSync: s.fullSync, WatchError: s.watchErr}
+	st := ServicesStatus{Synced: s.synced, Writer: s.w != nil, Services: s.table.Services(), FullSync: s.fullSync,
+		LastWrite: s.lastWrite, Writes: s.writes, WatchError: s.watchErr}
 	for _, f := range s.table.Frontends() {
 		st.Frontends++
 		st.Backends += len(f.Backends)

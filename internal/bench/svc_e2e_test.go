@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,18 @@ func TestServicesBenchTiny(t *testing.T) {
 		}
 		if i < len(cp.ChangeWrite) && !(cp.ChangeWrite[i] > 0 && cp.ChangeWrite[i] <= v) {
 			t.Errorf("change %d: API write %v ms, want > 0 and within the whole change's %v ms", i, cp.ChangeWrite[i], v)
+		}
+	}
+	// the agent's own clock: its map write happened after the API write
+	// started and (give or take the end of the flush) before the benchmark
+	// saw the map change
+	if len(cp.AgentChange) != len(cp.AxonChange) || len(cp.AgentChangeIdle) != len(cp.AxonChangeIdle) {
+		t.Errorf("agent-clock times: %d and %d samples, want one per change (%d, %d)",
+			len(cp.AgentChange), len(cp.AgentChangeIdle), len(cp.AxonChange), len(cp.AxonChangeIdle))
+	}
+	for i, v := range append(slices.Clone(cp.AgentChange), cp.AgentChangeIdle...) {
+		if math.IsNaN(v) || v <= 0 || v > 5000 {
+			t.Errorf("agent-clock sample %d: %v ms, want within (0, 5000]", i, v)
 		}
 	}
 	if len(cp.ChangeWrite) != len(cp.AxonChange) || len(cp.ChangeIdleWrite) != len(cp.AxonChangeIdle) {

@@ -53,6 +53,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	labpkg "github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
@@ -770,8 +773,12 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 			continue
 		}
 		for _, n := range []int{r.cfg.Endpoints + 1, r.cfg.Endpoints} { // add one endpoint, then remove it again
-			written := time.Now()
-			if err := scale.SetEndpoints(ctx, r.kube, r.spec, i, n); err != nil {
+			change, err := scale.PrepareEndpoints(ctx, r.kube, r.spec, i, n)
+			if err != nil {
+				return err
+			}
+			written := time.Now() // the change exists from its write on
+			if err := change.Apply(ctx); err != nil {
 				return err
 			}
 			cp.ChangeWrite = append(cp.ChangeWrite, msSince(written))
@@ -779,8 +786,13 @@ func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPl
 			var mu sync.Mutex
 			wg.Go(func() {
 				d, err := waitActive(ctx, m, ip, n, written, 30*time.Second)
+				own := math.NaN()
+				if err == nil {
+					own, err = r.agentChangeMs(ctx, node1, written)
+				}
 				mu.Lock()
 				defer mu.Unlock()
+				cp.AgentChange = append(cp.AgentChange, own)
 				if err != nil {
 					errs = append(errs, err)
 					cp.AxonChange = append(cp.AxonChange, math.NaN())
@@ -891,8 +903,12 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 			continue
 		}
 		for _, n := range []int{r.cfg.Endpoints + 1, r.cfg.Endpoints} {
+			change, err := scale.PrepareEndpoints(ctx, r.kube, r.spec, i, n)
+			if err != nil {
+				return err
+			}
 			written := time.Now()
-			if err := scale.SetEndpoints(ctx, r.kube, r.spec, i, n); err != nil {
+			if err := change.Apply(ctx); err != nil {
 				return err
 			}
 			cp.ChangeIdleWrite = append(cp.ChangeIdleWrite, msSince(written))
@@ -901,6 +917,11 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 				return err
 			}
 			cp.AxonChangeIdle = append(cp.AxonChangeIdle, d.Seconds()*1e3)
+			own, err := r.agentChangeMs(ctx, r.nodes[0], written) // m is node1's map
+			if err != nil {
+				return err
+			}
+			cp.AgentChangeIdle = append(cp.AgentChangeIdle, own)
 		}
 	}
 	cp.AxonChangeIdlePSI[1] = readPressure().Avg10
@@ -909,6 +930,47 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 		percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
 	r.waitKubeProxiesIdle(ctx)
 	return nil
+}
+
+// agentChangeMs is how long after written the agent of node finished its
+// last map write of a Service change, by its own clock
+// (axon_services_last_write_timestamp_seconds, lab.AgentMetricsAddr); call
+// it once the map shows the change.
+func (r *svcRun) agentChangeMs(ctx context.Context, node labpkg.Node, written time.Time) (float64, error) {
+	body, err := httpGetInNetns(ctx, "/run/netns/"+node.Netns, labpkg.AgentMetricsAddr, "/metrics")
+	if err != nil {
+		return math.NaN(), fmt.Errorf("agent of %s metrics: %w", node.Name, err)
+	}
+	ts, err := AgentLastWrite(bytes.NewReader(body))
+	if err != nil {
+		return math.NaN(), fmt.Errorf("agent of %s metrics: %w", node.Name, err)
+	}
+	if ts.Before(written) {
+		return math.NaN(), fmt.Errorf("agent of %s: the map shows the change but its last write is from %s, before the change (%s)",
+			node.Name, ts.Format(time.RFC3339Nano), written.Format(time.RFC3339Nano))
+	}
+	return ts.Sub(written).Seconds() * 1e3, nil
+}
+
+// AgentLastWrite reads axon_services_last_write_timestamp_seconds from an
+// agent's Prometheus text exposition.
+func AgentLastWrite(r io.Reader) (time.Time, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	f := fams["axon_services_last_write_timestamp_seconds"]
+	if f == nil || len(f.GetMetric()) != 1 {
+		return time.Time{}, errors.New("no axon_services_last_write_timestamp_seconds (agent older than the benchmark?)")
+	}
+	m := f.GetMetric()[0]
+	v := m.GetGauge().GetValue() + m.GetUntyped().GetValue() // whichever the exposition declared
+	if v <= 0 {
+		return time.Time{}, errors.New("axon_services_last_write_timestamp_seconds is 0: the agent wrote no Service change yet")
+	}
+	sec, frac := math.Modf(v)
+	return time.Unix(int64(sec), int64(frac*1e9)), nil
 }
 
 // msSince is the time since t in milliseconds.

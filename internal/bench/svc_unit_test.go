@@ -152,6 +152,34 @@ func TestParseKubeProxyMetrics(t *testing.T) {
 	}
 }
 
+func TestAgentLastWrite(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     time.Time
+		err      string
+	}{
+		{"written", "# HELP axon_services_last_write_timestamp_seconds x\n# TYPE axon_services_last_write_timestamp_seconds gauge\n" +
+			"axon_services_last_write_timestamp_seconds 1.7640672005e+09\naxon_services_writes_total 3\n", time.Unix(1764067200, 500000000), ""},
+		{"never written", "axon_services_last_write_timestamp_seconds 0\n", time.Time{}, "no Service change yet"},
+		{"older agent", "axon_agent_ready 1\n", time.Time{}, "no axon_services_last_write_timestamp_seconds"},
+		{"garbage", "axon_services_last_write_timestamp_seconds{ 1\n", time.Time{}, "parse metrics"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := AgentLastWrite(strings.NewReader(tt.in))
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want one with %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || got.Sub(tt.want).Abs() > time.Microsecond {
+				t.Errorf("got %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+}
+
 func TestParseVmStatus(t *testing.T) {
 	hwm, rss, err := parseVmStatus("Name:\tkube-proxy\nVmPeak:\t 1000 kB\nVmHWM:\t  440320 kB\nVmRSS:\t  400000 kB\n")
 	if err != nil || hwm != 440320<<10 || rss != 400000<<10 {

@@ -376,6 +376,11 @@ func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 	})
 }
 
+// AgentMetricsAddr is where each node's agent serves /healthz and
+// Prometheus /metrics (--health-addr): the loopback of its node netns, so
+// every node uses the same port. Also read by the Service benchmark.
+const AgentMetricsAddr = "127.0.0.1:9962"
+
 func startAgent(binDir string, n Node, logPath string, extra ...string) (*Proc, error) {
 	agent := filepath.Join(binDir, "axon-agent")
 	argv := []string{
@@ -388,6 +393,7 @@ func startAgent(binDir string, n Node, logPath string, extra ...string) (*Proc, 
 		"--cgroup-root", n.Cgroup, // socket LB for this node's pods only, never the machine's root
 		"--uplink", "eth0",
 		"--log-format", "text",
+		"--health-addr", AgentMetricsAddr,
 	}
 	argv = append(argv, extra...)
 	nsenter, err := exec.LookPath("nsenter")

@@ -291,21 +291,45 @@ func ensureNamespace(ctx context.Context, kube kubernetes.Interface, ns string) 
 // SetEndpoints rewrites the EndpointSlice of Service i with n endpoints
 // (s.Endpoints ± 1 is what the change-latency measurement uses).
 func SetEndpoints(ctx context.Context, kube kubernetes.Interface, s Spec, i, n int) error {
-	s, err := s.withDefaults()
+	c, err := PrepareEndpoints(ctx, kube, s, i, n)
 	if err != nil {
 		return err
 	}
+	return c.Apply(ctx)
+}
+
+// EndpointsChange is a rewrite of one EndpointSlice, read and built by
+// PrepareEndpoints and sent by Apply. A caller timing how long a change
+// takes to reach the datapath starts its clock right before Apply: the
+// read that prepares the update is not part of the change.
+type EndpointsChange struct {
+	kube  kubernetes.Interface
+	slice *discoveryv1.EndpointSlice
+}
+
+// PrepareEndpoints reads the EndpointSlice of Service i and returns the
+// update that gives it n endpoints (0..s.Endpoints+1).
+func PrepareEndpoints(ctx context.Context, kube kubernetes.Interface, s Spec, i, n int) (*EndpointsChange, error) {
+	s, err := s.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	if n < 0 || n > s.Endpoints+1 {
-		return fmt.Errorf("scale: %d endpoints for %s: want 0..%d", n, s.Name(i), s.Endpoints+1)
+		return nil, fmt.Errorf("scale: %d endpoints for %s: want 0..%d", n, s.Name(i), s.Endpoints+1)
 	}
 	cur, err := kube.DiscoveryV1().EndpointSlices(s.Namespace).Get(ctx, s.Name(i), metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("scale: get endpointslice %s/%s: %w", s.Namespace, s.Name(i), err)
+		return nil, fmt.Errorf("scale: get endpointslice %s/%s: %w", s.Namespace, s.Name(i), err)
 	}
-	want := s.EndpointSlice(i, n)
-	cur.Endpoints = want.Endpoints
-	if _, err := kube.DiscoveryV1().EndpointSlices(s.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("scale: update endpointslice %s/%s: %w", s.Namespace, s.Name(i), err)
+	cur.Endpoints = s.EndpointSlice(i, n).Endpoints
+	return &EndpointsChange{kube: kube, slice: cur}, nil
+}
+
+// Apply writes the update (one request); it fails on a conflict when the
+// slice changed since PrepareEndpoints read it.
+func (c *EndpointsChange) Apply(ctx context.Context) error {
+	if _, err := c.kube.DiscoveryV1().EndpointSlices(c.slice.Namespace).Update(ctx, c.slice, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("scale: update endpointslice %s/%s: %w", c.slice.Namespace, c.slice.Name, err)
 	}
 	return nil
 }

@@ -349,8 +349,12 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	for range o.Changes {
 		i := rng.IntN(len(o.IPs))
 		for _, n := range []int{o.Spec.Endpoints + 1, o.Spec.Endpoints} {
-			w := time.Now()
-			if err = scale.SetEndpoints(ctx, o.Kube, o.Spec, i, n); err != nil {
+			change, err := scale.PrepareEndpoints(ctx, o.Kube, o.Spec, i, n)
+			if err != nil {
+				return res, err
+			}
+			w := time.Now() // the change exists from its write on, not from the read before it
+			if err = change.Apply(ctx); err != nil {
 				return res, err
 			}
 			for {
