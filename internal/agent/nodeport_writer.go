@@ -81,6 +81,24 @@ func (t *teeWriter) Frontends() ([]lb.Frontend, error) { return t.FrontendsFor(n
 // (which made the resync after the north-south LB appeared rewrite the
 // whole table: 10 000 Services again, ~120 MB of garbage).
 func (t *teeWriter) FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
+	return t.frontends(nil, wanted)
+}
+
+// Primary implements primaryReader.
+func (t *teeWriter) Primary() lb.Writer { return t.primary }
+
+// FrontendsGivenPrimary implements primaryReader: FrontendsFor with the
+// primary's content given instead of read back from its maps.
+func (t *teeWriter) FrontendsGivenPrimary(prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
+	if prim == nil {
+		prim = []lb.Frontend{} // nil would mean "read it back"
+	}
+	return t.frontends(prim, wanted)
+}
+
+// frontends merges the secondary's read-back with prim, the primary's
+// content (nil: read it back).
+func (t *teeWriter) frontends(prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
 	cold := !t.warm
 	t.warm = true
 	sec, err := t.secondary.Frontends()
@@ -90,9 +108,10 @@ func (t *teeWriter) FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([
 	if t.primary == nil {
 		return sec, nil
 	}
-	prim, err := t.primary.Frontends()
-	if err != nil {
-		return nil, err
+	if prim == nil {
+		if prim, err = t.primary.Frontends(); err != nil {
+			return nil, err
+		}
 	}
 	secBy := make(map[lb.FrontendKey]lb.Frontend, len(sec))
 	for _, f := range sec {

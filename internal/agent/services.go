@@ -73,25 +73,26 @@ type serviceSync struct {
 	hasSynced   []cache.InformerSynced
 	queue       workqueue.TypedRateLimitingInterface[string]
 
-	mu        sync.Mutex
-	w         lb.Writer // nil = watch only
-	table     *lb.Table
-	nodeInfo  lb.NodeInfo
-	problems  map[string][]lb.Problem   // service → what Translate skipped
-	dirty     map[lb.FrontendKey]string // written to the table, not yet to the Writer → service that changed it ("" = resync)
-	writeErrs map[lb.FrontendKey]error  // last failed write per key
-	notFit    map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
-	onNS      func()                    // called on Namespace changes (opt-out annotation)
-	onSynced  func()                    // called once the initial sync is done
-	hp        *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
-	synced    bool
-	writerGen uint64 // SetWriter calls so far
-	comparedW uint64 // writerGen of the last whole-table compare that succeeded
-	fullSync  time.Duration
-	lastWrite time.Time // end of the last flush that wrote anything (services_metrics.go)
-	writes    uint64    // such flushes
-	watchErr  string
-	watchLog  time.Time
+	mu             sync.Mutex
+	w              lb.Writer // nil = watch only
+	table          *lb.Table
+	nodeInfo       lb.NodeInfo
+	problems       map[string][]lb.Problem   // service → what Translate skipped
+	dirty          map[lb.FrontendKey]string // written to the table, not yet to the Writer → service that changed it ("" = resync)
+	writeErrs      map[lb.FrontendKey]error  // last failed write per key
+	notFit         map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
+	onNS           func()                    // called on Namespace changes (opt-out annotation)
+	onSynced       func()                    // called once the initial sync is done
+	hp             *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
+	synced         bool
+	writerGen      uint64    // SetWriter calls so far
+	comparedW      uint64    // writerGen of the last whole-table compare that succeeded
+	comparedWriter lb.Writer // the writer of that compare
+	fullSync       time.Duration
+	lastWrite      time.Time // end of the last flush that wrote anything (services_metrics.go)
+	writes         uint64    // such flushes
+	watchErr       string
+	watchLog       time.Time
 }
 
 func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSync, error) {
@@ -512,6 +513,25 @@ type kindAwareReader interface {
 	FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error)
 }
 
+// primaryReader is a Writer over another one (teeWriter over the socket
+// LB) that can merge its read-back with that writer's content given
+// instead of read back.
+type primaryReader interface {
+	Primary() lb.Writer
+	FrontendsGivenPrimary(prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error)
+}
+
+// inLineLocked reports whether w is the writer of the last whole-table
+// compare, the writer changed only once since (to the one being resynced),
+// and every change since then reached it: then w holds exactly the table,
+// and reading 10 000 Services back from its maps would only cost memory
+// (the restarted agent's peak was that read-back when the north-south LB
+// attached).
+func (s *serviceSync) inLineLocked(w lb.Writer) bool {
+	return w != nil && w == s.comparedWriter && s.comparedW+1 == s.writerGen &&
+		len(s.dirty) == 0 && len(s.writeErrs) == 0 && len(s.notFit) == 0
+}
+
 // resyncLocked marks every difference between the table and the Writer's
 // read-back dirty and writes it.
 func (s *serviceSync) resyncLocked() error {
@@ -520,11 +540,14 @@ func (s *serviceSync) resyncLocked() error {
 	}
 	var cur []lb.Frontend
 	var err error
-	if r, ok := s.w.(kindAwareReader); ok {
-		cur, err = r.FrontendsFor(func(k lb.FrontendKey) (lb.Kind, bool) {
-			f, ok := s.table.Get(k)
-			return f.Kind, ok
-		})
+	wanted := func(k lb.FrontendKey) (lb.Kind, bool) {
+		f, ok := s.table.Get(k)
+		return f.Kind, ok
+	}
+	if r, ok := s.w.(primaryReader); ok && s.inLineLocked(r.Primary()) {
+		cur, err = r.FrontendsGivenPrimary(s.table.Frontends(), wanted)
+	} else if r, ok := s.w.(kindAwareReader); ok {
+		cur, err = r.FrontendsFor(wanted)
 	} else {
 		cur, err = s.w.Frontends()
 	}
@@ -551,7 +574,7 @@ func (s *serviceSync) resyncLocked() error {
 	if err := s.flushLocked(""); err != nil {
 		return err
 	}
-	s.comparedW = s.writerGen
+	s.comparedW, s.comparedWriter = s.writerGen, s.w
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -385,6 +386,82 @@ func TestServicesAgainstAPIServer(t *testing.T) {
 			t.Errorf("resync wrote %d ops, want %d", len(ops), len(fs)+1)
 		}
 	})
+
+	t.Run("north-south LB attached: the in-line socket LB is not read back", func(t *testing.T) {
+		cw := &readCountingWriter{MemWriter: lb.NewMemWriter(0)}
+		s.SetWriter(cw)
+		waitFor(t, cw.MemWriter, 10*time.Second, "the resync", func() bool { return cw.Render() == s.render() })
+		before := cw.reads.Load()
+		if before != 1 {
+			t.Errorf("a new writer was read back %d times, want once", before)
+		}
+		s.mu.Lock()
+		var wantNS int
+		for _, f := range s.table.Frontends() {
+			if northSouth(f) {
+				wantNS++
+			}
+		}
+		s.mu.Unlock()
+		if wantNS == 0 {
+			t.Fatal("the test Services have no NodePort/LoadBalancer/externalIP frontend")
+		}
+		nsw := lb.NewMemWriter(0)
+		s.SetWriter(newTeeWriter(cw, nsw))
+		waitFor(t, nsw, 10*time.Second, "the north-south frontends", func() bool {
+			fs, _ := nsw.Frontends()
+			return len(fs) == wantNS
+		})
+		if n := cw.reads.Load(); n != before {
+			t.Errorf("the socket LB, in line with the table, was read back again (%d reads)", n-before)
+		}
+		if cw.Render() != s.render() {
+			t.Errorf("socket LB and table differ after the tee's resync:\n%s\nvs\n%s", cw.Render(), s.render())
+		}
+	})
+}
+
+// readCountingWriter counts read-backs of a MemWriter.
+type readCountingWriter struct {
+	*lb.MemWriter
+	reads atomic.Int64
+}
+
+func (w *readCountingWriter) Frontends() ([]lb.Frontend, error) {
+	w.reads.Add(1)
+	return w.MemWriter.Frontends()
+}
+
+// TestInLine: the resync trusts a writer's content instead of reading it
+// back only when nothing could have left it behind the table.
+func TestInLine(t *testing.T) {
+	w, other := lb.NewMemWriter(0), lb.NewMemWriter(0)
+	k := lb.FrontendKey{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: lb.TCP}
+	tests := []struct {
+		name string
+		mod  func(*serviceSync)
+		w    lb.Writer
+		want bool
+	}{
+		{"compared, one writer change since", func(*serviceSync) {}, w, true},
+		{"another writer", func(*serviceSync) {}, other, false},
+		{"no writer", func(*serviceSync) {}, nil, false},
+		{"two writer changes since", func(s *serviceSync) { s.writerGen++ }, w, false},
+		{"never compared", func(s *serviceSync) { s.comparedWriter = nil }, w, false},
+		{"a key not written yet", func(s *serviceSync) { s.dirty[k] = "ns/svc" }, w, false},
+		{"a failed write", func(s *serviceSync) { s.writeErrs[k] = errors.New("full") }, w, false},
+		{"a Service that did not fit", func(s *serviceSync) { s.notFit["ns/svc"] = "full" }, w, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &serviceSync{dirty: map[lb.FrontendKey]string{}, writeErrs: map[lb.FrontendKey]error{}, notFit: map[string]string{},
+				comparedW: 3, writerGen: 4, comparedWriter: w}
+			tt.mod(s)
+			if got := s.inLineLocked(tt.w); got != tt.want {
+				t.Errorf("inLineLocked = %v, want %v", got, tt.want)
+			}
+		})
+	}
 }
 
 // TestServicesScale measures the first sync and a single-slice change at
