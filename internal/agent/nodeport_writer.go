@@ -81,7 +81,16 @@ func (t *teeWriter) Frontends() ([]lb.Frontend, error) { return t.FrontendsFor(n
 // (which made the resync after the north-south LB appeared rewrite the
 // whole table: 10 000 Services again, ~120 MB of garbage).
 func (t *teeWriter) FrontendsFor(wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
-	return t.frontends(nil, wanted)
+	cold := !t.warm
+	t.warm = true // also when a read below fails
+	var prim []lb.Frontend
+	if t.primary != nil {
+		var err error
+		if prim, err = t.primary.Frontends(); err != nil {
+			return nil, err
+		}
+	}
+	return t.merge(cold, prim, wanted)
 }
 
 // Primary implements primaryReader.
@@ -90,28 +99,20 @@ func (t *teeWriter) Primary() lb.Writer { return t.primary }
 // FrontendsGivenPrimary implements primaryReader: FrontendsFor with the
 // primary's content given instead of read back from its maps.
 func (t *teeWriter) FrontendsGivenPrimary(prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
-	if prim == nil {
-		prim = []lb.Frontend{} // nil would mean "read it back"
-	}
-	return t.frontends(prim, wanted)
-}
-
-// frontends merges the secondary's read-back with prim, the primary's
-// content (nil: read it back).
-func (t *teeWriter) frontends(prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
 	cold := !t.warm
 	t.warm = true
+	return t.merge(cold, prim, wanted)
+}
+
+// merge combines the secondary's read-back with prim, the primary's
+// content (unused without a primary); cold: the tee's first read-back.
+func (t *teeWriter) merge(cold bool, prim []lb.Frontend, wanted func(lb.FrontendKey) (lb.Kind, bool)) ([]lb.Frontend, error) {
 	sec, err := t.secondary.Frontends()
 	if err != nil {
 		return nil, err
 	}
 	if t.primary == nil {
 		return sec, nil
-	}
-	if prim == nil {
-		if prim, err = t.primary.Frontends(); err != nil {
-			return nil, err
-		}
 	}
 	secBy := make(map[lb.FrontendKey]lb.Frontend, len(sec))
 	for _, f := range sec {
