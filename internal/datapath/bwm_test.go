@@ -251,32 +251,48 @@ func TestEDTProgram(t *testing.T) {
 		defer b.SetEgressSlack(0)
 		apply(10_000_000)
 		d := delay(10_000_000, 1500) // 1.2 ms
-		// an idle pod starts 5 ms in the past: the first 4 packets leave
-		// now (5 ms / 1.2 ms of catch-up), then the schedule is ahead again
+		const slack = uint64(5 * time.Millisecond)
+		// An idle pod starts 5 ms in the past: the first 4 packets leave now
+		// (5 ms / 1.2 ms of catch-up), then the schedule runs ahead of now.
+		// How many packets that takes depends on how fast they arrive: each
+		// one spends d of the catch-up while the clock moves on by the time
+		// a run takes (microseconds here, up to a millisecond under QEMU
+		// TCG), so send until a departure is ahead of its run's "after".
 		now := monoNow(t)
 		var ts []uint64
 		var last edtRun
-		for range 8 {
+		for len(ts) < 64 {
 			last = runEDT(t, prog, pkt, 0, 1500)
 			ts = append(ts, last.tstamp)
+			if last.tstamp > last.after {
+				break
+			}
 		}
 		end := monoNow(t)
+		if last.tstamp <= last.after {
+			t.Fatalf("64 packets at 1.2 ms each never got ahead of now: the catch-up is unbounded: %v", ts)
+		}
+		if len(ts) < 5 {
+			t.Fatalf("packet %d already ahead of now, want at least 4 sent at once from 5 ms of slack: %v", len(ts), ts)
+		}
 		for i, x := range ts[:4] {
 			if x < now || x > end {
 				t.Fatalf("packet %d left at %d, want now (%d..%d): %v", i+1, x, now, end, ts)
 			}
 		}
-		if got := ts[7] - ts[6]; !last.departsAfter(ts[6], d) {
-			t.Fatalf("after catching up: +%d ns, want +%d", got, d)
+		// once ahead, strict pacing again: one booking of d per packet
+		next := runEDT(t, prog, pkt, 0, 1500)
+		if !next.departsAfter(last.tstamp, d) {
+			t.Fatalf("after catching up: +%d ns, want +%d", next.tstamp-last.tstamp, d)
 		}
-		// With the slack, packet k starts no later than its arrival - slack
-		// + (k-1)*d, so the 8th leaves by end + 7d - 5 ms (3.4 ms); strict
-		// pacing would put it at the first arrival + 7d (8.4 ms after now).
-		// Bounded by end, not now: under TCG the eight runs can take
-		// milliseconds, which only moves the bound, never the verdict.
-		if bound := end + 7*d - uint64(5*time.Millisecond); ts[7] > bound {
-			t.Fatalf("8th packet leaves %v after the last run, want <= %v: the slack was not used",
-				time.Duration(ts[7]-end), time.Duration(7*d-uint64(5*time.Millisecond)))
+		// With the slack, packet k starts no later than the last arrival -
+		// slack + (k-1)*d; strict pacing would put it at the first arrival +
+		// (k-1)*d, slack later. Bounded by the last run's end, not now: a
+		// slow CPU only moves the bound, never the verdict.
+		n := uint64(len(ts)) // next is packet n+1
+		if bound := next.after + n*d - slack; next.tstamp > bound {
+			t.Fatalf("packet %d leaves %v after its run, want <= %v: the slack was not used",
+				n+1, time.Duration(next.tstamp-next.after), time.Duration(n*d-slack))
 		}
 	})
 
