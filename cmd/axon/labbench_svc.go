@@ -161,6 +161,7 @@ func newConnRateCmd() *cobra.Command {
 	var pc bench.ConnRateConfig
 	var ptarget, pversus string
 	var slice time.Duration
+	var from [2]bench.Place
 	paired := &cobra.Command{
 		Use:   "paired",
 		Short: "the same loop against --target and --versus in alternating slices: their rate ratio per pair",
@@ -175,7 +176,7 @@ func newConnRateCmd() *cobra.Command {
 				return fmt.Errorf("--versus %q: want address:port: %w", pversus, err)
 			}
 			pc.Target = a
-			res, err := bench.ConnRatePaired(cmd.Context(), pc, b, slice)
+			res, err := bench.ConnRatePaired(cmd.Context(), pc, b, slice, from)
 			if err != nil {
 				return err
 			}
@@ -190,6 +191,10 @@ func newConnRateCmd() *cobra.Command {
 	paired.Flags().DurationVar(&pc.Duration, "duration", 15*time.Second, "how long to loop in all")
 	paired.Flags().DurationVar(&slice, "slice", 250*time.Millisecond, "nominal length of each slice (each pair draws 0.75–1.25 × it; the order within a pair is random)")
 	paired.Flags().IntVar(&pc.Request, "request", 32, "request (and response) size in bytes")
+	paired.Flags().StringVar(&from[0].Netns, "target-netns", "", "A connects from this network namespace (a file such as /run/netns/NAME; default: where the command runs)")
+	paired.Flags().StringVar(&from[0].Cgroup, "target-cgroup", "", "A's sockets are made in this cgroup v2 directory (the process moves before each A slice; give --versus-cgroup too)")
+	paired.Flags().StringVar(&from[1].Netns, "versus-netns", "", "B connects from this network namespace (default: where the command runs)")
+	paired.Flags().StringVar(&from[1].Cgroup, "versus-cgroup", "", "B's sockets are made in this cgroup v2 directory (give --target-cgroup too)")
 	cmd.AddCommand(serve, client, paired)
 	return cmd
 }

@@ -224,7 +224,9 @@ type ConnRatePairedResult struct {
 // ConnRatePaired measures cfg.Target (A) against versus (B) for
 // cfg.Duration in alternating slices of about slice. A noisy shared machine
 // moves both sides of a pair alike, so the paired ratio is far tighter than
-// a ratio of two separately measured rates.
+// a ratio of two separately measured rates. from[0] and from[1] say where A
+// and B connect from (Place; zero: both from where the process runs), so
+// two clients in different pods can be paired too.
 //
 // The order within a pair is random and each pair's slice length is drawn
 // from 0.75–1.25 × slice: with a fixed A B B A pattern of 250 ms slices the
@@ -232,8 +234,8 @@ type ConnRatePairedResult struct {
 // second (agents', kube-proxies' and the control plane's timers) kept
 // landing in slices of the same side for a whole run, and runs disagreed by
 // more than their spread (10 000 Services: 0.965, 1.029, 1.020).
-func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPort, slice time.Duration) (ConnRatePairedResult, error) {
-	cfg, err := cfg.withDefaults()
+func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPort, slice time.Duration, from [2]Place) (res ConnRatePairedResult, err error) {
+	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return ConnRatePairedResult{}, err
 	}
@@ -241,7 +243,20 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 		return ConnRatePairedResult{}, fmt.Errorf("versus %s, slice %s, duration %s: want a versus address and 2 slices within the duration", versus, slice, cfg.Duration)
 	}
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	pl, err := newPlacer(from)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return ConnRatePairedResult{}, err
+	}
+	defer func() {
+		if cerr := pl.close(); cerr != nil {
+			// the thread stays locked: it is in a side's netns, and Go
+			// ends a locked thread with its goroutine instead of reusing it
+			err = errors.Join(err, cerr)
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
 	l := newConnLoop(cfg)
 	acc := [2]*connAcc{{res: ConnRateResult{Target: cfg.Target.String()}}, {res: ConnRateResult{Target: versus.String()}}}
 	targets := [2]netip.AddrPort{cfg.Target, versus}
@@ -257,6 +272,9 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 		}
 		length := time.Duration(float64(slice) * (0.75 + 0.5*rng.Float64()))
 		for _, i := range order {
+			if err := pl.enter(i); err != nil {
+				return ConnRatePairedResult{}, err
+			}
 			t0 := time.Now()
 			n := l.run(ctx, targets[i], t0.Add(length), acc[i])
 			d := time.Since(t0)
@@ -270,7 +288,7 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 			ratios = append(ratios, rate[0]/rate[1])
 		}
 	}
-	res := ConnRatePairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
+	res = ConnRatePairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
 	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile(ratios, 0.5), quantile(ratios, 0.25), quantile(ratios, 0.75)
 	return res, nil
 }

@@ -97,11 +97,16 @@ func TestServicesBenchTiny(t *testing.T) {
 			t.Errorf("%s: %s (%d failed connections: %s)", s.Path, s.Err, s.Result.Errors, s.Result.FirstError)
 		}
 	}
-	// ClusterIP against the pod IP in alternating slices, from one client.
-	if len(rep.Paired) != 1 || rep.Paired[0].Err != "" || rep.Paired[0].Result.Pairs < 1 ||
-		!(rep.Paired[0].Result.RatioMedian > 0.3 && rep.Paired[0].Result.RatioMedian < 3) ||
-		rep.Paired[0].Result.A.Errors+rep.Paired[0].Result.B.Errors != 0 {
-		t.Errorf("paired ClusterIP vs pod IP: %+v, want one level with a plausible ratio and no failed connection", rep.Paired)
+	// ClusterIP against the pod IP in alternating slices, from one client;
+	// the axon pod on the iptables node against the one on a rules-free
+	// node, from one client moving between them.
+	for _, kind := range []string{bench.SvcPairedClusterIP, bench.SvcPairedRules} {
+		runs := rep.PairedOf(kind)
+		if len(runs) != 1 || runs[0].Err != "" || runs[0].Result.Pairs < 1 ||
+			!(runs[0].Result.RatioMedian > 0.3 && runs[0].Result.RatioMedian < 3) ||
+			runs[0].Result.A.Errors+runs[0].Result.B.Errors != 0 {
+			t.Errorf("paired %s: %+v, want one level with a plausible ratio and no failed connection", kind, runs)
+		}
 	}
 	cp := rep.ControlPlane
 	if cp == nil {

@@ -670,42 +670,78 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 	return errors.Join(errs...)
 }
 
-// measurePaired runs axon's ClusterIP against the backend pod IP in
-// alternating slices from the ClusterIP path's client for PairedDuration.
+// Paired runs of the Service benchmark (SvcPaired.Kind): each pairs two
+// paths in alternating slices, so the machine's load cancels out of the
+// ratio.
+const (
+	// SvcPairedClusterIP: axon's ClusterIP (A) against the backend pod IP
+	// (B), one client (the ClusterIP path's pod).
+	SvcPairedClusterIP = "clusterip"
+	// SvcPairedRules: an axon pod's direct connections on the node that runs
+	// kube-proxy iptables (A) against an axon pod's on a rules-free node
+	// (B), one client process that moves between the two pods.
+	SvcPairedRules = "rules"
+)
+
+// svcPairing is one paired run: its kind and the paths of its two sides.
+type svcPairing struct{ kind, a, b string }
+
+var svcPairings = []svcPairing{
+	{SvcPairedClusterIP, SvcPathAxonClusterIP, SvcPathAxonDirect},
+	{SvcPairedRules, SvcPathAxonDirectIPT, SvcPathAxonDirect},
+}
+
+// measurePaired runs each pairing (svcPairings) whose paths can run at this
+// level for PairedDuration.
 func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) error {
-	var cip, direct *svcPath
-	for i := range paths {
-		switch paths[i].Name {
-		case SvcPathAxonClusterIP:
-			cip = &paths[i]
-		case SvcPathAxonDirect:
-			direct = &paths[i]
+	var errs []error
+	for _, pg := range svcPairings {
+		var a, b *svcPath
+		for i := range paths {
+			switch paths[i].Name {
+			case pg.a:
+				a = &paths[i]
+			case pg.b:
+				b = &paths[i]
+			}
 		}
-	}
-	if cip == nil || direct == nil {
-		return nil
-	}
-	pr := SvcPaired{Services: level, Client: cip.Client.Name}
-	d := r.cfg.PairedDuration
-	argv := r.tools.wrap(cip.Client.Netns, r.cfg.ClientCPU, r.cfg.Axon, "lab", "bench", "_connrate", "paired",
-		"--target", cip.Target.String(), "--versus", direct.Target.String(), "--duration", d.String(), "--slice", "250ms")
-	out, stderr, err := runClient(ctx, cip.Client.Cgroup, argv, d+30*time.Second)
-	if r.cfg.OutDir != "" {
-		_ = os.WriteFile(filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-paired.json", level)), append(out, stderr...), 0o644)
-	}
-	if err == nil {
-		err = json.Unmarshal(bytes.TrimSpace(out), &pr.Result)
-	}
-	if err != nil {
-		pr.Err = fmt.Sprintf("%v %s", err, truncate(strings.TrimSpace(string(stderr)), 300))
+		if a == nil || b == nil || ctx.Err() != nil {
+			continue
+		}
+		pr := SvcPaired{Kind: pg.kind, Services: level, Client: a.Client.Name}
+		if a.Needs != "" && !r.synced[a.Needs] || b.Needs != "" && !r.synced[b.Needs] {
+			pr.Err = "skipped: kube-proxy has not applied this level"
+			r.rep.Paired = append(r.rep.Paired, pr)
+			continue
+		}
+		d := r.cfg.PairedDuration
+		args := []string{"lab", "bench", "_connrate", "paired",
+			"--target", a.Target.String(), "--versus", b.Target.String(), "--duration", d.String(), "--slice", "250ms"}
+		if a.Client.Name != b.Client.Name {
+			pr.Client += " / " + b.Client.Name
+			args = append(args, "--target-netns", a.Client.Netns, "--target-cgroup", a.Client.Cgroup,
+				"--versus-netns", b.Client.Netns, "--versus-cgroup", b.Client.Cgroup)
+		}
+		argv := r.tools.wrap(a.Client.Netns, r.cfg.ClientCPU, append([]string{r.cfg.Axon}, args...)...)
+		out, stderr, err := runClient(ctx, a.Client.Cgroup, argv, d+30*time.Second)
+		if r.cfg.OutDir != "" {
+			_ = os.WriteFile(filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-paired-%s.json", level, pg.kind)), append(out, stderr...), 0o644)
+		}
+		if err == nil {
+			err = json.Unmarshal(bytes.TrimSpace(out), &pr.Result)
+		}
+		if err != nil {
+			pr.Err = fmt.Sprintf("%v %s", err, truncate(strings.TrimSpace(string(stderr)), 300))
+			r.rep.Paired = append(r.rep.Paired, pr)
+			errs = append(errs, fmt.Errorf("%d Services, paired %s: %s", level, pr.Label(), pr.Err))
+			continue
+		}
+		x := pr.Result
+		r.progress("[%5d svc paired] %s %.3f (IQR %.3f–%.3f) over %d pairs; %.0f vs %.0f conn/s",
+			level, pr.Label(), x.RatioMedian, x.RatioP25, x.RatioP75, x.Pairs, x.A.Rate, x.B.Rate)
 		r.rep.Paired = append(r.rep.Paired, pr)
-		return fmt.Errorf("%d Services, paired ClusterIP vs pod IP: %s", level, pr.Err)
 	}
-	x := pr.Result
-	r.progress("[%5d svc paired] ClusterIP / pod IP %.3f (IQR %.3f–%.3f) over %d pairs; %.0f vs %.0f conn/s",
-		level, x.RatioMedian, x.RatioP25, x.RatioP75, x.Pairs, x.A.Rate, x.B.Rate)
-	r.rep.Paired = append(r.rep.Paired, pr)
-	return nil
+	return errors.Join(errs...)
 }
 
 // controlPlane measures, at the last level: EndpointSlice change → applied

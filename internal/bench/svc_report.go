@@ -147,22 +147,57 @@ type SvcReport struct {
 	Errors            []string         `json:"errors,omitempty"`
 }
 
-// SvcPaired is axon's ClusterIP against the backend pod IP measured by one
-// client in alternating slices at one level (ConnRatePaired): the ratio a
-// noisy machine cannot blur, since both sides of every pair share its state.
+// SvcPaired is one paired run at one level (ConnRatePaired): two paths
+// measured in alternating slices, the ratio a noisy machine cannot blur,
+// since both sides of every pair share its state. Kind says which
+// (SvcPairedClusterIP, SvcPairedRules; empty in reports written before
+// there was more than one: ClusterIP).
 type SvcPaired struct {
+	Kind     string               `json:"kind,omitempty"`
 	Services int                  `json:"services"`
 	Client   string               `json:"client"`
 	Result   ConnRatePairedResult `json:"result"`
 	Err      string               `json:"err,omitempty"`
 }
 
-// PairedTable renders the paired ratios, one row per level.
-func (r *SvcReport) PairedTable() string {
-	var b strings.Builder
-	b.WriteString("| Services | pairs × slice | ClusterIP / pod IP per pair, median (IQR) | all slices: ClusterIP conn/s | pod IP conn/s | ratio | connect p50 µs ClusterIP / pod IP |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
+func (p SvcPaired) kind() string {
+	if p.Kind == "" {
+		return SvcPairedClusterIP
+	}
+	return p.Kind
+}
+
+// svcPairedSides names the two sides of each kind of paired run (A, B).
+var svcPairedSides = map[string][2]string{
+	SvcPairedClusterIP: {"ClusterIP", "pod IP"},
+	SvcPairedRules:     {"iptables-rules node", "rules-free node"},
+}
+
+// Label is "A / B" of the run's kind, e.g. "ClusterIP / pod IP".
+func (p SvcPaired) Label() string {
+	s := svcPairedSides[p.kind()]
+	return s[0] + " / " + s[1]
+}
+
+// PairedOf returns the paired runs of one kind, in level order.
+func (r *SvcReport) PairedOf(kind string) []SvcPaired {
+	var out []SvcPaired
 	for _, p := range r.Paired {
+		if p.kind() == kind {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// PairedTable renders the paired ratios of one kind, one row per level.
+func (r *SvcReport) PairedTable(kind string) string {
+	s := svcPairedSides[kind]
+	var b strings.Builder
+	fmt.Fprintf(&b, "| Services | pairs × slice | %s / %s per pair, median (IQR) | all slices: %s conn/s | %s conn/s | ratio | connect p50 µs %s / %s |\n",
+		s[0], s[1], s[0], s[1], s[0], s[1])
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.PairedOf(kind) {
 		if p.Err != "" {
 			fmt.Fprintf(&b, "| %d | – | %s | | | | |\n", p.Services, mdEscape(p.Err))
 			continue
@@ -480,13 +515,22 @@ func (r *SvcReport) Markdown() string {
 		b.WriteString(r.ScaleTable(SvcMetricRate))
 		b.WriteString("\n")
 	}
-	if len(r.Paired) > 0 {
+	if len(r.PairedOf(SvcPairedClusterIP)) > 0 {
 		b.WriteString("## axon ClusterIP vs the backend pod IP, paired\n\n")
 		b.WriteString("One client (the ClusterIP path's pod) alternates between the ClusterIP and the backend pod IP in short slices, " +
 			"in pairs (random order within a pair, slice lengths 0.75–1.25 × the nominal so no once-a-second timer keeps hitting one side), " +
 			"and each pair gives one rate ratio (`axon lab bench _connrate paired`): both sides of a pair " +
 			"see the same machine, so CPU contention that moves separate samples by ±10 % cancels out.\n\n")
-		b.WriteString(r.PairedTable())
+		b.WriteString(r.PairedTable(SvcPairedClusterIP))
+		b.WriteString("\n")
+	}
+	if len(r.PairedOf(SvcPairedRules)) > 0 {
+		b.WriteString("## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired\n\n")
+		b.WriteString("The same alternating slices, from two clients: one process moves between the axon pod on the node where " +
+			"kube-proxy iptables runs (`" + SvcPathAxonDirectIPT + "`) and the axon pod on a node without kube-proxy (`" + SvcPathAxonDirect + "`) " +
+			"before each slice (their network namespace and cgroup, so each slice's sockets are that pod's), both connecting to the backend pod IP. " +
+			"Axon's pods bypass the node's netfilter, so the ratio should be 1.\n\n")
+		b.WriteString(r.PairedTable(SvcPairedRules))
 		b.WriteString("\n")
 	}
 	b.WriteString("## Applying each level\n\n")
@@ -862,11 +906,14 @@ func (r *SvcReport) Targets() []SvcTarget {
 		out = append(out, SvcTarget{target, strings.Join(gots, "; "), strings.Join(mets, "; ")})
 	}
 	perLevel("axon ClusterIP conn/s ≥ 0.99 × direct pod IP (axon), by Service count", SvcPathAxonClusterIP, SvcPathAxonDirect, 0.99)
-	if len(r.Paired) > 0 {
-		// the same target from the alternating-slice run (PairedTable)
+	pairedTarget := func(target, kind string) {
+		runs := r.PairedOf(kind)
+		if len(runs) == 0 {
+			return
+		}
 		var parts []string
 		ok := true
-		for _, p := range r.Paired {
+		for _, p := range runs {
 			if p.Err != "" || p.Result.Pairs == 0 {
 				parts, ok = append(parts, fmt.Sprintf("%d: n/a", p.Services)), false
 				continue
@@ -874,18 +921,19 @@ func (r *SvcReport) Targets() []SvcTarget {
 			parts = append(parts, fmt.Sprintf("%d: %.3f× (IQR %.3f–%.3f, %d pairs)", p.Services, p.Result.RatioMedian, p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
 			ok = ok && p.Result.RatioMedian >= 0.99
 		}
-		out = append(out, SvcTarget{"the same, paired (one client alternating ClusterIP and pod IP slices; median ratio per pair)",
-			strings.Join(parts, ", "), yesNo(ok)})
-		if n := len(r.Paired); n > 1 && r.Paired[0].Err == "" && r.Paired[n-1].Err == "" {
-			a, b := r.Paired[0].Result.RatioMedian, r.Paired[n-1].Result.RatioMedian
-			ch := 100 * (b/a - 1)
-			out = append(out, SvcTarget{fmt.Sprintf("flat from %d to %d Services (≤ 3 %% change), paired", r.Paired[0].Services, r.Paired[n-1].Services),
-				fmt.Sprintf("ClusterIP / pod IP %.3f → %.3f (%+.1f %%)", a, b, ch), yesNo(math.Abs(ch) <= 3)})
-		}
+		out = append(out, SvcTarget{target, strings.Join(parts, ", "), yesNo(ok)})
+	}
+	pairedTarget("the same, paired (one client alternating ClusterIP and pod IP slices; median ratio per pair)", SvcPairedClusterIP)
+	if runs := r.PairedOf(SvcPairedClusterIP); len(runs) > 1 && runs[0].Err == "" && runs[len(runs)-1].Err == "" {
+		a, b := runs[0].Result.RatioMedian, runs[len(runs)-1].Result.RatioMedian
+		ch := 100 * (b/a - 1)
+		out = append(out, SvcTarget{fmt.Sprintf("flat from %d to %d Services (≤ 3 %% change), paired", runs[0].Services, runs[len(runs)-1].Services),
+			fmt.Sprintf("ClusterIP / pod IP %.3f → %.3f (%+.1f %%)", a, b, ch), yesNo(math.Abs(ch) <= 3)})
 	}
 	perLevel("axon ClusterIP conn/s ≥ 1.03 × kube-proxy nftables ClusterIP", SvcPathAxonClusterIP, SvcPathNFTClusterIP, 1.03)
 	perLevel("axon direct pod IP on a node with kube-proxy iptables rules at the no-rules rate (≥ 0.97 × axon on a rules-free node)",
 		SvcPathAxonDirectIPT, SvcPathAxonDirect, 0.97)
+	pairedTarget("the same, paired (one client alternating between the two nodes' axon pods; ≥ 0.99, median ratio per pair)", SvcPairedRules)
 	if len(lv) > 1 {
 		first, last := lv[0], lv[len(lv)-1]
 		t := SvcTarget{Target: fmt.Sprintf("axon per-connection cost flat from %d to %d Services (≤ 3 %% change)", first, last)}

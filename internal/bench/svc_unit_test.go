@@ -391,7 +391,7 @@ func TestConnRatePairedLoopback(t *testing.T) {
 		go func() { _ = ServeConnRate(ctx, addrs[i], func() { close(ready) }) }()
 		<-ready
 	}
-	res, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: 1200 * time.Millisecond}, addrs[1], 100*time.Millisecond)
+	res, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: 1200 * time.Millisecond}, addrs[1], 100*time.Millisecond, [2]Place{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +405,7 @@ func TestConnRatePairedLoopback(t *testing.T) {
 	if !(res.RatioP25 <= res.RatioMedian && res.RatioMedian <= res.RatioP75) || res.RatioMedian < 0.5 || res.RatioMedian > 2 {
 		t.Errorf("ratio median %.3f (IQR %.3f–%.3f): want ≈ 1 for two alike servers", res.RatioMedian, res.RatioP25, res.RatioP75)
 	}
-	if _, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: time.Second}, addrs[1], time.Second); err == nil {
+	if _, err := ConnRatePaired(t.Context(), ConnRateConfig{Target: addrs[0], Duration: time.Second}, addrs[1], time.Second, [2]Place{}); err == nil {
 		t.Error("a slice longer than half the duration was accepted")
 	}
 }
@@ -457,6 +457,12 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 	add(10000, SvcPathNFTClusterIP, 950)
 	r.ControlPlane = &SvcControlPlane{Services: 10001, Endpoints: 10, AgentStartToSynced: 1500 * time.Millisecond,
 		AxonChange: []float64{5, 7, 60}, AgentRSS: []SvcRSS{{Who: "a", HWM: 100 << 20}}}
+	paired := func(kind string, level int, ratio float64) SvcPaired {
+		return SvcPaired{Kind: kind, Services: level, Result: ConnRatePairedResult{Pairs: 100, RatioMedian: ratio, RatioP25: ratio - 0.02, RatioP75: ratio + 0.02}}
+	}
+	// Kind "" is a report from before the rules pairing: ClusterIP
+	r.Paired = []SvcPaired{paired("", 10, 0.995), paired(SvcPairedRules, 10, 1.002),
+		paired(SvcPairedClusterIP, 10000, 0.993), paired(SvcPairedRules, 10000, 0.985)}
 	const both = "at median cycle: yes; measured: yes"
 	got := map[string]string{}
 	for _, tg := range r.Targets() {
@@ -470,10 +476,20 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 		"axon agent full sync of 10000 Services × 10 endpoints ≤ 2 s":                                                           "yes",
 		"one EndpointSlice change in the BPF maps, p99 ≤ 50 ms":                                                                 "no",
 		"agent RSS ≤ 150 MiB": "yes",
+		"the same, paired (one client alternating ClusterIP and pod IP slices; median ratio per pair)":              "yes",
+		"flat from 10 to 10000 Services (≤ 3 % change), paired":                                                     "yes",
+		"the same, paired (one client alternating between the two nodes' axon pods; ≥ 0.99, median ratio per pair)": "no",
 	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("target %q: met %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	md := r.Markdown()
+	for _, w := range []string{"| 10 | 100 × 0 ms | 0.995 (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 (0.965–1.005) |",
+		"iptables-rules node / rules-free node per pair", "## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired"} {
+		if !strings.Contains(md, w) {
+			t.Errorf("results.md lacks %q:\n%s", w, md)
 		}
 	}
 	dir := t.TempDir()
