@@ -7,7 +7,6 @@ package bench
 // node; mixing modes per node is what this file adds.)
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -129,57 +128,46 @@ func (m KubeProxyMetrics) Synced(t time.Time) bool {
 // one per family) or from the unlabeled series.
 func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 	var m KubeProxyMetrics
-	fields := map[string]*float64{
-		"kubeproxy_sync_proxy_rules_last_timestamp_seconds":        &m.LastSync,
-		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": &m.LastQueued,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":      &m.EndpointsPending,
-		"kubeproxy_sync_proxy_rules_service_changes_pending":       &m.ServicesPending,
-		"kubeproxy_sync_proxy_rules_duration_seconds_count":        &m.SyncCount,
-		"kubeproxy_sync_proxy_rules_duration_seconds_sum":          &m.SyncSum,
-		"process_resident_memory_bytes":                            &m.RSS,
-	}
-	seen := 0
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest, ok := strings.Cut(line, " ")
-		labels := ""
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name = line[:i]
-			j := strings.LastIndexByte(line, '}')
-			if j < 0 {
-				continue
-			}
-			labels = line[i+1 : j]
-			rest, ok = strings.TrimSpace(line[j+1:]), true
-		}
-		p, want := fields[name]
-		if !want || !ok {
-			continue
-		}
-		val, _, _ := strings.Cut(strings.TrimSpace(rest), " ") // drop an optional timestamp
-		v, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			return m, fmt.Errorf("metric %s: bad value %q", name, val)
-		}
-		if strings.HasSuffix(name, "_timestamp_seconds") {
-			// One proxier per IP family; the benchmark's Services are IPv4.
-			if labels == "" || strings.Contains(labels, `ip_family="IPv4"`) {
-				*p = v
-			}
-		} else {
-			*p += v
-		}
-		seen++
-	}
-	if err := sc.Err(); err != nil {
+	fams, err := metricFamilies(r)
+	if err != nil {
 		return m, err
 	}
-	if seen == 0 {
+	seen := false
+	sum := func(name string, p *float64) {
+		if f := fams[name]; f != nil {
+			seen = seen || name != "process_resident_memory_bytes"
+			for _, x := range f.GetMetric() {
+				*p += metricValue(x)
+			}
+		}
+	}
+	// One proxier per IP family; the benchmark's Services are IPv4.
+	ipv4 := func(name string, p *float64) {
+		if f := fams[name]; f != nil {
+			seen = true
+			for _, x := range f.GetMetric() {
+				if len(x.GetLabel()) == 0 || hasLabel(x, "ip_family", "IPv4") {
+					*p = metricValue(x)
+				}
+			}
+		}
+	}
+	ipv4("kubeproxy_sync_proxy_rules_last_timestamp_seconds", &m.LastSync)
+	ipv4("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", &m.LastQueued)
+	sum("kubeproxy_sync_proxy_rules_endpoint_changes_pending", &m.EndpointsPending)
+	sum("kubeproxy_sync_proxy_rules_service_changes_pending", &m.ServicesPending)
+	sum("process_resident_memory_bytes", &m.RSS)
+	if f := fams["kubeproxy_sync_proxy_rules_duration_seconds"]; f != nil {
+		seen = true
+		for _, x := range f.GetMetric() {
+			m.SyncCount += float64(x.GetHistogram().GetSampleCount())
+			m.SyncSum += x.GetHistogram().GetSampleSum()
+		}
+	} else { // an exposition without the histogram's TYPE line
+		sum("kubeproxy_sync_proxy_rules_duration_seconds_count", &m.SyncCount)
+		sum("kubeproxy_sync_proxy_rules_duration_seconds_sum", &m.SyncSum)
+	}
+	if !seen {
 		return m, fmt.Errorf("no kubeproxy_sync_proxy_rules metrics in the answer")
 	}
 	return m, nil

@@ -53,9 +53,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	labpkg "github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
@@ -991,17 +988,16 @@ func (r *svcRun) agentChangeMs(ctx context.Context, node labpkg.Node, written ti
 // AgentLastWrite reads axon_services_last_write_timestamp_seconds from an
 // agent's Prometheus text exposition.
 func AgentLastWrite(r io.Reader) (time.Time, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := metricFamilies(r)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("parse metrics: %w", err)
+		return time.Time{}, err
 	}
 	f := fams["axon_services_last_write_timestamp_seconds"]
 	if f == nil || len(f.GetMetric()) != 1 {
 		return time.Time{}, errors.New("no axon_services_last_write_timestamp_seconds (agent older than the benchmark?)")
 	}
 	m := f.GetMetric()[0]
-	v := m.GetGauge().GetValue() + m.GetUntyped().GetValue() // whichever the exposition declared
+	v := metricValue(m)
 	if v <= 0 {
 		return time.Time{}, errors.New("axon_services_last_write_timestamp_seconds is 0: the agent wrote no Service change yet")
 	}

@@ -125,15 +125,31 @@ process_resident_memory_bytes 4.5e+08
 go_goroutines 80
 `
 
+// kube-proxy's own exposition declares the sync duration a histogram
+const kubeProxyHistogramSample = `# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"} 3
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="+Inf"} 7
+kubeproxy_sync_proxy_rules_duration_seconds_sum 12.5
+kubeproxy_sync_proxy_rules_duration_seconds_count 7
+`
+
 func TestParseKubeProxyMetrics(t *testing.T) {
-	m, err := ParseKubeProxyMetrics(strings.NewReader(kubeProxyMetricsSample))
-	if err != nil {
-		t.Fatal(err)
+	untyped, _, _ := strings.Cut(kubeProxyMetricsSample, "kubeproxy_sync_proxy_rules_duration_seconds_bucket")
+	untyped += "process_resident_memory_bytes 4.5e+08\n"
+	for name, in := range map[string]string{
+		"sync duration without a TYPE line": kubeProxyMetricsSample,
+		"sync duration as a histogram":      untyped + kubeProxyHistogramSample,
+	} {
+		m, err := ParseKubeProxyMetrics(strings.NewReader(in))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := KubeProxyMetrics{LastSync: 1.7637900001234e+09, LastQueued: 1.7637899995e+09, ServicesPending: 3, SyncCount: 7, SyncSum: 12.5, RSS: 4.5e8}
+		if m != want {
+			t.Errorf("%s: got %+v\nwant %+v", name, m, want)
+		}
 	}
-	want := KubeProxyMetrics{LastSync: 1.7637900001234e+09, LastQueued: 1.7637899995e+09, ServicesPending: 3, SyncCount: 7, SyncSum: 12.5, RSS: 4.5e8}
-	if m != want {
-		t.Errorf("got %+v\nwant %+v", m, want)
-	}
+	m, _ := ParseKubeProxyMetrics(strings.NewReader(kubeProxyMetricsSample))
 	if m.Synced(time.Unix(1763789999, 0)) {
 		t.Error("Synced with 3 service changes pending")
 	}
