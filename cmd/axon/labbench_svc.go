@@ -103,14 +103,14 @@ paths are reported as not synced.`,
 	f.IntVar(&cfg.Endpoints, "endpoints", 10, "endpoints per generated Service")
 	f.IntVar(&cfg.Reps, "reps", 5, "connect-rate repetitions per path and level (interleaved across paths)")
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "duration of each connect-rate sample")
-	f.DurationVar(&cfg.PairedDuration, "paired-duration", 0, "length of the alternating ClusterIP-vs-pod-IP run at each level (default reps × duration)")
+	f.DurationVar(&cfg.PairedDuration, "paired-duration", 0, "length of each paired run at each level: ClusterIP vs pod IP, and the iptables node's axon pod vs a rules-free node's (default reps × duration)")
 	f.IntVar(&cfg.Changes, "changes", 20, "EndpointSlice changes to time at the last level (each adds then removes an endpoint: 2 samples)")
 	f.DurationVar(&cfg.SyncTimeout, "sync-timeout", 5*time.Minute, "how long a kube-proxy may take to apply a level before it is stopped")
 	f.BoolVar(&noFull, "no-full-sync", false, "skip the agent and kube-proxy restart (full sync) measurements")
 	f.StringVar(&out, "out", "", "results folder (default results/bench-services-<UTC time>)")
 	f.BoolVar(&leave, "leave-objects", false, "leave the generated Services in the apiserver and kube-proxy's rules in the node namespaces (when the lab goes down next; deleting 20 000 objects takes minutes)")
 	f.StringVar(&render, "render", "", "only re-render results.md/csv/svg of a finished run from <dir>/results.json")
-	f.BoolVar(&keepObjs, "keep", false, "leave pods, Services and kube-proxies in place afterwards (debugging)")
+	f.BoolVar(&keepObjs, "keep", false, "leave the benchmark's pods, Services and kube-proxies' rules in place afterwards (debugging; the kube-proxy processes are stopped, and their rules, e.g. KUBE-FORWARD's drop of conntrack-INVALID packets, can fail some probes of axon lab check until axon lab down)")
 	return cmd
 }
 
