@@ -219,6 +219,11 @@ type ConnRatePairedResult struct {
 	RatioMedian float64        `json:"ratioMedian"` // rate(A) / rate(B), median over the pairs
 	RatioP25    float64        `json:"ratioP25"`
 	RatioP75    float64        `json:"ratioP75"`
+	// RatioCILo..RatioCIHi is the 95 % confidence interval of the median
+	// ratio (medianCI; NaN below 6 pairs): how precisely the run pins it.
+	RatioCILo float64   `json:"ratioCI95Lo"`
+	RatioCIHi float64   `json:"ratioCI95Hi"`
+	Ratios    []float64 `json:"ratios,omitempty"` // every pair's ratio, in pair order
 }
 
 // ConnRatePaired measures cfg.Target (A) against versus (B) for
@@ -289,7 +294,9 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 		}
 	}
 	res = ConnRatePairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
+	res.Ratios = slices.Clone(ratios)
 	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile(ratios, 0.5), quantile(ratios, 0.25), quantile(ratios, 0.75)
+	res.RatioCILo, res.RatioCIHi = medianCI(ratios)
 	return res, nil
 }
 
@@ -304,6 +311,20 @@ func quantile(xs []float64, q float64) float64 {
 	lo := int(math.Floor(pos))
 	hi := min(lo+1, len(xs)-1)
 	return xs[lo] + (xs[hi]-xs[lo])*(pos-float64(lo))
+}
+
+// medianCI is the distribution-free 95 % confidence interval of the median
+// of xs: the k-th smallest and k-th largest value, k = ⌊(n − 1.96·√n) / 2⌋
+// (the sign test's order statistics; no assumption about the ratios'
+// distribution). NaN below 6 values. It sorts xs in place.
+func medianCI(xs []float64) (lo, hi float64) {
+	n := len(xs)
+	k := int(math.Floor((float64(n) - 1.96*math.Sqrt(float64(n))) / 2))
+	if n < 6 || k < 1 {
+		return math.NaN(), math.NaN()
+	}
+	slices.Sort(xs)
+	return xs[k-1], xs[n-k]
 }
 
 // percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN
@@ -363,6 +384,51 @@ func (r ConnRateResult) MarshalJSON() ([]byte, error) {
 		return &v
 	}
 	return json.Marshal(out{plain(r), p(r.ConnectP50), p(r.ConnectP99), p(r.CycleP50), p(r.CycleP99)})
+}
+
+// pairedJSON is ConnRatePairedResult on the wire: NaN statistics (too few
+// pairs) as null.
+type pairedJSON struct {
+	A           ConnRateResult `json:"a"`
+	B           ConnRateResult `json:"b"`
+	SliceSec    float64        `json:"sliceSec"`
+	Pairs       int            `json:"pairs"`
+	RatioMedian *float64       `json:"ratioMedian"`
+	RatioP25    *float64       `json:"ratioP25"`
+	RatioP75    *float64       `json:"ratioP75"`
+	RatioCILo   *float64       `json:"ratioCI95Lo"`
+	RatioCIHi   *float64       `json:"ratioCI95Hi"`
+	Ratios      []float64      `json:"ratios,omitempty"`
+}
+
+// MarshalJSON writes NaN statistics as null.
+func (r ConnRatePairedResult) MarshalJSON() ([]byte, error) {
+	p := func(v float64) *float64 {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(pairedJSON{r.A, r.B, r.SliceSec, r.Pairs, p(r.RatioMedian), p(r.RatioP25), p(r.RatioP75),
+		p(r.RatioCILo), p(r.RatioCIHi), r.Ratios})
+}
+
+// UnmarshalJSON reads null (or, from reports older than the interval, a
+// missing) statistic as NaN.
+func (r *ConnRatePairedResult) UnmarshalJSON(data []byte) error {
+	var w pairedJSON
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	v := func(p *float64) float64 {
+		if p == nil {
+			return math.NaN()
+		}
+		return *p
+	}
+	*r = ConnRatePairedResult{A: w.A, B: w.B, SliceSec: w.SliceSec, Pairs: w.Pairs, RatioMedian: v(w.RatioMedian),
+		RatioP25: v(w.RatioP25), RatioP75: v(w.RatioP75), RatioCILo: v(w.RatioCILo), RatioCIHi: v(w.RatioCIHi), Ratios: w.Ratios}
+	return nil
 }
 
 // ParseConnRate parses the client's JSON output (null percentiles → NaN).

@@ -194,7 +194,7 @@ func (r *SvcReport) PairedOf(kind string) []SvcPaired {
 func (r *SvcReport) PairedTable(kind string) string {
 	s := svcPairedSides[kind]
 	var b strings.Builder
-	fmt.Fprintf(&b, "| Services | pairs × slice | %s / %s per pair, median (IQR) | all slices: %s conn/s | %s conn/s | ratio | connect p50 µs %s / %s |\n",
+	fmt.Fprintf(&b, "| Services | pairs × slice | %s / %s per pair: median [95 %% CI] (IQR) | all slices: %s conn/s | %s conn/s | ratio | connect p50 µs %s / %s |\n",
 		s[0], s[1], s[0], s[1], s[0], s[1])
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.PairedOf(kind) {
@@ -203,10 +203,20 @@ func (r *SvcReport) PairedTable(kind string) string {
 			continue
 		}
 		x := p.Result
-		fmt.Fprintf(&b, "| %d | %d × %.0f ms | %.3f (%.3f–%.3f) | %.0f | %.0f | %.3f | %.1f / %.1f |\n", p.Services, x.Pairs, x.SliceSec*1e3,
-			x.RatioMedian, x.RatioP25, x.RatioP75, x.A.Rate, x.B.Rate, Ratio(x.A.Rate, x.B.Rate), x.A.ConnectP50, x.B.ConnectP50)
+		fmt.Fprintf(&b, "| %d | %d × %.0f ms | %.3f %s (%.3f–%.3f) | %.0f | %.0f | %.3f | %.1f / %.1f |\n", p.Services, x.Pairs, x.SliceSec*1e3,
+			x.RatioMedian, ciText(x), x.RatioP25, x.RatioP75, x.A.Rate, x.B.Rate, Ratio(x.A.Rate, x.B.Rate), x.A.ConnectP50, x.B.ConnectP50)
 	}
 	return b.String()
+}
+
+// ciText is "[lo–hi]", the 95 % confidence interval of a paired run's
+// median ratio, or "[CI n/a]" (too few pairs, or a report from before it
+// was recorded).
+func ciText(x ConnRatePairedResult) string {
+	if math.IsNaN(x.RatioCILo) || math.IsNaN(x.RatioCIHi) {
+		return "[CI n/a]"
+	}
+	return fmt.Sprintf("[%.3f–%.3f]", x.RatioCILo, x.RatioCIHi)
 }
 
 // Connect-rate metrics of a sample.
@@ -918,7 +928,8 @@ func (r *SvcReport) Targets() []SvcTarget {
 				parts, ok = append(parts, fmt.Sprintf("%d: n/a", p.Services)), false
 				continue
 			}
-			parts = append(parts, fmt.Sprintf("%d: %.3f× (IQR %.3f–%.3f, %d pairs)", p.Services, p.Result.RatioMedian, p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
+			parts = append(parts, fmt.Sprintf("%d: %.3f× (95 %% CI %s, IQR %.3f–%.3f, %d pairs)", p.Services, p.Result.RatioMedian,
+				strings.Trim(ciText(p.Result), "[]"), p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
 			ok = ok && p.Result.RatioMedian >= 0.99
 		}
 		out = append(out, SvcTarget{target, strings.Join(parts, ", "), yesNo(ok)})

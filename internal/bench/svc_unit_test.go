@@ -426,6 +426,33 @@ func TestConnRatePairedLoopback(t *testing.T) {
 	}
 }
 
+func TestMedianCI(t *testing.T) {
+	xs := make([]float64, 230)
+	for i := range xs {
+		xs[len(xs)-1-i] = float64(i + 1) // 230, 229, …, 1: sorted by medianCI
+	}
+	// n = 230: k = ⌊(230 − 1.96·√230) / 2⌋ = 100, so the 100th and 131st values
+	if lo, hi := medianCI(xs); lo != 100 || hi != 131 {
+		t.Errorf("medianCI of 1..230 = %v..%v, want 100..131", lo, hi)
+	}
+	if lo, hi := medianCI([]float64{1, 2, 3, 4, 5}); !math.IsNaN(lo) || !math.IsNaN(hi) {
+		t.Errorf("5 values: %v..%v, want NaN (too few for an interval)", lo, hi)
+	}
+	// NaN statistics survive a JSON round trip as null
+	in := ConnRatePairedResult{Pairs: 3, RatioMedian: 1.01, RatioP25: 1, RatioP75: 1.02, RatioCILo: math.NaN(), RatioCIHi: math.NaN(), Ratios: []float64{1, 1.01, 1.02}}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back ConnRatePairedResult
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"ratioCI95Lo":null`) || !math.IsNaN(back.RatioCILo) || back.RatioMedian != 1.01 || len(back.Ratios) != 3 {
+		t.Errorf("round trip: %s -> %+v", b, back)
+	}
+}
+
 func TestQuantile(t *testing.T) {
 	for _, tc := range []struct {
 		xs      []float64
@@ -474,11 +501,13 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 	r.ControlPlane = &SvcControlPlane{Services: 10001, Endpoints: 10, AgentStartToSynced: 1500 * time.Millisecond,
 		AxonChange: []float64{5, 7, 60}, AgentRSS: []SvcRSS{{Who: "a", HWM: 100 << 20}}}
 	paired := func(kind string, level int, ratio float64) SvcPaired {
-		return SvcPaired{Kind: kind, Services: level, Result: ConnRatePairedResult{Pairs: 100, RatioMedian: ratio, RatioP25: ratio - 0.02, RatioP75: ratio + 0.02}}
+		return SvcPaired{Kind: kind, Services: level, Result: ConnRatePairedResult{Pairs: 100, RatioMedian: ratio, RatioP25: ratio - 0.02, RatioP75: ratio + 0.02,
+			RatioCILo: ratio - 0.01, RatioCIHi: ratio + 0.01}}
 	}
 	// Kind "" is a report from before the rules pairing: ClusterIP
 	r.Paired = []SvcPaired{paired("", 10, 0.995), paired(SvcPairedRules, 10, 1.002),
 		paired(SvcPairedClusterIP, 10000, 0.993), paired(SvcPairedRules, 10000, 0.985)}
+	r.Paired[1].Result.RatioCILo, r.Paired[1].Result.RatioCIHi = math.NaN(), math.NaN() // e.g. a report from before the interval
 	const both = "at median cycle: yes; measured: yes"
 	got := map[string]string{}
 	for _, tg := range r.Targets() {
@@ -502,7 +531,8 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 		}
 	}
 	md := r.Markdown()
-	for _, w := range []string{"| 10 | 100 × 0 ms | 0.995 (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 (0.965–1.005) |",
+	for _, w := range []string{"| 10 | 100 × 0 ms | 0.995 [0.985–1.005] (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 [0.975–0.995] (0.965–1.005) |",
+		"| 10 | 100 × 0 ms | 1.002 [CI n/a] (0.982–1.022) |",
 		"iptables-rules node / rules-free node per pair", "## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired"} {
 		if !strings.Contains(md, w) {
 			t.Errorf("results.md lacks %q:\n%s", w, md)
