@@ -104,6 +104,7 @@ paths are reported as not synced.`,
 	f.IntVar(&cfg.Reps, "reps", 5, "connect-rate repetitions per path and level (interleaved across paths)")
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "duration of each connect-rate sample")
 	f.DurationVar(&cfg.PairedDuration, "paired-duration", 0, "length of each paired run at each level: ClusterIP vs pod IP, and the iptables node's axon pod vs a rules-free node's (default reps × duration)")
+	f.StringSliceVar(&cfg.Pairings, "paired", nil, "paired runs to make: clusterip (ClusterIP vs pod IP), rules (the iptables node's axon pod vs a rules-free node's); default both")
 	f.IntVar(&cfg.Changes, "changes", 20, "EndpointSlice changes to time at the last level (each adds then removes an endpoint: 2 samples)")
 	f.DurationVar(&cfg.SyncTimeout, "sync-timeout", 5*time.Minute, "how long a kube-proxy may take to apply a level before it is stopped")
 	f.BoolVar(&noFull, "no-full-sync", false, "skip the agent and kube-proxy restart (full sync) measurements")

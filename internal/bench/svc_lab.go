@@ -108,9 +108,12 @@ type SvcConfig struct {
 	Reps      int           // connect-rate repetitions per level and path; default 5
 	Duration  time.Duration // per connect-rate sample; default 3s
 	Changes   int           // EndpointSlice changes measured at the last level; default 20 (0: skip)
-	// PairedDuration is the length of the alternating ClusterIP-vs-pod-IP
-	// run at each level (250 ms slices); default Reps × Duration.
+	// PairedDuration is the length of each paired run at each level (250
+	// ms slices); default Reps × Duration.
 	PairedDuration time.Duration
+	// Pairings are the paired runs to make (SvcPairedClusterIP,
+	// SvcPairedRules); nil: all.
+	Pairings []string
 	// SyncTimeout bounds the wait for each kube-proxy to apply a level
 	// (iptables at 10 000 Services may take many minutes); default 5m.
 	SyncTimeout time.Duration
@@ -170,6 +173,11 @@ func (c SvcConfig) withDefaults() (SvcConfig, error) {
 	}
 	if c.Axon == "" {
 		return c, errors.New("no axon binary given for the connect-rate tool")
+	}
+	for _, k := range c.Pairings {
+		if !slices.ContainsFunc(svcPairings, func(p svcPairing) bool { return p.kind == k }) {
+			return c, fmt.Errorf("paired run %q: want %s or %s", k, SvcPairedClusterIP, SvcPairedRules)
+		}
 	}
 	return c, nil
 }
@@ -693,6 +701,9 @@ var svcPairings = []svcPairing{
 func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) error {
 	var errs []error
 	for _, pg := range svcPairings {
+		if r.cfg.Pairings != nil && !slices.Contains(r.cfg.Pairings, pg.kind) {
+			continue
+		}
 		var a, b *svcPath
 		for i := range paths {
 			switch paths[i].Name {

@@ -348,6 +348,8 @@ func TestSvcConfigValidation(t *testing.T) {
 		{"descending", SvcConfig{Axon: "x", Levels: []int{100, 10}}, false},
 		{"too many endpoints", SvcConfig{Axon: "x", Levels: []int{100000}, Endpoints: 100}, false},
 		{"tiny duration", SvcConfig{Axon: "x", Duration: time.Millisecond}, false},
+		{"one pairing", SvcConfig{Axon: "x", Pairings: []string{SvcPairedRules}}, true},
+		{"unknown pairing", SvcConfig{Axon: "x", Pairings: []string{"clusterIP"}}, false},
 	}
 	for _, tt := range tests {
 		c, err := tt.cfg.withDefaults()
