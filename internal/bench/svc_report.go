@@ -928,8 +928,12 @@ func (r *SvcReport) Targets() []SvcTarget {
 				parts, ok = append(parts, fmt.Sprintf("%d: n/a", p.Services)), false
 				continue
 			}
-			parts = append(parts, fmt.Sprintf("%d: %.3f× (95 %% CI %s, IQR %.3f–%.3f, %d pairs)", p.Services, p.Result.RatioMedian,
-				strings.Trim(ciText(p.Result), "[]"), p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
+			ci := "no CI recorded"
+			if x := p.Result; !math.IsNaN(x.RatioCILo) && !math.IsNaN(x.RatioCIHi) {
+				ci = fmt.Sprintf("95 %% CI %.3f–%.3f", x.RatioCILo, x.RatioCIHi)
+			}
+			parts = append(parts, fmt.Sprintf("%d: %.3f× (%s, IQR %.3f–%.3f, %d pairs)", p.Services, p.Result.RatioMedian,
+				ci, p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
 			ok = ok && p.Result.RatioMedian >= 0.99
 		}
 		out = append(out, SvcTarget{target, strings.Join(parts, ", "), yesNo(ok)})
