@@ -247,17 +247,19 @@ func TestEDTProgram(t *testing.T) {
 		if err := b.Apply(nil, horizon); err != nil {
 			t.Fatal(err)
 		}
-		b.SetEgressSlack(5 * time.Millisecond)
+		// 1 Mbit/s and 50 ms: each packet books 12 ms, far more than a
+		// run takes even under QEMU TCG on a loaded host (~1 ms)
+		b.SetEgressSlack(50 * time.Millisecond)
 		defer b.SetEgressSlack(0)
-		apply(10_000_000)
-		d := delay(10_000_000, 1500) // 1.2 ms
-		const slack = uint64(5 * time.Millisecond)
-		// An idle pod starts 5 ms in the past: the first 4 packets leave now
-		// (5 ms / 1.2 ms of catch-up), then the schedule runs ahead of now.
-		// How many packets that takes depends on how fast they arrive: each
-		// one spends d of the catch-up while the clock moves on by the time
-		// a run takes (microseconds here, up to a millisecond under QEMU
-		// TCG), so send until a departure is ahead of its run's "after".
+		apply(1_000_000)
+		d := delay(1_000_000, 1500) // 12 ms
+		const slack = uint64(50 * time.Millisecond)
+		// An idle pod starts 50 ms in the past: the first 4 packets leave
+		// now (50 ms / 12 ms of catch-up), then the schedule runs ahead of
+		// now. How many packets that takes depends on how fast they arrive:
+		// each one spends d of the catch-up while the clock moves on by the
+		// time a run takes, so send until a departure is ahead of its run's
+		// "after".
 		now := monoNow(t)
 		var ts []uint64
 		var last edtRun
@@ -270,10 +272,10 @@ func TestEDTProgram(t *testing.T) {
 		}
 		end := monoNow(t)
 		if last.tstamp <= last.after {
-			t.Fatalf("64 packets at 1.2 ms each never got ahead of now: the catch-up is unbounded: %v", ts)
+			t.Fatalf("64 packets of 12 ms each never got ahead of now: the catch-up is unbounded: %v", ts)
 		}
 		if len(ts) < 5 {
-			t.Fatalf("packet %d already ahead of now, want at least 4 sent at once from 5 ms of slack: %v", len(ts), ts)
+			t.Fatalf("packet %d already ahead of now, want at least 4 sent at once from 50 ms of slack: %v", len(ts), ts)
 		}
 		for i, x := range ts[:4] {
 			if x < now || x > end {
