@@ -367,12 +367,6 @@ func (r *Report) jsonView() any {
 		StallMicros uint64    `json:"cpuStallUs"`
 		Err         string    `json:"error,omitempty"`
 	}
-	ptr := func(v float64) *float64 {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		return &v
-	}
 	out := struct {
 		Started      time.Time         `json:"started"`
 		Finished     time.Time         `json:"finished"`
@@ -396,17 +390,17 @@ func (r *Report) jsonView() any {
 			Samples: map[string][]*float64{}, Median: map[string]*float64{}, Ratio: map[string]*float64{}}
 		for _, mi := range metricInfo {
 			for _, v := range rr.Values(mi.name) {
-				x.Samples[mi.name] = append(x.Samples[mi.name], ptr(v))
+				x.Samples[mi.name] = append(x.Samples[mi.name], jnum(v))
 			}
-			x.Median[mi.name] = ptr(r.Stats(rr.Path, mi.name).Median)
-			x.Ratio[mi.name] = ptr(r.Ratio(rr.Path, mi.name))
+			x.Median[mi.name] = jnum(r.Stats(rr.Path, mi.name).Median)
+			x.Ratio[mi.name] = jnum(r.Ratio(rr.Path, mi.name))
 		}
 		out.Results = append(out.Results, x)
 	}
 	for _, m := range r.Measurements {
 		out.Measurements = append(out.Measurements, meas{Rep: m.Rep, Path: m.Path, Tool: m.Tool,
 			Client: shellQuote(m.Client), Server: shellQuote(m.Server), Start: m.Start, ElapsedMS: m.Elapsed.Milliseconds(),
-			PSIBefore: ptr(m.Before.Avg10), PSIAfter: ptr(m.After.Avg10), StallMicros: m.StallMicro, Err: m.Err})
+			PSIBefore: jnum(m.Before.Avg10), PSIAfter: jnum(m.After.Avg10), StallMicros: m.StallMicro, Err: m.Err})
 	}
 	return out
 }

@@ -377,13 +377,7 @@ func (r ConnRateResult) MarshalJSON() ([]byte, error) {
 		CycleP50   *float64 `json:"cycleP50Us"`
 		CycleP99   *float64 `json:"cycleP99Us"`
 	}
-	p := func(v float64) *float64 {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		return &v
-	}
-	return json.Marshal(out{plain(r), p(r.ConnectP50), p(r.ConnectP99), p(r.CycleP50), p(r.CycleP99)})
+	return json.Marshal(out{plain(r), jnum(r.ConnectP50), jnum(r.ConnectP99), jnum(r.CycleP50), jnum(r.CycleP99)})
 }
 
 // pairedJSON is ConnRatePairedResult on the wire: NaN statistics (too few
@@ -403,14 +397,8 @@ type pairedJSON struct {
 
 // MarshalJSON writes NaN statistics as null.
 func (r ConnRatePairedResult) MarshalJSON() ([]byte, error) {
-	p := func(v float64) *float64 {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		return &v
-	}
-	return json.Marshal(pairedJSON{r.A, r.B, r.SliceSec, r.Pairs, p(r.RatioMedian), p(r.RatioP25), p(r.RatioP75),
-		p(r.RatioCILo), p(r.RatioCIHi), r.Ratios})
+	return json.Marshal(pairedJSON{r.A, r.B, r.SliceSec, r.Pairs, jnum(r.RatioMedian), jnum(r.RatioP25), jnum(r.RatioP75),
+		jnum(r.RatioCILo), jnum(r.RatioCIHi), r.Ratios})
 }
 
 // UnmarshalJSON reads null (or, from reports older than the interval, a
@@ -420,14 +408,8 @@ func (r *ConnRatePairedResult) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	v := func(p *float64) float64 {
-		if p == nil {
-			return math.NaN()
-		}
-		return *p
-	}
-	*r = ConnRatePairedResult{A: w.A, B: w.B, SliceSec: w.SliceSec, Pairs: w.Pairs, RatioMedian: v(w.RatioMedian),
-		RatioP25: v(w.RatioP25), RatioP75: v(w.RatioP75), RatioCILo: v(w.RatioCILo), RatioCIHi: v(w.RatioCIHi), Ratios: w.Ratios}
+	*r = ConnRatePairedResult{A: w.A, B: w.B, SliceSec: w.SliceSec, Pairs: w.Pairs, RatioMedian: unnum(w.RatioMedian),
+		RatioP25: unnum(w.RatioP25), RatioP75: unnum(w.RatioP75), RatioCILo: unnum(w.RatioCILo), RatioCIHi: unnum(w.RatioCIHi), Ratios: w.Ratios}
 	return nil
 }
 
@@ -454,13 +436,7 @@ func ParseConnRate(data []byte) (ConnRateResult, error) {
 		return ConnRateResult{}, fmt.Errorf("connrate output %q has no target", truncate(string(data), 200))
 	}
 	r := raw.ConnRateResult
-	v := func(p *float64) float64 {
-		if p == nil {
-			return math.NaN()
-		}
-		return *p
-	}
-	r.ConnectP50, r.ConnectP99, r.CycleP50, r.CycleP99 = v(raw.ConnectP50), v(raw.ConnectP99), v(raw.CycleP50), v(raw.CycleP99)
+	r.ConnectP50, r.ConnectP99, r.CycleP50, r.CycleP99 = unnum(raw.ConnectP50), unnum(raw.ConnectP99), unnum(raw.CycleP50), unnum(raw.CycleP99)
 	return r, nil
 }
 

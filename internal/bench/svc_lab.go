@@ -25,6 +25,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -632,8 +633,8 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 				return errors.Join(append(errs, err)...)
 			}
 			s := SvcSample{Level: level, Rep: n, Path: p.Name}
-			if p.Needs != "" && !r.synced[p.Needs] {
-				s.Err = "skipped: kube-proxy " + p.Needs + " has not applied this level"
+			if why := r.unsynced(p); why != "" {
+				s.Err = why
 				r.rep.Samples = append(r.rep.Samples, s)
 				continue
 			}
@@ -696,6 +697,15 @@ var svcPairings = []svcPairing{
 	{SvcPairedRules, SvcPathAxonDirectIPT, SvcPathAxonDirect},
 }
 
+// unsynced says why path p cannot run at the current level: the kube-proxy
+// it needs has not applied it; "" when it can.
+func (r *svcRun) unsynced(p svcPath) string {
+	if p.Needs != "" && !r.synced[p.Needs] {
+		return "skipped: kube-proxy " + p.Needs + " has not applied this level"
+	}
+	return ""
+}
+
 // measurePaired runs each pairing (svcPairings) whose paths can run at this
 // level for PairedDuration.
 func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) error {
@@ -717,8 +727,8 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 			continue
 		}
 		pr := SvcPaired{Kind: pg.kind, Services: level, Client: a.Client.Name}
-		if a.Needs != "" && !r.synced[a.Needs] || b.Needs != "" && !r.synced[b.Needs] {
-			pr.Err = "skipped: kube-proxy has not applied this level"
+		if why := cmp.Or(r.unsynced(*a), r.unsynced(*b)); why != "" {
+			pr.Err = why
 			r.rep.Paired = append(r.rep.Paired, pr)
 			continue
 		}
