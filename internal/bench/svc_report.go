@@ -10,9 +10,11 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -637,8 +639,8 @@ func (r *SvcReport) CSV() []byte {
 		for i, v := range cp.AxonChange {
 			_ = w.Write([]string{strconv.Itoa(cp.Services - 1), strconv.Itoa(i + 1), "axon", "endpointslice_change", f(v), "ms"})
 		}
-		for mode, xs := range cp.KubeProxyChange {
-			for i, v := range xs {
+		for _, mode := range slices.Sorted(maps.Keys(cp.KubeProxyChange)) { // a stable order: re-rendered reports diff clean
+			for i, v := range cp.KubeProxyChange[mode] {
 				_ = w.Write([]string{strconv.Itoa(cp.Services - 1), strconv.Itoa(i + 1), "kube-proxy " + mode, "endpointslice_change", f(v), "ms"})
 			}
 		}
