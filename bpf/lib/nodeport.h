@@ -4,6 +4,8 @@
  * frontends, TCP and UDP, ICMP errors of translated flows, IPv4 and IPv6.
  *
  * Per packet at the uplink ingress (np_ingress):
+ *   0. TCP/UDP to a pod of this node (axon_np_pods): continues untouched,
+ *      nothing looked up (pod-to-pod traffic pays almost nothing here).
  *   1. CT hit (client -> frontend tuple in axon_np_ct): translate as stored.
  *   2. frontend hit (axon_np_svc; NodePort/HostPort only for the node's own
  *      addresses, axon_np_local): source ranges, then a backend (session
@@ -234,6 +236,30 @@ struct {
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_np_cluster SEC(".maps");
+
+/* axon_np_pods: this node's podCIDRs (from its Node; at most one per
+ * family), [0] IPv4, [1] IPv6, in np_tuple address form (IPv4 v4-mapped).
+ * A TCP/UDP packet to an address inside them is for a pod on this node and
+ * never for a frontend (frontends are node addresses, LoadBalancer IPs and
+ * externalIPs; a DSR request for a pod is IPIP and handled before), so
+ * np_ingress hands it on without the CT and frontend lookups, which are
+ * most of this program's cost for pod traffic. set = 0 (the standalone
+ * L4LB, or before the agent knows its podCIDRs): every packet is looked up.
+ * The agent warns about a frontend address inside a podCIDR: it would not
+ * be translated on this node. */
+struct np_pod_cidr {
+	__u32 net[4];  /* masked network address */
+	__u32 mask[4];
+	__u32 set;     /* 1: net/mask hold this node's podCIDR of the family */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct np_pod_cidr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_pods SEC(".maps");
 
 /* axon_np_local: the node's addresses (16 bytes, v4 mapped) -> 1: where
  * NodePort/HostPort frontends match and SNAT replies arrive. */
@@ -712,6 +738,20 @@ AXON_INLINE __u32 np_select(struct np_svc_key *key, const struct np_svc_val *svc
 		bpf_map_update_elem(&axon_np_aff, &akey, &aval, BPF_ANY);
 	}
 	return id;
+}
+
+/* np_to_local_pod: addr (np_tuple form) is inside this node's podCIDR of
+ * its family (axon_np_pods). */
+AXON_INLINE int np_to_local_pod(const __u8 *addr, int v6)
+{
+	__u32 fam = v6 ? 1 : 0, a[4];
+	struct np_pod_cidr *c = bpf_map_lookup_elem(&axon_np_pods, &fam);
+
+	if (!c || !c->set)
+		return 0;
+	__builtin_memcpy(a, addr, 16);
+	return ((a[0] & c->mask[0]) == c->net[0]) && ((a[1] & c->mask[1]) == c->net[1]) &&
+	       ((a[2] & c->mask[2]) == c->net[2]) && ((a[3] & c->mask[3]) == c->net[3]);
 }
 
 /* np_in_cluster: addr is a pod or node address of the cluster
@@ -1315,6 +1355,12 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 			return CTX_NEXT;
 		}
 		np_count(hook, NP_DSR_DECAP);
+	}
+	if ((p.t.proto == NP_IPPROTO_TCP || p.t.proto == NP_IPPROTO_UDP) && !p.dsr_be &&
+	    np_to_local_pod(p.t.daddr, p.v6)) {
+		/* pod traffic: no frontend can match (axon_np_pods) */
+		np_count(hook, NP_NOT_SERVICE);
+		return CTX_NEXT;
 	}
 	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */
 		return CTX_NEXT;

@@ -49,6 +49,7 @@ type nodePort struct {
 	hc        *healthcheck.Server
 	hcAddrs   []netip.Addr   // addresses hc listens on
 	cluster   []netip.Prefix // every Node's podCIDRs and InternalIPs (SetClusterPrefixes)
+	pods      []netip.Prefix // this node's podCIDRs (SetPodCIDRs)
 }
 
 // ctGCStats is the last conntrack garbage collection pass.
@@ -64,25 +65,39 @@ type ctGCStats struct {
 
 // setClusterPrefixes records the cluster's own address ranges (every
 // Node's podCIDRs and InternalIPs) for the north-south LB, which serves
-// clients inside them by SNAT even for DSR frontends, and writes them when
-// the LB is loaded. Called with dpMu held, from the Node reconciliation.
+// clients inside them by SNAT even for DSR frontends, and this node's
+// podCIDRs, whose TCP/UDP traffic it hands on without looking it up; it
+// writes both when the LB is loaded. Called with dpMu held, from the Node
+// reconciliation.
 func (a *Agent) setClusterPrefixes(nodes []NodeInfo) {
-	var ps []netip.Prefix
+	var ps, own []netip.Prefix
 	for _, ni := range nodes {
 		ps = append(ps, ni.PodCIDRs...)
 		for _, ip := range ni.InternalIPs {
 			ps = append(ps, netip.PrefixFrom(ip, ip.BitLen()))
 		}
+		if ni.Name == a.cfg.NodeName {
+			own = ni.PodCIDRs
+		}
 	}
 	n := &a.nport
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.cluster = ps
+	n.cluster, n.pods = ps, own
 	if n.np == nil {
 		return
 	}
-	if err := n.np.SetClusterPrefixes(ps); err != nil {
-		a.log.Warn("nodeport LB: write the cluster address ranges", "error", err)
+	a.writeLBPrefixes(n)
+}
+
+// writeLBPrefixes writes the recorded cluster ranges and podCIDRs into the
+// loaded LB. Called with n.mu held.
+func (a *Agent) writeLBPrefixes(n *nodePort) {
+	if err := n.np.SetClusterPrefixes(n.cluster); err != nil {
+		a.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
+	}
+	if err := n.np.SetPodCIDRs(n.pods); err != nil {
+		a.log.Warn("nodeport LB: podCIDRs not written; pod traffic is looked up like any other (slower, same result)", "error", err)
 	}
 }
 
@@ -144,10 +159,9 @@ func (a *Agent) ensureNodePort() {
 			return
 		}
 		np.SetFrontendOptions(a.npFrontendOptions)
-		if err := np.SetClusterPrefixes(n.cluster); err != nil {
-			a.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
-		}
-		n.np, n.addrs, n.err = np, addrs, ""
+		n.np = np
+		a.writeLBPrefixes(n)
+		n.addrs, n.err = addrs, ""
 	}
 	if n.attached == "" {
 		a.stMu.Lock()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -225,6 +226,21 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 		}
 		if tab, err := np.MaglevTable(lbKey); err != nil || tab != nil {
 			t.Errorf("malformed annotation: the node default (random) should apply, got a table of %d (%v)", len(tab), err)
+		}
+	})
+
+	t.Run("the Node reconciliation writes this node's podCIDRs", func(t *testing.T) {
+		own := []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}
+		a.setClusterPrefixes([]NodeInfo{
+			{Name: "node2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}},
+			{Name: "node1", PodCIDRs: own, InternalIPs: []netip.Addr{netip.MustParseAddr("198.18.0.11")}},
+		})
+		if got, err := np.PodCIDRs(); err != nil || !slices.Equal(got, own) {
+			t.Fatalf("LB podCIDRs %v (%v), want node1's %v", got, err, own)
+		}
+		a.setClusterPrefixes([]NodeInfo{{Name: "node2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}})
+		if got, err := np.PodCIDRs(); err != nil || len(got) != 0 {
+			t.Fatalf("own Node gone: LB podCIDRs %v (%v), want none", got, err)
 		}
 	})
 

@@ -1,12 +1,15 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	mbits "math/bits"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -39,6 +42,9 @@ const (
 	// MapNPCluster: the cluster's pod and node address ranges (clients
 	// there get SNAT, not DSR).
 	MapNPCluster = "axon_np_cluster"
+	// MapNPPods: this node's podCIDRs; TCP/UDP to them skips the LB's
+	// lookups (bpf/lib/nodeport.h np_to_local_pod).
+	MapNPPods = "axon_np_pods"
 )
 
 // Defaults of NodePortOptions (the sizes in bpf/lib/*.h).
@@ -129,6 +135,7 @@ type NodePortLB struct {
 	xdp  lbXDPObjects
 
 	mu      sync.Mutex
+	pods    []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
 	fe      map[lb.FrontendKey]*npFrontend
 	feIDs   idAlloc
 	beIDs   idAlloc
@@ -339,6 +346,7 @@ func (n *NodePortLB) sharedMaps() map[string]*ebpf.Map {
 		MapNPSrcRange: m.AxonNpSrcrange, MapNPAffinity: m.AxonNpAff, MapNPCT: m.AxonNpCt,
 		MapNPNAT: m.AxonNpNat, MapNPMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
 		MapNPFrag: m.AxonNpFrag, MapNPDSR: m.AxonNpDsr, MapNPCluster: m.AxonNpCluster,
+		MapNPPods: m.AxonNpPods,
 	}
 }
 
@@ -378,6 +386,108 @@ func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 		want[npClusterKey(p)] = true
 	}
 	return replaceKeys(n.tc.AxonNpCluster, MapNPCluster, want)
+}
+
+// SetPodCIDRs tells the LB this node's podCIDRs (at most one per family,
+// as a Node's spec.podCIDRs): TCP and UDP to them is pod traffic, which no
+// frontend can match, and the uplink programs hand it on without their CT
+// and frontend lookups (axon_np_pods). Empty: everything is looked up (the
+// standalone L4LB). A frontend address inside them would not be translated
+// on this node: UpsertFrontend warns about one.
+func (n *NodePortLB) SetPodCIDRs(prefixes []netip.Prefix) error {
+	vals, err := npPodCIDRs(prefixes)
+	if err != nil {
+		return fmt.Errorf("set pod CIDRs: %w", err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for fam, v := range vals {
+		if err := n.tc.AxonNpPods.Put(uint32(fam), v); err != nil {
+			return fmt.Errorf("set pod CIDRs: write %s[%d]: %w", MapNPPods, fam, err)
+		}
+	}
+	n.pods = slices.Clone(prefixes)
+	for k := range n.fe {
+		n.warnPodFrontend(k)
+	}
+	return nil
+}
+
+// npPodCIDRs are the axon_np_pods values ([0] IPv4, [1] IPv6) of prefixes,
+// in np_tuple address form (IPv4 v4-mapped); a family without a prefix has
+// Set 0.
+func npPodCIDRs(prefixes []netip.Prefix) ([2]lbTCNpPodCidr, error) {
+	var vals [2]lbTCNpPodCidr
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			return vals, fmt.Errorf("%q is not a prefix", p)
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+		fam, bits := 1, p.Bits()
+		if p.Addr().Is4() {
+			fam, bits = 0, bits+96
+		}
+		if vals[fam].Set != 0 {
+			return vals, fmt.Errorf("two podCIDRs of one family (%v): a node has at most one per family", prefixes)
+		}
+		net := addr16(p.Addr())
+		var mask [16]byte
+		for i := range bits {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+		v := lbTCNpPodCidr{Set: 1}
+		for w := range 4 {
+			v.Net[w] = binary.NativeEndian.Uint32(net[4*w:])
+			v.Mask[w] = binary.NativeEndian.Uint32(mask[4*w:])
+		}
+		vals[fam] = v
+	}
+	return vals, nil
+}
+
+// PodCIDRs reads back the podCIDRs the LB hands pod traffic on for
+// (axon_np_pods), IPv4 first.
+func (n *NodePortLB) PodCIDRs() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for fam := range uint32(2) {
+		var v lbTCNpPodCidr
+		if err := n.tc.AxonNpPods.Lookup(fam, &v); err != nil {
+			return nil, fmt.Errorf("read %s[%d]: %w", MapNPPods, fam, err)
+		}
+		if v.Set == 0 {
+			continue
+		}
+		var net, mask [16]byte
+		for w := range 4 {
+			binary.NativeEndian.PutUint32(net[4*w:], v.Net[w])
+			binary.NativeEndian.PutUint32(mask[4*w:], v.Mask[w])
+		}
+		bits := 0
+		for _, b := range mask {
+			bits += mbits.OnesCount8(b)
+		}
+		a := netip.AddrFrom16(net)
+		if fam == 0 {
+			a, bits = a.Unmap(), bits-96
+		}
+		out = append(out, netip.PrefixFrom(a, bits))
+	}
+	return out, nil
+}
+
+// warnPodFrontend logs a frontend whose address lies inside this node's
+// podCIDRs: the uplink programs take it for pod traffic and do not
+// translate it. Called with mu held.
+func (n *NodePortLB) warnPodFrontend(k lb.FrontendKey) {
+	if k.Scope != lb.ScopeCluster {
+		return // NodePort / HostPort: the node's own addresses
+	}
+	for _, p := range n.pods {
+		if p.Contains(k.Addr.Unmap()) {
+			n.log.Warn("nodeport LB: frontend address inside this node's podCIDR is taken for pod traffic and not translated on this node",
+				"frontend", keyString(k), "podCIDR", p)
+		}
+	}
 }
 
 // npClusterKey is the axon_np_cluster key of p (IPv4 v4-mapped, +96 bits).
@@ -430,7 +540,7 @@ func UninstallNodePortLB(pinDir string) error {
 	for _, p := range pins {
 		errs = append(errs, detachNPPin(p))
 	}
-	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag, MapNPDSR, MapNPCluster} {
+	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag, MapNPDSR, MapNPCluster, MapNPPods} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
 		}

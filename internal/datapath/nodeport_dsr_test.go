@@ -18,6 +18,11 @@ import (
 // exactly as it came.
 func TestNodePortDSRBackend(t *testing.T) {
 	f := newNPFix(t, func(o *NodePortOptions) { o.UplinkMTU = 1500 })
+	// the outer destination of a DSR request is a pod of this node: the
+	// pod-traffic shortcut (axon_np_pods) must not take it for pod traffic
+	if err := f.n.SetPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}); err != nil {
+		t.Fatal(err)
+	}
 	node2 := netip.MustParseAddr("198.18.0.12")
 	node2v6 := netip.MustParseAddr("fd00:198:18::12")
 	pod := netip.MustParseAddr("10.244.1.7")

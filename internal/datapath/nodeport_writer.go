@@ -95,6 +95,7 @@ func (n *NodePortLB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error 
 	if err := n.upsertLocked(f, mode, ranges, mag); err != nil {
 		return fmt.Errorf("upsert frontend %s: %w", keyString(f.Key), err)
 	}
+	n.warnPodFrontend(f.Key)
 	return nil
 }
 
