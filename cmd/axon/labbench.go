@@ -50,7 +50,10 @@ plugins) to the lab, then measures, interleaved in each repetition:
 with iperf3 (single TCP flow throughput) and sockperf ping-pong (TCP RTT p50/p99),
 client on CPU 0 and server on CPU 1, recording /proc/pressure/cpu. Writes
 results.csv, results.md, results.json and chart.svg to the output folder and prints
-the table with medians and ratios to host-to-host. The pods are removed afterwards.`,
+the table with medians and ratios to host-to-host, and the paired ratios: each
+repetition's value over host-to-host's of the same repetition, median with its
+95 % confidence interval (8 repetitions or more; e.g. --reps 30 --duration 2s).
+The pods are removed afterwards.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -98,6 +101,8 @@ the table with medians and ratios to host-to-host. The pods are removed afterwar
 			})
 			if rep != nil {
 				fmt.Fprintln(cmd.OutOrStdout(), rep.Table())
+				fmt.Fprintln(cmd.OutOrStdout(), "Per-repetition ratios to the reference (median, 95 % CI):")
+				fmt.Fprintln(cmd.OutOrStdout(), rep.PairedTable())
 				if cmpBig { // issue 5: the two BIG TCP ratios, also in results.md
 					if werr := writeBigTCPSummary(cmd.OutOrStdout(), rep, out); werr != nil {
 						fmt.Fprintln(cmd.ErrOrStderr(), "benchmark:", werr)

@@ -39,6 +39,64 @@ func (r *Report) Ratio(path, metric string) float64 {
 	return Ratio(r.Stats(path, metric).Median, r.Stats(r.Reference, metric).Median)
 }
 
+// PairedRatio is one path's metric divided by the reference's, repetition
+// by repetition: both were measured back to back within each repetition, so
+// drift of the machine between repetitions cancels out of each ratio.
+type PairedRatio struct {
+	N      int     // repetitions where both were measured
+	Median float64 // median of the per-repetition ratios
+	Lo, Hi float64 // distribution-free 95 % CI of that median (NaN below 8 pairs)
+}
+
+// Paired returns the named path's per-repetition ratios of metric to the
+// reference path (NaN fields when none can be formed).
+func (r *Report) Paired(path, metric string) PairedRatio {
+	res, ref := r.Result(path), r.Result(r.Reference)
+	out := PairedRatio{Median: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
+	if res == nil || ref == nil {
+		return out
+	}
+	vs, rs := res.Values(metric), ref.Values(metric)
+	var ratios []float64
+	for i := range min(len(vs), len(rs)) {
+		if q := Ratio(vs[i], rs[i]); !math.IsNaN(q) && !math.IsInf(q, 0) {
+			ratios = append(ratios, q)
+		}
+	}
+	out.N = len(ratios)
+	out.Median = Summarize(ratios).Median
+	out.Lo, out.Hi = medianCI(ratios)
+	return out
+}
+
+// fmtPaired renders "1.04× (1.02–1.06)", or without the interval when it
+// is NaN.
+func fmtPaired(p PairedRatio) string {
+	if p.N == 0 {
+		return "n/a"
+	}
+	if math.IsNaN(p.Lo) {
+		return fmtRatio(p.Median) + " (CI: < 8 pairs)"
+	}
+	return fmt.Sprintf("%s (%s–%s)", fmtRatio(p.Median), strconv.FormatFloat(p.Lo, 'f', 3, 64), strconv.FormatFloat(p.Hi, 'f', 3, 64))
+}
+
+// PairedTable renders the per-repetition ratios of every path but the
+// reference, with their 95 % intervals.
+func (r *Report) PairedTable() string {
+	var b strings.Builder
+	b.WriteString("| path | throughput ratio, paired (95 % CI) | RTT p50 ratio, paired (95 % CI) | RTT p99 ratio, paired (95 % CI) | pairs |\n")
+	b.WriteString("|---|---:|---:|---:|---:|\n")
+	for _, res := range r.Results {
+		if res.Path == r.Reference {
+			continue
+		}
+		tp, p50, p99 := r.Paired(res.Path, MetricThroughput), r.Paired(res.Path, MetricRTTP50), r.Paired(res.Path, MetricRTTP99)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d |\n", mdEscape(res.Path), fmtPaired(tp), fmtPaired(p50), fmtPaired(p99), max(tp.N, p50.N))
+	}
+	return b.String()
+}
+
 // CSV renders one row per sample: rep, path, metric, value, unit. Besides the
 // metrics it has, per measurement, the CPU pressure (some avg10, %) before and
 // after and the CPU stall time during it (µs), named <tool>.psi_before,
@@ -146,6 +204,10 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "Ratios are each path's median divided by the median of the reference path **%s** measured in the same run "+
 		"(throughput: higher is better; RTT: lower is better).\n\n", mdEscape(r.Reference))
 	b.WriteString(r.Table())
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "Paired: each repetition's value divided by the reference's of the same repetition (measured back to back), "+
+		"median over repetitions with its distribution-free 95 %% confidence interval (sign-test order statistics; needs 8 pairs):\n\n")
+	b.WriteString(r.PairedTable())
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "- Throughput: single TCP flow, iperf3, bits/s received (`end.sum_received`), retransmits from the sender.\n")
 	fmt.Fprintf(&b, "- Latency: TCP request/response **round-trip time** (sockperf ping-pong `--full-rtt`, %d-byte messages, one connection), "+
@@ -342,6 +404,14 @@ func (r *Report) WriteFiles(dir string) error {
 	return nil
 }
 
+// pairedRatioJSON is a PairedRatio in results.json (NaN as null).
+type pairedRatioJSON struct {
+	N      int      `json:"n"`
+	Median *float64 `json:"median"`
+	Lo     *float64 `json:"ci95Lo"`
+	Hi     *float64 `json:"ci95Hi"`
+}
+
 // jsonView replaces NaN (which encoding/json rejects) by null.
 func (r *Report) jsonView() any {
 	type res struct {
@@ -351,6 +421,7 @@ func (r *Report) jsonView() any {
 		Samples    map[string][]*float64 `json:"samples"`
 		Median     map[string]*float64   `json:"median"`
 		Ratio      map[string]*float64   `json:"ratioToReference"`
+		Paired     map[string]pairedRatioJSON `json:"pairedRatioToReference,omitempty"`
 		Congestion string                `json:"congestion,omitempty"`
 		Errors     []string              `json:"errors,omitempty"`
 	}
@@ -394,6 +465,13 @@ func (r *Report) jsonView() any {
 			}
 			x.Median[mi.name] = jnum(r.Stats(rr.Path, mi.name).Median)
 			x.Ratio[mi.name] = jnum(r.Ratio(rr.Path, mi.name))
+			if rr.Path != r.Reference {
+				if x.Paired == nil {
+					x.Paired = map[string]pairedRatioJSON{}
+				}
+				p := r.Paired(rr.Path, mi.name)
+				x.Paired[mi.name] = pairedRatioJSON{N: p.N, Median: jnum(p.Median), Lo: jnum(p.Lo), Hi: jnum(p.Hi)}
+			}
 		}
 		out.Results = append(out.Results, x)
 	}

@@ -316,7 +316,7 @@ func quantile(xs []float64, q float64) float64 {
 // medianCI is the distribution-free 95 % confidence interval of the median
 // of xs: the k-th smallest and k-th largest value, k = ⌊(n − 1.96·√n) / 2⌋
 // (the sign test's order statistics; no assumption about the ratios'
-// distribution). NaN below 6 values. It sorts xs in place.
+// distribution). NaN below 8 values (k < 1). It sorts xs in place.
 func medianCI(xs []float64) (lo, hi float64) {
 	n := len(xs)
 	k := int(math.Floor((float64(n) - 1.96*math.Sqrt(float64(n))) / 2))
@@ -327,8 +327,6 @@ func medianCI(xs []float64) (lo, hi float64) {
 	return xs[k-1], xs[n-k]
 }
 
-// percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN
-// when empty. It sorts ns in place.
 // awaitConnect finishes a blocking connect(2) that a signal interrupted: the
 // kernel goes on with the handshake, so wait until the socket is writable and
 // return its SO_ERROR (nil when connected).
@@ -357,6 +355,8 @@ func awaitConnect(fd int, timeout time.Duration) error {
 	}
 }
 
+// percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN
+// when empty. It sorts ns in place.
 func percentileUs(ns []int64, p float64) float64 {
 	if len(ns) == 0 {
 		return math.NaN()

@@ -437,8 +437,12 @@ func TestMedianCI(t *testing.T) {
 	if lo, hi := medianCI(xs); lo != 100 || hi != 131 {
 		t.Errorf("medianCI of 1..230 = %v..%v, want 100..131", lo, hi)
 	}
-	if lo, hi := medianCI([]float64{1, 2, 3, 4, 5}); !math.IsNaN(lo) || !math.IsNaN(hi) {
-		t.Errorf("5 values: %v..%v, want NaN (too few for an interval)", lo, hi)
+	if lo, hi := medianCI([]float64{1, 2, 3, 4, 5, 6, 7}); !math.IsNaN(lo) || !math.IsNaN(hi) {
+		t.Errorf("7 values: %v..%v, want NaN (too few for an interval)", lo, hi)
+	}
+	// the smallest count with an interval: k = ⌊(8 − 1.96·√8) / 2⌋ = 1
+	if lo, hi := medianCI([]float64{8, 7, 6, 5, 4, 3, 2, 1}); lo != 1 || hi != 8 {
+		t.Errorf("8 values: %v..%v, want 1..8", lo, hi)
 	}
 	// NaN statistics survive a JSON round trip as null
 	in := ConnRatePairedResult{Pairs: 3, RatioMedian: 1.01, RatioP25: 1, RatioP75: 1.02, RatioCILo: math.NaN(), RatioCIHi: math.NaN(), Ratios: []float64{1, 1.01, 1.02}}

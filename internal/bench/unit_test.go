@@ -298,6 +298,45 @@ func TestReportCSV(t *testing.T) {
 	}
 }
 
+func TestReportPaired(t *testing.T) {
+	nan := math.NaN()
+	r := &Report{Reference: "host", Reps: 10, Results: []*Result{
+		{Path: "host", RTTP50: []float64{20, 40, 20, 40, 20, 40, 20, nan, 20, 40}},
+		// each repetition 5 % above its reference; one rep of the path
+		// and one of the reference missing: 8 pairs
+		{Path: "pod", RTTP50: []float64{21, 42, nan, 42, 21, 42, 21, 42, 21, 42}},
+		{Path: "short", RTTP50: []float64{22, 44}},
+	}}
+	cases := []struct {
+		path   string
+		n      int
+		median float64
+		ci     bool
+	}{
+		{"pod", 8, 1.05, true},
+		{"short", 2, 1.10, false}, // < 8 pairs: no interval
+		{"nosuch", 0, nan, false},
+	}
+	for _, c := range cases {
+		p := r.Paired(c.path, MetricRTTP50)
+		if p.N != c.n || (c.n > 0 && math.Abs(p.Median-c.median) > 1e-9) || c.ci == math.IsNaN(p.Lo) || c.ci == math.IsNaN(p.Hi) {
+			t.Errorf("%s: %+v, want n=%d median=%v interval=%v", c.path, p, c.n, c.median, c.ci)
+		}
+		if c.ci && (p.Lo > p.Median || p.Hi < p.Median) {
+			t.Errorf("%s: interval %v–%v does not hold the median %v", c.path, p.Lo, p.Hi, p.Median)
+		}
+	}
+	tab := r.PairedTable()
+	for _, want := range []string{"| pod | n/a | 1.05× (1.050–1.050) |", "| short | n/a | 1.10× (CI: < 8 pairs) |"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("paired table lacks %q:\n%s", want, tab)
+		}
+	}
+	if strings.Contains(tab, "| host |") {
+		t.Errorf("the reference has a paired row:\n%s", tab)
+	}
+}
+
 func TestReportMarkdown(t *testing.T) {
 	r := fakeReport()
 	md := r.Markdown()
