@@ -114,6 +114,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_bw_state SEC(".maps");
 
+/* axon_bw_gate: [0] = 1 while some pod on this node has an ingress limit
+ * (internal/datapath/bwm.go sets it after writing the first one and clears
+ * it before removing the last). 0: bw_ingress_police returns at once, so
+ * every packet into a pod does not pay a hash lookup of a 16-byte key
+ * for a limit that nobody has. An ARRAY: the verifier inlines the lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_bw_gate SEC(".maps");
+
 /* axon_bw_stats: per-CPU packet counters indexed by enum axon_bw_stat. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -284,13 +297,17 @@ AXON_INLINE int tb_police(struct bw_state *st, __u64 now, __u64 len)
 
 /* bw_ingress_police is the ingress hook: call it right before a packet is
  * redirected into a local pod. Returns 1 when the packet must be dropped
- * (TC_ACT_SHOT), 0 to go on. Pods without an ingress limit cost one hash
- * lookup miss. */
+ * (TC_ACT_SHOT), 0 to go on. On a node where no pod has an ingress limit
+ * it costs one array read (axon_bw_gate); else pods without a limit cost
+ * one hash lookup miss. */
 AXON_INLINE int bw_ingress_police(struct __sk_buff *skb, const struct packet *pkt)
 {
 	struct in6_addr dst;
 	struct bw_state *st;
+	__u32 zero = 0, *on = bpf_map_lookup_elem(&axon_bw_gate, &zero);
 
+	if (!on || !*on)
+		return 0;
 	bw_addr_of(pkt, 0, &dst);
 	st = bw_lookup(&dst, AXON_BW_INGRESS);
 	if (!st)

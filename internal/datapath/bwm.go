@@ -29,6 +29,9 @@ const (
 	MapBWAddr  = "axon_bw_addr"
 	MapBWState = "axon_bw_state"
 	MapBWStats = "axon_bw_stats"
+	// MapBWGate: [0] = 1 while some pod has an ingress limit (the
+	// policer skips its lookup otherwise).
+	MapBWGate = "axon_bw_gate"
 )
 
 // BW directions (enum axon_bw_dir).
@@ -250,7 +253,16 @@ func UninstallBWM(pinDir, uplink string) error {
 			removeEgressFilter(pinPath(pinDir, pinTC, roleBWM, uplink), uplink))
 	}
 	// The ingress policer reads the pinned maps from the pod programs:
-	// empty them rather than unpinning (the programs hold them).
+	// close its gate and empty them rather than unpinning (the programs
+	// hold them).
+	if m, err := ebpf.LoadPinnedMap(pinDir+"/"+MapBWGate, nil); err == nil {
+		if err := m.Put(uint32(0), uint32(0)); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", MapBWGate, err))
+		}
+		m.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("open pinned %s: %w", MapBWGate, err))
+	}
 	for _, name := range []string{MapBWAddr, MapBWState} {
 		m, err := ebpf.LoadPinnedMap(pinDir+"/"+name, nil)
 		if errors.Is(err, os.ErrNotExist) {
@@ -390,6 +402,17 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 				errs = append(errs, err)
 			}
 		}
+	}
+	// the ingress policer looks limits up only while one exists: open the
+	// gate after writing them, close it before deleting the last one
+	ingress := uint32(0)
+	for k := range keepState {
+		if k.Dir == BWIngress {
+			ingress = 1
+		}
+	}
+	if err := b.objs.AxonBwGate.Put(uint32(0), ingress); err != nil {
+		errs = append(errs, fmt.Errorf("write %s: %w", MapBWGate, err))
 	}
 	// delete limits first, then addresses: a packet never sees an address
 	// whose id points at a half-written state.
