@@ -52,7 +52,7 @@ client on CPU 0 and server on CPU 1, recording /proc/pressure/cpu. Writes
 results.csv, results.md, results.json and chart.svg to the output folder and prints
 the table with medians and ratios to host-to-host, and the paired ratios: each
 repetition's value over host-to-host's of the same repetition, median with its
-95 % confidence interval (8 repetitions or more; e.g. --reps 30 --duration 2s).
+95 % confidence interval (8 repetitions or more).
 The pods are removed afterwards.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -113,8 +113,8 @@ The pods are removed afterwards.`,
 			return err
 		},
 	}
-	cmd.Flags().IntVar(&reps, "reps", 5, "repetitions per path and metric (interleaved across paths)")
-	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "duration of each measurement")
+	cmd.Flags().IntVar(&reps, "reps", 10, "repetitions per path and metric (interleaved across paths; 8 or more give the paired ratios an interval)")
+	cmd.Flags().DurationVar(&duration, "duration", 3*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&out, "out", "", "results folder (default results/bench-<UTC time>)")
 	cmd.Flags().BoolVar(&keep, "keep-pods", false, "leave the benchmark pods in the lab afterwards")
 	cmd.Flags().BoolVar(&cmpBig, "compare-big-tcp", false, "also measure a cross-node axon pod pair whose devices keep GSO/GRO at 64 KiB (BIG TCP off), next to the lab's pods (use with axon lab up --big-tcp on)")
