@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -78,41 +76,29 @@ func addSmallGSOPath(ctx context.Context, l *lab.Lab, nodes []lab.Node, keep boo
 // bigTCPSummary states the two ratios of issue 5 from a --compare-big-tcp
 // run: BIG TCP on / off, and axon pod-to-pod (BIG TCP) / host-to-host with
 // the same GSO settings (the lab's wire and uplinks are at 192 KiB), each as
-// the ratio of medians and as the median (min–max) of the per-repetition
-// ratios (the paths of one repetition run back to back).
+// the ratio of medians and as the median of the per-repetition ratios (the
+// paths of one repetition run back to back) with its 95 % interval.
 func bigTCPSummary(rep *bench.Report) string {
 	var b strings.Builder
 	b.WriteString("\n## BIG TCP (issue 5)\n\n")
 	b.WriteString("Single-flow throughput (iperf3), kernel " + rep.Host.Kernel + "; wire, uplinks and the BIG TCP pods at 192 KiB GSO/GRO, the 64 KiB pair at the pre-BIG-TCP limit.\n\n")
-	b.WriteString("| ratio | of medians | per-repetition median (min–max) | repetitions > 1 | asked |\n|---|---:|---:|---:|---|\n")
+	b.WriteString("| ratio | of medians | paired: per-repetition median (95 % CI) | min–max | repetitions > 1 | asked |\n|---|---:|---:|---:|---:|---|\n")
 	for _, c := range []struct{ name, num, den, asked string }{
 		{"BIG TCP on / off (axon pod-to-pod cross-node, 192 KiB / 64 KiB)", bigTCPOnPath, bigTCPOffPath, "report the ratio"},
 		{"axon pod-to-pod (BIG TCP) / host-to-host, same GSO settings", bigTCPOnPath, bigTCPRefPath, "≥ 0.98"},
 	} {
-		num, den := rep.Result(c.num), rep.Result(c.den)
-		if num == nil || den == nil {
-			fmt.Fprintf(&b, "| %s | n/a | n/a | n/a | %s |\n", c.name, c.asked)
+		if rep.Result(c.num) == nil || rep.Result(c.den) == nil {
+			fmt.Fprintf(&b, "| %s | n/a | n/a | n/a | n/a | %s |\n", c.name, c.asked)
 			continue
 		}
-		var per []float64
-		for i := range min(len(num.Throughput), len(den.Throughput)) {
-			if x, y := num.Throughput[i], den.Throughput[i]; y > 0 && !math.IsNaN(x) && !math.IsNaN(y) {
-				per = append(per, x/y)
-			}
+		p := rep.PairedTo(c.num, c.den, bench.MetricThroughput)
+		spread := "n/a"
+		if p.N > 0 {
+			spread = fmt.Sprintf("%.2f–%.2f", p.Min, p.Max)
 		}
-		above := 0
-		for _, v := range per {
-			if v > 1 {
-				above++
-			}
-		}
-		cell := "n/a"
-		if len(per) > 0 {
-			s := bench.Summarize(per)
-			cell = fmt.Sprintf("%.2f× (%.2f–%.2f)", s.Median, slices.Min(per), slices.Max(per))
-		}
-		fmt.Fprintf(&b, "| %s | %.2f× | %s | %d of %d | %s |\n", c.name,
-			rep.Stats(c.num, bench.MetricThroughput).Median/rep.Stats(c.den, bench.MetricThroughput).Median, cell, above, len(per), c.asked)
+		fmt.Fprintf(&b, "| %s | %.2f× | %s | %s | %d of %d | %s |\n", c.name,
+			rep.Stats(c.num, bench.MetricThroughput).Median/rep.Stats(c.den, bench.MetricThroughput).Median,
+			bench.FormatPaired(p), spread, p.Above, p.N, c.asked)
 	}
 	return b.String()
 }

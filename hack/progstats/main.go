@@ -133,7 +133,9 @@ func render(d map[string]usage, per float64) string {
 	for n := range d {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return d[names[i]].Time > d[names[j]].Time || (d[names[i]].Time == d[names[j]].Time && names[i] < names[j]) })
+	sort.Slice(names, func(i, j int) bool {
+		return d[names[i]].Time > d[names[j]].Time || (d[names[i]].Time == d[names[j]].Time && names[i] < names[j])
+	})
 	var b strings.Builder
 	if per > 0 {
 		fmt.Fprintf(&b, "%-28s %12s %9s %10s %12s\n", "program", "runs", "ns/run", "runs/unit", "ns/unit")

@@ -43,34 +43,49 @@ func (r *Report) Ratio(path, metric string) float64 {
 // by repetition: both were measured back to back within each repetition, so
 // drift of the machine between repetitions cancels out of each ratio.
 type PairedRatio struct {
-	N      int     // repetitions where both were measured
-	Median float64 // median of the per-repetition ratios
-	Lo, Hi float64 // distribution-free 95 % CI of that median (NaN below 8 pairs)
+	N        int     // repetitions where both were measured
+	Above    int     // of those, repetitions whose ratio is above 1
+	Median   float64 // median of the per-repetition ratios
+	Lo, Hi   float64 // distribution-free 95 % CI of that median (NaN below 8 pairs)
+	Min, Max float64 // smallest and largest per-repetition ratio
 }
 
 // Paired returns the named path's per-repetition ratios of metric to the
 // reference path (NaN fields when none can be formed).
 func (r *Report) Paired(path, metric string) PairedRatio {
-	res, ref := r.Result(path), r.Result(r.Reference)
-	out := PairedRatio{Median: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
-	if res == nil || ref == nil {
+	return r.PairedTo(path, r.Reference, metric)
+}
+
+// PairedTo is Paired against any other path of the run (both measured in
+// every repetition, so each ratio is of two back-to-back measurements).
+func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
+	res, rr := r.Result(path), r.Result(ref)
+	nan := math.NaN()
+	out := PairedRatio{Median: nan, Lo: nan, Hi: nan, Min: nan, Max: nan}
+	if res == nil || rr == nil {
 		return out
 	}
-	vs, rs := res.Values(metric), ref.Values(metric)
+	vs, rs := res.Values(metric), rr.Values(metric)
 	var ratios []float64
 	for i := range min(len(vs), len(rs)) {
 		if q := Ratio(vs[i], rs[i]); !math.IsNaN(q) && !math.IsInf(q, 0) {
 			ratios = append(ratios, q)
+			if q > 1 {
+				out.Above++
+			}
 		}
 	}
 	out.N = len(ratios)
-	out.Median = Summarize(ratios).Median
+	st := Summarize(ratios)
+	out.Median, out.Min, out.Max = st.Median, st.Min, st.Max
 	out.Lo, out.Hi = medianCI(ratios)
 	return out
 }
 
-// fmtPaired renders "1.04× (1.02–1.06)", or without the interval when it
-// is NaN.
+// FormatPaired renders "1.04× (1.020–1.060)", the interval replaced by a
+// note when there are fewer than 8 pairs, "n/a" without any.
+func FormatPaired(p PairedRatio) string { return fmtPaired(p) }
+
 func fmtPaired(p PairedRatio) string {
 	if p.N == 0 {
 		return "n/a"
@@ -415,15 +430,15 @@ type pairedRatioJSON struct {
 // jsonView replaces NaN (which encoding/json rejects) by null.
 func (r *Report) jsonView() any {
 	type res struct {
-		Path       string                `json:"path"`
-		Client     Endpoint              `json:"client"`
-		Server     Endpoint              `json:"server"`
-		Samples    map[string][]*float64 `json:"samples"`
-		Median     map[string]*float64   `json:"median"`
-		Ratio      map[string]*float64   `json:"ratioToReference"`
+		Path       string                     `json:"path"`
+		Client     Endpoint                   `json:"client"`
+		Server     Endpoint                   `json:"server"`
+		Samples    map[string][]*float64      `json:"samples"`
+		Median     map[string]*float64        `json:"median"`
+		Ratio      map[string]*float64        `json:"ratioToReference"`
 		Paired     map[string]pairedRatioJSON `json:"pairedRatioToReference,omitempty"`
-		Congestion string                `json:"congestion,omitempty"`
-		Errors     []string              `json:"errors,omitempty"`
+		Congestion string                     `json:"congestion,omitempty"`
+		Errors     []string                   `json:"errors,omitempty"`
 	}
 	type meas struct {
 		Rep         int       `json:"rep"`

@@ -326,6 +326,13 @@ func TestReportPaired(t *testing.T) {
 			t.Errorf("%s: interval %v–%v does not hold the median %v", c.path, p.Lo, p.Hi, p.Median)
 		}
 	}
+	if p := r.Paired("pod", MetricRTTP50); p.Above != 8 || math.Abs(p.Min-1.05) > 1e-9 || math.Abs(p.Max-1.05) > 1e-9 {
+		t.Errorf("pod: above %d min %v max %v, want 8, 1.05, 1.05", p.Above, p.Min, p.Max)
+	}
+	// against another path than the reference: short / pod = 22/21, 44/42
+	if p := r.PairedTo("short", "pod", MetricRTTP50); p.N != 2 || p.Above != 2 || math.Abs(p.Median-22.0/21) > 1e-9 {
+		t.Errorf("short to pod: %+v, want 2 pairs above 1, median %v", p, 22.0/21)
+	}
 	tab := r.PairedTable()
 	for _, want := range []string{"| pod | n/a | 1.05× (1.050–1.050) |", "| short | n/a | 1.10× (CI: < 8 pairs) |"} {
 		if !strings.Contains(tab, want) {
