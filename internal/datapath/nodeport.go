@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mbits "math/bits"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -422,22 +422,18 @@ func npPodCIDRs(prefixes []netip.Prefix) ([2]lbTCNpPodCidr, error) {
 		if !p.IsValid() {
 			return vals, fmt.Errorf("%q is not a prefix", p)
 		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
-		fam, bits := 1, p.Bits()
-		if p.Addr().Is4() {
-			fam, bits = 0, bits+96
+		fam := 1
+		if p.Addr().Unmap().Is4() {
+			fam = 0
 		}
 		if vals[fam].Set != 0 {
 			return vals, fmt.Errorf("two podCIDRs of one family (%v): a node has at most one per family", prefixes)
 		}
-		net := addr16(p.Addr())
-		var mask [16]byte
-		for i := range bits {
-			mask[i/8] |= 0x80 >> (i % 8)
-		}
+		addr, bits := prefix16(p)
+		mask := net.CIDRMask(bits, 128)
 		v := lbTCNpPodCidr{Set: 1}
 		for w := range 4 {
-			v.Net[w] = binary.NativeEndian.Uint32(net[4*w:])
+			v.Net[w] = binary.NativeEndian.Uint32(addr[4*w:])
 			v.Mask[w] = binary.NativeEndian.Uint32(mask[4*w:])
 		}
 		vals[fam] = v
@@ -457,16 +453,14 @@ func (n *NodePortLB) PodCIDRs() ([]netip.Prefix, error) {
 		if v.Set == 0 {
 			continue
 		}
-		var net, mask [16]byte
+		var addr [16]byte
+		mask := make(net.IPMask, 16)
 		for w := range 4 {
-			binary.NativeEndian.PutUint32(net[4*w:], v.Net[w])
+			binary.NativeEndian.PutUint32(addr[4*w:], v.Net[w])
 			binary.NativeEndian.PutUint32(mask[4*w:], v.Mask[w])
 		}
-		bits := 0
-		for _, b := range mask {
-			bits += mbits.OnesCount8(b)
-		}
-		a := netip.AddrFrom16(net)
+		bits, _ := mask.Size()
+		a := netip.AddrFrom16(addr)
 		if fam == 0 {
 			a, bits = a.Unmap(), bits-96
 		}
@@ -490,14 +484,21 @@ func (n *NodePortLB) warnPodFrontend(k lb.FrontendKey) {
 	}
 }
 
-// npClusterKey is the axon_np_cluster key of p (IPv4 v4-mapped, +96 bits).
-func npClusterKey(p netip.Prefix) lbTCNpClusterKey {
+// prefix16 is p in the maps' 16-byte address form: unmapped and masked,
+// an IPv4 prefix v4-mapped with 96 added to its bits.
+func prefix16(p netip.Prefix) ([16]byte, int) {
 	p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
 	bits := p.Bits()
 	if p.Addr().Is4() {
 		bits += 96
 	}
-	return lbTCNpClusterKey{Prefixlen: uint32(bits), Addr: p.Addr().As16()}
+	return p.Addr().As16(), bits
+}
+
+// npClusterKey is the axon_np_cluster key of p.
+func npClusterKey(p netip.Prefix) lbTCNpClusterKey {
+	addr, bits := prefix16(p)
+	return lbTCNpClusterKey{Prefixlen: uint32(bits), Addr: addr}
 }
 
 // SetNodeAddrs replaces the node addresses NodePort/HostPort frontends

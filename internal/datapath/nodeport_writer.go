@@ -113,11 +113,8 @@ func npDSRKey(id uint32, a netip.Addr) lbTCNpDsrKey {
 }
 
 func npRangeKey(id uint32, p netip.Prefix) lbTCNpSrcrangeKey {
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	return lbTCNpSrcrangeKey{Prefixlen: uint32(32 + bits), FrontendId: id, Addr: p.Addr().As16()}
+	addr, bits := prefix16(p)
+	return lbTCNpSrcrangeKey{Prefixlen: uint32(32 + bits), FrontendId: id, Addr: addr}
 }
 
 func (n *NodePortLB) backendVal(b lb.Backend, feID uint32) lbTCNpBackend {
