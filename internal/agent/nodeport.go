@@ -50,6 +50,7 @@ type nodePort struct {
 	hcAddrs   []netip.Addr   // addresses hc listens on
 	cluster   []netip.Prefix // every Node's podCIDRs and InternalIPs (SetClusterPrefixes)
 	pods      []netip.Prefix // this node's podCIDRs (SetPodCIDRs)
+	podsOK    bool           // pods are written in np
 }
 
 // ctGCStats is the last conntrack garbage collection pass.
@@ -83,22 +84,33 @@ func (a *Agent) setClusterPrefixes(nodes []NodeInfo) {
 	n := &a.nport
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	podsChanged := !n.podsOK || !slices.Equal(own, n.pods)
 	n.cluster, n.pods = ps, own
 	if n.np == nil {
 		return
 	}
-	a.writeLBPrefixes(n)
+	a.writeClusterPrefixes(n)
+	if podsChanged { // every Node event lands here; the podCIDRs rarely change
+		a.writePodCIDRs(n)
+	}
 }
 
-// writeLBPrefixes writes the recorded cluster ranges and podCIDRs into the
-// loaded LB. Called with n.mu held.
-func (a *Agent) writeLBPrefixes(n *nodePort) {
+// writeClusterPrefixes writes the recorded cluster ranges into the loaded
+// LB. Called with n.mu held.
+func (a *Agent) writeClusterPrefixes(n *nodePort) {
 	if err := n.np.SetClusterPrefixes(n.cluster); err != nil {
 		a.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
 	}
-	if err := n.np.SetPodCIDRs(n.pods); err != nil {
+}
+
+// writePodCIDRs writes the recorded podCIDRs into the loaded LB (which
+// warns once per write about frontends inside them). Called with n.mu held.
+func (a *Agent) writePodCIDRs(n *nodePort) {
+	err := n.np.SetPodCIDRs(n.pods)
+	if err != nil {
 		a.log.Warn("nodeport LB: podCIDRs not written; pod traffic is looked up like any other (slower, same result)", "error", err)
 	}
+	n.podsOK = err == nil // a failed write is tried again at the next Node event
 }
 
 // ensureNodePort loads and attaches the north-south LB once the tc datapath
@@ -160,7 +172,8 @@ func (a *Agent) ensureNodePort() {
 		}
 		np.SetFrontendOptions(a.npFrontendOptions)
 		n.np = np
-		a.writeLBPrefixes(n)
+		a.writeClusterPrefixes(n)
+		a.writePodCIDRs(n)
 		n.addrs, n.err = addrs, ""
 	}
 	if n.attached == "" {
