@@ -364,6 +364,7 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 	var errs []error
 	keepAddr := map[netip.Addr]bool{}
 	keepState := map[bwStateKey]bool{}
+	ingress := uint32(0) // 1: some pod keeps an ingress limit (axon_bw_gate)
 	for _, w := range want {
 		if len(w.Addrs) == 0 || (w.EgressBits == 0 && w.IngressBits == 0) {
 			continue
@@ -398,6 +399,9 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 			}
 			k := bwStateKey{Id: id, Dir: d.dir}
 			keepState[k] = true
+			if d.dir == BWIngress {
+				ingress = 1
+			}
 			if err := b.putLimit(k, d.bits, horizon); err != nil {
 				errs = append(errs, err)
 			}
@@ -405,12 +409,6 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 	}
 	// the ingress policer looks limits up only while one exists: open the
 	// gate after writing them, close it before deleting the last one
-	ingress := uint32(0)
-	for k := range keepState {
-		if k.Dir == BWIngress {
-			ingress = 1
-		}
-	}
 	if err := b.objs.AxonBwGate.Put(uint32(0), ingress); err != nil {
 		errs = append(errs, fmt.Errorf("write %s: %w", MapBWGate, err))
 	}
