@@ -84,9 +84,7 @@ func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 
 // FormatPaired renders "1.04× (1.020–1.060)", the interval replaced by a
 // note when there are fewer than 8 pairs, "n/a" without any.
-func FormatPaired(p PairedRatio) string { return fmtPaired(p) }
-
-func fmtPaired(p PairedRatio) string {
+func FormatPaired(p PairedRatio) string {
 	if p.N == 0 {
 		return "n/a"
 	}
@@ -107,7 +105,7 @@ func (r *Report) PairedTable() string {
 			continue
 		}
 		tp, p50, p99 := r.Paired(res.Path, MetricThroughput), r.Paired(res.Path, MetricRTTP50), r.Paired(res.Path, MetricRTTP99)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d |\n", mdEscape(res.Path), fmtPaired(tp), fmtPaired(p50), fmtPaired(p99), max(tp.N, p50.N))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d |\n", mdEscape(res.Path), FormatPaired(tp), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
 	}
 	return b.String()
 }
