@@ -19,9 +19,19 @@ struct packet {
 	struct ipv6hdr *ip6; /* set for PARSE_IPV6 */
 };
 
+/* IPPROTO_TCP (<linux/in.h> is not includable for -target bpf). */
+#define AXON_IPPROTO_TCP 6
+
 /* parse_packet validates the L2/L3 headers of a tc skb. Pointers in pkt are
  * valid until the next helper that may change packet data. IPv4 options are
- * accepted (IHL 5..15); the whole IPv4 header must be in the linear area. */
+ * accepted (IHL 5..15); the whole IPv4 header must be in the linear area.
+ *
+ * IPv4 BIG TCP: a TCP GSO packet over 64 KiB has tot_len 0, its length is
+ * skb->len (the kernel's iph_totlen()). It is accepted as the kernel does:
+ * tot_len 0, TCP, and a GSO skb (gso_size set). Anything else with a total
+ * length shorter than its header is malformed. Turning these away sent every
+ * BIG TCP packet through the stack (ip_forward) instead of the BPF fast path,
+ * and past the Bandwidth Manager's limits. */
 AXON_INLINE enum parse_result parse_packet(struct __sk_buff *skb, struct packet *pkt)
 {
 	void *data = (void *)(long)skb->data;
@@ -43,7 +53,8 @@ AXON_INLINE enum parse_result parse_packet(struct __sk_buff *skb, struct packet 
 		hlen = (__u32)ip4->ihl * 4;
 		if ((void *)ip4 + hlen > data_end)
 			return PARSE_MALFORMED;
-		if (bpf_ntohs(ip4->tot_len) < hlen)
+		if (bpf_ntohs(ip4->tot_len) < hlen &&
+		    !(ip4->tot_len == 0 && ip4->protocol == AXON_IPPROTO_TCP && skb->gso_size))
 			return PARSE_MALFORMED;
 		pkt->ip4 = ip4;
 		return PARSE_IPV4;

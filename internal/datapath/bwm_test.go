@@ -14,17 +14,31 @@ const tcActShot = 2
 
 // Offsets in struct __sk_buff (UAPI, checked against <linux/bpf.h>).
 const (
+	skbOffIfindex = 40
 	skbOffTstamp  = 152
 	skbOffWireLen = 160
+	skbOffGSOSegs = 164
+	skbOffGSOSize = 176
 	skbCtxLen     = 184 // up to hwtstamp: tstamp_type must stay 0 in ctx_in
 )
 
-// edtCtx builds the __sk_buff given to PROG_TEST_RUN: tstamp and wire_len
-// (0 = the frame's length).
-func edtCtx(tstamp uint64, wireLen uint32) []byte {
+// skbFields are the __sk_buff fields the tests give PROG_TEST_RUN; zero
+// leaves the kernel's default.
+type skbFields struct {
+	ifindex          int    // the device the packet arrived on
+	tstamp           uint64 // skb->tstamp
+	wireLen          uint32 // 0: the frame's length
+	gsoSize, gsoSegs uint32 // gsoSize set: a GSO skb (skb_is_gso), as BIG TCP sends it
+}
+
+// ctx is the __sk_buff for PROG_TEST_RUN's context.
+func (f skbFields) ctx() []byte {
 	b := make([]byte, skbCtxLen)
-	binary.LittleEndian.PutUint64(b[skbOffTstamp:], tstamp)
-	binary.LittleEndian.PutUint32(b[skbOffWireLen:], wireLen)
+	binary.LittleEndian.PutUint32(b[skbOffIfindex:], uint32(f.ifindex))
+	binary.LittleEndian.PutUint64(b[skbOffTstamp:], f.tstamp)
+	binary.LittleEndian.PutUint32(b[skbOffWireLen:], f.wireLen)
+	binary.LittleEndian.PutUint32(b[skbOffGSOSegs:], f.gsoSegs)
+	binary.LittleEndian.PutUint32(b[skbOffGSOSize:], f.gsoSize)
 	return b
 }
 
@@ -48,9 +62,15 @@ func (r edtRun) departsAfter(prev, d uint64) bool {
 
 func runEDT(t *testing.T, prog *ebpf.Program, pkt []byte, tstamp uint64, wireLen uint32) edtRun {
 	t.Helper()
+	return runEDTCtx(t, prog, pkt, skbFields{tstamp: tstamp, wireLen: wireLen}.ctx())
+}
+
+// runEDTCtx is runEDT with a caller-built context (skbFields.ctx).
+func runEDTCtx(t *testing.T, prog *ebpf.Program, pkt, ctx []byte) edtRun {
+	t.Helper()
 	ctxOut := make([]byte, 192) // sizeof(struct __sk_buff)
 	out := make([]byte, len(pkt)+256)
-	opts := ebpf.RunOptions{Data: pkt, DataOut: out, Context: edtCtx(tstamp, wireLen), ContextOut: ctxOut}
+	opts := ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx, ContextOut: ctxOut}
 	before := monoNow(t)
 	ret, err := prog.Run(&opts)
 	after := monoNow(t)
@@ -343,6 +363,32 @@ func TestEDTProgram(t *testing.T) {
 			t.Fatalf("verdict %d departure %d, want OK near now %d", r.verdict, r.tstamp, before)
 		}
 	})
+
+	// IPv4 BIG TCP sends GSO packets over 64 KiB with tot_len 0: they are
+	// the bulk of a pod's bytes and must be paced like any other.
+	t.Run("IPv4 BIG TCP packets (tot_len 0) are paced", func(t *testing.T) {
+		if err := b.Apply(nil, horizon); err != nil {
+			t.Fatal(err)
+		}
+		apply(100_000_000)
+		big := bigTCP4(pkt, 6)
+		const wire = 60_000 // 4.8 ms at 100 Mbit/s; PROG_TEST_RUN refuses wire_len > 64 KiB
+		un0 := b.stat(t, "egress_unlimited")
+		r1 := runEDTCtx(t, prog, big, skbFields{wireLen: wire, gsoSize: 1448}.ctx())
+		r2 := runEDTCtx(t, prog, big, skbFields{wireLen: wire, gsoSize: 1448}.ctx())
+		if r1.verdict != tcActOK || r2.verdict != tcActOK || r1.tstamp == 0 {
+			t.Fatalf("verdicts %d %d, first departure %d: want OK and a stamp", r1.verdict, r2.verdict, r1.tstamp)
+		}
+		if d := delay(100_000_000, wire); !r2.departsAfter(r1.tstamp, d) {
+			t.Fatalf("second BIG TCP packet +%d ns after the first, want +%d", r2.tstamp-r1.tstamp, d)
+		}
+		if got := b.stat(t, "egress_unlimited") - un0; got != 0 {
+			t.Fatalf("egress_unlimited moved by %d: the limited pod's BIG TCP packets were not recognised", got)
+		}
+		if got := b.egressState(t, pod).Bytes; got < 2*wire {
+			t.Fatalf("state charged %d bytes, want >= %d", got, 2*wire)
+		}
+	})
 }
 
 func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
@@ -419,9 +465,11 @@ func TestIngressPolicer(t *testing.T) {
 		desc string
 		prog *ebpf.Program
 		dst  netip.Addr
+		big  bool // IPv4 BIG TCP: tot_len 0 on a GSO skb
 	}{
-		{"uplink_ingress IPv4", f.d.upProg, f.ep.IP},
-		{"pod_egress (same node) IPv6", f.d.podProg, f.ep6.IP},
+		{"uplink_ingress IPv4", f.d.upProg, f.ep.IP, false},
+		{"pod_egress (same node) IPv6", f.d.podProg, f.ep6.IP, false},
+		{"uplink_ingress IPv4 BIG TCP", f.d.upProg, f.ep.IP, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			if err := b.Apply(nil, time.Second); err != nil { // fresh, full bucket
@@ -430,12 +478,15 @@ func TestIngressPolicer(t *testing.T) {
 			if err := b.Apply([]BWLimit{{Addrs: []netip.Addr{f.ep.IP, f.ep6.IP}, IngressBits: bits}}, 2*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			pkt := frame(c.dst)
+			pkt, ctx := frame(c.dst), skbFields{}.ctx()
+			if c.big {
+				pkt, ctx = bigTCP4(pkt, 6), skbFields{gsoSize: 1448}.ctx()
+			}
 			drop0 := b.stat(t, "ingress_drop")
 			var passed, dropped int
 			start := monoNow(t)
 			for range 200 {
-				r := runEDT(t, c.prog, pkt, 0, 0)
+				r := runEDTCtx(t, c.prog, pkt, ctx)
 				switch r.verdict {
 				case tcActRedirect:
 					if dropped > 0 {

@@ -103,9 +103,22 @@ func newProgFixture(t testing.TB) *progFixture {
 // skbCtx is the prefix of struct __sk_buff up to ifindex: PROG_TEST_RUN
 // then runs the program as if the packet arrived on that device.
 func skbCtx(ifindex int) []byte {
-	b := make([]byte, 44)
-	binary.LittleEndian.PutUint32(b[40:], uint32(ifindex))
+	b := make([]byte, skbOffIfindex+4)
+	binary.LittleEndian.PutUint32(b[skbOffIfindex:], uint32(ifindex))
 	return b
+}
+
+// bigTCP4 turns an IPv4 frame into what IPv4 BIG TCP hands a device for a
+// GSO packet over 64 KiB: TCP with tot_len 0 (the length is skb->len), and a
+// valid header checksum.
+func bigTCP4(frame []byte, proto byte) []byte {
+	out := append([]byte(nil), frame...)
+	ihl := int(out[14]&0x0f) * 4
+	out[14+9] = proto
+	out[14+2], out[14+3] = 0, 0
+	out[14+10], out[14+11] = 0, 0
+	binary.BigEndian.PutUint16(out[14+10:], csum16(out[14:14+ihl]))
+	return out
 }
 
 type progCase struct {
@@ -116,6 +129,7 @@ type progCase struct {
 	want      []byte // expected output frame
 	reason    string // the one counter of the direction that must move by 1
 	validIPv4 bool   // output must carry a valid IPv4 header checksum
+	gso       bool   // run as a GSO skb (gso_size 1448), as BIG TCP sends it
 }
 
 func TestPrograms(t *testing.T) {
@@ -145,6 +159,8 @@ func TestPrograms(t *testing.T) {
 	badVersion := fromPod(f.ep6.IP, 64)
 	badVersion[14] = 0x40
 	same := func(b []byte) []byte { return b }
+	const tcp, udp = 6, 17
+	big := func(b []byte) []byte { return bigTCP4(b, tcp) }
 
 	cases := []progCase{
 		{desc: "local pod v4: redirect_peer, pod MACs, TTL-1, valid checksum", prog: "pod_egress",
@@ -189,6 +205,17 @@ func TestPrograms(t *testing.T) {
 			want: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }()},
 		{desc: "IPv4 total length shorter than its header", prog: "pod_egress",
 			pkt: shortTotLen, verdict: tcActOK, reason: "pass_malformed", want: same(shortTotLen)},
+		{desc: "BIG TCP v4 to a remote pod (tot_len 0, GSO): fib SUCCESS, not the stack", prog: "pod_egress",
+			pkt: big(fromPod(remote, 64)), gso: true, verdict: tcActRedirect, reason: "redirect_fib", validIPv4: true,
+			want: forwarded(big(fromPod(remote, 64)), f.gwMAC, f.upMAC)},
+		{desc: "BIG TCP v4 to a local pod: redirect_peer", prog: "pod_egress",
+			pkt: big(fromPod(f.ep.IP, 64)), gso: true, verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: forwarded(big(fromPod(f.ep.IP, 64)), f.ep.PodMAC, f.ep.HostMAC)},
+		{desc: "IPv4 total length 0 without GSO", prog: "pod_egress",
+			pkt: big(fromPod(remote, 64)), verdict: tcActOK, reason: "pass_malformed", want: big(fromPod(remote, 64))},
+		{desc: "IPv4 total length 0 with GSO but UDP (BIG TCP is TCP only)", prog: "pod_egress",
+			pkt: bigTCP4(fromPod(remote, 64), udp), gso: true, verdict: tcActOK, reason: "pass_malformed",
+			want: bigTCP4(fromPod(remote, 64), udp)},
 		{desc: "IPv6 ethertype with version 4", prog: "pod_egress",
 			pkt: badVersion, verdict: tcActOK, reason: "pass_malformed", want: same(badVersion)},
 		{desc: "uplink: local pod v4: redirect_peer", prog: "uplink_ingress",
@@ -197,6 +224,9 @@ func TestPrograms(t *testing.T) {
 		{desc: "uplink: local pod v6: redirect_peer", prog: "uplink_ingress",
 			pkt: fromWire(f.ep6.IP, 63), verdict: tcActRedirect, reason: "redirect_peer_local",
 			want: forwarded(fromWire(f.ep6.IP, 63), f.ep6.PodMAC, f.ep6.HostMAC)},
+		{desc: "uplink: BIG TCP v4 to a local pod (tot_len 0, GSO): redirect_peer", prog: "uplink_ingress",
+			pkt: big(fromWire(f.ep.IP, 63)), gso: true, verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: forwarded(big(fromWire(f.ep.IP, 63)), f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "uplink: not a local pod (node address): stack untouched", prog: "uplink_ingress",
 			pkt: fromWire(v4("198.18.0.11"), 64), verdict: tcActOK, reason: "pass_not_local", want: fromWire(v4("198.18.0.11"), 64)},
 		{desc: "uplink: unknown pod of this node's range: stack", prog: "uplink_ingress",
@@ -226,7 +256,11 @@ func TestPrograms(t *testing.T) {
 			out := make([]byte, len(tc.pkt)+256)
 			var verdict uint32
 			inNetns(t, f.ns, func() {
-				opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: skbCtx(ifindex)}
+				ctx := skbCtx(ifindex)
+				if tc.gso {
+					ctx = skbFields{ifindex: ifindex, gsoSize: 1448, gsoSegs: 2}.ctx()
+				}
+				opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: ctx}
 				verdict, err = prog.Run(opts)
 				out = opts.DataOut
 			})

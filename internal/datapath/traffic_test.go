@@ -99,6 +99,57 @@ func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	return p
 }
 
+// newTrafficNode makes a node netns whose eth0 (198.18.0.11/24,
+// fd00:198:18::11/64, forwarding on) is a veth to an external netns
+// ("wire", .250) that routes the podCIDRs 10.244.1.0/24 and
+// fd00:10:244:1::/64 to the node.
+func newTrafficNode(t *testing.T) (node, ext string) {
+	t.Helper()
+	node, ext = newNetns(t, "node"), newNetns(t, "ext")
+	nc := nsConf(t, node)
+	nc.veth("eth0", "", "wire", "", ext)
+	nc.addr("eth0", "198.18.0.11/24")
+	nc.addr("eth0", "fd00:198:18::11/64")
+	nc.up("eth0")
+	nc.sysctl("net.ipv4.ip_forward", "1")
+	nc.sysctl("net.ipv6.conf.all.forwarding", "1")
+	ec := nsConf(t, ext)
+	ec.addr("wire", "198.18.0.250/24")
+	ec.addr("wire", "fd00:198:18::250/64")
+	ec.up("wire")
+	ec.route("10.244.1.0/24", "198.18.0.11", "")
+	ec.route("fd00:10:244:1::/64", "fd00:198:18::11", "")
+	return node, ext
+}
+
+// loadWithPods loads the datapath in netns node (uplink eth0), attaches it
+// to every pod's host-side device and programs the pods' endpoints.
+func loadWithPods(t *testing.T, node string, pods ...pod) *Datapath {
+	t.Helper()
+	pin := newPinDir(t)
+	var d *Datapath
+	inNetns(t, node, func() {
+		var err error
+		d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			if err := d.AttachPod(p.hostIf); err != nil {
+				t.Fatal(err)
+			}
+			idx := ifindex(t, p.hostIf)
+			for _, ip := range []netip.Addr{p.ip4, p.ip6} {
+				if err := d.UpsertEndpoint(Endpoint{IP: ip, IfIndex: idx, PodMAC: p.mac, HostMAC: p.hmac}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // sendRaw sends frames from dev in netns ns through an AF_PACKET socket.
 func sendRaw(t *testing.T, ns, dev string, frames [][]byte) {
 	t.Helper()
@@ -130,42 +181,10 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // (redirect_peer / fib) without the node's IP forwarding.
 func TestTrafficRedirectPeer(t *testing.T) {
 	requireRoot(t)
-	node := newNetns(t, "node")
-	ext := newNetns(t, "ext")
-	nc := nsConf(t, node)
-	nc.veth("eth0", "", "wire", "", ext)
-	nc.addr("eth0", "198.18.0.11/24")
-	nc.up("eth0")
-	nc.sysctl("net.ipv4.ip_forward", "1")
-	nc.sysctl("net.ipv6.conf.all.forwarding", "1")
-	ec := nsConf(t, ext)
-	ec.addr("wire", "198.18.0.250/24")
-	ec.up("wire")
-	ec.route("10.244.1.0/24", "198.18.0.11", "")
+	node, ext := newTrafficNode(t)
 	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	b := addPod(t, node, "lxcB", "10.244.1.3", "fd00:10:244:1::3")
-
-	pin := newPinDir(t)
-	var d *Datapath
-	inNetns(t, node, func() {
-		var err error
-		d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range []pod{a, b} {
-			if err := d.AttachPod(p.hostIf); err != nil {
-				t.Fatal(err)
-			}
-			idx := ifindex(t, p.hostIf)
-			for _, ip := range []netip.Addr{p.ip4, p.ip6} {
-				if err := d.UpsertEndpoint(Endpoint{IP: ip, IfIndex: idx, PodMAC: p.mac, HostMAC: p.hmac}); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	})
-	t.Cleanup(func() { d.Close() })
+	d := loadWithPods(t, node, a, b)
 
 	before4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
 	before6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
