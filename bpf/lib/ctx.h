@@ -51,6 +51,18 @@ AXON_INLINE __u32 ctx_ifindex(const axon_ctx_t *ctx)
 #endif
 }
 
+/* ctx_len: the packet's length from the ethernet header on, paged data
+ * included at tc (skb->len); at XDP the linear frame (no BIG TCP there:
+ * XDP sees packets before GRO). */
+AXON_INLINE __u32 ctx_len(const axon_ctx_t *ctx)
+{
+#ifdef AXON_CTX_XDP
+	return (__u32)(ctx->data_end - ctx->data);
+#else
+	return ctx->len;
+#endif
+}
+
 /* Largest packet offset the LB reads or writes at (headers only). */
 #define CTX_MAX_OFF 192
 

@@ -22,6 +22,24 @@
 #define NP_IPPROTO_IPIP 4
 #define NP_IPPROTO_IPV6 41
 
+/* dsr_outer_len is the length field of an outer header that puts hdr bytes
+ * in front of an inner packet whose own length field says inner_len (IPv4
+ * tot_len, or IPv6 payload_len + 40). A BIG TCP packet (a GSO packet over
+ * 64 KiB: the pod's own, or a GRO aggregate on an uplink with a large
+ * gro_max_size) carries 0 there; its length is the packet's. A length that
+ * does not fit 16 bits is written as 0, the form BIG TCP itself uses and the
+ * kernel accepts on a TCP GSO skb (iph_totlen / ipv6_payload_len); GSO
+ * writes the real length into every segment's outer header. */
+AXON_INLINE __u16 dsr_outer_len(const axon_ctx_t *ctx, __u32 inner_len, __u32 hdr)
+{
+	__u32 len = inner_len;
+
+	if (!len)
+		len = ctx_len(ctx) - ETH_HLEN;
+	len += hdr;
+	return len > 0xffff ? 0 : bpf_htons((__u16)len);
+}
+
 /* dsr_encap4 puts an IPv4 outer header (src -> dst, IPIP) in front of the
  * IPv4 packet at offset ETH_HLEN. */
 AXON_INLINE int dsr_encap4(axon_ctx_t *ctx, __be32 src, __be32 dst)
@@ -34,7 +52,7 @@ AXON_INLINE int dsr_encap4(axon_ctx_t *ctx, __be32 src, __be32 dst)
 	outer.version = 4;
 	outer.ihl = 5;
 	outer.tos = inner.tos;
-	outer.tot_len = bpf_htons(bpf_ntohs(inner.tot_len) + sizeof(outer));
+	outer.tot_len = dsr_outer_len(ctx, bpf_ntohs(inner.tot_len), sizeof(outer));
 	outer.ttl = 64;
 	outer.protocol = NP_IPPROTO_IPIP;
 	outer.saddr = src;
@@ -55,7 +73,9 @@ AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
 		return -1;
 	outer.version = 6;
 	outer.priority = inner.priority;
-	outer.payload_len = bpf_htons(bpf_ntohs(inner.payload_len) + sizeof(inner));
+	/* the outer payload is the whole inner packet, its header included */
+	outer.payload_len = dsr_outer_len(ctx, inner.payload_len ? bpf_ntohs(inner.payload_len) + sizeof(inner) : 0,
+					  0);
 	outer.nexthdr = NP_IPPROTO_IPV6;
 	outer.hop_limit = 64;
 	__builtin_memcpy(&outer.saddr, src, 16);

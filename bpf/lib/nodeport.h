@@ -51,6 +51,12 @@
 #define NP_IPPROTO_UDP 17
 #define NP_IPPROTO_ICMPV6 58
 #define NP_IPPROTO_FRAGMENT 44
+#define NP_IPPROTO_HOPOPTS 0 /* IPv6 hop-by-hop options header */
+
+/* Longest IPv6 hop-by-hop header the LB skips (bytes): a BIG TCP jumbo
+ * header is 8; the bound keeps every header the LB reads below
+ * CTX_MAX_OFF. */
+#define NP_HBH_MAX 64
 
 #define AXON_NP_SVC_MAX 65536
 #define AXON_NP_BACKEND_MAX 65536
@@ -457,9 +463,26 @@ static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, 
 		p->t.proto = ip6.nexthdr;
 		p->ttl = ip6.hop_limit;
 		p->tot_len = ip6.payload_len;
-		if (ip6.nexthdr == NP_IPPROTO_FRAGMENT) {
-			/* frag.h: fragment header right after the fixed header:
-			 * nexthdr, reserved, offset << 3 | M, identification */
+		if (ip6.nexthdr == NP_IPPROTO_HOPOPTS) {
+			/* A hop-by-hop header, first when present. IPv6 BIG TCP
+			 * puts one in every GSO packet over 64 KiB (a jumbo
+			 * payload option, payload_len 0) on kernels that have
+			 * not dropped it (6.18 still has it): skip it to the
+			 * transport (or fragment) header. Longer than
+			 * NP_HBH_MAX: not parsed, the packet is malformed. */
+			struct { __u8 nexthdr, len; } hbh;
+
+			if (ctx_load(ctx, p->l4_off, &hbh, sizeof(hbh)))
+				return -1;
+			if (((__u32)hbh.len + 1) * 8 > NP_HBH_MAX)
+				return -1;
+			p->t.proto = hbh.nexthdr;
+			p->l4_off += ((__u32)hbh.len + 1) * 8;
+		}
+		if (p->t.proto == NP_IPPROTO_FRAGMENT) {
+			/* frag.h: fragment header right after the fixed header
+			 * (or the hop-by-hop header): nexthdr, reserved,
+			 * offset << 3 | M, identification */
 			struct { __u8 nexthdr, res; __be16 off; __be32 id; } fh;
 
 			if (ctx_load(ctx, p->l4_off, &fh, sizeof(fh)))

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -21,14 +23,15 @@ import (
 // client).
 
 type npTrafficFix struct {
-	client, node, backend, pod string
-	nodeLB, backendLB          *NodePortLB
+	wire, client, node, backend, pod string
+	nodeLB, backendLB                *NodePortLB
 }
 
 func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	requireRoot(t)
 	f := &npTrafficFix{}
-	wire := newNetns(t, "npw")
+	f.wire = newNetns(t, "npw")
+	wire := f.wire
 	f.client, f.node, f.backend = newNetns(t, "npc"), newNetns(t, "npn"), newNetns(t, "npb")
 	w := nsConf(t, wire)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
@@ -36,14 +39,15 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 		t.Fatal(err)
 	}
 	w.up("br0")
-	for _, e := range []struct{ ns, dev, peer, cidr string }{
-		{f.node, "eth0", "n1", "198.18.0.11/24"},
-		{f.client, "c0", "c1", "198.18.0.250/24"},
-		{f.backend, "b0", "b1", "198.18.0.12/24"},
+	for _, e := range []struct{ ns, dev, peer, cidr, cidr6 string }{
+		{f.node, "eth0", "n1", "198.18.0.11/24", "fd00:198:18::11/64"},
+		{f.client, "c0", "c1", "198.18.0.250/24", "fd00:198:18::250/64"},
+		{f.backend, "b0", "b1", "198.18.0.12/24", "fd00:198:18::12/64"},
 	} {
 		c := nsConf(t, e.ns)
 		c.veth(e.dev, "", e.peer, "", wire)
 		c.addr(e.dev, e.cidr)
+		c.addr(e.dev, e.cidr6)
 		c.up(e.dev)
 		if err := w.h.LinkSetMaster(w.link(e.peer), w.link("br0").(*netlink.Bridge)); err != nil {
 			t.Fatal(err)
@@ -52,6 +56,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	}
 	n := nsConf(t, f.node)
 	n.sysctl("net.ipv4.ip_forward", "1")
+	n.sysctl("net.ipv6.conf.all.forwarding", "1")
 	nsConf(t, f.client).route("192.0.2.0/24", "198.18.0.11", "c0")
 	b := nsConf(t, f.backend)
 	b.addr("lo", "192.0.2.10/32") // the DSR service address, owned by the backend
@@ -59,15 +64,22 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	f.pod = newNetns(t, "npp")
 	n.veth("lxc0", "", "p0", "", f.pod)
 	n.addr("lxc0", "10.244.1.1/24")
+	n.addr("lxc0", "fd00:10:244:1::1/64")
 	n.up("lxc0")
 	p := nsConf(t, f.pod)
 	p.addr("p0", "10.244.1.5/24")
+	p.addr("p0", "fd00:10:244:1::5/64")
 	p.up("p0")
 	p.route("default", "10.244.1.1", "p0")
+	p.route("default", "fd00:10:244:1::1", "p0")
 	var err error
 	inNetns(t, f.node, func() {
+		// UplinkMTU as the agent sets it (the uplink's MTU): a full-size
+		// segment that no longer fits once encapsulated gets "fragmentation
+		// needed" and the client's PMTU shrinks; without it such a segment
+		// is dropped at the veth, and a DSR bulk flow stalls on it
 		f.nodeLB, err = LoadNodePortLB(NodePortOptions{PinDir: newPinDir(t), NodeName: "node1",
-			NodeAddrs: []netip.Addr{npNode}, Logger: testLogger(t)})
+			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: testLogger(t)})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -199,4 +211,203 @@ func TestNodePortTraffic(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// ipipLengths counts the IPIP packets received on a device by whether their
+// outer tot_len is right: the packet's length (ok), 0 for a packet over
+// 64 KiB (big, the BIG TCP form) or anything else (bad: a router, a kernel
+// ipip device or a validating bridge would trim or drop the packet).
+type ipipLengths struct {
+	ok, big, bad int
+	badLens      []string // "tot_len/length" of the first bad ones
+}
+
+// capture reads what arrives on dev in netns ns through an AF_PACKET
+// socket (ETH_P_ALL: ahead of tc ingress, so before any translation or
+// decapsulation; GSO packets whole) and hands each received frame and its
+// full length to seen, on one goroutine, until stop is called.
+func capture(t *testing.T, ns, dev string, seen func(frame []byte, n int)) (stop func()) {
+	t.Helper()
+	fd := -1
+	inNetns(t, ns, func() {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			t.Errorf("packet socket: %v", err)
+			return
+		}
+		if err := unix.Bind(s, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
+			unix.Close(s)
+			t.Errorf("bind packet socket to %s: %v", dev, err)
+			return
+		}
+		fd = s
+	})
+	if fd < 0 {
+		t.FailNow()
+	}
+	// room for a few hundred 192 KiB packets: a full socket drops what it
+	// cannot queue (the counts are a sample then, not wrong)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 512<<10)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			n, from, err := unix.Recvfrom(fd, buf, unix.MSG_TRUNC)
+			if err != nil {
+				continue // timeout: look at quit again
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			if n >= 14 && n <= len(buf) {
+				seen(buf[:n], n)
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		unix.Close(fd)
+	}
+}
+
+// captureIPIP counts the IPIP packets arriving on dev by outer length.
+func captureIPIP(t *testing.T, ns, dev string) (stop func() ipipLengths) {
+	t.Helper()
+	var res ipipLengths
+	end := capture(t, ns, dev, func(b []byte, n int) {
+		if n < 34 || binary.BigEndian.Uint16(b[12:]) != unix.ETH_P_IP || b[14+9] != 4 {
+			return
+		}
+		tot, l3 := int(binary.BigEndian.Uint16(b[16:])), n-14
+		switch {
+		case tot == l3:
+			res.ok++
+		case tot == 0 && l3 > 0xffff:
+			res.big++
+		default:
+			res.bad++
+			if len(res.badLens) < 5 {
+				res.badLens = append(res.badLens, fmt.Sprintf("%d/%d", tot, l3))
+			}
+		}
+	})
+	return func() ipipLengths { end(); return res }
+}
+
+// captureJumbo6 counts the IPv6 packets over 64 KiB arriving on dev with a
+// hop-by-hop header first (IPv6 BIG TCP's jumbo header).
+func captureJumbo6(t *testing.T, ns, dev string) (stop func() int) {
+	t.Helper()
+	var jumbo int
+	end := capture(t, ns, dev, func(b []byte, n int) {
+		if n > 14+0xffff && binary.BigEndian.Uint16(b[12:]) == unix.ETH_P_IPV6 && b[14+6] == 0 {
+			jumbo++
+		}
+	})
+	return func() int { end(); return jumbo }
+}
+
+// TestNodePortTrafficBigTCP: a client with BIG TCP (192 KiB GSO) sends bulk
+// data to a LoadBalancer IP by DSR and to a NodePort by SNAT, IPv4 and
+// IPv6. Its packets over 64 KiB (IPv4: tot_len 0; IPv6: a hop-by-hop jumbo
+// header before TCP) are translated like any other, and every DSR outer
+// header carries a length a router accepts: the packet's, or 0 over 64 KiB
+// as BIG TCP writes it (not 0 + 20, which a validating hop trims the packet
+// to).
+func TestNodePortTrafficBigTCP(t *testing.T) {
+	requireRoot(t)
+	if c := Probe().BigTCP; !c.Available {
+		t.Skipf("no BIG TCP on this kernel: %s", c.Reason)
+	}
+	f := newNPTrafficFix(t)
+	v4 := true
+	for _, d := range []struct{ ns, dev string }{
+		{f.client, "c0"}, {f.node, "eth0"}, {f.backend, "b0"},
+		{f.wire, "br0"}, {f.wire, "c1"}, {f.wire, "n1"}, {f.wire, "b1"},
+	} {
+		v4 = setBigTCP(t, d.ns, d.dev) && v4
+	}
+	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:5201", lb.TCP, npBE("198.18.0.12:5201", "node2")), FrontendOptions{Mode: NPModeDSR}); err != nil {
+		t.Fatal(err)
+	}
+	for _, fe := range []lb.Frontend{
+		npNodePort(30082, lb.TCP, false, npBE("198.18.0.12:5202", "node2")),
+		npNodePort(30083, lb.TCP, true, npBE("[fd00:198:18::12]:5203", "node2")),
+	} {
+		if err := f.nodeLB.UpsertFrontendWith(fe, FrontendOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	inNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", XDPNone) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inNetns(t, f.node, func() { _ = f.nodeLB.Detach("eth0") }) })
+	ap := netip.MustParseAddrPort
+	const n = 32 << 20
+	for _, c := range []struct {
+		desc, reason string
+		listen, dial netip.AddrPort
+	}{
+		{"LoadBalancer IP, DSR", "dsr_encap", ap("192.0.2.10:5201"), ap("192.0.2.10:5201")},
+		{"NodePort, SNAT", "snat_fwd", ap("198.18.0.12:5202"), ap("198.18.0.11:30082")},
+		// IPv6 BIG TCP packets carry a hop-by-hop jumbo header before TCP
+		{"NodePort IPv6, SNAT", "snat_fwd", ap("[fd00:198:18::12]:5203"), ap("[fd00:198:18::11]:30083")},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			if c.dial.Addr().Is4() && !v4 {
+				t.Skip("no IPv4 BIG TCP here (gso_ipv4_max_size, kernel >= 6.3)")
+			}
+			before, _ := f.nodeLB.Metrics()
+			p0, b0 := linkRx(t, f.node, "eth0")
+			stop := captureIPIP(t, f.backend, "b0")
+			stop6 := captureJumbo6(t, f.node, "eth0")
+			bulkErr := tcpBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
+			ipip, jumbo := stop(), stop6()
+			p1, b1 := linkRx(t, f.node, "eth0")
+			after, _ := f.nodeLB.Metrics()
+			// eth0 also receives the backend's ACKs in SNAT; in DSR they go
+			// straight to the client and the client's data alone counts
+			pkts, avg := p1-p0, (b1-b0)/max(p1-p0, 1)
+			moved := npMoved(before, after, "tc")
+			t.Logf("eth0: %d packets, %d bytes on average, %d IPv6 with a jumbo header; tc %v; IPIP at the backend %+v", pkts, avg, jumbo, moved, ipip)
+			if bulkErr != nil {
+				t.Fatal(bulkErr)
+			}
+			if moved[c.reason] == 0 {
+				t.Errorf("%s did not move: %v", c.reason, moved)
+			}
+			if c.dial.Addr().Is6() && jumbo == 0 {
+				t.Errorf("no IPv6 packet with a jumbo header reached the LB: the test measures nothing")
+			}
+			if c.reason != "dsr_encap" {
+				return
+			}
+			if avg <= 65535 || ipip.big == 0 {
+				t.Errorf("average packet %d bytes, %d IPIP packets over 64 KiB: the client sent no BIG TCP packet, the test measures nothing", avg, ipip.big)
+			}
+			if ipip.bad != 0 {
+				t.Errorf("%d IPIP packets with a wrong outer length (tot_len/length: %v)", ipip.bad, ipip.badLens)
+			}
+		})
+	}
 }
