@@ -49,9 +49,10 @@ func newPinDir(t testing.TB) string {
 	return dir
 }
 
-// newNetns creates a named netns axt-dp-<tag>-<rand> with lo up (deleted at
-// cleanup) and returns its name. Pure netlink/netns syscalls: the test binary
-// also runs in VMs with a busybox userland (no ip, tc, nsenter, sysctl).
+// newNetns creates a named netns axt-dp-<tag>-<rand> with lo up and IPv6 DAD
+// off (deleted at cleanup) and returns its name. Pure netlink/netns syscalls
+// and /proc/sys: the test binary also runs in VMs with a busybox userland (no
+// ip, tc, nsenter, sysctl).
 func newNetns(t testing.TB, tag string) string {
 	t.Helper()
 	name := "axt-dp-" + tag + "-" + randSuffix(t)
@@ -91,6 +92,13 @@ func newNetns(t testing.TB, tag string) string {
 	})
 	c := nsConf(t, name)
 	c.up("lo")
+	// devices created here from now on skip IPv6 DAD, link-local included:
+	// until a device's link-local address leaves DAD (~2 s) the kernel sends
+	// no neighbour solicitation from it, and a test's first IPv6 packet to
+	// an unresolved neighbour waits for it (the CNI plugin and the lab do
+	// the same for their devices)
+	c.sysctl("net.ipv6.conf.default.accept_dad", "0")
+	c.sysctl("net.ipv6.conf.all.accept_dad", "0")
 	return name
 }
 
