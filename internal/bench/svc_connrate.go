@@ -489,7 +489,14 @@ func ServeConnRate(ctx context.Context, addr netip.AddrPort, ready func()) error
 			return fmt.Errorf("connrate server: accept: %w", err)
 		}
 		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		// With a receive timeout set, a signal (Go's async preemption)
+		// fails read(2) with EINTR rather than restarting it (signal(7)):
+		// read again, or the close below answers the unread request with
+		// a reset
 		n, err := unix.Read(fd, buf)
+		for err == unix.EINTR {
+			n, err = unix.Read(fd, buf)
+		}
 		if err == nil && n > 0 {
 			_, _ = unix.Write(fd, buf[:n])
 		}
