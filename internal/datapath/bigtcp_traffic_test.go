@@ -5,10 +5,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // bigTCPSize is what the agent gives pod devices when the uplink allows it.
@@ -58,21 +60,30 @@ func tcpBulk(t *testing.T, client, srv string, addr netip.Addr, n int64) {
 
 // bigTSOSegs is the client netns' net.ipv4.tcp_min_tso_segs (IPv6 TCP too)
 // in tcpBulkVia: 128 segments of ~1.4 KB are ~180 KiB, under bigTCPSize.
-// TCP sizes its TSO frames to about 1 ms of its pacing rate; under 550
-// Mbit/s, as in a TCG VM on a busy CI machine, that is under 64 KiB and a
-// BIG TCP test would see no big packet at all (CI on 2026-11-25: "no IPv6
-// packet with a jumbo header reached the LB").
+// TCP sizes its TSO frames to about 1 ms of its pacing rate, under 64 KiB
+// below ~550 Mbit/s, which a TCG VM on a busy machine can be.
 const bigTSOSegs = "128"
 
 // tcpBulkVia sends n bytes from netns client to dial (a Service address in
 // front of the server) and reports whether all of them reached the server,
-// listening on listen in netns srv, within 30 s. The client builds TSO
-// frames of at least bigTSOSegs segments whatever its rate.
+// listening on listen in netns srv, within 30 s.
+//
+// Both ends run on one CPU (pinOneCPU). A veth queues each packet on the
+// backlog of the CPU that sent it; a writer that moves between CPUs
+// reorders its own packets, TCP takes that for loss (spurious fast
+// retransmits, DelayedACKLost at the receiver) and shrinks its window,
+// and its TSO frames with it. In a TCG VM under CI load that went on all
+// transfer long and no packet over 64 KiB was sent at all (CI, 2026-11-25:
+// 515 retransmits, "no IPv6 packet with a jumbo header reached the LB").
+// The client also builds TSO frames of at least bigTSOSegs segments.
 func tcpBulkVia(t *testing.T, client, srv string, listen, dial netip.AddrPort, n int64) error {
 	t.Helper()
 	nsConf(t, client).sysctl("net.ipv4.tcp_min_tso_segs", bigTSOSegs)
+	cpu, err := firstCPU()
+	if err != nil {
+		return err
+	}
 	var ln net.Listener
-	var err error
 	inNetns(t, srv, func() { ln, err = net.Listen("tcp", listen.String()) })
 	if err != nil {
 		return fmt.Errorf("listen on %s in %s: %w", listen, srv, err)
@@ -86,6 +97,10 @@ func tcpBulkVia(t *testing.T, client, srv string, listen, dial netip.AddrPort, n
 			return
 		}
 		defer c.Close()
+		if err := pinOneCPU(cpu); err != nil {
+			got <- err
+			return
+		}
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		k, err := io.Copy(io.Discard, c)
 		if k < n {
@@ -99,20 +114,79 @@ func tcpBulkVia(t *testing.T, client, srv string, listen, dial netip.AddrPort, n
 	if err != nil {
 		return fmt.Errorf("dial %s from %s: %w", dial, client, err)
 	}
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	buf := make([]byte, 1<<20)
-	for sent := int64(0); sent < n; sent += int64(len(buf)) {
-		if _, err := c.Write(buf); err != nil {
-			c.Close()
-			ln.Close()
-			return fmt.Errorf("send to %s after %d bytes: %w", dial, sent, err)
+	sent := make(chan error, 1)
+	go func() {
+		if err := pinOneCPU(cpu); err != nil {
+			sent <- err
+			return
 		}
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 1<<20)
+		for k := int64(0); k < n; k += int64(len(buf)) {
+			if _, err := c.Write(buf); err != nil {
+				sent <- fmt.Errorf("send to %s after %d bytes: %w", dial, k, err)
+				return
+			}
+		}
+		sent <- nil
+	}()
+	if err := <-sent; err != nil {
+		c.Close()
+		ln.Close()
+		return err
 	}
+	logTCPInfo(t, c)
 	c.Close()
 	if err := <-got; err != nil {
 		return fmt.Errorf("%s (via %s): %w", listen, dial, err)
 	}
 	return nil
+}
+
+// firstCPU is the lowest CPU this process may run on.
+func firstCPU() (int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return 0, fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	for cpu := range 1024 {
+		if set.IsSet(cpu) {
+			return cpu, nil
+		}
+	}
+	return 0, fmt.Errorf("empty CPU affinity")
+}
+
+// pinOneCPU locks the calling goroutine to its OS thread and that thread to
+// cpu. The thread is never unlocked: it ends with the goroutine instead of
+// going back to the runtime with the narrowed affinity.
+func pinOneCPU(cpu int) error {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("pin to CPU %d: %w", cpu, err)
+	}
+	return nil
+}
+
+// logTCPInfo logs what bounds a bulk sender's packets: its congestion
+// window, the peer's window and retransmissions.
+func logTCPInfo(t *testing.T, c net.Conn) {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Logf("tcp info: %v", err)
+		return
+	}
+	var ti *unix.TCPInfo
+	_ = rc.Control(func(fd uintptr) { ti, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+	if err != nil {
+		t.Logf("tcp info: %v", err)
+		return
+	}
+	t.Logf("sender: mss %d, cwnd %d, ssthresh %d, peer window %d, retransmitted %d, rtt %d us, unacked %d",
+		ti.Snd_mss, ti.Snd_cwnd, ti.Snd_ssthresh, ti.Snd_wnd, ti.Total_retrans, ti.Rtt, ti.Unacked)
 }
 
 // TestTrafficBigTCP: with BIG TCP on every device, bulk TCP between pods,

@@ -331,7 +331,9 @@ func captureJumbo6(t *testing.T, ns, dev string) (stop func() int) {
 // header before TCP) are translated like any other, and every DSR outer
 // header carries a length a router accepts: the packet's, or 0 over 64 KiB
 // as BIG TCP writes it (not 0 + 20, which a validating hop trims the packet
-// to).
+// to). A transfer in which TCP sent no big packet measures nothing; up to
+// three are made (in the TCG VM, one lost ~20 big packets at the wire's
+// bridge port and shrank its window for the rest of the transfer).
 func TestNodePortTrafficBigTCP(t *testing.T) {
 	requireRoot(t)
 	if c := Probe().BigTCP; !c.Available {
@@ -377,36 +379,61 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 			if c.dial.Addr().Is4() && !v4 {
 				t.Skip("no IPv4 BIG TCP here (gso_ipv4_max_size, kernel >= 6.3)")
 			}
-			before, _ := f.nodeLB.Metrics()
-			p0, b0 := linkRx(t, f.node, "eth0")
-			stop := captureIPIP(t, f.backend, "b0")
-			stop6 := captureJumbo6(t, f.node, "eth0")
-			bulkErr := tcpBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
-			ipip, jumbo := stop(), stop6()
-			p1, b1 := linkRx(t, f.node, "eth0")
-			after, _ := f.nodeLB.Metrics()
-			// eth0 also receives the backend's ACKs in SNAT; in DSR they go
-			// straight to the client and the client's data alone counts
-			pkts, avg := p1-p0, (b1-b0)/max(p1-p0, 1)
-			moved := npMoved(before, after, "tc")
-			t.Logf("eth0: %d packets, %d bytes on average, %d IPv6 with a jumbo header; tc %v; IPIP at the backend %+v", pkts, avg, jumbo, moved, ipip)
-			if bulkErr != nil {
-				t.Fatal(bulkErr)
+			// one bulk transfer: every check but whether TCP sent big
+			// packets at all, which it reports (why not: see tcpBulkVia)
+			transfer := func() (why string) {
+				before, _ := f.nodeLB.Metrics()
+				p0, b0 := linkRx(t, f.node, "eth0")
+				stop := captureIPIP(t, f.backend, "b0")
+				stop6 := captureJumbo6(t, f.node, "eth0")
+				nss := []string{f.client, f.wire, f.node, f.backend}
+				var st0 []map[string]uint64
+				for _, ns := range nss {
+					st0 = append(st0, netStats(t, ns))
+				}
+				bulkErr := tcpBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
+				ipip, jumbo := stop(), stop6()
+				for i, ns := range nss {
+					if d := lossDelta(st0[i], netStats(t, ns)); d != "" {
+						t.Logf("%s: %s", ns, d)
+					}
+				}
+				p1, b1 := linkRx(t, f.node, "eth0")
+				after, _ := f.nodeLB.Metrics()
+				// eth0 also receives the backend's ACKs in SNAT; in DSR they go
+				// straight to the client and the client's data alone counts
+				pkts, avg := p1-p0, (b1-b0)/max(p1-p0, 1)
+				moved := npMoved(before, after, "tc")
+				t.Logf("eth0: %d packets, %d bytes on average, %d IPv6 with a jumbo header; tc %v; IPIP at the backend %+v", pkts, avg, jumbo, moved, ipip)
+				if bulkErr != nil {
+					t.Fatal(bulkErr)
+				}
+				if moved[c.reason] == 0 {
+					t.Errorf("%s did not move: %v", c.reason, moved)
+				}
+				if ipip.bad != 0 {
+					t.Errorf("%d IPIP packets with a wrong outer length (tot_len/length: %v)", ipip.bad, ipip.badLens)
+				}
+				switch {
+				case c.dial.Addr().Is6() && jumbo == 0:
+					return "no IPv6 packet with a jumbo header reached the LB"
+				case c.reason == "dsr_encap" && (avg <= 65535 || ipip.big == 0):
+					return fmt.Sprintf("average packet %d bytes, %d IPIP packets over 64 KiB: the client sent no BIG TCP packet", avg, ipip.big)
+				}
+				return ""
 			}
-			if moved[c.reason] == 0 {
-				t.Errorf("%s did not move: %v", c.reason, moved)
-			}
-			if c.dial.Addr().Is6() && jumbo == 0 {
-				t.Errorf("no IPv6 packet with a jumbo header reached the LB: the test measures nothing")
-			}
-			if c.reason != "dsr_encap" {
-				return
-			}
-			if avg <= 65535 || ipip.big == 0 {
-				t.Errorf("average packet %d bytes, %d IPIP packets over 64 KiB: the client sent no BIG TCP packet, the test measures nothing", avg, ipip.big)
-			}
-			if ipip.bad != 0 {
-				t.Errorf("%d IPIP packets with a wrong outer length (tot_len/length: %v)", ipip.bad, ipip.badLens)
+			// TCP alone decides its packet sizes: where one transfer sent
+			// no big packet, try again (each transfer is checked in full)
+			const tries = 3
+			for i := 1; ; i++ {
+				why := transfer()
+				switch {
+				case why == "":
+					return
+				case i == tries:
+					t.Fatalf("%s in %d transfers: the test measures nothing", why, tries)
+				}
+				t.Logf("transfer %d of %d: %s; again", i, tries, why)
 			}
 		})
 	}

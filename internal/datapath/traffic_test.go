@@ -1,11 +1,10 @@
 package datapath
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,45 +14,96 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// snmpCounter reads one counter of a netns, e.g. ("Ip", "ForwDatagrams")
-// from /proc/net/snmp or ("", "Ip6OutForwDatagrams") from /proc/net/snmp6.
+// snmpCounter reads one counter of netns ns: group "" is /proc/net/snmp6
+// (name "Ip6OutForwDatagrams"), any other group /proc/net/snmp or
+// /proc/net/netstat ("Ip", "ForwDatagrams"; "TcpExt", "TCPRcvQDrop").
 func snmpCounter(t *testing.T, ns, group, name string) uint64 {
 	t.Helper()
-	file := "/proc/net/snmp"
-	if group == "" {
-		file = "/proc/net/snmp6"
+	key := name
+	if group != "" {
+		key = group + ":" + name
 	}
-	out := nsConf(t, ns).procNet(filepath.Base(file))
-	if group == "" {
-		for _, line := range strings.Split(out, "\n") {
+	v, ok := netStats(t, ns)[key]
+	if !ok {
+		t.Fatalf("%s: no counter %s", ns, key)
+	}
+	return v
+}
+
+// netStats reads every counter of /proc/net/snmp, /proc/net/netstat
+// ("Group:Name") and /proc/net/snmp6 ("Name") in netns ns, the devices'
+// drops and errors ("link:eth0:RxDropped") and the backlog drops of all
+// CPUs ("softnet:BacklogDrop").
+func netStats(t *testing.T, ns string) map[string]uint64 {
+	t.Helper()
+	c := nsConf(t, ns)
+	m := map[string]uint64{}
+	for _, line := range strings.Split(c.procNet("snmp6"), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			m[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	// softnet_stat (all CPUs, whatever the netns): column 2 counts packets
+	// dropped because a CPU's backlog queue was full
+	for _, line := range strings.Split(c.procNet("softnet_stat"), "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			d, _ := strconv.ParseUint(f[1], 16, 64)
+			m["softnet:BacklogDrop"] += d
+		}
+	}
+	// devices: "link:<name>:RxDropped" ...
+	inNetns(t, ns, func() {
+		links, err := netlink.LinkList()
+		if err != nil {
+			t.Errorf("%s: list links: %v", ns, err)
+			return
+		}
+		for _, l := range links {
+			if st := l.Attrs().Statistics; st != nil {
+				pre := "link:" + l.Attrs().Name + ":"
+				m[pre+"RxDropped"], m[pre+"TxDropped"] = st.RxDropped, st.TxDropped
+				m[pre+"RxErrors"], m[pre+"TxErrors"] = st.RxErrors, st.TxErrors
+			}
+		}
+	})
+	// snmp and netstat: a header line of names, then a line of values
+	for _, file := range []string{"snmp", "netstat"} {
+		var header []string
+		for _, line := range strings.Split(c.procNet(file), "\n") {
 			f := strings.Fields(line)
-			if len(f) == 2 && f[0] == name {
-				v, _ := strconv.ParseUint(f[1], 10, 64)
-				return v
-			}
-		}
-		t.Fatalf("%s not in %s", name, file)
-	}
-	var header []string
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 0 || f[0] != group+":" {
-			continue
-		}
-		if header == nil {
-			header = f
-			continue
-		}
-		for i := range header {
-			if header[i] == name && i < len(f) {
-				v, _ := strconv.ParseUint(f[i], 10, 64)
-				return v
+			switch {
+			case len(f) == 0:
+			case header == nil || header[0] != f[0]:
+				header = f
+			default:
+				for i := 1; i < len(f) && i < len(header); i++ {
+					m[strings.TrimSuffix(f[0], ":")+":"+header[i]], _ = strconv.ParseUint(f[i], 10, 64)
+				}
+				header = nil
 			}
 		}
 	}
-	t.Fatalf("%s %s not in %s", group, name, file)
-	return 0
+	return m
+}
+
+// lossDelta lists the loss-related counters that grew between two netStats
+// reads of one netns ("TcpExt:TCPRcvQDrop +12, ..."), for diagnostics.
+func lossDelta(before, after map[string]uint64) string {
+	var out []string
+	for k, v := range after {
+		d := v - before[k]
+		if d == 0 || v < before[k] {
+			continue
+		}
+		for _, w := range []string{"Drop", "Discard", "Prune", "Pruned", "Err", "Retrans", "Lost", "Overflow", "Fail", "TooBig", "Collapse"} {
+			if strings.Contains(k, w) {
+				out = append(out, fmt.Sprintf("%s +%d", k, d))
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }
 
 type pod struct {
