@@ -23,7 +23,6 @@
 #include "lib/common.h"
 #include "lib/lb.h"
 
-#define AXON_IPPROTO_TCP 6
 #define AXON_IPPROTO_UDP 17
 #define AXON_IPPROTO_SCTP 132
 #define AXON_ECONNREFUSED 111

@@ -23,6 +23,9 @@
 #define AXON_AF_INET 2
 #define AXON_AF_INET6 10
 
+/* IP protocol numbers (<linux/in.h> is not includable for -target bpf). */
+#define AXON_IPPROTO_TCP 6
+
 /* Maximum number of pod endpoints per address family on one node. */
 #define AXON_MAX_ENDPOINTS 65536
 

@@ -19,9 +19,6 @@ struct packet {
 	struct ipv6hdr *ip6; /* set for PARSE_IPV6 */
 };
 
-/* IPPROTO_TCP (<linux/in.h> is not includable for -target bpf). */
-#define AXON_IPPROTO_TCP 6
-
 /* parse_packet validates the L2/L3 headers of a tc skb. Pointers in pkt are
  * valid until the next helper that may change packet data. IPv4 options are
  * accepted (IHL 5..15); the whole IPv4 header must be in the linear area.

@@ -132,7 +132,6 @@ func tcpBulkVia(t *testing.T, client, srv string, listen, dial netip.AddrPort, n
 	}()
 	if err := <-sent; err != nil {
 		c.Close()
-		ln.Close()
 		return err
 	}
 	logTCPInfo(t, c)

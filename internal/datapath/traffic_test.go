@@ -23,26 +23,20 @@ func snmpCounter(t *testing.T, ns, group, name string) uint64 {
 	if group != "" {
 		key = group + ":" + name
 	}
-	v, ok := netStats(t, ns)[key]
+	v, ok := procCounters(t, ns)[key]
 	if !ok {
 		t.Fatalf("%s: no counter %s", ns, key)
 	}
 	return v
 }
 
-// netStats reads every counter of /proc/net/snmp, /proc/net/netstat
-// ("Group:Name") and /proc/net/snmp6 ("Name") in netns ns, the devices'
-// drops and errors ("link:eth0:RxDropped") and the backlog drops of all
-// CPUs ("softnet:BacklogDrop").
+// netStats reads procCounters of netns ns, the devices' drops and errors
+// ("link:eth0:RxDropped") and the backlog drops of all CPUs
+// ("softnet:BacklogDrop").
 func netStats(t *testing.T, ns string) map[string]uint64 {
 	t.Helper()
 	c := nsConf(t, ns)
-	m := map[string]uint64{}
-	for _, line := range strings.Split(c.procNet("snmp6"), "\n") {
-		if f := strings.Fields(line); len(f) == 2 {
-			m[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
-		}
-	}
+	m := procCounters(t, ns)
 	// softnet_stat (all CPUs, whatever the netns): column 2 counts packets
 	// dropped because a CPU's backlog queue was full
 	for _, line := range strings.Split(c.procNet("softnet_stat"), "\n") {
@@ -52,20 +46,31 @@ func netStats(t *testing.T, ns string) map[string]uint64 {
 		}
 	}
 	// devices: "link:<name>:RxDropped" ...
-	inNetns(t, ns, func() {
-		links, err := netlink.LinkList()
-		if err != nil {
-			t.Errorf("%s: list links: %v", ns, err)
-			return
+	links, err := c.h.LinkList()
+	if err != nil {
+		t.Errorf("%s: list links: %v", ns, err)
+	}
+	for _, l := range links {
+		if st := l.Attrs().Statistics; st != nil {
+			pre := "link:" + l.Attrs().Name + ":"
+			m[pre+"RxDropped"], m[pre+"TxDropped"] = st.RxDropped, st.TxDropped
+			m[pre+"RxErrors"], m[pre+"TxErrors"] = st.RxErrors, st.TxErrors
 		}
-		for _, l := range links {
-			if st := l.Attrs().Statistics; st != nil {
-				pre := "link:" + l.Attrs().Name + ":"
-				m[pre+"RxDropped"], m[pre+"TxDropped"] = st.RxDropped, st.TxDropped
-				m[pre+"RxErrors"], m[pre+"TxErrors"] = st.RxErrors, st.TxErrors
-			}
+	}
+	return m
+}
+
+// procCounters reads every counter of /proc/net/snmp, /proc/net/netstat
+// ("Group:Name") and /proc/net/snmp6 ("Name") in netns ns.
+func procCounters(t *testing.T, ns string) map[string]uint64 {
+	t.Helper()
+	c := nsConf(t, ns)
+	m := map[string]uint64{}
+	for _, line := range strings.Split(c.procNet("snmp6"), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			m[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
 		}
-	})
+	}
 	// snmp and netstat: a header line of names, then a line of values
 	for _, file := range []string{"snmp", "netstat"} {
 		var header []string
@@ -91,11 +96,11 @@ func netStats(t *testing.T, ns string) map[string]uint64 {
 func lossDelta(before, after map[string]uint64) string {
 	var out []string
 	for k, v := range after {
-		d := v - before[k]
-		if d == 0 || v < before[k] {
+		if v <= before[k] {
 			continue
 		}
-		for _, w := range []string{"Drop", "Discard", "Prune", "Pruned", "Err", "Retrans", "Lost", "Overflow", "Fail", "TooBig", "Collapse"} {
+		d := v - before[k]
+		for _, w := range []string{"Drop", "Discard", "Prune", "Err", "Retrans", "Lost", "Overflow", "Fail", "TooBig", "Collapse"} {
 			if strings.Contains(k, w) {
 				out = append(out, fmt.Sprintf("%s +%d", k, d))
 				break
