@@ -25,6 +25,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	labpkg "github.com/axonhq/axon/internal/lab"
 )
 
 // Endpoint is one side of a path: a process runs in network namespace Netns
@@ -85,6 +87,11 @@ const (
 	MetricRTTP50      = "rtt_p50"     // µs, sockperf ping-pong --full-rtt
 	MetricRTTP99      = "rtt_p99"     // µs
 	MetricRTTAvg      = "rtt_avg"     // µs
+	// MetricDSACK counts the segments the receiver reported as received twice
+	// (DSACK; TcpExt TCPDSACKRecvSegs in the client's netns) during the iperf3
+	// run: retransmits that were not needed, because a segment arrived out of
+	// order rather than lost.
+	MetricDSACK = "dsack_segs"
 )
 
 // Result holds the samples of one path. Every slice has one entry per
@@ -95,6 +102,7 @@ type Result struct {
 	Server      Endpoint
 	Throughput  []float64 // bit/s
 	Retransmits []float64 // TCP retransmits during the iperf3 run
+	DSACKSegs   []float64 // of those, segments the receiver had already (MetricDSACK)
 	RTTP50      []float64 // µs, round-trip time
 	RTTP99      []float64 // µs, round-trip time
 	RTTAvg      []float64 // µs, round-trip time
@@ -109,6 +117,8 @@ func (r *Result) Values(metric string) []float64 {
 		return r.Throughput
 	case MetricRetransmits:
 		return r.Retransmits
+	case MetricDSACK:
+		return r.DSACKSegs
 	case MetricRTTP50:
 		return r.RTTP50
 	case MetricRTTP99:
@@ -329,7 +339,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		n := cfg.Reps
 		rep.Results = append(rep.Results, &Result{
 			Path: p.Name, Client: p.Client, Server: p.Server,
-			Throughput: nanSlice(n), Retransmits: nanSlice(n),
+			Throughput: nanSlice(n), Retransmits: nanSlice(n), DSACKSegs: nanSlice(n),
 			RTTP50: nanSlice(n), RTTP99: nanSlice(n), RTTAvg: nanSlice(n),
 		})
 	}
@@ -464,10 +474,13 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	}
 	defer srv.stop()
 	m.Before = readPressure()
+	dsack0, dsackErr := dsackSegs(p.Client.Netns)
 	t0 := time.Now()
 	out, stderr, runErr := runClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
 	m.Elapsed = time.Since(t0)
 	m.After = readPressure()
+	dsack1, err := dsackSegs(p.Client.Netns)
+	dsackErr = errors.Join(dsackErr, err)
 	m.StallMicro = stall(m.Before, m.After)
 	r.saveRaw(n, p.Name, "iperf3.json", out)
 	ir, perr := ParseIperfJSON(out)
@@ -485,11 +498,18 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	}
 	res.Throughput[n-1] = ir.BitsPerSecond
 	res.Retransmits[n-1] = float64(ir.Retransmits)
+	dsack := "n/a"
+	if dsackErr == nil {
+		res.DSACKSegs[n-1] = float64(dsack1 - dsack0)
+		dsack = strconv.FormatUint(dsack1-dsack0, 10)
+	} else {
+		r.log.Debug("no DSACK count for this run", "path", p.Name, "error", dsackErr)
+	}
 	if ir.Congestion != "" {
 		res.Congestion = ir.Congestion
 	}
-	fmt.Fprintf(r.cfg.Progress, "[rep %d/%d] %-32s iperf3   %8.2f Gbit/s  retr %-6d cpu-psi %.1f→%.1f%%\n",
-		n, r.cfg.Reps, p.Name, ir.BitsPerSecond/1e9, ir.Retransmits, m.Before.Avg10, m.After.Avg10)
+	fmt.Fprintf(r.cfg.Progress, "[rep %d/%d] %-32s iperf3   %8.2f Gbit/s  retr %-6d dsack %-6s cpu-psi %.1f→%.1f%%\n",
+		n, r.cfg.Reps, p.Name, ir.BitsPerSecond/1e9, ir.Retransmits, dsack, m.Before.Avg10, m.After.Avg10)
 	return m
 }
 
@@ -598,4 +618,10 @@ func hostInfo(ctx context.Context, t ToolPaths) Host {
 	h.Iperf3 = version(t.Iperf3)
 	h.Sockperf = version(t.Sockperf)
 	return h
+}
+
+// dsackSegs reads TcpExt TCPDSACKRecvSegs in the network namespace at netns
+// ("" for ours): segments a receiver reported as received twice.
+func dsackSegs(netns string) (uint64, error) {
+	return labpkg.ReadNetCounter(netns, "netstat", "TcpExt", "TCPDSACKRecvSegs")
 }

@@ -19,6 +19,7 @@ import (
 var metricInfo = []struct{ name, unit string }{
 	{MetricThroughput, "bit/s"},
 	{MetricRetransmits, "count"},
+	{MetricDSACK, "count"},
 	{MetricRTTP50, "us"},
 	{MetricRTTP99, "us"},
 	{MetricRTTAvg, "us"},
@@ -170,22 +171,23 @@ func cell(s Stats, scale float64, prec int) string {
 // Table renders the Markdown results table alone (for a README).
 func (r *Report) Table() string {
 	var b strings.Builder
-	b.WriteString("| path | throughput Gbit/s median (min–max) | ratio | RTT p50 µs median (min–max) | ratio | RTT p99 µs median (min–max) | ratio | retransmits median |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| path | throughput Gbit/s median (min–max) | ratio | RTT p50 µs median (min–max) | ratio | RTT p99 µs median (min–max) | ratio | retransmits median | of which not needed (DSACK) |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		tp := r.Stats(res.Path, MetricThroughput)
 		p50 := r.Stats(res.Path, MetricRTTP50)
 		p99 := r.Stats(res.Path, MetricRTTP99)
 		retr := r.Stats(res.Path, MetricRetransmits)
+		dsack := r.Stats(res.Path, MetricDSACK)
 		name := mdEscape(res.Path)
 		if res.Path == r.Reference {
 			name += " (reference)"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
 			cell(tp, 1e9, 2), fmtRatio(r.Ratio(res.Path, MetricThroughput)),
 			cell(p50, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP50)),
 			cell(p99, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP99)),
-			fmtNum(retr.Median, 0))
+			fmtNum(retr.Median, 0), fmtNum(dsack.Median, 0))
 	}
 	return b.String()
 }
@@ -222,7 +224,7 @@ func (r *Report) Markdown() string {
 		"median over repetitions with its distribution-free 95 %% confidence interval (sign-test order statistics; needs 8 pairs):\n\n")
 	b.WriteString(r.PairedTable())
 	b.WriteString("\n")
-	fmt.Fprintf(&b, "- Throughput: single TCP flow, iperf3, bits/s received (`end.sum_received`), retransmits from the sender.\n")
+	fmt.Fprintf(&b, "- Throughput: single TCP flow, iperf3, bits/s received (`end.sum_received`), retransmits from the sender; \"not needed\" are the segments the receiver reported as duplicates (DSACK, TcpExt TCPDSACKRecvSegs in the client's netns): reordered, not lost.\n")
 	fmt.Fprintf(&b, "- Latency: TCP request/response **round-trip time** (sockperf ping-pong `--full-rtt`, %d-byte messages, one connection), "+
 		"percentiles over all messages of the run after sockperf's warm-up.\n", r.MessageSize)
 	if r.ClientCPU >= 0 {

@@ -178,6 +178,11 @@ func TestRunTwoPaths(t *testing.T) {
 			if res.Retransmits[n] < 0 {
 				t.Errorf("%s rep %d: retransmits %v", res.Path, n+1, res.Retransmits[n])
 			}
+			// A segment the receiver got twice was sent twice: DSACK'd segments
+			// are a subset of the retransmits (the client netns has no other flow).
+			if d := res.DSACKSegs[n]; !(d >= 0 && d <= res.Retransmits[n]) {
+				t.Errorf("%s rep %d: %v DSACK'd segments for %v retransmits", res.Path, n+1, d, res.Retransmits[n])
+			}
 		}
 		if len(res.Errors) > 0 {
 			t.Errorf("%s: errors %v", res.Path, res.Errors)

@@ -238,7 +238,7 @@ func fakeReport() *Report {
 	nan := math.NaN()
 	start := time.Date(2026, 11, 22, 4, 30, 0, 0, time.UTC)
 	mk := func(name string, tp, p50, p99 []float64) *Result {
-		return &Result{Path: name, Throughput: tp, Retransmits: []float64{0, 2, 1}, RTTP50: p50, RTTP99: p99,
+		return &Result{Path: name, Throughput: tp, Retransmits: []float64{0, 2, 1}, DSACKSegs: []float64{0, 2, 0}, RTTP50: p50, RTTP99: p99,
 			RTTAvg: p50, Congestion: "bbr", Server: Endpoint{Name: "node2", IP: netip.MustParseAddr("198.18.0.12")}}
 	}
 	r := &Report{
@@ -291,7 +291,7 @@ func TestReportCSV(t *testing.T) {
 		}
 	}
 	// 3 paths × 3 reps, minus the failed rep of the baseline path.
-	for metric, want := range map[string]int{MetricThroughput: 8, MetricRTTP50: 8, MetricRetransmits: 9, "iperf3.psi_before": 8, "sockperf.cpu_stall": 8} {
+	for metric, want := range map[string]int{MetricThroughput: 8, MetricRTTP50: 8, MetricRetransmits: 9, MetricDSACK: 9, "iperf3.psi_before": 8, "sockperf.cpu_stall": 8} {
 		if count[metric] != want {
 			t.Errorf("%s rows = %d, want %d", metric, count[metric], want)
 		}
@@ -348,9 +348,10 @@ func TestReportMarkdown(t *testing.T) {
 	r := fakeReport()
 	md := r.Markdown()
 	for _, want := range []string{
-		"| host-to-host (reference) | 21.00 (20.00–22.00) | 1.00× | 31.0 (30.0–32.0) | 1.00× | 55.0 (50.0–60.0) | 1.00× | 1 |",
-		"| axon pod-to-pod cross-node | 20.00 (19.00–21.00) | 0.95× | 32.0 (31.0–33.0) | 1.03× | 58.0 (52.0–70.0) | 1.05× | 1 |",
+		"| host-to-host (reference) | 21.00 (20.00–22.00) | 1.00× | 31.0 (30.0–32.0) | 1.00× | 55.0 (50.0–60.0) | 1.00× | 1 | 0 |",
+		"| axon pod-to-pod cross-node | 20.00 (19.00–21.00) | 0.95× | 32.0 (31.0–33.0) | 1.03× | 58.0 (52.0–70.0) | 1.05× | 1 | 0 |",
 		`| baseline <&> pod\|pod | 10.25 (10.00–10.50) | 0.49× | 42.0 (40.0–44.0) | 1.35× |`,
+		"of which not needed (DSACK)", "reordered, not lost",
 		"round-trip time", "`--full-rtt`", "64-byte",
 		"Client pinned to CPU 0, server to CPU 1",
 		"kernel 6.18.0, Test CPU × 2 CPUs",

@@ -139,15 +139,28 @@ func writeSysctls(nsName string, kv [][2]string) error {
 // ReadSNMP returns the value of a counter of /proc/net/snmp (e.g. "Ip",
 // "ForwDatagrams") as seen inside the named network namespace.
 func ReadSNMP(nsName, group, field string) (uint64, error) {
+	return ReadNetCounter(netnsPath(nsName), "snmp", group, field)
+}
+
+// ReadNetCounter returns the value of a counter of /proc/net/<file> ("snmp"
+// or "netstat": header and value lines per group; e.g. "netstat", "TcpExt",
+// "TCPDSACKRecvSegs") as seen
+// inside the network namespace at nsPath ("" for the caller's own).
+func ReadNetCounter(nsPath, file, group, field string) (uint64, error) {
 	var b []byte
-	err := inNetns(nsName, func() error {
-		var err error
+	read := func() (err error) {
 		// /proc/net follows the thread group leader; thread-self follows us.
-		b, err = os.ReadFile("/proc/thread-self/net/snmp")
+		b, err = os.ReadFile("/proc/thread-self/net/" + file)
 		return err
-	})
+	}
+	var err error
+	if nsPath == "" {
+		err = read()
+	} else {
+		err = ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return read() })
+	}
 	if err != nil {
-		return 0, fmt.Errorf("read snmp in %s: %w", nsName, err)
+		return 0, fmt.Errorf("read /proc/net/%s in %s: %w", file, nsPath, err)
 	}
 	lines := strings.Split(string(b), "\n")
 	for i := 0; i+1 < len(lines); i++ {
@@ -162,5 +175,5 @@ func ReadSNMP(nsName, group, field string) (uint64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("snmp counter %s %s not found in %s", group, field, nsName)
+	return 0, fmt.Errorf("counter %s %s not found in /proc/net/%s of %s", group, field, file, nsPath)
 }

@@ -119,6 +119,12 @@ func TestTopology(t *testing.T) {
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "ForwDatagrams"); err != nil {
 		t.Error(err)
 	}
+	if _, err := ReadNetCounter(netnsPath("axonlab-node1"), "netstat", "TcpExt", "TCPDSACKRecvSegs"); err != nil {
+		t.Error(err)
+	}
+	if _, err := ReadNetCounter(netnsPath("axonlab-node1"), "netstat", "TcpExt", "NoSuchCounter"); err == nil {
+		t.Error("ReadNetCounter of an unknown counter: want an error")
+	}
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "NoSuchCounter"); err == nil {
 		t.Error("ReadSNMP of an unknown counter: want an error")
 	}
