@@ -371,7 +371,7 @@ func TestEDTProgram(t *testing.T) {
 			t.Fatal(err)
 		}
 		apply(100_000_000)
-		big := bigTCP4(pkt, 6)
+		big := bigTCP4(pkt, unix.IPPROTO_TCP)
 		const wire = 60_000 // 4.8 ms at 100 Mbit/s; PROG_TEST_RUN refuses wire_len > 64 KiB
 		un0 := b.stat(t, "egress_unlimited")
 		r1 := runEDTCtx(t, prog, big, skbFields{wireLen: wire, gsoSize: 1448}.ctx())
@@ -480,7 +480,7 @@ func TestIngressPolicer(t *testing.T) {
 			}
 			pkt, ctx := frame(c.dst), skbFields{}.ctx()
 			if c.big {
-				pkt, ctx = bigTCP4(pkt, 6), skbFields{gsoSize: 1448}.ctx()
+				pkt, ctx = bigTCP4(pkt, unix.IPPROTO_TCP), skbFields{gsoSize: 1448}.ctx()
 			}
 			drop0 := b.stat(t, "ingress_drop")
 			var passed, dropped int

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -164,7 +165,7 @@ func TestNodePortDSRBigTCP(t *testing.T) {
 	big := func(fl Tuple) []byte {
 		b := f.wirePkt(fl, npACK)
 		if fl.Src.Addr().Is4() {
-			return bigTCP4(b, 6)
+			return bigTCP4(b, unix.IPPROTO_TCP)
 		}
 		b[14+4], b[14+5] = 0, 0
 		return b

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -159,7 +160,7 @@ func TestPrograms(t *testing.T) {
 	badVersion := fromPod(f.ep6.IP, 64)
 	badVersion[14] = 0x40
 	same := func(b []byte) []byte { return b }
-	const tcp, udp = 6, 17
+	const tcp, udp = unix.IPPROTO_TCP, unix.IPPROTO_UDP
 	big := func(b []byte) []byte { return bigTCP4(b, tcp) }
 
 	cases := []progCase{
