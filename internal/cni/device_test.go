@@ -257,13 +257,21 @@ func (e *env) bulk(pod, addr string, n int64) error {
 	return nil
 }
 
-// TestBigTCP: the sizes the agent asks for are set on both ends and read
-// back through netlink, and with them the pod sends GSO packets over 64 KiB
-// (counted by a BPF program on the host side of the pod device), with the
-// kernel defaults none.
+// TestBigTCP: the sizes the agent asks for are set on both ends of a veth
+// and of a netkit pair and read back through netlink, and with them the pod
+// sends GSO packets over 64 KiB (counted by a BPF program on the host side of
+// the pod device), with the kernel defaults none. A netkit pod gets the
+// datapath's programs first: until then its device drops everything.
 func TestBigTCP(t *testing.T) {
-	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("on=%v", on), func(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		on   bool
+	}{{ModeVeth, true}, {ModeVeth, false}, {ModeNetkit, true}, {ModeNetkit, false}} {
+		t.Run(fmt.Sprintf("%s/on=%v", tc.mode, tc.on), func(t *testing.T) {
+			on := tc.on
+			if tc.mode == ModeNetkit {
+				needNetkit(t)
+			}
 			e := newEnv(t)
 			if !datapath.Probe().BigTCP.Available {
 				t.Skip("kernel refuses gso_max_size > 64k")
@@ -271,13 +279,19 @@ func TestBigTCP(t *testing.T) {
 			v4 := e.hostLink("eth0").Attrs().GSOIPv4MaxSize > 0 // 0: no IFLA_GSO_IPV4_MAX_SIZE (< 6.3)
 			e.agent.device = bigTCPDevice(on, v4)
 			pod := newNetns(t, "pod")
-			stdin := e.conf("")
+			stdin := e.conf(fmt.Sprintf(`,"deviceMode":%q`, tc.mode))
 			e.mustOK(call{cmd: "ADD", cid: "big1", netns: "/run/netns/" + pod, stdin: stdin})
+			if tc.mode == ModeNetkit {
+				e.register(e.loadDatapath(datapath.DeviceModeNetkit), "big1")
+			}
 			want := uint32(65536)
 			if on {
 				want = 196608
 			}
 			host := e.hostLink(HostVethName("big1", "eth0"))
+			if host.Type() != tc.mode {
+				t.Fatalf("node device %s is a %s, want %s", host.Attrs().Name, host.Type(), tc.mode)
+			}
 			for where, l := range map[string]netlink.Link{"node": host, "pod": podLinkOf(t, pod, "eth0")} {
 				a := l.Attrs()
 				want4 := want

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"path"
 	"regexp"
 	"sort"
 	"strings"
@@ -225,6 +226,25 @@ func fmtDur(d time.Duration) string {
 	return d.Round(100 * time.Millisecond).String()
 }
 
+// quietFailure says why a kernel run failed with no failed test: no package
+// ran, a package ran no test (a -run pattern that matches nothing), or a
+// test binary exited non-zero outside any test.
+func quietFailure(k KernelRun) string {
+	if len(k.Packages) == 0 {
+		return "no test package ran"
+	}
+	var none []string
+	for _, p := range k.Packages {
+		if len(p.Tests) == 0 {
+			none = append(none, path.Base(p.Package))
+		}
+	}
+	if len(none) > 0 {
+		return "no test ran in " + strings.Join(none, ", ") + " (does -run match a test there?)"
+	}
+	return "a test binary exited non-zero"
+}
+
 // WriteMatrix prints the human report: one line per kernel, then every test whose outcome
 // is not PASS on every kernel, then each skip and failure with its reason, and a closing
 // "N passed, N failed, N skipped" line.
@@ -241,7 +261,7 @@ func WriteMatrix(w io.Writer, runs []KernelRun) {
 			if k.Err != nil {
 				verdict = "FAIL: " + firstLine(k.Err.Error())
 			} else if f == 0 {
-				verdict = "FAIL: a test binary exited non-zero"
+				verdict = "FAIL: " + quietFailure(k)
 			}
 		}
 		fetch := fmtDur(k.Fetch)

@@ -301,6 +301,26 @@ func TestWriteMatrix(t *testing.T) {
 	}
 }
 
+// TestWriteMatrixQuietFailure: a kernel that failed with no failed test says why.
+func TestWriteMatrixQuietFailure(t *testing.T) {
+	pass := []TestResult{{Name: "lab.LabUp", Outcome: Pass}}
+	for _, tc := range []struct {
+		pkgs []PackageResult
+		want string
+	}{
+		{nil, "FAIL: no test package ran"},
+		{[]PackageResult{{Package: "x/internal/vmtest/virtionet"}, {Package: "lab", Tests: pass}},
+			"FAIL: no test ran in virtionet (does -run match a test there?)"},
+		{[]PackageResult{{Package: "x/datapath", Tests: pass, ExitCode: 2}}, "FAIL: a test binary exited non-zero"},
+	} {
+		var b bytes.Buffer
+		WriteMatrix(&b, []KernelRun{{Kernel: "debian-6.12", Release: "6.12", Accel: "tcg", Packages: tc.pkgs}})
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("matrix lacks %q:\n%s", tc.want, b.String())
+		}
+	}
+}
+
 func TestRunScriptIsValidShell(t *testing.T) {
 	r := &Runner{RunRegex: "TestA|Test'B", TestTimeout: time.Minute}
 	s := r.RunScript([]TestBinary{{Package: "github.com/axonhq/axon/internal/datapath", Dir: "/work/it's here", Name: "internal_datapath.test"}})
