@@ -333,7 +333,9 @@ func captureJumbo6(t *testing.T, ns, dev string) (stop func() int) {
 // as BIG TCP writes it (not 0 + 20, which a validating hop trims the packet
 // to). A transfer in which TCP sent no big packet measures nothing; up to
 // three are made (in the TCG VM, one lost ~20 big packets at the wire's
-// bridge port and shrank its window for the rest of the transfer).
+// bridge port and shrank its window for the rest of the transfer). In the
+// VM each transfer also logs the kernel's own drop records (traceDrops:
+// where and why), so that loss can be placed when it comes back.
 func TestNodePortTrafficBigTCP(t *testing.T) {
 	requireRoot(t)
 	if c := Probe().BigTCP; !c.Available {
@@ -391,8 +393,17 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 				for _, ns := range nss {
 					st0 = append(st0, netStats(t, ns))
 				}
+				proto := uint16(unix.ETH_P_IP)
+				if c.dial.Addr().Is6() {
+					proto = unix.ETH_P_IPV6
+				}
+				stopTrace := traceDrops(t, proto)
 				bulkErr := tcpBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
+				drops := stopTrace()
 				ipip, jumbo := stop(), stop6()
+				for what, n := range drops {
+					t.Logf("kernel drop: %d × %s", n, what)
+				}
 				for i, ns := range nss {
 					if d := lossDelta(st0[i], netStats(t, ns)); d != "" {
 						t.Logf("%s: %s", ns, d)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -369,4 +370,46 @@ func udpEcho(t *testing.T, client, srv string, addr netip.Addr, n int) int {
 		}
 	}
 	return got
+}
+
+// traceDrops records, in the kernel-matrix VM only (AXON_VM=1: ftrace is
+// global, so never on a shared host), the kernel's drops (tracepoint
+// skb:kfree_skb) of packets of ethertype proto until the returned function
+// is called; that returns them counted by "location=<dropping function>
+// reason: <drop reason>". Outside the VM it records nothing.
+func traceDrops(t *testing.T, proto uint16) (stop func() map[string]int) {
+	t.Helper()
+	none := func() map[string]int { return nil }
+	if os.Getenv("AXON_VM") != "1" {
+		return none
+	}
+	const tr = "/sys/kernel/tracing"
+	if _, err := os.Stat(tr + "/events/skb/kfree_skb"); err != nil {
+		if err := unix.Mount("tracefs", tr, "tracefs", 0, ""); err != nil {
+			t.Logf("drop trace unavailable: mount tracefs: %v", err)
+			return none
+		}
+	}
+	write := func(f, v string) error { return os.WriteFile(tr+"/"+f, []byte(v), 0o644) }
+	for _, w := range [][2]string{{"trace", ""}, {"events/skb/kfree_skb/filter", fmt.Sprintf("protocol == %d", proto)}, {"events/skb/kfree_skb/enable", "1"}} {
+		if err := write(w[0], w[1]); err != nil {
+			t.Logf("drop trace unavailable: %s: %v", w[0], err)
+			return none
+		}
+	}
+	return func() map[string]int {
+		_ = write("events/skb/kfree_skb/enable", "0")
+		b, err := os.ReadFile(tr + "/trace")
+		if err != nil {
+			t.Logf("drop trace: %v", err)
+			return nil
+		}
+		counts := map[string]int{}
+		for _, l := range strings.Split(string(b), "\n") {
+			if i := strings.Index(l, "location="); i >= 0 {
+				counts[strings.Join(strings.Fields(l[i:]), " ")]++
+			}
+		}
+		return counts
+	}
 }
