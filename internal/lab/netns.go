@@ -144,8 +144,8 @@ func ReadSNMP(nsName, group, field string) (uint64, error) {
 
 // ReadNetCounter returns the value of a counter of /proc/net/<file> ("snmp"
 // or "netstat": header and value lines per group; e.g. "netstat", "TcpExt",
-// "TCPDSACKRecvSegs") as seen
-// inside the network namespace at nsPath ("" for the caller's own).
+// "TCPDSACKRecvSegs") as seen inside the network namespace at nsPath ("" for
+// the caller's own).
 func ReadNetCounter(nsPath, file, group, field string) (uint64, error) {
 	var b []byte
 	read := func() (err error) {
