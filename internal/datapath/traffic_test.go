@@ -375,11 +375,12 @@ func udpEcho(t *testing.T, client, srv string, addr netip.Addr, n int) int {
 // traceDrops records, in the kernel-matrix VM only (AXON_VM=1: ftrace is
 // global, so never on a shared host), the kernel's drops (tracepoint
 // skb:kfree_skb) of packets of ethertype proto until the returned function
-// is called; that returns them counted by "location=<dropping function>
-// reason: <drop reason>". Outside the VM it records nothing.
-func traceDrops(t *testing.T, proto uint16) (stop func() map[string]int) {
+// is called; that lists them, like lossDelta, as "<n> × location=<dropping
+// function> reason: <drop reason>", sorted. Outside the VM it records
+// nothing.
+func traceDrops(t *testing.T, proto uint16) (stop func() string) {
 	t.Helper()
-	none := func() map[string]int { return nil }
+	none := func() string { return "" }
 	if os.Getenv("AXON_VM") != "1" {
 		return none
 	}
@@ -397,12 +398,11 @@ func traceDrops(t *testing.T, proto uint16) (stop func() map[string]int) {
 			return none
 		}
 	}
-	return func() map[string]int {
+	return func() string {
 		_ = write("events/skb/kfree_skb/enable", "0")
 		b, err := os.ReadFile(tr + "/trace")
 		if err != nil {
-			t.Logf("drop trace: %v", err)
-			return nil
+			return fmt.Sprintf("drop trace: %v", err)
 		}
 		counts := map[string]int{}
 		for _, l := range strings.Split(string(b), "\n") {
@@ -410,6 +410,11 @@ func traceDrops(t *testing.T, proto uint16) (stop func() map[string]int) {
 				counts[strings.Join(strings.Fields(l[i:]), " ")]++
 			}
 		}
-		return counts
+		var out []string
+		for what, n := range counts {
+			out = append(out, fmt.Sprintf("%d × %s", n, what))
+		}
+		slices.Sort(out)
+		return strings.Join(out, ", ")
 	}
 }
