@@ -30,7 +30,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/ethtool"
 )
 
 const (
@@ -167,7 +167,7 @@ func build(t *testing.T, backends int) *topo {
 		// CHECKSUM_PARTIAL packets, and native XDP on veth loses that state
 		// on XDP_TX (DESIGN.md §2); packets from a real NIC carry complete
 		// checksums anyway.
-		must(t, "tx checksum off", inNS(ns, func() error { return txChecksumOff("eth0") }))
+		must(t, "tx checksum off", inNS(ns, func() error { return ethtool.Set("eth0", ethtool.TxChecksum, false) }))
 		switch {
 		case role == "lb":
 			must(t, "forwarding", inNS(ns, func() error {
@@ -198,25 +198,6 @@ func build(t *testing.T, backends int) *topo {
 		}
 	}
 	return tp
-}
-
-// txChecksumOff is `ethtool -K dev tx off` (ETHTOOL_STXCSUM) in the
-// current netns (ethtool is not installed on every test machine).
-func txChecksumOff(dev string) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	val := struct{ cmd, data uint32 }{cmd: 0x17} // ETHTOOL_STXCSUM, data 0 = off
-	var ifr [40]byte
-	copy(ifr[:unix.IFNAMSIZ-1], dev)
-	*(*uintptr)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = uintptr(unsafe.Pointer(&val))
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr[0]))); errno != 0 {
-		return fmt.Errorf("ETHTOOL_STXCSUM %s: %w", dev, errno)
-	}
-	runtime.KeepAlive(&val)
-	return nil
 }
 
 // decapProg strips an outer IPv4 header (protocol 4, IPIP) in front of the

@@ -61,7 +61,7 @@ func setWireBigTCP(st *State) error {
 	defer wh.Close()
 	defer wire.Close()
 	for _, n := range st.Nodes {
-		if err := setBigTCPOn(wire, "w-"+n.Name); err != nil {
+		if err := setBigTCPOn(wire, WirePort(n.Name)); err != nil {
 			return err
 		}
 		nl, h, err := netlinkAt(n.Netns)

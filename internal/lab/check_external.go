@@ -27,7 +27,6 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,13 +34,11 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -50,6 +47,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/ethtool"
 )
 
 // PeerEchoPort is the port of the peer-echo server (TCP and UDP): it answers
@@ -1163,7 +1161,7 @@ func xdpPassOnWirePorts(st *State) error {
 	defer prog.Close()
 	return inNetns(WireNetns, func() error {
 		for _, n := range st.Nodes {
-			port := "w-" + n.Name
+			port := WirePort(n.Name)
 			link, err := netlink.LinkByName(port)
 			if err != nil {
 				return fmt.Errorf("find %s in %s: %w", port, WireNetns, err)
@@ -1176,35 +1174,10 @@ func xdpPassOnWirePorts(st *State) error {
 			// the raw bytes and XDP_TX sends them on without the skb that
 			// knew it, so the receiver would drop them. Checksums of frames
 			// entering a node are completed here instead.
-			if err := txChecksumOff(port); err != nil {
+			if err := ethtool.Set(port, ethtool.TxChecksum, false); err != nil {
 				return fmt.Errorf("%w (frames XDP_TX'd by %s would carry partial checksums)", err, n.Name)
 			}
 		}
 		return nil
 	})
-}
-
-// txChecksumOff turns transmit checksum offload off on a device of the
-// current network namespace (ETHTOOL_STXCSUM, as `ethtool -K dev tx off`):
-// an skb with CHECKSUM_PARTIAL leaving through it gets its checksum computed
-// in software.
-func txChecksumOff(dev string) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	val := struct{ cmd, data uint32 }{cmd: 0x17 /* ETHTOOL_STXCSUM */, data: 0}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data uintptr
-		_    [16]byte
-	}
-	copy(ifr.name[:], dev)
-	ifr.data = uintptr(unsafe.Pointer(&val))
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return fmt.Errorf("ETHTOOL_STXCSUM %s off: %w", dev, errno)
-	}
-	runtime.KeepAlive(&val)
-	return nil
 }

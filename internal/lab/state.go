@@ -35,7 +35,13 @@ const (
 	stateFile     = "lab.json"
 	lockFile      = "lab.lock"
 	stateVersion  = 1
+	// Uplink is every node's (and the external namespace's) device on the wire.
+	Uplink = "eth0"
 )
+
+// WirePort is the wire bridge's port (in WireNetns) whose peer is the uplink
+// of the node or namespace called name.
+func WirePort(name string) string { return "w-" + name }
 
 // Datapaths a pod can be wired with.
 const (

@@ -131,7 +131,7 @@ func plugIntoWire(nsName, short string, addrs []netip.Prefix, forwarding bool) e
 	if err != nil {
 		return fmt.Errorf("find bridge %s in %s: %w", WireBridge, WireNetns, err)
 	}
-	port := "w-" + short
+	port := WirePort(short)
 	if len(port) > 15 {
 		return fmt.Errorf("name %q too long for a wire port (max 13 characters)", short)
 	}
