@@ -24,6 +24,9 @@ func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
 // `ip netns add`). It runs on a throw-away locked OS thread so the caller's
 // threads never change namespace.
 func createNetns(name string) error {
+	if err := ensureNetnsDir(); err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
 	go func() {
 		// The thread is never unlocked: it dies with this goroutine, so a
@@ -38,6 +41,31 @@ func createNetns(name string) error {
 		errc <- nil
 	}()
 	return <-errc
+}
+
+// ensureNetnsDir makes /run/netns a shared mount point, as `ip netns add`
+// does the first time it runs (iproute2 ip/ipnetns.c): a recursive bind
+// mount of the directory onto itself, propagation shared. Without it, the
+// first `ip netns add` on the machine after `up` binds /run/netns over the
+// lab's namespace files: `down` then unmounts only the copies and cannot
+// remove the files (EBUSY). Idempotent.
+func ensureNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", netnsDir, err)
+	}
+	for made := false; ; made = true {
+		err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EINVAL) || made {
+			return fmt.Errorf("make %s a shared mount: %w", netnsDir, err)
+		}
+		// EINVAL: not a mount point yet.
+		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", netnsDir, err)
+		}
+	}
 }
 
 // deleteNetns unmounts and removes /run/netns/<name>; missing is fine.

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -127,5 +128,44 @@ func TestTopology(t *testing.T) {
 	}
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "NoSuchCounter"); err == nil {
 		t.Error("ReadSNMP of an unknown counter: want an error")
+	}
+}
+
+// TestNetnsDirShared: after createNetns, /run/netns is a shared mount point
+// (as iproute2 makes it), so a later `ip netns add` does not bind the
+// directory over our namespace files and deleteNetns can still remove them.
+func TestNetnsDirShared(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces")
+	}
+	a, b := "axt-nsdir-a", "axt-nsdir-b"
+	t.Cleanup(func() {
+		_ = deleteNetns(a)
+		_ = exec.Command("ip", "netns", "del", b).Run()
+	})
+	if err := createNetns(a); err != nil {
+		t.Fatal(err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := false
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 6 && f[4] == netnsDir && strings.Contains(line, " shared:") {
+			shared = true
+		}
+	}
+	if !shared {
+		t.Errorf("%s is not a shared mount point after createNetns:\n%s", netnsDir, mi)
+	}
+	if out, err := exec.Command("ip", "netns", "add", b).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v\n%s", b, err, out)
+	}
+	if err := deleteNetns(a); err != nil {
+		t.Fatalf("deleteNetns after `ip netns add`: %v", err)
+	}
+	if _, err := os.Lstat(netnsPath(a)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there after deleteNetns: %v", netnsPath(a), err)
 	}
 }
