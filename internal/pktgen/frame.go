@@ -1,0 +1,96 @@
+// Package pktgen sends UDP frames as fast as the kernel produces them and
+// counts where they land: the tools of a forwarding-rate benchmark (issue 7),
+// the "pktgen hairpin" test of Cilium's LB talk, without the pktgen module.
+//
+//   - Generator: an XDP program run by BPF_PROG_RUN in live-frame mode
+//     (BPF_F_TEST_XDP_LIVE_FRAMES, Linux ≥ 5.18, as xdp-trafficgen does). Each
+//     run writes a template's headers into a page-pool frame and redirects it
+//     out of a veth, so the veth's peer receives raw frames into its receive
+//     ring, the way a NIC's DMA hands them over: no socket, skb or qdisc on
+//     the sending side.
+//   - Sink: a native XDP program that counts and drops IPv4 UDP packets to one
+//     port and passes everything else.
+//   - NAPI helpers: threaded NAPI on a device, its kernel threads, their CPU
+//     time, affinity and scheduling class.
+package pktgen
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Frame sizes. A UDP4 frame is FrameLen bytes (the 64-byte Ethernet minimum
+// without its FCS): Ethernet, IPv4 without options, UDP, and a payload.
+const (
+	FrameLen  = 60
+	HeaderLen = 14 + 20 + 8 // what the generator restores in every frame
+)
+
+// UDP4 describes one IPv4 UDP frame.
+type UDP4 struct {
+	SrcMAC, DstMAC net.HardwareAddr
+	Src, Dst       netip.AddrPort
+}
+
+// Frame returns the FrameLen-byte frame with valid IPv4 and UDP checksums
+// (TTL 64, DF clear, payload "axon pktgen" padded with zeros).
+func (u UDP4) Frame() ([]byte, error) {
+	if len(u.SrcMAC) != 6 || len(u.DstMAC) != 6 {
+		return nil, fmt.Errorf("pktgen: MAC addresses must be 6 bytes (src %q, dst %q)", u.SrcMAC, u.DstMAC)
+	}
+	if !u.Src.Addr().Is4() || !u.Dst.Addr().Is4() {
+		return nil, errors.New("pktgen: UDP4 needs IPv4 addresses (" + u.Src.String() + " → " + u.Dst.String() + ")")
+	}
+	b := make([]byte, FrameLen)
+	copy(b[0:6], u.DstMAC)
+	copy(b[6:12], u.SrcMAC)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0] = 0x45 // version 4, 5 words
+	binary.BigEndian.PutUint16(ip[2:], FrameLen-14)
+	ip[8] = 64 // TTL
+	ip[9] = 17 // UDP
+	src, dst := u.Src.Addr().As4(), u.Dst.Addr().As4()
+	copy(ip[12:16], src[:])
+	copy(ip[16:20], dst[:])
+	binary.BigEndian.PutUint16(ip[10:], Checksum(ip, 0))
+	udp := b[34:]
+	binary.BigEndian.PutUint16(udp[0:], u.Src.Port())
+	binary.BigEndian.PutUint16(udp[2:], u.Dst.Port())
+	binary.BigEndian.PutUint16(udp[4:], uint16(len(udp)))
+	copy(udp[8:], "axon pktgen")
+	c := Checksum(udp, pseudoHeader(src, dst, len(udp)))
+	if c == 0 {
+		c = 0xffff // 0 means "no checksum" in UDP over IPv4
+	}
+	binary.BigEndian.PutUint16(udp[6:], c)
+	return b, nil
+}
+
+// pseudoHeader is the partial sum of the IPv4 pseudo-header of a UDP datagram.
+func pseudoHeader(src, dst [4]byte, udpLen int) uint32 {
+	var s uint32
+	for i := 0; i < 4; i += 2 {
+		s += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
+	}
+	return s + 17 + uint32(udpLen)
+}
+
+// Checksum is the Internet checksum (RFC 1071) of b, starting from the
+// partial sum init (e.g. a pseudo-header's).
+func Checksum(b []byte, init uint32) uint16 {
+	s := init
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}

@@ -1,0 +1,301 @@
+package pktgen
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+)
+
+func TestUDP4Frame(t *testing.T) {
+	u := UDP4{
+		SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
+		Src: netip.MustParseAddrPort("198.18.0.250:40000"), Dst: netip.MustParseAddrPort("198.18.0.12:30092"),
+	}
+	f, err := u.Frame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f) != FrameLen {
+		t.Fatalf("frame is %d bytes, want %d", len(f), FrameLen)
+	}
+	if got := hex.EncodeToString(f[:14]); got != "020000000002"+"020000000001"+"0800" {
+		t.Errorf("Ethernet header %s", got)
+	}
+	ip := f[14:34]
+	if c := Checksum(ip, 0); c != 0 {
+		t.Errorf("IPv4 header does not sum to 0xffff (checksum over it %#04x)", c)
+	}
+	if got := binary.BigEndian.Uint16(ip[2:]); got != FrameLen-14 {
+		t.Errorf("IPv4 total length %d", got)
+	}
+	udp := f[34:]
+	if sp, dp := binary.BigEndian.Uint16(udp[0:]), binary.BigEndian.Uint16(udp[2:]); sp != 40000 || dp != 30092 {
+		t.Errorf("ports %d → %d", sp, dp)
+	}
+	if c := Checksum(udp, pseudoHeader([4]byte(ip[12:16]), [4]byte(ip[16:20]), len(udp))); c != 0 {
+		t.Errorf("UDP checksum does not verify (%#04x)", c)
+	}
+
+	for name, bad := range map[string]UDP4{
+		"short MAC": {SrcMAC: net.HardwareAddr{1}, DstMAC: u.DstMAC, Src: u.Src, Dst: u.Dst},
+		"IPv6":      {SrcMAC: u.SrcMAC, DstMAC: u.DstMAC, Src: netip.MustParseAddrPort("[fd00::1]:1"), Dst: u.Dst},
+	} {
+		if _, err := bad.Frame(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestChecksum(t *testing.T) {
+	// RFC 1071's example: 0x0001 f203 f4f5 f6f7 sums to 0xddf2.
+	if c := Checksum([]byte{0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7}, 0); c != ^uint16(0xddf2) {
+		t.Errorf("checksum %#04x, want %#04x", c, ^uint16(0xddf2))
+	}
+	if c := Checksum([]byte{0xff}, 0); c != ^uint16(0xff00) {
+		t.Errorf("odd length: %#04x", c)
+	}
+}
+
+// veth pair g0 ↔ g1 in a private namespace, IPv6 off so that nothing but
+// the generator's frames crosses it.
+func vethNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces and XDP")
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "axt-pg-" + hex.EncodeToString(b)
+	run := func(argv ...string) {
+		t.Helper()
+		if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+	}
+	run("ip", "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	run("ip", "-n", name, "link", "add", "g0", "type", "veth", "peer", "name", "g1")
+	run("ip", "-n", name, "link", "set", "g0", "up")
+	run("ip", "-n", name, "link", "set", "g1", "up")
+	return name
+}
+
+func linkOf(t *testing.T, ns, dev string) netlink.Link {
+	t.Helper()
+	var l netlink.Link
+	if err := inNetns(ns, func() (err error) { l, err = netlink.LinkByName(dev); return err }); err != nil {
+		t.Fatalf("%s in %s: %v", dev, ns, err)
+	}
+	return l
+}
+
+func frames(t *testing.T, ns string, port uint16, flows int) [][]byte {
+	t.Helper()
+	g0, g1 := linkOf(t, ns, "g0"), linkOf(t, ns, "g1")
+	var fs [][]byte
+	for i := range flows {
+		f, err := UDP4{SrcMAC: g0.Attrs().HardwareAddr, DstMAC: g1.Attrs().HardwareAddr,
+			Src: netip.AddrPortFrom(netip.MustParseAddr("10.99.0.1"), uint16(40000+i)),
+			Dst: netip.AddrPortFrom(netip.MustParseAddr("10.99.0.2"), port)}.Frame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}
+
+// TestGeneratorToSink sends frames out of g0 into g1's ring, where the sink
+// counts them: every frame g1 received is counted, no more, and frames to
+// another port pass the sink uncounted. The sink's NAPI thread shows the
+// receive work as CPU time.
+func TestGeneratorToSink(t *testing.T) {
+	ns := vethNetns(t)
+	// A program already on g1, which the sink must give back on Close.
+	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Close()
+	passInfo, err := pass.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	passID, _ := passInfo.ID()
+	if err := inNetns(ns, func() error {
+		return netlink.LinkSetXdpFdWithFlags(linkOf(t, ns, "g1"), pass.FD(), nl.XDP_FLAGS_DRV_MODE)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	sink, err := AttachSink(ns, "g1", 7001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			sink.Close()
+		}
+	}()
+	threads, err := ThreadedNAPI(ns, "g1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ThreadedNAPI(ns, "g1"); err == nil {
+		t.Error("a second ThreadedNAPI on the same device found new threads")
+	}
+	for _, pid := range threads {
+		if err := Pin(pid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen, err := NewGenerator(ns, "g0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gen.Close()
+
+	rxPackets := func() uint64 { return linkOf(t, ns, "g1").Attrs().Statistics.RxPackets }
+	cpu := func() time.Duration {
+		var sum time.Duration
+		for _, pid := range threads {
+			d, err := CPUTime(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += d
+		}
+		return sum
+	}
+
+	rx0, cpu0 := rxPackets(), cpu()
+	res, err := gen.Run(t.Context(), frames(t, ns, 7001, 4), 400*time.Millisecond, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let the ring drain
+	n, err := sink.Count()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx, used := rxPackets()-rx0, cpu()-cpu0
+	t.Logf("offered %d frames in %v (%.2f Mpps), g1 received %d, sink counted %d, g1's NAPI thread ran %v (%.0f ns/frame)",
+		res.Sent, res.Elapsed.Round(time.Millisecond), res.PPS()/1e6, rx, n, used, float64(used)/float64(max(n, 1)))
+	if n == 0 || n != rx {
+		t.Errorf("sink counted %d frames, g1 received %d: want every received frame counted, and some", n, rx)
+	}
+	if n > res.Sent {
+		t.Errorf("sink counted %d frames, more than the %d offered", n, res.Sent)
+	}
+	if used <= 0 {
+		t.Errorf("g1's NAPI thread used no CPU time (%v) while receiving %d frames", used, rx)
+	}
+
+	// Another port: received, passed, not counted.
+	rx0 = rxPackets()
+	if _, err := gen.Run(t.Context(), frames(t, ns, 9, 1), 100*time.Millisecond, -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if m, _ := sink.Count(); m != n {
+		t.Errorf("frames to port 9 were counted: %d → %d", n, m)
+	}
+	if rxPackets() == rx0 {
+		t.Error("no frame to port 9 reached g1")
+	}
+
+	closed = true
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if x := linkOf(t, ns, "g1").Attrs().Xdp; x == nil || ebpf.ProgramID(x.ProgId) != passID {
+		t.Errorf("after Close g1 runs XDP %+v, want the program it had before (%d)", x, passID)
+	}
+}
+
+// TestGeneratorFlows: every frame sent is one of the templates, picked at
+// random: with half of them to the sink's port, about half the frames are
+// counted, and the rest pass.
+func TestGeneratorFlows(t *testing.T) {
+	ns := vethNetns(t)
+	sink, err := AttachSink(ns, "g1", 7001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	gen, err := NewGenerator(ns, "g0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gen.Close()
+	fs := append(frames(t, ns, 7001, 2), frames(t, ns, 7002, 2)...)
+	rx0 := linkOf(t, ns, "g1").Attrs().Statistics.RxPackets
+	if _, err := gen.Run(t.Context(), fs, 200*time.Millisecond, -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	rx := linkOf(t, ns, "g1").Attrs().Statistics.RxPackets - rx0
+	n, err := sink.Count()
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := float64(n) / float64(rx)
+	t.Logf("g1 received %d frames, %d (%.3f) to the sink's port", rx, n, share)
+	if rx < 10000 || share < 0.45 || share > 0.55 {
+		t.Errorf("%d of %d frames went to port 7001: want about half of at least 10 000", n, rx)
+	}
+}
+
+func TestGeneratorErrors(t *testing.T) {
+	ns := vethNetns(t)
+	if _, err := NewGenerator(ns, "nonexistent0"); err == nil {
+		t.Error("NewGenerator on a missing device: no error")
+	}
+	gen, err := NewGenerator(ns, "g0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gen.Close()
+	if _, err := gen.Run(t.Context(), nil, time.Millisecond, -1); err == nil {
+		t.Error("Run without frames: no error")
+	}
+	if _, err := gen.Run(t.Context(), [][]byte{make([]byte, 20)}, time.Millisecond, -1); err == nil {
+		t.Error("Run with a 20-byte frame: no error")
+	}
+	if _, err := gen.Run(t.Context(), frames(t, ns, 7001, 3), time.Millisecond, -1); err == nil {
+		t.Error("Run with 3 frames (not a power of two): no error")
+	}
+	odd := frames(t, ns, 7001, 2)
+	odd[1][FrameLen-1] ^= 0xff
+	if _, err := gen.Run(t.Context(), odd, time.Millisecond, -1); err == nil || !strings.Contains(err.Error(), "after its headers") {
+		t.Errorf("Run with frames whose payloads differ: %v", err)
+	}
+	// g1 has no NAPI ring (no XDP program, GRO off): veth refuses every
+	// frame (ndo_xdp_xmit fails), as a NIC drops what its ring cannot take.
+	rx0 := linkOf(t, ns, "g1").Attrs().Statistics.RxPackets
+	res, err := gen.Run(t.Context(), frames(t, ns, 7001, 1), 50*time.Millisecond, -1)
+	if err != nil || res.Sent == 0 {
+		t.Fatalf("Run into a peer without NAPI: %+v, %v", res, err)
+	}
+	if rx := linkOf(t, ns, "g1").Attrs().Statistics.RxPackets - rx0; rx != 0 {
+		t.Errorf("g1 without a NAPI ring received %d of %d frames", rx, res.Sent)
+	}
+	if _, err := ThreadedNAPI(ns, "g1"); err == nil {
+		t.Error("ThreadedNAPI on a veth without NAPI: no error")
+	}
+}
