@@ -102,14 +102,21 @@ type NSSample struct {
 	ConnectP99 float64 `json:"connectP99Us"`
 	CycleP50   float64 `json:"cycleP50Us"`
 	// softirq CPU during the connect loop (machine-wide), per connection
-	SoftirqUsPerConn float64  `json:"softirqUsPerConn"`
-	NetRxPerConn     float64  `json:"netRxPerConn"`
-	Throughput       float64  `json:"throughputBps"`
-	Retransmits      float64  `json:"retransmits"`
-	PSIBefore        float64  `json:"psiBefore"`
-	PSIAfter         float64  `json:"psiAfter"`
-	Commands         []string `json:"commands,omitempty"`
-	Err              string   `json:"error,omitempty"`
+	SoftirqUsPerConn float64 `json:"softirqUsPerConn"`
+	NetRxPerConn     float64 `json:"netRxPerConn"`
+	Throughput       float64 `json:"throughputBps"`
+	Retransmits      float64 `json:"retransmits"`
+	// Forwarding rate (ns_fwd.go): 64-byte UDP frames to the NodePort, the
+	// entry node's receive processing alone on one CPU.
+	FwdPPS         float64  `json:"fwdPps"`         // packets forwarded toward the backend per second
+	FwdNsPerPacket float64  `json:"fwdNsPerPacket"` // entry node CPU per forwarded packet
+	FwdBusy        float64  `json:"fwdBusy"`        // entry node receive CPU / wall time
+	FwdOfferedPPS  float64  `json:"fwdOfferedPps"`  // frames offered per second
+	FwdRxPPS       float64  `json:"fwdRxPps"`       // frames the entry node took from its ring per second
+	PSIBefore      float64  `json:"psiBefore"`
+	PSIAfter       float64  `json:"psiAfter"`
+	Commands       []string `json:"commands,omitempty"`
+	Err            string   `json:"error,omitempty"`
 }
 
 // RunNorthSouth runs the benchmark. It needs the machine's lab slot: it
@@ -193,7 +200,8 @@ func kernelRelease() string {
 // measureNS brings the configuration's lab up and takes one sample.
 func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon string, progress func(string, ...any)) NSSample {
 	s := NSSample{Rep: rep, Config: c.Name, ConnRate: math.NaN(), ConnectP50: math.NaN(), ConnectP99: math.NaN(), CycleP50: math.NaN(), SoftirqUsPerConn: math.NaN(), NetRxPerConn: math.NaN(),
-		Throughput: math.NaN(), Retransmits: math.NaN(), PSIBefore: math.NaN(), PSIAfter: math.NaN()}
+		Throughput: math.NaN(), Retransmits: math.NaN(), PSIBefore: math.NaN(), PSIAfter: math.NaN(),
+		FwdPPS: math.NaN(), FwdNsPerPacket: math.NaN(), FwdBusy: math.NaN(), FwdOfferedPPS: math.NaN(), FwdRxPPS: math.NaN()}
 	o := c.Up
 	o.Nodes, o.PodsPerNode, o.BinDir, o.NoDemo = 2, 1, cfg.BinDir, true
 	t0 := time.Now()
@@ -302,8 +310,17 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 	} else if s.Err == "" {
 		s.Err = fmt.Sprintf("iperf3: %v %v", err, ierr)
 	}
-	progress("rep %d %-20s up %4.1fs  %8.0f conn/s (%d errors)  %6.2f Gbit/s  softirq %5.1f µs/conn  psi %.0f%%",
-		rep, c.Name, s.UpSec, s.ConnRate, s.ConnErrs, s.Throughput/1e9, s.SoftirqUsPerConn, s.PSIAfter)
+	s.Commands = append(s.Commands, fmt.Sprintf("# forwarding rate: internal/pktgen from %s to %s:%d/udp (%d flows), %s after a %s warm-up; %s's eth0 receive in threaded NAPI on CPU %d",
+		labpkg.WirePort(entry.Name), entry.IP, NSFwdNodePort, nsFwdFlows, cfg.Duration, nsFwdWarmup, entry.Name, nsFwdEntryCPU))
+	if fw, err := measureForwarding(ctx, st, entry, cfg.Duration); err != nil {
+		if s.Err == "" {
+			s.Err = "forwarding rate: " + err.Error()
+		}
+	} else {
+		s.FwdPPS, s.FwdNsPerPacket, s.FwdBusy, s.FwdOfferedPPS, s.FwdRxPPS = fw.PPS, fw.NsPerPacket, fw.Busy, fw.OfferedPPS, fw.RxPPS
+	}
+	progress("rep %d %-20s up %4.1fs  %8.0f conn/s (%d errors)  %6.2f Gbit/s  softirq %5.1f µs/conn  fwd %5.3f Mpps %5.0f ns/pkt (CPU %3.0f%%)  psi %.0f%%",
+		rep, c.Name, s.UpSec, s.ConnRate, s.ConnErrs, s.Throughput/1e9, s.SoftirqUsPerConn, s.FwdPPS/1e6, s.FwdNsPerPacket, 100*s.FwdBusy, s.PSIAfter)
 	return s
 }
 
@@ -354,8 +371,8 @@ func parseSoftirqsRow(data, row string) uint64 {
 	return 0
 }
 
-// ensureNSService creates the benchmark's NodePort Service (IPv4, TCP:
-// NSConnNodePort → 7000, NSIperfNodePort → 5201) with backend as its only
+// ensureNSService creates the benchmark's NodePort Service (IPv4; TCP:
+// NSConnNodePort → 7000, NSIperfNodePort → 5201; UDP: NSFwdNodePort → 7001) with backend as its only
 // endpoint (the lab runs no controller-manager: the EndpointSlice is ours).
 func ensureNSService(ctx context.Context, l *labpkg.Lab, backend labpkg.Pod) error {
 	kube, err := l.Kube()
@@ -368,20 +385,22 @@ func ensureNSService(ctx context.Context, l *labpkg.Lab, backend labpkg.Pod) err
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{
 			{Name: "conn", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(nsConnPort), NodePort: NSConnNodePort},
 			{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(nsIperfPort), NodePort: NSIperfNodePort},
+			{Name: "fwd", Protocol: corev1.ProtocolUDP, Port: nsFwdPort, TargetPort: intstr.FromInt32(nsFwdPort), NodePort: NSFwdNodePort},
 		}},
 	}
 	if _, err := kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Service %s: %w", nsService, err)
 	}
 	yes, node := true, backend.Node
-	tcp := corev1.ProtocolTCP
-	conn, iperf := "conn", "iperf"
-	cp, ip := int32(nsConnPort), int32(nsIperfPort)
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	conn, iperf, fwd := "conn", "iperf", "fwd"
+	cp, ip, fp := int32(nsConnPort), int32(nsIperfPort), int32(nsFwdPort)
 	eps := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: nsService + "-v4", Namespace: ns, Labels: map[string]string{
 			discoveryv1.LabelServiceName: nsService, discoveryv1.LabelManagedBy: "axon-bench"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &conn, Protocol: &tcp, Port: &cp}, {Name: &iperf, Protocol: &tcp, Port: &ip}},
+		Ports: []discoveryv1.EndpointPort{{Name: &conn, Protocol: &tcp, Port: &cp}, {Name: &iperf, Protocol: &tcp, Port: &ip},
+			{Name: &fwd, Protocol: &udp, Port: &fp}},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{backend.IP.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: new(bool)}, NodeName: &node,
 			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: backend.Namespace, Name: backend.Name}}},

@@ -38,7 +38,16 @@ const (
 	NSMetricSoftirq    = "softirq_us_per_conn"
 	NSMetricNetRx      = "net_rx_per_conn"
 	NSMetricPSI        = "psi_some_avg10"
+	// forwarding rate (ns_fwd.go)
+	NSMetricFwdPPS    = "fwd_pps"           // packets forwarded per second
+	NSMetricFwdNs     = "fwd_ns_per_packet" // entry node CPU per forwarded packet
+	NSMetricFwdPerCPU = "fwd_pps_per_cpu"   // 1e9 / fwd_ns_per_packet: what one busy CPU forwards
+	NSMetricFwdBusy   = "fwd_cpu_busy"      // entry node receive CPU / wall time
 )
+
+// nsMetrics are the per-sample metrics, in CSV order.
+var nsMetrics = []string{NSMetricConnRate, NSMetricThroughput, NSMetricSoftirq, NSMetricNetRx,
+	NSMetricFwdPPS, NSMetricFwdNs, NSMetricFwdPerCPU, NSMetricFwdBusy, NSMetricPSI}
 
 func (s NSSample) value(metric string) float64 {
 	if s.Skipped != "" {
@@ -55,6 +64,14 @@ func (s NSSample) value(metric string) float64 {
 		return s.NetRxPerConn
 	case NSMetricPSI:
 		return s.PSIAfter
+	case NSMetricFwdPPS:
+		return s.FwdPPS
+	case NSMetricFwdNs:
+		return s.FwdNsPerPacket
+	case NSMetricFwdPerCPU:
+		return 1e9 / s.FwdNsPerPacket
+	case NSMetricFwdBusy:
+		return s.FwdBusy
 	}
 	return math.NaN()
 }
@@ -117,6 +134,30 @@ func (r *NSReport) Table() string {
 	return b.String()
 }
 
+// FwdTable is the Markdown table of the forwarding rate.
+func (r *NSReport) FwdTable() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| configuration | forwarded Mpps median (min–max) | ratio | entry node CPU ns/packet median (min–max) | ratio | Mpps per CPU (10⁹ / ns) | ratio | entry CPU busy %% |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range r.Configs {
+		if why := r.skipped(c); why != "" && r.Stats(c, NSMetricFwdPPS).N == 0 {
+			fmt.Fprintf(&b, "| %s | skipped: %s |||||||\n", c, mdEscape(why))
+			continue
+		}
+		pps, ns, per, busy := r.Stats(c, NSMetricFwdPPS), r.Stats(c, NSMetricFwdNs), r.Stats(c, NSMetricFwdPerCPU), r.Stats(c, NSMetricFwdBusy)
+		name := c
+		if c == r.Reference {
+			name += " (reference)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
+			cell(pps, 1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPPS)),
+			cell(ns, 1, 0), fmtRatio(r.Ratio(c, NSMetricFwdNs)),
+			fmtNum(per.Median/1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPerCPU)),
+			fmtNum(100*busy.Median, 0))
+	}
+	return b.String()
+}
+
 // Markdown is results.md: the table, how it was measured, every sample.
 func (r *NSReport) Markdown() string {
 	var b strings.Builder
@@ -129,7 +170,14 @@ func (r *NSReport) Markdown() string {
 	b.WriteString(r.Table())
 	b.WriteString("\nRatios are medians over the reference's median (kube-proxy iptables) from the same run; for softirq µs/conn lower is better. " +
 		"softirq time is /proc/stat's softirq column (all CPUs, machine-wide: includes other users of this shared machine) over the connect loop, divided by its connections; NET_RX/conn likewise from /proc/softirqs.\n\n")
-	b.WriteString("## Samples\n\n| rep | configuration | lab up s | conn/s | connect p50/p99 µs | conns | errors | Gbit/s | retransmits | softirq µs/conn | NET_RX/conn | PSI before/after % | attach / note |\n|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+	b.WriteString("## Forwarding rate\n\n64-byte UDP frames from the external client's addresses to node2's NodePort (backend on node1), written by an XDP generator " +
+		"(BPF_PROG_RUN live frames, internal/pktgen) straight into node2's eth0 receive ring, as a NIC's DMA would; node2's receive processing runs in threaded NAPI alone on CPU 1; " +
+		"a sink at node2's wire port counts and drops what node2 forwarded toward the backend. Forwarded Mpps is that count per second; " +
+		"entry node CPU ns/packet is the CPU time of node2's receive thread per forwarded packet (lower is better); Mpps per CPU is what one fully busy CPU would forward at that cost. " +
+		"node2's eth0 runs with GRO on and TSO off in every configuration (docs/lab-northsouth.md).\n\n")
+	b.WriteString(r.FwdTable())
+	b.WriteString("\n")
+	b.WriteString("## Samples\n\n| rep | configuration | lab up s | conn/s | connect p50/p99 µs | conns | errors | Gbit/s | retransmits | softirq µs/conn | NET_RX/conn | fwd offered / taken / forwarded Mpps | fwd ns/packet | fwd CPU % | PSI before/after % | attach / note |\n|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|\n")
 	for _, s := range r.Samples {
 		note := s.Attach
 		if s.Skipped != "" {
@@ -141,9 +189,11 @@ func (r *NSReport) Markdown() string {
 		if s.FirstErr != "" {
 			note += " first conn error: " + s.FirstErr
 		}
-		fmt.Fprintf(&b, "| %d | %s | %.1f | %s | %s/%s | %d | %d | %s | %s | %s | %s | %s/%s | %s |\n", s.Rep, s.Config, s.UpSec,
+		fmt.Fprintf(&b, "| %d | %s | %.1f | %s | %s/%s | %d | %d | %s | %s | %s | %s | %s / %s / %s | %s | %s | %s/%s | %s |\n", s.Rep, s.Config, s.UpSec,
 			fmtNum(s.ConnRate, 0), fmtNum(s.ConnectP50, 0), fmtNum(s.ConnectP99, 0), s.Conns, s.ConnErrs, fmtNum(s.Throughput/1e9, 2), fmtNum(s.Retransmits, 0),
-			fmtNum(s.SoftirqUsPerConn, 1), fmtNum(s.NetRxPerConn, 2), fmtNum(s.PSIBefore, 0), fmtNum(s.PSIAfter, 0), mdEscape(note))
+			fmtNum(s.SoftirqUsPerConn, 1), fmtNum(s.NetRxPerConn, 2),
+			fmtNum(s.FwdOfferedPPS/1e6, 3), fmtNum(s.FwdRxPPS/1e6, 3), fmtNum(s.FwdPPS/1e6, 3), fmtNum(s.FwdNsPerPacket, 0), fmtNum(100*s.FwdBusy, 0),
+			fmtNum(s.PSIBefore, 0), fmtNum(s.PSIAfter, 0), mdEscape(note))
 	}
 	b.WriteString("\n## Commands (first sample of each configuration)\n\n")
 	done := map[string]bool{}
@@ -163,7 +213,7 @@ func (r *NSReport) CSV() []byte {
 	w := csv.NewWriter(&buf)
 	_ = w.Write([]string{"rep", "config", "metric", "value"})
 	for _, s := range r.Samples {
-		for _, m := range []string{NSMetricConnRate, NSMetricThroughput, NSMetricSoftirq, NSMetricNetRx, NSMetricPSI} {
+		for _, m := range nsMetrics {
 			v := s.value(m)
 			txt := ""
 			if !math.IsNaN(v) {
@@ -191,8 +241,14 @@ func (s NSSample) MarshalJSON() ([]byte, error) {
 		ConnectP50       *float64 `json:"connectP50Us"`
 		ConnectP99       *float64 `json:"connectP99Us"`
 		CycleP50         *float64 `json:"cycleP50Us"`
+		FwdPPS           *float64 `json:"fwdPps"`
+		FwdNsPerPacket   *float64 `json:"fwdNsPerPacket"`
+		FwdBusy          *float64 `json:"fwdBusy"`
+		FwdOfferedPPS    *float64 `json:"fwdOfferedPps"`
+		FwdRxPPS         *float64 `json:"fwdRxPps"`
 	}{plain(s), jnum(s.ConnRate), jnum(s.SoftirqUsPerConn), jnum(s.NetRxPerConn), jnum(s.Throughput),
-		jnum(s.Retransmits), jnum(s.PSIBefore), jnum(s.PSIAfter), jnum(s.ConnectP50), jnum(s.ConnectP99), jnum(s.CycleP50)})
+		jnum(s.Retransmits), jnum(s.PSIBefore), jnum(s.PSIAfter), jnum(s.ConnectP50), jnum(s.ConnectP99), jnum(s.CycleP50),
+		jnum(s.FwdPPS), jnum(s.FwdNsPerPacket), jnum(s.FwdBusy), jnum(s.FwdOfferedPPS), jnum(s.FwdRxPPS)})
 }
 
 // WriteFiles writes results.json, results.csv and results.md into dir.

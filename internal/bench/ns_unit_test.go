@@ -26,14 +26,17 @@ func TestNSReport(t *testing.T) {
 	nan := math.NaN()
 	s := func(rep int, cfg string, rate, tput, sq float64) NSSample {
 		return NSSample{Rep: rep, Config: cfg, ConnRate: rate, Throughput: tput, SoftirqUsPerConn: sq, NetRxPerConn: 2,
-			Retransmits: 0, PSIBefore: 50, PSIAfter: 60}
+			Retransmits: 0, PSIBefore: 50, PSIAfter: 60,
+			// forwarding: the rate is a tenth of the connection rate in Mpps, the cost its inverse
+			FwdPPS: rate * 100, FwdNsPerPacket: 1e7 / rate, FwdBusy: 0.9, FwdOfferedPPS: 5e6, FwdRxPPS: rate * 100}
 	}
 	r := &NSReport{Configs: []string{"axon-tc", "axon-xdp", NSReference}, Reference: NSReference, Reps: 2}
 	r.Samples = []NSSample{
 		s(1, "axon-tc", 3000, 10e9, 20), s(1, NSReference, 1000, 5e9, 40),
 		s(2, "axon-tc", 5000, 12e9, 30), s(2, NSReference, 2000, 7e9, 60),
 		{Rep: 1, Config: "axon-xdp", Skipped: "the north-south LB did not attach at XDP: tc on eth0", ConnRate: nan, Throughput: nan,
-			SoftirqUsPerConn: nan, NetRxPerConn: nan, Retransmits: nan, PSIBefore: nan, PSIAfter: nan},
+			SoftirqUsPerConn: nan, NetRxPerConn: nan, Retransmits: nan, PSIBefore: nan, PSIAfter: nan,
+			FwdPPS: nan, FwdNsPerPacket: nan, FwdBusy: nan, FwdOfferedPPS: nan, FwdRxPPS: nan},
 	}
 	if got := r.Ratio("axon-tc", NSMetricConnRate); math.Abs(got-4000.0/1500) > 1e-9 {
 		t.Errorf("conn/s ratio = %v", got)
@@ -47,17 +50,30 @@ func TestNSReport(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, tbl)
 		}
 	}
+	// axon-tc forwards 0.3 and 0.5 Mpps at 3 333 and 2 000 ns (0.3 and 0.5 Mpps
+	// per CPU); the reference 0.1 and 0.2 Mpps at 10 000 and 5 000 ns.
+	if got := r.Ratio("axon-tc", NSMetricFwdPerCPU); math.Abs(got-0.4/0.15) > 1e-9 {
+		t.Errorf("per-CPU forwarding ratio = %v", got)
+	}
+	ft := r.FwdTable()
+	for _, want := range []string{"| axon-tc | 0.400 (0.300–0.500) | 2.67× | 2667 (2000–3333) | 0.36× | 0.400 | 2.67× | 90 |",
+		"| kube-proxy-iptables (reference) | 0.150 (0.100–0.200) | 1.00× |", "axon-xdp | skipped: the north-south LB did not attach"} {
+		if !strings.Contains(ft, want) {
+			t.Errorf("forwarding table lacks %q:\n%s", want, ft)
+		}
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatalf("JSON with NaN samples: %v", err)
 	}
-	if !strings.Contains(string(b), `"connPerSec":null`) || !strings.Contains(string(b), `"connPerSec":3000`) {
+	if !strings.Contains(string(b), `"connPerSec":null`) || !strings.Contains(string(b), `"connPerSec":3000`) ||
+		!strings.Contains(string(b), `"fwdPps":null`) || !strings.Contains(string(b), `"fwdPps":300000`) {
 		t.Errorf("JSON: %s", b)
 	}
-	if md := r.Markdown(); !strings.Contains(md, "## Samples") || strings.Count(md, "\n| 1 |")+strings.Count(md, "\n| 2 |") != 5 {
+	if md := r.Markdown(); !strings.Contains(md, "## Samples") || !strings.Contains(md, "## Forwarding rate") || !strings.Contains(md, "5.000 / 0.500 / 0.500 | 2000 | 90 |") || strings.Count(md, "\n| 1 |")+strings.Count(md, "\n| 2 |") != 5 {
 		t.Errorf("markdown:\n%s", md)
 	}
-	if csv := string(r.CSV()); strings.Count(csv, "\n") != 1+5*5 {
+	if csv := string(r.CSV()); strings.Count(csv, "\n") != 1+5*len(nsMetrics) || !strings.Contains(csv, "2,axon-tc,fwd_ns_per_packet,2000\n") {
 		t.Errorf("csv rows: %d\n%s", strings.Count(csv, "\n"), csv)
 	}
 }

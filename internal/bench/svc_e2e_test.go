@@ -9,7 +9,6 @@ package bench_test
 
 import (
 	"context"
-	"errors"
 	"math"
 	"os"
 	"os/exec"
@@ -26,38 +25,7 @@ import (
 )
 
 func TestServicesBenchTiny(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, bpffs, cgroups, kube-proxy")
-	}
-	for _, d := range []string{"etcd", "kube-apiserver", "kubectl", "kube-proxy", "ptp", "host-local"} {
-		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
-			t.Skipf("cached dependency missing (%v): run `make deps`", err)
-		}
-	}
-	for _, tool := range []string{"nft", "iptables-restore", "nsenter", "taskset"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not installed (kube-proxy needs it; `make deps`): %v", tool, err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(lab.DefaultStateDir, "lab.json")); err == nil {
-		t.Skipf("a lab is already up in %s (not created by this test): run `axon lab down` to let the test run", lab.DefaultStateDir)
-	}
-	if ents, _ := filepath.Glob("/run/netns/" + lab.NetnsPrefix + "*"); len(ents) > 0 {
-		t.Skipf("lab namespaces exist (%v): run `axon lab down` to let the test run", ents)
-	}
-
-	// AXON_TEST_BIN_DIR reuses built binaries (axon, axon-agent, axon-cni).
-	bin := os.Getenv("AXON_TEST_BIN_DIR")
-	if bin == "" {
-		bin = t.TempDir()
-		t0 := time.Now()
-		build := exec.Command("go", "build", "-o", bin+"/", "./cmd/axon", "./cmd/axon-agent", "./cmd/axon-cni")
-		build.Dir = "../.."
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
-		}
-		t.Logf("built the binaries in %s", time.Since(t0).Round(time.Millisecond))
-	}
+	bin := labBenchSetup(t)
 
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
