@@ -104,14 +104,32 @@ func (r *NSReport) skipped(config string) string {
 	return ""
 }
 
+// rowName is a configuration's name in a table, the reference marked.
+func (r *NSReport) rowName(c string) string {
+	if c == r.Reference {
+		return c + " (reference)"
+	}
+	return c
+}
+
+// skipRow is the table row (with cols more columns) of a configuration that
+// was skipped and has no sample of metric; skip is false otherwise.
+func (r *NSReport) skipRow(c, metric string, cols int) (row string, skip bool) {
+	why := r.skipped(c)
+	if why == "" || r.Stats(c, metric).N != 0 {
+		return "", false
+	}
+	return fmt.Sprintf("| %s | skipped: %s %s\n", c, mdEscape(why), strings.Repeat("|", cols)), true
+}
+
 // Table is the Markdown summary table.
 func (r *NSReport) Table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| configuration | new conn/s median (min–max) | ratio | throughput Gbit/s median (min–max) | ratio | softirq µs/conn | ratio | NET_RX/conn | failed conns | CPU pressure avg10 %% |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Configs {
-		if why := r.skipped(c); why != "" && r.Stats(c, NSMetricConnRate).N == 0 {
-			fmt.Fprintf(&b, "| %s | skipped: %s |||||||||\n", c, mdEscape(why))
+		if row, skip := r.skipRow(c, NSMetricConnRate, 9); skip {
+			b.WriteString(row)
 			continue
 		}
 		cr, tp, sq, nr, psi := r.Stats(c, NSMetricConnRate), r.Stats(c, NSMetricThroughput), r.Stats(c, NSMetricSoftirq), r.Stats(c, NSMetricNetRx), r.Stats(c, NSMetricPSI)
@@ -121,11 +139,7 @@ func (r *NSReport) Table() string {
 				fails += s.ConnErrs
 			}
 		}
-		name := c
-		if c == r.Reference {
-			name += " (reference)"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", name,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", r.rowName(c),
 			cell(cr, 1, 0), fmtRatio(r.Ratio(c, NSMetricConnRate)),
 			cell(tp, 1e9, 2), fmtRatio(r.Ratio(c, NSMetricThroughput)),
 			fmtNum(sq.Median, 1), fmtRatio(r.Ratio(c, NSMetricSoftirq)),
@@ -140,16 +154,12 @@ func (r *NSReport) FwdTable() string {
 	fmt.Fprintf(&b, "| configuration | forwarded Mpps median (min–max) | ratio | entry node CPU ns/packet median (min–max) | ratio | Mpps per CPU (10⁹ / ns) | ratio | entry CPU busy %% |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Configs {
-		if why := r.skipped(c); why != "" && r.Stats(c, NSMetricFwdPPS).N == 0 {
-			fmt.Fprintf(&b, "| %s | skipped: %s |||||||\n", c, mdEscape(why))
+		if row, skip := r.skipRow(c, NSMetricFwdPPS, 7); skip {
+			b.WriteString(row)
 			continue
 		}
 		pps, ns, per, busy := r.Stats(c, NSMetricFwdPPS), r.Stats(c, NSMetricFwdNs), r.Stats(c, NSMetricFwdPerCPU), r.Stats(c, NSMetricFwdBusy)
-		name := c
-		if c == r.Reference {
-			name += " (reference)"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.rowName(c),
 			cell(pps, 1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPPS)),
 			cell(ns, 1, 0), fmtRatio(r.Ratio(c, NSMetricFwdNs)),
 			fmtNum(per.Median/1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPerCPU)),

@@ -75,16 +75,6 @@ func NewGenerator(nsName, dev string) (*Generator, error) {
 		tmpl.Close()
 		return nil, fmt.Errorf("pktgen: flow count map: %w", err)
 	}
-	lookup := func(m *ebpf.Map) asm.Instructions {
-		return asm.Instructions{
-			asm.StoreImm(asm.R10, -4, 0, asm.Word),
-			asm.Mov.Reg(asm.R2, asm.R10),
-			asm.Add.Imm(asm.R2, -4),
-			asm.LoadMapPtr(asm.R1, m.FD()),
-			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, "drop"),
-		}
-	}
 	// r6 = data (checked to hold HeaderLen bytes); r8 = flows - 1;
 	// r7 = &tmpl[0][(prandom & r8) * tmplStride]; copy HeaderLen bytes from
 	// r7 to r6; return bpf_redirect(ifindex, 0).
@@ -95,9 +85,9 @@ func NewGenerator(nsName, dev string) (*Generator, error) {
 		asm.Add.Imm(asm.R4, HeaderLen),
 		asm.JGT.Reg(asm.R4, asm.R3, "drop"),
 	}
-	insns = append(insns, lookup(flows)...)
+	insns = append(insns, lookupZero(flows, "drop")...)
 	insns = append(insns, asm.LoadMem(asm.R8, asm.R0, 0, asm.Word), asm.Add.Imm(asm.R8, -1))
-	insns = append(insns, lookup(tmpl)...)
+	insns = append(insns, lookupZero(tmpl, "drop")...)
 	insns = append(insns,
 		asm.Mov.Reg(asm.R7, asm.R0),
 		asm.FnGetPrandomU32.Call(),
@@ -222,6 +212,19 @@ func (g *Generator) run(ctx context.Context, frames [][]byte, d time.Duration, c
 	}
 	res.Elapsed = time.Since(t0)
 	return res, nil
+}
+
+// lookupZero is r0 = &m[0], jumping to miss when the lookup fails (it
+// clobbers r1-r5 and the stack word at r10-4).
+func lookupZero(m *ebpf.Map, miss string) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.R10, -4, 0, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, -4),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, miss),
+	}
 }
 
 // inNetns runs fn on a throw-away locked OS thread in the named namespace.

@@ -45,12 +45,9 @@ func AttachSink(nsName, dev string, port uint16) (*Sink, error) {
 		asm.JNE.Imm(asm.R5, 17, "pass"),
 		asm.LoadMem(asm.R5, asm.R2, 36, asm.Half), // UDP destination port
 		asm.JNE.Imm(asm.R5, be, "pass"),
-		asm.StoreImm(asm.R10, -4, 0, asm.Word),
-		asm.Mov.Reg(asm.R2, asm.R10),
-		asm.Add.Imm(asm.R2, -4),
-		asm.LoadMapPtr(asm.R1, counts.FD()),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "drop"),
+	}
+	insns = append(insns, lookupZero(counts, "drop")...)
+	insns = append(insns,
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord), // per-CPU slot: no atomics needed
 		asm.Add.Imm(asm.R1, 1),
 		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
@@ -58,7 +55,7 @@ func AttachSink(nsName, dev string, port uint16) (*Sink, error) {
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
 		asm.Return(),
-	}
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "pktgen_sink", Type: ebpf.XDP, License: "GPL", Instructions: insns})
 	if err != nil {
 		counts.Close()
