@@ -56,6 +56,7 @@ func run() error {
 		twoVM    = flag.Bool("twovm", false, "also run the two-VM subset per VM kernel: one axon node per VM over a virtio-net link, cross-node pod-to-pod probes (needs `make deps`)")
 		fetchOne = flag.Bool("fetch-only", false, "only fetch and unpack the kernels, then print their paths")
 		labNodes = flag.Int("lab-nodes", 1, "nodes of the lab subset (axon lab up --nodes): 2 adds cross-node pod-to-pod to its check")
+		icount   = flag.Bool("icount", false, "TCG with instruction counting (one host thread, guest clock = 1 ns per guest instruction, idle time skipped): timings in the guest count work, not host speed")
 		labDev   = flag.String("lab-device", "auto", "pod device of the lab subset (axon lab up --device): auto (netkit where the kernel has it), veth or netkit")
 		env      envFlag
 	)
@@ -118,7 +119,7 @@ func run() error {
 		Packages: split(*pkgs), RunRegex: *runRe, TestTimeout: *timeout, CacheRoot: *cache,
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
 		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
-		Env: env, LabDevice: *labDev, LabNodes: *labNodes,
+		Env: env, LabDevice: *labDev, LabNodes: *labNodes, ICount: *icount,
 	}
 	if *verbose {
 		r.Console = os.Stderr

@@ -75,6 +75,19 @@ type VM struct {
 	// Script is the file in RunDir that init runs (default "run.sh"); two VMs sharing one
 	// RunDir run different scripts. Its exit code lands in ExitCodeFile(Script).
 	Script string
+	// ICount runs TCG with instruction counting (-icount shift=0,sleep=off): the vCPUs
+	// take turns on one host thread, the guest's clock advances 1 ns per instruction any
+	// of them executes and jumps over idle time, so a duration measured inside the guest
+	// counts the guest's work in it, whatever the host's speed or load. Ignored under KVM.
+	ICount bool
+}
+
+// AccelName is how a run under accel is reported: kvm, tcg or tcg-icount.
+func (vm VM) AccelName(accel string) string {
+	if accel == "tcg" && vm.ICount {
+		return "tcg-icount"
+	}
+	return accel
 }
 
 // WireNIC is one end of a point-to-point virtio-net link between two VMs over QEMU's UDP
@@ -155,6 +168,8 @@ func (vm VM) Args(accel string) []string {
 		"-no-reboot", "-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem)}
 	if accel == "kvm" {
 		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else if vm.ICount {
+		args = append(args, "-accel", "tcg,thread=single", "-cpu", "max,-la57", "-icount", "shift=0,sleep=off")
 	} else {
 		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max,-la57")
 	}
@@ -229,7 +244,7 @@ func (e *earlyCrashError) Error() string { return e.err.Error() }
 func (e *earlyCrashError) Unwrap() error { return e.err }
 
 func (vm VM) runOnce(ctx context.Context, timeout time.Duration) (VMResult, error) {
-	res := VMResult{ExitCode: -1, Accel: "tcg"}
+	res := VMResult{ExitCode: -1, Accel: vm.AccelName("tcg")}
 	if HardwareKVM() {
 		res.Accel = "kvm"
 	}

@@ -66,6 +66,9 @@ type Runner struct {
 	// LabNodes is the lab subset's `axon lab up --nodes` (default 1; 2 adds cross-node
 	// pod-to-pod over the lab's wire to the check).
 	LabNodes int
+	// ICount boots the VMs with instruction counting (VM.ICount): durations measured in
+	// the guest count guest instructions. run.sh exports AXON_VM_ICOUNT=1.
+	ICount bool
 
 	labBins   bool
 	twoVMBins bool
@@ -234,6 +237,9 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	// Tests may stretch their deadlines by AXON_TEST_SLOWDOWN (CPU work under TCG is 3-12x
 	// slower than on the host, more when the host is busy); AXON_VM says they run in a VM.
 	fmt.Fprintf(&s, "export AXON_VM=1 AXON_TEST_SLOWDOWN=%d\n", Slowdown(HardwareKVM()))
+	if r.ICount && !HardwareKVM() {
+		s.WriteString("export AXON_VM_ICOUNT=1\n") // the guest's clock counts instructions (VM.ICount)
+	}
 	// Reports tests write (the verifier's verifier-<kernel>.{md,json}) come back through the share.
 	s.WriteString("export AXON_RESULTS=/run/axon-vm/out/results\n")
 	for _, kv := range r.Env { // issue 5: hack/vm -env
@@ -291,7 +297,7 @@ labrc=0
 
 // RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
-	kr := KernelRun{Kernel: spec.Name, Accel: "tcg"}
+	kr := KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount}.AccelName("tcg")}
 	if HardwareKVM() {
 		kr.Accel = "kvm"
 	}
@@ -343,7 +349,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	if r.TestTimeout > 0 {
 		timeout = time.Duration(len(bins))*r.TestTimeout + 2*time.Minute
 	}
-	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console}
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console, ICount: r.ICount}
 	if r.NICs {
 		if vm.NICPorts, err = FreeUDPPorts(); err != nil {
 			kr.Err = err

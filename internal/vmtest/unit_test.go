@@ -338,6 +338,46 @@ func TestRunScriptIsValidShell(t *testing.T) {
 	}
 }
 
+// TestICountArgs: instruction counting runs single-threaded TCG with a fixed shift and
+// no sleeping; KVM ignores it; run.sh tells the guest.
+func TestICountArgs(t *testing.T) {
+	k := &Kernel{Vmlinux: "/k/vmlinux"}
+	for _, c := range []struct {
+		vm        VM
+		accel     string
+		want, not []string
+		name      string
+	}{
+		{VM{Kernel: k, ICount: true}, "tcg", []string{"-accel tcg,thread=single", "-icount shift=0,sleep=off"}, []string{"thread=multi"}, "tcg-icount"},
+		{VM{Kernel: k}, "tcg", []string{"-accel tcg,thread=multi"}, []string{"-icount"}, "tcg"},
+		{VM{Kernel: k, ICount: true}, "kvm", []string{"-accel kvm"}, []string{"-icount", "tcg"}, "kvm"},
+	} {
+		args := strings.Join(c.vm.Args(c.accel), " ")
+		for _, w := range c.want {
+			if !strings.Contains(args, w) {
+				t.Errorf("ICount=%v %s: args lack %q: %s", c.vm.ICount, c.accel, w, args)
+			}
+		}
+		for _, w := range c.not {
+			if strings.Contains(args, w) {
+				t.Errorf("ICount=%v %s: args contain %q: %s", c.vm.ICount, c.accel, w, args)
+			}
+		}
+		if got := c.vm.AccelName(c.accel); got != c.name {
+			t.Errorf("AccelName(%s) with ICount=%v = %q, want %q", c.accel, c.vm.ICount, got, c.name)
+		}
+	}
+	if HardwareKVM() {
+		return // run.sh exports nothing under KVM
+	}
+	for _, on := range []bool{false, true} {
+		s := (&Runner{ICount: on}).RunScript(nil)
+		if got := strings.Contains(s, "export AXON_VM_ICOUNT=1"); got != on {
+			t.Errorf("Runner{ICount: %v}: run.sh exports AXON_VM_ICOUNT: %v", on, got)
+		}
+	}
+}
+
 // TestTwoVMWiring: the two ends of a VM-to-VM link send to each other's port, each VM runs
 // its own script and records its exit code in its own file.
 func TestTwoVMWiring(t *testing.T) {
