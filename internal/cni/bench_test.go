@@ -9,13 +9,18 @@ package cni
 //	make test-vm KERNEL=debian-6.12 VM_PKGS=./internal/cni VM_RUN=TestDatapathBench VM_LAB=0 \
 //	     VM_FLAGS='-env AXON_NK_BENCH_TOOLS=sockperf -env AXON_NK_BENCH_REPS=30'
 //
+// With VM_FLAGS='-icount ...' the VM's clock counts guest instructions
+// (AXON_VM_ICOUNT=1, internal/vmtest VM.ICount): latencies then measure the
+// work on a round trip, free of TCG's host-speed noise.
+//
 // Knobs (environment; in the VM through hack/vm -env): AXON_NK_BENCH_REPS
 // (12), AXON_NK_BENCH_SECS (3), AXON_NK_BENCH_WARMUP (1 discarded
 // repetition), AXON_NK_BENCH_TOOLS ("iperf3,sockperf"; "sockperf" = TCP_RR
 // only), AXON_NK_BENCH_OUT (Markdown report; default
 // $AXON_RESULTS/datapath-bench-<kernel>.md when the VM runner sets
 // AXON_RESULTS), AXON_NK_BENCH_BIGTCP=1 (pods of both GSO sizes, wire at 192
-// KiB: BIG TCP on vs off, and pod vs host with the same GSO settings).
+// KiB: BIG TCP on vs off, and pod vs host with the same GSO settings; with
+// netkit in the kernel a netkit pod at 192 KiB too).
 //
 // Every repetition measures every path, in an order rotated by one each
 // repetition (A B C, B C A, C A B, ...), so slow drifts of a shared machine
@@ -460,6 +465,13 @@ func TestDatapathBench(t *testing.T) {
 			{1, 0, "throughput", "pod (BIG TCP) / host, same GSO: ≥ 0.98"},
 			{1, 2, "p50", "BIG TCP on / off"},
 		}
+		if haveNetkit { // the same with netkit pods (6.12 VM)
+			specs = append(specs, podSpec{"netkit, GSO 192 KiB (BIG TCP on)", ModeNetkit, datapath.BigTCPMaxSize})
+			cmps = append(cmps,
+				comparison{3, 0, "throughput", "netkit pod (BIG TCP) / host, same GSO: ≥ 0.98"},
+				comparison{3, 1, "throughput", "netkit / veth, both BIG TCP"},
+				comparison{3, 1, "p50", "netkit / veth, both BIG TCP"})
+		}
 	case haveNetkit:
 		specs = append(specs, podSpec{"netkit", ModeNetkit, 0})
 		cmps = []comparison{
@@ -594,6 +606,9 @@ func benchReport(paths []benchPath, res []benchSeries, cmps []comparison, run be
 	inVM := os.Getenv("AXON_VM") == "1"
 	fmt.Fprintf(&md, "kernel %s%s, %d repetitions (+%d warm-up discarded) × %d s per tool, paths rotated each repetition (A B C, B C A, ...), tools %s, BIG TCP mode %v, took %s\n\n",
 		kernelRelease(), map[bool]string{true: " (QEMU VM)", false: ""}[inVM], run.reps, run.warm, run.secs, strings.Join(run.tools, "+"), run.bigTCP, run.took.Round(time.Second))
+	if os.Getenv("AXON_VM_ICOUNT") == "1" {
+		md.WriteString("**Instruction-counted VM** (`hack/vm -icount`: QEMU TCG with `-icount shift=0,sleep=off`): both vCPUs run in turn on one host thread and the guest's clock advances 1 ns per instruction either of them executes, skipping idle time, so every duration below (µs, Gbit/s) counts the guest's instructions, not host time: a latency is the work done during the round trip, a throughput bytes per work. Host load does not enter it.\n\n")
+	}
 	if inVM {
 		fmt.Fprintf(&md, "CPU pressure (some avg10) at each measurement: host %s; guest %s\n\n", pressureLine(run.hostP), pressureLine(run.ownP))
 	} else {
