@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -227,22 +229,7 @@ func lookupZero(m *ebpf.Map, miss string) asm.Instructions {
 	}
 }
 
-// inNetns runs fn on a throw-away locked OS thread in the named namespace.
+// inNetns runs fn in the named namespace (/run/netns/<nsName>).
 func inNetns(nsName string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: see Run
-		h, err := netns.GetFromName(nsName)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return ns.WithNetNSPath(filepath.Join("/run/netns", nsName), func(ns.NetNS) error { return fn() })
 }
