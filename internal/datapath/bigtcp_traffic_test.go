@@ -226,38 +226,58 @@ func TestTrafficBigTCP(t *testing.T) {
 	}
 	for _, f := range flows {
 		t.Run(f.desc, func(t *testing.T) {
-			fwd4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
-			fwd6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
-			m0, err := d.MetricsByDirection()
-			if err != nil {
-				t.Fatal(err)
-			}
-			p0, b0 := linkRx(t, node, f.rxDev)
-			tcpBulk(t, f.client, f.srv, f.addr, n)
-			p1, b1 := linkRx(t, node, f.rxDev)
-			m1, err := d.MetricsByDirection()
-			if err != nil {
-				t.Fatal(err)
-			}
-			delta := func(dir, r string) uint64 { return m1[dir][r] - m0[dir][r] }
-			pkts, avg := p1-p0, (b1-b0)/max(p1-p0, 1)
-			fwd := delta(f.fwd[0], f.fwd[1])
-			t.Logf("%d packets on %s, %d bytes each on average; %s/%s +%d", pkts, f.rxDev, avg, f.fwd[0], f.fwd[1], fwd)
-			// an average over 64 KiB means BIG TCP is on along this path;
-			// IPv4 has it only where the kernel takes gso_ipv4_max_size
-			if big := f.addr.Is6() || v4; big && avg <= 65535 {
-				t.Errorf("average packet %d bytes: no BIG TCP on this path, the test measures nothing", avg)
-			}
-			for _, dir := range []string{"pod_egress", "uplink_ingress"} {
-				if got := delta(dir, "pass_malformed"); got != 0 {
-					t.Errorf("%s pass_malformed +%d: BIG TCP packets taken for malformed", dir, got)
+			// one bulk transfer with every check but whether TCP sent big
+			// packets, which it reports
+			transfer := func() (why string) {
+				fwd4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
+				fwd6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
+				m0, err := d.MetricsByDirection()
+				if err != nil {
+					t.Fatal(err)
 				}
+				p0, b0 := linkRx(t, node, f.rxDev)
+				tcpBulk(t, f.client, f.srv, f.addr, n)
+				p1, b1 := linkRx(t, node, f.rxDev)
+				m1, err := d.MetricsByDirection()
+				if err != nil {
+					t.Fatal(err)
+				}
+				delta := func(dir, r string) uint64 { return m1[dir][r] - m0[dir][r] }
+				pkts, avg := p1-p0, (b1-b0)/max(p1-p0, 1)
+				fwd := delta(f.fwd[0], f.fwd[1])
+				t.Logf("%d packets on %s, %d bytes each on average; %s/%s +%d", pkts, f.rxDev, avg, f.fwd[0], f.fwd[1], fwd)
+				for _, dir := range []string{"pod_egress", "uplink_ingress"} {
+					if got := delta(dir, "pass_malformed"); got != 0 {
+						t.Errorf("%s pass_malformed +%d: BIG TCP packets taken for malformed", dir, got)
+					}
+				}
+				if fwd < pkts/2 {
+					t.Errorf("%s/%s +%d for %d packets: the programs did not forward them", f.fwd[0], f.fwd[1], fwd, pkts)
+				}
+				if g4, g6 := snmpCounter(t, node, "Ip", "ForwDatagrams")-fwd4, snmpCounter(t, node, "", "Ip6OutForwDatagrams")-fwd6; g4+g6 != 0 {
+					t.Errorf("the node's stack forwarded %d IPv4 and %d IPv6 packets, want 0", g4, g6)
+				}
+				// an average over 64 KiB means BIG TCP is on along this path;
+				// IPv4 has it only where the kernel takes gso_ipv4_max_size
+				if big := f.addr.Is6() || v4; big && avg <= 65535 {
+					return fmt.Sprintf("average packet %d bytes: no BIG TCP on this path", avg)
+				}
+				return ""
 			}
-			if fwd < pkts/2 {
-				t.Errorf("%s/%s +%d for %d packets: the programs did not forward them", f.fwd[0], f.fwd[1], fwd, pkts)
-			}
-			if g4, g6 := snmpCounter(t, node, "Ip", "ForwDatagrams")-fwd4, snmpCounter(t, node, "", "Ip6OutForwDatagrams")-fwd6; g4+g6 != 0 {
-				t.Errorf("the node's stack forwarded %d IPv4 and %d IPv6 packets, want 0", g4, g6)
+			// TCP alone sizes its packets (under TCG on a busy CI machine
+			// its frames can stay under 64 KiB for a whole transfer, 6.1
+			// VM 2026-11-26: 59 637 bytes on average): where one transfer
+			// sent too few big packets, try again, each checked in full
+			const tries = 3
+			for i := 1; ; i++ {
+				why := transfer()
+				switch {
+				case why == "":
+					return
+				case i == tries:
+					t.Fatalf("%s in %d transfers: the test measures nothing", why, tries)
+				}
+				t.Logf("transfer %d of %d: %s; again", i, tries, why)
 			}
 		})
 	}
