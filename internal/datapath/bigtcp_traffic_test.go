@@ -156,6 +156,25 @@ func firstCPU() (int, error) {
 	return 0, fmt.Errorf("empty CPU affinity")
 }
 
+// untilMeasured runs transfer (one bulk transfer that checks everything
+// itself and returns why it measured nothing, or "") up to 3 times, until
+// one measured something: TCP alone sizes its packets, and a transfer may
+// send no big one at all. After 3 that measured nothing the test fails.
+func untilMeasured(t *testing.T, transfer func() (why string)) {
+	t.Helper()
+	const tries = 3
+	for i := 1; ; i++ {
+		why := transfer()
+		switch {
+		case why == "":
+			return
+		case i == tries:
+			t.Fatalf("%s in %d transfers: the test measures nothing", why, tries)
+		}
+		t.Logf("transfer %d of %d: %s; again", i, tries, why)
+	}
+}
+
 // pinOneCPU locks the calling goroutine to its OS thread and that thread to
 // cpu. The thread is never unlocked: it ends with the goroutine instead of
 // going back to the runtime with the narrowed affinity.
@@ -268,17 +287,7 @@ func TestTrafficBigTCP(t *testing.T) {
 			// its frames can stay under 64 KiB for a whole transfer, 6.1
 			// VM 2026-11-26: 59 637 bytes on average): where one transfer
 			// sent too few big packets, try again, each checked in full
-			const tries = 3
-			for i := 1; ; i++ {
-				why := transfer()
-				switch {
-				case why == "":
-					return
-				case i == tries:
-					t.Fatalf("%s in %d transfers: the test measures nothing", why, tries)
-				}
-				t.Logf("transfer %d of %d: %s; again", i, tries, why)
-			}
+			untilMeasured(t, transfer)
 		})
 	}
 }

@@ -435,17 +435,7 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 			}
 			// TCP alone decides its packet sizes: where one transfer sent
 			// no big packet, try again (each transfer is checked in full)
-			const tries = 3
-			for i := 1; ; i++ {
-				why := transfer()
-				switch {
-				case why == "":
-					return
-				case i == tries:
-					t.Fatalf("%s in %d transfers: the test measures nothing", why, tries)
-				}
-				t.Logf("transfer %d of %d: %s; again", i, tries, why)
-			}
+			untilMeasured(t, transfer)
 		})
 	}
 }
