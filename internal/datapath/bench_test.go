@@ -6,19 +6,29 @@ import (
 )
 
 // BenchmarkPrograms reports ns/run of each program (BPF_PROG_TEST_RUN) on a
-// local-pod frame (redirect_peer path) and a remote-pod frame (fib path):
+// local-pod frame (redirect_peer path) and a remote-pod frame (fib path),
+// and fails when a program's verdict shows it took another path:
 //
 //	go test ./internal/datapath -run XXX -bench Programs
 func BenchmarkPrograms(b *testing.B) {
 	f := newProgFixture(b)
+	const (
+		redirect = 7 // TC_ACT_REDIRECT
+		pass     = 0 // TC_ACT_OK: to the stack (uplink ingress: not a local pod)
+	)
+	// TTL / hop limit 255: see maxRunsPerCall
 	cases := []struct {
 		desc    string
 		pkt     []byte
 		ifindex int
+		want    map[string]uint32 // program -> verdict of the path measured
 	}{
-		{"local_pod_v4", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), f.ep.IP, 64, nil), f.podIf},
-		{"local_pod_v6", ipv6Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("fd00:10:244:1::7"), f.ep6.IP, 64), f.podIf},
-		{"remote_pod_v4_fib", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 64, nil), f.podIf},
+		{"local_pod_v4", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), f.ep.IP, 255, nil), f.podIf,
+			map[string]uint32{"pod_egress": redirect, "uplink_ingress": redirect}},
+		{"local_pod_v6", ipv6Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("fd00:10:244:1::7"), f.ep6.IP, 255), f.podIf,
+			map[string]uint32{"pod_egress": redirect, "uplink_ingress": redirect}},
+		{"remote_pod_v4_fib", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 255, nil), f.podIf,
+			map[string]uint32{"pod_egress": redirect, "uplink_ingress": pass}},
 	}
 	for _, c := range cases {
 		for _, name := range []string{"pod_egress", "uplink_ingress"} {
@@ -27,13 +37,19 @@ func BenchmarkPrograms(b *testing.B) {
 				if name == "uplink_ingress" {
 					p = f.d.upProg
 				}
-				var err error
+				var (
+					ret uint32
+					err error
+				)
 				inNetns(b, f.ns, func() {
 					b.ResetTimer()
-					_, err = benchProgram(p, c.pkt, c.ifindex, b.N)
+					_, ret, err = benchProgram(p, c.pkt, c.ifindex, b.N)
 				})
 				if err != nil {
 					b.Fatal(err)
+				}
+				if ret != c.want[name] {
+					b.Fatalf("verdict %d, want %d: the program took another path than the one measured", ret, c.want[name])
 				}
 			})
 		}
