@@ -48,8 +48,10 @@ plugins) to the lab, then measures, interleaved in each repetition:
   baseline pod-to-pod cross-node  ptp pods, kernel routing
   baseline pod-to-pod same-node
 with iperf3 (single TCP flow throughput; retransmits, and how many of them the
-receiver already had: DSACK, i.e. reordering) and sockperf ping-pong (TCP RTT p50/p99),
-client on CPU 0 and server on CPU 1, recording /proc/pressure/cpu. Writes
+receiver already had: DSACK, i.e. reordering; CPU seconds per GB, the busy time of
+the client's and server's CPUs over the bytes received: the work per byte) and
+sockperf ping-pong (TCP RTT p50/p99), client on CPU 0 and server on CPU 1,
+recording /proc/pressure/cpu. Writes
 results.csv, results.md, results.json and chart.svg to the output folder and prints
 the table with medians and ratios to host-to-host, and the paired ratios: each
 repetition's value over host-to-host's of the same repetition, median with its

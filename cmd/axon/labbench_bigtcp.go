@@ -83,21 +83,22 @@ func bigTCPSummary(rep *bench.Report) string {
 	b.WriteString("\n## BIG TCP (issue 5)\n\n")
 	b.WriteString("Single-flow throughput (iperf3), kernel " + rep.Host.Kernel + "; wire, uplinks and the BIG TCP pods at 192 KiB GSO/GRO, the 64 KiB pair at the pre-BIG-TCP limit.\n\n")
 	b.WriteString("| ratio | of medians | paired: per-repetition median (95 % CI) | min–max | repetitions > 1 | asked |\n|---|---:|---:|---:|---:|---|\n")
-	for _, c := range []struct{ name, num, den, asked string }{
-		{"BIG TCP on / off (axon pod-to-pod cross-node, 192 KiB / 64 KiB)", bigTCPOnPath, bigTCPOffPath, "report the ratio"},
-		{"axon pod-to-pod (BIG TCP) / host-to-host, same GSO settings", bigTCPOnPath, bigTCPRefPath, "≥ 0.98"},
+	for _, c := range []struct{ name, num, den, metric, asked string }{
+		{"BIG TCP on / off (axon pod-to-pod cross-node, 192 KiB / 64 KiB)", bigTCPOnPath, bigTCPOffPath, bench.MetricThroughput, "report the ratio"},
+		{"axon pod-to-pod (BIG TCP) / host-to-host, same GSO settings", bigTCPOnPath, bigTCPRefPath, bench.MetricThroughput, "≥ 0.98"},
+		{"CPU s per GB, axon pod-to-pod (BIG TCP) / host-to-host: the work per byte behind the line above", bigTCPOnPath, bigTCPRefPath, bench.MetricCPUPerGB, "(context)"},
 	} {
 		if rep.Result(c.num) == nil || rep.Result(c.den) == nil {
 			fmt.Fprintf(&b, "| %s | n/a | n/a | n/a | n/a | %s |\n", c.name, c.asked)
 			continue
 		}
-		p := rep.PairedTo(c.num, c.den, bench.MetricThroughput)
+		p := rep.PairedTo(c.num, c.den, c.metric)
 		spread := "n/a"
 		if p.N > 0 {
 			spread = fmt.Sprintf("%.2f–%.2f", p.Min, p.Max)
 		}
 		fmt.Fprintf(&b, "| %s | %.2f× | %s | %s | %d of %d | %s |\n", c.name,
-			rep.Stats(c.num, bench.MetricThroughput).Median/rep.Stats(c.den, bench.MetricThroughput).Median,
+			rep.Stats(c.num, c.metric).Median/rep.Stats(c.den, c.metric).Median,
 			bench.FormatPaired(p), spread, p.Above, p.N, c.asked)
 	}
 	return b.String()

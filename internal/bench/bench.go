@@ -92,6 +92,14 @@ const (
 	// run: retransmits that were not needed, because a segment arrived out of
 	// order rather than lost.
 	MetricDSACK = "dsack_segs"
+	// MetricCPUPerGB is the CPU time the transfer cost: busy seconds (user,
+	// system, irq, softirq; not steal) of the client's and the server's CPUs
+	// (all CPUs when not pinned) during the iperf3 run, per GB (1e9 bytes)
+	// received. A path's packet processing runs on those CPUs (softirqs run
+	// where the sender and the receiver run), so the ratio of two paths is
+	// the ratio of their work per byte, whatever limited their throughput.
+	// Anything else that ran on those CPUs is counted too.
+	MetricCPUPerGB = "cpu_s_per_gb"
 )
 
 // Result holds the samples of one path. Every slice has one entry per
@@ -103,6 +111,7 @@ type Result struct {
 	Throughput  []float64 // bit/s
 	Retransmits []float64 // TCP retransmits during the iperf3 run
 	DSACKSegs   []float64 // of those, segments the receiver had already (MetricDSACK)
+	CPUPerGB    []float64 // CPU seconds per GB received (MetricCPUPerGB)
 	RTTP50      []float64 // µs, round-trip time
 	RTTP99      []float64 // µs, round-trip time
 	RTTAvg      []float64 // µs, round-trip time
@@ -119,6 +128,8 @@ func (r *Result) Values(metric string) []float64 {
 		return r.Retransmits
 	case MetricDSACK:
 		return r.DSACKSegs
+	case MetricCPUPerGB:
+		return r.CPUPerGB
 	case MetricRTTP50:
 		return r.RTTP50
 	case MetricRTTP99:
@@ -339,7 +350,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		n := cfg.Reps
 		rep.Results = append(rep.Results, &Result{
 			Path: p.Name, Client: p.Client, Server: p.Server,
-			Throughput: nanSlice(n), Retransmits: nanSlice(n), DSACKSegs: nanSlice(n),
+			Throughput: nanSlice(n), Retransmits: nanSlice(n), DSACKSegs: nanSlice(n), CPUPerGB: nanSlice(n),
 			RTTP50: nanSlice(n), RTTP99: nanSlice(n), RTTAvg: nanSlice(n),
 		})
 	}
@@ -435,6 +446,18 @@ func (r *runner) run(ctx context.Context, rep *Report) error {
 func (r *runner) clientCPU() int { return r.cfg.ClientCPU }
 func (r *runner) serverCPU() int { return r.cfg.ServerCPU }
 
+// measuredCPUs are the CPUs whose time MetricCPUPerGB counts: the client's
+// and the server's, or all (nil) when the tools are not pinned.
+func (r *runner) measuredCPUs() []int {
+	if r.clientCPU() < 0 {
+		return nil
+	}
+	if r.serverCPU() < 0 || r.serverCPU() == r.clientCPU() {
+		return []int{r.clientCPU()}
+	}
+	return []int{r.clientCPU(), r.serverCPU()}
+}
+
 func (r *runner) iperfServerArgv(i int, p Path) []string {
 	return r.cfg.Tools.wrap(p.Server.Netns, r.serverCPU(), r.cfg.Tools.Iperf3,
 		"-s", "-1", "-B", p.Server.IP.String(), "-p", strconv.Itoa(r.cfg.IperfPort+i))
@@ -475,9 +498,12 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	defer srv.stop()
 	m.Before = readPressure()
 	dsack0, dsackErr := dsackSegs(p.Client.Netns)
+	busy0, busyErr := readCPUBusy(r.measuredCPUs())
 	t0 := time.Now()
 	out, stderr, runErr := runClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
 	m.Elapsed = time.Since(t0)
+	busy1, err := readCPUBusy(r.measuredCPUs())
+	busyErr = errors.Join(busyErr, err)
 	m.After = readPressure()
 	dsack1, err := dsackSegs(p.Client.Netns)
 	dsackErr = errors.Join(dsackErr, err)
@@ -505,11 +531,18 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	} else {
 		r.log.Debug("no DSACK count for this run", "path", p.Name, "error", dsackErr)
 	}
+	cpu := "n/a"
+	if busyErr == nil && ir.Bytes > 0 && busy1 >= busy0 {
+		res.CPUPerGB[n-1] = float64(busy1-busy0) / clkTck / (ir.Bytes / 1e9)
+		cpu = strconv.FormatFloat(res.CPUPerGB[n-1], 'f', 3, 64)
+	} else if busyErr != nil {
+		r.log.Debug("no CPU time for this run", "path", p.Name, "error", busyErr)
+	}
 	if ir.Congestion != "" {
 		res.Congestion = ir.Congestion
 	}
-	fmt.Fprintf(r.cfg.Progress, "[rep %d/%d] %-32s iperf3   %8.2f Gbit/s  retr %-6d dsack %-6s cpu-psi %.1f→%.1f%%\n",
-		n, r.cfg.Reps, p.Name, ir.BitsPerSecond/1e9, ir.Retransmits, dsack, m.Before.Avg10, m.After.Avg10)
+	fmt.Fprintf(r.cfg.Progress, "[rep %d/%d] %-32s iperf3   %8.2f Gbit/s  retr %-6d dsack %-6s CPU s/GB %-6s cpu-psi %.1f→%.1f%%\n",
+		n, r.cfg.Reps, p.Name, ir.BitsPerSecond/1e9, ir.Retransmits, dsack, cpu, m.Before.Avg10, m.After.Avg10)
 	return m
 }
 

@@ -337,14 +337,11 @@ func softirqTicks() uint64 {
 }
 
 func parseStatSoftirq(stat string) uint64 {
-	for _, line := range strings.Split(stat, "\n") {
-		f := strings.Fields(line)
-		if len(f) > 7 && f[0] == "cpu" {
-			v, _ := strconv.ParseUint(f[7], 10, 64)
-			return v
-		}
+	c, err := parseCPUTimes(stat, "cpu")
+	if err != nil {
+		return 0
 	}
-	return 0
+	return c.SoftIRQ
 }
 
 // netRx sums the NET_RX row of /proc/softirqs over all CPUs.

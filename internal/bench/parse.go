@@ -17,6 +17,7 @@ type IperfResult struct {
 	SentBPS       float64 // end.sum_sent.bits_per_second
 	Retransmits   int     // end.sum_sent.retransmits
 	Seconds       float64 // end.sum_received.seconds
+	Bytes         float64 // end.sum_received.bytes
 	Congestion    string  // end.sender_tcp_congestion
 }
 
@@ -50,6 +51,7 @@ func ParseIperfJSON(data []byte) (IperfResult, error) {
 		SentBPS:       doc.End.SumSent.BitsPerSecond,
 		Retransmits:   doc.End.SumSent.Retransmits,
 		Seconds:       doc.End.SumReceived.Seconds,
+		Bytes:         doc.End.SumReceived.Bytes,
 		Congestion:    doc.End.SenderCongestion,
 	}
 	if r.BitsPerSecond <= 0 {

@@ -20,6 +20,7 @@ var metricInfo = []struct{ name, unit string }{
 	{MetricThroughput, "bit/s"},
 	{MetricRetransmits, "count"},
 	{MetricDSACK, "count"},
+	{MetricCPUPerGB, "s/GB"},
 	{MetricRTTP50, "us"},
 	{MetricRTTP99, "us"},
 	{MetricRTTAvg, "us"},
@@ -99,14 +100,15 @@ func FormatPaired(p PairedRatio) string {
 // reference, with their 95 % intervals.
 func (r *Report) PairedTable() string {
 	var b strings.Builder
-	b.WriteString("| path | throughput ratio, paired (95 % CI) | RTT p50 ratio, paired (95 % CI) | RTT p99 ratio, paired (95 % CI) | pairs |\n")
-	b.WriteString("|---|---:|---:|---:|---:|\n")
+	b.WriteString("| path | throughput ratio, paired (95 % CI) | CPU per GB ratio, paired (95 % CI) | RTT p50 ratio, paired (95 % CI) | RTT p99 ratio, paired (95 % CI) | pairs |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		if res.Path == r.Reference {
 			continue
 		}
 		tp, p50, p99 := r.Paired(res.Path, MetricThroughput), r.Paired(res.Path, MetricRTTP50), r.Paired(res.Path, MetricRTTP99)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d |\n", mdEscape(res.Path), FormatPaired(tp), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
+		cpu := r.Paired(res.Path, MetricCPUPerGB)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d |\n", mdEscape(res.Path), FormatPaired(tp), FormatPaired(cpu), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
 	}
 	return b.String()
 }
@@ -171,25 +173,38 @@ func cell(s Stats, scale float64, prec int) string {
 // Table renders the Markdown results table alone (for a README).
 func (r *Report) Table() string {
 	var b strings.Builder
-	b.WriteString("| path | throughput Gbit/s median (min–max) | ratio | RTT p50 µs median (min–max) | ratio | RTT p99 µs median (min–max) | ratio | retransmits median | of which not needed (DSACK) |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| path | throughput Gbit/s median (min–max) | ratio | CPU s per GB median (min–max) | ratio | RTT p50 µs median (min–max) | ratio | RTT p99 µs median (min–max) | ratio | retransmits median | of which not needed (DSACK) |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		tp := r.Stats(res.Path, MetricThroughput)
 		p50 := r.Stats(res.Path, MetricRTTP50)
 		p99 := r.Stats(res.Path, MetricRTTP99)
 		retr := r.Stats(res.Path, MetricRetransmits)
 		dsack := r.Stats(res.Path, MetricDSACK)
+		cpu := r.Stats(res.Path, MetricCPUPerGB)
 		name := mdEscape(res.Path)
 		if res.Path == r.Reference {
 			name += " (reference)"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
 			cell(tp, 1e9, 2), fmtRatio(r.Ratio(res.Path, MetricThroughput)),
+			cell(cpu, 1, 3), fmtRatio(r.Ratio(res.Path, MetricCPUPerGB)),
 			cell(p50, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP50)),
 			cell(p99, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP99)),
 			fmtNum(retr.Median, 0), fmtNum(dsack.Median, 0))
 	}
 	return b.String()
+}
+
+// cpuScope names the CPUs MetricCPUPerGB counted (runner.measuredCPUs).
+func cpuScope(client, server int) string {
+	switch {
+	case client < 0:
+		return "all CPUs"
+	case server < 0 || server == client:
+		return fmt.Sprintf("CPU %d", client)
+	}
+	return fmt.Sprintf("CPUs %d and %d (client and server)", client, server)
 }
 
 func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
@@ -225,6 +240,9 @@ func (r *Report) Markdown() string {
 	b.WriteString(r.PairedTable())
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "- Throughput: single TCP flow, iperf3, bits/s received (`end.sum_received`), retransmits from the sender; \"not needed\" are the segments the receiver reported as duplicates (DSACK, TcpExt TCPDSACKRecvSegs in the client's netns): reordered, not lost.\n")
+	fmt.Fprintf(&b, "- CPU per GB: busy time (user, system, irq, softirq; not steal) of %s during the iperf3 run, in CPU-seconds per 10⁹ bytes received. "+
+		"The flow's packet processing runs there (softirqs run where the sender and the receiver run), so it compares the work per byte of two paths whatever limited their throughput; "+
+		"anything else that ran on those CPUs is counted too.\n", cpuScope(r.ClientCPU, r.ServerCPU))
 	fmt.Fprintf(&b, "- Latency: TCP request/response **round-trip time** (sockperf ping-pong `--full-rtt`, %d-byte messages, one connection), "+
 		"percentiles over all messages of the run after sockperf's warm-up.\n", r.MessageSize)
 	if r.ClientCPU >= 0 {

@@ -238,7 +238,12 @@ func fakeReport() *Report {
 	nan := math.NaN()
 	start := time.Date(2026, 11, 22, 4, 30, 0, 0, time.UTC)
 	mk := func(name string, tp, p50, p99 []float64) *Result {
-		return &Result{Path: name, Throughput: tp, Retransmits: []float64{0, 2, 1}, DSACKSegs: []float64{0, 2, 0}, RTTP50: p50, RTTP99: p99,
+		// CPU per GB: 0.4 s/GB at 20 Gbit/s, proportional to 1/throughput
+		cpu := make([]float64, len(tp))
+		for i, v := range tp {
+			cpu[i] = 0.4 * 20e9 / v
+		}
+		return &Result{Path: name, Throughput: tp, CPUPerGB: cpu, Retransmits: []float64{0, 2, 1}, DSACKSegs: []float64{0, 2, 0}, RTTP50: p50, RTTP99: p99,
 			RTTAvg: p50, Congestion: "bbr", Server: Endpoint{Name: "node2", IP: netip.MustParseAddr("198.18.0.12")}}
 	}
 	r := &Report{
@@ -291,7 +296,7 @@ func TestReportCSV(t *testing.T) {
 		}
 	}
 	// 3 paths × 3 reps, minus the failed rep of the baseline path.
-	for metric, want := range map[string]int{MetricThroughput: 8, MetricRTTP50: 8, MetricRetransmits: 9, MetricDSACK: 9, "iperf3.psi_before": 8, "sockperf.cpu_stall": 8} {
+	for metric, want := range map[string]int{MetricThroughput: 8, MetricCPUPerGB: 8, MetricRTTP50: 8, MetricRetransmits: 9, MetricDSACK: 9, "iperf3.psi_before": 8, "sockperf.cpu_stall": 8} {
 		if count[metric] != want {
 			t.Errorf("%s rows = %d, want %d", metric, count[metric], want)
 		}
@@ -334,7 +339,7 @@ func TestReportPaired(t *testing.T) {
 		t.Errorf("short to pod: %+v, want 2 pairs above 1, median %v", p, 22.0/21)
 	}
 	tab := r.PairedTable()
-	for _, want := range []string{"| pod | n/a | 1.05× (1.050–1.050) |", "| short | n/a | 1.10× (CI: < 8 pairs) |"} {
+	for _, want := range []string{"| pod | n/a | n/a | 1.05× (1.050–1.050) |", "| short | n/a | n/a | 1.10× (CI: < 8 pairs) |"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("paired table lacks %q:\n%s", want, tab)
 		}
@@ -348,9 +353,10 @@ func TestReportMarkdown(t *testing.T) {
 	r := fakeReport()
 	md := r.Markdown()
 	for _, want := range []string{
-		"| host-to-host (reference) | 21.00 (20.00–22.00) | 1.00× | 31.0 (30.0–32.0) | 1.00× | 55.0 (50.0–60.0) | 1.00× | 1 | 0 |",
-		"| axon pod-to-pod cross-node | 20.00 (19.00–21.00) | 0.95× | 32.0 (31.0–33.0) | 1.03× | 58.0 (52.0–70.0) | 1.05× | 1 | 0 |",
-		`| baseline <&> pod\|pod | 10.25 (10.00–10.50) | 0.49× | 42.0 (40.0–44.0) | 1.35× |`,
+		"| host-to-host (reference) | 21.00 (20.00–22.00) | 1.00× | 0.381 (0.364–0.400) | 1.00× | 31.0 (30.0–32.0) | 1.00× | 55.0 (50.0–60.0) | 1.00× | 1 | 0 |",
+		"| axon pod-to-pod cross-node | 20.00 (19.00–21.00) | 0.95× | 0.400 (0.381–0.421) | 1.05× | 32.0 (31.0–33.0) | 1.03× | 58.0 (52.0–70.0) | 1.05× | 1 | 0 |",
+		`| baseline <&> pod\|pod | 10.25 (10.00–10.50) | 0.49× | 0.781 (0.762–0.800) | 2.05× | 42.0 (40.0–44.0) | 1.35× |`,
+		"CPU per GB: busy time (user, system, irq, softirq; not steal) of CPUs 0 and 1 (client and server)",
 		"of which not needed (DSACK)", "reordered, not lost",
 		"round-trip time", "`--full-rtt`", "64-byte",
 		"Client pinned to CPU 0, server to CPU 1",
