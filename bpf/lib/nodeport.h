@@ -654,11 +654,12 @@ AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
 }
 
 /* np_lookup_svc finds the frontend of tuple t: exact address first, then,
- * for the node's own addresses, the NodePort and HostPort wildcards. With
- * remote set (a DSR request: the destination is the address of the node
- * whose LB forwarded it), the NodePort wildcard matches any address. */
+ * for the node's own addresses (node: the caller found t->daddr in
+ * axon_np_local), the NodePort and HostPort wildcards. With remote set (a
+ * DSR request: the destination is the address of the node whose LB
+ * forwarded it), the NodePort wildcard matches any address. */
 AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, struct np_svc_key *key,
-					     int *local, int remote)
+					     int *local, int remote, int node)
 {
 	struct np_svc_val *svc;
 
@@ -670,7 +671,7 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc)
 		return svc;
-	if (!remote && !bpf_map_lookup_elem(&axon_np_local, t->daddr))
+	if (!remote && !node)
 		return NULL;
 	*local = !remote;
 	if (v6)
@@ -1229,7 +1230,7 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	struct np_ct *ctp, *ct;
 	struct np_nat *nat;
 	__u64 now;
-	int rc, local = 0;
+	int rc, local = 0, node;
 
 	if (!sc)
 		return CTX_NEXT;
@@ -1253,12 +1254,13 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	/* replies of SNAT flows are addressed to a node address (axon_np_local);
 	 * they are looked up before the frontends, so an SNAT port that is also
 	 * a NodePort or hostPort can never be taken for a new flow */
-	if (bpf_map_lookup_elem(&axon_np_local, pp->t.daddr)) {
+	node = bpf_map_lookup_elem(&axon_np_local, pp->t.daddr) != NULL;
+	if (node) {
 		nat = bpf_map_lookup_elem(&axon_np_nat, &pp->t);
 		if (nat && (nat->flags & NP_NAT_SNAT))
 			return np_reverse(ctx, pp, nat, hook);
 	}
-	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0);
+	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0, node);
 	if (svc) {
 		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
 		if (rc) {
@@ -1330,7 +1332,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 	} else {
 		if (in.frag == NP_FRAG_LATER)
 			return 1; /* the first fragment made the CT entry, or was not ours */
-		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1);
+		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1, 0);
 		if (!svc)
 			return 1;
 		dk.frontend_id = svc->id;
