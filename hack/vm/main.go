@@ -57,6 +57,7 @@ func run() error {
 		fetchOne = flag.Bool("fetch-only", false, "only fetch and unpack the kernels, then print their paths")
 		labNodes = flag.Int("lab-nodes", 1, "nodes of the lab subset (axon lab up --nodes): 2 adds cross-node pod-to-pod to its check")
 		icount   = flag.Bool("icount", false, "TCG with instruction counting (one host thread, guest clock = 1 ns per guest instruction, idle time skipped): timings in the guest count work, not host speed")
+		mttcg    = flag.Bool("mttcg", false, "multi-threaded TCG (one host thread per vCPU) instead of single-threaded: only for throughput experiments that need both vCPUs running at once; the guest kernel can die with \"Oops: int3\" when it patches code another vCPU runs")
 		labDev   = flag.String("lab-device", "auto", "pod device of the lab subset (axon lab up --device): auto (netkit where the kernel has it), veth or netkit")
 		env      envFlag
 	)
@@ -119,7 +120,7 @@ func run() error {
 		Packages: split(*pkgs), RunRegex: *runRe, TestTimeout: *timeout, CacheRoot: *cache,
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
 		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
-		Env: env, LabDevice: *labDev, LabNodes: *labNodes, ICount: *icount,
+		Env: env, LabDevice: *labDev, LabNodes: *labNodes, ICount: *icount, MultiThreadTCG: *mttcg,
 	}
 	if *verbose {
 		r.Console = os.Stderr

@@ -69,6 +69,8 @@ type Runner struct {
 	// ICount boots the VMs with instruction counting (VM.ICount): durations measured in
 	// the guest count guest instructions. run.sh exports AXON_VM_ICOUNT=1.
 	ICount bool
+	// MultiThreadTCG boots the VMs with one host thread per vCPU (VM.MultiThreadTCG).
+	MultiThreadTCG bool
 
 	labBins   bool
 	twoVMBins bool
@@ -297,7 +299,7 @@ labrc=0
 
 // RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
-	kr := KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount}.AccelName("tcg")}
+	kr := KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount, MultiThreadTCG: r.MultiThreadTCG}.AccelName("tcg")}
 	if HardwareKVM() {
 		kr.Accel = "kvm"
 	}
@@ -349,7 +351,8 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	if r.TestTimeout > 0 {
 		timeout = time.Duration(len(bins))*r.TestTimeout + 2*time.Minute
 	}
-	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console, ICount: r.ICount}
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console, ICount: r.ICount,
+		MultiThreadTCG: r.MultiThreadTCG}
 	if r.NICs {
 		if vm.NICPorts, err = FreeUDPPorts(); err != nil {
 			kr.Err = err

@@ -87,7 +87,7 @@ func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initr
 			return PackageResult{}, err
 		}
 		vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: twoVMTimeout, Boot: r.Boot,
-			Wire: ro.nic, Script: script, MemoryMiB: ro.mem}
+			Wire: ro.nic, Script: script, MemoryMiB: ro.mem, MultiThreadTCG: r.MultiThreadTCG}
 		if r.Console != nil {
 			vm.Console = prefixWriter{prefix: "[twovm-" + ro.role + "] ", w: r.Console}
 		}

@@ -338,8 +338,9 @@ func TestRunScriptIsValidShell(t *testing.T) {
 	}
 }
 
-// TestICountArgs: instruction counting runs single-threaded TCG with a fixed shift and
-// no sleeping; KVM ignores it; run.sh tells the guest.
+// TestICountArgs: TCG is single-threaded unless MultiThreadTCG asks otherwise;
+// instruction counting runs single-threaded TCG with a fixed shift and no sleeping
+// whatever MultiThreadTCG says; KVM ignores both; run.sh tells the guest.
 func TestICountArgs(t *testing.T) {
 	k := &Kernel{Vmlinux: "/k/vmlinux"}
 	for _, c := range []struct {
@@ -349,7 +350,10 @@ func TestICountArgs(t *testing.T) {
 		name      string
 	}{
 		{VM{Kernel: k, ICount: true}, "tcg", []string{"-accel tcg,thread=single", "-icount shift=0,sleep=off"}, []string{"thread=multi"}, "tcg-icount"},
-		{VM{Kernel: k}, "tcg", []string{"-accel tcg,thread=multi"}, []string{"-icount"}, "tcg"},
+		{VM{Kernel: k}, "tcg", []string{"-accel tcg,thread=single"}, []string{"-icount", "thread=multi"}, "tcg"},
+		{VM{Kernel: k, MultiThreadTCG: true}, "tcg", []string{"-accel tcg,thread=multi"}, []string{"-icount", "thread=single"}, "tcg-mt"},
+		{VM{Kernel: k, MultiThreadTCG: true, ICount: true}, "tcg", []string{"-accel tcg,thread=single", "-icount"}, []string{"thread=multi"}, "tcg-icount"},
+		{VM{Kernel: k, MultiThreadTCG: true}, "kvm", []string{"-accel kvm"}, []string{"tcg"}, "kvm"},
 		{VM{Kernel: k, ICount: true}, "kvm", []string{"-accel kvm"}, []string{"-icount", "tcg"}, "kvm"},
 	} {
 		args := strings.Join(c.vm.Args(c.accel), " ")
