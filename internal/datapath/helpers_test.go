@@ -145,8 +145,13 @@ func inNetns(t testing.TB, ns string, fn func()) {
 		errc <- nil
 	}()
 	<-done
-	if err := <-errc; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default: // fn called t.FailNow (runtime.Goexit): the test is marked failed
+		t.FailNow()
 	}
 }
 
