@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/axonhq/axon/internal/cpustat"
 	labpkg "github.com/axonhq/axon/internal/lab"
 )
 
@@ -498,11 +499,11 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	defer srv.stop()
 	m.Before = readPressure()
 	dsack0, dsackErr := dsackSegs(p.Client.Netns)
-	busy0, busyErr := readCPUBusy(r.measuredCPUs())
+	busy0, busyErr := cpustat.ReadBusy(r.measuredCPUs())
 	t0 := time.Now()
 	out, stderr, runErr := runClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
 	m.Elapsed = time.Since(t0)
-	busy1, err := readCPUBusy(r.measuredCPUs())
+	busy1, err := cpustat.ReadBusy(r.measuredCPUs())
 	busyErr = errors.Join(busyErr, err)
 	m.After = readPressure()
 	dsack1, err := dsackSegs(p.Client.Netns)
@@ -533,7 +534,7 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	}
 	cpu := "n/a"
 	if busyErr == nil && ir.Bytes > 0 && busy1 >= busy0 {
-		res.CPUPerGB[n-1] = float64(busy1-busy0) / clkTck / (ir.Bytes / 1e9)
+		res.CPUPerGB[n-1] = float64(busy1-busy0) / cpustat.TicksPerSecond / (ir.Bytes / 1e9)
 		cpu = strconv.FormatFloat(res.CPUPerGB[n-1], 'f', 3, 64)
 	} else if busyErr != nil {
 		r.log.Debug("no CPU time for this run", "path", p.Name, "error", busyErr)

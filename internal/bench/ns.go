@@ -38,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/cpustat"
 	labpkg "github.com/axonhq/axon/internal/lab"
 )
 
@@ -295,7 +296,7 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 		s.ConnRate, s.Conns, s.ConnErrs, s.FirstErr = cr.Rate, cr.Conns, cr.Errors, cr.FirstError
 		s.ConnectP50, s.ConnectP99, s.CycleP50 = cr.ConnectP50, cr.ConnectP99, cr.CycleP50
 		if cr.Conns > 0 {
-			s.SoftirqUsPerConn = float64(sq1-sq0) * 1e6 / float64(clkTck) / float64(cr.Conns)
+			s.SoftirqUsPerConn = float64(sq1-sq0) * 1e6 / float64(cpustat.TicksPerSecond) / float64(cr.Conns)
 			s.NetRxPerConn = float64(nr1-nr0) / float64(cr.Conns)
 		}
 	}
@@ -324,20 +325,17 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 	return s
 }
 
-// clkTck is USER_HZ, the unit of /proc/stat (100 on Linux).
-const clkTck = 100
-
 // softirqTicks sums the softirq column of /proc/stat's "cpu" line.
 func softirqTicks() uint64 {
-	b, err := os.ReadFile("/proc/stat")
+	stat, err := cpustat.Read()
 	if err != nil {
 		return 0
 	}
-	return parseStatSoftirq(string(b))
+	return parseStatSoftirq(stat)
 }
 
 func parseStatSoftirq(stat string) uint64 {
-	c, err := parseCPUTimes(stat, "cpu")
+	c, err := cpustat.Parse(stat, "cpu")
 	if err != nil {
 		return 0
 	}

@@ -52,6 +52,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/cpustat"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ipam"
 )
@@ -190,23 +191,14 @@ func (n *benchNode) wirePackets(t *testing.T) uint64 {
 	return c
 }
 
-// busyTicks sums the non-idle CPU time (USER_HZ ticks) of all CPUs in /proc/stat.
+// busyTicks sums the busy CPU time (USER_HZ ticks) of all CPUs: user, system,
+// irq and softirq, not idle, iowait or steal (cpustat.Times.Busy).
 func busyTicks(t *testing.T) uint64 {
-	b, err := os.ReadFile("/proc/stat")
+	n, err := cpustat.ReadBusy(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var busy uint64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.ParseUint(v, 10, 64)
-		busy += n
-	}
-	return busy
+	return n
 }
 
 type benchPath struct {

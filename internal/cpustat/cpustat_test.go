@@ -1,4 +1,4 @@
-package bench
+package cpustat
 
 import "testing"
 
@@ -24,15 +24,15 @@ func TestCPUBusyTicks(t *testing.T) {
 		{"non-numeric field", "cpu 1 2 x 4 5 6 7 8 9 10\n", nil, 0, true},
 	}
 	for _, c := range cases {
-		got, err := cpuBusyTicks(c.stat, c.cpus)
+		got, err := BusyTicks(c.stat, c.cpus)
 		if (err != nil) != c.wantErr || got != c.want {
 			t.Errorf("%s: got %d, %v; want %d, error %v", c.name, got, err, c.want, c.wantErr)
 		}
 	}
 }
 
-func TestReadCPUBusyMoves(t *testing.T) {
-	a, err := readCPUBusy(nil)
+func TestReadBusyMoves(t *testing.T) {
+	a, err := ReadBusy(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestReadCPUBusyMoves(t *testing.T) {
 	for i := 0; i < 60_000_000; i++ {
 		x += i ^ (x >> 3)
 	}
-	b, err := readCPUBusy([]int{})
+	b, err := ReadBusy([]int{})
 	if err != nil {
 		t.Fatal(err)
 	}
