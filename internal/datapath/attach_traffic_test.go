@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestAttachUnderTraffic attaches and detaches the pod program while UDP
@@ -19,7 +17,8 @@ import (
 //
 // It also guards the VM runner's choice of single-threaded TCG: under
 // multi-threaded TCG (QEMU 7.2) the guest died with "Oops: int3" in
-// __dev_queue_xmit within a second of this kind of load (hack/vm/README.md §10).
+// __netif_receive_skb_core or __dev_queue_xmit within a second of this
+// load (hack/vm/README.md §10).
 func TestAttachUnderTraffic(t *testing.T) {
 	requireRoot(t)
 	const duration = 3 * time.Second
@@ -68,9 +67,10 @@ func TestAttachUnderTraffic(t *testing.T) {
 	var wg sync.WaitGroup
 	var echoErr error
 	wg.Go(func() { // the echo: CPU 0, like the client
-		runtime.LockOSThread() // never unlocked: the pinned thread ends with the goroutine
 		if twoCPUs {
-			pinCPU(0)
+			if echoErr = pinOneCPU(0); echoErr != nil {
+				return
+			}
 		}
 		buf := make([]byte, 64)
 		for {
@@ -92,9 +92,10 @@ func TestAttachUnderTraffic(t *testing.T) {
 	clientDone := make(chan struct{})
 	go func() { // the client: one datagram at a time, so no buffer can overflow
 		defer close(clientDone)
-		runtime.LockOSThread()
 		if twoCPUs {
-			pinCPU(0)
+			if clientErr = pinOneCPU(0); clientErr != nil {
+				return
+			}
 		}
 		dst := &net.UDPAddr{IP: net.IPv4(10, 250, 7, 2), Port: 7777}
 		buf := make([]byte, 64)
@@ -125,12 +126,11 @@ func TestAttachUnderTraffic(t *testing.T) {
 	toggles := 0
 	inNetns(t, ns, func() { // the toggler: CPU 1 while the traffic runs on CPU 0
 		if twoCPUs {
-			var orig unix.CPUSet
-			if err := unix.SchedGetaffinity(0, &orig); err != nil {
+			// pinOneCPU locks the thread once more than inNetns unlocks it:
+			// the pinned thread ends with inNetns's goroutine
+			if err := pinOneCPU(1); err != nil {
 				t.Fatal(err)
 			}
-			defer unix.SchedSetaffinity(0, &orig)
-			pinCPU(1)
 		}
 		for end := time.Now().Add(duration); time.Now().Before(end); toggles++ {
 			if err := d.AttachPod("lxc1"); err != nil {
@@ -170,11 +170,4 @@ func listenUDP(t *testing.T, addr string) *net.UDPConn {
 		t.Fatal(err)
 	}
 	return conn
-}
-
-// pinCPU restricts the calling (locked) OS thread to one CPU.
-func pinCPU(cpu int) {
-	var set unix.CPUSet
-	set.Set(cpu)
-	unix.SchedSetaffinity(0, &set) // best effort: unpinned, the test only loses its point
 }
