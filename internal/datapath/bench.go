@@ -12,8 +12,9 @@ import (
 // BenchmarkPrograms runs each loaded program repeat times on pkt with
 // BPF_PROG_TEST_RUN, as if received on device ifindex (0: loopback), and
 // returns the mean time per run by program name ("pod_egress",
-// "uplink_ingress"). pkt should carry TTL / hop limit 255 (benchProgram). The packet's fate depends on the maps and the FIB of the
-// calling thread's netns. Needs bpf host routing.
+// "uplink_ingress"). pkt should carry TTL / hop limit 255 (benchProgram).
+// The packet's fate depends on the maps and the FIB of the calling thread's
+// netns. Needs bpf host routing.
 func (d *Datapath) BenchmarkPrograms(pkt []byte, ifindex, repeat int) (map[string]time.Duration, error) {
 	if d.podProg == nil || d.upProg == nil {
 		return nil, errors.New("benchmark: programs not loaded (host routing is legacy)")

@@ -381,11 +381,13 @@ func udpEcho(t *testing.T, client, srv string, addr netip.Addr, n int) int {
 // records nothing.
 //
 // Not by default: switching the tracepoint on and off patches kernel text,
-// and under TCG another vCPU then hits the patch's int3 ("Oops: int3" in
+// and under multi-threaded TCG (hack/vm -mttcg, the VMs' default until
+// 2026-11-26) another vCPU then hits the patch's int3 ("Oops: int3" in
 // ttwu_do_activate / __schedule, a kernel panic): 3 of 8 runs of
 // TestNodePortTrafficBigTCP in the 6.12 VM with it, 0 of 5 without
-// (2026-11-26). It had done its job: the n1 TxDropped of the IPv6 SNAT
-// transfers are SKB_BAD_GSO drops in __dev_queue_xmit.
+// (2026-11-26; hack/vm/README.md §10). It had done its job: the n1
+// TxDropped of the IPv6 SNAT transfers are SKB_BAD_GSO drops in
+// __dev_queue_xmit.
 func traceDrops(t *testing.T, proto uint16) (stop func() string) {
 	t.Helper()
 	none := func() string { return "" }
