@@ -9,6 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/brnf"
 )
 
 // Addressing plan (docs/contracts.md "Lab topology"). Indices are written
@@ -71,6 +73,12 @@ func createWire() error {
 		{"net.ipv6.conf.all.disable_ipv6", "1"},
 		{"net.ipv6.conf.default.disable_ipv6", "1"},
 	}); err != nil {
+		return err
+	}
+	// A switch runs no netfilter: br_netfilter would cost every packet on
+	// the wire CPU time (both sides of a lab benchmark) and, on some
+	// kernels, drop IPv6 BIG TCP packets (package brnf).
+	if err := brnf.Disable(netnsPath(WireNetns)); err != nil {
 		return err
 	}
 	nl, h, err := netlinkAt(WireNetns)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/brnf"
 )
 
 func TestAddressPlan(t *testing.T) {
@@ -59,6 +61,13 @@ func TestTopology(t *testing.T) {
 	st := &State{External: newExternal()}
 	for i := 1; i <= 2; i++ {
 		st.Nodes = append(st.Nodes, newNode(t.TempDir(), "", i))
+	}
+	// br_netfilter's switches as the host has them (absent without it)
+	hostBrnf := map[string]string{}
+	for _, tb := range brnf.Tables() {
+		if b, err := os.ReadFile(brnf.Path(tb)); err == nil {
+			hostBrnf[tb] = string(b)
+		}
 	}
 	if err := createWire(); err != nil {
 		t.Fatal(err)
@@ -115,6 +124,19 @@ func TestTopology(t *testing.T) {
 		out, err := run(tc.ns, "cat", "/proc/sys/"+tc.key)
 		if err != nil || strings.TrimSpace(out) != tc.want {
 			t.Errorf("%s %s = %q (%v), want %s", tc.ns, tc.key, out, err, tc.want)
+		}
+	}
+	// the wire runs no netfilter; the host's own bridges keep theirs
+	for _, tb := range brnf.Tables() {
+		out, err := run(WireNetns, "cat", brnf.Path(tb))
+		if _, loaded := hostBrnf[tb]; !loaded {
+			continue // no br_netfilter here
+		}
+		if err != nil || strings.TrimSpace(out) != "0" {
+			t.Errorf("%s: bridge-nf-call-%s = %q (%v), want 0", WireNetns, tb, out, err)
+		}
+		if b, err := os.ReadFile(brnf.Path(tb)); err != nil || string(b) != hostBrnf[tb] {
+			t.Errorf("host bridge-nf-call-%s changed from %q to %q (%v)", tb, hostBrnf[tb], b, err)
 		}
 	}
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "ForwDatagrams"); err != nil {
