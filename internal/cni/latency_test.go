@@ -33,13 +33,18 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/brnf"
 	"github.com/axonhq/axon/internal/datapath"
 )
 
 // wireBridge joins a and b through a bridge in a wire netns, as the lab does:
-// node eth0 <-veth-> wire netns port, both ports in bridge br0.
+// node eth0 <-veth-> wire netns port, both ports in bridge br0, without
+// br_netfilter.
 func wireBridge(t *testing.T, a, b *benchNode) {
 	wire := newNetns(t, "lw")
+	if err := brnf.Disable("/run/netns/" + wire); err != nil {
+		t.Fatal(err)
+	}
 	run(t, "ip", "-n", wire, "link", "add", "br0", "type", "bridge")
 	run(t, "ip", "-n", wire, "link", "set", "br0", "up")
 	for i, n := range []*benchNode{a, b} {

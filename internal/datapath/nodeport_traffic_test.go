@@ -34,6 +34,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	wire := f.wire
 	f.client, f.node, f.backend = newNetns(t, "npc"), newNetns(t, "npn"), newNetns(t, "npb")
 	w := nsConf(t, wire)
+	w.noBridgeNetfilter()
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
 	if err := w.h.LinkAdd(br); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/brnf"
 )
 
 // nsCfg configures one named netns through netlink, the way `ip` would, so
@@ -158,6 +160,16 @@ func (c *nsCfg) sysctl(key, val string) {
 			c.t.Errorf("%s: sysctl %s=%s: %v", c.ns, key, val, err)
 		}
 	})
+}
+
+// noBridgeNetfilter keeps br_netfilter off this netns' bridges, as on a
+// switch; with it, some kernels drop IPv6 BIG TCP packets at the bridge port
+// (package brnf).
+func (c *nsCfg) noBridgeNetfilter() {
+	c.t.Helper()
+	if err := brnf.Disable("/run/netns/" + c.ns); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // procNet reads /proc/net/<file> as seen from this netns (thread-self: the

@@ -387,7 +387,8 @@ func udpEcho(t *testing.T, client, srv string, addr netip.Addr, n int) int {
 // TestNodePortTrafficBigTCP in the 6.12 VM with it, 0 of 5 without
 // (2026-11-26; hack/vm/README.md §10). It had done its job: the n1
 // TxDropped of the IPv6 SNAT transfers are SKB_BAD_GSO drops in
-// __dev_queue_xmit.
+// __dev_queue_xmit, which br_netfilter on the wire caused
+// (nsCfg.noBridgeNetfilter).
 func traceDrops(t *testing.T, proto uint16) (stop func() string) {
 	t.Helper()
 	none := func() string { return "" }
