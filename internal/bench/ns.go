@@ -37,7 +37,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/cpustat"
 	labpkg "github.com/axonhq/axon/internal/lab"
 )
@@ -198,38 +197,6 @@ func kernelRelease() string {
 	return strings.TrimSpace(string(b))
 }
 
-// nodePortAttach returns how the agent at socket attached its north-south LB
-// ("<value> — <reason>" of its nodeport_lb status), waiting up to wait while
-// the LB is still pending or the agent does not answer. The agent loads the
-// LB after the tc datapath and the first Service sync, at most 10 s after it
-// starts, so a lab that is just up may not have it yet (CI, 2026-11-26: an
-// XDP sample skipped as "pending").
-func nodePortAttach(ctx context.Context, socket string, wait time.Duration) string {
-	deadline := time.Now().Add(wait)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		stt, err := api.NewClient(socket).Status(cctx)
-		cancel()
-		attach, settled := "status: "+fmt.Sprint(err), false
-		if err == nil {
-			attach = "no nodeport_lb in the agent's status"
-			for _, d := range stt.Datapath {
-				if d.Name == "nodeport_lb" {
-					attach, settled = d.Value+" — "+d.Reason, d.Value != "pending"
-				}
-			}
-		}
-		if settled || time.Now().After(deadline) {
-			return attach
-		}
-		select {
-		case <-ctx.Done():
-			return attach
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
 // measureNS brings the configuration's lab up and takes one sample.
 func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon string, progress func(string, ...any)) NSSample {
 	s := NSSample{Rep: rep, Config: c.Name, ConnRate: math.NaN(), ConnectP50: math.NaN(), ConnectP99: math.NaN(), CycleP50: math.NaN(), SoftirqUsPerConn: math.NaN(), NetRxPerConn: math.NaN(),
@@ -253,7 +220,11 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 		}
 	}
 	if st.Datapath == labpkg.DatapathAxon {
-		s.Attach = nodePortAttach(ctx, entry.Socket, 30*time.Second)
+		v, reason, err := labpkg.NodePortDecision(ctx, entry.Socket, 30*time.Second)
+		s.Attach = v + " — " + reason
+		if err != nil {
+			s.Attach = err.Error()
+		}
 		if c.WantXDP && !strings.HasPrefix(s.Attach, "xdp") {
 			s.Skipped = "the north-south LB did not attach at XDP: " + s.Attach
 			progress("rep %d %-20s skipped: %s", rep, c.Name, s.Skipped)
