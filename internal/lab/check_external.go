@@ -804,14 +804,16 @@ func extCellText(cs []ExtCell) string {
 }
 
 // nodePortStatus returns each agent's nodeport_lb decision value ("" when
-// its status has none); agents that do not answer are left out.
+// its status has none); agents that do not answer are left out. It waits up
+// to 15 s in all for LBs that are still pending.
 func nodePortStatus(ctx context.Context, st *State) map[string]string {
 	out := map[string]string{}
+	deadline := time.Now().Add(15 * time.Second)
 	for _, n := range st.Nodes {
 		if n.Agent == nil {
 			continue
 		}
-		if v, _, err := NodePortDecision(ctx, n.Socket, 15*time.Second); err == nil {
+		if v, _, err := NodePortDecision(ctx, n.Socket, time.Until(deadline)); err == nil {
 			out[n.Name] = v
 		}
 	}
@@ -824,8 +826,8 @@ func nodePortStatus(ctx context.Context, st *State) map[string]string {
 // does not answer, it asks again for up to wait: the agent loads the LB after
 // the tc datapath and the first Service sync, at most 10 s after it starts,
 // so a lab that is just up may not have it yet (CI, 2026-11-26: an XDP
-// benchmark sample skipped as "pending"). The error is the last failure to
-// reach the agent.
+// benchmark sample skipped as "pending"); with no time left it asks once. The
+// error is the last failure to reach the agent.
 func NodePortDecision(ctx context.Context, socket string, wait time.Duration) (value, reason string, err error) {
 	deadline := time.Now().Add(wait)
 	for {

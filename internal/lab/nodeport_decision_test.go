@@ -53,6 +53,7 @@ func TestNodePortDecision(t *testing.T) {
 		{desc: "disabled is an answer", values: []string{"disabled"}, wait: 5 * time.Second, want: "disabled", calls: 1, maxDuration: 2 * time.Second},
 		{desc: "pending, then attached", values: []string{"pending", "pending", "tc"}, wait: 5 * time.Second, want: "tc", calls: 3, maxDuration: 4 * time.Second},
 		{desc: "pending past the wait", values: []string{"pending"}, wait: 600 * time.Millisecond, want: "pending", maxDuration: 3 * time.Second},
+		{desc: "no time left: one question", values: []string{"pending", "xdp"}, wait: 0, want: "pending", calls: 1, maxDuration: 2 * time.Second},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			h := &statusSeq{values: tc.values}
