@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"path/filepath"
 	"sync/atomic"
@@ -26,11 +25,13 @@ func (s *statusSeq) Status(context.Context) (api.Status, error) {
 	return api.Status{Datapath: []api.Decision{{Name: "datapath", Value: "tcx"}, {Name: "nodeport_lb", Value: v, Reason: "why " + v}}}, nil
 }
 
-// serveAPI serves h on a unix socket, as the agent does, until the test ends.
+// serveAPI serves h on a unix socket with the agent's listener and mux until
+// the test ends (not api.Serve: it blocks, and in a goroutine it might not
+// listen yet when the first request comes).
 func serveAPI(t *testing.T, h api.Handler) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := net.Listen("unix", sock)
+	ln, err := api.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
