@@ -2,7 +2,9 @@
 /* lb_tc.c: north-south load balancing at tc on the node uplink
  * (lib/nodeport.h). Two programs:
  *   axon_lb_ingress  tcx ingress, ordered before axon_uplink_ingress; packets
- *                    it does not finish continue to it (TC_ACT_UNSPEC)
+ *                    it does not finish continue to it (TC_ACT_UNSPEC);
+ *                    with cfg_deliver_pods it also delivers pod-bound TCP
+ *                    and UDP itself (lb_deliver_pod)
  *   axon_lb_egress   tcx egress: replies of local backends get their
  *                    frontend back as source
  *   axon_lb_decap    tc ingress of a DSR backend: strips the IPIP / IPv6-in-IPv6
@@ -13,11 +15,41 @@
 #include "lib/common.h"
 #include "lib/ctx.h"
 #include "lib/nodeport.h"
+#include "lib/forward.h"
+
+/* cfg_deliver_pods (load time): 1 when the node's pods are reached with
+ * BPF host routing, i.e. axon_uplink_ingress runs after this program. TCP
+ * and UDP for a local pod are then delivered here (uplink_to_pod), as
+ * axon_uplink_ingress would: one program run per packet instead of two on
+ * the hottest pod path. Whatever needs a decision (no endpoint, TTL <= 1)
+ * goes on to axon_uplink_ingress, which decides and counts it. 0 (the
+ * standalone L4 LB, legacy host routing): the LB never delivers. */
+volatile const __u8 cfg_deliver_pods = 0;
+
+/* lb_deliver_pod: a pod-bound TCP/UDP packet np_ingress left alone. */
+AXON_INLINE int lb_deliver_pod(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct endpoint_info *ep;
+	enum parse_result r = parse_packet(skb, &pkt);
+
+	if (r != PARSE_IPV4 && r != PARSE_IPV6)
+		return TC_ACT_UNSPEC;
+	ep = local_lookup(&pkt);
+	if (!ep || (pkt.ip4 ? pkt.ip4->ttl : pkt.ip6->hop_limit) <= 1)
+		return TC_ACT_UNSPEC;
+	return uplink_to_pod(skb, &pkt, ep);
+}
 
 SEC("tc")
 int axon_lb_ingress(struct __sk_buff *skb)
 {
-	return np_ingress(skb, NP_HOOK_TC);
+	int pod = 0;
+	int rc = np_ingress(skb, NP_HOOK_TC, &pod);
+
+	if (pod && cfg_deliver_pods)
+		return lb_deliver_pod(skb);
+	return rc;
 }
 
 SEC("tc")

@@ -9,7 +9,7 @@
 SEC("xdp")
 int axon_lb_xdp(struct xdp_md *ctx)
 {
-	return np_ingress(ctx, NP_HOOK_XDP);
+	return np_ingress(ctx, NP_HOOK_XDP, 0);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* uplink_ingress.c: tc ingress of the node uplink. Traffic for a pod on
  * this node goes straight into the pod netns with bpf_redirect_peer;
- * everything else continues up the stack untouched. */
+ * everything else continues up the stack untouched. When the north-south
+ * LB runs before it with cfg_deliver_pods (lb_tc.c), pod-bound TCP and UDP
+ * never get here: this program sees the rest (ICMP, other protocols, what
+ * the LB passed on). */
 #include "lib/common.h"
 #include "lib/eth_ip.h"
 #include "lib/endpoint.h"
 #include "lib/metrics.h"
 #include "lib/forward.h"
-#include "lib/edt.h" /* issue 6: ingress bandwidth policer */
 
 SEC("tc")
 int axon_uplink_ingress(struct __sk_buff *skb)
@@ -26,11 +28,7 @@ int axon_uplink_ingress(struct __sk_buff *skb)
 	}
 	if (ttl_expired(&pkt, dir))
 		return TC_ACT_OK;
-	/* issue 6: kubernetes.io/ingress-bandwidth, policed before the
-	 * redirect (bpf_redirect_peer skips the host veth's egress hook). */
-	if (bw_ingress_police(skb, &pkt))
-		return TC_ACT_SHOT;
-	return deliver_local(&pkt, ep, dir);
+	return uplink_to_pod(skb, &pkt, ep);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

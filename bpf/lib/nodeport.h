@@ -1352,8 +1352,11 @@ decap:
 	return 0;
 }
 
-/* np_ingress is the whole uplink ingress path (tc and XDP). */
-AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
+/* np_ingress is the whole uplink ingress path (tc and XDP). *pod (pod may
+ * be NULL) is set to 1 when the packet is TCP or UDP for this node's
+ * podCIDR and so no business of the LB: axon_lb_ingress then hands it to
+ * its pod itself (lb_tc.c). */
+AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 {
 	struct np_pkt p = {};
 	int rc;
@@ -1385,6 +1388,8 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook)
 	    np_to_local_pod(p.t.daddr, p.v6)) {
 		/* pod traffic: no frontend can match (axon_np_pods) */
 		np_count(hook, NP_NOT_SERVICE);
+		if (pod)
+			*pod = 1;
 		return CTX_NEXT;
 	}
 	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */

@@ -164,6 +164,7 @@ func (a *Agent) ensureNodePort() {
 			SNATPortMax:     snatMax,
 			MaglevTableSize: uint32(c.MaglevSize),
 			HashSeed:        hashSeed(c.MaglevSeed),
+			DeliverPods:     a.podsRoutedByBPF(),
 			Logger:          a.log.With("component", "nodeport"),
 		})
 		if err != nil {
@@ -478,4 +479,22 @@ func (a *Agent) ctGC() {
 	if st.CTDeleted > 0 || st.NATDeleted > 0 {
 		a.log.Debug("conntrack gc", "ctScanned", st.CTEntries, "ctDeleted", st.CTDeleted, "natScanned", st.NATEntries, "natDeleted", st.NATDeleted)
 	}
+}
+
+// podsRoutedByBPF reports whether the pod datapath is loaded with BPF host
+// routing (axon_uplink_ingress on the uplink, its maps pinned under
+// BPFRoot): the north-south LB then delivers pod-bound TCP and UDP itself
+// (datapath.NodePortOptions.DeliverPods). Before the datapath is loaded it
+// is false, and the uplink program delivers everything.
+func (a *Agent) podsRoutedByBPF() bool {
+	v := a.dpView.Load()
+	if v == nil {
+		return false
+	}
+	for _, d := range (*v).Decisions() {
+		if d.Name == "host_routing" {
+			return d.Value == datapath.RoutingBPF
+		}
+	}
+	return false
 }

@@ -110,7 +110,15 @@ type NodePortOptions struct {
 	// NoNeigh: the kernel lacks bpf_redirect_neigh (tc falls back to the
 	// stack for unresolved neighbours). Normally false (probed by the caller).
 	NoNeigh bool
-	Logger  *slog.Logger
+	// DeliverPods: the node's pod datapath (Load, same PinDir) is loaded
+	// with BPF host routing, so axon_uplink_ingress runs after the LB on the
+	// uplink. The LB's tc program then delivers TCP and UDP for a local pod
+	// itself, with the pod datapath's endpoint, metrics and bandwidth maps
+	// (shared through their pins): one program run per packet on that path
+	// instead of two (bpf/lb_tc.c, cfg_deliver_pods). False (the standalone
+	// L4 LB, legacy host routing): the LB never delivers to pods.
+	DeliverPods bool
+	Logger      *slog.Logger
 }
 
 // FrontendOptions are the per-frontend settings lb.Frontend does not carry.
@@ -265,6 +273,9 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 	}
+	if err := o.setPodDelivery(spec, dryRun); err != nil {
+		return err
+	}
 	for name, n := range map[string]uint32{MapNPCT: o.CTMax, MapNPNAT: o.NATMax, MapNPAffinity: o.AffinityMax, MapNPFrag: o.FragMax} {
 		if ms := spec.Maps[name]; ms != nil {
 			ms.MaxEntries = n
@@ -272,6 +283,42 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 	}
 	if ms := spec.Maps[MapLBMaglev]; ms != nil && ms.InnerMap != nil {
 		ms.InnerMap.MaxEntries = o.MaglevTableSize
+	}
+	return nil
+}
+
+// podDeliveryMaps are the pod datapath's maps the tc LB program uses to
+// deliver pod-bound traffic (bpf/lib/forward.h, bpf/lib/edt.h).
+var podDeliveryMaps = []string{"axon_ep_v4", "axon_ep_v6", "axon_metrics", MapBWAddr, MapBWState, MapBWStats, MapBWGate}
+
+// setPodDelivery sets cfg_deliver_pods in the tc object (the XDP object has
+// no such variable and is left alone). With delivery on, the pod maps are
+// taken from their pins under PinDir, which the pod datapath created. Off
+// (and in the dry-run instance), the code using them is pruned by the
+// verifier, so they are loaded as one-entry maps that are not pinned: an LB
+// without a pod datapath does not leave pod maps behind.
+func (o *NodePortOptions) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool) error {
+	vs, ok := spec.Variables["cfg_deliver_pods"]
+	if !ok {
+		return nil
+	}
+	on := o.DeliverPods && !dryRun
+	if err := vs.Set(boolU8(on)); err != nil {
+		return fmt.Errorf("set cfg_deliver_pods: %w", err)
+	}
+	for _, name := range podDeliveryMaps {
+		ms := spec.Maps[name]
+		if ms == nil {
+			return fmt.Errorf("lb_tc object has no map %s (stale object: run go generate ./internal/datapath)", name)
+		}
+		if on {
+			if _, err := os.Stat(filepath.Join(o.PinDir, name)); err != nil {
+				return fmt.Errorf("DeliverPods: the pod datapath's map %s is not pinned under %s (load the pod datapath first): %w", name, o.PinDir, err)
+			}
+			continue
+		}
+		ms.Pinning = ebpf.PinNone
+		ms.MaxEntries = 1
 	}
 	return nil
 }
