@@ -33,6 +33,7 @@ type dataplane interface {
 	Endpoints() ([]MapEntry, error)
 	GCPodLinks(keep map[string]bool) error
 	Decisions() []api.Decision
+	HostRouting() string // datapath.RoutingBPF or datapath.ModeLegacy
 	Features() []api.Feature
 	Metrics() (map[string]uint64, error)
 	Close() error

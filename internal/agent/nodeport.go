@@ -488,13 +488,5 @@ func (a *Agent) ctGC() {
 // is false, and the uplink program delivers everything.
 func (a *Agent) podsRoutedByBPF() bool {
 	v := a.dpView.Load()
-	if v == nil {
-		return false
-	}
-	for _, d := range (*v).Decisions() {
-		if d.Name == "host_routing" {
-			return d.Value == datapath.RoutingBPF
-		}
-	}
-	return false
+	return v != nil && (*v).HostRouting() == datapath.RoutingBPF
 }
