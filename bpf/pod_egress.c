@@ -20,6 +20,7 @@
 volatile const __u8 cfg_enable_fib = 1;   /* 0: non-local traffic goes to the stack */
 volatile const __u8 cfg_enable_neigh = 1; /* 0: NO_NEIGH goes to the stack */
 volatile const __u8 cfg_netkit = 0;       /* 1: runs on a netkit peer (xmit path), not at tc ingress */
+volatile const __u8 cfg_fib_cache = 0;    /* 1: IPv4 routes cached under rt_genid (lib/fib_cache.h) */
 
 /* deliver_local_xmit: local delivery from a netkit peer program. The skb is
  * in a device's transmit path, where bpf_redirect_peer is refused, so it is
@@ -65,7 +66,7 @@ int axon_pod_egress(struct __sk_buff *skb)
 		metrics_count(dir, AXON_PASS_NO_ROUTE);
 		return TC_ACT_OK;
 	}
-	return fib_forward(skb, &pkt, dir, cfg_enable_neigh);
+	return fib_forward(skb, &pkt, dir, cfg_enable_neigh, cfg_fib_cache);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

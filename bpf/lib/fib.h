@@ -7,6 +7,7 @@
 #include "eth_ip.h"
 #include "l3.h"
 #include "metrics.h"
+#include "fib_cache.h"
 
 #define AXON_IPV6_FLOWINFO_MASK bpf_htonl(0x0FFFFFFF)
 
@@ -18,15 +19,36 @@
  *   NOT_FWDED (local address, no route) -> the stack (AXON_PASS_HOST_BOUND)
  *   anything else (unreachable, frag needed, forwarding off...) -> the stack
  * tot_len is left 0 so the kernel checks the MTU with is_skb_forwardable,
- * which accepts GSO packets. TTL <= 1 was handled by the caller. */
+ * which accepts GSO packets. TTL <= 1 was handled by the caller.
+ *
+ * use_cache (needs use_neigh): an IPv4 route found in fib_cache.h's cache
+ * under the netns' current rt_genid is used without a lookup: TTL-1,
+ * bpf_redirect_neigh to its next hop (the kernel fills the MACs), counted
+ * as AXON_REDIRECT_FIB. SUCCESS and NO_NEIGH results with an IPv4 next hop
+ * fill the cache. */
 AXON_INLINE int fib_forward(struct __sk_buff *skb, struct packet *pkt,
-			    enum axon_dir dir, int use_neigh)
+			    enum axon_dir dir, int use_neigh, int use_cache)
 {
 	struct bpf_fib_lookup params = {};
 	struct bpf_redir_neigh nh = {};
+	struct fib_cache_entry *ce = NULL;
+	__u32 iif = skb->ifindex; /* read once: the verifier refuses a kept ctx+off pointer */
+	__u32 genid = 0;
+	int hit = 0;
 	long rc;
 
-	params.ifindex = skb->ifindex;
+	if (use_cache && use_neigh && pkt->ip4 && fib_cache_genid(skb, &genid)) {
+		ce = fib_cache_get(skb, iif, pkt->ip4, genid, &hit);
+		if (ce && hit) {
+			nh.nh_family = AXON_AF_INET;
+			nh.ipv4_nh = ce->nh;
+			ipv4_dec_ttl(pkt->ip4);
+			metrics_count(dir, AXON_REDIRECT_FIB);
+			return bpf_redirect_neigh(ce->oif, &nh, sizeof(nh), 0);
+		}
+	}
+
+	params.ifindex = iif;
 	if (pkt->ip4) {
 		params.family = AXON_AF_INET;
 		params.tos = pkt->ip4->tos;
@@ -44,6 +66,10 @@ AXON_INLINE int fib_forward(struct __sk_buff *skb, struct packet *pkt,
 	}
 
 	rc = bpf_fib_lookup(skb, &params, sizeof(params), 0);
+	if (ce && params.family == AXON_AF_INET &&
+	    (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH))
+		fib_cache_put(ce, iif, pkt->ip4, genid, params.ifindex,
+			      params.ipv4_dst, params.mtu_result);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		/* bpf_fib_lookup does not change packet data: pkt is valid. */

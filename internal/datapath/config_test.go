@@ -46,8 +46,10 @@ func TestConfigNormalise(t *testing.T) {
 func TestDecide(t *testing.T) {
 	yes := Capability{Available: true, Reason: "probed"}
 	no := Capability{Reason: "missing"}
-	all := Features{TCX: yes, RedirectPeer: yes, RedirectNeigh: yes, FibLookup: yes, Netkit: no}
-	old := Features{TCX: no, RedirectPeer: no, RedirectNeigh: no, FibLookup: yes, Netkit: no}
+	all := Features{TCX: yes, RedirectPeer: yes, RedirectNeigh: yes, FibLookup: yes, Netkit: no, FibCache: yes}
+	noCache := all
+	noCache.FibCache = no
+	old := Features{TCX: no, RedirectPeer: no, RedirectNeigh: no, FibLookup: yes, Netkit: no, FibCache: no}
 	cases := []struct {
 		desc            string
 		feats           Features
@@ -55,17 +57,21 @@ func TestDecide(t *testing.T) {
 		wantAttach      string
 		wantRouting     string
 		wantErr         bool
+		noFibCache      bool
+		wantCache       bool
 	}{
-		{"new kernel, auto", all, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false},
-		{"new kernel, legacy attach requested", all, ModeLegacy, ModeAuto, ModeLegacy, RoutingBPF, false},
-		{"new kernel, legacy routing requested", all, ModeAuto, ModeLegacy, ModeTCX, ModeLegacy, false},
-		{"old kernel, auto falls back", old, ModeAuto, ModeAuto, ModeLegacy, ModeLegacy, false},
-		{"old kernel, tcx required", old, ModeTCX, ModeAuto, "", "", true},
-		{"old kernel, bpf routing required", old, ModeAuto, RoutingBPF, "", "", true},
+		{"new kernel, auto", all, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, false, true},
+		{"new kernel, route cache off by configuration", all, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, true, false},
+		{"kernel without the route cache (6.1)", noCache, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, false, false},
+		{"new kernel, legacy attach requested", all, ModeLegacy, ModeAuto, ModeLegacy, RoutingBPF, false, false, true},
+		{"new kernel, legacy routing requested", all, ModeAuto, ModeLegacy, ModeTCX, ModeLegacy, false, false, false},
+		{"old kernel, auto falls back", old, ModeAuto, ModeAuto, ModeLegacy, ModeLegacy, false, false, false},
+		{"old kernel, tcx required", old, ModeTCX, ModeAuto, "", "", true, false, false},
+		{"old kernel, bpf routing required", old, ModeAuto, RoutingBPF, "", "", true, false, false},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			d := &Datapath{cfg: Config{AttachMode: c.attach, HostRouting: c.routing}, feats: c.feats}
+			d := &Datapath{cfg: Config{AttachMode: c.attach, HostRouting: c.routing, NoFibCache: c.noFibCache}, feats: c.feats}
 			err := d.decide()
 			if c.wantErr {
 				if err == nil {
@@ -79,8 +85,11 @@ func TestDecide(t *testing.T) {
 			if d.attachMode != c.wantAttach || d.hostRouting != c.wantRouting {
 				t.Fatalf("attach %s routing %s, want %s %s", d.attachMode, d.hostRouting, c.wantAttach, c.wantRouting)
 			}
-			if len(d.decisions) != 4 { // attach, host_routing, device, big_tcp (issue 5)
+			if len(d.decisions) != 5 { // attach, host_routing, device, big_tcp (issue 5), fib_cache
 				t.Fatalf("decisions = %+v", d.decisions)
+			}
+			if d.fibCache != c.wantCache || (d.decisions[4].Value == "off") == c.wantCache {
+				t.Errorf("route cache %v (decision %+v), want %v", d.fibCache, d.decisions[4], c.wantCache)
 			}
 			for _, dec := range d.decisions {
 				if dec.Reason == "" {

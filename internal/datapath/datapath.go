@@ -24,6 +24,10 @@ type Config struct {
 	DeviceMode       string // DeviceMode*: "veth" (default) | "netkit" | "netkit-l2" | "auto"
 	EnableIPv4BigTCP bool   // BIG TCP for IPv4 on pod devices where the kernel and uplink allow it
 	EnableIPv6BigTCP bool   // BIG TCP for IPv6 on pod devices where the kernel and uplink allow it
+	// NoFibCache turns the per-CPU IPv4 route cache of axon_pod_egress off
+	// (bpf/lib/fib_cache.h): every packet to another node is then looked up
+	// in the FIB. The zero value uses the cache where the kernel loads it.
+	NoFibCache bool
 }
 
 // Attach modes and host routing values, as shown in Decisions.
@@ -52,6 +56,7 @@ type Datapath struct {
 	devType, nkMode string      // operational pod device: api.DeviceVeth|DeviceNetkit, "l3"|"l2"
 	nk              netkitProgs // programs for netkit pods, loaded on first use
 	bigTCP          BigTCP
+	fibCache        bool // cfg_fib_cache of axon_pod_egress (decideFibCache)
 
 	mu sync.Mutex // serialises attach/detach
 }
@@ -130,7 +135,28 @@ func (d *Datapath) decide() error {
 		return err
 	}
 	d.decideBigTCP() // issue 5: bigtcp.go
+	d.decideFibCache()
 	return nil
+}
+
+// decideFibCache: the IPv4 route cache is used with BPF host routing where
+// pod_egress loads with it, unless configured off.
+func (d *Datapath) decideFibCache() {
+	dec := api.Decision{Name: "fib_cache", Value: "off"}
+	switch {
+	case d.hostRouting != RoutingBPF:
+		dec.Reason = "off: no BPF host routing, the kernel forwards"
+	case d.cfg.NoFibCache:
+		dec.Reason = "off: --fib-cache=false, every packet to another node is looked up in the FIB"
+	case !d.feats.FibCache.Available:
+		dec.Reason = "off: " + d.feats.FibCache.Reason
+	default:
+		d.fibCache = true
+		dec.Value = "ipv4"
+		dec.Reason = "IPv4 routes to other nodes cached per CPU, used while the netns' route generation (rt_genid) is unchanged; " +
+			"neighbours resolved per packet (bpf_redirect_neigh); IPv6 looked up per packet"
+	}
+	d.decisions = append(d.decisions, dec)
 }
 
 // Load probes the kernel, loads the programs (reusing maps pinned under
@@ -174,7 +200,13 @@ func (d *Datapath) loadObjects() error {
 		return fmt.Errorf("parse pod_egress object: %w", err)
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
-	var maps podEgressMaps
+	// The pinned maps the datapath keeps; the programs' private maps (the
+	// route cache) are created with each program.
+	var maps struct {
+		AxonEpV4    *ebpf.Map `ebpf:"axon_ep_v4"`
+		AxonEpV6    *ebpf.Map `ebpf:"axon_ep_v6"`
+		AxonMetrics *ebpf.Map `ebpf:"axon_metrics"`
+	}
 	if err := podSpec.LoadAndAssign(&maps, opts); err != nil {
 		return fmt.Errorf("load maps: %w", incompatibleHint(err, d.cfg.PinDir))
 	}
@@ -184,6 +216,9 @@ func (d *Datapath) loadObjects() error {
 	}
 	if err := podSpec.Variables["cfg_enable_neigh"].Set(boolU8(d.feats.RedirectNeigh.Available)); err != nil {
 		return fmt.Errorf("set cfg_enable_neigh: %w", err)
+	}
+	if err := podSpec.Variables["cfg_fib_cache"].Set(boolU8(d.fibCache)); err != nil {
+		return fmt.Errorf("set cfg_fib_cache: %w", err)
 	}
 	opts.MapReplacements = map[string]*ebpf.Map{
 		"axon_ep_v4": d.epV4, "axon_ep_v6": d.epV6, "axon_metrics": d.metrics,

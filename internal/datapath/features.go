@@ -34,6 +34,7 @@ type Features struct {
 	BPFFS         Capability // bpffs mounted at /sys/fs/bpf
 	BigTCP        Capability // gso_max_size > 64k (BIG TCP)
 	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (issue 4)
+	FibCache      Capability // pod_egress loads with the rt_genid-checked IPv4 route cache
 }
 
 // List returns the probe results in the agent API form.
@@ -51,6 +52,7 @@ func (f Features) List() []api.Feature {
 		mk("bpffs", f.BPFFS),
 		mk("big_tcp", f.BigTCP),
 		mk("bpf_sock_destroy", f.SockDestroy),
+		mk("fib_cache", f.FibCache),
 	}
 }
 
@@ -72,6 +74,11 @@ func Probe() Features {
 	f.RedirectNeigh = helper(asm.FnRedirectNeigh, "bpf_redirect_neigh")
 	f.FibLookup = helper(asm.FnFibLookup, "bpf_fib_lookup")
 	f.SockDestroy = ProbeSockDestroy()
+	if f.RedirectNeigh.Available {
+		f.FibCache = ProbeFibCache()
+	} else {
+		f.FibCache = Capability{Reason: "fib_cache: needs bpf_redirect_neigh, which this kernel lacks"}
+	}
 
 	if ok, err := isBPFFS(BPFFSRoot); err != nil {
 		f.BPFFS = Capability{Reason: err.Error()}
@@ -197,4 +204,30 @@ func probeBigTCP(h *netlink.Handle) Capability {
 		reason += ", IPv4 too"
 	}
 	return Capability{Available: true, Reason: reason}
+}
+
+// ProbeFibCache loads axon_pod_egress with its IPv4 route cache on
+// (cfg_fib_cache = 1, bpf/lib/fib_cache.h), with private maps: it needs the
+// bpf_cast_to_kern_ctx kfunc (Linux 6.3+), the kernel's BTF for the CO-RE
+// read of the netns' rt_genid, and bpf_redirect_neigh. Where it does not
+// load, every packet to another node is looked up in the FIB, as before.
+func ProbeFibCache() Capability {
+	spec, err := loadPodEgress()
+	if err != nil {
+		return Capability{Reason: "fib_cache: parse pod_egress object: " + err.Error()}
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	if err := spec.Variables["cfg_fib_cache"].Set(uint8(1)); err != nil {
+		return Capability{Reason: "fib_cache: " + err.Error()}
+	}
+	var pp podEgressPrograms
+	if err := spec.LoadAndAssign(&pp, nil); err != nil {
+		return Capability{Reason: "fib_cache: pod_egress with the route cache does not load " +
+			"(needs the bpf_cast_to_kern_ctx kfunc, Linux 6.3+, and kernel BTF); " +
+			"routes are looked up per packet: " + err.Error()}
+	}
+	pp.Close()
+	return Capability{Available: true, Reason: "fib_cache: pod_egress loads with the rt_genid-checked IPv4 route cache (probed)"}
 }

@@ -34,6 +34,13 @@ type progFixture struct {
 
 func newProgFixture(t testing.TB) *progFixture {
 	t.Helper()
+	return newProgFixtureWith(t, nil)
+}
+
+// newProgFixtureWith is newProgFixture with the datapath Config changed by
+// mod (may be nil) before the programs load.
+func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
+	t.Helper()
 	requireRoot(t)
 	f := &progFixture{
 		gwMAC:   mustMAC(t, "02:00:00:00:00:12"),
@@ -69,6 +76,9 @@ func newProgFixture(t testing.TB) *progFixture {
 			}
 		}
 		cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
+		if mod != nil {
+			mod(&cfg)
+		}
 		if err := cfg.normalise(); err != nil {
 			t.Fatal(err)
 		}
