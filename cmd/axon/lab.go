@@ -83,6 +83,7 @@ func newLabCmd() *cobra.Command {
 
 func newLabUpCmd(f *labFlags) *cobra.Command {
 	o := lab.UpOptions{}
+	fibCache := true
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Create the lab: control plane, wire, nodes, agents and pods",
@@ -96,6 +97,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.BinDir = f.binDir
 			o.Logger = f.logger()
+			o.NoFibCache = !fibCache
 			t0 := time.Now()
 			l, err := lab.Up(cmd.Context(), f.stateDir, o)
 			if err != nil {
@@ -114,6 +116,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	// issue 5: pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
+	cmd.Flags().Var(&onOff{&fibCache}, "fib-cache", "axon agents' --fib-cache: IPv4 routes to other nodes cached in the pod egress program (on), or looked up per packet (off)")
 	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "Pod annotations kubernetes.io/{egress,ingress}-bandwidth: on (axon agents: EDT + fq, ingress token bucket), off, or cni-plugin (baseline: the reference bandwidth plugin's TBF chained after axon-cni, pods kernel-routed)") // issue 6
 	// issue 7: north-south LB of the axon agents (check_external.go)
 	cmd.Flags().StringVar(&o.LBAcceleration, "lb-acceleration", "", "axon agents' --lb-acceleration: native, best-effort or disabled (default: the agent's, disabled = tc only)")

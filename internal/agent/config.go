@@ -46,6 +46,7 @@ type Config struct {
 	DeviceMode       string // veth|netkit|netkit-l2|auto
 	EnableIPv4BigTCP bool   // BIG TCP for IPv4 where kernel and uplink allow it
 	EnableIPv6BigTCP bool   // BIG TCP for IPv6 where kernel and uplink allow it
+	FibCache         bool   // per-CPU IPv4 route cache in axon_pod_egress where the kernel loads it
 	// issue 7 (nodeport.go): north-south load balancer on the uplink
 	NodePortLB NodePortConfig
 	// issue 6 (bandwidth.go): Bandwidth Manager
@@ -75,6 +76,7 @@ func Defaults() Config {
 		DeviceMode:        DefaultDeviceMode, // issue 5
 		EnableIPv4BigTCP:  true,
 		EnableIPv6BigTCP:  true,
+		FibCache:          true,
 		NodePortLB:        DefaultNodePortConfig(), // issue 7
 		BandwidthHorizon:  DefaultBandwidthHorizon, // issue 6
 		CgroupRoot:        Cgroup2Mount(),

@@ -21,6 +21,7 @@ func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, 
 			DeviceMode:       cfg.DeviceMode,
 			EnableIPv4BigTCP: cfg.EnableIPv4BigTCP,
 			EnableIPv6BigTCP: cfg.EnableIPv6BigTCP,
+			NoFibCache:       !cfg.FibCache,
 		})
 		if err != nil {
 			return nil, err

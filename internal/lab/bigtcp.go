@@ -39,7 +39,8 @@ func validateDevice(dev string) error {
 	return nil
 }
 
-// deviceAgentArgs are the agent flags for the lab's device and BIG TCP settings.
+// deviceAgentArgs are the agent flags for the lab's device, BIG TCP and
+// route cache settings.
 func deviceAgentArgs(st *State) []string {
 	dev := st.Device
 	if dev == "" {
@@ -47,7 +48,11 @@ func deviceAgentArgs(st *State) []string {
 	}
 	args := []string{"--device-mode=" + dev}
 	on := fmt.Sprint(st.BigTCP)
-	return append(args, "--enable-ipv4-big-tcp="+on, "--enable-ipv6-big-tcp="+on)
+	args = append(args, "--enable-ipv4-big-tcp="+on, "--enable-ipv6-big-tcp="+on)
+	if st.NoFibCache {
+		args = append(args, "--fib-cache=false")
+	}
+	return args
 }
 
 // setWireBigTCP raises the GSO/GRO limits (IPv4 and IPv6) of the wire

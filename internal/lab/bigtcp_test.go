@@ -16,6 +16,7 @@ func TestDeviceAgentArgs(t *testing.T) {
 	}{
 		{State{}, []string{"--device-mode=veth", "--enable-ipv4-big-tcp=false", "--enable-ipv6-big-tcp=false"}},
 		{State{Device: DeviceNetkit, BigTCP: true}, []string{"--device-mode=netkit", "--enable-ipv4-big-tcp=true", "--enable-ipv6-big-tcp=true"}},
+		{State{BigTCP: true, NoFibCache: true}, []string{"--device-mode=veth", "--enable-ipv4-big-tcp=true", "--enable-ipv6-big-tcp=true", "--fib-cache=false"}},
 	}
 	for _, tc := range tests {
 		if got := deviceAgentArgs(&tc.st); !slices.Equal(got, tc.want) {

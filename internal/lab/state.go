@@ -113,6 +113,7 @@ type State struct {
 	DemoServices bool              `json:"demoServices,omitempty"` // `up` created the demo Services
 	Device       string            `json:"device,omitempty"`       // issue 5: agents' --device-mode (auto|veth|netkit; "" = veth)
 	BigTCP       bool              `json:"bigTCP,omitempty"`       // issue 5: BIG TCP on wire, uplinks and pod devices
+	NoFibCache   bool              `json:"noFibCache,omitempty"`   // agents' --fib-cache=false
 	PodsPerNode  int               `json:"podsPerNode"`
 	Ready        bool              `json:"ready"` // up finished
 	ControlPlane ControlPlaneState `json:"controlPlane"`

@@ -31,6 +31,7 @@ type UpOptions struct {
 	NoDemo      bool   // do not create the demo Services (services.go)
 	Device      string // issue 5: pod device of the agents: veth (default), netkit or auto (bigtcp.go)
 	BigTCP      bool   // issue 5: BIG TCP on the wire, the uplinks and (through the agents) the pod devices
+	NoFibCache  bool   // agents run with --fib-cache=false (every packet to another node looked up in the FIB)
 	Logger      *slog.Logger
 	// ReadyTimeout bounds each readiness wait (etcd, kube-apiserver, agents); 0 = 90 s.
 	// Raise it where CPU is slow, e.g. under QEMU TCG (the kernel matrix passes 6m).
@@ -217,7 +218,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		Datapath: o.Datapath, PodsPerNode: o.PodsPerNode, KubeProxy: o.KubeProxy,
 		Cgroup:   filepath.Join(cg2, cgroupSubtree),
 		External: newExternal(),
-		Device:   o.Device, BigTCP: o.BigTCP, // issue 5
+		Device:   o.Device, BigTCP: o.BigTCP, NoFibCache: o.NoFibCache, // issue 5
 		BandwidthManager: o.BandwidthManager, // issue 6
 	}
 	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // issue 7: check_external.go
