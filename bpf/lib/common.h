@@ -41,7 +41,7 @@ enum axon_dir {
 /* Why a packet got its verdict. Names in internal/datapath/metrics.go. */
 enum axon_reason {
 	AXON_REDIRECT_PEER_LOCAL = 0, /* to a pod on this node via bpf_redirect_peer */
-	AXON_REDIRECT_FIB = 1,        /* fib hit with neighbour: bpf_redirect */
+	AXON_REDIRECT_FIB = 1,        /* fib hit with neighbour: bpf_redirect; or a cached route (fib_cache.h): bpf_redirect_neigh */
 	AXON_REDIRECT_NEIGH = 2,      /* fib hit, no neighbour yet: bpf_redirect_neigh */
 	AXON_PASS_HOST_BOUND = 3,     /* fib says not forwarded (local address, no route), link-local/multicast */
 	AXON_PASS_ARP_NON_IP = 4,     /* ARP and every non-IP ethertype */

@@ -79,7 +79,7 @@ struct fib_cache_entry {
 
 /* axon_fib_cache: PERCPU_ARRAY of AXON_FIB_CACHE_SLOTS fib_cache_entry.
  * Private to the program that loaded it (not pinned): a reload starts
- * empty. Read by `axon`-side tests only; the agent never writes it. */
+ * empty. User space only reads it (Datapath.FibCache); nothing writes it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, AXON_FIB_CACHE_SLOTS);

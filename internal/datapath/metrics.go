@@ -10,7 +10,7 @@ var (
 	directionNames = []string{"pod_egress", "uplink_ingress"}
 	reasonNames    = []string{
 		"redirect_peer_local", // to a pod on this node via bpf_redirect_peer
-		"redirect_fib",        // fib hit with neighbour: bpf_redirect
+		"redirect_fib",        // fib hit with neighbour (bpf_redirect), or a cached route (bpf_redirect_neigh)
 		"redirect_neigh",      // fib hit without neighbour: bpf_redirect_neigh
 		"pass_host_bound",     // local address / no route (NOT_FWDED), link-local, multicast
 		"pass_arp_non_ip",     // ARP and other non-IP ethertypes
