@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Defaults used by axon-agent on a real node (see docs/contracts.md).
+// Defaults used by axon-agent on a real node (see docs/architecture.md, "Files and paths").
 const (
 	DefaultStateDir          = "/var/lib/axon"
 	DefaultBPFRoot           = "/sys/fs/bpf/axon"

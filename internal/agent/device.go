@@ -10,7 +10,7 @@ import (
 )
 
 // DefaultDeviceMode is --device-mode's default: veth, the device every kernel
-// has. auto picks netkit where the kernel has it (see docs/netkit-bigtcp.md).
+// has. auto picks netkit where the kernel has it (see docs/pod-networking.md).
 const DefaultDeviceMode = datapath.DeviceModeVeth
 
 // validateDevice checks --device-mode. A forced netkit mode is probed here,

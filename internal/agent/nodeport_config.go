@@ -1,7 +1,7 @@
 package agent
 
 // Issue 7: configuration of the north-south load balancer (flags of
-// axon-agent). See nodeport.go for the wiring and docs/nslb-control.md.
+// axon-agent). See nodeport.go for the wiring and docs/north-south-lb.md.
 
 import (
 	"errors"

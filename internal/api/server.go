@@ -49,7 +49,7 @@ func Errorf(code int, format string, args ...any) *StatusError {
 // maxBody bounds request bodies; GC lists are the largest (a few thousand attachments).
 const maxBody = 4 << 20
 
-// NewMux returns the HTTP handler serving the routes of docs/contracts.md.
+// NewMux returns the HTTP handler serving the routes listed in docs/architecture.md.
 func NewMux(h Handler, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.Default()

@@ -1,6 +1,6 @@
 // Package api defines the agent's local API: the JSON types exchanged over the
 // agent's unix socket by axon-cni and the axon CLI, a client and a server mux.
-// See docs/contracts.md for the routes.
+// See docs/architecture.md ("Agent local API") for the routes.
 package api
 
 import (

@@ -11,7 +11,7 @@
 // a packet over 64 KiB is the hop-by-hop jumbo header, and kernels that check
 // the TCP header of GSO packets in __dev_queue_xmit (the backport of upstream
 // 7fb4c19670110, e.g. Debian's 6.12.118) then drop it as SKB_BAD_GSO at the
-// bridge port (docs/netkit-bigtcp.md).
+// bridge port (docs/pod-networking.md).
 package brnf
 
 import (

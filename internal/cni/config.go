@@ -1,6 +1,6 @@
 // Package cni is the axon-cni plugin (CNI spec 1.1: ADD, DEL, CHECK, STATUS,
 // GC). It wires a pod with a veth pair, gets addresses from the node's
-// axon-agent and registers the endpoint with it. See docs/contracts.md.
+// axon-agent and registers the endpoint with it. See docs/architecture.md.
 package cni
 
 import (

@@ -295,8 +295,8 @@ func latPressure() float64 {
 // receiving socket) runs in the sender's softirq. perf samples CPU 0
 // (cpu-clock, one sample per 20 µs); samples of the sender and of ksoftirqd
 // per packet sent give ns per packet per kernel function, and the difference
-// to host-to-host is the pod path's extra cost by stage (perfdiff in
-// docs/latency.md). BPF programs get their own ns/run from bpf_stats.
+// to host-to-host is the pod path's extra cost by stage.
+// BPF programs get their own ns/run from bpf_stats.
 //
 //	AXON_LAT_BENCH=1 AXON_LAT_PERF=/tmp/lat go test -count=1 -run TestVethCost -v ./internal/cni/
 func TestVethCost(t *testing.T) {

@@ -44,7 +44,7 @@ const (
 var xdpModes = []string{"native", "best-effort", "disabled"}
 
 // File is the YAML document as written by the user. Every field is
-// documented in docs/nslb-control.md.
+// documented in docs/l4lb.md.
 type File struct {
 	Interface     string     `yaml:"interface"`     // device the load balancer attaches to (required)
 	XDPMode       string     `yaml:"xdpMode"`       // native | best-effort | disabled (default best-effort)

@@ -612,7 +612,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 }
 
 // masqueradeAllNA: in an axon-datapath lab kube-proxy runs with
-// --masquerade-all (docs/lab-services.md), so no client address survives.
+// --masquerade-all (docs/lab.md), so no client address survives.
 const masqueradeAllNA = "n/a (kube-proxy runs with --masquerade-all next to the axon datapath: the client address is not preserved)"
 
 // evalExternal decides whether a result meets its expectation; "" = pass.

@@ -38,7 +38,7 @@ const (
 // KubeProxyModes lists the accepted --kube-proxy values.
 var KubeProxyModes = []string{KubeProxyNone, KubeProxyIPTables, KubeProxyNFTables}
 
-// Addresses kube-proxy is told about (docs/contracts.md "Lab topology").
+// Addresses kube-proxy is told about (docs/lab.md "Lab topology").
 const (
 	// ServiceCIDRs is the apiserver's --service-cluster-ip-range (dual-stack).
 	ServiceCIDRs = "10.96.0.0/16,fd00:10:96::/112"

@@ -5,7 +5,7 @@
 //
 // Everything the lab creates is recorded in <stateDir>/lab.json so that
 // `axon lab down` (and a later `up` after a crash) can remove it by name and
-// by PID. See docs/contracts.md "Lab topology".
+// by PID. See docs/lab.md "Lab topology".
 package lab
 
 import (
@@ -24,7 +24,7 @@ import (
 // DefaultStateDir is where `axon lab` keeps lab.json, logs and per-node state.
 const DefaultStateDir = "/run/axon-lab"
 
-// Names and addresses of the lab topology (docs/contracts.md).
+// Names and addresses of the lab topology (docs/lab.md).
 const (
 	NetnsPrefix   = "axonlab-"
 	WireNetns     = NetnsPrefix + "wire"

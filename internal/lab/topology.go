@@ -13,7 +13,7 @@ import (
 	"github.com/axonhq/axon/internal/brnf"
 )
 
-// Addressing plan (docs/contracts.md "Lab topology"). Indices are written
+// Addressing plan (docs/lab.md "Lab topology"). Indices are written
 // in decimal inside the IPv6 text on purpose: node 1 is fd00:198:18::11.
 func nodeName(i int) string { return fmt.Sprintf("node%d", i) }
 

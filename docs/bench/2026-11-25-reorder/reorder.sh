@@ -1,12 +1,12 @@
 #!/bin/bash
-# The experiment behind docs/netkit-bigtcp.md "Reordering": single-flow iperf3
+# The experiment behind docs/pod-networking.md "Reordering": single-flow iperf3
 # host-to-host and axon pod-to-pod cross-node, with the lab wire's ports in their
 # default state (RPS off) and with RPS over both CPUs (rps_cpus=3), interleaved in
 # every repetition. Prints throughput, iperf3's retransmits and the DSACK'd
 # segments the sender's netns counted (nstat TcpExtTCPDSACKRecvSegs).
 #
 # Needs a lab: axon lab up --nodes 2 --pods-per-node 1 --big-tcp on --no-demo
-# Usage: reorder.sh <repetitions>   (ran with 10 on 2026-11-25: results.txt)
+# Usage: reorder.sh <repetitions>   (ran with 10 on 2026-11-25: results.md)
 # The pod addresses are those of that lab (node1-pod1 -> node2-pod1).
 set -u
 setrps() {

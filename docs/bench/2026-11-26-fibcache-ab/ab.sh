@@ -2,10 +2,10 @@
 # Throw-away A/B: axon pod-to-pod / host-to-host with the route cache on vs off.
 # Blocks alternate the agents' --fib-cache; inside a block host and pod runs alternate.
 set -u
-cd /work/main
-OUT=/tmp/ab/results.tsv
+cd "$(git rev-parse --show-toplevel)"   # run from the repository, with bin/ built
+mkdir -p /tmp/ab; OUT=/tmp/ab/results.tsv
 : > $OUT
-BLOCKS=${BLOCKS:-6}; REPS=${REPS:-4}
+BLOCKS=${BLOCKS:-8}; REPS=${REPS:-4}
 one() { # ns dst -> Gbit/s
   ip netns exec $1 taskset -c 0 iperf3 -c $2 -p 5399 -t 3 -C bbr -J 2>/dev/null | python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
 }
