@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -342,13 +343,6 @@ func ipip(pkt []byte, src, dst netip.Addr) []byte {
 	s, d := src.As4(), dst.As4()
 	copy(outer[12:], s[:])
 	copy(outer[16:], d[:])
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(outer[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(outer[10:], ^uint16(sum))
+	binary.BigEndian.PutUint16(outer[10:], inetcsum.Checksum(outer, 0))
 	return append(append(append([]byte{}, pkt[:14]...), outer...), inner...)
 }
