@@ -55,6 +55,7 @@ import (
 	"github.com/axonhq/axon/internal/cpustat"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 type benchNode struct {
@@ -221,18 +222,6 @@ func startServer(t *testing.T, p benchPath, argv ...string) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func minOf(v []float64) float64 {
 	if len(v) == 0 {
 		return math.NaN()
@@ -334,7 +323,7 @@ func paired(num, den []float64, level float64) pairedSummary {
 			r = append(r, num[i]/den[i])
 		}
 	}
-	s := pairedSummary{n: len(r), median: median(r), lo: math.NaN(), hi: math.NaN(), p: math.NaN()}
+	s := pairedSummary{n: len(r), median: stats.Median(r), lo: math.NaN(), hi: math.NaN(), p: math.NaN()}
 	if s.n == 0 {
 		return s
 	}
@@ -588,7 +577,7 @@ func pressureLine(v []float64) string {
 	if len(ok) == 0 {
 		return "not recorded"
 	}
-	return fmt.Sprintf("median %.1f %% (min %.1f, max %.1f)", median(ok), slices.Min(ok), slices.Max(ok))
+	return fmt.Sprintf("median %.1f %% (min %.1f, max %.1f)", stats.Median(ok), slices.Min(ok), slices.Max(ok))
 }
 
 // benchReport renders the Markdown report: per-path medians (min–max) and
@@ -614,10 +603,10 @@ func benchReport(paths []benchPath, res []benchSeries, cmps []comparison, run be
 			name += " (reference)"
 		}
 		fmt.Fprintf(&md, "| %s | %.2f (%.2f–%.2f) | %.2f× | %.1f (%.1f–%.1f) | %.2f× | %.1f | %.2f× | %.0f | %.0f |\n", name,
-			median(s.gbps), minOf(s.gbps), maxOf(s.gbps), median(s.gbps)/median(res[0].gbps),
-			median(s.p50), minOf(s.p50), maxOf(s.p50), median(s.p50)/median(res[0].p50),
-			median(s.cpuRR), median(s.cpuRR)/median(res[0].cpuRR),
-			median(s.softRR), median(s.softBulk))
+			stats.Median(s.gbps), minOf(s.gbps), maxOf(s.gbps), stats.Median(s.gbps)/stats.Median(res[0].gbps),
+			stats.Median(s.p50), minOf(s.p50), maxOf(s.p50), stats.Median(s.p50)/stats.Median(res[0].p50),
+			stats.Median(s.cpuRR), stats.Median(s.cpuRR)/stats.Median(res[0].cpuRR),
+			stats.Median(s.softRR), stats.Median(s.softBulk))
 	}
 	fmt.Fprintf(&md, "\nPaired ratios: per repetition, X / Y measured in that repetition; median, distribution-free CI of the median (sign test order statistics, ≥ 95 %% where the number of repetitions allows), repetitions with X < Y / X > Y, two-sided sign-test p:\n\n")
 	fmt.Fprintf(&md, "| X / Y | metric | paired ratio median | CI (coverage) | X<Y / X>Y | sign test p | asked |\n|---|---|---:|---|---:|---:|---|\n")
