@@ -1,0 +1,123 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+)
+
+func TestRandSuffix(t *testing.T) {
+	a, b := RandSuffix(t), RandSuffix(t)
+	if !regexp.MustCompile(`^[0-9a-f]{6}$`).MatchString(a) {
+		t.Errorf("RandSuffix = %q, want 6 hex digits", a)
+	}
+	if a == b {
+		t.Errorf("two suffixes are both %q", a)
+	}
+}
+
+func TestRequireRoot(t *testing.T) {
+	ran := false
+	t.Run("sub", func(t *testing.T) {
+		RequireRoot(t, "testing RequireRoot")
+		ran = true
+	})
+	if root := os.Geteuid() == 0; ran != root {
+		t.Errorf("root %v: the test ran %v", root, ran)
+	}
+}
+
+// TestNewNetns: a netns with lo up and DAD off, gone after the test.
+func TestNewNetns(t *testing.T) {
+	RequireRoot(t, "creates network namespaces")
+	var name string
+	t.Run("fixture", func(t *testing.T) {
+		name = NewNetns(t, "axt-tu-")
+		if !strings.HasPrefix(name, "axt-tu-") {
+			t.Errorf("name %q", name)
+		}
+		InNetns(t, name, func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			if lo.Attrs().Flags&1 == 0 { // net.FlagUp
+				t.Errorf("lo is down in %s", name)
+			}
+			for _, f := range []string{"default", "all"} {
+				b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + f + "/accept_dad")
+				if err != nil {
+					return err
+				}
+				if strings.TrimSpace(string(b)) != "0" {
+					t.Errorf("%s: accept_dad %q for %s, want 0", name, b, f)
+				}
+			}
+			return nil
+		})
+	})
+	if _, err := os.Stat(netnsutil.Path(name)); !os.IsNotExist(err) {
+		t.Errorf("netns %s still there after the test (%v)", name, err)
+	}
+	if h, err := netns.GetFromName(name); err == nil {
+		h.Close()
+		t.Errorf("netns %s still opens after the test", name)
+	}
+}
+
+// TestInNetnsEnds: an error, t.FailNow or a panic in fn fails the test and
+// ends it (seen through a testing.TB that records instead of failing).
+func TestInNetnsEnds(t *testing.T) {
+	RequireRoot(t, "creates network namespaces")
+	name := NewNetns(t, "axt-tu-")
+	for _, tc := range []struct {
+		name     string
+		fn       func(t testing.TB) error
+		failed   bool
+		finished bool
+	}{
+		{"ok", func(testing.TB) error { return nil }, false, true},
+		{"error", func(testing.TB) error { return os.ErrNotExist }, true, false},
+		{"FailNow", func(t testing.TB) error { t.FailNow(); return nil }, true, false},
+		{"panic", func(testing.TB) error { panic("boom") }, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ft := &fakeTB{TB: t}
+			done := make(chan bool)
+			go func() { // InNetns ends this goroutine when it fails the test
+				finished := false
+				defer func() { done <- finished }()
+				InNetns(ft, name, func() error { return tc.fn(ft) })
+				finished = true
+			}()
+			if finished := <-done; finished != tc.finished || ft.failed != tc.failed {
+				t.Errorf("finished %v, failed %v; want %v, %v (%v)", finished, ft.failed, tc.finished, tc.failed, ft.logs)
+			}
+		})
+	}
+}
+
+// fakeTB records failures instead of failing the real test.
+type fakeTB struct {
+	testing.TB
+	failed bool
+	logs   []string
+}
+
+func (f *fakeTB) Helper() {}
+func (f *fakeTB) Fatal(args ...any) {
+	f.logs = append(f.logs, strings.TrimSpace(fmt.Sprintln(args...)))
+	f.FailNow()
+}
+func (f *fakeTB) FailNow()              { f.failed = true; runtime.Goexit() }
+func (f *fakeTB) Failed() bool          { return f.failed }
+func (f *fakeTB) Skipped() bool         { return false }
+func (f *fakeTB) Errorf(string, ...any) { f.failed = true }
