@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
 )
 
@@ -252,13 +253,13 @@ func TestEDTLatencyVsTBF(t *testing.T) {
 
 func (tp *topo) dpAttachPod() error {
 	var err error
-	_ = inNetns("/run/netns/"+tp.node, func() error { err = tp.dp.AttachPod(tp.hostIf); return nil })
+	_ = netnsutil.Do(tp.node, func() error { err = tp.dp.AttachPod(tp.hostIf); return nil })
 	return err
 }
 
 func (tp *topo) dpDetachPod() error {
 	var err error
-	_ = inNetns("/run/netns/"+tp.node, func() error { err = tp.dp.DetachPod(tp.hostIf); return nil })
+	_ = netnsutil.Do(tp.node, func() error { err = tp.dp.DetachPod(tp.hostIf); return nil })
 	return err
 }
 

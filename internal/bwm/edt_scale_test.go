@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // scalePod is one of the many limited pods of TestEDTScale64Pods.
@@ -60,7 +62,7 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 			"neigh add 169.254.1.1 lladdr %s dev eth0 nud permanent\nroute add 169.254.1.1 dev eth0 scope link\n"+
 			"route add default via 169.254.1.1 dev eth0\n", p.ip, net.HardwareAddr(p.hostMAC)))
 	}
-	inNetnsDo(t, tp.node, func() error {
+	testutil.InNetns(t, tp.node, func() error {
 		for _, p := range pods {
 			if err := tp.dp.AttachPod(p.hostIf); err != nil {
 				return err
@@ -90,7 +92,7 @@ type byteSink struct {
 func (tp *topo) newByteSink(t *testing.T, port int) *byteSink {
 	t.Helper()
 	s := &byteSink{count: map[netip.Addr]*atomic.Uint64{}}
-	inNetnsDo(t, tp.peer, func() error {
+	testutil.InNetns(t, tp.peer, func() error {
 		var err error
 		s.ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", peerIP, port))
 		return err
@@ -145,7 +147,7 @@ func (s *byteSink) snapshot() map[netip.Addr]uint64 {
 // goroutine per pod instead of an iperf3 process).
 func sendFrom(ns string, dst string, stop <-chan struct{}) (func() error, error) {
 	var c net.Conn
-	err := inNetns("/run/netns/"+ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp4", dst, 30*time.Second)
 		return err
