@@ -50,6 +50,18 @@ func RandSuffix(t testing.TB) string {
 // neighbour waits for it.
 func NewNetns(t testing.TB, prefix string) string {
 	t.Helper()
+	return newNetns(t, prefix, false)
+}
+
+// NewNetnsKernelDAD is NewNetns with IPv6 DAD left at the kernel's default,
+// for tests that check that the code under test turns DAD off itself.
+func NewNetnsKernelDAD(t testing.TB, prefix string) string {
+	t.Helper()
+	return newNetns(t, prefix, true)
+}
+
+func newNetns(t testing.TB, prefix string, keepDAD bool) string {
+	t.Helper()
 	name := prefix + RandSuffix(t)
 	if err := createNamed(name); err != nil {
 		t.Fatal(err)
@@ -59,7 +71,7 @@ func NewNetns(t testing.TB, prefix string) string {
 			t.Errorf("delete netns %s: %v", name, err)
 		}
 	})
-	if err := setUp(name); err != nil {
+	if err := setUp(name, keepDAD); err != nil {
 		t.Fatal(err)
 	}
 	return name
@@ -97,8 +109,9 @@ func createNamed(name string) error {
 	return <-errc
 }
 
-// setUp sets lo up and turns IPv6 DAD off in the named netns.
-func setUp(name string) error {
+// setUp sets lo up and, unless keepDAD, turns IPv6 DAD off in the named
+// netns.
+func setUp(name string, keepDAD bool) error {
 	return netnsutil.Do(name, func() error {
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE) // route only: xfrm and netfilter sockets fail on kernels without them
 		if err != nil {
@@ -111,6 +124,9 @@ func setUp(name string) error {
 		}
 		if err != nil {
 			return fmt.Errorf("set lo up in netns %s: %w", name, err)
+		}
+		if keepDAD {
+			return nil
 		}
 		for _, key := range []string{"net.ipv6.conf.default.accept_dad", "net.ipv6.conf.all.accept_dad"} {
 			if err := WriteSysctl(key, "0"); err != nil {

@@ -2,12 +2,14 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"regexp"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -35,42 +37,79 @@ func TestRequireRoot(t *testing.T) {
 	}
 }
 
-// TestNewNetns: a netns with lo up and DAD off, gone after the test.
+// TestNewNetns: a netns with lo up and DAD off (or left alone), gone after
+// the test.
 func TestNewNetns(t *testing.T) {
 	RequireRoot(t, "creates network namespaces")
-	var name string
-	t.Run("fixture", func(t *testing.T) {
-		name = NewNetns(t, "axt-tu-")
-		if !strings.HasPrefix(name, "axt-tu-") {
-			t.Errorf("name %q", name)
-		}
-		InNetns(t, name, func() error {
-			lo, err := netlink.LinkByName("lo")
-			if err != nil {
-				return err
+	for _, tc := range []struct {
+		name    string
+		newNS   func(testing.TB, string) string
+		wantDAD func(*testing.T) [2]string
+	}{
+		{"NewNetns", NewNetns, func(*testing.T) [2]string { return [2]string{"0", "0"} }},
+		{"NewNetnsKernelDAD", NewNetnsKernelDAD, kernelDAD},
+	} {
+		var name string
+		t.Run(tc.name, func(t *testing.T) {
+			name = tc.newNS(t, "axt-tu-")
+			if !strings.HasPrefix(name, "axt-tu-") {
+				t.Errorf("name %q", name)
 			}
-			if lo.Attrs().Flags&1 == 0 { // net.FlagUp
-				t.Errorf("lo is down in %s", name)
-			}
-			for _, f := range []string{"default", "all"} {
-				b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + f + "/accept_dad")
+			InNetns(t, name, func() error {
+				lo, err := netlink.LinkByName("lo")
 				if err != nil {
 					return err
 				}
-				if strings.TrimSpace(string(b)) != "0" {
-					t.Errorf("%s: accept_dad %q for %s, want 0", name, b, f)
+				if lo.Attrs().Flags&net.FlagUp == 0 {
+					t.Errorf("lo is down in %s", name)
 				}
-			}
-			return nil
+				got, err := acceptDAD()
+				if err != nil {
+					return err
+				}
+				if want := tc.wantDAD(t); got != want {
+					t.Errorf("%s: accept_dad (default, all) %v, want %v", name, got, want)
+				}
+				return nil
+			})
 		})
-	})
-	if _, err := os.Stat(netnsutil.Path(name)); !os.IsNotExist(err) {
-		t.Errorf("netns %s still there after the test (%v)", name, err)
+		if _, err := os.Stat(netnsutil.Path(name)); !os.IsNotExist(err) {
+			t.Errorf("netns %s still there after the test (%v)", name, err)
+		}
+		if h, err := netns.GetFromName(name); err == nil {
+			h.Close()
+			t.Errorf("netns %s still opens after the test", name)
+		}
 	}
-	if h, err := netns.GetFromName(name); err == nil {
-		h.Close()
-		t.Errorf("netns %s still opens after the test", name)
+}
+
+// acceptDAD reads net.ipv6.conf.{default,all}.accept_dad in the calling
+// thread's netns.
+func acceptDAD() ([2]string, error) {
+	var v [2]string
+	for i, f := range []string{"default", "all"} {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + f + "/accept_dad")
+		if err != nil {
+			return v, err
+		}
+		v[i] = strings.TrimSpace(string(b))
 	}
+	return v, nil
+}
+
+// kernelDAD is what a new netns gets from the kernel.
+func kernelDAD(t *testing.T) [2]string {
+	t.Helper()
+	tmp, err := ns.TempNetNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	var v [2]string
+	if err := tmp.Do(func(ns.NetNS) (err error) { v, err = acceptDAD(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // TestInNetnsEnds: an error, t.FailNow or a panic in fn fails the test and
