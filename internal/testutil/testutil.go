@@ -7,7 +7,9 @@ package testutil
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -43,7 +45,8 @@ func RandSuffix(t testing.TB) string {
 }
 
 // NewNetns creates the named network namespace prefix+RandSuffix with lo up
-// and IPv6 DAD off, deletes it at cleanup and returns its name. DAD is off
+// and IPv6 DAD off, deletes it at cleanup (unless the test did) and returns
+// its name. DAD is off
 // for devices created in it from now on, link-local addresses included:
 // until an address leaves DAD (~2 s) the kernel sends no neighbour
 // solicitation from it, and a test's first IPv6 packet to an unresolved
@@ -67,6 +70,9 @@ func newNetns(t testing.TB, prefix string, keepDAD bool) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if _, err := os.Stat(netnsutil.Path(name)); errors.Is(err, fs.ErrNotExist) {
+			return // the test deleted it
+		}
 		if err := netns.DeleteNamed(name); err != nil {
 			t.Errorf("delete netns %s: %v", name, err)
 		}

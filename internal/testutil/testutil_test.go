@@ -83,6 +83,21 @@ func TestNewNetns(t *testing.T) {
 	}
 }
 
+// TestNewNetnsDeletedByTest: a test may delete its netns itself (a container
+// runtime does before a CNI DEL); the cleanup then has nothing to do.
+func TestNewNetnsDeletedByTest(t *testing.T) {
+	RequireRoot(t, "creates network namespaces")
+	ft := &fakeTB{TB: t}
+	name := NewNetns(ft, "axt-tu-")
+	if err := netns.DeleteNamed(name); err != nil {
+		t.Fatal(err)
+	}
+	ft.runCleanups()
+	if ft.failed {
+		t.Errorf("cleanup failed: %v", ft.logs)
+	}
+}
+
 // acceptDAD reads net.ipv6.conf.{default,all}.accept_dad in the calling
 // thread's netns.
 func acceptDAD() ([2]string, error) {
@@ -144,11 +159,21 @@ func TestInNetnsEnds(t *testing.T) {
 	}
 }
 
-// fakeTB records failures instead of failing the real test.
+// fakeTB records failures and cleanups instead of handing them to the real
+// test.
 type fakeTB struct {
 	testing.TB
-	failed bool
-	logs   []string
+	failed   bool
+	logs     []string
+	cleanups []func()
+}
+
+func (f *fakeTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+
+func (f *fakeTB) runCleanups() {
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
 }
 
 func (f *fakeTB) Helper() {}
