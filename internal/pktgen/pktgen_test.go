@@ -1,12 +1,10 @@
 package pktgen
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -18,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 
 	"github.com/axonhq/axon/internal/inetcsum"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestUDP4Frame(t *testing.T) {
@@ -64,20 +64,14 @@ func TestUDP4Frame(t *testing.T) {
 // the generator's frames crosses it.
 func vethNetns(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces and XDP")
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "axt-pg-" + hex.EncodeToString(b)
+	testutil.RequireRoot(t, "network namespaces and XDP")
+	name := testutil.NewNetns(t, "axt-pg-")
 	run := func(argv ...string) {
 		t.Helper()
 		if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
 		}
 	}
-	run("ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	run("ip", "-n", name, "link", "add", "g0", "type", "veth", "peer", "name", "g1")
 	run("ip", "-n", name, "link", "set", "g0", "up")
@@ -88,7 +82,7 @@ func vethNetns(t *testing.T) string {
 func linkOf(t *testing.T, ns, dev string) netlink.Link {
 	t.Helper()
 	var l netlink.Link
-	if err := inNetns(ns, func() (err error) { l, err = netlink.LinkByName(dev); return err }); err != nil {
+	if err := netnsutil.Do(ns, func() (err error) { l, err = netlink.LinkByName(dev); return err }); err != nil {
 		t.Fatalf("%s in %s: %v", dev, ns, err)
 	}
 	return l
@@ -128,7 +122,7 @@ func TestGeneratorToSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	passID, _ := passInfo.ID()
-	if err := inNetns(ns, func() error {
+	if err := netnsutil.Do(ns, func() error {
 		return netlink.LinkSetXdpFdWithFlags(linkOf(t, ns, "g1"), pass.FD(), nl.XDP_FLAGS_DRV_MODE)
 	}); err != nil {
 		t.Fatal(err)
