@@ -56,6 +56,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ipam"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 type benchNode struct {
@@ -69,7 +70,7 @@ type benchNode struct {
 // eth0 (created by the caller as one end of the wire), datapath loaded.
 func newBenchNode(t *testing.T, i int) *benchNode {
 	e := &env{t: t, bin: pluginBinary(t)}
-	e.node = newNetns(t, fmt.Sprintf("bn%d-", i))
+	e.node = testutil.NewNetnsKernelDAD(t, fmt.Sprintf("axt-cni-bn%d-", i))
 	var err error
 	e.nodeNS, err = ns.GetNS("/run/netns/" + e.node)
 	if err != nil {
@@ -136,7 +137,7 @@ func (n *benchNode) addBenchPod(t *testing.T, cid, mode string, gso uint32) (net
 	n.e.agent.mu.Lock()
 	n.e.agent.device = &api.DeviceConfig{Type: api.DeviceVeth, GSOMaxSize: gso, GROMaxSize: gso, GSOIPv4MaxSize: gso, GROIPv4MaxSize: gso}
 	n.e.agent.mu.Unlock()
-	pod := newNetns(t, "bp")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-bp-")
 	stdin := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":%q,"mtu":1500,"deviceMode":%q}`, n.e.sock, mode)
 	n.e.mustOK(call{cmd: "ADD", cid: cid, netns: "/run/netns/" + pod, stdin: stdin})
 	ep := n.e.register(n.dp, cid)

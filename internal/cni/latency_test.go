@@ -36,13 +36,14 @@ import (
 	"github.com/axonhq/axon/internal/brnf"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // wireBridge joins a and b through a bridge in a wire netns, as the lab does:
 // node eth0 <-veth-> wire netns port, both ports in bridge br0, without
 // br_netfilter.
 func wireBridge(t *testing.T, a, b *benchNode) {
-	wire := newNetns(t, "lw")
+	wire := testutil.NewNetnsKernelDAD(t, "axt-cni-lw-")
 	if err := brnf.Disable("/run/netns/" + wire); err != nil {
 		t.Fatal(err)
 	}
