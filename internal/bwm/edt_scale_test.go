@@ -38,14 +38,11 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 	var nodeBatch strings.Builder
 	for i := range pods {
 		p := &pods[i]
-		p.ns = fmt.Sprintf("axt-bw-s%d-%s", i, id)
+		p.ns = testutil.NewNetns(t, fmt.Sprintf("axt-bw-s%d-", i))
 		p.hostIf = fmt.Sprintf("lxs%d%s", i, id)
 		p.ip = netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
 		p.hostMAC = []byte{0x02, 0xaa, 0, 0, 0, byte(i)}
 		p.podMAC = []byte{0x02, 0xbb, 0, 0, 0, byte(i)}
-		run(t, "ip", "netns", "add", p.ns)
-		ns := p.ns
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 		fmt.Fprintf(&nodeBatch, "link add %s address %s type veth peer name eth0 address %s netns %s\n", p.hostIf, net.HardwareAddr(p.hostMAC), net.HardwareAddr(p.podMAC), p.ns)
 		fmt.Fprintf(&nodeBatch, "link set %s up\nroute add %s/32 dev %s\n", p.hostIf, p.ip, p.hostIf)
 	}
@@ -58,7 +55,7 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 	}
 	batch(tp.node, nodeBatch.String())
 	for _, p := range pods {
-		batch(p.ns, fmt.Sprintf("link set lo up\naddr add %s/32 dev eth0\nlink set eth0 up\n"+
+		batch(p.ns, fmt.Sprintf("addr add %s/32 dev eth0\nlink set eth0 up\n"+
 			"neigh add 169.254.1.1 lladdr %s dev eth0 nud permanent\nroute add 169.254.1.1 dev eth0 scope link\n"+
 			"route add default via 169.254.1.1 dev eth0\n", p.ip, net.HardwareAddr(p.hostMAC)))
 	}
