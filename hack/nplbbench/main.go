@@ -32,7 +32,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 func main() {
@@ -222,7 +224,7 @@ func run(rounds, calls int) error {
 			if samples["empty_program"] == nil {
 				samples["empty_program"] = map[string][]float64{}
 			}
-			samples["empty_program"][hook] = append(samples["empty_program"][hook], median(durs))
+			samples["empty_program"][hook] = append(samples["empty_program"][hook], stats.Median(durs))
 		}
 		for _, s := range scens {
 			for _, hook := range hooks {
@@ -240,7 +242,7 @@ func run(rounds, calls int) error {
 				if samples[s.name] == nil {
 					samples[s.name] = map[string][]float64{}
 				}
-				samples[s.name][hook] = append(samples[s.name][hook], median(durs))
+				samples[s.name][hook] = append(samples[s.name][hook], stats.Median(durs))
 			}
 		}
 	}
@@ -258,25 +260,13 @@ func run(rounds, calls int) error {
 	for _, s := range scens {
 		tc, xdp := samples[s.name]["tc"], samples[s.name]["xdp"]
 		fmt.Printf("| %s | %.0f (%.0f–%.0f) | %.0f (%.0f–%.0f) | %.2f× |\n", s.name,
-			median(tc), slices.Min(tc), slices.Max(tc), median(xdp), slices.Min(xdp), slices.Max(xdp), median(xdp)/median(tc))
+			stats.Median(tc), slices.Min(tc), slices.Max(tc), stats.Median(xdp), slices.Min(xdp), slices.Max(xdp), stats.Median(xdp)/stats.Median(tc))
 	}
 	fmt.Println()
 	for _, s := range scens {
 		fmt.Printf("- `%s`: %s\n", s.name, s.desc)
 	}
 	return nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // setupNetns builds, in the current (scratch) netns: eth0 (veth to wire)
@@ -342,13 +332,6 @@ func ipip(pkt []byte, src, dst netip.Addr) []byte {
 	s, d := src.As4(), dst.As4()
 	copy(outer[12:], s[:])
 	copy(outer[16:], d[:])
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(outer[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(outer[10:], ^uint16(sum))
+	binary.BigEndian.PutUint16(outer[10:], inetcsum.Checksum(outer, 0))
 	return append(append(append([]byte{}, pkt[:14]...), outer...), inner...)
 }

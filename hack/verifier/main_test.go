@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestRunUsage(t *testing.T) {
@@ -28,9 +30,7 @@ func TestRunUsage(t *testing.T) {
 // TestRunUpdateAndGrowth records a baseline in a scratch file, checks a
 // clean run against it, then a run whose growth limit every program exceeds.
 func TestRunUpdateAndGrowth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs into the kernel")
-	}
+	testutil.RequireRoot(t, "loads BPF programs into the kernel")
 	dir := t.TempDir()
 	base := filepath.Join(dir, "baseline.json")
 	results := filepath.Join(dir, "results")

@@ -4,12 +4,10 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -19,6 +17,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 const netlinkHandleRoot = 0xFFFFFFFF // netlink.HANDLE_ROOT
@@ -52,36 +51,6 @@ func TestBandwidthConfigValidate(t *testing.T) {
 	}
 }
 
-// inScratch runs fn on a thread inside the scratch node's netns (the agent
-// process lives in its node netns; device lookups are per netns).
-func (n *scratchNode) do(t *testing.T, fn func()) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		lockAndRun := func() error {
-			orig, err := netns.Get()
-			if err != nil {
-				return err
-			}
-			defer orig.Close()
-			if err := netns.Set(n.ns); err != nil {
-				return err
-			}
-			fn()
-			return netns.Set(orig)
-		}
-		runtime.LockOSThread()
-		err := lockAndRun()
-		if err == nil {
-			runtime.UnlockOSThread()
-		}
-		done <- err
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestBandwidthAgainstAPIServer: Pod annotations on a real kube-apiserver
 // become limits in the BPF maps; bad values raise a Warning Event on the Pod
 // and leave that direction unlimited; added/changed/removed annotations apply
@@ -98,8 +67,8 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 	must(t, err)
 
 	n := newScratchNode(t)
-	pin := "/sys/fs/bpf/axt-agent-bw-" + randHex(t)
-	t.Cleanup(func() { n.do(t, func() { _ = datapath.Uninstall(pin) }) })
+	pin := "/sys/fs/bpf/axt-agent-bw-" + testutil.RandSuffix(t)
+	t.Cleanup(func() { testutil.InNetns(t, n.name, func() error { _ = datapath.Uninstall(pin); return nil }) })
 	cfg := Defaults()
 	cfg.NodeName, cfg.StateDir, cfg.BPFRoot = "node1", t.TempDir(), pin
 	cfg.BandwidthManager = true
@@ -151,7 +120,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 		return len(l) == len(pods)
 	})
 
-	reconcile := func() { n.do(t, a.reconcileBandwidth) }
+	reconcile := func() { testutil.InNetns(t, n.name, func() error { a.reconcileBandwidth(); return nil }) }
 	rows := func() map[string]string {
 		rep, err := a.BandwidthMaps(ctx)
 		must(t, err)
@@ -249,10 +218,11 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 				must(t, n.nl.QdiscDel(q))
 			}
 		}
-		n.do(t, func() { // one pass of bandwidthLoop
+		testutil.InNetns(t, n.name, func() error { // one pass of bandwidthLoop
 			a.bw.mu.Lock()
 			a.bw.ensureQdiscLocked()
 			a.bw.mu.Unlock()
+			return nil
 		})
 		st := a.bandwidthStatus()
 		if st.QdiscRepairs != 1 || st.LastRepair == "" || st.Qdisc == "" {

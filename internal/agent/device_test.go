@@ -3,7 +3,6 @@ package agent
 import (
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestDeviceModeValidate: an unknown --device-mode is a start-up error that
@@ -34,9 +34,7 @@ func TestDeviceModeValidate(t *testing.T) {
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `--device-mode "netkitt" is invalid: use one of veth|netkit|netkit-l2|auto`) {
 		t.Errorf("unknown mode: %v", err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for the netkit probe")
-	}
+	testutil.RequireRoot(t, "the netkit probe")
 	have := datapath.ProbeNetkit().Available
 	for _, mode := range []string{"netkit", "netkit-l2"} {
 		c := base
@@ -64,11 +62,9 @@ func TestBigTCPOnByDefault(t *testing.T) {
 	if !cfg.EnableIPv4BigTCP || !cfg.EnableIPv6BigTCP {
 		t.Fatalf("Defaults(): --enable-ipv4-big-tcp=%v --enable-ipv6-big-tcp=%v, want both on", cfg.EnableIPv4BigTCP, cfg.EnableIPv6BigTCP)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads the datapath in a scratch netns")
-	}
+	testutil.RequireRoot(t, "loads the datapath in a scratch netns")
 	n := newScratchNode(t)
-	cfg.BPFRoot = filepath.Join(datapath.BPFFSRoot, "axt-agent-bigtcp-"+randHex(t))
+	cfg.BPFRoot = filepath.Join(datapath.BPFFSRoot, "axt-agent-bigtcp-"+testutil.RandSuffix(t))
 	var dec api.Decision
 	var v4 bool
 	err := ns.WithNetNSPath(n.path, func(ns.NetNS) error {

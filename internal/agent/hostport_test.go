@@ -17,6 +17,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Ports of the HostPort test's control plane (see services_test.go).
@@ -311,9 +312,7 @@ func TestHostPortAgainstAPIServer(t *testing.T) {
 // nil with the error when the north-south LB does not load.
 func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, error) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs and pins maps")
-	}
+	testutil.RequireRoot(t, "loads BPF programs and pins maps")
 	root := Cgroup2Mount()
 	if root == "" {
 		t.Skip("no cgroup2 mount")

@@ -2,9 +2,7 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,6 +33,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Ports of the test control plane: away from the lab's 6443/2379.
@@ -43,15 +42,6 @@ const (
 	testAPIPort  = 16543
 	testEtcdPort = 12479
 )
-
-func randHex(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
 
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -111,16 +101,8 @@ type scratchNode struct {
 
 func newScratchNode(t *testing.T) *scratchNode {
 	t.Helper()
-	name := "axt-agent-" + randHex(t)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
-	n := &scratchNode{name: name, path: "/run/netns/" + name}
+	name := testutil.NewNetns(t, "axt-agent-")
+	n := &scratchNode{name: name, path: netnsutil.Path(name)}
 	var err error
 	if n.ns, err = netns.GetFromPath(n.path); err != nil {
 		t.Fatal(err)
@@ -130,11 +112,6 @@ func newScratchNode(t *testing.T) *scratchNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.nl.Close)
-	lo, err := n.nl.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, n.nl.LinkSetUp(lo))
 	// the kernel here has no dummy driver: the uplink is a veth whose peer stays in the netns
 	must(t, n.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"}))
 	peer, err := n.nl.LinkByName("eth0peer")
@@ -197,27 +174,12 @@ func (n *scratchNode) axonRoutes(t *testing.T) map[string]string {
 // socket keeps the netns it was created in).
 func (n *scratchNode) httpGet(url string) (int, string, error) {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			return nil, err
-		}
-		defer orig.Close()
-		if err := netns.Set(n.ns); err != nil {
-			runtime.UnlockOSThread()
-			return nil, err
-		}
-		c, derr := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err := netns.Set(orig); err != nil {
-			// leave the thread locked: the runtime drops it instead of reusing it in the wrong netns
-			if c != nil {
-				c.Close()
-			}
-			return nil, fmt.Errorf("return to the original netns: %w", err)
-		}
-		runtime.UnlockOSThread()
-		return c, derr
+		var c net.Conn
+		err := netnsutil.Do(n.name, func() (err error) {
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	resp, err := hc.Get(url)
@@ -372,9 +334,7 @@ func createNode(t *testing.T, cs kubernetes.Interface, n *corev1.Node) {
 // TestAgentAgainstAPIServer runs the agent in a scratch node netns against a
 // real etcd + kube-apiserver, with the agent's least-privilege kubeconfig.
 func TestAgentAgainstAPIServer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, loads BPF programs, pins under /sys/fs/bpf")
-	}
+	testutil.RequireRoot(t, "creates network namespaces, loads BPF programs, pins under /sys/fs/bpf")
 	cp := startControlPlane(t)
 	cs, err := cp.Client()
 	must(t, err)
@@ -394,7 +354,7 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 	kubeconfig, err := cp.AgentKubeconfig("node1")
 	must(t, err)
 	dir := t.TempDir()
-	pinDir := filepath.Join("/sys/fs/bpf", "axt-agent-"+randHex(t))
+	pinDir := filepath.Join("/sys/fs/bpf", "axt-agent-"+testutil.RandSuffix(t))
 	// Registered before the agent starts, so it runs after the agent stopped
 	// and the netns is gone (tcx links die with their devices).
 	t.Cleanup(func() { _ = os.RemoveAll(pinDir) })
@@ -823,7 +783,7 @@ func testCgroup(t *testing.T) string {
 	if mnt == "" {
 		t.Skip("no cgroup2 filesystem mounted")
 	}
-	dir := filepath.Join(mnt, "axt-agent-"+randHex(t))
+	dir := filepath.Join(mnt, "axt-agent-"+testutil.RandSuffix(t))
 	must(t, os.Mkdir(dir, 0o755))
 	t.Cleanup(func() {
 		var err error

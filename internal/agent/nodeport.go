@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strings"
@@ -163,7 +162,7 @@ func (a *Agent) ensureNodePort() {
 			SNATPortMin:     snatMin,
 			SNATPortMax:     snatMax,
 			MaglevTableSize: uint32(c.MaglevSize),
-			HashSeed:        hashSeed(c.MaglevSeed),
+			HashSeed:        maglev.HashSeed(c.MaglevSeed),
 			DeliverPods:     a.podsRoutedByBPF(),
 			Logger:          a.log.With("component", "nodeport"),
 		})
@@ -229,17 +228,6 @@ func (a *Agent) setNodePortErr(n *nodePort, msg string) {
 		a.log.Warn("north-south load balancing not active; the agent keeps running without it", "reason", msg)
 	}
 	n.err = msg
-}
-
-// hashSeed maps --maglev-hash-seed to the datapath's 32-bit flow-hash seed
-// (0 = the datapath default).
-func hashSeed(s string) uint32 {
-	if s == "" {
-		return 0
-	}
-	h := fnv.New32a()
-	h.Write([]byte(s))
-	return h.Sum32() | 1
 }
 
 // npFrontendOptions gives the datapath a frontend's Maglev table and source

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -21,10 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Ports of this file's control plane (each test file has its own).
@@ -39,9 +39,7 @@ const (
 // kube-proxy-compatible health check on healthCheckNodePort, and the API
 // routes (maglev, ct, explain) read from the live maps.
 func TestNodePortAgainstAPIServer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs and pins maps")
-	}
+	testutil.RequireRoot(t, "loads BPF programs and pins maps")
 	pinDir := filepath.Join(datapath.BPFFSRoot, fmt.Sprintf("axt-nsctl-agent-%d", os.Getpid()))
 	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
 		PinDir: pinDir, NodeName: "node1", NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
@@ -259,13 +257,11 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 // status, and a restart with another setting switches in place;
 // --nodeport=false removes it.
 func TestEnsureNodePortAttach(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, BPF programs")
-	}
+	testutil.RequireRoot(t, "network namespaces, BPF programs")
 	n := newScratchNode(t)
-	pinDir := filepath.Join(datapath.BPFFSRoot, "axt-nsctl-attach-"+randHex(t))
+	pinDir := filepath.Join(datapath.BPFFSRoot, "axt-nsctl-attach-"+testutil.RandSuffix(t))
 	t.Cleanup(func() {
-		_ = inNetns(n.ns, func() error { return datapath.UninstallNodePortLB(pinDir) })
+		_ = netnsutil.Do(n.name, func() error { return datapath.UninstallNodePortLB(pinDir) })
 		os.RemoveAll(pinDir)
 	})
 	xdpAttached := func() bool {
@@ -287,7 +283,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 		cfg := Config{NodeName: "node1", BPFRoot: pinDir, NodePortLB: DefaultNodePortConfig()}
 		cfg.NodePortLB.Acceleration, cfg.NodePortLB.Enabled = tc.accel, tc.enabled
 		a := &Agent{cfg: cfg, log: testLogger(t), nl: n.nl, uplink: "eth0"}
-		must(t, inNetns(n.ns, func() error { a.ensureNodePort(); return nil }))
+		must(t, netnsutil.Do(n.name, func() error { a.ensureNodePort(); return nil }))
 		d := a.nodePortDecision()
 		t.Logf("--lb-acceleration=%s --nodeport=%v: %s = %s (%s)", tc.accel, tc.enabled, d.Name, d.Value, d.Reason)
 		if !strings.HasPrefix(d.Value, tc.want) {
@@ -304,7 +300,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 			must(t, n.nl.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}))
 			var how string
 			var nerr error
-			must(t, inNetns(n.ns, func() error {
+			must(t, netnsutil.Do(n.name, func() error {
 				var err error
 				if how, err = attachNodePort(a.nport.np, "br0", "best-effort"); err != nil {
 					return err
@@ -325,18 +321,4 @@ func TestEnsureNodePortAttach(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pinDir, datapath.MapNPCT)); !os.IsNotExist(err) {
 		t.Errorf("--nodeport=false left the conntrack map pinned (%v)", err)
 	}
-}
-
-// inNetns runs fn on a thread in ns (the thread is discarded afterwards).
-func inNetns(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }

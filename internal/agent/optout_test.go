@@ -5,21 +5,19 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestParseSocketLBAnnotation(t *testing.T) {
@@ -70,45 +68,11 @@ func (r *skipRecorder) get() ([]uint64, int) {
 	return slices.Clone(r.skip), r.sets
 }
 
-// newTestNetns creates a named netns (removed at cleanup) and returns its path.
-func newTestNetns(t *testing.T) string {
-	t.Helper()
-	name := "axt-slb-optout-" + randHex(t)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if err == nil {
-			h.Close()
-		}
-		if serr := netns.Set(orig); serr != nil {
-			errc <- serr
-			return // thread stays locked
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("create netns %s: %v", name, err)
-	}
-	t.Cleanup(func() { _ = netns.DeleteNamed(name) })
-	return "/var/run/netns/" + name
-}
-
 // TestOptOutAgainstAPIServer: Pod and Namespace annotations (real
 // apiserver, the agent's own RBAC) turn into the netns cookies of exactly the
 // opted-out pods; a malformed value gets an Event and is ignored.
 func TestOptOutAgainstAPIServer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	testutil.RequireRoot(t, "creates network namespaces")
 	cp := startServiceControlPlane(t)
 	cs, err := cp.Client()
 	must(t, err)
@@ -138,7 +102,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		}
 		_, err := cs.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
 		must(t, err)
-		path := newTestNetns(t)
+		path := "/var/run/netns/" + testutil.NewNetns(t, "axt-slb-optout-")
 		c, err := datapath.NetnsCookie(path)
 		must(t, err)
 		cookies[p.name] = c

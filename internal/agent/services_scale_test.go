@@ -14,6 +14,7 @@ import (
 
 	"github.com/axonhq/axon/internal/scale"
 	"github.com/axonhq/axon/internal/scale/agentrun"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Ports of the agent scale test's control plane (apart from the others).
@@ -39,9 +40,7 @@ func TestServicesScaleAgent(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set AXON_SCALE_SERVICES=<count> to run the agent scale measurement")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, BPF, cgroups")
-	}
+	testutil.RequireRoot(t, "network namespaces, BPF, cgroups")
 	cp := startControlPlaneOn(t, svcScaleAPIPort, svcScaleEtcdPort)
 	arc, err := restConfig(cp.AdminKubeconfig())
 	must(t, err)

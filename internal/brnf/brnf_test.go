@@ -1,14 +1,14 @@
 package brnf
 
 import (
-	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestPerNetns(t *testing.T) {
@@ -35,9 +35,7 @@ func TestPerNetns(t *testing.T) {
 // TestDisable: in a fresh netns every switch br_netfilter has is 0 afterwards,
 // and the test's own netns (the host's) keeps its values.
 func TestDisable(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
+	testutil.RequireRoot(t, "creates a network namespace")
 	host := map[string]string{}
 	for _, tb := range Tables() {
 		if b, err := os.ReadFile(Path(tb)); err == nil {
@@ -47,30 +45,8 @@ func TestDisable(t *testing.T) {
 	if len(host) == 0 {
 		t.Skip("no br_netfilter in this kernel (no /proc/sys/net/bridge): nothing to turn off")
 	}
-	name := fmt.Sprintf("axt-brnf-%d", os.Getpid())
-	func() { // NewNamed switches the thread: create on a locked thread, switch back
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if err != nil {
-			t.Fatalf("create netns %s: %v", name, err)
-		}
-		h.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Fatalf("back to the test's netns: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("delete netns %s: %v", name, err)
-		}
-	})
-	path := "/run/netns/" + name
+	name := testutil.NewNetns(t, "axt-brnf-")
+	path := netnsutil.Path(name)
 	read := func() map[string]string {
 		got := map[string]string{}
 		if err := ns.WithNetNSPath(path, func(ns.NetNS) error {

@@ -1,14 +1,12 @@
 package bwm
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 
-	"github.com/vishvananda/netns"
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // Global sysctls (read only: axon never changes the node's own settings).
@@ -53,7 +51,7 @@ func readWords(path string) ([]string, error) {
 // returns the previous value. /proc/sys/net resolves to the netns of the
 // thread that opens it, so the write happens on a locked thread inside it.
 func SetCongestionControl(nsPath, algo string) (prev string, err error) {
-	err = inNetns(nsPath, func() error {
+	err = ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		b, err := os.ReadFile(ccPath)
 		if err != nil {
 			return fmt.Errorf("read tcp_congestion_control: %w", err)
@@ -76,45 +74,10 @@ func SetCongestionControl(nsPath, algo string) (prev string, err error) {
 // CongestionControl reads net.ipv4.tcp_congestion_control inside nsPath.
 func CongestionControl(nsPath string) (string, error) {
 	var cc string
-	err := inNetns(nsPath, func() error {
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		b, err := os.ReadFile(ccPath)
 		cc = strings.TrimSpace(string(b))
 		return err
 	})
 	return cc, err
-}
-
-// inNetns runs fn on a locked OS thread inside the netns at path. If the
-// thread cannot go back it stays locked and dies with its goroutine.
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns: %w", err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return from netns: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

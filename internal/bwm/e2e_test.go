@@ -1,8 +1,6 @@
 package bwm
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The end-to-end topology (all namespaces created here, prefix axt-bw-):
@@ -52,14 +51,6 @@ type topo struct {
 	podMAC, hostMAC string
 }
 
-func randHex(t *testing.T) string {
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
@@ -84,9 +75,7 @@ func nsRun(t *testing.T, ns string, args ...string) string {
 
 func requireE2E(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, BPF, qdiscs")
-	}
+	testutil.RequireRoot(t, "network namespaces, BPF, qdiscs")
 	for _, tool := range []string{"ip", "nsenter", "iperf3", "sockperf", "tc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed (hack/install-packages.sh)", tool)
@@ -111,14 +100,6 @@ func requireFQ(t *testing.T) {
 		if f.Name == "sch_fq" && !f.Available {
 			t.Skipf("no sch_fq on this kernel (%s): run in the 6.12 VM: make test-vm KERNEL=debian-6.12 VM_PKGS=./internal/bwm VM_RUN=TestEDT VM_LAB=0", f.Reason)
 		}
-	}
-}
-
-// inNetnsDo runs fn with the calling goroutine's thread inside netns ns.
-func inNetnsDo(t *testing.T, ns string, fn func() error) {
-	t.Helper()
-	if err := inNetns("/run/netns/"+ns, fn); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -151,16 +132,11 @@ func vmNICs() []string {
 
 func newTopo(t *testing.T) *topo {
 	t.Helper()
-	id := randHex(t)
-	tp := &topo{t: t, node: "axt-bw-node-" + id, pod: "axt-bw-pod-" + id, peer: "axt-bw-peer-" + id,
+	id := testutil.RandSuffix(t)
+	tp := &topo{t: t, node: testutil.NewNetns(t, "axt-bw-node-"), pod: testutil.NewNetns(t, "axt-bw-pod-"), peer: testutil.NewNetns(t, "axt-bw-peer-"),
 		hostIf: "lxcbw" + id, pin: filepath.Join(pinRoot, "axt-bw-"+id)}
-	for _, ns := range []string{tp.node, tp.pod, tp.peer} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		nsRun(t, ns, "ip", "link", "set", "lo", "up")
-	}
 	t.Cleanup(func() {
-		inNetnsDo(t, tp.node, func() error { return datapath.Uninstall(tp.pin) })
+		testutil.InNetns(t, tp.node, func() error { return datapath.Uninstall(tp.pin) })
 	})
 	// uplink
 	if nics := vmNICs(); nics != nil {
@@ -183,7 +159,7 @@ func newTopo(t *testing.T) *topo {
 	nsRun(t, tp.node, "ip", "link", "set", tp.hostIf, "up")
 	nsRun(t, tp.pod, "ip", "addr", "add", podIP+"/32", "dev", "eth0")
 	nsRun(t, tp.pod, "ip", "link", "set", "eth0", "up")
-	inNetnsDo(t, tp.node, func() error {
+	testutil.InNetns(t, tp.node, func() error {
 		l, err := netlink.LinkByName(tp.hostIf)
 		if err != nil {
 			return err
@@ -191,7 +167,7 @@ func newTopo(t *testing.T) *topo {
 		tp.hostIfIndex, tp.hostMAC = l.Attrs().Index, l.Attrs().HardwareAddr.String()
 		return nil
 	})
-	inNetnsDo(t, tp.pod, func() error {
+	testutil.InNetns(t, tp.pod, func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -204,7 +180,7 @@ func newTopo(t *testing.T) *topo {
 	nsRun(t, tp.pod, "ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0")
 	nsRun(t, tp.node, "ip", "route", "add", podIP+"/32", "dev", tp.hostIf)
 
-	inNetnsDo(t, tp.node, func() error {
+	testutil.InNetns(t, tp.node, func() error {
 		var err error
 		tp.dp, err = datapath.Load(datapath.Config{PinDir: tp.pin, Uplink: "eth0"})
 		if err != nil {

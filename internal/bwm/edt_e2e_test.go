@@ -3,16 +3,16 @@ package bwm
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // measureDur is the length of one measured flow ("over 10 s" in the targets).
@@ -93,13 +93,13 @@ func TestEDTRateAccuracy(t *testing.T) {
 			record(t, v)
 		}
 	}
-	stats, _ := tp.bwm.Stats()
-	t.Logf("bwm counters: %v", stats)
+	counters, _ := tp.bwm.Stats()
+	t.Logf("bwm counters: %v", counters)
 	var capacity []float64
 	for _, res := range got[0] {
 		capacity = append(capacity, res.goodput)
 	}
-	capMed := median(capacity)
+	capMed := stats.Median(capacity)
 	t.Logf("unlimited (capacity of this path in this run): %.1f Mbit/s median", capMed/1e6)
 	for _, r := range rates[1:] {
 		var l2, gp []float64
@@ -109,8 +109,8 @@ func TestEDTRateAccuracy(t *testing.T) {
 			gp = append(gp, res.goodput/float64(r))
 			rt = append(rt, res.retrans)
 		}
-		med := median(l2)
-		t.Logf("limit %s: L2/limit median %.3f %v, goodput/limit median %.3f %v, retransmits %v", FormatBits(r), med, l2, median(gp), gp, rt)
+		med := stats.Median(l2)
+		t.Logf("limit %s: L2/limit median %.3f %v, goodput/limit median %.3f %v, retransmits %v", FormatBits(r), med, l2, stats.Median(gp), gp, rt)
 		if med > 1.05 {
 			t.Errorf("limit %s: L2 rate %.3f of the limit: over the limit", FormatBits(r), med)
 		}
@@ -121,12 +121,12 @@ func TestEDTRateAccuracy(t *testing.T) {
 			t.Errorf("limit %s: L2 rate %.1f Mbit/s, want >= 70%% of min(limit, capacity %.1f Mbit/s at L2)", FormatBits(r), med*float64(r)/1e6, capMed/0.956/1e6)
 		}
 	}
-	if stats["egress_paced"] == 0 {
+	if counters["egress_paced"] == 0 {
 		t.Error("egress_paced is 0: the EDT program did not see the pod's packets")
 	}
 	// skb->sk must survive to the uplink (bpf_redirect_neigh, no ip_forward orphaning)
-	if s := stats["egress_with_socket"]; s*10 < stats["egress_paced"]*9 {
-		t.Errorf("only %d of %d paced packets carried their socket to the uplink: TCP small queues cannot push back", s, stats["egress_paced"])
+	if s := counters["egress_with_socket"]; s*10 < counters["egress_paced"]*9 {
+		t.Errorf("only %d of %d paced packets carried their socket to the uplink: TCP small queues cannot push back", s, counters["egress_paced"])
 	}
 }
 
@@ -136,15 +136,6 @@ func retrans(rs []iperfResult) []int {
 		out = append(out, r.retrans)
 	}
 	return out
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	return s[len(s)/2]
 }
 
 // TestEDTIngressPolicer: a flow toward a pod with an ingress limit lands
@@ -169,9 +160,9 @@ func TestEDTIngressPolicer(t *testing.T) {
 			t.Errorf("ingress limit %s: goodput %.3f of the limit, want 0.60..1.10", FormatBits(r), ratio)
 		}
 	}
-	stats, _ := tp.bwm.Stats()
-	t.Logf("bwm counters: %v", stats)
-	if stats["ingress_drop"] == 0 {
+	counters, _ := tp.bwm.Stats()
+	t.Logf("bwm counters: %v", counters)
+	if counters["ingress_drop"] == 0 {
 		t.Error("ingress_drop is 0: the policer never acted")
 	}
 }
@@ -241,7 +232,7 @@ func TestEDTLatencyVsTBF(t *testing.T) {
 		for _, s := range res[mode] {
 			v = append(v, f(s))
 		}
-		return median(v)
+		return stats.Median(v)
 	}
 	p99 := func(s latSample) float64 { return s.p99 }
 	tps := func(s latSample) float64 { return s.tps }
@@ -262,13 +253,13 @@ func TestEDTLatencyVsTBF(t *testing.T) {
 
 func (tp *topo) dpAttachPod() error {
 	var err error
-	_ = inNetns("/run/netns/"+tp.node, func() error { err = tp.dp.AttachPod(tp.hostIf); return nil })
+	_ = netnsutil.Do(tp.node, func() error { err = tp.dp.AttachPod(tp.hostIf); return nil })
 	return err
 }
 
 func (tp *topo) dpDetachPod() error {
 	var err error
-	_ = inNetns("/run/netns/"+tp.node, func() error { err = tp.dp.DetachPod(tp.hostIf); return nil })
+	_ = netnsutil.Do(tp.node, func() error { err = tp.dp.DetachPod(tp.hostIf); return nil })
 	return err
 }
 

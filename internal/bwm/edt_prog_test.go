@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Offsets in struct __sk_buff (UAPI) for PROG_TEST_RUN.
@@ -71,23 +71,19 @@ func runEgress(t *testing.T, prog *ebpf.Program, frame []byte, wireLen uint32) (
 // waits; the pod's L2
 // byte counter sums every paced packet's wire length.
 func TestEDTSmallBypass(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: BPF, network namespaces")
-	}
-	ns := "axt-bw-u-" + randHex(t)
-	run(t, "ip", "netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	testutil.RequireRoot(t, "BPF, network namespaces")
+	ns := testutil.NewNetns(t, "axt-bw-u-")
 	nsRun(t, ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "p0")
 	pin := "/sys/fs/bpf/" + ns
 	var b *datapath.BWM
-	inNetnsDo(t, ns, func() error {
+	testutil.InNetns(t, ns, func() error {
 		var err error
 		b, err = datapath.LoadBWM(datapath.BWMConfig{PinDir: pin, Uplink: "eth0"})
 		return err
 	})
 	t.Cleanup(func() {
 		b.Close()
-		inNetnsDo(t, ns, func() error { return datapath.Uninstall(pin) })
+		testutil.InNetns(t, ns, func() error { return datapath.Uninstall(pin) })
 		_ = os.RemoveAll(pin)
 	})
 	pod := netip.MustParseAddr("10.244.1.7")

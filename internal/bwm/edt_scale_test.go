@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // scalePod is one of the many limited pods of TestEDTScale64Pods.
@@ -35,14 +38,11 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 	var nodeBatch strings.Builder
 	for i := range pods {
 		p := &pods[i]
-		p.ns = fmt.Sprintf("axt-bw-s%d-%s", i, id)
+		p.ns = testutil.NewNetns(t, fmt.Sprintf("axt-bw-s%d-", i))
 		p.hostIf = fmt.Sprintf("lxs%d%s", i, id)
 		p.ip = netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
 		p.hostMAC = []byte{0x02, 0xaa, 0, 0, 0, byte(i)}
 		p.podMAC = []byte{0x02, 0xbb, 0, 0, 0, byte(i)}
-		run(t, "ip", "netns", "add", p.ns)
-		ns := p.ns
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 		fmt.Fprintf(&nodeBatch, "link add %s address %s type veth peer name eth0 address %s netns %s\n", p.hostIf, net.HardwareAddr(p.hostMAC), net.HardwareAddr(p.podMAC), p.ns)
 		fmt.Fprintf(&nodeBatch, "link set %s up\nroute add %s/32 dev %s\n", p.hostIf, p.ip, p.hostIf)
 	}
@@ -55,11 +55,11 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 	}
 	batch(tp.node, nodeBatch.String())
 	for _, p := range pods {
-		batch(p.ns, fmt.Sprintf("link set lo up\naddr add %s/32 dev eth0\nlink set eth0 up\n"+
+		batch(p.ns, fmt.Sprintf("addr add %s/32 dev eth0\nlink set eth0 up\n"+
 			"neigh add 169.254.1.1 lladdr %s dev eth0 nud permanent\nroute add 169.254.1.1 dev eth0 scope link\n"+
 			"route add default via 169.254.1.1 dev eth0\n", p.ip, net.HardwareAddr(p.hostMAC)))
 	}
-	inNetnsDo(t, tp.node, func() error {
+	testutil.InNetns(t, tp.node, func() error {
 		for _, p := range pods {
 			if err := tp.dp.AttachPod(p.hostIf); err != nil {
 				return err
@@ -89,7 +89,7 @@ type byteSink struct {
 func (tp *topo) newByteSink(t *testing.T, port int) *byteSink {
 	t.Helper()
 	s := &byteSink{count: map[netip.Addr]*atomic.Uint64{}}
-	inNetnsDo(t, tp.peer, func() error {
+	testutil.InNetns(t, tp.peer, func() error {
 		var err error
 		s.ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", peerIP, port))
 		return err
@@ -144,7 +144,7 @@ func (s *byteSink) snapshot() map[netip.Addr]uint64 {
 // goroutine per pod instead of an iperf3 process).
 func sendFrom(ns string, dst string, stop <-chan struct{}) (func() error, error) {
 	var c net.Conn
-	err := inNetns("/run/netns/"+ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp4", dst, 30*time.Second)
 		return err
@@ -271,10 +271,10 @@ func TestEDTScale64Pods(t *testing.T) {
 	}
 	s := slices.Clone(ratios)
 	slices.Sort(s)
-	stats, _ := tp.bwm.Stats()
-	record(t, map[string]any{"pods": n, "limit_sum_bits": sumLimit, "l2_sum_bits": sum, "l2_ratio_min": s[0], "l2_ratio_median": median(ratios),
-		"l2_ratio_max": s[len(s)-1], "goodput_ratio_median": median(gratios), "within_10pct": within10, "seconds": secs,
-		"egress_drop_horizon": stats["egress_drop_horizon"]})
+	counters, _ := tp.bwm.Stats()
+	record(t, map[string]any{"pods": n, "limit_sum_bits": sumLimit, "l2_sum_bits": sum, "l2_ratio_min": s[0], "l2_ratio_median": stats.Median(ratios),
+		"l2_ratio_max": s[len(s)-1], "goodput_ratio_median": stats.Median(gratios), "within_10pct": within10, "seconds": secs,
+		"egress_drop_horizon": counters["egress_drop_horizon"]})
 	t.Logf("%d pods: L2/limit min %.3f median %.3f max %.3f; %d/%d within ±10 %%; sum %.1f of %.1f Mbit/s; goodput/limit median %.3f",
-		n, s[0], median(ratios), s[len(s)-1], within10, n, sum/1e6, sumLimit/1e6, median(gratios))
+		n, s[0], stats.Median(ratios), s[len(s)-1], within10, n, sum/1e6, sumLimit/1e6, stats.Median(gratios))
 }

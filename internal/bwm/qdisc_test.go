@@ -1,8 +1,6 @@
 package bwm
 
 import (
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -10,32 +8,35 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
-func scratchHandleT(t *testing.T) *netlink.Handle {
+// scratchNetns creates a netns for the test and returns its name and a
+// netlink handle in it.
+func scratchNetns(t *testing.T) (string, *netlink.Handle) {
 	t.Helper()
-	name := "axt-bw-q-" + randHex(t)
-	h, err := netns.NewNamed(name) // moves this thread: restore right away
+	name := testutil.NewNetns(t, "axt-bw-q-")
+	h, err := netns.GetFromName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.Close(); _ = netns.DeleteNamed(name) })
+	defer h.Close()
 	nl, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nl.Close)
-	return nl
+	return name, nl
 }
 
 // TestFQ installs fq on a single-queue and mq + fq on a multi-queue device,
 // leaves a right device alone and puts fq back after it was removed. Where
 // the kernel has no sch_fq, the error must say so.
 func TestFQ(t *testing.T) {
-	if !rootUser() {
-		t.Skip("needs root: network namespaces and qdiscs")
-	}
-	nl := scratchHandleLocked(t)
+	testutil.RequireRoot(t, "network namespaces and qdiscs")
+	_, nl := scratchNetns(t)
 	for _, c := range []struct {
 		name   string
 		queues int
@@ -85,67 +86,18 @@ func TestFQ(t *testing.T) {
 	}
 }
 
-func rootUser() bool { return unix.Geteuid() == 0 }
-
-// scratchHandleLocked creates a named netns without moving the test's
-// thread for longer than the creation.
-func scratchHandleLocked(t *testing.T) *netlink.Handle {
-	t.Helper()
-	var nl *netlink.Handle
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer orig.Close()
-		nl = scratchHandleT(t)
-		if err := netns.Set(orig); err != nil {
-			t.Error(err)
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	<-done
-	if nl == nil {
-		t.FailNow()
-	}
-	return nl
-}
-
 func TestPodGSOMaxSize(t *testing.T) {
 	for bits, want := range map[uint64]uint32{1_000_000: 16 << 10, 10_000_000: 16 << 10, 50_000_000: 31250, 100_000_000: 62500, 1e9: 64 << 10} {
 		if got := PodGSOMaxSize(bits); got != want {
 			t.Errorf("PodGSOMaxSize(%d) = %d, want %d", bits, got, want)
 		}
 	}
-	if !rootUser() {
-		t.Skip("needs root: network namespaces")
-	}
-	nl := scratchHandleLocked(t)
+	testutil.RequireRoot(t, "network namespaces")
+	name, nl := scratchNetns(t)
 	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
 		t.Fatal(err)
 	}
-	var nsPath string
-	for _, e := range mustReadDir(t, "/run/netns") {
-		if strings.HasPrefix(e, "axt-bw-q-") {
-			if h, err := netns.GetFromName(e); err == nil {
-				if nl2, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE); err == nil {
-					if _, err := nl2.LinkByName("peer0"); err == nil {
-						nsPath = "/run/netns/" + e
-					}
-					nl2.Close()
-				}
-				h.Close()
-			}
-		}
-	}
-	if nsPath == "" {
-		t.Fatal("scratch netns not found")
-	}
+	nsPath := netnsutil.Path(name)
 	prev, err := SetPodGSOMaxSize(nsPath, "eth0", 8192)
 	if err != nil || prev != 65536 {
 		t.Fatalf("cap: prev %d, %v", prev, err)
@@ -157,17 +109,4 @@ func TestPodGSOMaxSize(t *testing.T) {
 	if prev, err = SetPodGSOMaxSize(nsPath, "eth0", 65536); err != nil || prev != 8192 {
 		t.Fatalf("restore: prev %d, %v", prev, err)
 	}
-}
-
-func mustReadDir(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
 }

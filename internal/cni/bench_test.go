@@ -55,6 +55,8 @@ import (
 	"github.com/axonhq/axon/internal/cpustat"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 type benchNode struct {
@@ -68,7 +70,7 @@ type benchNode struct {
 // eth0 (created by the caller as one end of the wire), datapath loaded.
 func newBenchNode(t *testing.T, i int) *benchNode {
 	e := &env{t: t, bin: pluginBinary(t)}
-	e.node = newNetns(t, fmt.Sprintf("bn%d-", i))
+	e.node = testutil.NewNetnsKernelDAD(t, fmt.Sprintf("axt-cni-bn%d-", i))
 	var err error
 	e.nodeNS, err = ns.GetNS("/run/netns/" + e.node)
 	if err != nil {
@@ -135,7 +137,7 @@ func (n *benchNode) addBenchPod(t *testing.T, cid, mode string, gso uint32) (net
 	n.e.agent.mu.Lock()
 	n.e.agent.device = &api.DeviceConfig{Type: api.DeviceVeth, GSOMaxSize: gso, GROMaxSize: gso, GSOIPv4MaxSize: gso, GROIPv4MaxSize: gso}
 	n.e.agent.mu.Unlock()
-	pod := newNetns(t, "bp")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-bp-")
 	stdin := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":%q,"mtu":1500,"deviceMode":%q}`, n.e.sock, mode)
 	n.e.mustOK(call{cmd: "ADD", cid: cid, netns: "/run/netns/" + pod, stdin: stdin})
 	ep := n.e.register(n.dp, cid)
@@ -219,18 +221,6 @@ func startServer(t *testing.T, p benchPath, argv ...string) {
 		t.Fatalf("start %v: %v", argv, err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func minOf(v []float64) float64 {
@@ -334,7 +324,7 @@ func paired(num, den []float64, level float64) pairedSummary {
 			r = append(r, num[i]/den[i])
 		}
 	}
-	s := pairedSummary{n: len(r), median: median(r), lo: math.NaN(), hi: math.NaN(), p: math.NaN()}
+	s := pairedSummary{n: len(r), median: stats.Median(r), lo: math.NaN(), hi: math.NaN(), p: math.NaN()}
 	if s.n == 0 {
 		return s
 	}
@@ -588,7 +578,7 @@ func pressureLine(v []float64) string {
 	if len(ok) == 0 {
 		return "not recorded"
 	}
-	return fmt.Sprintf("median %.1f %% (min %.1f, max %.1f)", median(ok), slices.Min(ok), slices.Max(ok))
+	return fmt.Sprintf("median %.1f %% (min %.1f, max %.1f)", stats.Median(ok), slices.Min(ok), slices.Max(ok))
 }
 
 // benchReport renders the Markdown report: per-path medians (min–max) and
@@ -614,10 +604,10 @@ func benchReport(paths []benchPath, res []benchSeries, cmps []comparison, run be
 			name += " (reference)"
 		}
 		fmt.Fprintf(&md, "| %s | %.2f (%.2f–%.2f) | %.2f× | %.1f (%.1f–%.1f) | %.2f× | %.1f | %.2f× | %.0f | %.0f |\n", name,
-			median(s.gbps), minOf(s.gbps), maxOf(s.gbps), median(s.gbps)/median(res[0].gbps),
-			median(s.p50), minOf(s.p50), maxOf(s.p50), median(s.p50)/median(res[0].p50),
-			median(s.cpuRR), median(s.cpuRR)/median(res[0].cpuRR),
-			median(s.softRR), median(s.softBulk))
+			stats.Median(s.gbps), minOf(s.gbps), maxOf(s.gbps), stats.Median(s.gbps)/stats.Median(res[0].gbps),
+			stats.Median(s.p50), minOf(s.p50), maxOf(s.p50), stats.Median(s.p50)/stats.Median(res[0].p50),
+			stats.Median(s.cpuRR), stats.Median(s.cpuRR)/stats.Median(res[0].cpuRR),
+			stats.Median(s.softRR), stats.Median(s.softBulk))
 	}
 	fmt.Fprintf(&md, "\nPaired ratios: per repetition, X / Y measured in that repetition; median, distribution-free CI of the median (sign test order statistics, ≥ 95 %% where the number of repetitions allows), repetitions with X < Y / X > Y, two-sided sign-test p:\n\n")
 	fmt.Fprintf(&md, "| X / Y | metric | paired ratio median | CI (coverage) | X<Y / X>Y | sign test p | asked |\n|---|---|---:|---|---:|---:|---|\n")

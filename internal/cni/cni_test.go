@@ -27,6 +27,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // ---- a small in-test agent: the real IPAM allocator behind the real API ----
@@ -136,22 +137,6 @@ func pluginBinary(t *testing.T) string {
 	return p
 }
 
-var nsSeq int
-var nsMu sync.Mutex
-
-// newNetns creates a named netns axt-cni-<pid>-<tag><n>, deleted on cleanup.
-func newNetns(t *testing.T, tag string) string {
-	t.Helper()
-	nsMu.Lock()
-	nsSeq++
-	name := fmt.Sprintf("axt-cni-%d-%s%d", os.Getpid(), tag, nsSeq)
-	nsMu.Unlock()
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name
-}
-
 func run(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
@@ -179,11 +164,9 @@ const (
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and veth pairs")
-	}
+	testutil.RequireRoot(t, "creates network namespaces and veth pairs")
 	e := &env{t: t, bin: pluginBinary(t)}
-	e.node = newNetns(t, "node")
+	e.node = testutil.NewNetnsKernelDAD(t, "axt-cni-node-")
 	// No dummy module on this kernel: a veth pair stands in for the uplink.
 	run(t, "ip", "-n", e.node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0peer")
 	run(t, "ip", "-n", e.node, "link", "set", "eth0peer", "up")
@@ -418,7 +401,7 @@ func TestHostVethName(t *testing.T) {
 
 func TestAddCheckDel(t *testing.T) {
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	res := e.add("ctr-a", pod)
 
 	host := HostVethName("ctr-a", "eth0")
@@ -548,7 +531,7 @@ func TestAddCheckDel(t *testing.T) {
 
 func TestDelIdempotent(t *testing.T) {
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	e.add("ctr-gone", pod)
 	// The runtime already removed the netns (the veth dies with it).
 	run(t, "ip", "netns", "del", pod)
@@ -573,7 +556,7 @@ func TestDelIdempotent(t *testing.T) {
 
 	// Agent down on DEL: the veth is still removed, but DEL fails (code 11)
 	// because succeeding would leak the allocation.
-	pod2 := newNetns(t, "pod")
+	pod2 := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	e.add("ctr-b", pod2)
 	e.stop()
 	o := e.invoke(call{cmd: "DEL", cid: "ctr-b", netns: "/run/netns/" + pod2})
@@ -611,7 +594,7 @@ func TestStatus(t *testing.T) {
 
 func TestGC(t *testing.T) {
 	e := newEnv(t)
-	podA, podB := newNetns(t, "pod"), newNetns(t, "pod")
+	podA, podB := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-"), testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	e.add("keep", podA)
 	e.add("drop", podB)
 	// A device that is not ours must survive GC.
@@ -642,7 +625,7 @@ func TestGC(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	base := func(c call) call {
 		if c.netns == "" && !c.unsetNetns {
 			c.netns = "/run/netns/" + pod
@@ -692,7 +675,7 @@ func TestAddConflictsAndRollback(t *testing.T) {
 	e := newEnv(t)
 
 	// The pod netns already has an eth0 that is not ours: ADD fails, nothing leaks.
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	run(t, "ip", "-n", pod, "link", "add", "eth0", "type", "veth", "peer", "name", "other0")
 	ce := e.invoke(call{cmd: "ADD", cid: "clash", netns: "/run/netns/" + pod}).cniErr(t)
 	if !strings.Contains(ce.Msg, "already exists") {
@@ -701,7 +684,7 @@ func TestAddConflictsAndRollback(t *testing.T) {
 
 	// The same attachment ADDed into a different netns: clear error, the
 	// first pod keeps working.
-	podA, podB := newNetns(t, "pod"), newNetns(t, "pod")
+	podA, podB := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-"), testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	e.add("dup", podA)
 	ce = e.invoke(call{cmd: "ADD", cid: "dup", netns: "/run/netns/" + podB}).cniErr(t)
 	if !strings.Contains(ce.Msg, "duplicate ADD for dup/eth0") || !strings.Contains(ce.Msg, "run DEL for this container first") {
@@ -736,7 +719,7 @@ func TestAddConflictsAndRollback(t *testing.T) {
 
 func TestChurn(t *testing.T) {
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	seen := map[string]bool{}
 	start := time.Now()
 	for i := range 20 {
@@ -785,7 +768,7 @@ func TestAddResultPerVersion(t *testing.T) {
 	}
 	for i, tc := range tests {
 		t.Run(tc.version, func(t *testing.T) {
-			pod := newNetns(t, "pod")
+			pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 			cid := fmt.Sprintf("ver-%d", i)
 			conf := strings.Replace(e.conf(""), "1.1.0", tc.version, 1)
 			o := e.mustOK(call{cmd: "ADD", cid: cid, netns: "/run/netns/" + pod, stdin: conf})

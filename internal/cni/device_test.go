@@ -19,6 +19,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestParseConfigDeviceMode(t *testing.T) {
@@ -92,7 +93,7 @@ func TestNetkitUnavailableAdd(t *testing.T) {
 			e.agent.mu.Lock()
 			e.agent.device = tc.agent
 			e.agent.mu.Unlock()
-			pod := newNetns(t, "pod")
+			pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 			o := e.invoke(call{cmd: "ADD", cid: "nonk-" + tc.name, netns: "/run/netns/" + pod, stdin: tc.stdin})
 			ce := o.cniErr(t)
 			if !strings.Contains(ce.Msg, "no netkit devices") || !strings.Contains(ce.Msg, "CONFIG_NETKIT") {
@@ -121,7 +122,7 @@ func TestNetkitUnavailableAdd(t *testing.T) {
 // and a veth where not (6.18 host).
 func TestDeviceModeAuto(t *testing.T) {
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	stdin := e.conf(`,"deviceMode":"auto"`)
 	e.mustOK(call{cmd: "ADD", cid: "auto1", netns: "/run/netns/" + pod, stdin: stdin})
 	want := "veth"
@@ -278,7 +279,7 @@ func TestBigTCP(t *testing.T) {
 			}
 			v4 := e.hostLink("eth0").Attrs().GSOIPv4MaxSize > 0 // 0: no IFLA_GSO_IPV4_MAX_SIZE (< 6.3)
 			e.agent.device = bigTCPDevice(on, v4)
-			pod := newNetns(t, "pod")
+			pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 			stdin := e.conf(fmt.Sprintf(`,"deviceMode":%q`, tc.mode))
 			e.mustOK(call{cmd: "ADD", cid: "big1", netns: "/run/netns/" + pod, stdin: stdin})
 			if tc.mode == ModeNetkit {

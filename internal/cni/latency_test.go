@@ -35,13 +35,15 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/brnf"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // wireBridge joins a and b through a bridge in a wire netns, as the lab does:
 // node eth0 <-veth-> wire netns port, both ports in bridge br0, without
 // br_netfilter.
 func wireBridge(t *testing.T, a, b *benchNode) {
-	wire := newNetns(t, "lw")
+	wire := testutil.NewNetnsKernelDAD(t, "axt-cni-lw-")
 	if err := brnf.Disable("/run/netns/" + wire); err != nil {
 		t.Fatal(err)
 	}
@@ -221,13 +223,13 @@ func TestVethLatency(t *testing.T) {
 	var md bytes.Buffer
 	uname, _ := exec.Command("uname", "-r").Output()
 	fmt.Fprintf(&md, "kernel %s, lab-shaped topology (bridge wire), %d reps × %ds interleaved, sockperf ping-pong TCP 64 B, client CPU 0, server CPU 1; CPU pressure avg10 median %.1f %% (min %.1f, max %.1f)\n\n",
-		strings.TrimSpace(string(uname)), reps, secs, median(press), slices.Min(press), slices.Max(press))
+		strings.TrimSpace(string(uname)), reps, secs, stats.Median(press), slices.Min(press), slices.Max(press))
 	fmt.Fprintf(&md, "| path | RTT p50 µs median (min–max) | ratio | Δ vs host µs | RTT avg µs | softnet passes per RT | CPU µs per RT (machine) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for i, p := range paths {
 		s := res[i]
 		fmt.Fprintf(&md, "| %s | %.2f (%.2f–%.2f) | %.3f× | %+.2f | %.2f | %.2f | %.1f |\n", p.name,
-			median(s.p50), slices.Min(s.p50), slices.Max(s.p50), median(s.p50)/median(res[0].p50),
-			median(s.p50)-median(res[0].p50), median(s.avg), median(s.soft), median(s.cpu))
+			stats.Median(s.p50), slices.Min(s.p50), slices.Max(s.p50), stats.Median(s.p50)/stats.Median(res[0].p50),
+			stats.Median(s.p50)-stats.Median(res[0].p50), stats.Median(s.avg), stats.Median(s.soft), stats.Median(s.cpu))
 	}
 
 	if os.Getenv("AXON_LAT_BPFSTATS") == "1" {

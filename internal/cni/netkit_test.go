@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // needNetkit skips where the kernel cannot create netkit devices (the 6.18
@@ -29,9 +29,7 @@ import (
 //	make test-vm KERNEL=debian-6.12 VM_PKGS=./internal/cni VM_RUN=Netkit VM_LAB=0
 func needNetkit(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t, "probes the kernel for netkit devices")
 	if c := datapath.ProbeNetkit(); !c.Available {
 		t.Skip("kernel has no netkit (run in the 6.12 VM: make test-vm KERNEL=debian-6.12 VM_PKGS=./internal/cni VM_RUN=Netkit VM_LAB=0): " + c.Reason)
 	}
@@ -173,7 +171,7 @@ func TestNetkitAddCheckDel(t *testing.T) {
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t)
-			pod := newNetns(t, "pod")
+			pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 			stdin := e.conf(fmt.Sprintf(`,"deviceMode":%q`, tc.mode))
 			o := e.mustOK(call{cmd: "ADD", cid: "nk1", netns: "/run/netns/" + pod, stdin: stdin})
 			if !strings.Contains(o.stdout, `"ips"`) {
@@ -225,7 +223,7 @@ func TestNetkitAddCheckDel(t *testing.T) {
 func TestNetkitBlackholeUntilAttach(t *testing.T) {
 	needNetkit(t)
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	stdin := e.conf(`,"deviceMode":"netkit"`)
 	e.mustOK(call{cmd: "ADD", cid: "bh1", netns: "/run/netns/" + pod, stdin: stdin})
 	host := HostVethName("bh1", "eth0")
@@ -305,7 +303,7 @@ func TestNetkitBlackholeUntilAttach(t *testing.T) {
 func TestNetkitPeerProgramNotDetachableFromPod(t *testing.T) {
 	needNetkit(t)
 	e := newEnv(t)
-	pod := newNetns(t, "pod")
+	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	stdin := e.conf(`,"deviceMode":"netkit"`)
 	e.mustOK(call{cmd: "ADD", cid: "pp1", netns: "/run/netns/" + pod, stdin: stdin})
 	d := e.loadDatapath(datapath.DeviceModeNetkit)
@@ -355,7 +353,7 @@ func TestNetkitPodToPod(t *testing.T) {
 	pods := map[string]string{}
 	res := map[string]*types100.Result{}
 	for _, p := range []struct{ cid, mode string }{{"nka", ModeNetkit}, {"nkb", ModeNetkit}, {"vea", ModeVeth}, {"nl2", ModeNetkitL2}} {
-		pods[p.cid] = newNetns(t, "pod")
+		pods[p.cid] = testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 		o := e.mustOK(call{cmd: "ADD", cid: p.cid, netns: "/run/netns/" + pods[p.cid], stdin: e.conf(fmt.Sprintf(`,"deviceMode":%q`, p.mode))})
 		var r types100.Result
 		if err := json.Unmarshal([]byte(o.stdout), &r); err != nil {

@@ -1,21 +1,20 @@
 package ethtool
 
 import (
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestSetGet switches features of a veth in a private namespace and reads
 // them back.
 func TestSetGet(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
+	testutil.RequireRoot(t, "creates a network namespace")
 	netns, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)

@@ -17,14 +17,11 @@ package l4lb
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +38,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ethtool"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 const (
@@ -48,74 +47,35 @@ const (
 	e2ePort = 80
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, BPF programs, bpffs pins")
-	}
-}
-
-func randSuffix(t *testing.T) string {
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-// topo is the test's namespaces, by role.
+// topo is the test's namespaces: their names by role.
 type topo struct {
-	prefix string
-	ns     map[string]netns.NsHandle
+	ns map[string]string
 }
 
-// inNS runs fn on an OS thread switched into ns. The thread is never
-// switched back: it exits with the goroutine.
-func inNS(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
-func (tp *topo) newNS(t *testing.T, role string) netns.NsHandle {
+func (tp *topo) newNS(t *testing.T, role string) string {
 	t.Helper()
-	name := tp.prefix + role
-	var h netns.NsHandle
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // NewNamed switches this thread; it dies with the goroutine
-		var err error
-		h, err = netns.NewNamed(name)
-		errc <- err
-	}()
-	err := <-errc
-	if err != nil {
-		t.Fatalf("create netns %s: %v", name, err)
-	}
-	tp.ns[role] = h
-	t.Cleanup(func() {
-		h.Close()
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("delete netns %s: %v", name, err)
-		}
-	})
-	return h
+	tp.ns[role] = testutil.NewNetns(t, "axt-nsctl-"+role+"-")
+	return tp.ns[role]
 }
 
-func handle(t *testing.T, ns netns.NsHandle) *netlink.Handle {
+func handle(t *testing.T, ns string) *netlink.Handle {
 	t.Helper()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE) // route only: xfrm/netfilter sockets fail on kernels without them
+	nsh := openNS(t, ns)
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE) // route only: xfrm/netfilter sockets fail on kernels without them
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
+	return h
+}
+
+func openNS(t *testing.T, ns string) netns.NsHandle {
+	t.Helper()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatalf("open netns %s: %v", ns, err)
+	}
 	return h
 }
 
@@ -130,7 +90,7 @@ func must(t *testing.T, what string, err error) {
 // peer name in the wire ns (for the XDP_TX peer program).
 func build(t *testing.T, backends int) *topo {
 	t.Helper()
-	tp := &topo{prefix: "axt-nsctl-" + randSuffix(t) + "-", ns: map[string]netns.NsHandle{}}
+	tp := &topo{ns: map[string]string{}}
 	wire := tp.newNS(t, "wire")
 	hw := handle(t, wire)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
@@ -143,12 +103,13 @@ func build(t *testing.T, backends int) *topo {
 	for i, role := range roles {
 		ns := tp.newNS(t, role)
 		h := handle(t, ns)
-		lo, err := h.LinkByName("lo")
+		lo, err := h.LinkByName("lo") // up: testutil.NewNetns
 		must(t, "lo", err)
-		must(t, "lo up", h.LinkSetUp(lo))
 		peer := "w-" + role
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer, MasterIndex: br.Index}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+		nsh := openNS(t, ns)
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer, MasterIndex: br.Index}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(nsh))}
 		must(t, "add veth "+peer, hw.LinkAdd(veth))
+		nsh.Close()
 		wl, err := hw.LinkByName(peer)
 		must(t, "wire end", err)
 		must(t, "wire end master", hw.LinkSetMaster(wl, br))
@@ -167,10 +128,10 @@ func build(t *testing.T, backends int) *topo {
 		// CHECKSUM_PARTIAL packets, and native XDP on veth loses that state
 		// on XDP_TX (DESIGN.md §2); packets from a real NIC carry complete
 		// checksums anyway.
-		must(t, "tx checksum off", inNS(ns, func() error { return ethtool.Set("eth0", ethtool.TxChecksum, false) }))
+		must(t, "tx checksum off", netnsutil.Do(ns, func() error { return ethtool.Set("eth0", ethtool.TxChecksum, false) }))
 		switch {
 		case role == "lb":
-			must(t, "forwarding", inNS(ns, func() error {
+			must(t, "forwarding", netnsutil.Do(ns, func() error {
 				if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
 					return err
 				}
@@ -184,7 +145,7 @@ func build(t *testing.T, backends int) *topo {
 		case strings.HasPrefix(role, "be"):
 			vip := netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(e2eVIP).To4(), Mask: net.CIDRMask(32, 32)}}
 			must(t, "VIP on lo", h.AddrAdd(lo, &vip))
-			must(t, "sysctls", inNS(ns, func() error {
+			must(t, "sysctls", netnsutil.Do(ns, func() error {
 				for _, kv := range [][2]string{
 					{"net/ipv4/conf/all/rp_filter", "0"}, {"net/ipv4/conf/eth0/rp_filter", "0"},
 					{"net/ipv4/conf/all/arp_ignore", "1"}, {"net/ipv4/conf/eth0/arp_ignore", "1"},
@@ -236,10 +197,10 @@ func xdpPassProg() (*ebpf.Program, error) {
 }
 
 // attachIn attaches prog in ns to dev (tcx ingress or XDP); detached at cleanup.
-func attachIn(t *testing.T, ns netns.NsHandle, dev string, prog *ebpf.Program) {
+func attachIn(t *testing.T, ns string, dev string, prog *ebpf.Program) {
 	t.Helper()
 	var l link.Link
-	err := inNS(ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		ifc, err := net.InterfaceByName(dev)
 		if err != nil {
 			return err
@@ -276,16 +237,16 @@ func attachLegacyIngress(ifindex int, prog *ebpf.Program) error {
 }
 
 // serveBackend answers every line with "<name> <line>" on VIP:80 in ns.
-func serveBackend(t *testing.T, ns netns.NsHandle, name string) {
+func serveBackend(t *testing.T, ns string, name string) {
 	t.Helper()
 	serveOn(t, ns, name, fmt.Sprintf("%s:%d", e2eVIP, e2ePort))
 }
 
 // serveOn answers every line with "<name> <line>" on addr in ns.
-func serveOn(t *testing.T, ns netns.NsHandle, name, addr string) {
+func serveOn(t *testing.T, ns string, name, addr string) {
 	t.Helper()
 	var ln net.Listener
-	must(t, "listen "+name, inNS(ns, func() error {
+	must(t, "listen "+name, netnsutil.Do(ns, func() error {
 		var err error
 		ln, err = net.Listen("tcp", addr)
 		return err
@@ -317,13 +278,13 @@ type conn struct {
 	rd *bufio.Reader
 }
 
-func dialVIP(ns netns.NsHandle) (*conn, error) {
+func dialVIP(ns string) (*conn, error) {
 	return dial(ns, fmt.Sprintf("%s:%d", e2eVIP, e2ePort))
 }
 
-func dial(ns netns.NsHandle, addr string) (*conn, error) {
+func dial(ns string, addr string) (*conn, error) {
 	var c net.Conn
-	err := inNS(ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
 		return err
@@ -369,7 +330,7 @@ func e2eConfig(dir, mode string, backends ...int) string {
 // backend across reloads (a removed backend drains), and an invalid config
 // is rejected while the old one keeps serving.
 func TestStandaloneDSR(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t, "network namespaces, BPF programs, bpffs pins")
 	for _, mode := range []string{"native", "disabled"} {
 		t.Run("xdp="+mode, func(t *testing.T) { testStandaloneDSR(t, mode) })
 	}
@@ -387,7 +348,7 @@ func testStandaloneDSR(t *testing.T, xdpMode string) {
 		h := handle(t, tp.ns[name])
 		if tunl, err := h.LinkByName("tunl0"); err == nil {
 			must(t, "tunl0 up", h.LinkSetUp(tunl))
-			must(t, "tunl0 rp_filter", inNS(tp.ns[name], func() error {
+			must(t, "tunl0 rp_filter", netnsutil.Do(tp.ns[name], func() error {
 				return os.WriteFile("/proc/sys/net/ipv4/conf/tunl0/rp_filter", []byte("0"), 0o644)
 			}))
 			if i == 1 {
@@ -408,14 +369,14 @@ func testStandaloneDSR(t *testing.T, xdpMode string) {
 		attachIn(t, tp.ns["wire"], "w-lb", pass) // XDP_TX on a veth needs an XDP program on its peer
 	}
 
-	dir := filepath.Join(t.TempDir(), "axt-nsctl-"+randSuffix(t))
+	dir := filepath.Join(t.TempDir(), "axt-nsctl-"+testutil.RandSuffix(t))
 	must(t, "config dir", os.Mkdir(dir, 0o755))
 	cfgPath := filepath.Join(dir, "lb.yaml")
 	writeConfig(t, cfgPath, e2eConfig(dir, xdpMode, 1, 2))
 	cfg, _, err := ReadFile(cfgPath)
 	must(t, "config", err)
 	t.Cleanup(func() {
-		if err := inNS(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(cfg.BPFRoot) }); err != nil {
+		if err := netnsutil.Do(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(cfg.BPFRoot) }); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 		_ = os.RemoveAll(cfg.BPFRoot)
@@ -425,7 +386,7 @@ func testStandaloneDSR(t *testing.T, xdpMode string) {
 	runErr := make(chan error, 1)
 	ready := make(chan *Runner, 1)
 	go func() {
-		runErr <- inNS(tp.ns["lb"], func() error {
+		runErr <- netnsutil.Do(tp.ns["lb"], func() error {
 			return Run(ctx, cfgPath, RunOptions{PollInterval: 200 * time.Millisecond, GCInterval: time.Second,
 				Ready: func(r *Runner) { ready <- r }})
 		})
@@ -611,7 +572,7 @@ func testStandaloneDSR(t *testing.T, xdpMode string) {
 // TestStandaloneSNATv6: an IPv6 VIP with SNAT (replies come back through
 // the load balancer), Maglev, tc and native XDP.
 func TestStandaloneSNATv6(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t, "network namespaces, BPF programs, bpffs pins")
 	for _, mode := range []string{"native", "disabled"} {
 		t.Run("xdp="+mode, func(t *testing.T) {
 			tp := build(t, 2)
@@ -625,7 +586,7 @@ func TestStandaloneSNATv6(t *testing.T) {
 				t.Cleanup(func() { pass.Close() })
 				attachIn(t, tp.ns["wire"], "w-lb", pass)
 			}
-			dir := filepath.Join(t.TempDir(), "axt-nsctl-"+randSuffix(t))
+			dir := filepath.Join(t.TempDir(), "axt-nsctl-"+testutil.RandSuffix(t))
 			must(t, "config dir", os.Mkdir(dir, 0o755))
 			cfgPath := filepath.Join(dir, "lb.yaml")
 			pin := filepath.Join(datapath.BPFFSRoot, filepath.Base(dir))
@@ -644,7 +605,7 @@ vips:
   - {address: "fd00:200::12", port: 8080}
 `, mode, pin, filepath.Join(dir, "l4lb.sock")))
 			t.Cleanup(func() {
-				if err := inNS(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(pin) }); err != nil {
+				if err := netnsutil.Do(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(pin) }); err != nil {
 					t.Errorf("uninstall: %v", err)
 				}
 				_ = os.RemoveAll(pin)
@@ -653,7 +614,7 @@ vips:
 			runErr := make(chan error, 1)
 			ready := make(chan *Runner, 1)
 			go func() {
-				runErr <- inNS(tp.ns["lb"], func() error {
+				runErr <- netnsutil.Do(tp.ns["lb"], func() error {
 					return Run(ctx, cfgPath, RunOptions{Ready: func(r *Runner) { ready <- r }})
 				})
 			}()

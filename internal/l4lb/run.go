@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -18,6 +17,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/maglev"
 	"github.com/axonhq/axon/internal/nodeportapi"
 )
 
@@ -118,7 +118,7 @@ func Run(ctx context.Context, path string, o RunOptions) error {
 		Mode:            datapath.NPModeDSR,
 		CTMax:           uint32(cfg.CTMax),
 		MaglevTableSize: uint32(cfg.MaglevSize),
-		HashSeed:        hashSeed(cfg.MaglevSeed),
+		HashSeed:        maglev.HashSeed(cfg.MaglevSeed),
 		Logger:          log.With("component", "nodeport"),
 	})
 	if err != nil {
@@ -258,15 +258,6 @@ func sourceAddrs(cfg *Config) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("interface %s has no global address to use as the IPIP/SNAT source: add one or set `sourceAddress:`", cfg.Interface)
 	}
 	return out, nil
-}
-
-func hashSeed(s string) uint32 {
-	if s == "" {
-		return 0
-	}
-	h := fnv.New32a()
-	h.Write([]byte(s))
-	return h.Sum32() | 1
 }
 
 // serve is Serve with the north-south routes (ct, nat, maglev, explain).

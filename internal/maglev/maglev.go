@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 )
@@ -341,4 +342,19 @@ func Counts(table []int, backends int) []int {
 		}
 	}
 	return c
+}
+
+// HashSeed maps a cluster's Maglev seed (Config.Seed, --maglev-hash-seed) to
+// the datapath's 32-bit flow-hash seed: FNV-1a of the string with the low bit
+// set, so it is never 0, which the datapath reads as "use the default seed"
+// (HashSeed("") = 0 asks for exactly that). The flow hash picks a flow's
+// table slot, so every node of a cluster, whatever its version, must derive
+// the same value from the same seed: never change this mapping.
+func HashSeed(seed string) uint32 {
+	if seed == "" {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(seed))
+	return h.Sum32() | 1
 }

@@ -213,3 +213,22 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestHashSeed pins HashSeed's values: nodes running different versions must
+// derive the same flow-hash seed from the same configured seed.
+func TestHashSeed(t *testing.T) {
+	for _, tc := range []struct {
+		seed string
+		want uint32
+	}{
+		{"", 0},                // the datapath's default seed
+		{"a", 0xe40c292d},      // FNV-1a("a") = 0xe40c292c
+		{"foobar", 0xbf9cf969}, // FNV-1a("foobar") = 0xbf9cf968
+		{"axon", 0x52270645},
+		{"cluster-1", 0x8209eec3},
+	} {
+		if got := HashSeed(tc.seed); got != tc.want {
+			t.Errorf("HashSeed(%q) = %#08x, want %#08x", tc.seed, got, tc.want)
+		}
+	}
+}

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/axonhq/axon/internal/inetcsum"
 )
 
 // Frame sizes. A UDP4 frame is FrameLen bytes (the 64-byte Ethernet minimum
@@ -56,13 +58,13 @@ func (u UDP4) Frame() ([]byte, error) {
 	src, dst := u.Src.Addr().As4(), u.Dst.Addr().As4()
 	copy(ip[12:16], src[:])
 	copy(ip[16:20], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], Checksum(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], inetcsum.Checksum(ip, 0))
 	udp := b[34:]
 	binary.BigEndian.PutUint16(udp[0:], u.Src.Port())
 	binary.BigEndian.PutUint16(udp[2:], u.Dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(len(udp)))
 	copy(udp[8:], "axon pktgen")
-	c := Checksum(udp, pseudoHeader(src, dst, len(udp)))
+	c := inetcsum.Checksum(udp, pseudoHeader(src, dst, len(udp)))
 	if c == 0 {
 		c = 0xffff // 0 means "no checksum" in UDP over IPv4
 	}
@@ -77,20 +79,4 @@ func pseudoHeader(src, dst [4]byte, udpLen int) uint32 {
 		s += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
 	}
 	return s + 17 + uint32(udpLen)
-}
-
-// Checksum is the Internet checksum (RFC 1071) of b, starting from the
-// partial sum init (e.g. a pseudo-header's).
-func Checksum(b []byte, init uint32) uint16 {
-	s := init
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s>>16 != 0 {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
 }

@@ -5,16 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Generator sends copies of template frames out of one device (see the
@@ -56,7 +56,7 @@ const tmplStride = 48
 // when its peer has a NAPI ring (an XDP program or GRO on the peer).
 func NewGenerator(nsName, dev string) (*Generator, error) {
 	var ifindex int
-	if err := inNetns(nsName, func() error {
+	if err := netnsutil.Do(nsName, func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
@@ -227,9 +227,4 @@ func lookupZero(m *ebpf.Map, miss string) asm.Instructions {
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, miss),
 	}
-}
-
-// inNetns runs fn in the named namespace (/run/netns/<nsName>).
-func inNetns(nsName string, fn func() error) error {
-	return ns.WithNetNSPath(filepath.Join("/run/netns", nsName), func(ns.NetNS) error { return fn() })
 }

@@ -1,12 +1,10 @@
 package pktgen
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,6 +14,10 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+
+	"github.com/axonhq/axon/internal/inetcsum"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestUDP4Frame(t *testing.T) {
@@ -34,7 +36,7 @@ func TestUDP4Frame(t *testing.T) {
 		t.Errorf("Ethernet header %s", got)
 	}
 	ip := f[14:34]
-	if c := Checksum(ip, 0); c != 0 {
+	if c := inetcsum.Checksum(ip, 0); c != 0 {
 		t.Errorf("IPv4 header does not sum to 0xffff (checksum over it %#04x)", c)
 	}
 	if got := binary.BigEndian.Uint16(ip[2:]); got != FrameLen-14 {
@@ -44,7 +46,7 @@ func TestUDP4Frame(t *testing.T) {
 	if sp, dp := binary.BigEndian.Uint16(udp[0:]), binary.BigEndian.Uint16(udp[2:]); sp != 40000 || dp != 30092 {
 		t.Errorf("ports %d → %d", sp, dp)
 	}
-	if c := Checksum(udp, pseudoHeader([4]byte(ip[12:16]), [4]byte(ip[16:20]), len(udp))); c != 0 {
+	if c := inetcsum.Checksum(udp, pseudoHeader([4]byte(ip[12:16]), [4]byte(ip[16:20]), len(udp))); c != 0 {
 		t.Errorf("UDP checksum does not verify (%#04x)", c)
 	}
 
@@ -58,34 +60,18 @@ func TestUDP4Frame(t *testing.T) {
 	}
 }
 
-func TestChecksum(t *testing.T) {
-	// RFC 1071's example: 0x0001 f203 f4f5 f6f7 sums to 0xddf2.
-	if c := Checksum([]byte{0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7}, 0); c != ^uint16(0xddf2) {
-		t.Errorf("checksum %#04x, want %#04x", c, ^uint16(0xddf2))
-	}
-	if c := Checksum([]byte{0xff}, 0); c != ^uint16(0xff00) {
-		t.Errorf("odd length: %#04x", c)
-	}
-}
-
 // veth pair g0 ↔ g1 in a private namespace, IPv6 off so that nothing but
 // the generator's frames crosses it.
 func vethNetns(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces and XDP")
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "axt-pg-" + hex.EncodeToString(b)
+	testutil.RequireRoot(t, "network namespaces and XDP")
+	name := testutil.NewNetns(t, "axt-pg-")
 	run := func(argv ...string) {
 		t.Helper()
 		if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
 		}
 	}
-	run("ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	run("ip", "-n", name, "link", "add", "g0", "type", "veth", "peer", "name", "g1")
 	run("ip", "-n", name, "link", "set", "g0", "up")
@@ -96,7 +82,7 @@ func vethNetns(t *testing.T) string {
 func linkOf(t *testing.T, ns, dev string) netlink.Link {
 	t.Helper()
 	var l netlink.Link
-	if err := inNetns(ns, func() (err error) { l, err = netlink.LinkByName(dev); return err }); err != nil {
+	if err := netnsutil.Do(ns, func() (err error) { l, err = netlink.LinkByName(dev); return err }); err != nil {
 		t.Fatalf("%s in %s: %v", dev, ns, err)
 	}
 	return l
@@ -136,7 +122,7 @@ func TestGeneratorToSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	passID, _ := passInfo.ID()
-	if err := inNetns(ns, func() error {
+	if err := netnsutil.Do(ns, func() error {
 		return netlink.LinkSetXdpFdWithFlags(linkOf(t, ns, "g1"), pass.FD(), nl.XDP_FLAGS_DRV_MODE)
 	}); err != nil {
 		t.Fatal(err)

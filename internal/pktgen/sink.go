@@ -8,6 +8,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Sink counts and drops, at native XDP on one device, the IPv4 UDP packets
@@ -62,7 +64,7 @@ func AttachSink(nsName, dev string, port uint16) (*Sink, error) {
 		return nil, fmt.Errorf("pktgen: load the sink program: %w", err)
 	}
 	s := &Sink{nsName: nsName, dev: dev, prog: prog, counts: counts}
-	if err := inNetns(nsName, func() error {
+	if err := netnsutil.Do(nsName, func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
@@ -98,7 +100,7 @@ func (s *Sink) Count() (uint64, error) {
 // Close detaches the sink and re-attaches the device's previous program,
 // if it had one.
 func (s *Sink) Close() error {
-	err := inNetns(s.nsName, func() error {
+	err := netnsutil.Do(s.nsName, func() error {
 		l, err := netlink.LinkByName(s.dev)
 		if err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestVerifierReport loads every embedded BPF program on the running kernel
@@ -17,9 +18,7 @@ import (
 // to verifier-<kernel>.{md,json} in that directory (the VM runner collects
 // them per kernel).
 func TestVerifierReport(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs into the kernel")
-	}
+	testutil.RequireRoot(t, "loads BPF programs into the kernel")
 	objs, err := datapath.Objects()
 	if err != nil {
 		t.Fatal(err)
@@ -62,9 +61,7 @@ func TestVerifierReport(t *testing.T) {
 // kernel is reported as unsupported with the helper's name, not as rejected; a program the
 // verifier refuses for its own fault stays rejected.
 func TestUnsupportedHelper(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs into the kernel")
-	}
+	testutil.RequireRoot(t, "loads BPF programs into the kernel")
 	prog := func(insns ...asm.Instruction) *ebpf.ProgramSpec {
 		return &ebpf.ProgramSpec{Name: "axt_prog", Type: ebpf.XDP, License: "GPL", Instructions: insns}
 	}

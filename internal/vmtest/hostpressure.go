@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // HostPressureFile is the name, in the run dir (the guest's /run/axon-vm), of
@@ -76,11 +78,5 @@ func summarizePressure(v []float64) string {
 	if len(v) == 0 {
 		return "not available"
 	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return fmt.Sprintf("median %.1f %% (min–max %.1f–%.1f %%, %d samples)", med, s[0], s[len(s)-1], len(s))
+	return fmt.Sprintf("median %.1f %% (min–max %.1f–%.1f %%, %d samples)", stats.Median(v), slices.Min(v), slices.Max(v), len(v))
 }

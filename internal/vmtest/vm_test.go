@@ -10,15 +10,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // cachedKernels returns the matrix kernels already in the cache; the VM tests never
 // download (that is `make test-vm`), they skip with the command to run instead.
 func cachedKernels(t *testing.T) []*Kernel {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: QEMU shares the host root over 9p and the guest runs as root")
-	}
+	testutil.RequireRoot(t, "QEMU shares the host root over 9p and the guest runs as root")
 	if _, err := exec.LookPath(QEMUPath); err != nil {
 		t.Skip("qemu-system-x86_64 not installed: run `hack/install-packages.sh vm` (make test-vm does)")
 	}

@@ -47,6 +47,7 @@ import (
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // NodeName is the Node the measured agent runs for.
@@ -100,16 +101,9 @@ type Result struct {
 	LogTail    string        `json:"-"` // last agent log lines, on failure
 }
 
-// P returns the q-quantile (0..1) of the change latencies in ms.
-func (r Result) P(q float64) float64 {
-	xs := slices.Clone(r.ChangesMs)
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(xs)
-	i := int(math.Ceil(q*float64(len(xs)))) - 1
-	return xs[max(0, min(i, len(xs)-1))]
-}
+// P returns the q-quantile (0..1) of the change latencies in ms, by nearest
+// rank: always one of the measured latencies.
+func (r Result) P(q float64) float64 { return stats.NearestRank(r.ChangesMs, q) }
 
 func randHex() string {
 	b := make([]byte, 4)

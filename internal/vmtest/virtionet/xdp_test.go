@@ -3,13 +3,10 @@ package virtionet
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +15,9 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // xdpAttachedDriver is IFLA_XDP_ATTACHED's value for a program in the driver (native) path.
@@ -39,9 +38,7 @@ type pair struct {
 // fresh namespaces (deleted at cleanup, which hands the NICs back to the root namespace).
 func nicPair(t *testing.T) pair {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: moves NICs between namespaces and attaches XDP programs")
-	}
+	testutil.RequireRoot(t, "moves NICs between namespaces and attaches XDP programs")
 	macs := strings.Split(os.Getenv(EnvNICMACs), ",")
 	if len(macs) != 2 {
 		t.Skipf("$%s is not set: these tests need the two back-to-back virtio-net NICs of a kernel-matrix VM "+
@@ -68,30 +65,17 @@ func nicPair(t *testing.T) pair {
 			t.Fatalf("%s: driver %q (%v), want virtio_net", d, drv, err)
 		}
 	}
-	p := pair{nsA: "axt-xdp-a-" + suffix(t), nsB: "axt-xdp-b-" + suffix(t), devA: devs[0], devB: devs[1], ipA: "198.18.97.1", ipB: "198.18.97.2"}
-	for _, ns := range []string{p.nsA, p.nsB} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	}
+	p := pair{nsA: testutil.NewNetns(t, "axt-xdp-a-"), nsB: testutil.NewNetns(t, "axt-xdp-b-"), devA: devs[0], devB: devs[1], ipA: "198.18.97.1", ipB: "198.18.97.2"}
 	for _, c := range []struct{ ns, dev, ip string }{{p.nsA, p.devA, p.ipA}, {p.nsB, p.devB, p.ipB}} {
 		run(t, "ip", "link", "set", c.dev, "netns", c.ns)
 		run(t, "ip", "-n", c.ns, "addr", "add", c.ip+"/24", "dev", c.dev)
 		run(t, "ip", "-n", c.ns, "link", "set", c.dev, "up")
-		run(t, "ip", "-n", c.ns, "link", "set", "lo", "up")
 	}
 	// The link comes up asynchronously; the first ping also resolves ARP.
 	if out, err := ping(p.nsB, p.ipA, 3, 5*time.Second); err != nil {
 		t.Fatalf("ping over the virtio NICs before any XDP program: %v\n%s", err, out)
 	}
 	return p
-}
-
-func suffix(t *testing.T) string {
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 func run(t *testing.T, argv ...string) {
@@ -108,40 +92,6 @@ func ping(ns, dst string, count int, wait time.Duration) (string, error) {
 	out, err := exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+ns, "--", "ping", "-n", "-c", fmt.Sprint(count),
 		"-i", "0.2", "-W", fmt.Sprint(int(wait.Seconds())), dst).CombinedOutput()
 	return string(out), err
-}
-
-// inNetns runs fn on a thread switched into ns (sockets made there stay in ns).
-func inNetns(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(ns)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", ns, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
-			return // thread state unknown: stays locked and dies with the goroutine
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("leave netns %s: %w", ns, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // xdpProgram counts every packet in counter[0] and returns action; with reflect, IPv4 UDP
@@ -226,7 +176,7 @@ func attachNative(t *testing.T, ns, dev string, prog *ebpf.Program) link.Link {
 	t.Helper()
 	var l link.Link
 	var mode uint32
-	err := inNetns(ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		nl, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
@@ -296,7 +246,7 @@ func TestXDPNativeVirtio(t *testing.T) {
 		l := attachNative(t, p.nsA, p.devA, prog)
 		defer l.Close()
 		var conn net.PacketConn
-		if err := inNetns(p.nsB, func() (err error) {
+		if err := netnsutil.Do(p.nsB, func() (err error) {
 			conn, err = net.ListenPacket("udp4", p.ipB+":0")
 			return err
 		}); err != nil {
@@ -304,7 +254,7 @@ func TestXDPNativeVirtio(t *testing.T) {
 		}
 		defer conn.Close()
 		dst := &net.UDPAddr{IP: net.ParseIP(p.ipA), Port: reflectPort}
-		msg := []byte("axon-xdp-tx-" + suffix(t))
+		msg := []byte("axon-xdp-tx-" + testutil.RandSuffix(t))
 		buf := make([]byte, 256)
 		var got []byte
 		var from net.Addr
