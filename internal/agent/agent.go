@@ -52,7 +52,7 @@ type Agent struct {
 
 	nport nodePort // issue 7: north-south LB (nodeport.go)
 
-	bw *bandwidth // issue 6: Bandwidth Manager (bandwidth.go), guarded by stMu until created
+	bw *bandwidth // Bandwidth Manager (bandwidth.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
 	started time.Time     // when run began (servicesFirst)
@@ -129,6 +129,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		a.nl.Close()
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
+	a.bw = newBandwidth(cfg, log, a.reg, a.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
 	} else {
@@ -225,8 +226,7 @@ func (a *Agent) run(ctx context.Context) error {
 	wg.Go(func() { a.svc.run(ctx) }) // issue 4
 	// issue 7: health checks, conntrack GC (nodeport.go)
 	wg.Go(func() { a.runNodePort(ctx) })
-	// issue 6: keeps fq on the uplink (bandwidth.go)
-	wg.Go(func() { a.bandwidthLoop(ctx) })
+	wg.Go(func() { a.bw.loop(ctx) }) // keeps fq on the uplink
 
 	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)
@@ -324,8 +324,10 @@ func (a *Agent) reconcile() error {
 		a.ensureSockLB() // issue 4: never fails the pass, see status
 		// issue 7: never fails the pass, see status (nodeport.go)
 		a.ensureNodePort()
-		// issue 6: never fails the pass, see status (bandwidth.go)
-		a.reconcileBandwidth()
+		a.stMu.Lock()
+		uplink := a.uplink
+		a.stMu.Unlock()
+		a.bw.reconcile(uplink) // never fails the pass, see status
 	}
 	a.stMu.Lock()
 	if len(errs) == 0 {

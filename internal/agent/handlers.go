@@ -78,9 +78,8 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	}
 	st.Datapath = append(st.Datapath, a.sockLBDecision())
 	st.Datapath = append(st.Datapath, a.nodePortDecision()) // issue 7: nodeport.go
-	// issue 6: bandwidth.go
-	st.Datapath = append(st.Datapath, a.bandwidthDecision())
-	st.Bandwidth = a.bandwidthStatus()
+	st.Datapath = append(st.Datapath, a.bw.decision())
+	st.Bandwidth = a.bw.status()
 	st.Datapath = append(st.Datapath, a.podDevicesDecision()) // issue 5: device.go
 	if st.PodCIDRs == nil {
 		st.PodCIDRs = []netip.Prefix{}
@@ -319,3 +318,6 @@ func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
 	}
 	return resp, errors.Join(errs...)
 }
+
+// BandwidthMaps implements api.BandwidthHandler.
+func (a *Agent) BandwidthMaps(context.Context) (api.BandwidthReply, error) { return a.bw.maps() }
