@@ -41,14 +41,7 @@ type Agent struct {
 	svc  *serviceSync // issue 4: Service watch; set in run before the API serves
 	load func(uplink string) (dataplane, error)
 
-	// issue 4: socket load balancer, loaded after the tc datapath. lb,
-	// lbAddrs and lbOffDone are guarded by dpMu; lbErr and lbCgroup by stMu.
-	loadLB    func() (sockLB, error)
-	lb        sockLB
-	lbAddrs   []netip.Addr
-	lbOffDone bool
-	lbErr     string // why the socket LB is not loaded
-	lbCgroup  string // cgroup the hooks are attached to, "" until loaded
+	sock *socketLB // socket load balancer (socklb.go, optout.go)
 
 	nport nodePort // issue 7: north-south LB (nodeport.go)
 
@@ -106,7 +99,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: log, load: load, loadLB: loadSockLBFunc(cfg, log), trigger: make(chan struct{}, 1), attached: map[string]int{}, reconciles: map[string]uint64{}}
+	a := &Agent{cfg: cfg, log: log, load: load, trigger: make(chan struct{}, 1), attached: map[string]int{}, reconciles: map[string]uint64{}}
 	warns, err := ensureForwarding()
 	if err != nil {
 		return nil, err
@@ -129,6 +122,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		a.nl.Close()
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
+	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.kubeClient, a.kick)
 	a.bw = newBandwidth(cfg, log, a.reg, a.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
@@ -155,14 +149,9 @@ func (a *Agent) close() {
 		a.dp = nil
 		a.dpView.Store(nil)
 	}
-	if a.lb != nil {
-		if err := a.lb.Close(); err != nil {
-			a.log.Warn("close socket LB", "error", err)
-		}
-		a.lb = nil
-	}
-	a.closeNodePort() // issue 7
 	a.dpMu.Unlock()
+	a.sock.close()
+	a.closeNodePort()
 	a.ipam.Close()
 	a.nl.Close()
 }
@@ -185,6 +174,7 @@ func (a *Agent) run(ctx context.Context) error {
 		return err
 	}
 	a.svc.onSynced = a.kick // the north-south LB waits for it (servicesFirst)
+	a.sock.svc = a.svc
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
 	if err != nil {
@@ -321,7 +311,7 @@ func (a *Agent) reconcile() error {
 		if err := a.reconcileEndpoints(); err != nil {
 			errs = append(errs, err)
 		}
-		a.ensureSockLB() // issue 4: never fails the pass, see status
+		a.sock.ensure() // never fails the pass, see status
 		// issue 7: never fails the pass, see status (nodeport.go)
 		a.ensureNodePort()
 		a.stMu.Lock()

@@ -76,7 +76,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.Datapath = dp.Decisions()
 		st.Features = dp.Features()
 	}
-	st.Datapath = append(st.Datapath, a.sockLBDecision())
+	st.Datapath = append(st.Datapath, a.sock.decision())
 	st.Datapath = append(st.Datapath, a.nodePortDecision()) // issue 7: nodeport.go
 	st.Datapath = append(st.Datapath, a.bw.decision())
 	st.Bandwidth = a.bw.status()
@@ -222,9 +222,9 @@ func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
 			a.detach(prev.HostIfName)
 		}
 	}
-	// issue 4: a pod that opted out of socket LB must be skipped from its
-	// first connect, not from the next reconcile.
-	a.syncOptOut()
+	// a pod that opted out of socket LB must be skipped from its first
+	// connect, not from the next reconcile
+	a.sock.syncOptOut()
 	a.log.Info("endpoint registered", "containerID", ep.ContainerID, "ifName", ep.IfName,
 		"pod", ep.PodNamespace+"/"+ep.PodName, "ips", ep.IPs, "device", ep.HostIfName, "ifindex", li.Index)
 	return nil

@@ -199,8 +199,8 @@ func (a *Agent) ensureNodePort() {
 	}
 	// (Re)build the tee whenever the socket LB changed (loaded later, or not at all).
 	var primary lb.Writer
-	if a.lb != nil {
-		primary = a.lb
+	if a.sock != nil {
+		primary = a.sock.writer()
 	}
 	if n.tee == nil || n.primary != primary {
 		n.tee, n.primary = newTeeWriter(primary, n.np), primary

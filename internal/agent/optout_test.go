@@ -161,7 +161,8 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	wg.Go(func() { s.run(runCtx) })
 	rec := &skipRecorder{}
-	a := &Agent{cfg: Config{NodeName: "node1", SocketLB: true, SocketLBMode: SocketLBModeAll}, log: log, reg: reg, kube: k, svc: s, lb: rec}
+	sl := &socketLB{cfg: Config{NodeName: "node1", SocketLB: true, SocketLBMode: SocketLBModeAll}, log: log, reg: reg,
+		kube: func() *kube { return k }, svc: s, lb: rec}
 
 	expect := func(what string, names ...string) {
 		t.Helper()
@@ -171,7 +172,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		}
 		slices.Sort(want)
 		eventually(t, what, 20*time.Second, func() error {
-			a.syncOptOut()
+			sl.syncOptOut()
 			got, sets := rec.get()
 			if sets == 0 || !slices.Equal(got, want) {
 				return fmt.Errorf("skip set %v (%d writes), want %v (pods %v)", got, sets, want, names)
@@ -187,7 +188,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 			}
 		}
 		slices.Sort(wantPods)
-		if got := s.optedOut(); !slices.Equal(got, wantPods) {
+		if got := sl.optedOut(); !slices.Equal(got, wantPods) {
 			t.Errorf("%s: opted-out pods %v, want %v", what, got, wantPods)
 		}
 	}
@@ -197,7 +198,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		t.Errorf("event %q does not name the bad value and what happens", msg)
 	}
 	_, sets := rec.get()
-	a.syncOptOut()
+	sl.syncOptOut()
 	if _, again := rec.get(); again != sets {
 		t.Errorf("an unchanged opt-out set was written again (%d -> %d writes)", sets, again)
 	}

@@ -68,8 +68,7 @@ type serviceSync struct {
 	namespaces  listersv1.NamespaceLister // for the opt-out annotation (optout.go)
 	nsSynced    cache.InformerSynced
 	slices      cache.Indexer
-	ev          *events     // Kubernetes Events for ignored input (events.go)
-	opt         optOutState // pods opted out of socket LB (optout.go)
+	ev          *events // Kubernetes Events for ignored input (events.go)
 	hasSynced   []cache.InformerSynced
 	queue       workqueue.TypedRateLimitingInterface[string]
 
