@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/ipam"
 )
 
@@ -43,12 +44,11 @@ type Agent struct {
 
 	sock *socketLB // socket load balancer (socklb.go, optout.go)
 
-	nport nodePort // issue 7: north-south LB (nodeport.go)
+	nport *nodePort // north-south LB (nodeport*.go)
 
 	bw *bandwidth // Bandwidth Manager (bandwidth.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
-	started time.Time     // when run began (servicesFirst)
 
 	// dpMu serialises every write to the dataplane, routes and IPAM pools:
 	// API handlers and the reconcile loop.
@@ -123,6 +123,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
 	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.kubeClient, a.kick)
+	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.kubeClient}
 	a.bw = newBandwidth(cfg, log, a.reg, a.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
@@ -151,13 +152,13 @@ func (a *Agent) close() {
 	}
 	a.dpMu.Unlock()
 	a.sock.close()
-	a.closeNodePort()
+	a.nport.close()
 	a.ipam.Close()
 	a.nl.Close()
 }
 
 func (a *Agent) run(ctx context.Context) error {
-	a.started = time.Now()
+	started := time.Now()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -175,6 +176,7 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	a.svc.onSynced = a.kick // the north-south LB waits for it (servicesFirst)
 	a.sock.svc = a.svc
+	a.nport.svc, a.nport.started = a.svc, started
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
 	if err != nil {
@@ -213,10 +215,9 @@ func (a *Agent) run(ctx context.Context) error {
 	a.kube = k
 	a.stMu.Unlock()
 	wg.Go(func() { k.run(ctx, a.kick) })
-	wg.Go(func() { a.svc.run(ctx) }) // issue 4
-	// issue 7: health checks, conntrack GC (nodeport.go)
-	wg.Go(func() { a.runNodePort(ctx) })
-	wg.Go(func() { a.bw.loop(ctx) }) // keeps fq on the uplink
+	wg.Go(func() { a.svc.run(ctx) })   // issue 4
+	wg.Go(func() { a.nport.run(ctx) }) // health checks, conntrack GC
+	wg.Go(func() { a.bw.loop(ctx) })   // keeps fq on the uplink
 
 	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)
@@ -312,12 +313,12 @@ func (a *Agent) reconcile() error {
 			errs = append(errs, err)
 		}
 		a.sock.ensure() // never fails the pass, see status
-		// issue 7: never fails the pass, see status (nodeport.go)
-		a.ensureNodePort()
 		a.stMu.Lock()
 		uplink := a.uplink
 		a.stMu.Unlock()
-		a.bw.reconcile(uplink) // never fails the pass, see status
+		// these never fail the pass: see status
+		a.nport.ensure(uplink, a.sock.writer(), a.podsRoutedByBPF())
+		a.bw.reconcile(uplink)
 	}
 	a.stMu.Lock()
 	if len(errs) == 0 {
@@ -450,7 +451,7 @@ func (a *Agent) reconcileNodes(k *kube) error {
 		}
 	}
 
-	a.setClusterPrefixes(nodes) // north-south LB: in-cluster clients get SNAT, not DSR
+	a.nport.setClusterPrefixes(nodes) // north-south LB: in-cluster clients get SNAT, not DSR
 
 	a.stMu.Lock()
 	up := a.uplink
@@ -577,4 +578,14 @@ func (a *Agent) saveNodeState() {
 	if err := writeFileAtomic(a.statePath(), b); err != nil {
 		a.log.Warn("save node state", "error", err)
 	}
+}
+
+// podsRoutedByBPF reports whether the pod datapath is loaded with BPF host
+// routing (axon_uplink_ingress on the uplink, its maps pinned under
+// BPFRoot): the north-south LB then delivers pod-bound TCP and UDP itself
+// (datapath.NodePortOptions.DeliverPods). Before the datapath is loaded it
+// is false, and the uplink program delivers everything.
+func (a *Agent) podsRoutedByBPF() bool {
+	v := a.dpView.Load()
+	return v != nil && (*v).HostRouting() == datapath.RoutingBPF
 }

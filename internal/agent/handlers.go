@@ -77,7 +77,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.Features = dp.Features()
 	}
 	st.Datapath = append(st.Datapath, a.sock.decision())
-	st.Datapath = append(st.Datapath, a.nodePortDecision()) // issue 7: nodeport.go
+	st.Datapath = append(st.Datapath, a.nport.decision())
 	st.Datapath = append(st.Datapath, a.bw.decision())
 	st.Bandwidth = a.bw.status()
 	st.Datapath = append(st.Datapath, a.podDevicesDecision()) // issue 5: device.go

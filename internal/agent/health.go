@@ -19,8 +19,7 @@ import (
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{a: a}, // issue 7: nodeport_metrics.go
-		servicesCollector{a: a}) // issue 4: services_metrics.go
+		nodePortCollector{n: a.nport}, servicesCollector{a: a})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
