@@ -71,12 +71,10 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, b2f(st.APIServer.Connected))
 	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(st.Endpoints))
 	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(st.Routes))
-	c.a.stMu.Lock()
-	for res, n := range c.a.reconciles {
+	for res, n := range c.a.st.reconcileCounts() {
 		ch <- prometheus.MustNewConstMetric(descReconcile, prometheus.CounterValue, float64(n), res)
 	}
-	c.a.stMu.Unlock()
-	dp := c.a.dataplaneSnapshot()
+	dp := c.a.pods.snapshot()
 	if dp == nil {
 		return
 	}

@@ -82,8 +82,7 @@ type ctGCStats struct {
 // Node's podCIDRs and InternalIPs) for the north-south LB, which serves
 // clients inside them by SNAT even for DSR frontends, and this node's
 // podCIDRs, whose TCP/UDP traffic it hands on without looking it up; it
-// writes both when the LB is loaded. Called with dpMu held, from the Node
-// reconciliation.
+// writes both when the LB is loaded. Called by the Node reconciliation.
 func (n *nodePort) setClusterPrefixes(nodes []NodeInfo) {
 	var ps, own []netip.Prefix
 	for _, ni := range nodes {
