@@ -8,6 +8,7 @@ package agent
 // Nothing here fails the agent's reconcile: problems show in `axon status`.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -388,13 +389,10 @@ func (b *bandwidth) status() *api.BandwidthStatus {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case b.bpf != nil:
+	if b.bpf != nil {
 		st.Uplink = b.uplink
-	case b.loadErr != "":
-		st.Enabled, st.Reason = false, b.loadErr
-	default:
-		st.Enabled, st.Reason = false, "pending: loads after the tc datapath"
+	} else {
+		st.Enabled, st.Reason = false, b.notLoadedLocked()
 	}
 	st.Qdisc, st.QdiscError, st.QdiscRepairs, st.LastRepair = b.qdisc, b.qdiscErr, b.repairs, b.lastRepair
 	st.LimitedPods = b.limited
@@ -415,6 +413,11 @@ func (b *bandwidth) status() *api.BandwidthStatus {
 		st.Problems = append(st.Problems, k+": "+b.problems[k])
 	}
 	return st
+}
+
+// notLoadedLocked says why the BPF side is not loaded (while it is not).
+func (b *bandwidth) notLoadedLocked() string {
+	return cmp.Or(b.loadErr, "pending: loads after the tc datapath")
 }
 
 // decision is the bandwidth_manager line of `axon status`.
@@ -450,15 +453,10 @@ func (b *bandwidth) maps() (api.BandwidthReply, error) {
 		return rep, nil
 	}
 	b.mu.Lock()
-	bpf := b.bpf
-	loadErr := b.loadErr
+	bpf, why := b.bpf, b.notLoadedLocked()
 	b.mu.Unlock()
 	if bpf == nil {
-		rep.Enabled = false
-		rep.Reason = loadErr
-		if rep.Reason == "" {
-			rep.Reason = "pending: loads after the tc datapath"
-		}
+		rep.Enabled, rep.Reason = false, why
 		return rep, nil
 	}
 	rows, err := bpf.List()

@@ -92,10 +92,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	ctx := t.Context()
 	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 
 	n := newScratchNode(t)
 	pin := "/sys/fs/bpf/axt-agent-bw-" + randHex(t)

@@ -63,10 +63,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	ctx := t.Context()
 	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	s, err := newServiceSync(rc, "node1", testLogger(t))
 	must(t, err)
 

@@ -147,10 +147,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 			PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}))
 	}
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })

@@ -4,6 +4,7 @@ package agent
 // `axon bpf lb list`).
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 
@@ -47,16 +48,14 @@ func (s *socketLB) lbMaps() (api.LBMapsReply, error) {
 	if !s.cfg.SocketLB {
 		return api.LBMapsReply{Reason: "socket load balancing is off (--socket-lb=false)"}, nil
 	}
+	const pending = "not loaded yet: the socket LB loads after the tc datapath"
 	lbErr, loaded := s.state()
 	if loaded == "" {
-		if lbErr == "" {
-			lbErr = "not loaded yet: the socket LB loads after the tc datapath"
-		}
-		return api.LBMapsReply{Reason: lbErr}, nil
+		return api.LBMapsReply{Reason: cmp.Or(lbErr, pending)}, nil
 	}
 	w := s.mapsWriter()
 	if w == nil {
-		return api.LBMapsReply{Reason: "not loaded yet: the socket LB loads after the tc datapath"}, nil
+		return api.LBMapsReply{Reason: pending}, nil
 	}
 	fs, err := w.Frontends()
 	if err != nil {
