@@ -62,7 +62,7 @@ func parseSocketLBAnnotation(annotations map[string]string) (optState, error) {
 }
 
 // optOutState is the socket LB's opt-out bookkeeping (guarded by
-// socketLB.mu; the opted-out pods status shows are socketLB.optedOutP).
+// socketLB.mu; the opted-out pods status shows are socketLB.optOutPods).
 type optOutState struct {
 	cookies map[string]uint64 // "<containerID>/<ifName>@<netns path>" → netns cookie
 	applied []uint64          // what axon_lb_skip holds, sorted; nil = never written
@@ -79,7 +79,7 @@ func (s *serviceSync) setNamespaceHook(f func()) {
 func (s *socketLB) optedOut() []string {
 	s.stMu.Lock()
 	defer s.stMu.Unlock()
-	return slices.Clone(s.optedOutP)
+	return slices.Clone(s.optOutPods)
 }
 
 // podOptOut decides for one pod: the Pod's annotation, else its
@@ -180,7 +180,7 @@ func (s *socketLB) syncOptOutLocked() {
 
 func (s *socketLB) setOptedOut(pods []string) {
 	s.stMu.Lock()
-	s.optedOutP = pods
+	s.optOutPods = pods
 	s.stMu.Unlock()
 }
 

@@ -137,10 +137,10 @@ type socketLB struct {
 
 	// stMu guards the fields below, what status reads. Nothing is called
 	// with it held.
-	stMu      sync.Mutex
-	err       string   // why the socket LB is not loaded
-	cgroup    string   // cgroup the hooks are attached to, "" until loaded
-	optedOutP []string // opted-out pods (namespace/name), sorted
+	stMu       sync.Mutex
+	err        string   // why the socket LB is not loaded
+	cgroup     string   // cgroup the hooks are attached to, "" until loaded
+	optOutPods []string // opted-out pods (namespace/name), sorted
 }
 
 func newSocketLB(cfg Config, log *slog.Logger, nl *netlink.Handle, reg *registry, kube func() *kube, kick func()) *socketLB {
