@@ -2,22 +2,16 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
-	"io/fs"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"k8s.io/apimachinery/pkg/labels"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
@@ -26,66 +20,28 @@ import (
 // Version is reported in Status; set by the main package at link time.
 var Version = "dev"
 
-// errWaitUplink: the uplink can only be found from the Node's InternalIP.
-var errWaitUplink = errors.New("no default route in this netns and the Node's InternalIP is not known yet (waiting for kube-apiserver): pass --uplink to start without it")
-
-// Agent is the state of a running axon-agent. It implements api.Handler.
+// Agent is a running axon-agent, the composition root of its features:
+// it builds them, runs the reconcile loop that drives them, and dispatches
+// the local API (api.Handler and the feature handlers) to them. Every
+// feature owns its state and its lock (see the package comment for the
+// lock order); the fields of Agent itself are set before run starts the
+// goroutines and only read afterwards.
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger
 	nl   *netlink.Handle
-	rt   *routeTable
 	reg  *registry
 	ipam *ipam.Allocator
-	kube *kube        // nil until the kube client is built
-	svc  *serviceSync // issue 4: Service watch; set in run before the API serves
-	load func(uplink string) (dataplane, error)
 
-	// issue 4: socket load balancer, loaded after the tc datapath. lb,
-	// lbAddrs and lbOffDone are guarded by dpMu; lbErr and lbCgroup by stMu.
-	loadLB    func() (sockLB, error)
-	lb        sockLB
-	lbAddrs   []netip.Addr
-	lbOffDone bool
-	lbErr     string // why the socket LB is not loaded
-	lbCgroup  string // cgroup the hooks are attached to, "" until loaded
-
-	nport nodePort // issue 7: north-south LB (nodeport.go)
-
-	bw *bandwidth // issue 6: Bandwidth Manager (bandwidth.go), guarded by stMu until created
+	st    *nodeStatus  // uplink, podCIDRs, kube client (status.go)
+	rt    *routeTable  // routes to other nodes' pods (routes.go)
+	pods  *podDatapath // tc datapath and endpoint map (pods.go)
+	svc   *serviceSync // Service watch (services.go); set in run before the API serves
+	sock  *socketLB    // socket load balancer (socklb.go, optout.go)
+	nport *nodePort    // north-south LB (nodeport*.go)
+	bw    *bandwidth   // Bandwidth Manager (bandwidth.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
-	started time.Time     // when run began (servicesFirst)
-
-	// dpMu serialises every write to the dataplane, routes and IPAM pools:
-	// API handlers and the reconcile loop.
-	dpMu sync.Mutex
-	dp   dataplane // nil until loaded
-	// dpView publishes dp for lock-free read-only use (status).
-	dpView atomic.Pointer[dataplane]
-	// attached: pod devices this process attached (name → ifindex); the
-	// reconcile re-attaches only new or re-created devices.
-	attached map[string]int
-
-	// stMu guards the status fields below.
-	stMu        sync.Mutex
-	uplink      string // in use; "" until resolved
-	savedUplink string // from node.json, used only while kube-apiserver is not synced
-	dpErr       string // why the datapath is not loaded
-	podCIDRs    []netip.Prefix
-	cidrErr     string // why podCIDRs are unknown
-	routes      int
-	routeErr    string
-	warnings    []string          // problems with other Nodes (skipped routes)
-	sysWarn     []string          // host problems found at start
-	reconciles  map[string]uint64 // result → count
-}
-
-// nodeState is what the agent remembers across restarts (state-dir/node.json)
-// so that a restart without kube-apiserver still knows its pools and uplink.
-type nodeState struct {
-	PodCIDRs []netip.Prefix `json:"podCIDRs"`
-	Uplink   string         `json:"uplink"`
 }
 
 // Run starts the agent and blocks until ctx is done. On return pinned BPF
@@ -106,7 +62,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: log, load: load, loadLB: loadSockLBFunc(cfg, log), trigger: make(chan struct{}, 1), attached: map[string]int{}, reconciles: map[string]uint64{}}
+	a := &Agent{cfg: cfg, log: log, st: &nodeStatus{}, trigger: make(chan struct{}, 1)}
 	warns, err := ensureForwarding()
 	if err != nil {
 		return nil, err
@@ -120,7 +76,6 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if a.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // route only: xfrm/netfilter sockets fail on kernels without those modules
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}
-	a.rt = &routeTable{h: a.nl, log: log}
 	if a.reg, err = openRegistry(cfg.StateDir, log); err != nil {
 		a.nl.Close()
 		return nil, err
@@ -129,45 +84,37 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		a.nl.Close()
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
+	a.rt = &routeTable{h: a.nl, log: log}
+	a.pods = newPodDatapath(load, a.nl, a.reg, a.ipam, log)
+	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.st.kubeClient, a.kick)
+	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.st.kubeClient}
+	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
 	} else {
 		if len(st.PodCIDRs) > 0 {
 			if err := a.ipam.SetPools(st.PodCIDRs); err == nil {
-				a.podCIDRs = st.PodCIDRs
+				a.st.podCIDRs = st.PodCIDRs
 			}
 		}
-		a.savedUplink = st.Uplink
+		a.st.savedUplink = st.Uplink
 	}
 	if cfg.Uplink != "" {
-		a.uplink = cfg.Uplink
+		a.st.uplink = cfg.Uplink
 	}
 	return a, nil
 }
 
 func (a *Agent) close() {
-	a.dpMu.Lock()
-	if a.dp != nil {
-		if err := a.dp.Close(); err != nil {
-			a.log.Warn("close datapath", "error", err)
-		}
-		a.dp = nil
-		a.dpView.Store(nil)
-	}
-	if a.lb != nil {
-		if err := a.lb.Close(); err != nil {
-			a.log.Warn("close socket LB", "error", err)
-		}
-		a.lb = nil
-	}
-	a.closeNodePort() // issue 7
-	a.dpMu.Unlock()
+	a.pods.close()
+	a.sock.close()
+	a.nport.close()
 	a.ipam.Close()
 	a.nl.Close()
 }
 
 func (a *Agent) run(ctx context.Context) error {
-	a.started = time.Now()
+	started := time.Now()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -178,12 +125,14 @@ func (a *Agent) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// issue 4: watch Services and EndpointSlices into the lb table (watch
-	// only until SetLBWriter attaches the datapath's writer).
+	// watch Services and EndpointSlices into the lb table (watch only until
+	// the socket LB or the north-south LB attaches its writer)
 	if a.svc, err = newServiceSync(rc, a.cfg.NodeName, a.log.With("component", "services")); err != nil {
 		return err
 	}
 	a.svc.onSynced = a.kick // the north-south LB waits for it (servicesFirst)
+	a.sock.svc = a.svc
+	a.nport.svc, a.nport.started = a.svc, started
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
 	if err != nil {
@@ -214,19 +163,15 @@ func (a *Agent) run(ctx context.Context) error {
 		cancel()
 		return err
 	}
-	if err := a.svc.watchHostPorts(k); err != nil { // issue 7: Pod hostPorts (hostport.go)
+	if err := a.svc.watchHostPorts(k); err != nil { // Pod hostPorts (hostport.go)
 		cancel()
 		return err
 	}
-	a.stMu.Lock()
-	a.kube = k
-	a.stMu.Unlock()
+	a.st.setKube(k)
 	wg.Go(func() { k.run(ctx, a.kick) })
-	wg.Go(func() { a.svc.run(ctx) }) // issue 4
-	// issue 7: health checks, conntrack GC (nodeport.go)
-	wg.Go(func() { a.runNodePort(ctx) })
-	// issue 6: keeps fq on the uplink (bandwidth.go)
-	wg.Go(func() { a.bandwidthLoop(ctx) })
+	wg.Go(func() { a.svc.run(ctx) })
+	wg.Go(func() { a.nport.run(ctx) }) // health checks, Events, conntrack GC
+	wg.Go(func() { a.bw.loop(ctx) })   // keeps fq on the uplink
 
 	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)
@@ -304,13 +249,12 @@ func (a *Agent) logReconcile(err error, lastErr string, lastLog time.Time) (stri
 	return err.Error(), time.Now()
 }
 
-// reconcile brings datapath, pools and routes to the desired state. It is
-// idempotent and never removes state that is still desired.
+// reconcile brings this node, the pod datapath and every feature to the
+// desired state, one feature after the other (each takes its own lock). It
+// is idempotent and never removes state that is still desired.
 func (a *Agent) reconcile() error {
-	a.dpMu.Lock()
-	defer a.dpMu.Unlock()
 	var errs []error
-	if k := a.kubeClient(); k != nil && k.isSynced() {
+	if k := a.st.kubeClient(); k != nil && k.isSynced() {
 		if err := a.reconcileNodes(k); err != nil {
 			errs = append(errs, err)
 		}
@@ -318,271 +262,25 @@ func (a *Agent) reconcile() error {
 	if err := a.ensureDatapath(); err != nil {
 		errs = append(errs, err)
 	} else {
-		if err := a.reconcileEndpoints(); err != nil {
+		if err := a.pods.reconcileEndpoints(); err != nil {
 			errs = append(errs, err)
 		}
-		a.ensureSockLB() // issue 4: never fails the pass, see status
-		// issue 7: never fails the pass, see status (nodeport.go)
-		a.ensureNodePort()
-		// issue 6: never fails the pass, see status (bandwidth.go)
-		a.reconcileBandwidth()
+		// these never fail the pass: see status
+		uplink := a.st.uplinkInUse()
+		a.sock.ensure()
+		a.nport.ensure(uplink, a.sock.writer(), a.pods.routedByBPF())
+		a.bw.reconcile(uplink)
 	}
-	a.stMu.Lock()
-	if len(errs) == 0 {
-		a.reconciles["ok"]++
-	} else {
-		a.reconciles["error"]++
-	}
-	a.stMu.Unlock()
-	return errors.Join(errs...)
-}
-
-func (a *Agent) kubeClient() *kube {
-	a.stMu.Lock()
-	defer a.stMu.Unlock()
-	return a.kube
-}
-
-// ensureDatapath loads the BPF datapath once the uplink is known. Called
-// with dpMu held.
-func (a *Agent) ensureDatapath() error {
-	if a.dp != nil {
-		return nil
-	}
-	uplink, err := a.resolveUplink()
-	if err == nil {
-		var dp dataplane
-		if dp, err = a.load(uplink); err == nil {
-			a.dp = dp
-			a.dpView.Store(&dp)
-			a.stMu.Lock()
-			a.dpErr = ""
-			a.stMu.Unlock()
-			a.saveNodeState()
-			for _, d := range dp.Decisions() {
-				a.log.Info("datapath decision", "name", d.Name, "value", d.Value, "reason", d.Reason)
-			}
-			return nil
-		}
-		err = fmt.Errorf("load datapath on uplink %s: %w", uplink, err)
-	}
-	a.stMu.Lock()
-	a.dpErr = err.Error()
-	a.stMu.Unlock()
+	err := errors.Join(errs...)
+	a.st.countReconcile(err)
 	return err
 }
 
-// resolveUplink picks the uplink once: --uplink; else the device of the
-// default route; else the device holding the Node's InternalIP; else, while
-// kube-apiserver is not synced, the uplink saved by the previous run.
-func (a *Agent) resolveUplink() (string, error) {
-	a.stMu.Lock()
-	up, saved := a.uplink, a.savedUplink
-	a.stMu.Unlock()
-	if up != "" {
-		if _, ok := lookupLink(a.nl, up); !ok {
-			return "", fmt.Errorf("uplink device %q not found in this network namespace: check --uplink", up)
-		}
-		return up, nil
+// ensureDatapath loads the pod datapath once the uplink is known.
+func (a *Agent) ensureDatapath() error {
+	loaded, err := a.pods.ensure(a.resolveUplink)
+	if loaded {
+		a.saveNodeState()
 	}
-	up, how, err := a.detectUplink(saved)
-	if err != nil {
-		return "", err
-	}
-	a.stMu.Lock()
-	a.uplink = up
-	a.stMu.Unlock()
-	a.log.Info("uplink detected", "device", up, "from", how)
-	return up, nil
-}
-
-func (a *Agent) detectUplink(saved string) (dev, how string, err error) {
-	if dev, err = defaultRouteDevice(a.nl); err != nil || dev != "" {
-		return dev, "default route", err
-	}
-	k := a.kubeClient()
-	if k == nil || !k.isSynced() {
-		if _, ok := lookupLink(a.nl, saved); saved != "" && ok {
-			return saved, "state of the previous run (kube-apiserver not synced yet)", nil
-		}
-		return "", "", errWaitUplink
-	}
-	n, err := k.nodes.Get(a.cfg.NodeName)
-	if err != nil {
-		return "", "", fmt.Errorf("no default route, and own Node %s: %w: pass --uplink", a.cfg.NodeName, err)
-	}
-	if dev, err = deviceWithAddr(a.nl, InternalIPs(n.Status)); err != nil {
-		return "", "", err
-	}
-	if dev == "" {
-		return "", "", fmt.Errorf("no default route and no device holds Node %s's InternalIP %v: pass --uplink", a.cfg.NodeName, InternalIPs(n.Status))
-	}
-	return dev, "Node InternalIP", nil
-}
-
-// reconcileNodes updates pools from the own Node and routes to the others.
-// Called with dpMu held, only once the Node cache is synced (an empty cache
-// must never delete routes).
-func (a *Agent) reconcileNodes(k *kube) error {
-	list, err := k.nodes.List(labels.Everything())
-	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
-	}
-	var nodes []NodeInfo
-	var problems []string
-	var own *NodeInfo
-	for _, n := range list {
-		ni, err := nodeInfo(n)
-		if err != nil {
-			problems = append(problems, err.Error())
-		}
-		nodes = append(nodes, ni)
-		if n.Name == a.cfg.NodeName {
-			own = &ni
-		}
-	}
-	var errs []error
-	switch {
-	case own == nil:
-		a.setCIDRs(nil, fmt.Sprintf("node %s not found in kube-apiserver: check --node-name, or create the Node", a.cfg.NodeName))
-	case len(own.PodCIDRs) == 0:
-		a.setCIDRs(nil, noPodCIDRMessage(a.cfg.NodeName))
-	default:
-		if err := a.ipam.SetPools(own.PodCIDRs); err != nil {
-			msg := fmt.Sprintf("node %s podCIDRs %v unusable: %v", a.cfg.NodeName, own.PodCIDRs, err)
-			a.setCIDRs(nil, msg)
-			errs = append(errs, errors.New(msg))
-		} else if a.setCIDRs(own.PodCIDRs, "") {
-			a.log.Info("podCIDRs set", "node", a.cfg.NodeName, "podCIDRs", own.PodCIDRs)
-			a.saveNodeState()
-		}
-	}
-
-	a.setClusterPrefixes(nodes) // north-south LB: in-cluster clients get SNAT, not DSR
-
-	a.stMu.Lock()
-	up := a.uplink
-	a.stMu.Unlock()
-	if up == "" {
-		if up, err = a.resolveUplink(); err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-	}
-	li, ok := lookupLink(a.nl, up)
-	if !ok {
-		return errors.Join(append(errs, fmt.Errorf("uplink %s not found: routes not programmed", up))...)
-	}
-	var ownCIDRs []netip.Prefix
-	if own != nil {
-		ownCIDRs = own.PodCIDRs
-	}
-	desired, rproblems := DesiredRoutes(a.cfg.NodeName, ownCIDRs, nodes, li.Index)
-	problems = append(problems, rproblems...)
-	current, err := a.rt.Current()
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	plan := DiffRoutes(desired, current)
-	rerr := a.rt.Apply(plan)
-	if rerr != nil {
-		errs = append(errs, rerr)
-	}
-	a.stMu.Lock()
-	if !slices.Equal(problems, a.warnings) {
-		for _, p := range problems {
-			a.log.Warn(p)
-		}
-	}
-	a.warnings = problems
-	a.routes = len(desired)
-	a.routeErr = ""
-	if rerr != nil {
-		a.routeErr = rerr.Error()
-	}
-	a.stMu.Unlock()
-	return errors.Join(errs...)
-}
-
-// setCIDRs records the pools or why they are unknown; true when they changed.
-// A Node that loses its podCIDRs keeps the old pools in IPAM (existing pods
-// keep their addresses) but the agent reports not ready.
-func (a *Agent) setCIDRs(cidrs []netip.Prefix, why string) bool {
-	a.stMu.Lock()
-	defer a.stMu.Unlock()
-	changed := !slices.Equal(cidrs, a.podCIDRs) || why != a.cidrErr
-	if why != "" && why != a.cidrErr {
-		a.log.Warn(why)
-	}
-	if cidrs != nil || why != "" {
-		a.podCIDRs = cidrs
-	}
-	a.cidrErr = why
-	return changed
-}
-
-// reconcileEndpoints makes the endpoint map match the registry. Called with
-// dpMu held and the datapath loaded.
-func (a *Agent) reconcileEndpoints() error {
-	eps := a.reg.List()
-	var errs []error
-	lookup := func(name string) (linkInfo, bool) { return lookupLink(a.nl, name) }
-	for _, ep := range eps {
-		li, ok := lookup(ep.HostIfName)
-		if !ok || a.attached[ep.HostIfName] == li.Index {
-			continue
-		}
-		if err := a.dp.AttachPod(ep.HostIfName); err != nil {
-			errs = append(errs, fmt.Errorf("attach %s (%s/%s): %w", ep.HostIfName, ep.ContainerID, ep.IfName, err))
-			continue
-		}
-		a.attached[ep.HostIfName] = li.Index
-	}
-	desired := DesiredEntries(eps, lookup)
-	current, err := a.dp.Endpoints()
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("read endpoint map: %w", err))...)
-	}
-	upsert, del := DiffEndpoints(desired, current)
-	for _, e := range upsert {
-		if err := a.dp.UpsertEndpoint(e); err != nil {
-			errs = append(errs, fmt.Errorf("write endpoint %s: %w", e.IP, err))
-			continue
-		}
-		a.log.Info("endpoint map entry written", "ip", e.IP, "ifindex", e.IfIndex)
-	}
-	for _, ip := range del {
-		if err := a.dp.DeleteEndpoint(ip); err != nil {
-			errs = append(errs, fmt.Errorf("delete endpoint %s: %w", ip, err))
-			continue
-		}
-		a.log.Info("stale endpoint map entry deleted", "ip", ip)
-	}
-	return errors.Join(errs...)
-}
-
-func (a *Agent) statePath() string { return filepath.Join(a.cfg.StateDir, "node.json") }
-
-func (a *Agent) readNodeState() (nodeState, error) {
-	var st nodeState
-	b, err := os.ReadFile(a.statePath())
-	if errors.Is(err, fs.ErrNotExist) {
-		return st, nil
-	}
-	if err != nil {
-		return st, fmt.Errorf("read %s: %w", a.statePath(), err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("parse %s: %w", a.statePath(), err)
-	}
-	return st, nil
-}
-
-func (a *Agent) saveNodeState() {
-	a.stMu.Lock()
-	st := nodeState{PodCIDRs: a.podCIDRs, Uplink: a.uplink}
-	a.stMu.Unlock()
-	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFileAtomic(a.statePath(), b); err != nil {
-		a.log.Warn("save node state", "error", err)
-	}
+	return err
 }

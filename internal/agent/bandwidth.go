@@ -1,6 +1,6 @@
 package agent
 
-// Issue 6: the Bandwidth Manager. Pod annotations kubernetes.io/egress-
+// The Bandwidth Manager. Pod annotations kubernetes.io/egress-
 // bandwidth and kubernetes.io/ingress-bandwidth become per-pod limits in BPF
 // maps (EDT at the uplink egress, a token bucket before the redirect into the
 // pod); fq on the uplink gives the EDT stamps their meaning and is put back
@@ -8,6 +8,7 @@ package agent
 // Nothing here fails the agent's reconcile: problems show in `axon status`.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -42,13 +43,20 @@ const bandwidthCheckEvery = 2 * time.Second
 // bwLoader loads the BPF side; tests may replace it.
 type bwLoader func(uplink string) (*datapath.BWM, error)
 
-// bandwidth is the Bandwidth Manager state of the agent. Its own mutex: the
-// qdisc watch runs outside the reconcile.
+// bandwidth is the Bandwidth Manager: its BPF maps and programs, the fq
+// qdisc on the uplink, the pods' GSO caps and BBR. The reconcile calls
+// reconcile, loop keeps fq in place between passes, and status, decision
+// and maps answer the API.
 type bandwidth struct {
 	cfg  Config
 	log  *slog.Logger
 	load bwLoader
+	reg  *registry
+	kube func() *kube // the agent's kube client, nil until it is built
 
+	// mu guards every field below. It is held across the BPF and netlink
+	// calls of a pass (the loader, the qdisc, the pods' netns) and taken
+	// after no other lock of the agent.
 	mu         sync.Mutex
 	bpf        *datapath.BWM
 	nl         *netlink.Handle
@@ -69,8 +77,8 @@ type bandwidth struct {
 	broadcast  record.EventBroadcaster
 }
 
-func newBandwidth(cfg Config, log *slog.Logger) *bandwidth {
-	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), problems: map[string]string{},
+func newBandwidth(cfg Config, log *slog.Logger, reg *registry, kube func() *kube) *bandwidth {
+	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), reg: reg, kube: kube, problems: map[string]string{},
 		reported: map[string]string{}, bbrDone: map[string]bool{}, gsoOrig: map[string]uint32{}}
 	b.load = func(uplink string) (*datapath.BWM, error) {
 		m, err := datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
@@ -81,16 +89,6 @@ func newBandwidth(cfg Config, log *slog.Logger) *bandwidth {
 		return m, err
 	}
 	return b
-}
-
-// bandwidthState returns the agent's Bandwidth Manager, created on first use.
-func (a *Agent) bandwidthState() *bandwidth {
-	a.stMu.Lock()
-	defer a.stMu.Unlock()
-	if a.bw == nil {
-		a.bw = newBandwidth(a.cfg, a.log)
-	}
-	return a.bw
 }
 
 // eventRecorder builds the Event recorder once the kube client exists.
@@ -104,20 +102,16 @@ func (b *bandwidth) eventRecorder(k *kube) record.EventRecorder {
 	return b.recorder
 }
 
-// reconcileBandwidth brings the limit maps, the uplink qdisc and BBR to the
-// desired state. Called from reconcile with dpMu held and the datapath
-// loaded; never fails the pass.
-func (a *Agent) reconcileBandwidth() {
-	b := a.bandwidthState()
-	a.stMu.Lock()
-	uplink := a.uplink
-	a.stMu.Unlock()
+// reconcile brings the limit maps, the uplink qdisc and BBR to the
+// desired state. Called by the agent's reconcile once the tc datapath is
+// loaded on uplink; never fails the pass.
+func (b *bandwidth) reconcile(uplink string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !a.cfg.BandwidthManager {
+	if !b.cfg.BandwidthManager {
 		if !b.offDone {
 			b.offDone = true
-			if err := datapath.UninstallBWM(a.cfg.BPFRoot, uplink); err != nil {
+			if err := datapath.UninstallBWM(b.cfg.BPFRoot, uplink); err != nil {
 				b.log.Warn("--bandwidth-manager=false: could not remove the limits of a previous run", "error", err)
 			}
 		}
@@ -143,7 +137,7 @@ func (a *Agent) reconcileBandwidth() {
 			return
 		}
 		b.bpf, b.nl, b.uplink, b.loadErr = bpf, nl, uplink, ""
-		b.log.Info("bandwidth manager enabled", "uplink", uplink, "attach", bpf.AttachMode(), "horizon", a.cfg.BandwidthHorizon)
+		b.log.Info("bandwidth manager enabled", "uplink", uplink, "attach", bpf.AttachMode(), "horizon", b.cfg.BandwidthHorizon)
 	}
 	if !b.bpf.Attached() {
 		if err := b.bpf.Attach(); err != nil {
@@ -151,21 +145,21 @@ func (a *Agent) reconcileBandwidth() {
 		}
 	}
 	b.ensureQdiscLocked()
-	want := a.desiredBandwidth(b)
-	if err := b.bpf.Apply(want, a.cfg.BandwidthHorizon); err != nil {
+	want := b.desiredLocked()
+	if err := b.bpf.Apply(want, b.cfg.BandwidthHorizon); err != nil {
 		b.log.Warn("write bandwidth limits", "error", err)
 	}
-	b.ensurePodGSOLocked(a.reg.List(), want)
-	if a.cfg.BandwidthBBR {
-		b.ensureBBRLocked(a.reg.List())
+	b.ensurePodGSOLocked(b.reg.List(), want)
+	if b.cfg.BandwidthBBR {
+		b.ensureBBRLocked(b.reg.List())
 	}
 }
 
-// desiredBandwidth reads every registered endpoint's Pod annotations.
+// desiredLocked reads every registered endpoint's Pod annotations.
 // Invalid values leave their direction unlimited, log a line and raise one
 // Warning Event per pod and value.
-func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
-	k := a.kubeClient()
+func (b *bandwidth) desiredLocked() []datapath.BWLimit {
+	k := b.kube()
 	if k == nil || !k.isSynced() {
 		// unknown annotations: keep what the maps hold (no flush on restart)
 		var keep []datapath.BWLimit
@@ -193,7 +187,7 @@ func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
 	var want []datapath.BWLimit
 	problems := map[string]string{}
 	seen := map[string]bool{}
-	for _, ep := range a.reg.List() {
+	for _, ep := range b.reg.List() {
 		if ep.PodName == "" || ep.PodNamespace == "" {
 			continue
 		}
@@ -348,10 +342,11 @@ func (b *bandwidth) ensureBBRLocked(eps []api.Endpoint) {
 	}
 }
 
-// bandwidthLoop re-checks the uplink qdisc every few seconds so a removed
-// fq comes back long before the next full reconcile.
-func (a *Agent) bandwidthLoop(ctx context.Context) {
-	if !a.cfg.BandwidthManager {
+// loop re-checks the uplink qdisc every few seconds so a removed fq comes
+// back long before the next full reconcile, and releases the Bandwidth
+// Manager's handles when ctx is done.
+func (b *bandwidth) loop(ctx context.Context) {
+	if !b.cfg.BandwidthManager {
 		return
 	}
 	t := time.NewTicker(bandwidthCheckEvery)
@@ -359,7 +354,6 @@ func (a *Agent) bandwidthLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			b := a.bandwidthState()
 			b.mu.Lock()
 			if b.broadcast != nil {
 				b.broadcast.Shutdown()
@@ -373,7 +367,6 @@ func (a *Agent) bandwidthLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		b := a.bandwidthState()
 		b.mu.Lock()
 		if b.bpf != nil {
 			if !b.bpf.Attached() {
@@ -387,28 +380,24 @@ func (a *Agent) bandwidthLoop(ctx context.Context) {
 	}
 }
 
-// bandwidthStatus is the Bandwidth Manager part of `axon status`.
-func (a *Agent) bandwidthStatus() *api.BandwidthStatus {
-	st := &api.BandwidthStatus{Enabled: a.cfg.BandwidthManager, HorizonMillis: a.cfg.BandwidthHorizon.Milliseconds()}
-	if !a.cfg.BandwidthManager {
+// status is the Bandwidth Manager part of `axon status`.
+func (b *bandwidth) status() *api.BandwidthStatus {
+	st := &api.BandwidthStatus{Enabled: b.cfg.BandwidthManager, HorizonMillis: b.cfg.BandwidthHorizon.Milliseconds()}
+	if !b.cfg.BandwidthManager {
 		st.Reason = "--bandwidth-manager=false"
 		return st
 	}
-	b := a.bandwidthState()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case b.bpf != nil:
+	if b.bpf != nil {
 		st.Uplink = b.uplink
-	case b.loadErr != "":
-		st.Enabled, st.Reason = false, b.loadErr
-	default:
-		st.Enabled, st.Reason = false, "pending: loads after the tc datapath"
+	} else {
+		st.Enabled, st.Reason = false, b.notLoadedLocked()
 	}
 	st.Qdisc, st.QdiscError, st.QdiscRepairs, st.LastRepair = b.qdisc, b.qdiscErr, b.repairs, b.lastRepair
 	st.LimitedPods = b.limited
 	switch {
-	case !a.cfg.BandwidthBBR:
+	case !b.cfg.BandwidthBBR:
 		st.BBR = "off"
 	case b.bbrErr != "":
 		st.BBR = "not set: " + b.bbrErr
@@ -426,9 +415,14 @@ func (a *Agent) bandwidthStatus() *api.BandwidthStatus {
 	return st
 }
 
-// bandwidthDecision is the bandwidth_manager line of `axon status`.
-func (a *Agent) bandwidthDecision() api.Decision {
-	st := a.bandwidthStatus()
+// notLoadedLocked says why the BPF side is not loaded (while it is not).
+func (b *bandwidth) notLoadedLocked() string {
+	return cmp.Or(b.loadErr, "pending: loads after the tc datapath")
+}
+
+// decision is the bandwidth_manager line of `axon status`.
+func (b *bandwidth) decision() api.Decision {
+	st := b.status()
 	d := api.Decision{Name: DecisionBandwidth, Value: "disabled", Reason: st.Reason}
 	if !st.Enabled {
 		return d
@@ -450,25 +444,19 @@ func (a *Agent) bandwidthDecision() api.Decision {
 	return d
 }
 
-// BandwidthMaps implements api.BandwidthHandler: the limits in the maps,
-// with the owning pod from the endpoint registry.
-func (a *Agent) BandwidthMaps(context.Context) (api.BandwidthReply, error) {
-	rep := api.BandwidthReply{Enabled: a.cfg.BandwidthManager, Rows: []api.BandwidthRow{}}
-	if !a.cfg.BandwidthManager {
+// maps is the reply of api.BandwidthHandler: the limits in the maps, with
+// the owning pod from the endpoint registry.
+func (b *bandwidth) maps() (api.BandwidthReply, error) {
+	rep := api.BandwidthReply{Enabled: b.cfg.BandwidthManager, Rows: []api.BandwidthRow{}}
+	if !b.cfg.BandwidthManager {
 		rep.Reason = "--bandwidth-manager=false"
 		return rep, nil
 	}
-	b := a.bandwidthState()
 	b.mu.Lock()
-	bpf := b.bpf
-	loadErr := b.loadErr
+	bpf, why := b.bpf, b.notLoadedLocked()
 	b.mu.Unlock()
 	if bpf == nil {
-		rep.Enabled = false
-		rep.Reason = loadErr
-		if rep.Reason == "" {
-			rep.Reason = "pending: loads after the tc datapath"
-		}
+		rep.Enabled, rep.Reason = false, why
 		return rep, nil
 	}
 	rows, err := bpf.List()
@@ -476,7 +464,7 @@ func (a *Agent) BandwidthMaps(context.Context) (api.BandwidthReply, error) {
 		return rep, err
 	}
 	owner := map[netip.Addr]string{}
-	for _, ep := range a.reg.List() {
+	for _, ep := range b.reg.List() {
 		for _, ip := range ep.IPs {
 			if ep.PodName != "" {
 				owner[ip.Unmap()] = ep.PodNamespace + "/" + ep.PodName

@@ -61,10 +61,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	ctx := t.Context()
 	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 
 	n := newScratchNode(t)
 	pin := "/sys/fs/bpf/axt-agent-bw-" + testutil.RandSuffix(t)
@@ -81,14 +78,14 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 	kdone := make(chan struct{})
 	go func() { defer close(kdone); k.run(kctx, func() {}) }()
 	t.Cleanup(func() { stop(); <-kdone })
-	a := &Agent{cfg: cfg, log: log, reg: reg, kube: k, uplink: "eth0", reconciles: map[string]uint64{}}
+	b := newBandwidth(cfg, log, reg, func() *kube { return k })
 	t.Cleanup(func() {
-		if a.bw != nil && a.bw.bpf != nil {
-			a.bw.bpf.Close()
-			a.bw.nl.Close()
+		if b.bpf != nil {
+			b.bpf.Close()
+			b.nl.Close()
 		}
-		if a.bw != nil && a.bw.broadcast != nil {
-			a.bw.broadcast.Shutdown()
+		if b.broadcast != nil {
+			b.broadcast.Shutdown()
 		}
 	})
 
@@ -120,9 +117,9 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 		return len(l) == len(pods)
 	})
 
-	reconcile := func() { testutil.InNetns(t, n.name, func() error { a.reconcileBandwidth(); return nil }) }
+	reconcile := func() { testutil.InNetns(t, n.name, func() error { b.reconcile("eth0"); return nil }) }
 	rows := func() map[string]string {
-		rep, err := a.BandwidthMaps(ctx)
+		rep, err := b.maps()
 		must(t, err)
 		out := map[string]string{}
 		for _, r := range rep.Rows {
@@ -136,7 +133,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 	if !mapsEqual(got, want) {
 		t.Fatalf("limits %v, want %v", got, want)
 	}
-	st := a.bandwidthStatus()
+	st := b.status()
 	t.Logf("status: %+v", st)
 	if !st.Enabled || st.LimitedPods != 2 || len(st.Problems) != 2 {
 		t.Fatalf("status %+v: want enabled, 2 limited pods, 2 pods with problems", st)
@@ -186,7 +183,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 		setAnn("huge", nil)                                             // removed
 		setAnn("bad", map[string]string{bwm.EgressAnnotation: "1G"})    // fixed
 		waitRows(map[string]string{"default/plain/egress": "50M", "default/web/egress": "100M", "default/bad/egress": "1G"})
-		if st := a.bandwidthStatus(); len(st.Problems) != 0 || st.LimitedPods != 3 {
+		if st := b.status(); len(st.Problems) != 0 || st.LimitedPods != 3 {
 			t.Fatalf("status after the fixes: %+v", st)
 		}
 	})
@@ -198,7 +195,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 				fq = f.Available
 			}
 		}
-		d := a.bandwidthDecision()
+		d := b.decision()
 		if !fq {
 			// this kernel cannot have fq at all: egress is reported as not enforced
 			if d.Value != "degraded" || !strings.Contains(d.Reason, "egress NOT enforced") {
@@ -206,7 +203,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 			}
 			return
 		}
-		if d.Value != "enabled" || a.bandwidthStatus().Qdisc == "" {
+		if d.Value != "enabled" || b.status().Qdisc == "" {
 			t.Fatalf("decision with sch_fq: %+v", d)
 		}
 		eth0, err := n.nl.LinkByName("eth0")
@@ -219,16 +216,16 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 			}
 		}
 		testutil.InNetns(t, n.name, func() error { // one pass of bandwidthLoop
-			a.bw.mu.Lock()
-			a.bw.ensureQdiscLocked()
-			a.bw.mu.Unlock()
+			b.mu.Lock()
+			b.ensureQdiscLocked()
+			b.mu.Unlock()
 			return nil
 		})
-		st := a.bandwidthStatus()
+		st := b.status()
 		if st.QdiscRepairs != 1 || st.LastRepair == "" || st.Qdisc == "" {
 			t.Fatalf("after deleting the root qdisc: %+v", st)
 		}
-		if d := a.bandwidthDecision(); !strings.Contains(d.Reason, "fq re-applied 1 time") {
+		if d := b.decision(); !strings.Contains(d.Reason, "fq re-applied 1 time") {
 			t.Fatalf("decision does not report the repair: %+v", d)
 		}
 		t.Logf("repair: %s", st.LastRepair)

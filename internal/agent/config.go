@@ -1,6 +1,3 @@
-// Package agent implements axon-agent: it watches the kube-apiserver (own Node,
-// other Nodes, Pods on this node), programs node routes and the BPF endpoint
-// map, persists the endpoint registry and serves the local API on a unix socket.
 package agent
 
 import (
@@ -36,20 +33,20 @@ type Config struct {
 	AttachMode  string // auto|tcx|legacy
 	HostRouting string // auto|bpf|legacy
 	HealthAddr  string // host:port for /healthz and /metrics; empty = off
-	SocketLB    bool   // issue 4: attach the socket load balancer (cgroup hooks)
+	SocketLB    bool   // attach the socket load balancer (cgroup hooks)
 	CgroupRoot  string // cgroup v2 directory the socket LB hooks attach to
-	// issue 4 (socklb.go, optout.go): socket LB mode and map sizes
+	// socket LB mode and map sizes (socklb.go, optout.go)
 	SocketLBMode     string // all|hostns-only
 	LBServiceMapSize uint32 // axon_lb_svc entries (frontends + backend slots); 0 = default
 	LBBackendMapSize uint32 // axon_lb_be entries; 0 = default
-	// issue 5 (device.go): pod device type and BIG TCP
+	// pod device type and BIG TCP (device.go)
 	DeviceMode       string // veth|netkit|netkit-l2|auto
 	EnableIPv4BigTCP bool   // BIG TCP for IPv4 where kernel and uplink allow it
 	EnableIPv6BigTCP bool   // BIG TCP for IPv6 where kernel and uplink allow it
 	FibCache         bool   // per-CPU IPv4 route cache in axon_pod_egress where the kernel loads it
-	// issue 7 (nodeport.go): north-south load balancer on the uplink
+	// north-south load balancer on the uplink (nodeport*.go)
 	NodePortLB NodePortConfig
-	// issue 6 (bandwidth.go): Bandwidth Manager
+	// Bandwidth Manager (bandwidth.go)
 	BandwidthManager bool          // enforce kubernetes.io/{egress,ingress}-bandwidth (EDT + fq, ingress token bucket)
 	BandwidthBBR     bool          // set BBR as congestion control in pod netns
 	BandwidthHorizon time.Duration // EDT drop horizon (fq's horizon too)
@@ -72,13 +69,13 @@ func Defaults() Config {
 		AttachMode:        "auto",
 		HostRouting:       "auto",
 		SocketLB:          true,
-		SocketLBMode:      SocketLBModeAll,   // issue 4
-		DeviceMode:        DefaultDeviceMode, // issue 5
+		SocketLBMode:      SocketLBModeAll,
+		DeviceMode:        DefaultDeviceMode,
 		EnableIPv4BigTCP:  true,
 		EnableIPv6BigTCP:  true,
 		FibCache:          true,
-		NodePortLB:        DefaultNodePortConfig(), // issue 7
-		BandwidthHorizon:  DefaultBandwidthHorizon, // issue 6
+		NodePortLB:        DefaultNodePortConfig(),
+		BandwidthHorizon:  DefaultBandwidthHorizon,
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
@@ -123,16 +120,16 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := c.validateSocketLB(); err != nil { // issue 4: socklb.go
+	if err := c.validateSocketLB(); err != nil { // socklb.go
 		errs = append(errs, err)
 	}
-	if err := c.validateDevice(); err != nil { // issue 5: device.go
+	if err := c.validateDevice(); err != nil { // device.go
 		errs = append(errs, err)
 	}
-	if err := c.NodePortLB.Validate(); err != nil { // issue 7: nodeport.go
+	if err := c.NodePortLB.Validate(); err != nil { // nodeport_config.go
 		errs = append(errs, err)
 	}
-	if err := c.validateBandwidth(); err != nil { // issue 6: bandwidth.go
+	if err := c.validateBandwidth(); err != nil { // bandwidth.go
 		errs = append(errs, err)
 	}
 	if c.ReconcileInterval <= 0 {

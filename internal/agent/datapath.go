@@ -17,7 +17,7 @@ func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, 
 			AttachMode:  cfg.AttachMode,
 			HostRouting: cfg.HostRouting,
 			Logger:      log.With("component", "datapath"),
-			// issue 5: pod devices and BIG TCP
+			// pod devices and BIG TCP
 			DeviceMode:       cfg.DeviceMode,
 			EnableIPv4BigTCP: cfg.EnableIPv4BigTCP,
 			EnableIPv6BigTCP: cfg.EnableIPv6BigTCP,

@@ -40,7 +40,7 @@ var _ deviceSource = dpAdapter{} // the agent's datapath answers Allocate with t
 // PutEndpoint that follows fails until the datapath is ready (the CNI ADD is
 // rolled back and retried by the runtime).
 func (a *Agent) podDevice() *api.DeviceConfig {
-	ds, ok := a.dataplaneSnapshot().(deviceSource)
+	ds, ok := a.pods.snapshot().(deviceSource)
 	if !ok {
 		return nil
 	}

@@ -52,7 +52,7 @@ func TestDeviceModeValidate(t *testing.T) {
 	}
 }
 
-// TestBigTCPOnByDefault (issue 5: "on by default where supported"): the
+// TestBigTCPOnByDefault (BIG TCP is "on by default where supported"): the
 // agent's defaults enable BIG TCP for both families, and the datapath the
 // agent loads with them on a node whose uplink takes more than 64 KiB
 // (a veth: tso_max_size 524280) decides 192 KiB for IPv6, and for IPv4 where

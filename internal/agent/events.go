@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: bad input the agent ignores (a Service part Translate skipped, a
+// Bad input the agent ignores (a Service part Translate skipped, a
 // Service that does not fit the socket LB maps, a malformed opt-out
 // annotation) is reported where the user looks: a Kubernetes Event on the
 // object, plus one log line. Nothing else is disturbed.

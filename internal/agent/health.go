@@ -19,8 +19,7 @@ import (
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{a: a}, // issue 7: nodeport_metrics.go
-		servicesCollector{a: a}) // issue 4: services_metrics.go
+		nodePortCollector{n: a.nport}, servicesCollector{a: a})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -72,12 +71,10 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, b2f(st.APIServer.Connected))
 	ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(st.Endpoints))
 	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(st.Routes))
-	c.a.stMu.Lock()
-	for res, n := range c.a.reconciles {
+	for res, n := range c.a.st.reconcileCounts() {
 		ch <- prometheus.MustNewConstMetric(descReconcile, prometheus.CounterValue, float64(n), res)
 	}
-	c.a.stMu.Unlock()
-	dp := c.a.dataplaneSnapshot()
+	dp := c.a.pods.snapshot()
 	if dp == nil {
 		return
 	}

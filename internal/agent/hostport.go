@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7 (and 4): Pod hostPorts → HostPort frontends.
+// Pod hostPorts → HostPort frontends.
 //
 // Every container port with a hostPort of a Running pod on this node, with a
 // pod IP, becomes a frontend of kind HostPort that translates to the pod's

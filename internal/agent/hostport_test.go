@@ -189,10 +189,7 @@ func TestHostPortAgainstAPIServer(t *testing.T) {
 		createRunningPod(t, cs, ns, pc.pod, pc.status)
 	}
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	s, err := newServiceSync(rc, "node1", testLogger(t))
 	must(t, err)
 	k, err := newKube(rc, "node1", testLogger(t), func() {})

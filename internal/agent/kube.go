@@ -107,9 +107,9 @@ func slimPod(obj any) (any, error) {
 	}
 	slim := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-		Annotations: p.Annotations, // issue 4: axon.io/socket-lb opt-out (optout.go)
+		Annotations: p.Annotations, // axon.io/socket-lb opt-out (optout.go)
 	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}
-	slimHostPorts(p, slim) // issue 7: hostPorts, phase and pod IPs (hostport.go)
+	slimHostPorts(p, slim) // hostPorts, phase and pod IPs (hostport.go)
 	return slim, nil
 }
 

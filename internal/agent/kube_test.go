@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
@@ -65,6 +66,14 @@ func startControlPlane(t *testing.T) *controlplane.ControlPlane {
 // collide), stopped at cleanup. It skips only when the binaries are not built.
 func startControlPlaneOn(t *testing.T, apiPort, etcdPort int) *controlplane.ControlPlane {
 	t.Helper()
+	return startControlPlaneWith(t, controlplane.Config{APIPort: apiPort, EtcdPort: etcdPort})
+}
+
+// startControlPlaneWith is startControlPlaneOn with more of the control
+// plane's configuration (ports, service CIDR); the directory, the binaries
+// and the logger are filled in.
+func startControlPlaneWith(t *testing.T, cfg controlplane.Config) *controlplane.ControlPlane {
+	t.Helper()
 	etcd, err := lab.DepPath("etcd")
 	var apiserver string
 	if err == nil {
@@ -82,14 +91,23 @@ func startControlPlaneOn(t *testing.T, apiPort, etcdPort int) *controlplane.Cont
 			t.Errorf("stop control plane: %v", err)
 		}
 	})
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: apiPort, EtcdPort: etcdPort, Logger: testLogger(t),
-		EtcdBinary: etcd, APIServerBinary: apiserver,
-	})
+	cfg.Dir, cfg.Logger, cfg.EtcdBinary, cfg.APIServerBinary = dir, testLogger(t), etcd, apiserver
+	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start control plane: %v", err)
 	}
 	return cp
+}
+
+// agentRESTConfig is the client configuration the agent of node gets from
+// cp (restConfig of its kubeconfig).
+func agentRESTConfig(t *testing.T, cp *controlplane.ControlPlane, node string) *rest.Config {
+	t.Helper()
+	kubeconfig, err := cp.AgentKubeconfig(node)
+	must(t, err)
+	rc, err := restConfig(kubeconfig)
+	must(t, err)
+	return rc
 }
 
 // scratchNode is a node network namespace with an uplink eth0.

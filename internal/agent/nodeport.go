@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: the north-south load balancer (datapath.NodePortLB) on the
+// The north-south load balancer (datapath.NodePortLB) on the
 // uplink. It is loaded after the tc datapath, the socket LB and the first
 // Service sync (servicesFirst), attached per --lb-acceleration, and becomes
 // a second lb.Writer beside the socket LB
@@ -14,11 +14,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
@@ -30,9 +33,21 @@ import (
 // DecisionNodePortLB is the name of the north-south LB decision in `axon status`.
 const DecisionNodePortLB = "nodeport_lb"
 
-// nodePort is the agent's north-south LB state. Fields are guarded by mu;
-// ensureNodePort runs with dpMu held as well.
+// nodePort is the north-south LB feature: the loaded LB and how it is
+// attached, the tee writer it shares the Service table through, the
+// health-check servers, the conntrack GC and the cluster ranges it needs.
 type nodePort struct {
+	cfg     Config
+	log     *slog.Logger
+	nl      *netlink.Handle
+	kube    func() *kube // the agent's kube client, nil until it is built
+	svc     *serviceSync // the Service watch, nil until the agent runs it
+	started time.Time    // when the agent started (servicesFirst)
+	tables  maglevCache  // has its own mutex: the Service watch reads it
+
+	// mu guards the fields below. It is held across the load, the attach
+	// and the map writes of ensure (status waits for those), and it is
+	// taken before the Service watch's mutex (SetWriter).
 	mu        sync.Mutex
 	np        *datapath.NodePortLB
 	err       string // why it is not loaded / attached
@@ -44,7 +59,6 @@ type nodePort struct {
 	offDone   bool
 	gc        ctGCStats
 	gcDeleted uint64 // CT entries removed by GC since start
-	tables    maglevCache
 	hc        *healthcheck.Server
 	hcAddrs   []netip.Addr   // addresses hc listens on
 	cluster   []netip.Prefix // every Node's podCIDRs and InternalIPs (SetClusterPrefixes)
@@ -67,20 +81,18 @@ type ctGCStats struct {
 // Node's podCIDRs and InternalIPs) for the north-south LB, which serves
 // clients inside them by SNAT even for DSR frontends, and this node's
 // podCIDRs, whose TCP/UDP traffic it hands on without looking it up; it
-// writes both when the LB is loaded. Called with dpMu held, from the Node
-// reconciliation.
-func (a *Agent) setClusterPrefixes(nodes []NodeInfo) {
+// writes both when the LB is loaded. Called by the Node reconciliation.
+func (n *nodePort) setClusterPrefixes(nodes []NodeInfo) {
 	var ps, own []netip.Prefix
 	for _, ni := range nodes {
 		ps = append(ps, ni.PodCIDRs...)
 		for _, ip := range ni.InternalIPs {
 			ps = append(ps, netip.PrefixFrom(ip, ip.BitLen()))
 		}
-		if ni.Name == a.cfg.NodeName {
+		if ni.Name == n.cfg.NodeName {
 			own = ni.PodCIDRs
 		}
 	}
-	n := &a.nport
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	podsChanged := !n.podsOK || !slices.Equal(own, n.pods)
@@ -88,73 +100,71 @@ func (a *Agent) setClusterPrefixes(nodes []NodeInfo) {
 	if n.np == nil {
 		return
 	}
-	a.writeClusterPrefixes(n)
+	n.writeClusterPrefixesLocked()
 	if podsChanged { // every Node event lands here; the podCIDRs rarely change
-		a.writePodCIDRs(n)
+		n.writePodCIDRsLocked()
 	}
 }
 
-// writeClusterPrefixes writes the recorded cluster ranges into the loaded
-// LB. Called with n.mu held.
-func (a *Agent) writeClusterPrefixes(n *nodePort) {
+// writeClusterPrefixesLocked writes the recorded cluster ranges into the
+// loaded LB.
+func (n *nodePort) writeClusterPrefixesLocked() {
 	if err := n.np.SetClusterPrefixes(n.cluster); err != nil {
-		a.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
+		n.log.Warn("nodeport LB: cluster address ranges not written; in-cluster clients of DSR frontends may get DSR", "error", err)
 	}
 }
 
-// writePodCIDRs writes the recorded podCIDRs into the loaded LB (which
-// warns once per write about frontends inside them). Called with n.mu held.
-func (a *Agent) writePodCIDRs(n *nodePort) {
+// writePodCIDRsLocked writes the recorded podCIDRs into the loaded LB
+// (which warns once per write about frontends inside them).
+func (n *nodePort) writePodCIDRsLocked() {
 	err := n.np.SetPodCIDRs(n.pods)
 	if err != nil {
-		a.log.Warn("nodeport LB: podCIDRs not written; pod traffic is looked up like any other (slower, same result)", "error", err)
+		n.log.Warn("nodeport LB: podCIDRs not written; pod traffic is looked up like any other (slower, same result)", "error", err)
 	}
 	n.podsOK = err == nil // a failed write is tried again at the next Node event
 }
 
-// ensureNodePort loads and attaches the north-south LB once the tc datapath
-// is up, keeps its node addresses current and installs the tee writer
-// (again when the socket LB appears later). Called with dpMu held.
-func (a *Agent) ensureNodePort() {
-	c := a.cfg.NodePortLB
-	n := &a.nport
+// ensure loads and attaches the north-south LB on uplink once the tc
+// datapath is up, keeps its node addresses current and installs the tee
+// writer over primary, the loaded socket LB (nil: none), again when that
+// changes. deliverPods: the pod datapath routes pods by BPF
+// (podsRoutedByBPF). Called by the reconcile; never fails the pass.
+func (n *nodePort) ensure(uplink string, primary lb.Writer, deliverPods bool) {
+	c := n.cfg.NodePortLB
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !c.Enabled {
 		if !n.offDone {
 			n.offDone = true
-			if err := datapath.UninstallNodePortLB(a.cfg.BPFRoot); err != nil {
-				a.log.Warn("--nodeport=false: could not remove the north-south LB of a previous run", "error", err)
+			if err := datapath.UninstallNodePortLB(n.cfg.BPFRoot); err != nil {
+				n.log.Warn("--nodeport=false: could not remove the north-south LB of a previous run", "error", err)
 			}
 		}
 		return
 	}
-	addrs, err := nodeLocalAddrs(a.nl)
+	addrs, err := nodeLocalAddrs(n.nl)
 	if err != nil {
-		a.log.Warn("nodeport LB: list node addresses", "error", err)
+		n.log.Warn("nodeport LB: list node addresses", "error", err)
 		return
 	}
-	if n.np == nil && a.servicesFirst() {
+	if n.np == nil && n.servicesFirst() {
 		return // a reconcile pass is kicked when the first Service sync is done
 	}
 	if n.np == nil {
 		snatMin, snatMax, _ := c.SNATPortRange() // validated at start
 		if w := snatRangeWarning(snatMin, snatMax); w != "" {
-			a.log.Warn("nodeport LB: "+w, "snatPorts", c.SNATPorts)
+			n.log.Warn("nodeport LB: "+w, "snatPorts", c.SNATPorts)
 		}
-		a.stMu.Lock()
-		up := a.uplink
-		a.stMu.Unlock()
 		var mtu uint32 // DSR MSS clamp; 0 (no clamp) if the uplink is not known yet
-		if l, err := a.nl.LinkByName(up); err == nil {
+		if l, err := n.nl.LinkByName(uplink); err == nil {
 			mtu = uint32(l.Attrs().MTU)
 		} else {
-			a.log.Warn("nodeport LB: read the uplink MTU, DSR SYN-ACKs keep their MSS", "uplink", up, "error", err)
+			n.log.Warn("nodeport LB: read the uplink MTU, DSR SYN-ACKs keep their MSS", "uplink", uplink, "error", err)
 		}
 		np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
 			UplinkMTU:       mtu,
-			PinDir:          a.cfg.BPFRoot,
-			NodeName:        a.cfg.NodeName,
+			PinDir:          n.cfg.BPFRoot,
+			NodeName:        n.cfg.NodeName,
 			NodeAddrs:       addrs,
 			Mode:            c.Mode,
 			CTMax:           uint32(c.CTMax),
@@ -163,47 +173,42 @@ func (a *Agent) ensureNodePort() {
 			SNATPortMax:     snatMax,
 			MaglevTableSize: uint32(c.MaglevSize),
 			HashSeed:        maglev.HashSeed(c.MaglevSeed),
-			DeliverPods:     a.podsRoutedByBPF(),
-			Logger:          a.log.With("component", "nodeport"),
+			DeliverPods:     deliverPods,
+			Logger:          n.log.With("component", "nodeport"),
 		})
 		if err != nil {
-			a.setNodePortErr(n, fmt.Sprintf("load failed, NodePort/LoadBalancer/externalIP traffic is not translated: %v", err))
+			n.setErrLocked(fmt.Sprintf("load failed, NodePort/LoadBalancer/externalIP traffic is not translated: %v", err))
 			return
 		}
-		np.SetFrontendOptions(a.npFrontendOptions)
+		np.SetFrontendOptions(n.frontendOptions)
 		n.np = np
-		a.writeClusterPrefixes(n)
-		a.writePodCIDRs(n)
+		n.writeClusterPrefixesLocked()
+		n.writePodCIDRsLocked()
 		n.addrs, n.err = addrs, ""
 	}
 	if n.attached == "" {
-		a.stMu.Lock()
-		up := a.uplink
-		a.stMu.Unlock()
-		how, err := attachNodePort(n.np, up, c.Acceleration)
+		how, err := attachNodePort(n.np, uplink, c.Acceleration)
 		if err != nil {
-			a.setNodePortErr(n, fmt.Sprintf("attach to uplink %s failed: %v", up, err))
+			n.setErrLocked(fmt.Sprintf("attach to uplink %s failed: %v", uplink, err))
 			return
 		}
-		n.attached, n.uplink, n.err = how, up, ""
-		a.log.Info("nodeport LB attached", "uplink", up, "how", how)
+		n.attached, n.uplink, n.err = how, uplink, ""
+		n.log.Info("nodeport LB attached", "uplink", uplink, "how", how)
 	}
 	if !slices.Equal(addrs, n.addrs) {
 		if err := n.np.SetNodeAddrs(addrs); err != nil {
-			a.log.Warn("nodeport LB: set node addresses", "error", err)
+			n.log.Warn("nodeport LB: set node addresses", "error", err)
 		} else {
 			n.addrs = addrs
-			a.log.Info("nodeport LB node addresses set", "addresses", addrs)
+			n.log.Info("nodeport LB node addresses set", "addresses", addrs)
 		}
 	}
 	// (Re)build the tee whenever the socket LB changed (loaded later, or not at all).
-	var primary lb.Writer
-	if a.lb != nil {
-		primary = a.lb
-	}
 	if n.tee == nil || n.primary != primary {
 		n.tee, n.primary = newTeeWriter(primary, n.np), primary
-		a.SetLBWriter(n.tee)
+		if n.svc != nil {
+			n.svc.SetWriter(n.tee)
+		}
 	}
 }
 
@@ -219,30 +224,31 @@ const nodePortAfterServices = 10 * time.Second
 // 2.9 s start → socket-LB maps with both at once). Pods' ClusterIP
 // connections depend on the socket LB, and on a restart the previous run's
 // north-south programs stay attached and keep forwarding meanwhile.
-func (a *Agent) servicesFirst() bool {
-	return a.svc != nil && !a.svc.initialSynced() && time.Since(a.started) < nodePortAfterServices
+func (n *nodePort) servicesFirst() bool {
+	return n.svc != nil && !n.svc.initialSynced() && time.Since(n.started) < nodePortAfterServices
 }
 
-func (a *Agent) setNodePortErr(n *nodePort, msg string) {
+func (n *nodePort) setErrLocked(msg string) {
 	if n.err != msg {
-		a.log.Warn("north-south load balancing not active; the agent keeps running without it", "reason", msg)
+		n.log.Warn("north-south load balancing not active; the agent keeps running without it", "reason", msg)
 	}
 	n.err = msg
 }
 
-// npFrontendOptions gives the datapath a frontend's Maglev table and source
-// ranges (datapath.NodePortLB.SetFrontendOptions).
-func (a *Agent) npFrontendOptions(f lb.Frontend) datapath.FrontendOptions {
-	c := a.cfg.NodePortLB
+// frontendOptions gives the datapath a frontend's Maglev table and source
+// ranges (datapath.NodePortLB.SetFrontendOptions). Called by the Service
+// watch's writes, so it takes no lock but the Maglev cache's.
+func (n *nodePort) frontendOptions(f lb.Frontend) datapath.FrontendOptions {
+	c := n.cfg.NodePortLB
 	o := datapath.FrontendOptions{SourceRanges: f.SourceRanges}
 	alg := f.Algorithm
 	if alg == lb.AlgorithmDefault {
 		alg = c.Algorithm
 	}
 	if alg == lb.AlgorithmMaglev {
-		tab, err := a.nport.tables.get(f.Backends, c.MaglevSize, c.MaglevSeed)
+		tab, err := n.tables.get(f.Backends, c.MaglevSize, c.MaglevSeed)
 		if err != nil {
-			a.log.Warn("maglev table not built; the frontend picks backends at random", "frontend", f.Key.String(), "error", err)
+			n.log.Warn("maglev table not built; the frontend picks backends at random", "frontend", f.Key.String(), "error", err)
 		}
 		o.Maglev = tab
 	}
@@ -313,45 +319,48 @@ func maglevIndexes(bs []lb.Backend, size int, seed string) ([]uint32, error) {
 	return out, nil
 }
 
-// runNodePort runs the health-check servers and the conntrack GC until ctx
-// is done. Started by run; waits for the LB to be loaded.
-func (a *Agent) runNodePort(ctx context.Context) {
-	if !a.cfg.NodePortLB.Enabled {
+// run runs the health-check servers, the annotation Events and the
+// conntrack GC until ctx is done. Started by the agent's run; waits for
+// the LB to be loaded.
+func (n *nodePort) run(ctx context.Context) {
+	if !n.cfg.NodePortLB.Enabled {
 		return
 	}
 	hcTick := time.NewTicker(time.Second)
 	defer hcTick.Stop()
-	gcTick := time.NewTicker(a.cfg.NodePortLB.CTGCInterval)
+	gcTick := time.NewTicker(n.cfg.NodePortLB.CTGCInterval)
 	defer gcTick.Stop()
 	events := map[string]bool{} // annotation problems reported as Events
-	defer func() {
-		a.nport.mu.Lock()
-		if a.nport.hc != nil {
-			a.nport.hc.Close()
-		}
-		a.nport.mu.Unlock()
-	}()
+	defer n.closeHealthChecks()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hcTick.C:
-			a.syncHealthChecks()
-			a.emitAnnotationEvents(ctx, events)
+			n.syncHealthChecks()
+			n.emitAnnotationEvents(ctx, events)
 		case <-gcTick.C:
-			a.ctGC()
+			n.ctGC()
 		}
+	}
+}
+
+// closeHealthChecks stops the health-check servers.
+func (n *nodePort) closeHealthChecks() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hc != nil {
+		n.hc.Close()
 	}
 }
 
 // syncHealthChecks serves one kube-proxy-compatible /healthz per Service
 // with a healthCheckNodePort, on the node addresses.
-func (a *Agent) syncHealthChecks() {
-	if a.svc == nil {
+func (n *nodePort) syncHealthChecks() {
+	if n.svc == nil {
 		return
 	}
-	want := healthcheck.FromFrontends(a.svc.frontends(), a.cfg.NodeName)
-	n := &a.nport
+	want := healthcheck.FromFrontends(n.svc.frontends(), n.cfg.NodeName)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.hc != nil && !slices.Equal(n.hcAddrs, n.addrs) { // node addresses changed: listen anew
@@ -362,7 +371,7 @@ func (a *Agent) syncHealthChecks() {
 		if len(want) == 0 {
 			return
 		}
-		n.hc = healthcheck.New(n.addrs, a.log.With("component", "healthcheck"))
+		n.hc = healthcheck.New(n.addrs, n.log.With("component", "healthcheck"))
 		n.hcAddrs = slices.Clone(n.addrs)
 	}
 	n.hc.SetHealthy(n.np != nil && n.attached != "")
@@ -376,15 +385,14 @@ func (s *serviceSync) frontends() []lb.Frontend {
 	return s.table.Frontends()
 }
 
-// nodePortDecision is the nodeport_lb line of `axon status`.
-func (a *Agent) nodePortDecision() api.Decision {
+// decision is the nodeport_lb line of `axon status`.
+func (n *nodePort) decision() api.Decision {
 	d := api.Decision{Name: DecisionNodePortLB, Value: "disabled"}
-	c := a.cfg.NodePortLB
+	c := n.cfg.NodePortLB
 	if !c.Enabled {
 		d.Reason = "--nodeport=false"
 		return d
 	}
-	n := &a.nport
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	switch {
@@ -412,14 +420,13 @@ func (a *Agent) nodePortDecision() api.Decision {
 	return d
 }
 
-// closeNodePort releases the LB's file descriptors (pins stay).
-func (a *Agent) closeNodePort() {
-	n := &a.nport
+// close releases the LB's file descriptors (pins stay).
+func (n *nodePort) close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.np != nil {
 		if err := n.np.Close(); err != nil {
-			a.log.Warn("close nodeport LB", "error", err)
+			n.log.Warn("close nodeport LB", "error", err)
 		}
 		n.np = nil
 	}
@@ -438,26 +445,25 @@ func attachNodePort(np *datapath.NodePortLB, uplink, accel string) (string, erro
 }
 
 // ctGC removes expired conntrack entries and records the table's fullness.
-func (a *Agent) ctGC() {
-	n := &a.nport
+func (n *nodePort) ctGC() {
 	n.mu.Lock()
 	np := n.np
 	n.mu.Unlock()
 	if np == nil {
 		return
 	}
-	c := a.cfg.NodePortLB
+	c := n.cfg.NodePortLB
 	start := time.Now()
 	st, err := np.GC(datapath.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
 	gc := ctGCStats{At: start, Took: time.Since(start), Scanned: st.CTEntries, Removed: st.CTDeleted, Used: st.CTEntries - st.CTDeleted}
 	if err != nil {
 		gc.Err = err.Error()
-		a.log.Warn("conntrack garbage collection failed", "error", err)
+		n.log.Warn("conntrack garbage collection failed", "error", err)
 	}
 	if cs, err := np.CTStats(); err == nil {
 		gc.Used, gc.Max = cs.Entries, int(cs.Max)
 		if cs.Max > 0 && cs.Entries*10 >= int(cs.Max)*9 {
-			a.log.Warn("north-south conntrack table is more than 90 % full: the least recently used flows are evicted; raise --ct-max", "entries", cs.Entries, "max", cs.Max)
+			n.log.Warn("north-south conntrack table is more than 90 % full: the least recently used flows are evicted; raise --ct-max", "entries", cs.Entries, "max", cs.Max)
 		}
 	}
 	n.mu.Lock()
@@ -465,16 +471,6 @@ func (a *Agent) ctGC() {
 	n.gcDeleted += uint64(st.CTDeleted)
 	n.mu.Unlock()
 	if st.CTDeleted > 0 || st.NATDeleted > 0 {
-		a.log.Debug("conntrack gc", "ctScanned", st.CTEntries, "ctDeleted", st.CTDeleted, "natScanned", st.NATEntries, "natDeleted", st.NATDeleted)
+		n.log.Debug("conntrack gc", "ctScanned", st.CTEntries, "ctDeleted", st.CTDeleted, "natScanned", st.NATEntries, "natDeleted", st.NATDeleted)
 	}
-}
-
-// podsRoutedByBPF reports whether the pod datapath is loaded with BPF host
-// routing (axon_uplink_ingress on the uplink, its maps pinned under
-// BPFRoot): the north-south LB then delivers pod-bound TCP and UDP itself
-// (datapath.NodePortOptions.DeliverPods). Before the datapath is loaded it
-// is false, and the uplink program delivers everything.
-func (a *Agent) podsRoutedByBPF() bool {
-	v := a.dpView.Load()
-	return v != nil && (*v).HostRouting() == datapath.RoutingBPF
 }

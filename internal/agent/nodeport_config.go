@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: configuration of the north-south load balancer (flags of
+// Configuration of the north-south load balancer (flags of
 // axon-agent). See nodeport.go for the wiring and docs/north-south-lb.md.
 
 import (
@@ -96,7 +96,7 @@ func (f algorithmFlag) Set(s string) error {
 	return nil
 }
 
-// RegisterFlags adds the issue-7 flags to fs.
+// RegisterFlags adds the north-south LB flags to fs.
 func (c *NodePortConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Enabled, "nodeport", c.Enabled, "load the north-south load balancer (NodePort, LoadBalancer, externalIPs, HostPort) on the uplink")
 	fs.StringVar(&c.Acceleration, "lb-acceleration", c.Acceleration, "north-south LB hook: native (XDP in the driver, fail if unsupported), best-effort (native XDP if the driver supports it, else tc) or disabled (tc only)")

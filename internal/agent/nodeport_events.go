@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: a malformed axon.io/lb-algorithm annotation is reported as a
+// A malformed axon.io/lb-algorithm annotation is reported as a
 // Warning Event on the Service (once per distinct problem), besides the log
 // line and `axon service list`; the Service uses the node default meanwhile.
 
@@ -37,15 +37,15 @@ func (s *serviceSync) annotationProblems() map[string]lb.Problem {
 
 // emitAnnotationEvents creates one Event per new annotation problem; sent
 // remembers what was emitted (forgotten when the problem goes away).
-func (a *Agent) emitAnnotationEvents(ctx context.Context, sent map[string]bool) {
-	if a.svc == nil {
+func (n *nodePort) emitAnnotationEvents(ctx context.Context, sent map[string]bool) {
+	if n.svc == nil {
 		return
 	}
-	k := a.kubeClient()
+	k := n.kube()
 	if k == nil {
 		return
 	}
-	cur := a.svc.annotationProblems()
+	cur := n.svc.annotationProblems()
 	for key := range sent {
 		if _, ok := cur[key]; !ok {
 			delete(sent, key)
@@ -63,15 +63,15 @@ func (a *Agent) emitAnnotationEvents(ctx context.Context, sent map[string]bool) 
 			Reason:         EventReasonLBAlgorithm,
 			Message:        fmt.Sprintf("%s: %s", p.Object, p.Reason),
 			Type:           corev1.EventTypeWarning,
-			Source:         corev1.EventSource{Component: "axon-agent", Host: a.cfg.NodeName},
+			Source:         corev1.EventSource{Component: "axon-agent", Host: n.cfg.NodeName},
 			FirstTimestamp: now, LastTimestamp: now, Count: 1,
-			ReportingController: "axon.io/agent", ReportingInstance: a.cfg.NodeName,
+			ReportingController: "axon.io/agent", ReportingInstance: n.cfg.NodeName,
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := k.client.CoreV1().Events(ns).Create(cctx, ev, metav1.CreateOptions{})
 		cancel()
 		if err != nil {
-			a.log.Warn("could not report an Event for a malformed annotation", "service", p.Service, "error", err)
+			n.log.Warn("could not report an Event for a malformed annotation", "service", p.Service, "error", err)
 			continue
 		}
 		sent[key] = true

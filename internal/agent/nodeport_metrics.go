@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: Prometheus metrics of the north-south LB (registered by
+// Prometheus metrics of the north-south LB (registered by
 // healthServer): conntrack fullness, GC work and the LB's packet counters.
 
 import (
@@ -21,7 +21,7 @@ var (
 	descNPHC         = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
 )
 
-type nodePortCollector struct{ a *Agent }
+type nodePortCollector struct{ n *nodePort }
 
 func (c nodePortCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC, descNPNATEntries, descNPNATMax, descNPSNATNoPort} {
@@ -30,7 +30,7 @@ func (c nodePortCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c nodePortCollector) Collect(ch chan<- prometheus.Metric) {
-	n := &c.a.nport
+	n := c.n
 	n.mu.Lock()
 	np, hc, deleted := n.np, n.hc, n.gcDeleted
 	n.mu.Unlock()

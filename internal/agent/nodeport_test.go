@@ -61,19 +61,17 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	ctx := t.Context()
 	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	s, err := newServiceSync(rc, "node1", testLogger(t))
 	must(t, err)
 
 	cfg := Config{NodeName: "node1", NodePortLB: DefaultNodePortConfig()}
 	cfg.NodePortLB.MaglevSize = 1021
-	a := &Agent{cfg: cfg, log: testLogger(t), svc: s}
-	a.nport.np, a.nport.attached = np, "tc on test0 (not attached: maps only)"
-	a.nport.addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")} // health checks on loopback
-	np.SetFrontendOptions(a.npFrontendOptions)
+	n := &nodePort{cfg: cfg, log: testLogger(t), svc: s}
+	a := &Agent{cfg: cfg, log: testLogger(t), svc: s, nport: n}
+	n.np, n.attached = np, "tc on test0 (not attached: maps only)"
+	n.addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")} // health checks on loopback
+	np.SetFrontendOptions(n.frontendOptions)
 	sock := lb.NewMemWriter(0)
 	s.SetWriter(newTeeWriter(sock, np))
 	runCtx, stop := context.WithCancel(ctx)
@@ -82,11 +80,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	t.Cleanup(func() {
 		stop()
 		<-done
-		a.nport.mu.Lock()
-		if a.nport.hc != nil {
-			a.nport.hc.Close()
-		}
-		a.nport.mu.Unlock()
+		n.closeHealthChecks()
 	})
 
 	const ns = "default"
@@ -171,7 +165,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 
 	t.Run("health check node port", func(t *testing.T) {
 		get := func() (int, map[string]any) {
-			a.syncHealthChecks()
+			n.syncHealthChecks()
 			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", hcPort))
 			if err != nil {
 				t.Fatalf("health check: %v", err)
@@ -199,7 +193,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 		if code != 503 || body["localEndpoints"] != 0.0 {
 			t.Errorf("health check without a ready local endpoint: %d %v", code, body)
 		}
-		d := a.nodePortDecision()
+		d := n.decision()
 		if d.Name != DecisionNodePortLB || !strings.Contains(d.Reason, "1 health check") {
 			t.Errorf("decision %+v", d)
 		}
@@ -207,17 +201,17 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	})
 
 	t.Run("malformed annotation is an Event", func(t *testing.T) {
-		a.kube = &kube{client: cs}
+		n.kube = func() *kube { return &kube{client: cs} }
 		svc.Annotations[lb.AnnotationAlgorithm] = "round-robin"
 		svc, err = cs.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{})
 		must(t, err)
 		sent := map[string]bool{}
 		wait(t, "the Event", func() bool {
-			a.emitAnnotationEvents(ctx, sent)
+			n.emitAnnotationEvents(ctx, sent)
 			evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=web,reason=" + EventReasonLBAlgorithm})
 			return err == nil && len(evs.Items) == 1 && strings.Contains(evs.Items[0].Message, `"round-robin" is not a load-balancing algorithm`)
 		})
-		a.emitAnnotationEvents(ctx, sent) // no duplicate while the problem stays
+		n.emitAnnotationEvents(ctx, sent) // no duplicate while the problem stays
 		evs, _ := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + EventReasonLBAlgorithm})
 		if len(evs.Items) != 1 {
 			t.Errorf("%d Events, want 1", len(evs.Items))
@@ -229,14 +223,14 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 
 	t.Run("the Node reconciliation writes this node's podCIDRs", func(t *testing.T) {
 		own := []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}
-		a.setClusterPrefixes([]NodeInfo{
+		n.setClusterPrefixes([]NodeInfo{
 			{Name: "node2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}},
 			{Name: "node1", PodCIDRs: own, InternalIPs: []netip.Addr{netip.MustParseAddr("198.18.0.11")}},
 		})
 		if got, err := np.PodCIDRs(); err != nil || !slices.Equal(got, own) {
 			t.Fatalf("LB podCIDRs %v (%v), want node1's %v", got, err, own)
 		}
-		a.setClusterPrefixes([]NodeInfo{{Name: "node2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}})
+		n.setClusterPrefixes([]NodeInfo{{Name: "node2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}})
 		if got, err := np.PodCIDRs(); err != nil || len(got) != 0 {
 			t.Fatalf("own Node gone: LB podCIDRs %v (%v), want none", got, err)
 		}
@@ -282,9 +276,9 @@ func TestEnsureNodePortAttach(t *testing.T) {
 	} {
 		cfg := Config{NodeName: "node1", BPFRoot: pinDir, NodePortLB: DefaultNodePortConfig()}
 		cfg.NodePortLB.Acceleration, cfg.NodePortLB.Enabled = tc.accel, tc.enabled
-		a := &Agent{cfg: cfg, log: testLogger(t), nl: n.nl, uplink: "eth0"}
-		must(t, netnsutil.Do(n.name, func() error { a.ensureNodePort(); return nil }))
-		d := a.nodePortDecision()
+		nport := &nodePort{cfg: cfg, log: testLogger(t), nl: n.nl}
+		must(t, netnsutil.Do(n.name, func() error { nport.ensure("eth0", nil, false); return nil }))
+		d := nport.decision()
 		t.Logf("--lb-acceleration=%s --nodeport=%v: %s = %s (%s)", tc.accel, tc.enabled, d.Name, d.Value, d.Reason)
 		if !strings.HasPrefix(d.Value, tc.want) {
 			t.Errorf("--lb-acceleration=%s: decision %q, want it to start with %q", tc.accel, d.Value, tc.want)
@@ -292,7 +286,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 		if got := xdpAttached(); got != tc.xdp {
 			t.Errorf("--lb-acceleration=%s: XDP attached = %v, want %v", tc.accel, got, tc.xdp)
 		}
-		if tc.enabled && a.nport.tee == nil {
+		if tc.enabled && nport.tee == nil {
 			t.Error("no tee writer installed")
 		}
 		if tc.accel == "best-effort" {
@@ -302,10 +296,10 @@ func TestEnsureNodePortAttach(t *testing.T) {
 			var nerr error
 			must(t, netnsutil.Do(n.name, func() error {
 				var err error
-				if how, err = attachNodePort(a.nport.np, "br0", "best-effort"); err != nil {
+				if how, err = attachNodePort(nport.np, "br0", "best-effort"); err != nil {
 					return err
 				}
-				_, nerr = attachNodePort(a.nport.np, "br0", "native")
+				_, nerr = attachNodePort(nport.np, "br0", "native")
 				return nil
 			}))
 			t.Logf("best-effort on a bridge: %s", how)
@@ -316,7 +310,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 				t.Errorf("native on a bridge: %v, want an error suggesting best-effort", nerr)
 			}
 		}
-		a.closeNodePort()
+		nport.close()
 	}
 	if _, err := os.Stat(filepath.Join(pinDir, datapath.MapNPCT)); !os.IsNotExist(err) {
 		t.Errorf("--nodeport=false left the conntrack map pinned (%v)", err)

@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: the Service watch drives one lb.Writer. teeWriter makes the
+// The Service watch drives one lb.Writer. teeWriter makes the
 // north-south load balancer a second writer beside the socket LB without
 // changing the watch: every frontend goes to the socket LB, the externally
 // reachable ones (NodePort, LoadBalancer, externalIP, HostPort) also go to

@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: per-Pod and per-Namespace opt-out of socket load balancing.
+// Per-Pod and per-Namespace opt-out of socket load balancing.
 //
 // A sidecar mesh or a VM inside a pod needs to see the ClusterIP on the
 // wire, not the backend the socket LB picked. The annotation
@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -62,13 +61,11 @@ func parseSocketLBAnnotation(annotations map[string]string) (optState, error) {
 		AnnotationSocketLB, v, SocketLBDisabled, SocketLBEnabled)
 }
 
-// optOutState is the opt-out bookkeeping (kept in serviceSync, which also
-// watches Namespaces).
+// optOutState is the socket LB's opt-out bookkeeping (guarded by
+// socketLB.mu; the opted-out pods status shows are socketLB.optOutPods).
 type optOutState struct {
-	mu      sync.Mutex
 	cookies map[string]uint64 // "<containerID>/<ifName>@<netns path>" → netns cookie
 	applied []uint64          // what axon_lb_skip holds, sorted; nil = never written
-	pods    []string          // opted-out pods (namespace/name), sorted
 }
 
 // setNamespaceHook makes Namespace changes call f (the agent's kick).
@@ -79,10 +76,10 @@ func (s *serviceSync) setNamespaceHook(f func()) {
 }
 
 // optedOut lists the pods whose sockets skip socket LB.
-func (s *serviceSync) optedOut() []string {
-	s.opt.mu.Lock()
-	defer s.opt.mu.Unlock()
-	return slices.Clone(s.opt.pods)
+func (s *socketLB) optedOut() []string {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	return slices.Clone(s.optOutPods)
 }
 
 // podOptOut decides for one pod: the Pod's annotation, else its
@@ -107,22 +104,31 @@ func (s *serviceSync) podOptOut(pod *corev1.Pod) bool {
 }
 
 // syncOptOut writes the netns cookies of this node's opted-out pods into
-// the socket LB. It waits for the Pod and Namespace caches (an empty cache
-// must not opt everybody back in). Called with dpMu held, from the
-// reconcile.
-func (a *Agent) syncOptOut() {
-	s := a.svc
-	k := a.kubeClient()
-	if s == nil || a.lb == nil || k == nil || !k.isSynced() || s.nsSynced == nil || !s.nsSynced() {
+// the socket LB: from the reconcile, and from PutEndpoint so that a pod
+// that opted out is skipped from its first connect.
+func (s *socketLB) syncOptOut() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.syncOptOutLocked()
+}
+
+// syncOptOutLocked is syncOptOut with s.mu held. It waits for the Pod and
+// Namespace caches (an empty cache must not opt everybody back in).
+func (s *socketLB) syncOptOutLocked() {
+	svc := s.svc
+	if svc == nil || s.lb == nil || svc.nsSynced == nil || !svc.nsSynced() {
 		return
 	}
-	eps := a.reg.List()
+	k := s.kube()
+	if k == nil || !k.isSynced() {
+		return
+	}
+	eps := s.reg.List()
 	var want []uint64
 	var pods []string
-	s.opt.mu.Lock()
-	defer s.opt.mu.Unlock()
-	if s.opt.cookies == nil {
-		s.opt.cookies = map[string]uint64{}
+	opt := &s.opt
+	if opt.cookies == nil {
+		opt.cookies = map[string]uint64{}
 	}
 	live := map[string]bool{}
 	for _, ep := range eps {
@@ -130,25 +136,25 @@ func (a *Agent) syncOptOut() {
 			continue
 		}
 		pod, err := k.pods.Pods(ep.PodNamespace).Get(ep.PodName)
-		if err != nil || !s.podOptOut(pod) {
+		if err != nil || !svc.podOptOut(pod) {
 			continue
 		}
 		ck := cookieKey(ep)
 		live[ck] = true
-		c, ok := s.opt.cookies[ck]
+		c, ok := opt.cookies[ck]
 		if !ok {
 			if c, err = datapath.NetnsCookie(ep.Netns); err != nil {
-				a.log.Warn("socket LB opt-out: cannot read the pod's netns cookie; its sockets stay translated", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+				s.log.Warn("socket LB opt-out: cannot read the pod's netns cookie; its sockets stay translated", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
 				continue
 			}
-			s.opt.cookies[ck] = c
+			opt.cookies[ck] = c
 		}
 		want = append(want, c)
 		pods = append(pods, ep.PodNamespace+"/"+ep.PodName)
 	}
-	for ck := range s.opt.cookies {
+	for ck := range opt.cookies {
 		if !live[ck] {
-			delete(s.opt.cookies, ck)
+			delete(opt.cookies, ck)
 		}
 	}
 	slices.Sort(want)
@@ -157,18 +163,25 @@ func (a *Agent) syncOptOut() {
 	if want == nil {
 		want = []uint64{}
 	}
-	if s.opt.applied != nil && slices.Equal(want, s.opt.applied) {
-		s.opt.pods = pods
+	if opt.applied != nil && slices.Equal(want, opt.applied) {
+		s.setOptedOut(pods)
 		return
 	}
-	if err := a.lb.SetSkipNetns(want); err != nil {
-		a.log.Warn("socket LB opt-out: write opted-out netns", "error", err)
+	if err := s.lb.SetSkipNetns(want); err != nil {
+		s.log.Warn("socket LB opt-out: write opted-out netns", "error", err)
 		return
 	}
-	if !slices.Equal(pods, s.opt.pods) {
-		a.log.Info("socket LB opt-out applied", "annotation", AnnotationSocketLB+"="+SocketLBDisabled, "pods", pods)
+	if !slices.Equal(pods, s.optedOut()) {
+		s.log.Info("socket LB opt-out applied", "annotation", AnnotationSocketLB+"="+SocketLBDisabled, "pods", pods)
 	}
-	s.opt.applied, s.opt.pods = want, pods
+	opt.applied = want
+	s.setOptedOut(pods)
+}
+
+func (s *socketLB) setOptedOut(pods []string) {
+	s.stMu.Lock()
+	s.optOutPods = pods
+	s.stMu.Unlock()
 }
 
 func cookieKey(ep api.Endpoint) string {

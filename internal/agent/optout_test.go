@@ -111,10 +111,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 			PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}))
 	}
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
@@ -125,7 +122,8 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	wg.Go(func() { s.run(runCtx) })
 	rec := &skipRecorder{}
-	a := &Agent{cfg: Config{NodeName: "node1", SocketLB: true, SocketLBMode: SocketLBModeAll}, log: log, reg: reg, kube: k, svc: s, lb: rec}
+	sl := &socketLB{cfg: Config{NodeName: "node1", SocketLB: true, SocketLBMode: SocketLBModeAll}, log: log, reg: reg,
+		kube: func() *kube { return k }, svc: s, lb: rec}
 
 	expect := func(what string, names ...string) {
 		t.Helper()
@@ -135,7 +133,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		}
 		slices.Sort(want)
 		eventually(t, what, 20*time.Second, func() error {
-			a.syncOptOut()
+			sl.syncOptOut()
 			got, sets := rec.get()
 			if sets == 0 || !slices.Equal(got, want) {
 				return fmt.Errorf("skip set %v (%d writes), want %v (pods %v)", got, sets, want, names)
@@ -151,7 +149,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 			}
 		}
 		slices.Sort(wantPods)
-		if got := s.optedOut(); !slices.Equal(got, wantPods) {
+		if got := sl.optedOut(); !slices.Equal(got, wantPods) {
 			t.Errorf("%s: opted-out pods %v, want %v", what, got, wantPods)
 		}
 	}
@@ -161,7 +159,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		t.Errorf("event %q does not name the bad value and what happens", msg)
 	}
 	_, sets := rec.get()
-	a.syncOptOut()
+	sl.syncOptOut()
 	if _, again := rec.get(); again != sets {
 		t.Errorf("an unchanged opt-out set was written again (%d -> %d writes)", sets, again)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -129,10 +130,47 @@ func family(a netip.Addr) string {
 	return "IPv6"
 }
 
-// routeTable reads and writes the agent's routes in the current netns.
+// routeTable is the routes feature: the agent's podCIDR routes to the
+// other nodes in the main table of the current netns, and what status
+// reports of them. Only the reconcile writes routes (sync), so the writes
+// need no lock; mu guards the fields below it and is a leaf.
 type routeTable struct {
 	h   *netlink.Handle
 	log *slog.Logger
+
+	mu       sync.Mutex
+	count    int      // routes desired by the last sync
+	problems []string // problems with other Nodes (skipped routes), logged when they change
+}
+
+// sync programs the routes to the podCIDRs of every node but self (own:
+// self's podCIDRs) via linkIndex and records them with problems, what was
+// already found wrong with the Nodes.
+func (t *routeTable) sync(self string, own []netip.Prefix, nodes []NodeInfo, linkIndex int, problems []string) error {
+	desired, rproblems := DesiredRoutes(self, own, nodes, linkIndex)
+	problems = append(problems, rproblems...)
+	current, err := t.Current()
+	if err != nil {
+		return err
+	}
+	rerr := t.Apply(DiffRoutes(desired, current))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !slices.Equal(problems, t.problems) {
+		for _, p := range problems {
+			t.log.Warn(p)
+		}
+	}
+	t.problems = problems
+	t.count = len(desired)
+	return rerr
+}
+
+// routes returns how many routes the last sync programmed.
+func (t *routeTable) routes() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.count
 }
 
 // Current lists the routes with protocol RouteProtocol in the main table.

@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: Services and EndpointSlices → the lb model → an lb.Writer.
+// Services and EndpointSlices → the lb model → an lb.Writer.
 //
 // serviceSync watches Services, EndpointSlices and this agent's own Node (for
 // its zone label), recomputes one Service at a time on any change to it or to
@@ -68,8 +68,7 @@ type serviceSync struct {
 	namespaces  listersv1.NamespaceLister // for the opt-out annotation (optout.go)
 	nsSynced    cache.InformerSynced
 	slices      cache.Indexer
-	ev          *events     // Kubernetes Events for ignored input (events.go)
-	opt         optOutState // pods opted out of socket LB (optout.go)
+	ev          *events // Kubernetes Events for ignored input (events.go)
 	hasSynced   []cache.InformerSynced
 	queue       workqueue.TypedRateLimitingInterface[string]
 
@@ -83,7 +82,7 @@ type serviceSync struct {
 	notFit         map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
 	onNS           func()                    // called on Namespace changes (opt-out annotation)
 	onSynced       func()                    // called once the initial sync is done
-	hp             *hostPorts                // issue 7: Pod hostPorts (hostport.go); nil = none
+	hp             *hostPorts                // Pod hostPorts (hostport.go); nil = none
 	synced         bool
 	writerGen      uint64    // SetWriter calls so far
 	comparedW      uint64    // writerGen of the last whole-table compare that succeeded
@@ -361,7 +360,7 @@ func (s *serviceSync) initialSync() {
 		s.setProblems(key, probs)
 		s.table.Apply(key, fs)
 	}
-	s.applyHostPortsLocked() // issue 7 (hostport.go)
+	s.applyHostPortsLocked() // hostport.go
 	s.synced = true
 	err = s.resyncLocked()
 	s.fullSync = time.Since(start)
@@ -391,7 +390,7 @@ func (s *serviceSync) processNext() bool {
 			err = s.resyncLocked()
 		}
 		s.mu.Unlock()
-	case queueHostPort: // issue 7 (hostport.go)
+	case queueHostPort: // hostport.go
 		err = s.syncHostPorts()
 	case queueNode:
 		if s.refreshNode() {
@@ -627,12 +626,7 @@ func (s *serviceSync) flushLocked(service string) error {
 				continue
 			}
 		}
-		if s.notFit[svc] != "" {
-			delete(s.notFit, svc)
-			s.ev.forget("service "+svc, ReasonServiceNotFit)
-			s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeNormal, ReasonServiceProgrammed,
-				"the Service fits the socket LB maps again and is programmed")
-		}
+		s.fitsAgainLocked(svc)
 		for _, f := range fs {
 			s.writeKey(f.Key, s.w.UpsertFrontend(f), &errs)
 		}
@@ -669,12 +663,7 @@ func (s *serviceSync) flushBatchLocked(svcs []string, ups map[string][]lb.Fronte
 		fs := ups[svc]
 		slices.SortFunc(fs, func(a, b lb.Frontend) int { return lb.CompareKeys(a.Key, b.Key) })
 		all = append(all, fs...)
-		if s.notFit[svc] != "" {
-			delete(s.notFit, svc)
-			s.ev.forget("service "+svc, ReasonServiceNotFit)
-			s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeNormal, ReasonServiceProgrammed,
-				"the Service fits the socket LB maps again and is programmed")
-		}
+		s.fitsAgainLocked(svc)
 	}
 	res := bw.UpsertFrontends(all)
 	for i, f := range all {
@@ -702,6 +691,18 @@ func (s *serviceSync) writeKey(k lb.FrontendKey, err error, errs *[]error) {
 		delete(s.writeErrs, k)
 	}
 	delete(s.dirty, k)
+}
+
+// fitsAgainLocked forgets that svc did not fit the Writer, with a Normal
+// Event, when it was refused before: it is being programmed now.
+func (s *serviceSync) fitsAgainLocked(svc string) {
+	if s.notFit[svc] == "" {
+		return
+	}
+	delete(s.notFit, svc)
+	s.ev.forget("service "+svc, ReasonServiceNotFit)
+	s.ev.emit(s.serviceObj(svc), "service "+svc, corev1.EventTypeNormal, ReasonServiceProgrammed,
+		"the Service fits the socket LB maps again and is programmed")
 }
 
 // refuseLocked records that svc does not fit the Writer: status, one log
@@ -782,14 +783,6 @@ func (s *serviceSync) render() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return lb.Render(s.table.Frontends())
-}
-
-// SetLBWriter attaches the datapath's lb.Writer to the Service watch (nil =
-// watch only). Safe to call at any time; the maps are then brought in line.
-func (a *Agent) SetLBWriter(w lb.Writer) {
-	if a.svc != nil {
-		a.svc.SetWriter(w)
-	}
 }
 
 // Services reports the Service watch state and its table rendered as text.

@@ -1,9 +1,10 @@
 package agent
 
-// Issue 4: the Service routes of the local API (`axon service list`,
+// The Service routes of the local API (`axon service list`,
 // `axon bpf lb list`).
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 
@@ -38,24 +39,23 @@ func (a *Agent) ServiceList(context.Context) (api.ServicesReply, error) {
 	}, nil
 }
 
-// LBMaps implements api.ServicesHandler: the frontends read back from the
-// socket LB's BPF maps, i.e. what connect()/sendmsg() really translate.
-func (a *Agent) LBMaps(context.Context) (api.LBMapsReply, error) {
-	if !a.cfg.SocketLB {
+// LBMaps implements api.ServicesHandler.
+func (a *Agent) LBMaps(context.Context) (api.LBMapsReply, error) { return a.sock.lbMaps() }
+
+// lbMaps is the reply of LBMaps: the frontends read back from the socket
+// LB's BPF maps, i.e. what connect()/sendmsg() really translate.
+func (s *socketLB) lbMaps() (api.LBMapsReply, error) {
+	if !s.cfg.SocketLB {
 		return api.LBMapsReply{Reason: "socket load balancing is off (--socket-lb=false)"}, nil
 	}
-	a.stMu.Lock()
-	lbErr, loaded := a.lbErr, a.lbCgroup
-	a.stMu.Unlock()
+	const pending = "not loaded yet: the socket LB loads after the tc datapath"
+	lbErr, loaded := s.state()
 	if loaded == "" {
-		if lbErr == "" {
-			lbErr = "not loaded yet: the socket LB loads after the tc datapath"
-		}
-		return api.LBMapsReply{Reason: lbErr}, nil
+		return api.LBMapsReply{Reason: cmp.Or(lbErr, pending)}, nil
 	}
-	w := a.lbWriter()
+	w := s.mapsWriter()
 	if w == nil {
-		return api.LBMapsReply{Reason: "not loaded yet: the socket LB loads after the tc datapath"}, nil
+		return api.LBMapsReply{Reason: pending}, nil
 	}
 	fs, err := w.Frontends()
 	if err != nil {
@@ -68,18 +68,13 @@ func (a *Agent) LBMaps(context.Context) (api.LBMapsReply, error) {
 	return rep, nil
 }
 
-// lbWriter is the loaded socket LB: the Service watch's writer, or (without
-// a Service watch) the agent's own handle, read under dpMu.
-func (a *Agent) lbWriter() lb.Writer {
-	if a.svc != nil {
-		if w := a.svc.writer(); w != nil {
+// mapsWriter is the loaded socket LB: the Service watch's writer, or
+// (without a Service watch) the feature's own handle, read under mu.
+func (s *socketLB) mapsWriter() lb.Writer {
+	if s.svc != nil {
+		if w := s.svc.writer(); w != nil {
 			return w
 		}
 	}
-	a.dpMu.Lock()
-	defer a.dpMu.Unlock()
-	if a.lb == nil {
-		return nil
-	}
-	return a.lb
+	return s.writer()
 }

@@ -21,21 +21,21 @@ func TestLBMapsStates(t *testing.T) {
 	}
 	tests := []struct {
 		name     string
-		a        *Agent
+		s        *socketLB
 		enabled  bool
 		reason   string
 		text     []string
 		fes, bes int
 	}{
-		{"flag off", &Agent{cfg: Config{SocketLB: false}}, false, "--socket-lb=false", nil, 0, 0},
-		{"load failed", &Agent{cfg: Config{SocketLB: true}, lbErr: "load failed, Services are not translated: no cgroup2"}, false, "no cgroup2", nil, 0, 0},
-		{"pending", &Agent{cfg: Config{SocketLB: true}}, false, "not loaded yet", nil, 0, 0},
-		{"loaded", &Agent{cfg: Config{SocketLB: true}, lbCgroup: "/sys/fs/cgroup/x", svc: &serviceSync{w: mw}}, true, "",
+		{"flag off", &socketLB{cfg: Config{SocketLB: false}}, false, "--socket-lb=false", nil, 0, 0},
+		{"load failed", &socketLB{cfg: Config{SocketLB: true}, err: "load failed, Services are not translated: no cgroup2"}, false, "no cgroup2", nil, 0, 0},
+		{"pending", &socketLB{cfg: Config{SocketLB: true}}, false, "not loaded yet", nil, 0, 0},
+		{"loaded", &socketLB{cfg: Config{SocketLB: true}, cgroup: "/sys/fs/cgroup/x", svc: &serviceSync{w: mw}}, true, "",
 			[]string{"10.96.0.50:80/TCP", "default/echo:tcp", "-> 10.244.2.1:8080"}, 1, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			rep, err := tc.a.LBMaps(context.Background())
+			rep, err := (&Agent{sock: tc.s}).LBMaps(context.Background())
 			if err != nil {
 				t.Fatalf("LBMaps: %v", err)
 			}

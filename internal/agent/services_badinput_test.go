@@ -62,10 +62,7 @@ func TestServicesBadInput(t *testing.T) {
 	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	must(t, err)
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	s, err := newServiceSync(rc, "node1", testLogger(t))
 	must(t, err)
 	w := lb.NewMemWriter(0)

@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: the Service watch's batch and capacity interfaces through the
+// The Service watch's batch and capacity interfaces through the
 // north-south tee (nodeport_writer.go), so the full sync keeps its batched
 // socket-LB writes and Services stay whole-or-nothing when the north-south
 // LB is enabled.

@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: Prometheus metrics of the Service watch (registered by
+// Prometheus metrics of the Service watch (registered by
 // healthServer), the counterparts of kube-proxy's sync metrics: when the
 // socket LB maps were last written and how big the table is.
 

@@ -29,7 +29,7 @@ const (
 // AXON_SCALE_SERVICES Services × 10 endpoints, and measures from outside:
 // process start → every ClusterIP in the pinned map with all endpoints,
 // EndpointSlice change → the pinned map (p50/p99), VmHWM of the process.
-// The numbers are printed; the assertions sit at twice issue 4's targets
+// The numbers are printed; the assertions sit at twice the Service watch's targets
 // (full sync 2 s, change p99 50 ms, 150 MiB) so a loaded 2-core CI box does
 // not flake; the targets themselves are reported by the benchmarks
 // (hack/svcbench/agentscale, axon lab bench services).

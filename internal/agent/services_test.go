@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -61,31 +60,8 @@ const (
 // ports, with a dual-stack service CIDR.
 func startServiceControlPlane(t *testing.T) *controlplane.ControlPlane {
 	t.Helper()
-	etcd, err := lab.DepPath("etcd")
-	var apiserver string
-	if err == nil {
-		apiserver, err = lab.DepPath("kube-apiserver")
-	}
-	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("kube-apiserver/etcd not built: run make deps (%v)", err)
-	}
-	must(t, err)
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		if err := controlplane.Stop(dir); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: svcTestAPIPort, EtcdPort: svcTestEtcdPort, Logger: testLogger(t),
-		EtcdBinary: etcd, APIServerBinary: apiserver, ServiceCIDR: controlplane.DefaultServiceCIDR + ",fd00:10:96::/112",
-	})
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	return cp
+	return startControlPlaneWith(t, controlplane.Config{APIPort: svcTestAPIPort, EtcdPort: svcTestEtcdPort,
+		ServiceCIDR: controlplane.DefaultServiceCIDR + ",fd00:10:96::/112"})
 }
 
 type testEP struct {
@@ -269,10 +245,7 @@ func TestServicesAgainstAPIServer(t *testing.T) {
 	const ns = "shop"
 	createServices(ctx, t, cs, ns)
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	s, err := newServiceSync(rc, "node1", testLogger(t))
 	must(t, err)
 	w := lb.NewMemWriter(0)
@@ -523,10 +496,7 @@ func TestServicesScale(t *testing.T) {
 	}
 	t.Logf("created %d Services × 10 endpoints in %s", n, time.Since(start))
 
-	kubeconfig, err := cp.AgentKubeconfig("node1")
-	must(t, err)
-	rc, err := restConfig(kubeconfig)
-	must(t, err)
+	rc := agentRESTConfig(t, cp, "node1")
 	rc.QPS, rc.Burst = 50, 100
 	s, err := newServiceSync(rc, "node1", slog.New(slog.DiscardHandler))
 	must(t, err)

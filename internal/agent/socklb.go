@@ -1,6 +1,6 @@
 package agent
 
-// Issue 4: the socket load balancer (cgroup sock_addr hooks) is loaded after
+// The socket load balancer (cgroup sock_addr hooks) is loaded after
 // the tc datapath, attached to --cgroup-root and handed to the Service watch
 // as its lb.Writer. A failure to load it never stops the agent: pods keep
 // their connectivity and `axon status` says why Services are not translated.
@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -112,67 +113,125 @@ func loadSockLBFunc(cfg Config, log *slog.Logger) func() (sockLB, error) {
 	}
 }
 
-// ensureSockLB loads the socket LB once the tc datapath is loaded, hands it
-// to the Service watch and keeps the node's local addresses current. It
-// never fails the reconcile: a load error is reported in status and retried
-// on the next pass. Called with dpMu held.
-func (a *Agent) ensureSockLB() {
-	if !a.cfg.SocketLB {
-		a.disableSockLBOnce()
+// socketLB is the socket load balancer feature: the cgroup hooks, the
+// node's local addresses in their maps and the per-pod opt-out
+// (optout.go). The Service watch writes the Service table through it.
+type socketLB struct {
+	cfg  Config
+	log  *slog.Logger
+	nl   *netlink.Handle
+	reg  *registry
+	load func() (sockLB, error)
+	kube func() *kube // the agent's kube client, nil until it is built
+	kick func()       // asks the agent for a reconcile pass
+	svc  *serviceSync // the Service watch, nil until the agent runs it
+
+	// mu serialises the work on the loaded socket LB and guards the fields
+	// up to stMu. It is held across the load and the BPF writes; status
+	// readers do not take it.
+	mu      sync.Mutex
+	lb      sockLB // nil until loaded
+	addrs   []netip.Addr
+	offDone bool
+	opt     optOutState
+
+	// stMu guards the fields below, what status reads. Nothing is called
+	// with it held.
+	stMu       sync.Mutex
+	err        string   // why the socket LB is not loaded
+	cgroup     string   // cgroup the hooks are attached to, "" until loaded
+	optOutPods []string // opted-out pods (namespace/name), sorted
+}
+
+func newSocketLB(cfg Config, log *slog.Logger, nl *netlink.Handle, reg *registry, kube func() *kube, kick func()) *socketLB {
+	return &socketLB{cfg: cfg, log: log, nl: nl, reg: reg, load: loadSockLBFunc(cfg, log), kube: kube, kick: kick}
+}
+
+// ensure loads the socket LB once the tc datapath is loaded, hands it to
+// the Service watch and keeps the node's local addresses current. It
+// never fails the reconcile: a load error is reported in status and
+// retried on the next pass.
+func (s *socketLB) ensure() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.cfg.SocketLB {
+		s.disableOnceLocked()
 		return
 	}
-	if a.lb == nil {
-		s, err := a.loadLB()
+	if s.lb == nil {
+		l, err := s.load()
 		if err != nil {
 			msg := fmt.Sprintf("load failed, Services are not translated: %v", err)
-			a.stMu.Lock()
-			changed := a.lbErr != msg
-			a.lbErr = msg
-			a.stMu.Unlock()
+			s.stMu.Lock()
+			changed := s.err != msg
+			s.err = msg
+			s.stMu.Unlock()
 			if changed {
-				a.log.Warn("socket load balancing disabled; the agent keeps running without it", "cgroup", a.cfg.CgroupRoot, "error", err)
+				s.log.Warn("socket load balancing disabled; the agent keeps running without it", "cgroup", s.cfg.CgroupRoot, "error", err)
 			}
 			return
 		}
-		a.lb = s
-		a.stMu.Lock()
-		a.lbErr, a.lbCgroup = "", s.CgroupPath()
-		a.stMu.Unlock()
-		a.log.Info("socket load balancing enabled", "cgroup", s.CgroupPath(), "mode", cmp.Or(a.cfg.SocketLBMode, SocketLBModeAll))
-		if err := s.EnableSockDestroy(a.destroyNetns); err != nil {
-			a.log.Warn("socket LB: sockets connected to a removed backend are not aborted (they keep it until the application reconnects; replies stay correctly translated)", "reason", err)
+		s.lb = l
+		s.stMu.Lock()
+		s.err, s.cgroup = "", l.CgroupPath()
+		s.stMu.Unlock()
+		s.log.Info("socket load balancing enabled", "cgroup", l.CgroupPath(), "mode", cmp.Or(s.cfg.SocketLBMode, SocketLBModeAll))
+		if err := l.EnableSockDestroy(s.destroyNetns); err != nil {
+			s.log.Warn("socket LB: sockets connected to a removed backend are not aborted (they keep it until the application reconnects; replies stay correctly translated)", "reason", err)
 		}
-		if a.svc != nil {
-			a.svc.setNamespaceHook(a.kick)
+		if s.svc != nil {
+			s.svc.setNamespaceHook(s.kick)
+			s.svc.SetWriter(l)
 		}
-		a.SetLBWriter(s)
 	}
-	a.syncOptOut()
-	addrs, err := nodeLocalAddrs(a.nl)
+	s.syncOptOutLocked()
+	addrs, err := nodeLocalAddrs(s.nl)
 	if err != nil {
-		a.log.Warn("socket LB: list node addresses", "error", err)
+		s.log.Warn("socket LB: list node addresses", "error", err)
 		return
 	}
-	if slices.Equal(addrs, a.lbAddrs) {
+	if slices.Equal(addrs, s.addrs) {
 		return
 	}
-	if err := a.lb.SetLocalAddrs(addrs); err != nil {
-		a.log.Warn("socket LB: set node addresses", "error", err)
+	if err := s.lb.SetLocalAddrs(addrs); err != nil {
+		s.log.Warn("socket LB: set node addresses", "error", err)
 		return
 	}
-	a.lbAddrs = addrs
-	a.log.Info("socket LB node addresses set", "addresses", addrs)
+	s.addrs = addrs
+	s.log.Info("socket LB node addresses set", "addresses", addrs)
 }
 
-// disableSockLBOnce removes hooks a previous run with --socket-lb pinned,
+// disableOnceLocked removes hooks a previous run with --socket-lb pinned,
 // so turning the flag off really turns translation off.
-func (a *Agent) disableSockLBOnce() {
-	if a.lbOffDone {
+func (s *socketLB) disableOnceLocked() {
+	if s.offDone {
 		return
 	}
-	a.lbOffDone = true
-	if err := datapath.UninstallSockLB(a.cfg.BPFRoot, ""); err != nil {
-		a.log.Warn("--socket-lb=false: could not remove the socket LB hooks of a previous run", "error", err)
+	s.offDone = true
+	if err := datapath.UninstallSockLB(s.cfg.BPFRoot, ""); err != nil {
+		s.log.Warn("--socket-lb=false: could not remove the socket LB hooks of a previous run", "error", err)
+	}
+}
+
+// writer is the loaded socket LB as an lb.Writer, nil until loaded.
+func (s *socketLB) writer() lb.Writer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lb == nil {
+		return nil
+	}
+	return s.lb
+}
+
+// close releases the socket LB's file descriptors (pins and hooks stay).
+func (s *socketLB) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lb != nil {
+		if err := s.lb.Close(); err != nil {
+			s.log.Warn("close socket LB", "error", err)
+		}
+		s.lb = nil
 	}
 }
 
@@ -210,34 +269,40 @@ func nodeLocalAddrs(h *netlink.Handle) ([]netip.Addr, error) {
 	return slices.Compact(out), nil
 }
 
-// sockLBDecision is the socket_lb line of `axon status`.
-func (a *Agent) sockLBDecision() api.Decision {
+// state returns why the socket LB is not loaded and the cgroup it is
+// attached to ("" until loaded).
+func (s *socketLB) state() (err, cgroup string) {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	return s.err, s.cgroup
+}
+
+// decision is the socket_lb line of `axon status`.
+func (s *socketLB) decision() api.Decision {
 	d := api.Decision{Name: DecisionSocketLB, Value: "disabled"}
-	if !a.cfg.SocketLB {
+	if !s.cfg.SocketLB {
 		d.Reason = "--socket-lb=false"
 		return d
 	}
-	a.stMu.Lock()
-	lbErr, loaded := a.lbErr, a.lbCgroup
-	a.stMu.Unlock()
+	lbErr, loaded := s.state()
 	switch {
 	case loaded != "":
 		d.Value = "enabled"
-		d.Reason = "cgroup " + loaded + ", mode " + cmp.Or(a.cfg.SocketLBMode, SocketLBModeAll)
-		if a.cfg.SocketLBMode == SocketLBModeHostNS {
+		d.Reason = "cgroup " + loaded + ", mode " + cmp.Or(s.cfg.SocketLBMode, SocketLBModeAll)
+		if s.cfg.SocketLBMode == SocketLBModeHostNS {
 			d.Reason += " (pods' sockets untranslated: they reach Services through kube-proxy or the stack)"
 		}
-		if a.svc != nil {
-			st := a.svc.status()
+		if s.svc != nil {
+			st := s.svc.status()
 			d.Reason += fmt.Sprintf(", %d frontend%s", st.Frontends, plural(st.Frontends))
 			if !st.Synced {
 				d.Reason += " (Service watch not synced yet)"
 			}
-			if pods := a.svc.optedOut(); len(pods) > 0 {
+			if pods := s.optedOut(); len(pods) > 0 {
 				d.Reason += fmt.Sprintf("; opted out (%s): %s", AnnotationSocketLB, strings.Join(pods, " "))
 			}
 		}
-		d.Reason += "; " + a.destroyReason()
+		d.Reason += "; " + s.destroyReason()
 	case lbErr != "":
 		d.Reason = lbErr
 	default:
@@ -256,10 +321,10 @@ func plural(n int) string {
 
 // destroyNetns lists the network namespaces whose sockets socket
 // destruction walks: the agent's own ("") and every endpoint's.
-func (a *Agent) destroyNetns() []string {
+func (s *socketLB) destroyNetns() []string {
 	out := []string{""}
 	seen := map[string]bool{}
-	for _, ep := range a.reg.List() {
+	for _, ep := range s.reg.List() {
 		if ep.Netns != "" && !seen[ep.Netns] {
 			seen[ep.Netns] = true
 			out = append(out, ep.Netns)
@@ -269,13 +334,13 @@ func (a *Agent) destroyNetns() []string {
 }
 
 // destroyReason describes socket destruction for the socket_lb decision.
-func (a *Agent) destroyReason() string {
-	// through the Service watch's writer: dpMu may be held by a long reconcile
+func (s *socketLB) destroyReason() string {
+	// through the Service watch's writer: mu may be held by a long load
 	var l interface {
 		SockDestroyStatus() (bool, string, datapath.DestroyStats)
 	}
-	if a.svc != nil {
-		l, _ = a.svc.writer().(interface {
+	if s.svc != nil {
+		l, _ = s.svc.writer().(interface {
 			SockDestroyStatus() (bool, string, datapath.DestroyStats)
 		})
 	}

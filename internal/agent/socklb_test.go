@@ -59,9 +59,9 @@ func TestEnsureSockLBDecision(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := &Agent{cfg: Config{SocketLB: tt.socketLB}, nl: nl, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			s := &socketLB{cfg: Config{SocketLB: tt.socketLB}, nl: nl, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 			calls := 0
-			a.loadLB = func() (sockLB, error) {
+			s.load = func() (sockLB, error) {
 				err := tt.loads[calls]
 				calls++
 				if err != nil {
@@ -70,16 +70,16 @@ func TestEnsureSockLBDecision(t *testing.T) {
 				return fake, nil
 			}
 			for range tt.loads {
-				a.ensureSockLB()
+				s.ensure()
 			}
-			d := a.sockLBDecision()
+			d := s.decision()
 			if d.Name != DecisionSocketLB || d.Value != tt.wantValue || !strings.Contains(d.Reason, tt.wantIn) {
 				t.Errorf("decision %+v, want value %q with reason containing %q", d, tt.wantValue, tt.wantIn)
 			}
 			if calls != len(tt.loads) {
 				t.Errorf("loader called %d times, want %d", calls, len(tt.loads))
 			}
-			if tt.wantValue == "enabled" && a.lb != fake {
+			if tt.wantValue == "enabled" && s.lb != fake {
 				t.Errorf("socket LB not kept after a successful load")
 			}
 		})
