@@ -228,14 +228,13 @@ func oversizedIPv4(frame []byte, n int) []byte {
 // on. The client sends from one CPU (pinOneCPU): a veth queues a packet on
 // the backlog of the CPU that sent it, and axon_pod_egress runs there; the
 // program's per-CPU counters confirm it for every batch, and no other CPU
-// may hold a route of the flow. Unpinned, the client moved between CPUs
-// from one batch to the next: a batch that ran on a CPU whose entry was
-// filled before the blackhole found it stale (two route generations old),
-// looked the route up again and refilled the entry under the current
-// generation, which is right, but the old assertion compared the first
-// CPU's entry before and after the neighbour change and took the refill for
-// a route generation the neighbour change had caused. Worse, a blackhole
-// batch on a CPU without an entry tested the cache not at all.
+// may hold a route of the flow. Unpinned, batches may run on different
+// CPUs: a CPU's entry filled before the blackhole stays there, stale (two
+// route generations old), until a packet runs on that CPU again, finds it
+// stale, is looked up and refills it under the current generation, as it
+// must. Comparing entries of different CPUs then takes that refill for a
+// generation change the neighbour change caused, and a blackhole batch on a
+// CPU without an entry does not test the cache at all.
 func TestTrafficFibCache(t *testing.T) {
 	requireRoot(t)
 	node, ext := newTrafficNode(t)
