@@ -58,7 +58,8 @@ lab-down:
 
 # The kernel-matrix part of make test (internal/vmtest: TestVMBoot, TestKernelMatrix) boots
 # Debian 6.12 and 6.1 in QEMU: install QEMU and fetch the kernels into the cache first (about
-# 25 s cold from deb.debian.org, nothing when ~/.cache/axon/kernels is warm).
+# 25 s cold from the Debian mirror of the machine's apt sources, nothing when ~/.cache/axon/kernels
+# is warm).
 vm-kernels: vm-packages
 	$(GO) run ./hack/vm -fetch-only -kernels debian-6.12,debian-6.1
 

@@ -127,6 +127,13 @@ func TestReadMetricsSumsCPUs(t *testing.T) {
 		got["pod_egress"]["pass_malformed"] != 0 {
 		t.Fatalf("readMetrics = %v", got)
 	}
+	perCPU, err := readMetricsPerCPU(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := perCPU["pod_egress"]["redirect_peer_local"]; len(got) != 2 || got[0] != 2 || got[1] != 3 {
+		t.Fatalf("readMetricsPerCPU pod_egress/redirect_peer_local = %v, want [2 3]", got)
+	}
 	if reasonNames[6] != "pass_malformed" || len(reasonNames) != 10 {
 		t.Fatalf("reason table out of sync with bpf/lib/common.h: %v", reasonNames)
 	}

@@ -219,9 +219,22 @@ func oversizedIPv4(frame []byte, n int) []byte {
 
 // TestTrafficFibCache: real UDP echoes from a pod to a host on the wire go
 // through the route cache, and the cache follows the kernel: a blackhole
-// route stops them at once (no stale route), removing it lets them through,
-// and a new MAC for the destination (a neighbour change, no route change)
-// is used on the next packet, because the cache holds routes, not MACs.
+// route stops them at once (the route cached before it is not used),
+// removing it lets them through, and a new MAC for the destination (a
+// neighbour change, no route change) is used on the next packet, because the
+// cache holds routes, not MACs.
+//
+// The cache is per CPU, so every check is made on the CPU the echoes ran
+// on. The client sends from one CPU (pinOneCPU): a veth queues a packet on
+// the backlog of the CPU that sent it, and axon_pod_egress runs there; the
+// program's per-CPU counters confirm it for every batch, and no other CPU
+// may hold a route of the flow. Unpinned, batches may run on different
+// CPUs: a CPU's entry filled before the blackhole stays there, stale (two
+// route generations old), until a packet runs on that CPU again, finds it
+// stale, is looked up and refills it under the current generation, as it
+// must. Comparing entries of different CPUs then takes that refill for a
+// generation change the neighbour change caused, and a blackhole batch on a
+// CPU without an entry does not test the cache at all.
 func TestTrafficFibCache(t *testing.T) {
 	requireRoot(t)
 	node, ext := newTrafficNode(t)
@@ -230,46 +243,118 @@ func TestTrafficFibCache(t *testing.T) {
 	requireFibCache(t, d)
 	wire := netip.MustParseAddr("198.18.0.250")
 	nc := nsConf(t, node)
+	eth0, podIf := nc.index("eth0"), nc.index(a.hostIf)
+	cpu, err := firstCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
 	const n = 5
 
-	routes := func() []FibRoute {
+	// echo sends k echoes from the pod to the wire from CPU cpu, checks
+	// that axon_pod_egress handled all k on that CPU (counted under one of
+	// reasons) and returns how many came back and the route CPU cpu has
+	// cached for the flow afterwards.
+	echo := func(step string, k int, reasons ...string) (int, FibRoute) {
 		t.Helper()
-		return cachedRoutes(t, d, func(r FibRoute) bool { return r.Dst == wire && r.Src == a.ip4 })
+		before := podEgressByCPU(t, d, reasons...)
+		var got int
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := pinOneCPU(cpu); err != nil {
+				t.Error(err)
+				return
+			}
+			got = udpEcho(t, a.ns, ext, wire, k)
+		}()
+		<-done
+		after := podEgressByCPU(t, d, reasons...)
+		for c := range after {
+			want := uint64(0)
+			if c == cpu {
+				want = uint64(k)
+			}
+			if moved := after[c] - before[c]; moved != want {
+				t.Errorf("%s: axon_pod_egress counted %d packets as %v on CPU %d, want %d (all %d on CPU %d, where the client runs)",
+					step, moved, reasons, c, want, k, cpu)
+			}
+		}
+		var mine FibRoute
+		rs := cachedRoutes(t, d, func(r FibRoute) bool { return r.Dst == wire && r.Src == a.ip4 })
+		for _, r := range rs {
+			if r.CPU != cpu {
+				t.Fatalf("%s: a route of the flow is cached on CPU %d, where no packet of it ran: %+v", step, r.CPU, rs)
+			}
+			mine = r
+		}
+		if len(rs) != 1 || mine.NextHop != wire || mine.OutIfIndex != eth0 || mine.InIfIndex != podIf {
+			t.Fatalf("%s: cached routes %+v, want one on CPU %d, from ifindex %d on-link to %s via eth0 (ifindex %d)", step, rs, cpu, podIf, wire, eth0)
+		}
+		return got, mine
 	}
-	if got := udpEcho(t, a.ns, ext, wire, n); got != n {
+
+	got, warm := echo("pod -> wire", n, "redirect_fib", "redirect_neigh")
+	if got != n {
 		t.Fatalf("pod -> wire: %d of %d echoes came back", got, n)
-	}
-	rs := routes()
-	if len(rs) == 0 || rs[0].NextHop != wire || rs[0].OutIfIndex != nc.index("eth0") {
-		t.Fatalf("cached routes to %s after the echoes: %+v, want on-link via eth0", wire, rs)
 	}
 
 	blackhole := &netlink.Route{Dst: ipNet(t, "198.18.0.250/32"), Type: unix.RTN_BLACKHOLE}
 	if err := nc.h.RouteAdd(blackhole); err != nil {
 		t.Fatal(err)
 	}
-	if got := udpEcho(t, a.ns, ext, wire, 3); got != 0 {
+	got, kept := echo("blackhole route", 3, "pass_no_route")
+	if got != 0 {
 		t.Errorf("blackhole route to %s: %d of 3 echoes came back, want 0 (a stale cached route was used)", wire, got)
+	}
+	if kept != warm {
+		t.Errorf("blackhole route: cached %+v, want the route from before it left as it was %+v (a blackhole is not cached)", kept, warm)
 	}
 	if err := nc.h.RouteDel(blackhole); err != nil {
 		t.Fatal(err)
 	}
-	if got := udpEcho(t, a.ns, ext, wire, n); got != n {
+	got, fresh := echo("blackhole removed", n, "redirect_fib")
+	if got != n {
 		t.Errorf("blackhole removed: %d of %d echoes came back", got, n)
 	}
+	if fresh.Genid == warm.Genid {
+		t.Errorf("blackhole added and removed: cached route generation still %d, want a new one (looked up again)", fresh.Genid)
+	}
 
-	before := routes()
 	newMAC := "02:00:00:00:aa:50"
 	ec := nsConf(t, ext)
 	if err := ec.h.LinkSetHardwareAddr(ec.link("wire"), mustMAC(t, newMAC)); err != nil {
 		t.Fatal(err)
 	}
 	nc.neigh("eth0", wire.String(), newMAC)
-	if got := udpEcho(t, a.ns, ext, wire, n); got != n {
+	got, after := echo("destination MAC changed", n, "redirect_fib")
+	if got != n {
 		t.Errorf("destination MAC changed to %s: %d of %d echoes came back", newMAC, got, n)
 	}
-	after := routes()
-	if len(before) == 0 || len(after) == 0 || before[0].Genid != after[0].Genid {
-		t.Errorf("routes before %+v and after the neighbour change %+v: want the same cached route generation (the echoes were served from the cache)", before, after)
+	if after != fresh {
+		t.Errorf("route cached on CPU %d before %+v and after the neighbour change %+v: want the same (the echoes were served from the cache: a neighbour is not a route)", cpu, fresh, after)
 	}
+}
+
+// podEgressByCPU returns, per CPU, how many packets axon_pod_egress has
+// counted under any of reasons.
+func podEgressByCPU(t *testing.T, d *Datapath, reasons ...string) []uint64 {
+	t.Helper()
+	m, err := readMetricsPerCPU(d.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for _, r := range reasons {
+		perCPU, ok := m["pod_egress"][r]
+		if !ok {
+			t.Fatalf("no pod_egress counter %q", r)
+		}
+		for c, v := range perCPU {
+			if c >= len(out) {
+				out = append(out, make([]uint64, c+1-len(out))...)
+			}
+			out[c] += v
+		}
+	}
+	return out
 }

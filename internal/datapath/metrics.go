@@ -55,20 +55,38 @@ type lookuper interface {
 }
 
 func readMetrics(m lookuper) (map[string]map[string]uint64, error) {
-	out := make(map[string]map[string]uint64, len(directionNames))
+	perCPU, err := readMetricsPerCPU(m)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]map[string]uint64, len(perCPU))
+	for dn, reasons := range perCPU {
+		row := make(map[string]uint64, len(reasons))
+		for rn, cpus := range reasons {
+			var sum uint64
+			for _, v := range cpus {
+				sum += v
+			}
+			row[rn] = sum
+		}
+		out[dn] = row
+	}
+	return out, nil
+}
+
+// readMetricsPerCPU reads every counter of axon_metrics keyed by direction
+// and reason name, one value per possible CPU (index = CPU number).
+func readMetricsPerCPU(m lookuper) (map[string]map[string][]uint64, error) {
+	out := make(map[string]map[string][]uint64, len(directionNames))
 	for di, dn := range directionNames {
-		row := make(map[string]uint64, len(reasonNames))
+		row := make(map[string][]uint64, len(reasonNames))
 		for ri, rn := range reasonNames {
 			idx := uint32(di*len(reasonNames) + ri)
 			var perCPU []uint64
 			if err := m.Lookup(idx, &perCPU); err != nil {
 				return nil, fmt.Errorf("read axon_metrics[%d] (%s/%s): %w", idx, dn, rn, err)
 			}
-			var sum uint64
-			for _, v := range perCPU {
-				sum += v
-			}
-			row[rn] = sum
+			row[rn] = perCPU
 		}
 		out[dn] = row
 	}

@@ -1,11 +1,11 @@
 // Package vmtest runs axon's test binaries inside QEMU virtual machines booted with Debian
 // distribution kernels, so the same tests cover kernels other than the host's (issue 3).
 //
-// The pieces: Fetch gets a Debian kernel package through a private apt configuration and
-// caches it keyed by version; BuildInitramfs packs busybox-static, the needed modules and an
-// init script; VM.Run boots QEMU with the host's root shared read-only over 9p and a
-// writable run share for the results; ParseTestOutput and Matrix turn `go test -v` output
-// into the per-kernel report.
+// The pieces: Fetch gets a Debian kernel package through a private apt configuration on the
+// machine's own Debian mirror and caches it keyed by version; BuildInitramfs packs
+// busybox-static, the needed modules and an init script; VM.Run boots QEMU with the host's
+// root shared read-only over 9p and a writable run share for the results; ParseTestOutput and
+// Matrix turn `go test -v` output into the per-kernel report.
 package vmtest
 
 import (
@@ -65,9 +65,6 @@ type Kernel struct {
 
 // keyringPath is the machine's Debian archive keyring, used as signed-by of the private sources.
 const keyringPath = "/usr/share/keyrings/debian-archive-keyring.gpg"
-
-// mirror is the Debian archive the private apt configuration uses.
-const mirror = "http://deb.debian.org"
 
 // resolvedMaxAge is how long a resolved metapackage version is trusted before apt is asked
 // again. A warm cache therefore needs no network at all.
@@ -153,12 +150,12 @@ func (f *Fetcher) resolve(ctx context.Context, spec KernelSpec) (resolved, error
 			return r, nil
 		}
 	}
-	apt, err := newPrivateApt(filepath.Join(f.kernelsDir(), "apt-"+spec.Suite), spec.Suite)
-	if err != nil {
-		return resolved{}, err
+	apt, err := f.aptFor(ctx, spec)
+	if err == nil {
+		_, err = apt.run(ctx, "apt-get", "update")
 	}
-	if _, err := apt.run(ctx, "apt-get", "update"); err != nil {
-		// Offline but something cached: use it rather than fail.
+	if err != nil {
+		// Offline (or no Debian mirror to ask) but something cached: use it rather than fail.
 		if r, rerr := readResolved(recordPath); rerr == nil {
 			f.Log.Warn("apt update failed; using the cached kernel resolution", "suite", spec.Suite, "err", err)
 			return r, nil
@@ -217,7 +214,7 @@ func (f *Fetcher) unpack(ctx context.Context, spec KernelSpec, res resolved, dir
 		return fmt.Errorf("kernel cache: %w", err)
 	}
 	defer os.RemoveAll(tmp) // left only on failure: renamed away on success
-	apt, err := newPrivateApt(filepath.Join(f.kernelsDir(), "apt-"+spec.Suite), spec.Suite)
+	apt, err := f.aptFor(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -303,12 +300,19 @@ func loadKernel(spec KernelSpec, res resolved, dir string) (*Kernel, error) {
 	return k, nil
 }
 
-// privateApt is an apt configuration of its own: sources, state and cache under dir.
-// The machine's apt sources and state are never read or written.
+// privateApt is an apt configuration of its own for one suite: sources list, preferences,
+// state, package lists and downloads under dir, so the machine's apt state is never read or
+// written and its pinning does not apply. The rest of the machine's apt configuration is used
+// as it is, read only: apt reads its apt.conf and apt.conf.d before any -o option (proxy and
+// Acquire settings), mirror logins come from its auth.conf.d, and the sources are written on
+// the Debian archives of the machine's own sources (machineArchives). So the kernels come
+// through whatever mirror and proxy the machine's apt-get uses.
 type privateApt struct{ dir string }
 
-func newPrivateApt(dir, suite string) (*privateApt, error) {
-	for _, d := range []string{"etc/apt.conf.d", "etc/preferences.d", "etc/sources.list.d", "state/lists/partial", "cache/archives/partial"} {
+// aptFor sets up the private apt configuration of spec's suite under the kernel cache.
+func (f *Fetcher) aptFor(ctx context.Context, spec KernelSpec) (*privateApt, error) {
+	dir := filepath.Join(f.kernelsDir(), "apt-"+spec.Suite)
+	for _, d := range []string{"etc/preferences.d", "etc/sources.list.d", "state/lists/partial", "cache/archives/partial"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("private apt dir: %w", err)
 		}
@@ -316,33 +320,40 @@ func newPrivateApt(dir, suite string) (*privateApt, error) {
 	if _, err := os.Stat(keyringPath); err != nil {
 		return nil, fmt.Errorf("need the Debian archive keyring %s (apt-get install debian-archive-keyring): %w", keyringPath, err)
 	}
-	var sources bytes.Buffer
-	fmt.Fprintf(&sources, "deb [signed-by=%s] %s/debian %s main\n", keyringPath, mirror, suite)
-	fmt.Fprintf(&sources, "deb [signed-by=%s] %s/debian-security %s-security main\n", keyringPath, mirror, suite)
-	if err := os.WriteFile(filepath.Join(dir, "etc", "sources.list"), sources.Bytes(), 0o644); err != nil {
+	a := &privateApt{dir: dir}
+	archives, err := machineArchives(ctx, a.stateDir(), a.cacheDir())
+	if err != nil {
 		return nil, err
 	}
-	status := filepath.Join(dir, "state", "status")
+	if archives.Security == "" {
+		f.Log.Warn("the machine's apt sources have no Debian security archive; kernels come from the main archive only",
+			"suite", spec.Suite, "archive", archives.Main)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc", "sources.list"), []byte(archives.sourcesList(spec.Suite, keyringPath)), 0o644); err != nil {
+		return nil, err
+	}
+	status := filepath.Join(a.stateDir(), "status")
 	if _, err := os.Stat(status); os.IsNotExist(err) {
 		if err := os.WriteFile(status, nil, 0o644); err != nil {
 			return nil, err
 		}
 	}
-	return &privateApt{dir: dir}, nil
+	return a, nil
 }
+
+func (a *privateApt) stateDir() string { return filepath.Join(a.dir, "state") }
+func (a *privateApt) cacheDir() string { return filepath.Join(a.dir, "cache") }
 
 func (a *privateApt) opts() []string {
 	etc := filepath.Join(a.dir, "etc")
 	return []string{
-		"-o", "Dir::Etc=" + etc,
 		"-o", "Dir::Etc::SourceList=" + filepath.Join(etc, "sources.list"),
 		"-o", "Dir::Etc::SourceParts=" + filepath.Join(etc, "sources.list.d"),
-		"-o", "Dir::Etc::Parts=" + filepath.Join(etc, "apt.conf.d"),
 		"-o", "Dir::Etc::Preferences=" + filepath.Join(etc, "preferences"),
 		"-o", "Dir::Etc::PreferencesParts=" + filepath.Join(etc, "preferences.d"),
-		"-o", "Dir::State=" + filepath.Join(a.dir, "state"),
-		"-o", "Dir::State::status=" + filepath.Join(a.dir, "state", "status"),
-		"-o", "Dir::Cache=" + filepath.Join(a.dir, "cache"),
+		"-o", "Dir::State=" + a.stateDir(),
+		"-o", "Dir::State::status=" + filepath.Join(a.stateDir(), "status"),
+		"-o", "Dir::Cache=" + a.cacheDir(),
 		"-o", "APT::Architecture=amd64",
 		"-o", "APT::Sandbox::User=root",
 		"-o", "Debug::NoLocking=1",
