@@ -77,7 +77,7 @@ bench: deps build
 clean: bpf-clean
 	rm -rf $(BIN) $(RESULTS)
 
-# ---- kernel matrix (issue 3; owner: hack/vm, internal/vmtest) -------------------------------
+# ---- kernel matrix (owner: hack/vm, internal/vmtest) -------------------------------
 # Runs the same test binaries on the host kernel and on Debian kernels booted in QEMU (TCG, or
 # KVM when kvm_intel/kvm_amd is loaded). Kernels are cached in ${AXON_CACHE:-~/.cache/axon}/kernels.
 # `make test` runs a part of it (internal/vmtest's TestKernelMatrix: datapath, verifier and

@@ -47,13 +47,13 @@ func run(args []string) int {
 	fs.BoolVar(&cfg.EnableIPv4BigTCP, "enable-ipv4-big-tcp", cfg.EnableIPv4BigTCP, "BIG TCP for IPv4 (GSO/GRO up to 192 KiB) on pod devices where the kernel and the uplink allow it")
 	fs.BoolVar(&cfg.EnableIPv6BigTCP, "enable-ipv6-big-tcp", cfg.EnableIPv6BigTCP, "BIG TCP for IPv6 (GSO/GRO up to 192 KiB) on pod devices where the kernel and the uplink allow it")
 	fs.BoolVar(&cfg.FibCache, "fib-cache", cfg.FibCache, "cache IPv4 routes to other nodes per CPU in the pod egress program, checked against the kernel's route generation on every packet (needs Linux 6.3+; false = a FIB lookup per packet)")
-	cfg.NodePortLB.RegisterFlags(fs) // issue 7: --nodeport, --lb-acceleration, --nodeport-mode, --ct-*, --maglev-table-size, --lb-algorithm
-	// issue 6: Bandwidth Manager (internal/agent/bandwidth.go)
+	cfg.NodePortLB.RegisterFlags(fs) // --nodeport, --lb-acceleration, --nodeport-mode, --ct-*, --maglev-table-size, --lb-algorithm
+	// Bandwidth Manager (internal/agent/bandwidth.go)
 	fs.BoolVar(&cfg.BandwidthManager, "bandwidth-manager", cfg.BandwidthManager, "enforce the Pod annotations kubernetes.io/egress-bandwidth (EDT + fq on the uplink) and kubernetes.io/ingress-bandwidth (token bucket before the redirect into the pod)")
 	fs.BoolVar(&cfg.BandwidthBBR, "bandwidth-manager-bbr", cfg.BandwidthBBR, "set BBR as TCP congestion control in every pod netns (needs --bandwidth-manager and bbr in net.ipv4.tcp_allowed_congestion_control)")
 	fs.DurationVar(&cfg.BandwidthHorizon, "bandwidth-horizon", cfg.BandwidthHorizon, "drop egress packets of a limited pod whose departure time is further ahead than this (also fq's horizon)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
-	// issue 4: profiling and the Go memory limit (runtime.go)
+	// profiling and the Go memory limit (runtime.go)
 	pprofAddr := fs.String("pprof-address", "", "loopback host:port serving net/http/pprof (e.g. 127.0.0.1:6060); empty = off")
 	memLimit := fs.String("memory-limit", defaultMemoryLimit, "Go soft memory limit (GOMEMLIMIT) as a quantity, e.g. 100Mi; 0 = none. $GOMEMLIMIT applies when this flag is not given")
 	watchList := fs.Bool("kube-watch-list", false, "fill the informer caches with a streamed watch-list instead of paginated LISTs (client-go's WatchListClient; $KUBE_FEATURE_WatchListClient applies when this flag is not given). Off: at 10 000 Services the LIST fills them ~20 % sooner here")

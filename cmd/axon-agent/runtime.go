@@ -1,6 +1,6 @@
 package main
 
-// Issue 4: process-level knobs of the agent: a loopback-only pprof endpoint
+// Process-level knobs of the agent: a loopback-only pprof endpoint
 // for profiling a large sync, the Go memory limit, and how the informer
 // caches are filled.
 

@@ -1,6 +1,6 @@
 package main
 
-// Issue 6: `axon bpf bandwidth list`, the pod bandwidth limits read back
+// `axon bpf bandwidth list`, the pod bandwidth limits read back
 // from the Bandwidth Manager's BPF maps.
 
 import (

@@ -1,6 +1,6 @@
 package main
 
-// Issue 7: `axon bpf ct list`, `axon bpf nat list` and `axon bpf lb maglev
+// `axon bpf ct list`, `axon bpf nat list` and `axon bpf lb maglev
 // get <service>`: the north-south load balancer's maps, read by the process
 // that loaded them (the node agent, or the standalone `axon lb` with
 // --socket pointing at its socket).

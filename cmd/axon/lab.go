@@ -76,7 +76,7 @@ func newLabCmd() *cobra.Command {
 		newLabExecCmd(f), newLabKubectlCmd(f), newLabCheckCmd(f),
 		newLabBenchCmd(&f.stateDir), newLabForwardCmd(f), newLabEchoCmd(),
 		newLabProbeCmd(),
-		newLabXProbeCmd(), newLabPeerEchoCmd(), // issue 7: labbench_ns.go
+		newLabXProbeCmd(), newLabPeerEchoCmd(), // labbench_ns.go
 	)
 	return cmd
 }
@@ -113,12 +113,12 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
 	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", lab.KubeProxyNone, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
-	// issue 5: pod device and BIG TCP
+	// pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
 	cmd.Flags().Var(&onOff{&fibCache}, "fib-cache", "axon agents' --fib-cache: IPv4 routes to other nodes cached in the pod egress program (on), or looked up per packet (off)")
-	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "Pod annotations kubernetes.io/{egress,ingress}-bandwidth: on (axon agents: EDT + fq, ingress token bucket), off, or cni-plugin (baseline: the reference bandwidth plugin's TBF chained after axon-cni, pods kernel-routed)") // issue 6
-	// issue 7: north-south LB of the axon agents (check_external.go)
+	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "Pod annotations kubernetes.io/{egress,ingress}-bandwidth: on (axon agents: EDT + fq, ingress token bucket), off, or cni-plugin (baseline: the reference bandwidth plugin's TBF chained after axon-cni, pods kernel-routed)")
+	// north-south LB of the axon agents (check_external.go)
 	cmd.Flags().StringVar(&o.LBAcceleration, "lb-acceleration", "", "axon agents' --lb-acceleration: native, best-effort or disabled (default: the agent's, disabled = tc only)")
 	cmd.Flags().StringVar(&o.NodePortMode, "nodeport-mode", "", "axon agents' --nodeport-mode: snat or dsr (default: the agent's, snat)")
 	cmd.Flags().BoolVar(&o.NoDemo, "no-demo", false, "do not create the demo Services (ClusterIP, NodePort, externalIPs, LoadBalancer) that `axon lab check` probes")
@@ -371,7 +371,7 @@ func newLabKubectlCmd(f *labFlags) *cobra.Command {
 func newLabCheckCmd(f *labFlags) *cobra.Command {
 	var timeout time.Duration
 	var services bool
-	var external bool // issue 7
+	var external bool
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Connectivity matrix: every pod to every pod and node, IPv4+IPv6, TCP/UDP/ICMP",
@@ -403,7 +403,7 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 				}
 				failed += len(sres.Failed())
 			}
-			if external && l.State().DemoServices { // issue 7: check_external.go
+			if external && l.State().DemoServices { // check_external.go
 				fmt.Fprintln(cmd.OutOrStdout())
 				xres, err := l.CheckExternal(cmd.Context(), timeout)
 				if xres != nil {
@@ -421,7 +421,7 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
-	cmd.Flags().BoolVar(&external, "external", true, "also probe NodePort, LoadBalancer, externalIP, HostPort and externalTrafficPolicy Local from the external namespace (n/a with the reason when nothing serves north-south traffic)") // issue 7
+	cmd.Flags().BoolVar(&external, "external", true, "also probe NodePort, LoadBalancer, externalIP, HostPort and externalTrafficPolicy Local from the external namespace (n/a with the reason when nothing serves north-south traffic)")
 	cmd.Flags().BoolVar(&services, "services", true, "also probe every demo Service type from every pod and node (labs brought up without --no-demo)")
 	return cmd
 }

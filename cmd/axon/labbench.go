@@ -33,7 +33,7 @@ func newLabBenchCmd(stateDir *string) *cobra.Command {
 		duration time.Duration
 		out      string
 		keep     bool
-		cmpBig   bool // issue 5: labbench_bigtcp.go
+		cmpBig   bool // labbench_bigtcp.go
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -90,7 +90,7 @@ The pods are removed afterwards.`,
 				{Name: "baseline pod-to-pod cross-node", Client: ep(pods["bench-base-c"]), Server: ep(pods["bench-base-s2"])},
 				{Name: "baseline pod-to-pod same-node", Client: ep(pods["bench-base-c"]), Server: ep(pods["bench-base-s1"])},
 			}
-			if cmpBig { // issue 5: BIG TCP off next to the lab's pods
+			if cmpBig { // BIG TCP off next to the lab's pods
 				p, cleanupSmall, err := addSmallGSOPath(ctx, l, nodes, keep)
 				defer cleanupSmall()
 				if err != nil {
@@ -106,7 +106,7 @@ The pods are removed afterwards.`,
 				fmt.Fprintln(cmd.OutOrStdout(), rep.Table())
 				fmt.Fprintln(cmd.OutOrStdout(), "Per-repetition ratios to the reference (median, 95 % CI):")
 				fmt.Fprintln(cmd.OutOrStdout(), rep.PairedTable())
-				if cmpBig { // issue 5: the two BIG TCP ratios, also in results.md
+				if cmpBig { // the two BIG TCP ratios, also in results.md
 					if werr := writeBigTCPSummary(cmd.OutOrStdout(), rep, out); werr != nil {
 						fmt.Fprintln(cmd.ErrOrStderr(), "benchmark:", werr)
 					}
@@ -121,8 +121,8 @@ The pods are removed afterwards.`,
 	cmd.Flags().StringVar(&out, "out", "", "results folder (default results/bench-<UTC time>)")
 	cmd.Flags().BoolVar(&keep, "keep-pods", false, "leave the benchmark pods in the lab afterwards")
 	cmd.Flags().BoolVar(&cmpBig, "compare-big-tcp", false, "also measure a cross-node axon pod pair whose devices keep GSO/GRO at 64 KiB (BIG TCP off), next to the lab's pods (use with axon lab up --big-tcp on)")
-	cmd.AddCommand(newLabBenchServicesCmd(stateDir), newConnRateCmd()) // issue 4: labbench_svc.go
-	cmd.AddCommand(newLabBenchNorthSouthCmd(stateDir))                 // issue 7: labbench_ns.go
+	cmd.AddCommand(newLabBenchServicesCmd(stateDir), newConnRateCmd()) // labbench_svc.go
+	cmd.AddCommand(newLabBenchNorthSouthCmd(stateDir))                 // labbench_ns.go
 	return cmd
 }
 

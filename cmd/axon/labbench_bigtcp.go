@@ -13,7 +13,7 @@ import (
 	"github.com/axonhq/axon/internal/lab"
 )
 
-// issue 5: `axon lab bench --compare-big-tcp` adds a cross-node pair of axon
+// `axon lab bench --compare-big-tcp` adds a cross-node pair of axon
 // pods whose devices keep the pre-BIG-TCP GSO/GRO limit (65536), so BIG TCP
 // on and off are measured interleaved in one run (on = the lab's own pods,
 // with `axon lab up --big-tcp on`).
@@ -73,14 +73,14 @@ func addSmallGSOPath(ctx context.Context, l *lab.Lab, nodes []lab.Node, keep boo
 	return bench.Path{Name: bigTCPOffPath, Client: ep(pods[benchSmallGSOClient]), Server: ep(pods[benchSmallGSOServer])}, cleanup, nil
 }
 
-// bigTCPSummary states the two ratios of issue 5 from a --compare-big-tcp
+// bigTCPSummary states the two BIG TCP ratios from a --compare-big-tcp
 // run: BIG TCP on / off, and axon pod-to-pod (BIG TCP) / host-to-host with
 // the same GSO settings (the lab's wire and uplinks are at 192 KiB), each as
 // the ratio of medians and as the median of the per-repetition ratios (the
 // paths of one repetition run back to back) with its 95 % interval.
 func bigTCPSummary(rep *bench.Report) string {
 	var b strings.Builder
-	b.WriteString("\n## BIG TCP (issue 5)\n\n")
+	b.WriteString("\n## BIG TCP\n\n")
 	b.WriteString("Single-flow throughput (iperf3), kernel " + rep.Host.Kernel + "; wire, uplinks and the BIG TCP pods at 192 KiB GSO/GRO, the 64 KiB pair at the pre-BIG-TCP limit.\n\n")
 	b.WriteString("| ratio | of medians | paired: per-repetition median (95 % CI) | min–max | repetitions > 1 | asked |\n|---|---:|---:|---:|---:|---|\n")
 	for _, c := range []struct{ name, num, den, metric, asked string }{

@@ -8,7 +8,7 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 )
 
-// TestBigTCPSummary: the two ratios of issue 5 and the CPU per byte behind the second, of medians and per repetition
+// TestBigTCPSummary: the two BIG TCP ratios and the CPU per byte behind the second, of medians and per repetition
 // (a failed sample, NaN, drops that repetition's pair only).
 func TestBigTCPSummary(t *testing.T) {
 	rep := &bench.Report{Reps: 3, Host: bench.Host{Kernel: "6.18.0"}, Reference: bigTCPRefPath, Results: []*bench.Result{

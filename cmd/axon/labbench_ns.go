@@ -1,6 +1,6 @@
 package main
 
-// Issue 7: `axon lab bench northsouth` and the hidden helpers of
+// `axon lab bench northsouth` and the hidden helpers of
 // `axon lab check --external` (`_xprobe`, `_peerecho`).
 
 import (

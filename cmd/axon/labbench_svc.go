@@ -18,7 +18,7 @@ import (
 	"github.com/axonhq/axon/internal/lab"
 )
 
-// newLabBenchServicesCmd is `axon lab bench services`: issue 4's targets.
+// newLabBenchServicesCmd is `axon lab bench services`: the Services benchmark's targets.
 func newLabBenchServicesCmd(stateDir *string) *cobra.Command {
 	var (
 		cfg      bench.SvcConfig

@@ -1,6 +1,6 @@
 package main
 
-// Issue 7: `axon lb --config lb.yaml` (the standalone L4 load balancer),
+// `axon lb --config lb.yaml` (the standalone L4 load balancer),
 // `axon lb status`, `axon lb reload`, `axon lb uninstall` and
 // `axon lb explain <proto> <src> <dst>` (agent or standalone).
 

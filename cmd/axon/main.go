@@ -46,7 +46,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd(), newServiceCmd(), newBPFCmd())
-	// issue 7: lb.go; bpfct.go adds bpf ct, bpf nat, bpf lb maglev
+	// lb.go; bpfct.go adds bpf ct, bpf nat, bpf lb maglev
 	root.AddCommand(newLBCmd())
 	addNorthSouthBPFCmds(root)
 	return root

@@ -2,7 +2,7 @@ package main
 
 import "fmt"
 
-// onOff is a pflag value spelled on|off (issue 5: --big-tcp).
+// onOff is a pflag value spelled on|off (--big-tcp).
 type onOff struct{ b *bool }
 
 func (o *onOff) String() string {

@@ -1,6 +1,6 @@
 package main
 
-// Issue 4: `axon service list` (the agent's desired Service table) and
+// `axon service list` (the agent's desired Service table) and
 // `axon bpf lb list` (what is programmed in the socket LB's BPF maps). Both
 // print the same text format (internal/lb.Render), so
 //   diff <(axon service list) <(axon bpf lb list)
@@ -120,6 +120,6 @@ func newBPFCmd() *cobra.Command {
 	f.register(list)
 	lbCmd.AddCommand(list)
 	cmd.AddCommand(lbCmd)
-	cmd.AddCommand(newBPFBandwidthCmd()) // issue 6: bandwidth.go
+	cmd.AddCommand(newBPFBandwidthCmd()) // bandwidth.go
 	return cmd
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the Service benchmark (issue 4) on a lab of its own: wait until no lab
+# Run the Service benchmark on a lab of its own: wait until no lab
 # is up (the lab is one per machine and shared), bring up 4 axon nodes with no
 # lab-wide kube-proxy, run `axon lab bench services "$@"`, bring the lab down.
 #

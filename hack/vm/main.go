@@ -193,7 +193,7 @@ func errLine(err error) string {
 	return line
 }
 
-// envFlag collects -env KEY=VALUE flags (issue 5: benchmark knobs for the guest).
+// envFlag collects -env KEY=VALUE flags (benchmark knobs for the guest).
 type envFlag []string
 
 func (e *envFlag) String() string { return strings.Join(*e, " ") }

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 )
 
-// Issue 6: the Bandwidth Manager. GET /v1/bpf/bandwidth returns the limits
+// The Bandwidth Manager. GET /v1/bpf/bandwidth returns the limits
 // as programmed in the BPF maps (`axon bpf bandwidth list`); Status carries
 // a BandwidthStatus summary (`axon status`).
 
@@ -60,7 +60,7 @@ type BandwidthHandler interface {
 func (s *server) bandwidthMaps(w http.ResponseWriter, r *http.Request) {
 	bh, ok := s.h.(BandwidthHandler)
 	if !ok {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent has no Bandwidth Manager (it predates issue 6): upgrade axon-agent", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent has no Bandwidth Manager: upgrade axon-agent", r.Method, r.URL.Path))
 		return
 	}
 	rep, err := bh.BandwidthMaps(r.Context())

@@ -8,7 +8,7 @@ import (
 	"net/url"
 )
 
-// Issue 7: the north-south load balancer's state, read from its BPF maps by
+// The north-south load balancer's state, read from its BPF maps by
 // the process that loaded it (axon-agent, or the standalone `axon lb`):
 // conntrack (GET /v1/bpf/ct), reverse NAT (GET /v1/bpf/nat), Maglev tables
 // (GET /v1/bpf/maglev) and the "which backend would this packet hit"
@@ -141,7 +141,7 @@ func (s *server) mountNorthSouth(mux *http.ServeMux) {
 	}
 	for _, p := range []string{"/v1/bpf/ct", "/v1/bpf/nat", "/v1/bpf/maglev", "/v1/lb/explain"} {
 		mux.HandleFunc("GET "+p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusNotImplemented, fmt.Sprintf("GET %s: this agent has no north-south load balancer API (it predates issue 7): upgrade axon-agent", r.URL.Path))
+			writeError(w, http.StatusNotImplemented, fmt.Sprintf("GET %s: this agent has no north-south load balancer API: upgrade axon-agent", r.URL.Path))
 		})
 	}
 }

@@ -66,9 +66,9 @@ func NewMux(h Handler, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/gc", s.gc)
 	mux.HandleFunc("GET /v1/services", s.services)
 	mux.HandleFunc("GET /v1/bpf/lb", s.lbMaps)
-	// issue 7: northsouth.go
+	// northsouth.go
 	s.mountNorthSouth(mux)
-	mux.HandleFunc("GET /v1/bpf/bandwidth", s.bandwidthMaps) // issue 6
+	mux.HandleFunc("GET /v1/bpf/bandwidth", s.bandwidthMaps)
 	return mux
 }
 

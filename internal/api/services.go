@@ -6,7 +6,7 @@ import (
 	"net/http"
 )
 
-// Issue 4: the Service table, as the agent wants it (GET /v1/services) and as
+// The Service table, as the agent wants it (GET /v1/services) and as
 // it is programmed in the socket LB maps (GET /v1/bpf/lb). Both texts use the
 // format of lb.Render, so the two can be diffed line by line.
 
@@ -49,7 +49,7 @@ type ServicesHandler interface {
 func (s *server) servicesHandler(w http.ResponseWriter, r *http.Request) (ServicesHandler, bool) {
 	sh, ok := s.h.(ServicesHandler)
 	if !ok {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent does not serve Services (it predates issue 4): upgrade axon-agent", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent does not serve Services: upgrade axon-agent", r.Method, r.URL.Path))
 	}
 	return sh, ok
 }

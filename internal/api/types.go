@@ -35,7 +35,7 @@ type Address struct {
 // AllocateResponse carries one address per configured family (v4 first).
 type AllocateResponse struct {
 	Addresses []Address `json:"addresses"`
-	// Device is how the CNI plugin must build the pod device (issue 5);
+	// Device is how the CNI plugin must build the pod device;
 	// nil (an agent that does not say) means a veth with kernel defaults.
 	Device *DeviceConfig `json:"device,omitempty"`
 }
@@ -78,7 +78,7 @@ type Endpoint struct {
 	HostMAC      net.HardwareAddr `json:"hostMAC"`
 	PodMAC       net.HardwareAddr `json:"podMAC"`
 	// DeviceType is the pod device axon-cni created (DeviceVeth when empty,
-	// for endpoints registered before issue 5); NetkitMode "l3"|"l2" for netkit.
+	// for endpoints registered by an agent older than netkit support); NetkitMode "l3"|"l2" for netkit.
 	DeviceType string `json:"deviceType,omitempty"`
 	NetkitMode string `json:"netkitMode,omitempty"`
 	// Filled in by the agent in replies:
@@ -138,6 +138,6 @@ type Status struct {
 	Endpoints int             `json:"endpoints"`
 	Routes    int             `json:"routes"` // podCIDR routes to other nodes
 
-	// issue 6: Bandwidth Manager (nil when the agent predates it)
+	// Bandwidth Manager (nil when the agent predates it)
 	Bandwidth *BandwidthStatus `json:"bandwidth,omitempty"`
 }

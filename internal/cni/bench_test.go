@@ -1,6 +1,6 @@
 package cni
 
-// A small, self-contained two-node datapath benchmark (issue 5): two node
+// A small, self-contained two-node datapath benchmark: two node
 // netns joined by a veth "wire", the real axon datapath loaded in each, pods
 // wired by the plugin binary; no kube-apiserver, so it also runs in the
 // kernel-matrix VM (netkit), where the lab benchmark cannot (one node):

@@ -39,7 +39,7 @@ type testAgent struct {
 	health  error
 	failPut error
 	eps     map[api.Attachment]api.Endpoint
-	device  *api.DeviceConfig // issue 5: the pod device Allocate answers
+	device  *api.DeviceConfig // the pod device Allocate answers
 }
 
 func (a *testAgent) Healthy(context.Context) error {

@@ -1,6 +1,6 @@
 package cni
 
-// Veth latency breakdown (issue 2, last target): where the extra round-trip
+// Veth latency breakdown: where the extra round-trip
 // time of a veth pod goes compared with host-to-host, on a lab-shaped
 // topology that needs no kube-apiserver and no lab lock: two node netns whose
 // eth0 are veths into a "wire" netns holding a bridge (as `axon lab`), the

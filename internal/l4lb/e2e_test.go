@@ -126,7 +126,7 @@ func build(t *testing.T, backends int) *topo {
 		must(t, "eth0 up", h.LinkSetUp(eth))
 		// Full checksums on every packet the LB may see: a veth hands it
 		// CHECKSUM_PARTIAL packets, and native XDP on veth loses that state
-		// on XDP_TX (DESIGN.md §2); packets from a real NIC carry complete
+		// on XDP_TX; packets from a real NIC carry complete
 		// checksums anyway.
 		must(t, "tx checksum off", netnsutil.Do(ns, func() error { return ethtool.Set("eth0", ethtool.TxChecksum, false) }))
 		switch {

@@ -196,7 +196,7 @@ func compareStrings(a, b string) int {
 func Equal(a, b Frontend) bool {
 	return a.Key == b.Key && a.Kind == b.Kind && a.Service == b.Service && a.PortName == b.PortName &&
 		a.Affinity == b.Affinity && a.LocalOnly == b.LocalOnly && slices.Equal(a.Backends, b.Backends) &&
-		a.Algorithm == b.Algorithm && slices.Equal(a.SourceRanges, b.SourceRanges) && a.HealthCheckNodePort == b.HealthCheckNodePort // issue 7
+		a.Algorithm == b.Algorithm && slices.Equal(a.SourceRanges, b.SourceRanges) && a.HealthCheckNodePort == b.HealthCheckNodePort
 }
 
 // SameDatapath reports whether a frontend read back from a Writer programs

@@ -1,6 +1,6 @@
 package lb
 
-// Issue 7 (north-south load balancing): the per-Service choices the
+// The per-Service choices the
 // tc/XDP load balancer needs beyond the socket LB's — backend selection
 // algorithm, loadBalancerSourceRanges and healthCheckNodePort.
 

@@ -169,7 +169,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 	}
 	itpLocal := spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	etpLocal := spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	ns := translateNorthSouth(svc, bad) // issue 7: algorithm, source ranges, health-check port
+	ns := translateNorthSouth(svc, bad) // algorithm, source ranges, health-check port
 
 	index := indexSlices(key, eps, bad)
 
@@ -230,7 +230,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node NodeI
 		}
 	}
 	for i := range out {
-		ns.apply(&out[i]) // issue 7
+		ns.apply(&out[i])
 	}
 	slices.SortFunc(out, func(a, b Frontend) int { return CompareKeys(a.Key, b.Key) })
 	return out, probs

@@ -84,7 +84,7 @@ type Frontend struct {
 	Affinity  time.Duration // sessionAffinity ClientIP timeout; 0 = none
 	LocalOnly bool          // internalTrafficPolicy/externalTrafficPolicy Local already applied to Backends
 
-	// Issue 7, north-south load balancing (see northsouth.go):
+	// North-south load balancing (see northsouth.go):
 	Algorithm           Algorithm      // backend selection; "" = node default
 	SourceRanges        []netip.Prefix // loadBalancerSourceRanges (LoadBalancer frontends); empty = any client
 	HealthCheckNodePort uint16         // healthCheckNodePort of an externalTrafficPolicy=Local Service; 0 = none

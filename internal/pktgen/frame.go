@@ -1,5 +1,5 @@
 // Package pktgen sends UDP frames as fast as the kernel produces them and
-// counts where they land: the tools of a forwarding-rate benchmark (issue 7),
+// counts where they land: the tools of a forwarding-rate benchmark,
 // the "pktgen hairpin" test of Cilium's LB talk, without the pktgen module.
 //
 //   - Generator: an XDP program run by BPF_PROG_RUN in live-frame mode

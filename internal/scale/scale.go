@@ -1,5 +1,5 @@
 // Package scale writes many Services with their EndpointSlices to a real
-// kube-apiserver, fast, for the Service benchmarks (issue 4): N ClusterIP
+// kube-apiserver, fast, for the Service benchmarks: N ClusterIP
 // Services × M endpoints each. The endpoints are addresses in 100.64.0.0/10
 // (shared address space, never routed in the lab) written straight into
 // EndpointSlices: there are no pods, no kubelets and no kwok behind them, and

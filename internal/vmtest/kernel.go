@@ -1,5 +1,5 @@
 // Package vmtest runs axon's test binaries inside QEMU virtual machines booted with Debian
-// distribution kernels, so the same tests cover kernels other than the host's (issue 3).
+// distribution kernels, so the same tests cover kernels other than the host's.
 //
 // The pieces: Fetch gets a Debian kernel package through a private apt configuration on the
 // machine's own Debian mirror and caches it keyed by version; BuildInitramfs packs

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// The lab subset's pod device (issue 5). `axon lab up --device auto` gives the
+// The lab subset's pod device. `axon lab up --device auto` gives the
 // pods netkit devices where the kernel has netkit (debian-6.12) and veth
 // elsewhere (debian-6.1), so the matrix runs a full lab with netkit pods at no
 // extra cost; the LabDevice step checks that the agent's decision, the pods'

@@ -58,10 +58,10 @@ type Runner struct {
 	// TwoVMKernels limits the two-VM subset to these kernels (empty: every VM kernel).
 	TwoVMKernels []string
 	// Env is exported in the guest's run.sh (KEY=VALUE; hack/vm -env): knobs for tests
-	// such as the datapath benchmark (issue 5).
+	// such as the datapath benchmark.
 	Env []string
 	// LabDevice is the lab subset's `axon lab up --device` (default auto: netkit pods
-	// where the kernel has netkit, veth elsewhere; issue 5).
+	// where the kernel has netkit, veth elsewhere).
 	LabDevice string
 	// LabNodes is the lab subset's `axon lab up --nodes` (default 1; 2 adds cross-node
 	// pod-to-pod over the lab's wire to the check).
@@ -171,7 +171,7 @@ func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
 		if abs, err := filepath.Abs(filepath.Join(r.OutDir, HostKernel)); err == nil && os.MkdirAll(abs, 0o755) == nil {
 			cmd.Env = append(os.Environ(), "AXON_RESULTS="+abs)
 		}
-		if len(r.Env) > 0 { // issue 5: hack/vm -env
+		if len(r.Env) > 0 { // hack/vm -env
 			if cmd.Env == nil {
 				cmd.Env = os.Environ()
 			}
@@ -244,7 +244,7 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	}
 	// Reports tests write (the verifier's verifier-<kernel>.{md,json}) come back through the share.
 	s.WriteString("export AXON_RESULTS=/run/axon-vm/out/results\n")
-	for _, kv := range r.Env { // issue 5: hack/vm -env
+	for _, kv := range r.Env { // hack/vm -env
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			fmt.Fprintf(&s, "export %s=%s\n", k, shellQuote(v))
 		}
@@ -264,7 +264,7 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 		fmt.Fprintf(&s, "[ \"$(cat %s.rc)\" = 0 ] || rc=1\n", base)
 	}
 	if r.labBins {
-		s.WriteString(r.labSubsetScript()) // issue 5: labdevice.go
+		s.WriteString(r.labSubsetScript()) // labdevice.go
 	}
 	s.WriteString("exit $rc\n")
 	return s.String()
@@ -359,7 +359,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 			return kr
 		}
 	}
-	stopPressure := mirrorHostPressure(ctx, r.runDir, time.Second) // issue 5: the guest reads the host's CPU pressure
+	stopPressure := mirrorHostPressure(ctx, r.runDir, time.Second) // the guest reads the host's CPU pressure
 	res, runErr := vm.Run(ctx)
 	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
 	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console

@@ -1,5 +1,5 @@
 // Command agentscale measures the axon agent at N Services × M endpoints
-// against a real kube-apiserver, outside the lab (issue 4's control-plane
+// against a real kube-apiserver, outside the lab (the Services benchmark's control-plane
 // targets): full sync of a freshly started agent process into its pinned
 // BPF maps, EndpointSlice change → map latency, VmHWM. Several agent
 // binaries (or flag sets) are interleaved round by round (A B, A B, ...) so

@@ -1,6 +1,6 @@
 // Package agentrun runs one real axon agent process against a real
 // kube-apiserver holding N generated Services (internal/scale) and measures
-// what issue 4's control-plane targets ask for, from outside the process:
+// what the Services benchmark's control-plane targets ask for, from outside the process:
 //
 //   - full sync: process start → every generated ClusterIP present in the
 //     agent's pinned axon_lb_svc with all its endpoints (read from bpffs,
