@@ -27,11 +27,6 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define AXON_GONE_UDP 0x1
 #define AXON_GONE_TCP 0x2
 
-/* TCP states that are not full sockets or have no peer to match. */
-#define AXON_TCP_TIME_WAIT 6
-#define AXON_TCP_LISTEN 10
-#define AXON_TCP_NEW_SYN_RECV 12
-
 /* Key of axon_lb_gone (24 bytes): a backend removed from one frontend. */
 struct lb_gone_key {
 	__u32 frontend_id;

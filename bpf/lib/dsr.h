@@ -19,9 +19,6 @@
 #include "common.h"
 #include "ctx.h"
 
-#define NP_IPPROTO_IPIP 4
-#define NP_IPPROTO_IPV6 41
-
 /* dsr_outer_len is the length field of an outer header that puts hdr bytes
  * in front of an inner packet whose own length field says inner_len (IPv4
  * tot_len, or IPv6 payload_len + 40). A BIG TCP packet (a GSO packet over
@@ -54,7 +51,7 @@ AXON_INLINE int dsr_encap4(axon_ctx_t *ctx, __be32 src, __be32 dst)
 	outer.tos = inner.tos;
 	outer.tot_len = dsr_outer_len(ctx, bpf_ntohs(inner.tot_len), sizeof(outer));
 	outer.ttl = 64;
-	outer.protocol = NP_IPPROTO_IPIP;
+	outer.protocol = AXON_IPPROTO_IPIP;
 	outer.saddr = src;
 	outer.daddr = dst;
 	sum = bpf_csum_diff(0, 0, (__be32 *)&outer, sizeof(outer), 0);
@@ -76,7 +73,7 @@ AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
 	/* the outer payload is the whole inner packet, its header included */
 	outer.payload_len = dsr_outer_len(ctx, inner.payload_len ? bpf_ntohs(inner.payload_len) + sizeof(inner) : 0,
 					  0);
-	outer.nexthdr = NP_IPPROTO_IPV6;
+	outer.nexthdr = AXON_IPPROTO_IPV6;
 	outer.hop_limit = 64;
 	__builtin_memcpy(&outer.saddr, src, 16);
 	__builtin_memcpy(&outer.daddr, dst, 16);
@@ -103,7 +100,7 @@ static __noinline int dsr_decap(axon_ctx_t *ctx)
 
 		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
 			return 0;
-		if (outer.protocol != NP_IPPROTO_IPIP || outer.ihl != 5 || (outer.frag_off & bpf_htons(0x3fff)))
+		if (outer.protocol != AXON_IPPROTO_IPIP || outer.ihl != 5 || (outer.frag_off & bpf_htons(0x3fff)))
 			return 0;
 		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 4)
 			return 0;
@@ -120,7 +117,7 @@ static __noinline int dsr_decap(axon_ctx_t *ctx)
 
 		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
 			return 0;
-		if (outer.nexthdr != NP_IPPROTO_IPV6)
+		if (outer.nexthdr != AXON_IPPROTO_IPV6)
 			return 0;
 		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 6)
 			return 0;

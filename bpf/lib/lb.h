@@ -24,16 +24,6 @@
 #define AXON_LB_LOCAL_MAX 256
 #define AXON_LB_SKIP_MAX 65536
 
-/* Scopes (lb.Scope in internal/lb). */
-#define AXON_LB_SCOPE_CLUSTER 0
-#define AXON_LB_SCOPE_NODEPORT 1
-#define AXON_LB_SCOPE_HOSTPORT 2
-
-/* Backend states (lb.BackendState). */
-#define AXON_LB_ACTIVE 0
-#define AXON_LB_TERMINATING 1
-#define AXON_LB_QUARANTINED 2
-
 /* lb_svc_val.flags (master slot). */
 #define AXON_LB_F_AFFINITY 0x1 /* sessionAffinity ClientIP: affinity_timeout is set */
 

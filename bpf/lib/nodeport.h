@@ -46,13 +46,6 @@
 #include "maglev.h"
 #include "dsr.h"
 
-#define NP_IPPROTO_ICMP 1
-#define NP_IPPROTO_TCP 6
-#define NP_IPPROTO_UDP 17
-#define NP_IPPROTO_ICMPV6 58
-#define NP_IPPROTO_FRAGMENT 44
-#define NP_IPPROTO_HOPOPTS 0 /* IPv6 hop-by-hop options header */
-
 /* Longest IPv6 hop-by-hop header the LB skips (bytes): a BIG TCP jumbo
  * header is 8; the bound keeps every header the LB reads below
  * CTX_MAX_OFF. */
@@ -64,11 +57,6 @@
 #define AXON_NP_AFFINITY_MAX 65536
 #define AXON_NP_SRCRANGE_MAX 16384
 
-/* Frontend scopes (lb.Scope). */
-#define NP_SCOPE_CLUSTER 0  /* exact address: externalIP, LoadBalancer IP */
-#define NP_SCOPE_NODEPORT 1 /* any node address (axon_np_local) */
-#define NP_SCOPE_HOSTPORT 2 /* any node address, pod hostPort */
-
 /* np_svc_val.flags */
 #define NP_F_AFFINITY 0x01   /* sessionAffinity ClientIP (affinity_timeout s) */
 #define NP_F_MAGLEV 0x02     /* pick from axon_lb_maglev, not at random */
@@ -76,10 +64,7 @@
 #define NP_F_DSR 0x08        /* remote backends by DSR (IPIP), else SNAT */
 #define NP_F_LOCAL_ONLY 0x10 /* externalTrafficPolicy Local: never a remote backend */
 
-/* np_backend.state (lb.BackendState) and flags. */
-#define NP_BE_ACTIVE 0
-#define NP_BE_TERMINATING 1
-#define NP_BE_QUARANTINED 2
+/* np_backend.flags (np_backend.state: enum axon_lb_state, common.h). */
 #define NP_BE_F_LOCAL 0x01 /* a pod on this node: DNAT only */
 
 /* Hooks (rows of axon_np_metrics). */
@@ -125,7 +110,7 @@ struct np_svc_key {
 	__u8 addr[16]; /* frontend address; :: or ::ffff:0.0.0.0 for NodePort/HostPort */
 	__be16 port;
 	__u8 proto;
-	__u8 scope; /* NP_SCOPE_* */
+	__u8 scope; /* AXON_LB_SCOPE_* */
 	__u16 slot; /* 0: master; 1..n: backends (Active, Terminating, Quarantined) */
 	__u16 pad;
 };
@@ -142,7 +127,7 @@ struct np_svc_val {
 struct np_backend {
 	__u8 addr[16];
 	__be16 port;
-	__u8 state; /* NP_BE_ACTIVE... */
+	__u8 state; /* AXON_LB_ACTIVE... */
 	__u8 flags; /* NP_BE_F_* */
 	__u32 frontend_id;
 };
@@ -463,7 +448,7 @@ static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, 
 		p->t.proto = ip6.nexthdr;
 		p->ttl = ip6.hop_limit;
 		p->tot_len = ip6.payload_len;
-		if (ip6.nexthdr == NP_IPPROTO_HOPOPTS) {
+		if (ip6.nexthdr == AXON_IPPROTO_HOPOPTS) {
 			/* A hop-by-hop header, first when present. IPv6 BIG TCP
 			 * puts one in every GSO packet over 64 KiB (a jumbo
 			 * payload option, payload_len 0) on kernels that have
@@ -479,7 +464,7 @@ static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, 
 			p->t.proto = hbh.nexthdr;
 			p->l4_off += ((__u32)hbh.len + 1) * 8;
 		}
-		if (p->t.proto == NP_IPPROTO_FRAGMENT) {
+		if (p->t.proto == AXON_IPPROTO_FRAGMENT) {
 			/* frag.h: fragment header right after the fixed header
 			 * (or the hop-by-hop header): nexthdr, reserved,
 			 * offset << 3 | M, identification */
@@ -525,7 +510,7 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 		return -1;
 	p->t.sport = ports[0];
 	p->t.dport = ports[1];
-	if (p->t.proto == NP_IPPROTO_TCP) {
+	if (p->t.proto == AXON_IPPROTO_TCP) {
 		if (ctx_load(ctx, p->l4_off + 13, &fl, 1))
 			return -1;
 		p->tcp_flags = fl;
@@ -538,7 +523,7 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 
 AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
 {
-	return p->l4_off + (p->t.proto == NP_IPPROTO_TCP ? 16 : 6);
+	return p->l4_off + (p->t.proto == AXON_IPPROTO_TCP ? 16 : 6);
 }
 
 /* np_rewrite replaces addresses and ports of the packet's L3/L4 headers
@@ -548,7 +533,7 @@ AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct
 	__u32 oldp, newp;
 	__s64 d_addr, d_port;
 	__u32 csum_off = np_l4_csum_off(p);
-	int udp4 = !p->v6 && p->t.proto == NP_IPPROTO_UDP;
+	int udp4 = !p->v6 && p->t.proto == AXON_IPPROTO_UDP;
 
 	__builtin_memcpy(&oldp, &p->t.sport, 4);
 	__builtin_memcpy(&newp, &n->sport, 4);
@@ -667,7 +652,7 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 	__builtin_memcpy(key->addr, t->daddr, 16);
 	key->port = t->dport;
 	key->proto = t->proto;
-	key->scope = NP_SCOPE_CLUSTER;
+	key->scope = AXON_LB_SCOPE_CLUSTER;
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc)
 		return svc;
@@ -678,11 +663,11 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 		__builtin_memset(key->addr, 0, 16);
 	else
 		np_addr4(key->addr, 0);
-	key->scope = NP_SCOPE_NODEPORT;
+	key->scope = AXON_LB_SCOPE_NODEPORT;
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc || remote)
 		return svc;
-	key->scope = NP_SCOPE_HOSTPORT;
+	key->scope = AXON_LB_SCOPE_HOSTPORT;
 	return bpf_map_lookup_elem(&axon_np_svc, key);
 }
 
@@ -690,9 +675,9 @@ AXON_INLINE int np_usable(const struct np_backend *b, const struct np_svc_val *s
 {
 	if (b->frontend_id != svc->id)
 		return 0;
-	if (b->state == NP_BE_ACTIVE)
+	if (b->state == AXON_LB_ACTIVE)
 		return 1;
-	return b->state == NP_BE_TERMINATING && svc->active == 0;
+	return b->state == AXON_LB_TERMINATING && svc->active == 0;
 }
 
 /* np_random picks a random Active backend, else a random Terminating one. */
@@ -751,7 +736,7 @@ AXON_INLINE __u32 np_select(struct np_svc_key *key, const struct np_svc_val *svc
 	if (!id)
 		return 0;
 	b = bpf_map_lookup_elem(&axon_np_be, &id);
-	if (!b || b->frontend_id != svc->id || b->state == NP_BE_QUARANTINED)
+	if (!b || b->frontend_id != svc->id || b->state == AXON_LB_QUARANTINED)
 		return 0;
 	__builtin_memcpy(be, b, sizeof(*be));
 	if ((svc->flags & NP_F_AFFINITY) && !cfg_dry_run) {
@@ -1306,12 +1291,12 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 
 	if (p->frag)
 		return 1;
-	if (p->v6 ? (p->t.proto != NP_IPPROTO_IPV6 || p->l4_off != ETH_HLEN + sizeof(struct ipv6hdr))
-		  : (p->t.proto != NP_IPPROTO_IPIP || p->l4_off != ETH_HLEN + sizeof(struct iphdr)))
+	if (p->v6 ? (p->t.proto != AXON_IPPROTO_IPV6 || p->l4_off != ETH_HLEN + sizeof(struct ipv6hdr))
+		  : (p->t.proto != AXON_IPPROTO_IPIP || p->l4_off != ETH_HLEN + sizeof(struct iphdr)))
 		return 1;
 	if (np_parse_ip(ctx, &in, p->l4_off, p->v6))
 		return 1;
-	if (in.t.proto == NP_IPPROTO_ICMP || in.t.proto == NP_IPPROTO_ICMPV6) {
+	if (in.t.proto == AXON_IPPROTO_ICMP || in.t.proto == AXON_IPPROTO_ICMPV6) {
 		/* an error about a reply (frontend -> client) of a flow that
 		 * is a local DNAT to this pod */
 		if (in.frag || np_icmp_quoted(ctx, &in, &it, &inner_off, &inner_l4))
@@ -1322,7 +1307,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 			return 1;
 		goto decap;
 	}
-	if (in.t.proto != NP_IPPROTO_TCP && in.t.proto != NP_IPPROTO_UDP)
+	if (in.t.proto != AXON_IPPROTO_TCP && in.t.proto != AXON_IPPROTO_UDP)
 		return 1;
 	if (in.frag ? np_frag_ports(ctx, &in) : np_parse_ports(ctx, &in))
 		return 1;
@@ -1367,7 +1352,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 			np_count(hook, NP_MALFORMED);
 		return CTX_NEXT;
 	}
-	if (p.t.proto == NP_IPPROTO_IPIP || p.t.proto == NP_IPPROTO_IPV6) {
+	if (p.t.proto == AXON_IPPROTO_IPIP || p.t.proto == AXON_IPPROTO_IPV6) {
 		/* maybe a DSR request for a local pod: tc decapsulates it */
 		if (CTX_IS_XDP || cfg_dry_run) {
 			np_count(hook, NP_NOT_SERVICE);
@@ -1384,7 +1369,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 		}
 		np_count(hook, NP_DSR_DECAP);
 	}
-	if ((p.t.proto == NP_IPPROTO_TCP || p.t.proto == NP_IPPROTO_UDP) && !p.dsr_be &&
+	if ((p.t.proto == AXON_IPPROTO_TCP || p.t.proto == AXON_IPPROTO_UDP) && !p.dsr_be &&
 	    np_to_local_pod(p.t.daddr, p.v6)) {
 		/* pod traffic: no frontend can match (axon_np_pods) */
 		np_count(hook, NP_NOT_SERVICE);
@@ -1394,9 +1379,9 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 	}
 	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
-	if (p.t.proto == NP_IPPROTO_ICMP || p.t.proto == NP_IPPROTO_ICMPV6)
+	if (p.t.proto == AXON_IPPROTO_ICMP || p.t.proto == AXON_IPPROTO_ICMPV6)
 		return np_icmp_error(ctx, &p, hook);
-	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP) {
+	if (p.t.proto != AXON_IPPROTO_TCP && p.t.proto != AXON_IPPROTO_UDP) {
 		np_count(hook, NP_NOT_SERVICE);
 		return CTX_NEXT;
 	}
@@ -1421,7 +1406,7 @@ AXON_INLINE void np_dsr_clamp_mss(axon_ctx_t *ctx, const struct np_pkt *p)
 	__be16 old, mss;
 	__s64 d;
 
-	if (!max || p->t.proto != NP_IPPROTO_TCP)
+	if (!max || p->t.proto != AXON_IPPROTO_TCP)
 		return;
 	if (ctx_load(ctx, p->l4_off + 12, &doff, 1) || (doff >> 4) < 6)
 		return;
@@ -1449,7 +1434,7 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 
 	if (np_parse_l3(ctx, &p))
 		return CTX_NEXT;
-	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP)
+	if (p.t.proto != AXON_IPPROTO_TCP && p.t.proto != AXON_IPPROTO_UDP)
 		return CTX_NEXT;
 	if (p.frag && np_frag_track(ctx, &p, NP_HOOK_EGRESS)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
