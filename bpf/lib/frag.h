@@ -120,7 +120,7 @@ static __noinline int np_frag_ports(axon_ctx_t *ctx, struct np_pkt *p)
 {
 	if (p->t.proto != AXON_IPPROTO_TCP && p->t.proto != AXON_IPPROTO_UDP)
 		return -1;
-	if (p->frag == NP_FRAG_FIRST)
+	if (p->frag == AXON_FRAG_FIRST)
 		return np_parse_ports(ctx, p);
 	return np_frag_recorded(p, np_now());
 }
@@ -141,7 +141,7 @@ static __noinline int np_frag_track(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 	}
 	np_frag_key_of(p, &k);
 	now = np_now();
-	if (p->frag == NP_FRAG_FIRST) {
+	if (p->frag == AXON_FRAG_FIRST) {
 		/* offset 0 but the L4 header is cut short: nothing to record */
 		if (np_parse_ports(ctx, p)) {
 			np_count(hook, NP_MALFORMED);

@@ -41,15 +41,11 @@
 
 #include "common.h"
 #include "ctx.h"
+#include "eth_ip.h"
 #include "ct.h"
 #include "nat.h"
 #include "maglev.h"
 #include "dsr.h"
-
-/* Longest IPv6 hop-by-hop header the LB skips (bytes): a BIG TCP jumbo
- * header is 8; the bound keeps every header the LB reads below
- * CTX_MAX_OFF. */
-#define NP_HBH_MAX 64
 
 #define AXON_NP_SVC_MAX 65536
 #define AXON_NP_BACKEND_MAX 65536
@@ -347,16 +343,12 @@ struct np_pkt {
 	__u8 v6;
 	__u8 ttl;
 	__u8 tcp_flags;
-	__u8 frag;         /* NP_FRAG_* (frag.h) */
+	__u8 frag;         /* AXON_FRAG_* (eth_ip.h, frag.h) */
 	__be16 tot_len;
 	__u16 pad;
 	__be32 frag_id;    /* IP identification of a fragment (frag.h) */
 	__u32 dsr_be;      /* a DSR request for a local pod (np_dsr_accept): its backend id, else 0 */
 };
-
-/* np_pkt.frag */
-#define NP_FRAG_FIRST 1 /* offset 0: has the L4 header */
-#define NP_FRAG_LATER 2 /* offset > 0: no L4 header, ports from axon_np_frag */
 
 #define NP_TCP_FIN 0x01
 #define NP_TCP_SYN 0x02
@@ -406,96 +398,64 @@ AXON_INLINE int np_addr_eq(const __u8 *x, const __u8 *y)
 	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
 }
 
+/* How the LB parses (eth_ip.h): the transport header too; at tc through
+ * copies (ctx_load reads paged data), at XDP in place (the frame is linear). */
+#define NP_PARSE ((CTX_IS_XDP ? 0 : PARSE_COPY) | PARSE_L4)
+
 /* np_parse_ip reads the IPv4 (v6 = 0) or IPv6 header at packet offset off
  * into p (not the ports): the packet's own header (np_parse_l3) or the
  * inner header of a DSR request (np_dsr_accept). 0: ok; -1: malformed. Not
- * inlined: its header copies stay off the callers' frames (the stack limit
- * counts the whole call chain). */
+ * inlined: its header copies (tc) stay off the callers' frames (the stack limit
+ * counts the whole call chain). One parse_ip call per family: a common
+ * tail testing v6 again costs the verifier more than it saves. */
 static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, int v6)
 {
+	union parse_buf buf;
+	struct packet l3 = {};
+
 	if (off > CTX_MAX_OFF)
 		return -1;
 	if (!v6) {
-		struct iphdr ip;
-
-		if (ctx_load(ctx, off, &ip, sizeof(ip)))
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5)
+		if (parse_ip(ctx, off, 0, NP_PARSE, &l3, &buf) == PARSE_MALFORMED)
 			return -1;
 		p->v6 = 0;
-		p->l4_off = off + (__u32)ip.ihl * 4;
-		p->t.proto = ip.protocol;
-		p->ttl = ip.ttl;
-		p->tot_len = ip.tot_len;
-		/* frag.h: MF or an offset; offset 0 is the first fragment */
-		if (ip.frag_off & bpf_htons(0x3fff)) {
-			p->frag = (ip.frag_off & bpf_htons(0x1fff)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
-			p->frag_id = ip.id;
-		}
-		np_addr4(p->t.saddr, ip.saddr);
-		np_addr4(p->t.daddr, ip.daddr);
+		p->l4_off = l3.l4_off;
+		p->t.proto = l3.proto;
+		p->ttl = l3.ip4->ttl;
+		p->tot_len = l3.ip4->tot_len;
+		p->frag = l3.frag;
+		p->frag_id = l3.frag_id;
+		np_addr4(p->t.saddr, l3.ip4->saddr);
+		np_addr4(p->t.daddr, l3.ip4->daddr);
 		return 0;
 	}
-	{
-		struct ipv6hdr ip6;
-
-		if (ctx_load(ctx, off, &ip6, sizeof(ip6)))
-			return -1;
-		if (ip6.version != 6)
-			return -1;
-		p->v6 = 1;
-		p->l4_off = off + sizeof(ip6);
-		p->t.proto = ip6.nexthdr;
-		p->ttl = ip6.hop_limit;
-		p->tot_len = ip6.payload_len;
-		if (ip6.nexthdr == AXON_IPPROTO_HOPOPTS) {
-			/* A hop-by-hop header, first when present. IPv6 BIG TCP
-			 * puts one in every GSO packet over 64 KiB (a jumbo
-			 * payload option, payload_len 0) on kernels that have
-			 * not dropped it (6.18 still has it): skip it to the
-			 * transport (or fragment) header. Longer than
-			 * NP_HBH_MAX: not parsed, the packet is malformed. */
-			struct { __u8 nexthdr, len; } hbh;
-
-			if (ctx_load(ctx, p->l4_off, &hbh, sizeof(hbh)))
-				return -1;
-			if (((__u32)hbh.len + 1) * 8 > NP_HBH_MAX)
-				return -1;
-			p->t.proto = hbh.nexthdr;
-			p->l4_off += ((__u32)hbh.len + 1) * 8;
-		}
-		if (p->t.proto == AXON_IPPROTO_FRAGMENT) {
-			/* frag.h: fragment header right after the fixed header
-			 * (or the hop-by-hop header): nexthdr, reserved,
-			 * offset << 3 | M, identification */
-			struct { __u8 nexthdr, res; __be16 off; __be32 id; } fh;
-
-			if (ctx_load(ctx, p->l4_off, &fh, sizeof(fh)))
-				return -1;
-			p->t.proto = fh.nexthdr;
-			p->l4_off += sizeof(fh);
-			p->frag = (fh.off & bpf_htons(0xfff8)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
-			p->frag_id = fh.id;
-		}
-		__builtin_memcpy(p->t.saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
-		return 0;
-	}
+	if (parse_ip(ctx, off, 1, NP_PARSE, &l3, &buf) == PARSE_MALFORMED)
+		return -1;
+	p->v6 = 1;
+	p->l4_off = l3.l4_off;
+	p->t.proto = l3.proto;
+	p->ttl = l3.ip6->hop_limit;
+	p->tot_len = l3.ip6->payload_len;
+	p->frag = l3.frag;
+	p->frag_id = l3.frag_id;
+	__builtin_memcpy(p->t.saddr, &l3.ip6->saddr, 16);
+	__builtin_memcpy(p->t.daddr, &l3.ip6->daddr, 16);
+	return 0;
 }
 
 /* np_parse_l3 reads the packet's IP header into p (not the ports). 0:
  * IPv4/IPv6 to act on; 1: not IP; -1: malformed. */
 AXON_INLINE int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 {
-	struct ethhdr eth;
+	struct packet l3;
+	struct ethhdr buf;
+	enum parse_result r = parse_eth(ctx, NP_PARSE, &l3, &buf);
 
-	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
-		return -1;
-	if (eth.h_proto == bpf_htons(ETH_P_IP))
+	if (r == PARSE_IPV4)
 		return np_parse_ip(ctx, p, ETH_HLEN, 0);
-	if (eth.h_proto == bpf_htons(ETH_P_IPV6))
+	if (r == PARSE_IPV6)
 		return np_parse_ip(ctx, p, ETH_HLEN, 1);
-	return 1;
+	return r == PARSE_NON_IP ? 1 : -1;
 }
 
 /* np_parse_ports reads the TCP/UDP ports (and TCP flags). */
@@ -504,7 +464,7 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 	__be16 ports[2];
 	__u8 fl = 0;
 
-	if (p->frag == NP_FRAG_LATER) /* frag.h: no L4 header, ports from axon_np_frag */
+	if (p->frag == AXON_FRAG_LATER) /* frag.h: no L4 header, ports from axon_np_frag */
 		return 0;
 	if (ctx_load(ctx, p->l4_off, ports, sizeof(ports)))
 		return -1;
@@ -552,7 +512,7 @@ AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct
 		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d_addr))
 			return -1;
 	}
-	if (p->frag == NP_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
+	if (p->frag == AXON_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
 		return 0;
 	if (ctx_store(ctx, p->l4_off, &newp, 4))
 		return -1;
@@ -1315,7 +1275,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
 		be_id = ct->backend_id;
 	} else {
-		if (in.frag == NP_FRAG_LATER)
+		if (in.frag == AXON_FRAG_LATER)
 			return 1; /* the first fragment made the CT entry, or was not ours */
 		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1, 0);
 		if (!svc)
