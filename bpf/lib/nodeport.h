@@ -53,15 +53,19 @@
 #define AXON_NP_AFFINITY_MAX 65536
 #define AXON_NP_SRCRANGE_MAX 16384
 
-/* np_svc_val.flags */
-#define NP_F_AFFINITY 0x01   /* sessionAffinity ClientIP (affinity_timeout s) */
-#define NP_F_MAGLEV 0x02     /* pick from axon_lb_maglev, not at random */
-#define NP_F_SRC_RANGES 0x04 /* only clients in axon_np_srcrange */
-#define NP_F_DSR 0x08        /* remote backends by DSR (IPIP), else SNAT */
-#define NP_F_LOCAL_ONLY 0x10 /* externalTrafficPolicy Local: never a remote backend */
+/* np_svc_val.flags (npFlag* in internal/datapath). */
+enum np_svc_flag {
+	NP_F_AFFINITY = 0x01,   /* sessionAffinity ClientIP (affinity_timeout s) */
+	NP_F_MAGLEV = 0x02,     /* pick from axon_lb_maglev, not at random */
+	NP_F_SRC_RANGES = 0x04, /* only clients in axon_np_srcrange */
+	NP_F_DSR = 0x08,        /* remote backends by DSR (IPIP), else SNAT */
+	NP_F_LOCAL_ONLY = 0x10, /* externalTrafficPolicy Local: never a remote backend */
+};
 
 /* np_backend.flags (np_backend.state: enum axon_lb_state, common.h). */
-#define NP_BE_F_LOCAL 0x01 /* a pod on this node: DNAT only */
+enum np_be_flag {
+	NP_BE_F_LOCAL = 0x01, /* a pod on this node: DNAT only */
+};
 
 /* Hooks (rows of axon_np_metrics). */
 enum np_hook {
@@ -71,8 +75,8 @@ enum np_hook {
 	NP_HOOK_MAX = 3,
 };
 
-/* Counters, index hook * NP_REASON_MAX + reason. Names in
- * internal/datapath/nodeport_maps.go (npReasonNames). */
+/* Counters, index hook * NP_REASON_MAX + reason. Names: the members'
+ * without NP_, lower case (npReasonNames in internal/datapath). */
 enum np_reason {
 	NP_NOT_SERVICE = 0,      /* no CT entry, frontend or reverse entry: untouched */
 	NP_CT_HIT = 1,           /* established flow, translated from its CT entry */
@@ -101,6 +105,18 @@ enum np_reason {
 	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
 	NP_REASON_MAX = 25,
 };
+
+/* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
+ * (see AXON_BTF_ANCHOR): internal/datapath's npHookNames, npReasonNames,
+ * npFlag*, npBackendLocal, npCT* and npNAT*. */
+AXON_BTF_ANCHOR(axon_np_btf, {
+	enum np_hook hook;
+	enum np_reason reason;
+	enum np_svc_flag svc_flag;
+	enum np_be_flag be_flag;
+	enum np_ct_flag ct_flag;
+	enum np_nat_flag nat_flag;
+});
 
 struct np_svc_key {
 	__u8 addr[16]; /* frontend address; :: or ::ffff:0.0.0.0 for NodePort/HostPort */
