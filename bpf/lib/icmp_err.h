@@ -235,12 +235,7 @@ route:
 	return cfg_dry_run ? CTX_PASS : np_send(ctx, rc, fp);
 
 no_route:
-	if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		np_count(hook, NP_XDP_PUNT);
-		return CTX_PASS;
-	}
-	np_count(hook, NP_DROP_NO_ROUTE);
-	return CTX_DROP;
+	return np_unroutable(rc, hook);
 malformed:
 	np_count(hook, NP_MALFORMED);
 	return CTX_NEXT;

@@ -614,6 +614,47 @@ AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
 #endif
 }
 
+/* np_unroutable is the verdict on a packet whose FIB lookup returned rc
+ * this hook cannot use (np_fib_usable): at XDP without a neighbour it goes
+ * up unchanged for tc to finish (NP_XDP_PUNT), else it is dropped
+ * (NP_DROP_NO_ROUTE). */
+AXON_INLINE int np_unroutable(long rc, enum np_hook hook)
+{
+	if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		np_count(hook, NP_XDP_PUNT);
+		return CTX_PASS;
+	}
+	np_count(hook, NP_DROP_NO_ROUTE);
+	return CTX_DROP;
+}
+
+/* np_route looks up the way from src to dst of a packet this hook forwards
+ * (np_fib): 0 when the hook can finish it, *rc for np_transmit; else 1,
+ * and the caller returns *verdict (np_unroutable). A dry run looks nothing
+ * up (*rc stays 0). */
+AXON_INLINE int np_route(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
+			 struct bpf_fib_lookup *fp, enum np_hook hook, long *rc, int *verdict)
+{
+	if (cfg_dry_run)
+		return 0;
+	*rc = np_fib(ctx, v6, src, dst, fp);
+	if (np_fib_usable(*rc))
+		return 0;
+	*verdict = np_unroutable(*rc, hook);
+	return 1;
+}
+
+/* np_transmit counts a rewritten packet as reason and sends it the way
+ * np_route found (np_send); the dry run stops here (CTX_PASS). */
+AXON_INLINE int np_transmit(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp, enum np_hook hook,
+			    enum np_reason reason)
+{
+	np_count(hook, reason);
+	if (cfg_dry_run)
+		return CTX_PASS;
+	return np_send(ctx, rc, fp);
+}
+
 /* np_lookup_svc finds the frontend of tuple t: exact address first, then,
  * for the node's own addresses (node: the caller found t->daddr in
  * axon_np_local), the NodePort and HostPort wildcards. With remote set (a
@@ -817,6 +858,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	struct np_tuple n;
 	__u8 src[16];
 	long rc = 0;
+	int verdict;
 
 	if (!sc)
 		return CTX_DROP;
@@ -850,25 +892,13 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 			np_count(hook, NP_DROP_NO_SNAT_ADDR);
 			return CTX_DROP;
 		}
-		if (!cfg_dry_run) {
-			rc = np_fib(ctx, p->v6, src, ct->be_addr, fp);
-			if (!np_fib_usable(rc)) {
-				if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-					np_count(hook, NP_XDP_PUNT);
-					return CTX_PASS;
-				}
-				np_count(hook, NP_DROP_NO_ROUTE);
-				return CTX_DROP;
-			}
-		}
+		if (np_route(ctx, p->v6, src, ct->be_addr, fp, hook, &rc, &verdict))
+			return verdict;
 		if (p->v6 ? dsr_encap6(ctx, src, ct->be_addr) : dsr_encap4(ctx, np_v4(src), np_v4(ct->be_addr))) {
 			np_count(hook, NP_REWRITE_FAIL);
 			return CTX_DROP;
 		}
-		np_count(hook, NP_DSR_ENCAP);
-		if (cfg_dry_run)
-			return CTX_PASS;
-		return np_send(ctx, rc, fp);
+		return np_transmit(ctx, rc, fp, hook, NP_DSR_ENCAP);
 	}
 	/* SNAT */
 	np_explain_set(NP_SNAT_FWD, ct, hit);
@@ -878,25 +908,13 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	}
 	__builtin_memcpy(n.saddr, src, 16);
 	n.sport = ct->nat_port;
-	if (!cfg_dry_run) {
-		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
-		if (!np_fib_usable(rc)) {
-			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-				np_count(hook, NP_XDP_PUNT);
-				return CTX_PASS;
-			}
-			np_count(hook, NP_DROP_NO_ROUTE);
-			return CTX_DROP;
-		}
-	}
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
 		np_count(hook, NP_REWRITE_FAIL);
 		return CTX_DROP;
 	}
-	np_count(hook, NP_SNAT_FWD);
-	if (cfg_dry_run)
-		return CTX_PASS;
-	return np_send(ctx, rc, fp);
+	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
 }
 
 /* np_reverse sends a reply of an SNAT flow back to the client. */
@@ -907,6 +925,7 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 	struct np_tuple n;
 	__u64 now;
 	long rc = 0;
+	int verdict;
 
 	if (!sc)
 		return CTX_DROP;
@@ -925,24 +944,14 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 		now = np_now();
 		if (now - nat->last_seen > cfg_ct_refresh_ns)
 			nat->last_seen = now;
-		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
-		if (!np_fib_usable(rc)) {
-			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-				np_count(hook, NP_XDP_PUNT);
-				return CTX_PASS;
-			}
-			np_count(hook, NP_DROP_NO_ROUTE);
-			return CTX_DROP;
-		}
 	}
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
 		np_count(hook, NP_REWRITE_FAIL);
 		return CTX_DROP;
 	}
-	np_count(hook, NP_REV_NAT);
-	if (cfg_dry_run)
-		return CTX_PASS;
-	return np_send(ctx, rc, fp);
+	return np_transmit(ctx, rc, fp, hook, NP_REV_NAT);
 }
 
 /* np_snat_insert inserts the reservation natp under the reply key rkp
