@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* edt.h: pod bandwidth enforcement (issue 6, Bandwidth Manager).
+/* edt.h: pod bandwidth enforcement (the Bandwidth Manager).
  *
  * Egress: Earliest Departure Time. At the uplink's tc egress every packet of
  * a limited pod gets a departure time in skb->tstamp (CLOCK_MONOTONIC):
@@ -207,7 +207,7 @@ enum edt_verdict {
  *     start = max(t_last, base, now - slack);  departure = max(start, now)
  *     t_last = start + len/rate
  *
- * Back to back, departures advance by len*8/bits per packet (the seed's
+ * Back to back, departures advance by len*8/bits per packet (the first version's
  * t_next = max(now, t_last) + len/rate, with the charge booked after the
  * packet, so an idle pod's first packet is not delayed). base is the
  * packet's own mono delivery time (TCP pacing, BBR; 0 when none): a packet
