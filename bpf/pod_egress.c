@@ -12,7 +12,7 @@
 #include "lib/metrics.h"
 #include "lib/forward.h"
 #include "lib/fib.h"
-#include "lib/edt.h" /* issue 6: ingress bandwidth policer */
+#include "lib/edt.h" /* the Bandwidth Manager's ingress policer */
 
 /* Load-time configuration (set by the loader from feature probes; the
  * verifier prunes the disabled branches, so a kernel without a helper still
@@ -54,7 +54,7 @@ int axon_pod_egress(struct __sk_buff *skb)
 
 	ep = local_lookup(&pkt);
 	if (ep) {
-		/* issue 6: the destination pod's ingress-bandwidth limit */
+		/* the Bandwidth Manager: the destination pod's ingress limit */
 		if (bw_ingress_police(skb, &pkt))
 			return TC_ACT_SHOT;
 		if (cfg_netkit)

@@ -23,14 +23,17 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* lb_gone_key.proto bits (value of axon_lb_gone). */
-#define AXON_GONE_UDP 0x1
-#define AXON_GONE_TCP 0x2
+/* Value bits of axon_lb_gone: which protocols' sockets to abort (goneUDP,
+ * goneTCP in internal/datapath; in BTF through axon_gone_btf, see
+ * AXON_BTF_ANCHOR). */
+enum axon_gone {
+	AXON_GONE_UDP = 0x1,
+	AXON_GONE_TCP = 0x2,
+};
 
-/* TCP states that are not full sockets or have no peer to match. */
-#define AXON_TCP_TIME_WAIT 6
-#define AXON_TCP_LISTEN 10
-#define AXON_TCP_NEW_SYN_RECV 12
+AXON_BTF_ANCHOR(axon_gone_btf, {
+	enum axon_gone gone;
+});
 
 /* Key of axon_lb_gone (24 bytes): a backend removed from one frontend. */
 struct lb_gone_key {

@@ -23,10 +23,6 @@
 #include "lib/common.h"
 #include "lib/lb.h"
 
-#define AXON_IPPROTO_UDP 17
-#define AXON_IPPROTO_SCTP 132
-#define AXON_ECONNREFUSED 111
-#define AXON_EADDRINUSE 98
 
 #define SYS_PROCEED 1
 #define SYS_REJECT 0

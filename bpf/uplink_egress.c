@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* uplink_egress.c: tc egress of the node uplink (issue 6, Bandwidth
+/* uplink_egress.c: tc egress of the node uplink (the Bandwidth
  * Manager). Packets from a pod with an egress limit get an Earliest Departure
  * Time in skb->tstamp; the fq qdisc on the uplink sends them no earlier.
  * Everything else passes untouched. Never redirects, never drops except

@@ -18,27 +18,58 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-/* Address families as used by struct bpf_fib_lookup (from <sys/socket.h>,
- * which cannot be included for -target bpf). */
+/* Kernel and protocol numbers from headers that cannot be included for
+ * -target bpf (<sys/socket.h>, <linux/in.h>, <linux/icmp.h>, <errno.h>,
+ * <netinet/tcp.h>). Every program spells them so, from here only; ETH_P_*,
+ * TC_ACT_*, XDP_* and BPF_* come from the UAPI headers above. */
+
+/* Address families (struct bpf_fib_lookup, struct bpf_sock_addr). */
 #define AXON_AF_INET 2
 #define AXON_AF_INET6 10
 
-/* IP protocol numbers (<linux/in.h> is not includable for -target bpf). */
+/* IP protocol numbers (IPv4 protocol, IPv6 next header). */
+#define AXON_IPPROTO_HOPOPTS 0   /* IPv6 hop-by-hop options header */
+#define AXON_IPPROTO_ICMP 1
+#define AXON_IPPROTO_IPIP 4      /* IPv4 in IPv4 (DSR, lib/dsr.h) */
 #define AXON_IPPROTO_TCP 6
+#define AXON_IPPROTO_UDP 17
+#define AXON_IPPROTO_IPV6 41     /* IPv6 in IPv6 (DSR, lib/dsr.h) */
+#define AXON_IPPROTO_FRAGMENT 44 /* IPv6 fragment header */
+#define AXON_IPPROTO_ICMPV6 58
+#define AXON_IPPROTO_SCTP 132
+
+/* ICMP / ICMPv6 message types and codes (lib/icmp_err.h, lib/icmp_too_big.h). */
+#define AXON_ICMP_DEST_UNREACH 3
+#define AXON_ICMP_FRAG_NEEDED 4 /* code of AXON_ICMP_DEST_UNREACH: fragmentation needed and DF set */
+#define AXON_ICMP_TIME_EXCEEDED 11
+#define AXON_ICMP6_DEST_UNREACH 1
+#define AXON_ICMP6_PKT_TOOBIG 2
+#define AXON_ICMP6_TIME_EXCEED 3
+
+/* errno values a sock_addr program returns through bpf_set_retval
+ * (sock_lb.c). */
+#define AXON_EADDRINUSE 98
+#define AXON_ECONNREFUSED 111
+
+/* TCP states (sk_state) a socket iterator skips (sock_destroy.c). */
+#define AXON_TCP_TIME_WAIT 6
+#define AXON_TCP_LISTEN 10
+#define AXON_TCP_NEW_SYN_RECV 12
 
 /* Maximum number of pod endpoints per address family on one node. */
 #define AXON_MAX_ENDPOINTS 65536
 
 /* Attach points ("directions"). The metrics map holds one row of reasons per
- * direction: index = dir * AXON_REASON_MAX + reason. Keep in sync with
- * internal/datapath/metrics.go. */
+ * direction: index = dir * AXON_REASON_MAX + reason. Names: the members'
+ * without AXON_DIR_, lower case (directionNames in internal/datapath). */
 enum axon_dir {
 	AXON_DIR_POD_EGRESS = 0,     /* tc ingress of a pod's host-side veth */
 	AXON_DIR_UPLINK_INGRESS = 1, /* tc ingress of the node uplink */
 	AXON_DIR_MAX = 2,
 };
 
-/* Why a packet got its verdict. Names in internal/datapath/metrics.go. */
+/* Why a packet got its verdict. Names: the members' without AXON_, lower
+ * case (reasonNames in internal/datapath, the metric and status names). */
 enum axon_reason {
 	AXON_REDIRECT_PEER_LOCAL = 0, /* to a pod on this node via bpf_redirect_peer */
 	AXON_REDIRECT_FIB = 1,        /* fib hit with neighbour: bpf_redirect; or a cached route (fib_cache.h): bpf_redirect_neigh */
@@ -53,9 +84,34 @@ enum axon_reason {
 	AXON_REASON_MAX = 10,
 };
 
+/* Frontend scopes of both Service load balancers (lb_svc_key.scope in
+ * lib/lb.h, np_svc_key.scope in lib/nodeport.h); the values of lb.Scope in
+ * internal/lb. */
+enum axon_lb_scope {
+	AXON_LB_SCOPE_CLUSTER = 0,  /* exact address: ClusterIP, externalIP, LoadBalancer IP */
+	AXON_LB_SCOPE_NODEPORT = 1, /* any node address (NodePort) */
+	AXON_LB_SCOPE_HOSTPORT = 2, /* any node address, a pod's hostPort */
+};
+
+/* Backend states of both Service load balancers (lb_backend.state,
+ * np_backend.state); the values of lb.BackendState in internal/lb. */
+enum axon_lb_state {
+	AXON_LB_ACTIVE = 0,      /* picked for new flows */
+	AXON_LB_TERMINATING = 1, /* picked only when no backend is active */
+	AXON_LB_QUARANTINED = 2, /* never picked for a new flow */
+};
+
 /* endpoint_info.flags bits (reserved; none defined yet). */
 #define AXON_EP_F_NONE 0
 
 #define AXON_INLINE static __always_inline
+
+/* AXON_BTF_ANCHOR(name, members) defines a global that no program reads,
+ * so that the enums internal/datapath mirrors (names and values of
+ * counters, flags, directions) are in the object's BTF even where every
+ * use of them is inlined. internal/datapath checks its tables against
+ * them (enums_btf_test.go). A read-only global: in .rodata, never looked
+ * at by the verifier. */
+#define AXON_BTF_ANCHOR(name, members) const volatile struct name members name = {}
 
 #endif /* AXON_COMMON_H */

@@ -20,11 +20,13 @@
 /* Default number of CT entries; NodePortOptions.CTMax overrides it at load. */
 #define AXON_NP_CT_MAX 131072
 
-/* np_ct.flags */
-#define NP_CT_LOCAL 0x01   /* DNAT to a pod on this node; replies reverse-NATed at uplink egress */
-#define NP_CT_SNAT 0x02    /* remote backend, source NATed to the node (nat_port) */
-#define NP_CT_DSR 0x04     /* remote backend, IPIP-encapsulated; replies go direct */
-#define NP_CT_CLOSING 0x08 /* TCP FIN or RST seen: short timeout, a new SYN re-selects */
+/* np_ct.flags (npCT* in internal/datapath). */
+enum np_ct_flag {
+	NP_CT_LOCAL = 0x01,   /* DNAT to a pod on this node; replies reverse-NATed at uplink egress */
+	NP_CT_SNAT = 0x02,    /* remote backend, source NATed to the node (nat_port) */
+	NP_CT_DSR = 0x04,     /* remote backend, IPIP-encapsulated; replies go direct */
+	NP_CT_CLOSING = 0x08, /* TCP FIN or RST seen: short timeout, a new SYN re-selects */
+};
 
 /* np_tuple: one direction of a flow as seen in the packet (40 bytes).
  * Addresses are 16 bytes, IPv4 as ::ffff:a.b.c.d; ports network order. */

@@ -63,6 +63,17 @@ AXON_INLINE __u32 ctx_len(const axon_ctx_t *ctx)
 #endif
 }
 
+/* ctx_gso_size: the skb's gso_size (non-zero for a GSO packet, BIG TCP
+ * included); 0 at XDP, which sees packets before GRO. */
+AXON_INLINE __u32 ctx_gso_size(const axon_ctx_t *ctx)
+{
+#ifdef AXON_CTX_XDP
+	return 0;
+#else
+	return ctx->gso_size;
+#endif
+}
+
 /* Largest packet offset the LB reads or writes at (headers only). */
 #define CTX_MAX_OFF 192
 

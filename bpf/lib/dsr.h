@@ -18,9 +18,7 @@
 
 #include "common.h"
 #include "ctx.h"
-
-#define NP_IPPROTO_IPIP 4
-#define NP_IPPROTO_IPV6 41
+#include "eth_ip.h"
 
 /* dsr_outer_len is the length field of an outer header that puts hdr bytes
  * in front of an inner packet whose own length field says inner_len (IPv4
@@ -54,7 +52,7 @@ AXON_INLINE int dsr_encap4(axon_ctx_t *ctx, __be32 src, __be32 dst)
 	outer.tos = inner.tos;
 	outer.tot_len = dsr_outer_len(ctx, bpf_ntohs(inner.tot_len), sizeof(outer));
 	outer.ttl = 64;
-	outer.protocol = NP_IPPROTO_IPIP;
+	outer.protocol = AXON_IPPROTO_IPIP;
 	outer.saddr = src;
 	outer.daddr = dst;
 	sum = bpf_csum_diff(0, 0, (__be32 *)&outer, sizeof(outer), 0);
@@ -76,7 +74,7 @@ AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
 	/* the outer payload is the whole inner packet, its header included */
 	outer.payload_len = dsr_outer_len(ctx, inner.payload_len ? bpf_ntohs(inner.payload_len) + sizeof(inner) : 0,
 					  0);
-	outer.nexthdr = NP_IPPROTO_IPV6;
+	outer.nexthdr = AXON_IPPROTO_IPV6;
 	outer.hop_limit = 64;
 	__builtin_memcpy(&outer.saddr, src, 16);
 	__builtin_memcpy(&outer.daddr, dst, 16);
@@ -89,50 +87,47 @@ AXON_INLINE int dsr_encap6(axon_ctx_t *ctx, const __u8 *src, const __u8 *dst)
  * IPv6 packet at the backend (tc ingress), where the kernel has no ipip /
  * ip6tnl device (CONFIG_NET_IPIP unset, as on the dev host). The inner
  * packet (client -> service address) then goes up the stack, which owns the
- * service address on a local interface. Returns 1 when it decapsulated,
- * 0 when the packet is not IP-in-IP, -1 on error. Not inlined: the header
- * copies stay off the callers' frames. */
+ * service address on a local interface. Only what dsr_encap4/6 add is
+ * removed: an outer IPv4 header without options that is not a fragment, or
+ * a fixed IPv6 header, in front of a valid inner header of the same family
+ * (eth_ip.h's parser, both). Returns 1 when it decapsulated, 0 when the
+ * packet is not such IP-in-IP, -1 on error. Not inlined: the header copies
+ * stay off the callers' frames. */
 static __noinline int dsr_decap(axon_ctx_t *ctx)
 {
+	struct packet outer = {}, inner = {};
+	union parse_buf outer_buf, inner_buf;
 	struct ethhdr eth;
+	__u32 hlen;
 
-	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
+	switch (parse_eth(ctx, PARSE_COPY, &outer, &eth)) {
+	case PARSE_IPV4:
+		if (parse_ip(ctx, ETH_HLEN, 0, PARSE_COPY, &outer, &outer_buf) != PARSE_IPV4 ||
+		    outer.ip4->protocol != AXON_IPPROTO_IPIP || outer.ip4->ihl != 5 ||
+		    (outer.ip4->frag_off & bpf_htons(0x3fff)))
+			return 0;
+		hlen = sizeof(struct iphdr);
+		if (parse_ip(ctx, ETH_HLEN + hlen, 0, PARSE_COPY, &inner, &inner_buf) != PARSE_IPV4)
+			return 0;
+		break;
+	case PARSE_IPV6:
+		if (parse_ip(ctx, ETH_HLEN, 1, PARSE_COPY, &outer, &outer_buf) != PARSE_IPV6 ||
+		    outer.ip6->nexthdr != AXON_IPPROTO_IPV6)
+			return 0;
+		hlen = sizeof(struct ipv6hdr);
+		if (parse_ip(ctx, ETH_HLEN + hlen, 1, PARSE_COPY, &inner, &inner_buf) != PARSE_IPV6)
+			return 0;
+		break;
+	default:
 		return 0;
-	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr outer, inner;
-
-		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
-			return 0;
-		if (outer.protocol != NP_IPPROTO_IPIP || outer.ihl != 5 || (outer.frag_off & bpf_htons(0x3fff)))
-			return 0;
-		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 4)
-			return 0;
-#ifndef AXON_CTX_XDP
-		if (bpf_skb_adjust_room(ctx, -(int)sizeof(outer), BPF_ADJ_ROOM_MAC, 0))
-			return -1;
-		return 1;
-#else
-		return 0;
-#endif
 	}
-	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr outer, inner;
-
-		if (ctx_load(ctx, ETH_HLEN, &outer, sizeof(outer)))
-			return 0;
-		if (outer.nexthdr != NP_IPPROTO_IPV6)
-			return 0;
-		if (ctx_load(ctx, ETH_HLEN + sizeof(outer), &inner, sizeof(inner)) || inner.version != 6)
-			return 0;
 #ifndef AXON_CTX_XDP
-		if (bpf_skb_adjust_room(ctx, -(int)sizeof(outer), BPF_ADJ_ROOM_MAC, 0))
-			return -1;
-		return 1;
+	if (bpf_skb_adjust_room(ctx, -(int)hlen, BPF_ADJ_ROOM_MAC, 0))
+		return -1;
+	return 1;
 #else
-		return 0;
-#endif
-	}
 	return 0;
+#endif
 }
 
 #endif /* AXON_DSR_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* edt.h: pod bandwidth enforcement (issue 6, Bandwidth Manager).
+/* edt.h: pod bandwidth enforcement (the Bandwidth Manager).
  *
  * Egress: Earliest Departure Time. At the uplink's tc egress every packet of
  * a limited pod gets a departure time in skb->tstamp (CLOCK_MONOTONIC):
@@ -41,14 +41,15 @@
 /* Maximum number of pods with a bandwidth limit on one node. */
 #define AXON_BW_MAX_PODS 16384
 
-/* Directions of a limit (bw_state_key.dir). Keep in sync with
- * internal/datapath/bwm.go. */
+/* Directions of a limit (bw_state_key.dir; BWEgress/BWIngress in
+ * internal/datapath). */
 enum axon_bw_dir {
 	AXON_BW_EGRESS = 0,  /* from the pod, EDT at the uplink egress */
 	AXON_BW_INGRESS = 1, /* toward the pod, token bucket before redirect */
 };
 
-/* Node-wide counters (axon_bw_stats index). Names in internal/datapath/bwm.go. */
+/* Node-wide counters (axon_bw_stats index). Names: the members' without
+ * AXON_BW_, lower case (bwStatNames in internal/datapath). */
 enum axon_bw_stat {
 	AXON_BW_EGRESS_PACED = 0,       /* egress: departure time set */
 	AXON_BW_EGRESS_DROP_HORIZON = 1, /* egress: dropped, beyond the horizon */
@@ -96,6 +97,14 @@ struct bw_state {
 /* bw_state.flags (egress). */
 #define AXON_BW_F_IGNORE_POD_TSTAMP 1ULL /* do not honour the pod's own mono delivery time (TCP pacing) */
 #define AXON_BW_F_NO_SMALL_BYPASS 2ULL   /* small packets wait behind the pod's backlog like the others (default: they do not, see edt_schedule) */
+
+/* axon_bw_btf: enum axon_bw_dir and enum axon_bw_stat in BTF (see
+ * AXON_BTF_ANCHOR): internal/datapath's BWEgress/BWIngress and
+ * bwStatNames. */
+AXON_BTF_ANCHOR(axon_bw_btf, {
+	enum axon_bw_dir dir;
+	enum axon_bw_stat stat;
+});
 
 /* A packet of at most this many wire bytes is "small" (a pure ACK, a
  * request/response segment): see edt_schedule. */
@@ -198,7 +207,7 @@ enum edt_verdict {
  *     start = max(t_last, base, now - slack);  departure = max(start, now)
  *     t_last = start + len/rate
  *
- * Back to back, departures advance by len*8/bits per packet (the seed's
+ * Back to back, departures advance by len*8/bits per packet (the first version's
  * t_next = max(now, t_last) + len/rate, with the charge booked after the
  * packet, so an idle pod's first packet is not delayed). base is the
  * packet's own mono delivery time (TCP pacing, BBR; 0 when none): a packet

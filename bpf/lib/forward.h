@@ -8,7 +8,7 @@
 #include "endpoint.h"
 #include "l3.h"
 #include "metrics.h"
-#include "edt.h" /* issue 6: ingress bandwidth policer */
+#include "edt.h" /* the Bandwidth Manager's ingress policer */
 
 /* ttl_expired: TTL / hop limit <= 1 must go to the stack, which answers with
  * ICMP time exceeded. Counted as AXON_PASS_TTL. */
@@ -56,7 +56,7 @@ AXON_INLINE int deliver_local(struct packet *pkt, const struct endpoint_info *ep
 
 /* uplink_to_pod delivers a packet that came in on the uplink to the local
  * pod ep owns its destination: the destination pod's ingress-bandwidth
- * limit (issue 6; bpf_redirect_peer skips the host-side device's egress
+ * limit (Bandwidth Manager; bpf_redirect_peer skips the host-side device's egress
  * hook, so it is policed here), then deliver_local. Counted in the uplink
  * ingress row. The caller has checked the TTL. */
 AXON_INLINE int uplink_to_pod(struct __sk_buff *skb, struct packet *pkt,

@@ -118,9 +118,9 @@ AXON_INLINE int np_frag_recorded(struct np_pkt *p, __u64 now)
  * ports are in p. Not inlined: the key stays off the caller's frame. */
 static __noinline int np_frag_ports(axon_ctx_t *ctx, struct np_pkt *p)
 {
-	if (p->t.proto != NP_IPPROTO_TCP && p->t.proto != NP_IPPROTO_UDP)
+	if (p->t.proto != AXON_IPPROTO_TCP && p->t.proto != AXON_IPPROTO_UDP)
 		return -1;
-	if (p->frag == NP_FRAG_FIRST)
+	if (p->frag == AXON_FRAG_FIRST)
 		return np_parse_ports(ctx, p);
 	return np_frag_recorded(p, np_now());
 }
@@ -135,13 +135,13 @@ static __noinline int np_frag_track(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 	struct np_frag_val v = {};
 	__u64 now;
 
-	if (p->t.proto != NP_IPPROTO_TCP && p->t.proto != NP_IPPROTO_UDP) {
+	if (p->t.proto != AXON_IPPROTO_TCP && p->t.proto != AXON_IPPROTO_UDP) {
 		np_count(hook, NP_FRAGMENT);
 		return 1;
 	}
 	np_frag_key_of(p, &k);
 	now = np_now();
-	if (p->frag == NP_FRAG_FIRST) {
+	if (p->frag == AXON_FRAG_FIRST) {
 		/* offset 0 but the L4 header is cut short: nothing to record */
 		if (np_parse_ports(ctx, p)) {
 			np_count(hook, NP_MALFORMED);

@@ -25,12 +25,6 @@
 #ifndef AXON_ICMP_ERR_H
 #define AXON_ICMP_ERR_H
 
-#define NP_ICMP_DEST_UNREACH 3
-#define NP_ICMP_TIME_EXCEEDED 11
-#define NP_ICMP6_DEST_UNREACH 1
-#define NP_ICMP6_PKT_TOOBIG 2
-#define NP_ICMP6_TIME_EXCEED 3
-
 /* np_icmp_rewrite rewrites outer source/destination to osrc/odst and the
  * quoted tuple (inner_off: inner IP header, inner_l4: its ports) from *old
  * to *nw, with every checksum. */
@@ -115,7 +109,7 @@ AXON_INLINE int np_icmp_quoted(axon_ctx_t *ctx, const struct np_pkt *p, struct n
 	if (p->v6) {
 		struct ipv6hdr ip6;
 
-		if (type != NP_ICMP6_DEST_UNREACH && type != NP_ICMP6_PKT_TOOBIG && type != NP_ICMP6_TIME_EXCEED)
+		if (type != AXON_ICMP6_DEST_UNREACH && type != AXON_ICMP6_PKT_TOOBIG && type != AXON_ICMP6_TIME_EXCEED)
 			return 1;
 		if (ctx_load(ctx, *inner_off, &ip6, sizeof(ip6)))
 			return -1;
@@ -126,7 +120,7 @@ AXON_INLINE int np_icmp_quoted(axon_ctx_t *ctx, const struct np_pkt *p, struct n
 	} else {
 		struct iphdr ip;
 
-		if (type != NP_ICMP_DEST_UNREACH && type != NP_ICMP_TIME_EXCEEDED)
+		if (type != AXON_ICMP_DEST_UNREACH && type != AXON_ICMP_TIME_EXCEEDED)
 			return 1;
 		if (ctx_load(ctx, *inner_off, &ip, sizeof(ip)))
 			return -1;
@@ -137,7 +131,7 @@ AXON_INLINE int np_icmp_quoted(axon_ctx_t *ctx, const struct np_pkt *p, struct n
 		np_addr4(it->daddr, ip.daddr);
 		*inner_l4 = *inner_off + (__u32)ip.ihl * 4;
 	}
-	if (it->proto != NP_IPPROTO_TCP && it->proto != NP_IPPROTO_UDP)
+	if (it->proto != AXON_IPPROTO_TCP && it->proto != AXON_IPPROTO_UDP)
 		return 1;
 	if (ctx_load(ctx, *inner_l4, ports, sizeof(ports)))
 		return -1;
@@ -241,12 +235,7 @@ route:
 	return cfg_dry_run ? CTX_PASS : np_send(ctx, rc, fp);
 
 no_route:
-	if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		np_count(hook, NP_XDP_PUNT);
-		return CTX_PASS;
-	}
-	np_count(hook, NP_DROP_NO_ROUTE);
-	return CTX_DROP;
+	return np_unroutable(rc, hook);
 malformed:
 	np_count(hook, NP_MALFORMED);
 	return CTX_NEXT;

@@ -138,13 +138,13 @@ static __noinline int np_reply_too_big(axon_ctx_t *ctx, const struct np_pkt *p, 
 		r->ip.tos = 0xc0; /* internetwork control, as Linux sends its ICMP errors */
 		r->ip.tot_len = bpf_htons(sizeof(*r));
 		r->ip.ttl = 64;
-		r->ip.protocol = NP_IPPROTO_ICMP;
+		r->ip.protocol = AXON_IPPROTO_ICMP;
 		r->ip.saddr = np_v4(p->t.daddr);
 		r->ip.daddr = np_v4(p->t.saddr);
 		sum = bpf_csum_diff(0, 0, (__be32 *)&r->ip, sizeof(r->ip), 0);
 		r->ip.check = csum_fold_diff(0xffff, sum);
-		r->type = 3; /* destination unreachable */
-		r->code = 4; /* fragmentation needed and DF set */
+		r->type = AXON_ICMP_DEST_UNREACH;
+		r->code = AXON_ICMP_FRAG_NEEDED;
 		r->mtu = bpf_htons((__u16)(cfg_dsr_mtu - sizeof(struct iphdr)));
 		sum = bpf_csum_diff(0, 0, (__be32 *)&r->type, sizeof(*r) - sizeof(r->ip), 0);
 		r->check = csum_fold_diff(0xffff, sum);
@@ -160,15 +160,15 @@ static __noinline int np_reply_too_big(axon_ctx_t *ctx, const struct np_pkt *p, 
 			goto drop;
 		r->ip6.version = 6;
 		r->ip6.payload_len = bpf_htons(sizeof(*r) - sizeof(r->ip6));
-		r->ip6.nexthdr = NP_IPPROTO_ICMPV6;
+		r->ip6.nexthdr = AXON_IPPROTO_ICMPV6;
 		r->ip6.hop_limit = 64;
 		__builtin_memcpy(&r->ip6.saddr, p->t.daddr, 16);
 		__builtin_memcpy(&r->ip6.daddr, p->t.saddr, 16);
-		r->type = 2; /* packet too big */
+		r->type = AXON_ICMP6_PKT_TOOBIG;
 		r->mtu = bpf_htonl(cfg_dsr_mtu - sizeof(struct ipv6hdr));
 		/* pseudo header: addresses, upper-layer length, next header */
 		ph[0] = bpf_htonl(sizeof(*r) - sizeof(r->ip6));
-		ph[1] = bpf_htonl(NP_IPPROTO_ICMPV6);
+		ph[1] = bpf_htonl(AXON_IPPROTO_ICMPV6);
 		sum = bpf_csum_diff(0, 0, (__be32 *)&r->ip6.saddr, 32, 0);
 		sum = bpf_csum_diff(0, 0, ph, sizeof(ph), sum);
 		sum = bpf_csum_diff(0, 0, (__be32 *)&r->type, sizeof(*r) - sizeof(r->ip6), sum);

@@ -24,18 +24,18 @@
 #define AXON_LB_LOCAL_MAX 256
 #define AXON_LB_SKIP_MAX 65536
 
-/* Scopes (lb.Scope in internal/lb). */
-#define AXON_LB_SCOPE_CLUSTER 0
-#define AXON_LB_SCOPE_NODEPORT 1
-#define AXON_LB_SCOPE_HOSTPORT 2
+/* lb_svc_val.flags (master slot; lbFlagAffinity in internal/datapath). */
+enum axon_lb_flag {
+	AXON_LB_F_AFFINITY = 0x1, /* sessionAffinity ClientIP: affinity_timeout is set */
+};
 
-/* Backend states (lb.BackendState). */
-#define AXON_LB_ACTIVE 0
-#define AXON_LB_TERMINATING 1
-#define AXON_LB_QUARANTINED 2
-
-/* lb_svc_val.flags (master slot). */
-#define AXON_LB_F_AFFINITY 0x1 /* sessionAffinity ClientIP: affinity_timeout is set */
+/* axon_lb_btf: the enums user space mirrors in BTF (see AXON_BTF_ANCHOR):
+ * lb.Scope and lb.BackendState (common.h), lbFlagAffinity. */
+AXON_BTF_ANCHOR(axon_lb_btf, {
+	enum axon_lb_scope scope;
+	enum axon_lb_state state;
+	enum axon_lb_flag flag;
+});
 
 /* Key of axon_lb_svc (24 bytes). slot 0 is the frontend's master entry,
  * slots 1..active+terminating+quarantined hold its backends in this order:

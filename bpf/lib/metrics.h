@@ -16,6 +16,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_metrics SEC(".maps");
 
+/* axon_metrics_btf: enum axon_dir and enum axon_reason in BTF (see
+ * AXON_BTF_ANCHOR); their names are internal/datapath's directionNames and
+ * reasonNames. */
+AXON_BTF_ANCHOR(axon_metrics_btf, {
+	enum axon_dir dir;
+	enum axon_reason reason;
+});
+
 AXON_INLINE void metrics_count(enum axon_dir dir, enum axon_reason reason)
 {
 	__u32 idx = (__u32)dir * AXON_REASON_MAX + (__u32)reason;

@@ -27,12 +27,16 @@
 
 #define AXON_NP_NAT_MAX 131072
 
-#define NP_NAT_SNAT 0x01
-#define NP_NAT_LOCAL 0x02
-#define NP_NAT_DSR 0x04   /* with NP_NAT_LOCAL: the flow came encapsulated from
-			   * another node's LB (DSR): its SYN-ACK's MSS is clamped
-			   * (np_dsr_clamp_mss) so the client's segments still fit
-			   * the uplink MTU with the outer header added */
+/* np_nat.flags (npNAT* in internal/datapath). */
+enum np_nat_flag {
+	NP_NAT_SNAT = 0x01,  /* a reply of an SNAT flow (the key above) */
+	NP_NAT_LOCAL = 0x02, /* a reply of a local backend (the key above) */
+	NP_NAT_DSR = 0x04,   /* with NP_NAT_LOCAL: the flow came encapsulated from
+			      * another node's LB (DSR): its SYN-ACK's MSS is
+			      * clamped (np_dsr_clamp_mss) so the client's
+			      * segments still fit the uplink MTU with the outer
+			      * header added */
+};
 
 /* How many source ports a new SNAT flow tries before giving up (a bounded
  * loop, not unrolled): the previous port of the same client tuple, the

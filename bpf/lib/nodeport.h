@@ -41,22 +41,11 @@
 
 #include "common.h"
 #include "ctx.h"
+#include "eth_ip.h"
 #include "ct.h"
 #include "nat.h"
 #include "maglev.h"
 #include "dsr.h"
-
-#define NP_IPPROTO_ICMP 1
-#define NP_IPPROTO_TCP 6
-#define NP_IPPROTO_UDP 17
-#define NP_IPPROTO_ICMPV6 58
-#define NP_IPPROTO_FRAGMENT 44
-#define NP_IPPROTO_HOPOPTS 0 /* IPv6 hop-by-hop options header */
-
-/* Longest IPv6 hop-by-hop header the LB skips (bytes): a BIG TCP jumbo
- * header is 8; the bound keeps every header the LB reads below
- * CTX_MAX_OFF. */
-#define NP_HBH_MAX 64
 
 #define AXON_NP_SVC_MAX 65536
 #define AXON_NP_BACKEND_MAX 65536
@@ -64,23 +53,19 @@
 #define AXON_NP_AFFINITY_MAX 65536
 #define AXON_NP_SRCRANGE_MAX 16384
 
-/* Frontend scopes (lb.Scope). */
-#define NP_SCOPE_CLUSTER 0  /* exact address: externalIP, LoadBalancer IP */
-#define NP_SCOPE_NODEPORT 1 /* any node address (axon_np_local) */
-#define NP_SCOPE_HOSTPORT 2 /* any node address, pod hostPort */
+/* np_svc_val.flags (npFlag* in internal/datapath). */
+enum np_svc_flag {
+	NP_F_AFFINITY = 0x01,   /* sessionAffinity ClientIP (affinity_timeout s) */
+	NP_F_MAGLEV = 0x02,     /* pick from axon_lb_maglev, not at random */
+	NP_F_SRC_RANGES = 0x04, /* only clients in axon_np_srcrange */
+	NP_F_DSR = 0x08,        /* remote backends by DSR (IPIP), else SNAT */
+	NP_F_LOCAL_ONLY = 0x10, /* externalTrafficPolicy Local: never a remote backend */
+};
 
-/* np_svc_val.flags */
-#define NP_F_AFFINITY 0x01   /* sessionAffinity ClientIP (affinity_timeout s) */
-#define NP_F_MAGLEV 0x02     /* pick from axon_lb_maglev, not at random */
-#define NP_F_SRC_RANGES 0x04 /* only clients in axon_np_srcrange */
-#define NP_F_DSR 0x08        /* remote backends by DSR (IPIP), else SNAT */
-#define NP_F_LOCAL_ONLY 0x10 /* externalTrafficPolicy Local: never a remote backend */
-
-/* np_backend.state (lb.BackendState) and flags. */
-#define NP_BE_ACTIVE 0
-#define NP_BE_TERMINATING 1
-#define NP_BE_QUARANTINED 2
-#define NP_BE_F_LOCAL 0x01 /* a pod on this node: DNAT only */
+/* np_backend.flags (np_backend.state: enum axon_lb_state, common.h). */
+enum np_be_flag {
+	NP_BE_F_LOCAL = 0x01, /* a pod on this node: DNAT only */
+};
 
 /* Hooks (rows of axon_np_metrics). */
 enum np_hook {
@@ -90,8 +75,8 @@ enum np_hook {
 	NP_HOOK_MAX = 3,
 };
 
-/* Counters, index hook * NP_REASON_MAX + reason. Names in
- * internal/datapath/nodeport_maps.go (npReasonNames). */
+/* Counters, index hook * NP_REASON_MAX + reason. Names: the members'
+ * without NP_, lower case (npReasonNames in internal/datapath). */
 enum np_reason {
 	NP_NOT_SERVICE = 0,      /* no CT entry, frontend or reverse entry: untouched */
 	NP_CT_HIT = 1,           /* established flow, translated from its CT entry */
@@ -121,11 +106,23 @@ enum np_reason {
 	NP_REASON_MAX = 25,
 };
 
+/* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
+ * (see AXON_BTF_ANCHOR): internal/datapath's npHookNames, npReasonNames,
+ * npFlag*, npBackendLocal, npCT* and npNAT*. */
+AXON_BTF_ANCHOR(axon_np_btf, {
+	enum np_hook hook;
+	enum np_reason reason;
+	enum np_svc_flag svc_flag;
+	enum np_be_flag be_flag;
+	enum np_ct_flag ct_flag;
+	enum np_nat_flag nat_flag;
+});
+
 struct np_svc_key {
 	__u8 addr[16]; /* frontend address; :: or ::ffff:0.0.0.0 for NodePort/HostPort */
 	__be16 port;
 	__u8 proto;
-	__u8 scope; /* NP_SCOPE_* */
+	__u8 scope; /* AXON_LB_SCOPE_* */
 	__u16 slot; /* 0: master; 1..n: backends (Active, Terminating, Quarantined) */
 	__u16 pad;
 };
@@ -142,7 +139,7 @@ struct np_svc_val {
 struct np_backend {
 	__u8 addr[16];
 	__be16 port;
-	__u8 state; /* NP_BE_ACTIVE... */
+	__u8 state; /* AXON_LB_ACTIVE... */
 	__u8 flags; /* NP_BE_F_* */
 	__u32 frontend_id;
 };
@@ -362,16 +359,12 @@ struct np_pkt {
 	__u8 v6;
 	__u8 ttl;
 	__u8 tcp_flags;
-	__u8 frag;         /* NP_FRAG_* (frag.h) */
+	__u8 frag;         /* AXON_FRAG_* (eth_ip.h, frag.h) */
 	__be16 tot_len;
 	__u16 pad;
 	__be32 frag_id;    /* IP identification of a fragment (frag.h) */
 	__u32 dsr_be;      /* a DSR request for a local pod (np_dsr_accept): its backend id, else 0 */
 };
-
-/* np_pkt.frag */
-#define NP_FRAG_FIRST 1 /* offset 0: has the L4 header */
-#define NP_FRAG_LATER 2 /* offset > 0: no L4 header, ports from axon_np_frag */
 
 #define NP_TCP_FIN 0x01
 #define NP_TCP_SYN 0x02
@@ -421,96 +414,64 @@ AXON_INLINE int np_addr_eq(const __u8 *x, const __u8 *y)
 	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
 }
 
+/* How the LB parses (eth_ip.h): the transport header too; at tc through
+ * copies (ctx_load reads paged data), at XDP in place (the frame is linear). */
+#define NP_PARSE ((CTX_IS_XDP ? 0 : PARSE_COPY) | PARSE_L4)
+
 /* np_parse_ip reads the IPv4 (v6 = 0) or IPv6 header at packet offset off
  * into p (not the ports): the packet's own header (np_parse_l3) or the
  * inner header of a DSR request (np_dsr_accept). 0: ok; -1: malformed. Not
- * inlined: its header copies stay off the callers' frames (the stack limit
- * counts the whole call chain). */
+ * inlined: its header copies (tc) stay off the callers' frames (the stack limit
+ * counts the whole call chain). One parse_ip call per family: a common
+ * tail testing v6 again costs the verifier more than it saves. */
 static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, int v6)
 {
+	union parse_buf buf;
+	struct packet l3 = {};
+
 	if (off > CTX_MAX_OFF)
 		return -1;
 	if (!v6) {
-		struct iphdr ip;
-
-		if (ctx_load(ctx, off, &ip, sizeof(ip)))
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5)
+		if (parse_ip(ctx, off, 0, NP_PARSE, &l3, &buf) == PARSE_MALFORMED)
 			return -1;
 		p->v6 = 0;
-		p->l4_off = off + (__u32)ip.ihl * 4;
-		p->t.proto = ip.protocol;
-		p->ttl = ip.ttl;
-		p->tot_len = ip.tot_len;
-		/* frag.h: MF or an offset; offset 0 is the first fragment */
-		if (ip.frag_off & bpf_htons(0x3fff)) {
-			p->frag = (ip.frag_off & bpf_htons(0x1fff)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
-			p->frag_id = ip.id;
-		}
-		np_addr4(p->t.saddr, ip.saddr);
-		np_addr4(p->t.daddr, ip.daddr);
+		p->l4_off = l3.l4_off;
+		p->t.proto = l3.proto;
+		p->ttl = l3.ip4->ttl;
+		p->tot_len = l3.ip4->tot_len;
+		p->frag = l3.frag;
+		p->frag_id = l3.frag_id;
+		np_addr4(p->t.saddr, l3.ip4->saddr);
+		np_addr4(p->t.daddr, l3.ip4->daddr);
 		return 0;
 	}
-	{
-		struct ipv6hdr ip6;
-
-		if (ctx_load(ctx, off, &ip6, sizeof(ip6)))
-			return -1;
-		if (ip6.version != 6)
-			return -1;
-		p->v6 = 1;
-		p->l4_off = off + sizeof(ip6);
-		p->t.proto = ip6.nexthdr;
-		p->ttl = ip6.hop_limit;
-		p->tot_len = ip6.payload_len;
-		if (ip6.nexthdr == NP_IPPROTO_HOPOPTS) {
-			/* A hop-by-hop header, first when present. IPv6 BIG TCP
-			 * puts one in every GSO packet over 64 KiB (a jumbo
-			 * payload option, payload_len 0) on kernels that have
-			 * not dropped it (6.18 still has it): skip it to the
-			 * transport (or fragment) header. Longer than
-			 * NP_HBH_MAX: not parsed, the packet is malformed. */
-			struct { __u8 nexthdr, len; } hbh;
-
-			if (ctx_load(ctx, p->l4_off, &hbh, sizeof(hbh)))
-				return -1;
-			if (((__u32)hbh.len + 1) * 8 > NP_HBH_MAX)
-				return -1;
-			p->t.proto = hbh.nexthdr;
-			p->l4_off += ((__u32)hbh.len + 1) * 8;
-		}
-		if (p->t.proto == NP_IPPROTO_FRAGMENT) {
-			/* frag.h: fragment header right after the fixed header
-			 * (or the hop-by-hop header): nexthdr, reserved,
-			 * offset << 3 | M, identification */
-			struct { __u8 nexthdr, res; __be16 off; __be32 id; } fh;
-
-			if (ctx_load(ctx, p->l4_off, &fh, sizeof(fh)))
-				return -1;
-			p->t.proto = fh.nexthdr;
-			p->l4_off += sizeof(fh);
-			p->frag = (fh.off & bpf_htons(0xfff8)) ? NP_FRAG_LATER : NP_FRAG_FIRST;
-			p->frag_id = fh.id;
-		}
-		__builtin_memcpy(p->t.saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
-		return 0;
-	}
+	if (parse_ip(ctx, off, 1, NP_PARSE, &l3, &buf) == PARSE_MALFORMED)
+		return -1;
+	p->v6 = 1;
+	p->l4_off = l3.l4_off;
+	p->t.proto = l3.proto;
+	p->ttl = l3.ip6->hop_limit;
+	p->tot_len = l3.ip6->payload_len;
+	p->frag = l3.frag;
+	p->frag_id = l3.frag_id;
+	__builtin_memcpy(p->t.saddr, &l3.ip6->saddr, 16);
+	__builtin_memcpy(p->t.daddr, &l3.ip6->daddr, 16);
+	return 0;
 }
 
 /* np_parse_l3 reads the packet's IP header into p (not the ports). 0:
  * IPv4/IPv6 to act on; 1: not IP; -1: malformed. */
 AXON_INLINE int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 {
-	struct ethhdr eth;
+	struct packet l3;
+	struct ethhdr buf;
+	enum parse_result r = parse_eth(ctx, NP_PARSE, &l3, &buf);
 
-	if (ctx_load(ctx, 0, &eth, sizeof(eth)))
-		return -1;
-	if (eth.h_proto == bpf_htons(ETH_P_IP))
+	if (r == PARSE_IPV4)
 		return np_parse_ip(ctx, p, ETH_HLEN, 0);
-	if (eth.h_proto == bpf_htons(ETH_P_IPV6))
+	if (r == PARSE_IPV6)
 		return np_parse_ip(ctx, p, ETH_HLEN, 1);
-	return 1;
+	return r == PARSE_NON_IP ? 1 : -1;
 }
 
 /* np_parse_ports reads the TCP/UDP ports (and TCP flags). */
@@ -519,13 +480,13 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 	__be16 ports[2];
 	__u8 fl = 0;
 
-	if (p->frag == NP_FRAG_LATER) /* frag.h: no L4 header, ports from axon_np_frag */
+	if (p->frag == AXON_FRAG_LATER) /* frag.h: no L4 header, ports from axon_np_frag */
 		return 0;
 	if (ctx_load(ctx, p->l4_off, ports, sizeof(ports)))
 		return -1;
 	p->t.sport = ports[0];
 	p->t.dport = ports[1];
-	if (p->t.proto == NP_IPPROTO_TCP) {
+	if (p->t.proto == AXON_IPPROTO_TCP) {
 		if (ctx_load(ctx, p->l4_off + 13, &fl, 1))
 			return -1;
 		p->tcp_flags = fl;
@@ -538,7 +499,7 @@ AXON_INLINE int np_parse_ports(axon_ctx_t *ctx, struct np_pkt *p)
 
 AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
 {
-	return p->l4_off + (p->t.proto == NP_IPPROTO_TCP ? 16 : 6);
+	return p->l4_off + (p->t.proto == AXON_IPPROTO_TCP ? 16 : 6);
 }
 
 /* np_rewrite replaces addresses and ports of the packet's L3/L4 headers
@@ -548,7 +509,7 @@ AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct
 	__u32 oldp, newp;
 	__s64 d_addr, d_port;
 	__u32 csum_off = np_l4_csum_off(p);
-	int udp4 = !p->v6 && p->t.proto == NP_IPPROTO_UDP;
+	int udp4 = !p->v6 && p->t.proto == AXON_IPPROTO_UDP;
 
 	__builtin_memcpy(&oldp, &p->t.sport, 4);
 	__builtin_memcpy(&newp, &n->sport, 4);
@@ -567,7 +528,7 @@ AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct
 		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d_addr))
 			return -1;
 	}
-	if (p->frag == NP_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
+	if (p->frag == AXON_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
 		return 0;
 	if (ctx_store(ctx, p->l4_off, &newp, 4))
 		return -1;
@@ -653,6 +614,47 @@ AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
 #endif
 }
 
+/* np_unroutable is the verdict on a packet whose FIB lookup returned rc
+ * this hook cannot use (np_fib_usable): at XDP without a neighbour it goes
+ * up unchanged for tc to finish (NP_XDP_PUNT), else it is dropped
+ * (NP_DROP_NO_ROUTE). */
+AXON_INLINE int np_unroutable(long rc, enum np_hook hook)
+{
+	if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		np_count(hook, NP_XDP_PUNT);
+		return CTX_PASS;
+	}
+	np_count(hook, NP_DROP_NO_ROUTE);
+	return CTX_DROP;
+}
+
+/* np_route looks up the way from src to dst of a packet this hook forwards
+ * (np_fib): 0 when the hook can finish it, *rc for np_transmit; else 1,
+ * and the caller returns *verdict (np_unroutable). A dry run looks nothing
+ * up (*rc stays 0). */
+AXON_INLINE int np_route(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
+			 struct bpf_fib_lookup *fp, enum np_hook hook, long *rc, int *verdict)
+{
+	if (cfg_dry_run)
+		return 0;
+	*rc = np_fib(ctx, v6, src, dst, fp);
+	if (np_fib_usable(*rc))
+		return 0;
+	*verdict = np_unroutable(*rc, hook);
+	return 1;
+}
+
+/* np_transmit counts a rewritten packet as reason and sends it the way
+ * np_route found (np_send); the dry run stops here (CTX_PASS). */
+AXON_INLINE int np_transmit(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp, enum np_hook hook,
+			    enum np_reason reason)
+{
+	np_count(hook, reason);
+	if (cfg_dry_run)
+		return CTX_PASS;
+	return np_send(ctx, rc, fp);
+}
+
 /* np_lookup_svc finds the frontend of tuple t: exact address first, then,
  * for the node's own addresses (node: the caller found t->daddr in
  * axon_np_local), the NodePort and HostPort wildcards. With remote set (a
@@ -667,7 +669,7 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 	__builtin_memcpy(key->addr, t->daddr, 16);
 	key->port = t->dport;
 	key->proto = t->proto;
-	key->scope = NP_SCOPE_CLUSTER;
+	key->scope = AXON_LB_SCOPE_CLUSTER;
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc)
 		return svc;
@@ -678,11 +680,11 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 		__builtin_memset(key->addr, 0, 16);
 	else
 		np_addr4(key->addr, 0);
-	key->scope = NP_SCOPE_NODEPORT;
+	key->scope = AXON_LB_SCOPE_NODEPORT;
 	svc = bpf_map_lookup_elem(&axon_np_svc, key);
 	if (svc || remote)
 		return svc;
-	key->scope = NP_SCOPE_HOSTPORT;
+	key->scope = AXON_LB_SCOPE_HOSTPORT;
 	return bpf_map_lookup_elem(&axon_np_svc, key);
 }
 
@@ -690,9 +692,9 @@ AXON_INLINE int np_usable(const struct np_backend *b, const struct np_svc_val *s
 {
 	if (b->frontend_id != svc->id)
 		return 0;
-	if (b->state == NP_BE_ACTIVE)
+	if (b->state == AXON_LB_ACTIVE)
 		return 1;
-	return b->state == NP_BE_TERMINATING && svc->active == 0;
+	return b->state == AXON_LB_TERMINATING && svc->active == 0;
 }
 
 /* np_random picks a random Active backend, else a random Terminating one. */
@@ -751,7 +753,7 @@ AXON_INLINE __u32 np_select(struct np_svc_key *key, const struct np_svc_val *svc
 	if (!id)
 		return 0;
 	b = bpf_map_lookup_elem(&axon_np_be, &id);
-	if (!b || b->frontend_id != svc->id || b->state == NP_BE_QUARANTINED)
+	if (!b || b->frontend_id != svc->id || b->state == AXON_LB_QUARANTINED)
 		return 0;
 	__builtin_memcpy(be, b, sizeof(*be));
 	if ((svc->flags & NP_F_AFFINITY) && !cfg_dry_run) {
@@ -856,6 +858,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	struct np_tuple n;
 	__u8 src[16];
 	long rc = 0;
+	int verdict;
 
 	if (!sc)
 		return CTX_DROP;
@@ -889,25 +892,13 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 			np_count(hook, NP_DROP_NO_SNAT_ADDR);
 			return CTX_DROP;
 		}
-		if (!cfg_dry_run) {
-			rc = np_fib(ctx, p->v6, src, ct->be_addr, fp);
-			if (!np_fib_usable(rc)) {
-				if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-					np_count(hook, NP_XDP_PUNT);
-					return CTX_PASS;
-				}
-				np_count(hook, NP_DROP_NO_ROUTE);
-				return CTX_DROP;
-			}
-		}
+		if (np_route(ctx, p->v6, src, ct->be_addr, fp, hook, &rc, &verdict))
+			return verdict;
 		if (p->v6 ? dsr_encap6(ctx, src, ct->be_addr) : dsr_encap4(ctx, np_v4(src), np_v4(ct->be_addr))) {
 			np_count(hook, NP_REWRITE_FAIL);
 			return CTX_DROP;
 		}
-		np_count(hook, NP_DSR_ENCAP);
-		if (cfg_dry_run)
-			return CTX_PASS;
-		return np_send(ctx, rc, fp);
+		return np_transmit(ctx, rc, fp, hook, NP_DSR_ENCAP);
 	}
 	/* SNAT */
 	np_explain_set(NP_SNAT_FWD, ct, hit);
@@ -917,25 +908,13 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	}
 	__builtin_memcpy(n.saddr, src, 16);
 	n.sport = ct->nat_port;
-	if (!cfg_dry_run) {
-		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
-		if (!np_fib_usable(rc)) {
-			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-				np_count(hook, NP_XDP_PUNT);
-				return CTX_PASS;
-			}
-			np_count(hook, NP_DROP_NO_ROUTE);
-			return CTX_DROP;
-		}
-	}
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
 		np_count(hook, NP_REWRITE_FAIL);
 		return CTX_DROP;
 	}
-	np_count(hook, NP_SNAT_FWD);
-	if (cfg_dry_run)
-		return CTX_PASS;
-	return np_send(ctx, rc, fp);
+	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
 }
 
 /* np_reverse sends a reply of an SNAT flow back to the client. */
@@ -946,6 +925,7 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 	struct np_tuple n;
 	__u64 now;
 	long rc = 0;
+	int verdict;
 
 	if (!sc)
 		return CTX_DROP;
@@ -964,24 +944,14 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 		now = np_now();
 		if (now - nat->last_seen > cfg_ct_refresh_ns)
 			nat->last_seen = now;
-		rc = np_fib(ctx, p->v6, n.saddr, n.daddr, fp);
-		if (!np_fib_usable(rc)) {
-			if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-				np_count(hook, NP_XDP_PUNT);
-				return CTX_PASS;
-			}
-			np_count(hook, NP_DROP_NO_ROUTE);
-			return CTX_DROP;
-		}
 	}
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
 		np_count(hook, NP_REWRITE_FAIL);
 		return CTX_DROP;
 	}
-	np_count(hook, NP_REV_NAT);
-	if (cfg_dry_run)
-		return CTX_PASS;
-	return np_send(ctx, rc, fp);
+	return np_transmit(ctx, rc, fp, hook, NP_REV_NAT);
 }
 
 /* np_snat_insert inserts the reservation natp under the reply key rkp
@@ -1306,12 +1276,12 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 
 	if (p->frag)
 		return 1;
-	if (p->v6 ? (p->t.proto != NP_IPPROTO_IPV6 || p->l4_off != ETH_HLEN + sizeof(struct ipv6hdr))
-		  : (p->t.proto != NP_IPPROTO_IPIP || p->l4_off != ETH_HLEN + sizeof(struct iphdr)))
+	if (p->v6 ? (p->t.proto != AXON_IPPROTO_IPV6 || p->l4_off != ETH_HLEN + sizeof(struct ipv6hdr))
+		  : (p->t.proto != AXON_IPPROTO_IPIP || p->l4_off != ETH_HLEN + sizeof(struct iphdr)))
 		return 1;
 	if (np_parse_ip(ctx, &in, p->l4_off, p->v6))
 		return 1;
-	if (in.t.proto == NP_IPPROTO_ICMP || in.t.proto == NP_IPPROTO_ICMPV6) {
+	if (in.t.proto == AXON_IPPROTO_ICMP || in.t.proto == AXON_IPPROTO_ICMPV6) {
 		/* an error about a reply (frontend -> client) of a flow that
 		 * is a local DNAT to this pod */
 		if (in.frag || np_icmp_quoted(ctx, &in, &it, &inner_off, &inner_l4))
@@ -1322,7 +1292,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 			return 1;
 		goto decap;
 	}
-	if (in.t.proto != NP_IPPROTO_TCP && in.t.proto != NP_IPPROTO_UDP)
+	if (in.t.proto != AXON_IPPROTO_TCP && in.t.proto != AXON_IPPROTO_UDP)
 		return 1;
 	if (in.frag ? np_frag_ports(ctx, &in) : np_parse_ports(ctx, &in))
 		return 1;
@@ -1330,7 +1300,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
 		be_id = ct->backend_id;
 	} else {
-		if (in.frag == NP_FRAG_LATER)
+		if (in.frag == AXON_FRAG_LATER)
 			return 1; /* the first fragment made the CT entry, or was not ours */
 		svc = np_lookup_svc(&in.t, in.v6, &key, &local, 1, 0);
 		if (!svc)
@@ -1367,7 +1337,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 			np_count(hook, NP_MALFORMED);
 		return CTX_NEXT;
 	}
-	if (p.t.proto == NP_IPPROTO_IPIP || p.t.proto == NP_IPPROTO_IPV6) {
+	if (p.t.proto == AXON_IPPROTO_IPIP || p.t.proto == AXON_IPPROTO_IPV6) {
 		/* maybe a DSR request for a local pod: tc decapsulates it */
 		if (CTX_IS_XDP || cfg_dry_run) {
 			np_count(hook, NP_NOT_SERVICE);
@@ -1384,7 +1354,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 		}
 		np_count(hook, NP_DSR_DECAP);
 	}
-	if ((p.t.proto == NP_IPPROTO_TCP || p.t.proto == NP_IPPROTO_UDP) && !p.dsr_be &&
+	if ((p.t.proto == AXON_IPPROTO_TCP || p.t.proto == AXON_IPPROTO_UDP) && !p.dsr_be &&
 	    np_to_local_pod(p.t.daddr, p.v6)) {
 		/* pod traffic: no frontend can match (axon_np_pods) */
 		np_count(hook, NP_NOT_SERVICE);
@@ -1394,9 +1364,9 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 	}
 	if (p.frag && np_frag_track(ctx, &p, hook)) /* frag.h: ports of fragments */
 		return CTX_NEXT;
-	if (p.t.proto == NP_IPPROTO_ICMP || p.t.proto == NP_IPPROTO_ICMPV6)
+	if (p.t.proto == AXON_IPPROTO_ICMP || p.t.proto == AXON_IPPROTO_ICMPV6)
 		return np_icmp_error(ctx, &p, hook);
-	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP) {
+	if (p.t.proto != AXON_IPPROTO_TCP && p.t.proto != AXON_IPPROTO_UDP) {
 		np_count(hook, NP_NOT_SERVICE);
 		return CTX_NEXT;
 	}
@@ -1421,7 +1391,7 @@ AXON_INLINE void np_dsr_clamp_mss(axon_ctx_t *ctx, const struct np_pkt *p)
 	__be16 old, mss;
 	__s64 d;
 
-	if (!max || p->t.proto != NP_IPPROTO_TCP)
+	if (!max || p->t.proto != AXON_IPPROTO_TCP)
 		return;
 	if (ctx_load(ctx, p->l4_off + 12, &doff, 1) || (doff >> 4) < 6)
 		return;
@@ -1449,7 +1419,7 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 
 	if (np_parse_l3(ctx, &p))
 		return CTX_NEXT;
-	if (p.t.proto != NP_IPPROTO_TCP && p.t.proto != NP_IPPROTO_UDP)
+	if (p.t.proto != AXON_IPPROTO_TCP && p.t.proto != AXON_IPPROTO_UDP)
 		return CTX_NEXT;
 	if (p.frag && np_frag_track(ctx, &p, NP_HOOK_EGRESS)) /* frag.h: ports of fragments */
 		return CTX_NEXT;

@@ -40,7 +40,8 @@ const (
 	BWIngress uint8 = 1
 )
 
-// bwStatNames mirror enum axon_bw_stat (same order).
+// bwStatNames mirror enum axon_bw_stat (same order; enums_btf_test.go
+// checks them against the object's BTF).
 var bwStatNames = []string{
 	"egress_paced",         // departure time set
 	"egress_drop_horizon",  // dropped beyond the horizon
@@ -50,6 +51,8 @@ var bwStatNames = []string{
 	"egress_clock_reset",   // t_last was beyond the horizon: restarted at now
 	"egress_delivery_time", // limited packet came with a mono delivery time (pod TCP pacing/BBR kept across netns)
 	"egress_with_socket",   // limited packet still carries skb->sk (TCP small queues back-pressure works)
+	"egress_pod_paced",     // the pod's own delivery time, not the limit, set the departure
+	"egress_small_bypass",  // small packet left without waiting behind the pod's backlog
 }
 
 // roleBWM names the link pin: <pinDir>/links/<tcx|tc>-bwm-<uplink>. The

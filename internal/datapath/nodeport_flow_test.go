@@ -466,6 +466,43 @@ func TestNodePortDecap(t *testing.T) {
 	}
 }
 
+// TestNodePortDecapMalformed: axon_lb_decap removes only what the DSR
+// encapsulation adds, around headers the shared parser (bpf/lib/eth_ip.h)
+// accepts: an outer header that is not valid IPv4 / IPv6 of its ethertype,
+// or an inner one that is not, leaves the packet as it is.
+func TestNodePortDecapMalformed(t *testing.T) {
+	f := newNPFix(t, nil)
+	v4 := func() []byte {
+		return npDSRFrame(f.wirePkt(npTCP("198.18.0.250:40000", "192.0.2.10:80"), npSYN), npNode, netip.MustParseAddr("10.244.2.7"), f.upMAC, f.gwMAC)
+	}
+	v6 := func() []byte {
+		return npDSRFrame(f.wirePkt(npTCP("[fd00:198:18::250]:40000", "[2001:db8::10]:80"), npSYN), npNode6, netip.MustParseAddr("fd00:10:244:2::7"), f.upMAC, f.gwMAC)
+	}
+	for _, c := range []struct {
+		desc string
+		in   []byte
+	}{
+		{"IPv4 outer header of version 6", func() []byte { b := v4(); b[14] = 0x65; return b }()},
+		{"IPv4 outer header with options", func() []byte { b := v4(); b[14] = 0x46; return b }()},
+		{"IPv4 outer header of a fragment", func() []byte { b := v4(); b[14+6] = 0x20; return b }()},
+		{"IPv4 inner header with IHL 4", func() []byte { b := v4(); b[14+20] = 0x44; return b }()},
+		{"IPv4 inner header of version 6", func() []byte { b := v4(); b[14+20] = 0x65; return b }()},
+		{"IPv6 outer header of version 4", func() []byte { b := v6(); b[14] = 0x40 | b[14]&0x0f; return b }()},
+		{"IPv6 inner header of version 4", func() []byte { b := v6(); b[14+40] = 0x40 | b[14+40]&0x0f; return b }()},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			before := f.counters(t)
+			v, out := f.run(t, "decap", c.in)
+			if v != npNext || !bytes.Equal(out, c.in) {
+				t.Fatalf("verdict %s, changed %v; want next, untouched", v, !bytes.Equal(out, c.in))
+			}
+			if got := npMoved(before, f.counters(t), "egress"); len(got) != 0 {
+				t.Errorf("counters moved: %v", got)
+			}
+		})
+	}
+}
+
 // TestNodePortGC: GC keeps live flows, drops idle ones and those whose
 // backend left the frontend (with their reverse entries).
 func TestNodePortGC(t *testing.T) {
