@@ -224,7 +224,8 @@ func runOp(op clientOp) clientResult {
 }
 
 // runClients runs ops in one client process inside netns ns, in the cgroup
-// whose directory fd is cgFD (-1: the test process's own cgroup).
+// whose directory fd is cgFD (-1: the test process's own cgroup). The
+// process is killed after 30 s stretched by AXON_TEST_SLOWDOWN.
 func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResult {
 	t.Helper()
 	req, err := json.Marshal(struct {
@@ -234,7 +235,7 @@ func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResu
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Stretch(t, 30*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSockLBHelperProcess$", "-test.count=1")
 	// no SIGURG preemption: the client's raw blocking syscalls would see EINTR
