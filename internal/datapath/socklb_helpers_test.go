@@ -18,8 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The socket LB tests run their clients as separate processes (this test
@@ -221,7 +224,8 @@ func runOp(op clientOp) clientResult {
 }
 
 // runClients runs ops in one client process inside netns ns, in the cgroup
-// whose directory fd is cgFD (-1: the test process's own cgroup).
+// whose directory fd is cgFD (-1: the test process's own cgroup). The
+// process is killed after 30 s stretched by AXON_TEST_SLOWDOWN.
 func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResult {
 	t.Helper()
 	req, err := json.Marshal(struct {
@@ -231,7 +235,7 @@ func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResu
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Stretch(t, 30*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSockLBHelperProcess$", "-test.count=1")
 	// no SIGURG preemption: the client's raw blocking syscalls would see EINTR
@@ -375,5 +379,47 @@ func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 	c := nsConf(t, ns)
 	for _, cidr := range cidrs {
 		c.addr("lo", cidr)
+	}
+	waitLocalRoutes(t, ns, cidrs...)
+}
+
+// waitLocalRoutes waits until the kernel routes the address of every cidr in
+// netns ns as local, i.e. until a connect() to it can succeed. An IPv4
+// address gets its local route while RTM_NEWADDR is handled. An IPv6
+// address, even with nodad and on lo, can be bound at once, but its route in
+// the local table is inserted only when the address's DAD work item runs
+// (addrconf_dad_work, on a kernel workqueue, under RTNL): on a busy machine
+// where other tests hold RTNL, measured up to ~1 s later. Until then the
+// only match for it is its prefix route on lo, which the kernel turns into
+// a reject route, and a connect() to it fails with ENETUNREACH.
+func waitLocalRoutes(t testing.TB, ns string, cidrs ...string) {
+	t.Helper()
+	fd, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatalf("open netns %s: %v", ns, err)
+	}
+	defer fd.Close()
+	h, err := netlink.NewHandleAt(fd, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatalf("netlink handle in %s: %v", ns, err)
+	}
+	defer h.Close()
+	bound := testutil.Stretch(t, 10*time.Second)
+	deadline := time.Now().Add(bound)
+	for _, cidr := range cidrs {
+		p, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rs, err := h.RouteGet(p.Addr().AsSlice())
+			if err == nil && len(rs) == 1 && rs[0].Type == unix.RTN_LOCAL {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s is not routed as local %v after it was added: route %+v, error %v", ns, p.Addr(), bound, rs, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 }

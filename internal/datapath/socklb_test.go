@@ -281,7 +281,7 @@ func TestSockLBTraffic(t *testing.T) {
 		n, rounds := 500, 6
 		if os.Getenv("AXON_VM") != "" || os.Getenv("AXON_VM_NIC_MACS") != "" {
 			// QEMU TCG runs this 5-20x slower: keep it a correctness check
-			// within the client's 30 s budget; the numbers come from the host
+			// within the client's deadline; the numbers come from the host
 			n, rounds = 40, 2
 		}
 		var ops []clientOp

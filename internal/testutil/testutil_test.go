@@ -181,6 +181,9 @@ func (f *fakeTB) Fatal(args ...any) {
 	f.logs = append(f.logs, strings.TrimSpace(fmt.Sprintln(args...)))
 	f.FailNow()
 }
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.Fatal(fmt.Sprintf(format, args...))
+}
 func (f *fakeTB) FailNow()              { f.failed = true; runtime.Goexit() }
 func (f *fakeTB) Failed() bool          { return f.failed }
 func (f *fakeTB) Skipped() bool         { return false }
