@@ -14,18 +14,18 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/northsouth"
 	"github.com/axonhq/axon/internal/lab"
 )
 
 func newLabBenchNorthSouthCmd(stateDir *string) *cobra.Command {
 	var (
-		cfg     bench.NSConfig
+		cfg     northsouth.Config
 		configs string
 		out     string
 	)
 	var names []string
-	for _, c := range bench.NSConfigs() {
+	for _, c := range northsouth.Configs() {
 		names = append(names, c.Name)
 	}
 	cmd := &cobra.Command{
@@ -70,7 +70,7 @@ Ratios are to kube-proxy iptables in the same run. Writes results.{md,csv,json}.
 				out = filepath.Join("results", "bench-northsouth-"+time.Now().UTC().Format("20060102T150405Z"))
 			}
 			cfg.StateDir, cfg.OutDir, cfg.Progress = *stateDir, out, cmd.ErrOrStderr()
-			rep, err := bench.RunNorthSouth(ctx, cfg)
+			rep, err := northsouth.Run(ctx, cfg)
 			if rep != nil {
 				rep.Command = "axon " + strings.Join(os.Args[1:], " ")
 				if werr := rep.WriteFiles(out); werr != nil && err == nil {

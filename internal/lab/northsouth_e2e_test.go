@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/lab"
 )
 
@@ -334,7 +334,7 @@ func TestLabNorthSouth(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			out, _ := l.Command(ctx, lab.ExternalName, self, "lab", "bench", "_connrate", "client", "--target", target, "--duration", "300ms").Output()
-			if r, err := bench.ParseConnRate(out); err == nil && r.Conns > 0 && r.Errors == 0 {
+			if r, err := connrate.Parse(out); err == nil && r.Conns > 0 && r.Errors == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -375,7 +375,7 @@ func TestLabNorthSouth(t *testing.T) {
 		steady.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
 		if sout, err := steady.Output(); err != nil {
 			t.Fatalf("steady connect loop: %v", err)
-		} else if r, err := bench.ParseConnRate(sout); err != nil {
+		} else if r, err := connrate.Parse(sout); err != nil {
 			t.Fatal(err)
 		} else {
 			t.Logf("connect loop through %s, backends unchanged: %d connections (%.0f/s), %d failed (first: %s)", target, r.Conns, r.Rate, r.Errors, r.FirstError)
@@ -417,7 +417,7 @@ func TestLabNorthSouth(t *testing.T) {
 		if err := loop.Wait(); err != nil {
 			t.Fatalf("connect loop: %v", err)
 		}
-		r, err := bench.ParseConnRate([]byte(out.String()))
+		r, err := connrate.Parse([]byte(out.String()))
 		if err != nil {
 			t.Fatal(err)
 		}

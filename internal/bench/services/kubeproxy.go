@@ -1,4 +1,4 @@
-package bench
+package services
 
 // The Service benchmark runs real kube-proxies itself, one per chosen lab
 // node and each in its own mode (nftables on one node, iptables on another),
@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/clip"
 	labpkg "github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/proc"
 )
@@ -99,7 +101,7 @@ func (k *KubeProxy) Cleanup(ctx context.Context) error {
 	out, err := exec.CommandContext(ctx, nsenter, "--net="+k.Spec.Netns, "--", k.Spec.Binary, "--cleanup",
 		"--proxy-mode="+k.Spec.Mode).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("kube-proxy --cleanup in %s: %w: %s", k.Spec.Netns, err, truncate(strings.TrimSpace(string(out)), 400))
+		return fmt.Errorf("kube-proxy --cleanup in %s: %w: %s", k.Spec.Netns, err, clip.String(strings.TrimSpace(string(out)), 400))
 	}
 	return nil
 }
@@ -128,7 +130,7 @@ func (m KubeProxyMetrics) Synced(t time.Time) bool {
 // one per family) or from the unlabeled series.
 func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 	var m KubeProxyMetrics
-	fams, err := metricFamilies(r)
+	fams, err := bench.MetricFamilies(r)
 	if err != nil {
 		return m, err
 	}
@@ -137,7 +139,7 @@ func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 		if f := fams[name]; f != nil {
 			seen = seen || name != "process_resident_memory_bytes"
 			for _, x := range f.GetMetric() {
-				*p += metricValue(x)
+				*p += bench.MetricValue(x)
 			}
 		}
 	}
@@ -146,8 +148,8 @@ func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 		if f := fams[name]; f != nil {
 			seen = true
 			for _, x := range f.GetMetric() {
-				if len(x.GetLabel()) == 0 || hasLabel(x, "ip_family", "IPv4") {
-					*p = metricValue(x)
+				if len(x.GetLabel()) == 0 || bench.HasLabel(x, "ip_family", "IPv4") {
+					*p = bench.MetricValue(x)
 				}
 			}
 		}
