@@ -48,6 +48,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 // PeerEchoPort is the port of the peer-echo server (TCP and UDP): it answers
@@ -1186,7 +1187,7 @@ func xdpPassOnWirePorts(st *State) error {
 		return fmt.Errorf("load the wire ports' XDP_PASS program: %w", err)
 	}
 	defer prog.Close()
-	return inNetns(WireNetns, func() error {
+	return labns.Do(WireNetns, func() error {
 		for _, n := range st.Nodes {
 			port := WirePort(n.Name)
 			link, err := netlink.LinkByName(port)

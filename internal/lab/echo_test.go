@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 func TestParseProbe(t *testing.T) {
@@ -85,7 +87,7 @@ func TestEchoAndProbes(t *testing.T) {
 	readyR, readyW := io.Pipe()
 	srvDone := make(chan error, 1)
 	go func() {
-		srvDone <- inNetns(ns, func() error { return ServeEcho(ctx, EchoPort, readyW, nil) })
+		srvDone <- labns.Do(ns, func() error { return ServeEcho(ctx, EchoPort, readyW, nil) })
 	}()
 	if err := readReady(readyR); err != nil {
 		t.Fatal(err)
@@ -101,7 +103,7 @@ func TestEchoAndProbes(t *testing.T) {
 	// Sequentially on the namespace's thread: goroutines would not be in the
 	// namespace (in `axon lab _echo probe` the whole process is).
 	t0 := time.Now()
-	err := inNetns(ns, func() error {
+	err := labns.Do(ns, func() error {
 		for _, p := range probes {
 			err := runProbe(ctx, p, time.Second)
 			if want := p.Addr != unroutable; (err == nil) != want {

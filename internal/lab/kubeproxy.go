@@ -17,14 +17,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
+	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -120,7 +119,7 @@ func startKubeProxy(st *State, n Node) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)
 	}
-	argv := append([]string{nsenter, "--net=" + netnsPath(n.Netns), "--"},
+	argv := append([]string{nsenter, "--net=" + labns.Path(n.Netns), "--"},
 		kubeProxyArgs(bin, st.KubeProxy, st.ControlPlane.Kubeconfig, n, st.Datapath == DatapathAxon)...)
 	p, _, err := proc.Start(proc.Spec{
 		// TZ=UTC: klog stamps its lines in local time without a zone; KubeProxySyncTimes reads them as UTC.
@@ -171,7 +170,7 @@ func kubeProxyHealthz(ctx context.Context, nsName string) (KubeProxyHealth, erro
 
 // httpGetInNetns is HTTPGetInNetns in the lab netns nsName, 3s at most.
 func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte, status string, err error) {
-	return HTTPGetInNetns(ctx, netnsPath(nsName), addr, path, 3*time.Second)
+	return HTTPGetInNetns(ctx, labns.Path(nsName), addr, path, 3*time.Second)
 }
 
 // HTTPGetInNetns does a plain HTTP/1.0 GET of addr+path with a socket
@@ -180,47 +179,27 @@ func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte
 // without the protocol ("200 OK"); the body is read up to 16 MiB. The lab and
 // the Service benchmark read kube-proxy's /healthz and /metrics with it.
 func HTTPGetInNetns(ctx context.Context, nsPath, addr, path string, timeout time.Duration) (body []byte, status string, err error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// This thread changes netns and is never unlocked: it dies with the goroutine.
-		runtime.LockOSThread()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			ch <- result{err: fmt.Errorf("open netns %s: %w", nsPath, err)}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsPath, err)}
-			return
-		}
+	var c net.Conn
+	if err := labns.DoAt(nsPath, func() (err error) {
 		d := net.Dialer{Timeout: 2 * time.Second}
-		c, err := d.Dial("tcp", addr)
-		ch <- result{c, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		return nil, "", ctx.Err()
+		c, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil, "", ctx.Err()
+		}
+		return nil, "", err
 	}
-	if r.err != nil {
-		return nil, "", r.err
-	}
-	defer r.c.Close()
+	defer c.Close()
 	dl := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	_ = r.c.SetDeadline(dl)
-	if _, err := fmt.Fprintf(r.c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+	_ = c.SetDeadline(dl)
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
 		return nil, "", err
 	}
-	br := bufio.NewReader(r.c)
+	br := bufio.NewReader(c)
 	status, err = br.ReadString('\n')
 	if err != nil {
 		return nil, "", fmt.Errorf("read %s%s: %w", addr, path, err)

@@ -20,6 +20,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 // kubeProxyWant is what one Service port must look like in a kube-proxy's
@@ -217,7 +219,7 @@ func readKubeProxyRules(ctx context.Context, netns, mode string, v6 bool) (kubeP
 		argv = []string{"iptables-save", "-t", "nat"}
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netnsPath(netns), "--"}, argv...)...)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + labns.Path(netns), "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return kubeProxyRules{}, fmt.Errorf("%s in %s: %w: %s", strings.Join(argv, " "), netns, err, strings.TrimSpace(stderr.String()))

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 func TestLabNorthSouthDSR(t *testing.T) {
@@ -311,7 +312,7 @@ func startWireCapture(t *testing.T, port string) *wireCapture {
 	t.Helper()
 	all := htons(unix.ETH_P_ALL)
 	var fd, ifindex int
-	err := inNetns(lab.WireNetns, func() error {
+	err := labns.Do(lab.WireNetns, func() error {
 		link, err := netlink.LinkByName(port)
 		if err != nil {
 			return fmt.Errorf("find %s in %s: %w", port, lab.WireNetns, err)

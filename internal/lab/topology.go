@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/brnf"
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 // Addressing plan (docs/contracts.md "Lab topology"). Indices are written
@@ -78,7 +79,7 @@ func createWire() error {
 	// A switch runs no netfilter: br_netfilter would cost every packet on
 	// the wire CPU time (both sides of a lab benchmark) and, on some
 	// kernels, drop IPv6 BIG TCP packets (package brnf).
-	if err := brnf.Disable(netnsPath(WireNetns)); err != nil {
+	if err := brnf.Disable(labns.Path(WireNetns)); err != nil {
 		return err
 	}
 	nl, h, err := netlinkAt(WireNetns)
