@@ -14,13 +14,15 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // CheckResult is the connectivity matrix of `axon lab check`.
 type CheckResult struct {
-	Sources      []string                    // pods
-	Destinations []string                    // pods, then nodes
-	Cells        map[[2]string][]ProbeResult // (source, destination) → results
+	Sources      []string                        // pods
+	Destinations []string                        // pods, then nodes
+	Cells        map[[2]string][]probe.PodResult // (source, destination) → results
 	Elapsed      time.Duration
 }
 
@@ -31,7 +33,7 @@ func (r *CheckResult) Failed() []string {
 		for _, d := range r.Destinations {
 			for _, p := range r.Cells[[2]string{s, d}] {
 				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Probe, p.Err))
+					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err))
 				}
 			}
 		}
@@ -75,7 +77,7 @@ func (r *CheckResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "%d/%d probes passed (IPv4+IPv6 × TCP/UDP/ICMP; ok = all 6) in %s\n", ok, total, r.Elapsed.Round(time.Millisecond))
 }
 
-func cellText(ps []ProbeResult, self bool) string {
+func cellText(ps []probe.PodResult, self bool) string {
 	if self {
 		return "-"
 	}
@@ -139,7 +141,7 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 	var cmu sync.Mutex
 	for i, d := range dests {
 		startWG.Go(func() {
-			cmd := l.Command(ctx, d.name, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))
+			cmd := l.Command(ctx, d.name, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 			stdin, err := cmd.StdinPipe()
 			if err != nil {
 				srvErr[i] = err
@@ -160,7 +162,7 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 			closers = append(closers, stdin)
 			cmu.Unlock()
 			srvWG.Go(func() { _ = cmd.Wait() })
-			if err := readReady(stdout); err != nil {
+			if err := probe.ReadReady(stdout); err != nil {
 				srvErr[i] = fmt.Errorf("echo server in %s: %w: %s", d.name, err, strings.TrimSpace(stderr.String()))
 			}
 		})
@@ -170,7 +172,7 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 		return nil, err
 	}
 
-	res := &CheckResult{Cells: map[[2]string][]ProbeResult{}}
+	res := &CheckResult{Cells: map[[2]string][]probe.PodResult{}}
 	for _, d := range dests {
 		res.Destinations = append(res.Destinations, d.name)
 	}
@@ -210,7 +212,7 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 			}
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
-				var r ProbeResult
+				var r probe.PodResult
 				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 					continue
 				}

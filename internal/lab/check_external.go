@@ -49,11 +49,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
 	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
-
-// PeerEchoPort is the port of the peer-echo server (TCP and UDP): it answers
-// a line with the line, the client address it saw and its own address.
-const PeerEchoPort = 5658
 
 // External demo Services (created by `up` next to the demo Services). Both
 // are backed by the pods of the FIRST node only, on PeerEchoPort, so that
@@ -138,7 +135,7 @@ func externalDemoObjects() []*corev1.Service {
 		}
 		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: portName(proto), Protocol: proto,
-				Port: DemoPort, TargetPort: intstr.FromInt32(PeerEchoPort), NodePort: nodePort})
+				Port: DemoPort, TargetPort: intstr.FromInt32(probe.PeerEchoPort), NodePort: nodePort})
 		}
 		return s
 	}
@@ -217,7 +214,7 @@ func externalDemoSlices(name string, backends []Pod) []*discoveryv1.EndpointSlic
 	slices := DemoService{Name: name}.endpointSlices(backends)
 	for _, s := range slices {
 		for i := range s.Ports {
-			p := int32(PeerEchoPort)
+			p := int32(probe.PeerEchoPort)
 			s.Ports[i].Port = &p
 		}
 	}
@@ -241,233 +238,6 @@ func externalDemoKubeProxyWants(st *State) []kubeProxyWant {
 // ---------------------------------------------------------------------------
 // Peer-echo server and external prober (hidden `axon lab _xprobe`).
 
-// ServePeerEcho serves TCP and UDP on [::]:port: each request line is
-// answered with "<line> <client addr:port> <server addr:port>\n" (TCP; UDP
-// answers "<line> <client addr:port> -"). It writes "ready" to ready and
-// serves until ctx ends or stop reaches EOF.
-func ServePeerEcho(ctx context.Context, port int, ready io.Writer, stop io.Reader) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	addr := ":" + strconv.Itoa(port)
-	tl, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("peer echo: listen tcp %s: %w", addr, err)
-	}
-	defer tl.Close()
-	ul, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		return fmt.Errorf("peer echo: listen udp %s: %w", addr, err)
-	}
-	defer ul.Close()
-	context.AfterFunc(ctx, func() { tl.Close(); ul.Close() })
-	if stop != nil {
-		go func() { _, _ = io.Copy(io.Discard, stop); cancel() }()
-	}
-	unmap := func(a net.Addr) string {
-		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
-		}
-		return a.String()
-	}
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := ul.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			line := strings.TrimRight(string(buf[:n]), "\n")
-			_, _ = ul.WriteTo([]byte(line+" "+unmap(from)+" -\n"), from)
-		}
-	}()
-	if _, err := fmt.Fprintln(ready, "ready"); err != nil {
-		return err
-	}
-	for {
-		c, err := tl.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("peer echo: accept: %w", err)
-		}
-		go func() {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			r := bufio.NewReader(io.LimitReader(c, 512))
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				line = strings.TrimRight(line, "\n")
-				if _, err := fmt.Fprintf(c, "%s %s %s\n", line, unmap(c.RemoteAddr()), unmap(c.LocalAddr())); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
-
-// XProbe is one exchange of the external client: tcp, udp or http (GET
-// /healthz) to an address:port.
-type XProbe struct {
-	Proto string         `json:"proto"`
-	Addr  netip.AddrPort `json:"addr"`
-}
-
-func (p XProbe) String() string { return p.Proto + "/" + p.Addr.String() }
-
-// ParseXProbe parses "tcp/198.18.0.11:30080", "udp/[fd00:198:18::200]:80"
-// or "http/198.18.0.11:30082".
-func ParseXProbe(s string) (XProbe, error) {
-	proto, addr, ok := strings.Cut(s, "/")
-	if !ok || (proto != "tcp" && proto != "udp" && proto != "http") {
-		return XProbe{}, fmt.Errorf("probe %q: want tcp|udp|http/ADDR:PORT, e.g. tcp/198.18.0.11:30080 or udp/[fd00:198:18::200]:80", s)
-	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return XProbe{}, fmt.Errorf("probe %q: %w", s, err)
-	}
-	return XProbe{Proto: proto, Addr: ap}, nil
-}
-
-// XProbeResult is one JSON line of `axon lab _xprobe`.
-type XProbeResult struct {
-	XProbe
-	OK     bool          `json:"ok"`               // the exchange completed (tcp/udp: echo came back from Addr; http: any answer)
-	Peer   string        `json:"peer,omitempty"`   // reply source (udp) / getpeername (tcp)
-	Seen   string        `json:"seen,omitempty"`   // client address the backend saw (peer-echo servers only)
-	Server string        `json:"server,omitempty"` // backend address (peer-echo TCP only)
-	Status int           `json:"status,omitempty"` // http status
-	Body   string        `json:"body,omitempty"`   // http body
-	RTT    time.Duration `json:"rtt"`
-	Err    string        `json:"err,omitempty"`
-}
-
-// RunXProbes runs the probes (at most 16 at a time) and writes one
-// XProbeResult JSON line each to out.
-func RunXProbes(ctx context.Context, probes []XProbe, timeout time.Duration, out io.Writer) error {
-	var mu sync.Mutex
-	enc := json.NewEncoder(out)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	var werr error
-	for _, p := range probes {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			pctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			start := time.Now()
-			r := xprobe(pctx, p)
-			r.RTT = time.Since(start)
-			mu.Lock()
-			if err := enc.Encode(r); err != nil && werr == nil {
-				werr = err
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return werr
-}
-
-func xprobe(ctx context.Context, p XProbe) XProbeResult {
-	r := XProbeResult{XProbe: p}
-	fail := func(err error) XProbeResult { r.Err = err.Error(); return r }
-	tok := string(token())
-	switch p.Proto {
-	case "http":
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr.String()+"/healthz", nil)
-		if err != nil {
-			return fail(err)
-		}
-		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
-		if err != nil {
-			return fail(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		r.OK, r.Status, r.Body = true, resp.StatusCode, strings.TrimSpace(string(b))
-		return r
-	case "tcp":
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", p.Addr.String())
-		if err != nil {
-			return fail(err)
-		}
-		defer c.Close()
-		if dl, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(dl)
-		}
-		r.Peer = c.RemoteAddr().String()
-		if _, err := io.WriteString(c, tok+"\n"); err != nil {
-			return fail(fmt.Errorf("write: %w", err))
-		}
-		// The plain echo (5657) sends the line back; the peer echo adds addresses.
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			return fail(fmt.Errorf("read answer: %w", err))
-		}
-		return parseAnswer(r, tok, line)
-	case "udp":
-		network := "udp4"
-		if p.Addr.Addr().Is6() {
-			network = "udp6"
-		}
-		c, err := net.ListenUDP(network, nil)
-		if err != nil {
-			return fail(err)
-		}
-		defer c.Close()
-		dst := net.UDPAddrFromAddrPort(p.Addr)
-		buf := make([]byte, 512)
-		for ctx.Err() == nil {
-			if _, err := c.WriteToUDP([]byte(tok+"\n"), dst); err != nil {
-				return fail(fmt.Errorf("send: %w", err))
-			}
-			wait := time.Now().Add(300 * time.Millisecond)
-			if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
-				wait = dl
-			}
-			_ = c.SetReadDeadline(wait)
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				continue // resend
-			}
-			if !strings.HasPrefix(string(buf[:n]), tok) {
-				continue
-			}
-			r.Peer = netip.AddrPortFrom(from.Addr().Unmap(), from.Port()).String()
-			r = parseAnswer(r, tok, string(buf[:n]))
-			if r.OK && r.Peer != p.Addr.String() {
-				r.OK, r.Err = false, fmt.Sprintf("echo came back from %s, not from the service address", r.Peer)
-			}
-			return r
-		}
-		return fail(errors.New("no UDP answer before the deadline"))
-	}
-	return fail(fmt.Errorf("unknown protocol %q", p.Proto))
-}
-
-// parseAnswer checks "<tok>[ <seen> <server>]\n".
-func parseAnswer(r XProbeResult, tok, line string) XProbeResult {
-	f := strings.Fields(line)
-	if len(f) == 0 || f[0] != tok {
-		r.Err = fmt.Sprintf("unexpected answer %q", strings.TrimSpace(line))
-		return r
-	}
-	if len(f) >= 2 {
-		r.Seen = f[1]
-	}
-	if len(f) >= 3 && f[2] != "-" {
-		r.Server = f[2]
-	}
-	r.OK = true
-	return r
-}
-
 // ---------------------------------------------------------------------------
 // Planning and evaluation (pure logic).
 
@@ -484,7 +254,7 @@ const (
 type ExtPlanned struct {
 	Case   string // row, e.g. "NodePort node1 (demo-nodeport)"
 	Col    string // column: tcp/v4, tcp/v6, udp/v4, udp/v6, http/v4, http/v6
-	Probe  XProbe
+	Probe  probe.External
 	Expect string
 	NA     string // not empty: not run, with the reason
 }
@@ -553,7 +323,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 		if na != "" {
 			why = na
 		}
-		out = append(out, ExtPlanned{Case: c, Col: famCol(proto, a), Probe: XProbe{Proto: proto, Addr: netip.AddrPortFrom(a, port)},
+		out = append(out, ExtPlanned{Case: c, Col: famCol(proto, a), Probe: probe.External{Proto: proto, Addr: netip.AddrPortFrom(a, port)},
 			Expect: expect, NA: why})
 	}
 	both := func(c string, a netip.Addr, port uint16, expect, why string) {
@@ -617,7 +387,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 const masqueradeAllNA = "n/a (kube-proxy runs with --masquerade-all next to the axon datapath: the client address is not preserved)"
 
 // evalExternal decides whether a result meets its expectation; "" = pass.
-func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
+func evalExternal(p ExtPlanned, r probe.ExternalResult, client []netip.Addr) string {
 	switch p.Expect {
 	case ExpectOK:
 		if !r.OK {
@@ -665,7 +435,7 @@ func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
 // ExtCell is one evaluated probe.
 type ExtCell struct {
 	ExtPlanned
-	Result XProbeResult
+	Result probe.ExternalResult
 	Fail   string // "" = passed
 }
 
@@ -890,8 +660,8 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 			res.Cases = append(res.Cases, p.Case)
 		}
 	}
-	run := map[XProbe]ExtPlanned{}
-	var normal, blocked []XProbe
+	run := map[probe.External]ExtPlanned{}
+	var normal, blocked []probe.External
 	for _, p := range plan {
 		if p.NA != "" {
 			key := [2]string{p.Case, p.Col}
@@ -916,15 +686,15 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 			peer = append(peer, p.Name)
 		}
 		if hp, ok := hostPortPod(&st); ok && !slices.Contains(peer, hp.Name) {
-			peer = append(peer, hp.Name) // DemoHostPortPeer → PeerEchoPort
+			peer = append(peer, hp.Name) // DemoHostPortPeer → probe.PeerEchoPort
 		}
 		self := filepath.Join(st.BinDir, "axon")
-		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))
+		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 		if err != nil {
 			return nil, err
 		}
 		defer stop1()
-		stop2, err := l.startServers(ctx, peer, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+		stop2, err := l.startServers(ctx, peer, self, "lab", "_peerecho", "--port", strconv.Itoa(probe.PeerEchoPort))
 		if err != nil {
 			return nil, err
 		}
@@ -933,7 +703,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 		var errs []error
 		var wg sync.WaitGroup
 		for _, batch := range []struct {
-			probes  []XProbe
+			probes  []probe.External
 			timeout time.Duration
 		}{{normal, timeout}, {blocked, min(timeout, 1500*time.Millisecond)}} {
 			if len(batch.probes) == 0 {
@@ -947,7 +717,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 					errs = append(errs, err)
 				}
 				for _, r := range rs {
-					p := run[r.XProbe]
+					p := run[r.External]
 					key := [2]string{p.Case, p.Col}
 					res.Cells[key] = append(res.Cells[key], ExtCell{ExtPlanned: p, Result: r, Fail: evalExternal(p, r, st.External.IPs)})
 				}
@@ -963,7 +733,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 }
 
 // RunXProbesFromExternal runs `axon lab _xprobe` in the external namespace.
-func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeout time.Duration) ([]XProbeResult, error) {
+func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []probe.External, timeout time.Duration) ([]probe.ExternalResult, error) {
 	st := l.State()
 	args := []string{filepath.Join(st.BinDir, "axon"), "lab", "_xprobe", "--timeout", timeout.String()}
 	for _, p := range probes {
@@ -973,10 +743,10 @@ func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeo
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	var rs []XProbeResult
+	var rs []probe.ExternalResult
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
-		var r XProbeResult
+		var r probe.ExternalResult
 		if json.Unmarshal(sc.Bytes(), &r) == nil {
 			rs = append(rs, r)
 		}
@@ -1020,10 +790,10 @@ func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout tim
 	// socket LB, count local endpoints for the health check and open its
 	// server: wait until the announcer's health check reports its local
 	// backends and every other node's answers at all (503: none local).
-	var probes []XProbe
+	var probes []probe.External
 	announcer := LBAnnouncer(st)
 	for _, n := range st.Nodes {
-		probes = append(probes, XProbe{Proto: "http", Addr: netip.AddrPortFrom(n.IP, DemoLocalHealthPort)})
+		probes = append(probes, probe.External{Proto: "http", Addr: netip.AddrPortFrom(n.IP, DemoLocalHealthPort)})
 	}
 	why := "no answer yet"
 	for ctx.Err() == nil {
@@ -1090,7 +860,7 @@ func (l *Lab) startServers(ctx context.Context, targets []string, argv ...string
 			closers = append(closers, stdin)
 			srvWG.Go(func() { _ = cmd.Wait() })
 			mu.Unlock()
-			if err := readReady(stdout); err != nil {
+			if err := probe.ReadReady(stdout); err != nil {
 				errs[i] = fmt.Errorf("server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
 			}
 		})
@@ -1164,7 +934,7 @@ func upExternalDemo(ctx context.Context, st *State, kube kubernetes.Interface, l
 // the given pods; stop ends them. For tests and benchmarks.
 func (l *Lab) StartPeerEcho(ctx context.Context, pods []string) (stop func(), err error) {
 	self := filepath.Join(l.State().BinDir, "axon")
-	return l.startServers(ctx, pods, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+	return l.startServers(ctx, pods, self, "lab", "_peerecho", "--port", strconv.Itoa(probe.PeerEchoPort))
 }
 
 // xdpPassOnWirePorts attaches a one-instruction XDP_PASS program in driver

@@ -14,6 +14,8 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // Demo hostPorts, TCP and UDP each, on DemoHostPortPod.
@@ -42,8 +44,8 @@ func demoHostPorts(p Pod) []corev1.ContainerPort {
 			sfx = "-udp"
 		}
 		out = append(out,
-			corev1.ContainerPort{Name: "echo" + sfx, ContainerPort: EchoPort, HostPort: DemoHostPort, Protocol: proto},
-			corev1.ContainerPort{Name: "peer" + sfx, ContainerPort: PeerEchoPort, HostPort: DemoHostPortPeer, Protocol: proto})
+			corev1.ContainerPort{Name: "echo" + sfx, ContainerPort: probe.EchoPort, HostPort: DemoHostPort, Protocol: proto},
+			corev1.ContainerPort{Name: "peer" + sfx, ContainerPort: probe.PeerEchoPort, HostPort: DemoHostPortPeer, Protocol: proto})
 	}
 	return out
 }

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func TestDemoHostPorts(t *testing.T) {
@@ -11,7 +13,7 @@ func TestDemoHostPorts(t *testing.T) {
 	got := map[string]bool{}
 	for _, p := range ports {
 		got[string(p.Protocol)+" "+netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p.HostPort)).String()+"->"+p.Name] = true
-		if (p.HostPort == DemoHostPort) != (p.ContainerPort == EchoPort) || (p.HostPort == DemoHostPortPeer) != (p.ContainerPort == PeerEchoPort) {
+		if (p.HostPort == DemoHostPort) != (p.ContainerPort == probe.EchoPort) || (p.HostPort == DemoHostPortPeer) != (p.ContainerPort == probe.PeerEchoPort) {
 			t.Errorf("port %+v", p)
 		}
 	}

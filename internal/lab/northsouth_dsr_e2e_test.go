@@ -30,6 +30,7 @@ import (
 
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func TestLabNorthSouthDSR(t *testing.T) {
@@ -97,7 +98,7 @@ func TestLabNorthSouthDSR(t *testing.T) {
 	if created, err = kube.CoreV1().Services("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	(&testService{svc: created, port: lab.PeerEchoPort, backends: remote}).apply(t, kube)
+	(&testService{svc: created, port: probe.PeerEchoPort, backends: remote}).apply(t, kube)
 	waitFrontend(t, l, node1.Name, netip.AddrPortFrom(lbIPs[1], 80).String()+"/UDP")
 	var names []string
 	for _, p := range remote {
@@ -130,7 +131,7 @@ func TestLabNorthSouthDSR(t *testing.T) {
 	for _, tg := range targets {
 		for _, proto := range []string{"tcp", "udp"} {
 			spec := proto + "/" + tg.fe.String()
-			r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r lab.XProbeResult) bool { return r.OK })
+			r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r probe.ExternalResult) bool { return r.OK })
 			if !ok {
 				t.Errorf("%s %s: no answer: %+v", tg.kind, spec, r)
 				continue

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // Demo Service names, addresses and ports. Every demo Service forwards
@@ -100,7 +101,7 @@ func (d DemoService) object() *corev1.Service {
 	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{
 			Name: portName(proto), Protocol: proto, Port: DemoPort,
-			TargetPort: intstr.FromInt32(EchoPort), NodePort: d.NodePort,
+			TargetPort: intstr.FromInt32(probe.EchoPort), NodePort: d.NodePort,
 		})
 	}
 	return svc
@@ -141,7 +142,7 @@ func (d DemoService) endpointSlices(pods []Pod) []*discoveryv1.EndpointSlice {
 			AddressType: fam,
 		}
 		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-			name, port := portName(proto), int32(EchoPort)
+			name, port := portName(proto), int32(probe.EchoPort)
 			s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &name, Protocol: &proto, Port: &port})
 		}
 		for _, p := range pods {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/axonhq/axon/internal/brnf"
 	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func TestAddressPlan(t *testing.T) {
@@ -97,7 +98,7 @@ func TestTopology(t *testing.T) {
 	} {
 		var sent, recv int
 		err := labns.Do(tc.from, func() (err error) {
-			sent, recv, err = Ping(t.Context(), netip.MustParseAddr(tc.to), 3, 100*time.Millisecond, 2*time.Second, false)
+			sent, recv, err = probe.Ping(t.Context(), netip.MustParseAddr(tc.to), 3, 100*time.Millisecond, 2*time.Second, false)
 			return err
 		})
 		if err != nil || recv != sent {
