@@ -32,7 +32,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -92,17 +91,8 @@ func addExternalRoutes(st *State) error {
 	if len(st.Nodes) == 0 {
 		return nil
 	}
-	nl, h, err := netlinkAt(st.External.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("find eth0 in %s: %w", st.External.Netns, err)
-	}
 	ann := LBAnnouncer(st)
+	var routes []netlink.Route
 	for _, a := range announcedAddrs() {
 		var gw netip.Addr
 		for _, ip := range ann.IPs {
@@ -113,13 +103,9 @@ func addExternalRoutes(st *State) error {
 		if !gw.IsValid() {
 			continue
 		}
-		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen())),
-			Gw: net.IP(gw.AsSlice())}
-		if err := nl.RouteReplace(r); err != nil {
-			return fmt.Errorf("route %s via %s in %s: %w", a, gw, st.External.Netns, err)
-		}
+		routes = append(routes, netlink.Route{Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen())), Gw: net.IP(gw.AsSlice())})
 	}
-	return nil
+	return replaceEth0Routes(st.External.Netns, routes)
 }
 
 // externalDemoObjects builds demo-pinned and demo-local (pure logic).
@@ -492,20 +478,7 @@ func (r *ExternalCheckResult) Print(w io.Writer) {
 		fmt.Fprintf(w, "n/a  %s\n", r.NA)
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "CASE")
-	for _, c := range r.Cols {
-		fmt.Fprint(tw, "\t", c)
-	}
-	fmt.Fprintln(tw)
-	for _, c := range r.Cases {
-		fmt.Fprint(tw, c)
-		for _, col := range r.Cols {
-			fmt.Fprint(tw, "\t", extCellText(r.Cells[[2]string{c, col}]))
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
+	printMatrix(w, "CASE", r.Cases, r.Cols, func(c, col string) string { return extCellText(r.Cells[[2]string{c, col}]) })
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
 	}
@@ -819,58 +792,6 @@ func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout tim
 		errs = append(errs, fmt.Errorf("the %s health checks are not all up within %s: %s", DemoLocal, timeout, why))
 	}
 	return errors.Join(errs...)
-}
-
-// startServers starts argv in each target (a server that prints "ready"
-// and exits when its stdin closes); stop ends them.
-func (l *Lab) startServers(ctx context.Context, targets []string, argv ...string) (stop func(), err error) {
-	var closers []io.Closer
-	var srvWG sync.WaitGroup
-	var mu sync.Mutex
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			c.Close()
-		}
-		srvWG.Wait()
-	}
-	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			cmd := l.Command(ctx, t, argv...)
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start %s in %s: %w", strings.Join(argv, " "), t, err)
-				return
-			}
-			mu.Lock()
-			closers = append(closers, stdin)
-			srvWG.Go(func() { _ = cmd.Wait() })
-			mu.Unlock()
-			if err := probe.ReadReady(stdout); err != nil {
-				errs[i] = fmt.Errorf("server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
 }
 
 // ---------------------------------------------------------------------------

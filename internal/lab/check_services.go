@@ -22,7 +22,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/axonhq/axon/internal/lab/probe"
@@ -174,20 +173,9 @@ func (r *ServiceCheckResult) Print(w io.Writer) {
 		impl = "nothing"
 	}
 	fmt.Fprintf(w, "Services (served by %s): TCP+UDP, IPv4+IPv6, port %d (NodePort %d) → pods:%d\n", impl, DemoPort, DemoNodePortPort, probe.EchoPort)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "FROM \\ TYPE")
-	for _, t := range r.Types {
-		fmt.Fprint(tw, "\t", t)
-	}
-	fmt.Fprintln(tw)
-	for _, s := range r.Sources {
-		fmt.Fprint(tw, s)
-		for _, t := range r.Types {
-			fmt.Fprint(tw, "\t", svcCellText(r.Cells[[2]string{s, t}], len(r.NA[[2]string{s, t}])))
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
+	printMatrix(w, "FROM \\ TYPE", r.Sources, r.Types, func(s, t string) string {
+		return svcCellText(r.Cells[[2]string{s, t}], len(r.NA[[2]string{s, t}]))
+	})
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
 	}
@@ -253,7 +241,7 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	for _, p := range backends {
 		names = append(names, p.Name)
 	}
-	stop, err := l.startEchoServers(ctx, names, probe.EchoPort)
+	stop, err := l.startServers(ctx, names, filepath.Join(l.State().BinDir, "axon"), "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 	if err != nil {
 		return nil, err
 	}
@@ -330,58 +318,6 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	}
 	res.Elapsed = time.Since(t0)
 	return res, errors.Join(errs...)
-}
-
-// startEchoServers starts `axon lab _echo serve` in each target; stop ends them.
-func (l *Lab) startEchoServers(ctx context.Context, targets []string, port int) (stop func(), err error) {
-	self := filepath.Join(l.State().BinDir, "axon")
-	var closers []io.Closer
-	var srvWG sync.WaitGroup
-	var mu sync.Mutex
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			c.Close()
-		}
-		srvWG.Wait()
-	}
-	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			cmd := l.Command(ctx, t, self, "lab", "_echo", "serve", "--port", strconv.Itoa(port))
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start echo server in %s: %w", t, err)
-				return
-			}
-			mu.Lock()
-			closers = append(closers, stdin)
-			srvWG.Go(func() { _ = cmd.Wait() })
-			mu.Unlock()
-			if err := probe.ReadReady(stdout); err != nil {
-				errs[i] = fmt.Errorf("echo server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
 }
 
 // CommandInCgroup is Command, but a node's process also starts in the

@@ -405,25 +405,13 @@ func agentExtraArgs(st *State) []string {
 // without a route a node process gets ENETUNREACH. (The socket load
 // balancer translates before any route lookup and does not need it.)
 func addServiceRoutes(n Node) error {
-	nl, h, err := netlinkAt(n.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("find eth0 in %s: %w", n.Netns, err)
-	}
+	var routes []netlink.Route
 	for _, c := range strings.Split(ServiceCIDRs, ",") {
 		dst, err := netip.ParsePrefix(c)
 		if err != nil {
 			return fmt.Errorf("service CIDR %q: %w", c, err)
 		}
-		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(dst), Scope: netlink.SCOPE_LINK}
-		if err := nl.RouteReplace(r); err != nil {
-			return fmt.Errorf("route %s dev eth0 in %s: %w", dst, n.Netns, err)
-		}
+		routes = append(routes, netlink.Route{Dst: prefixToIPNet(dst), Scope: netlink.SCOPE_LINK})
 	}
-	return nil
+	return replaceEth0Routes(n.Netns, routes)
 }
