@@ -358,15 +358,8 @@ func (r *Report) SVG() []byte {
 	panelH := headH + rows*rowH + padding
 	height := 40 + len(panels)*panelH + 24
 	var b bytes.Buffer
-	esc := func(s string) string {
-		var e bytes.Buffer
-		_ = xml.EscapeText(&e, []byte(s))
-		return e.String()
-	}
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="13">`+"\n",
-		width, height, width, height)
-	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
+	esc := XMLEscape
+	SVGStart(&b, width, height, 13)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="16" font-weight="bold">axon benchmark — %d reps × %s, ratios to %s (same run)</text>`+"\n",
 		padding, r.Reps, r.Duration, esc(r.Reference))
 	colors := []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"}
@@ -517,4 +510,20 @@ func (r *Report) jsonView() any {
 			PSIBefore: jsonnum.From(m.Before.Avg10), PSIAfter: jsonnum.From(m.After.Avg10), StallMicros: m.StallMicro, Err: m.Err})
 	}
 	return out
+}
+
+// XMLEscape escapes s for SVG text and attributes.
+func XMLEscape(s string) string {
+	var e bytes.Buffer
+	_ = xml.EscapeText(&e, []byte(s))
+	return e.String()
+}
+
+// SVGStart writes the XML declaration, the opening <svg> element of a
+// width × height chart in sans-serif at fontSize, and a white background.
+func SVGStart(b *bytes.Buffer, width, height, fontSize int) {
+	fmt.Fprintf(b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="%d">`+"\n",
+		width, height, width, height, fontSize)
+	fmt.Fprintf(b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
 }

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
-	"encoding/xml"
 	"fmt"
 	"maps"
 	"math"
@@ -652,14 +651,8 @@ func (r *Report) SVG() []byte {
 	panelH := headH + len(r.Paths)*rowH + pad
 	height := 44 + len(r.Levels)*panelH + 20
 	var b bytes.Buffer
-	esc := func(s string) string {
-		var e bytes.Buffer
-		_ = xml.EscapeText(&e, []byte(s))
-		return e.String()
-	}
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
+	esc := bench.XMLEscape
+	bench.SVGStart(&b, width, height, 12)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15" font-weight="bold">TCP connect+request+close rate — median conn/s, whiskers min–max, ratio to %s (same run)</text>`+"\n", pad, esc(r.Reference))
 	maxV := 1.0
 	for _, s := range r.Samples {
