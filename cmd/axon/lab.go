@@ -20,6 +20,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -113,7 +114,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
 	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
-	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", lab.KubeProxyNone, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
+	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", kubeproxy.None, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
 	// issue 5: pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
@@ -543,7 +544,7 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 		fmt.Fprint(w, " (demo Services: ", strings.Join([]string{lab.DemoClusterIP, lab.DemoNodePort, lab.DemoExternalIP, lab.DemoLoadBalancer}, ", "), ")")
 	}
 	fmt.Fprintln(w)
-	if mode == lab.KubeProxyNone {
+	if mode == kubeproxy.None {
 		return
 	}
 	for _, n := range st.Nodes {

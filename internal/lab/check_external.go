@@ -47,6 +47,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
@@ -209,14 +210,14 @@ func externalDemoSlices(name string, backends []Pod) []*discoveryv1.EndpointSlic
 
 // externalDemoKubeProxyWants is what the external demo Services ask of
 // every kube-proxy.
-func externalDemoKubeProxyWants(st *State) []kubeProxyWant {
-	var out []kubeProxyWant
+func externalDemoKubeProxyWants(st *State) []kubeproxy.Want {
+	var out []kubeproxy.Want
 	backends := externalDemoBackends(st)
 	for _, svc := range externalDemoObjects() {
 		if svc.Name == DemoLocal {
 			svc.Status.LoadBalancer.Ingress = lbIngress(DemoLocalIngress())
 		}
-		out = append(out, kubeProxyWants(svc, externalDemoSlices(svc.Name, backends))...)
+		out = append(out, kubeproxy.Wants(svc, externalDemoSlices(svc.Name, backends))...)
 	}
 	return out
 }
@@ -256,7 +257,7 @@ func famCol(proto string, a netip.Addr) string {
 // nothing does (na != "").
 func externalImpl(st *State, nodeport map[string]string) (impl, na string) {
 	switch {
-	case st.KubeProxy != "" && st.KubeProxy != KubeProxyNone:
+	case st.KubeProxy != "" && st.KubeProxy != kubeproxy.None:
 		return "kube-proxy " + st.KubeProxy, ""
 	case st.Datapath != DatapathAxon:
 		return "", "no Service implementation: --datapath baseline runs no agent; add --kube-proxy iptables|nftables"
@@ -301,7 +302,7 @@ func compactStrings(s []string) []string {
 // planExternalProbes lists every probe of the external check.
 func planExternalProbes(st *State, na string) []ExtPlanned {
 	var out []ExtPlanned
-	masqAll := st.Datapath == DatapathAxon && kubeProxyModeOf(st) != KubeProxyNone
+	masqAll := st.Datapath == DatapathAxon && kubeProxyModeOf(st) != kubeproxy.None
 	add := func(c, proto string, a netip.Addr, port uint16, expect, why string) {
 		if masqAll && expect == ExpectClientIP {
 			why = masqueradeAllNA
@@ -329,7 +330,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 			both("NodePort "+n.Name+" (all pods)", ip, DemoNodePortPort, ExpectOK, "")
 		}
 	}
-	dsr := st.NodePortMode == "dsr" && st.Datapath == DatapathAxon && kubeProxyModeOf(st) == KubeProxyNone
+	dsr := st.NodePortMode == "dsr" && st.Datapath == DatapathAxon && kubeProxyModeOf(st) == kubeproxy.None
 	for _, n := range st.Nodes {
 		where, expect := "remote backends", ExpectOK
 		if n.Name == first {
@@ -734,7 +735,7 @@ func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []probe.Externa
 // external demo Services, or every axon agent's desired Service table holds
 // demo-local's health check port (the watch saw the Services).
 func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout time.Duration) error {
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return waitKubeProxyRules(ctx, st, externalDemoKubeProxyWants(st), 30*time.Second)
 	}
 	if st.Datapath != DatapathAxon {
@@ -829,7 +830,7 @@ func validateNorthSouth(accel, mode string) error {
 // northSouthAgentArgs are the agents' north-south flags for the lab (none
 // when kube-proxy serves Services: the agents then run with --nodeport=false).
 func northSouthAgentArgs(st *State) []string {
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return nil
 	}
 	var out []string

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -67,7 +68,7 @@ func hostPortNA(st *State) string {
 		return fmt.Sprintf("n/a (no pod declares a hostPort: the lab has no pod %s of its datapath; use --pods-per-node 1 or more)", DemoHostPortPod)
 	}
 	switch {
-	case kubeProxyModeOf(st) != KubeProxyNone:
+	case kubeProxyModeOf(st) != kubeproxy.None:
 		return "n/a (kube-proxy does not implement hostPort: kubelet's CNI portmap plugin does, and the lab does not chain it)"
 	case st.Datapath != DatapathAxon:
 		return "n/a (--datapath baseline runs the reference plugins without portmap: nothing serves hostPorts)"

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -29,8 +30,8 @@ func TestDemoHostPorts(t *testing.T) {
 		na   string
 	}{
 		{"axon", nil, ""},
-		{"kube-proxy", func(s *State) { s.KubeProxy = KubeProxyIPTables }, "kube-proxy does not implement hostPort"},
-		{"baseline", func(s *State) { s.Datapath = DatapathBaseline; s.KubeProxy = KubeProxyNone }, "kube-proxy does not implement hostPort"},
+		{"kube-proxy", func(s *State) { s.KubeProxy = kubeproxy.IPTables }, "kube-proxy does not implement hostPort"},
+		{"baseline", func(s *State) { s.Datapath = DatapathBaseline; s.KubeProxy = kubeproxy.None }, "kube-proxy does not implement hostPort"},
 		{"no pod", func(s *State) { s.Pods = s.Pods[1:] }, "no pod declares a hostPort"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -67,7 +68,7 @@ func TestExternalImpl(t *testing.T) {
 		{"mixed", nil, map[string]string{"node1": "xdp-native on eth0", "node2": "tc on eth0"}, "axon north-south LB (tc,xdp-native)", ""},
 		{"disabled", nil, map[string]string{"node1": "disabled", "node2": "tc on eth0"}, "", "node1: nodeport_lb disabled"},
 		{"unreachable", nil, map[string]string{"node1": "tc"}, "", "node2: agent status unavailable"},
-		{"kube-proxy", func(s *State) { s.KubeProxy = KubeProxyNFTables }, nil, "kube-proxy nftables", ""},
+		{"kube-proxy", func(s *State) { s.KubeProxy = kubeproxy.NFTables }, nil, "kube-proxy nftables", ""},
 		{"baseline", func(s *State) { s.Datapath = DatapathBaseline }, nil, "", "no Service implementation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,7 +129,7 @@ func TestNorthSouthOptions(t *testing.T) {
 	if got := northSouthAgentArgs(st); !slices.Equal(got, []string{"--lb-acceleration=native", "--nodeport-mode=dsr"}) {
 		t.Errorf("agent args %v", got)
 	}
-	st.KubeProxy = KubeProxyIPTables
+	st.KubeProxy = kubeproxy.IPTables
 	if got := northSouthAgentArgs(st); len(got) != 0 {
 		t.Errorf("agent args with kube-proxy: %v (the agents run --nodeport=false)", got)
 	}

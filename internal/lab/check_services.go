@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -51,7 +52,7 @@ type plannedProbe struct {
 // "kube-proxy <mode>" or "" (nothing).
 func serviceImpl(st *State) string {
 	switch {
-	case st.KubeProxy != "" && st.KubeProxy != KubeProxyNone:
+	case st.KubeProxy != "" && st.KubeProxy != kubeproxy.None:
 		return "kube-proxy " + st.KubeProxy
 	case st.Datapath == DatapathAxon:
 		return "axon socket LB"
@@ -117,9 +118,9 @@ func planServiceProbes(st *State) []plannedProbe {
 // loopbackNodePortNA says why kube-proxy cannot serve a NodePort on lo.
 func loopbackNodePortNA(kubeProxy string, lo netip.Addr) string {
 	switch {
-	case kubeProxy == KubeProxyNFTables:
+	case kubeProxy == kubeproxy.NFTables:
 		return "n/a (kube-proxy nftables does not serve NodePorts on loopback)"
-	case kubeProxy == KubeProxyIPTables && lo.Is6():
+	case kubeProxy == kubeproxy.IPTables && lo.Is6():
 		return "n/a (kube-proxy iptables serves localhost NodePorts for IPv4 only)"
 	}
 	return ""

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -198,13 +199,13 @@ func lbIngress(ips []netip.Addr) []corev1.LoadBalancerIngress {
 }
 
 // demoKubeProxyWants is what the demo Services ask of every kube-proxy.
-func demoKubeProxyWants(st *State) []kubeProxyWant {
-	var out []kubeProxyWant
+func demoKubeProxyWants(st *State) []kubeproxy.Want {
+	var out []kubeproxy.Want
 	backends := demoBackends(st)
 	for _, d := range DemoServices() {
 		svc := d.object()
 		svc.Status.LoadBalancer.Ingress = lbIngress(d.LBIngress)
-		out = append(out, kubeProxyWants(svc, d.endpointSlices(backends))...)
+		out = append(out, kubeproxy.Wants(svc, d.endpointSlices(backends))...)
 	}
 	return out
 }
@@ -301,7 +302,7 @@ func upDemoServices(ctx context.Context, st *State, kube kubernetes.Interface, l
 		return err
 	}
 	st.DemoServices = true
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return waitKubeProxyRules(ctx, st, demoKubeProxyWants(st), 30*time.Second)
 	}
 	if st.Datapath != DatapathAxon {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
 
@@ -35,13 +36,13 @@ func TestPlanServiceProbes(t *testing.T) {
 		wantNA                    map[string]int // reason substring → probes
 	}{
 		{"axon socket LB", DatapathAxon, "", "axon socket LB", nil},
-		{"nftables", DatapathBaseline, KubeProxyNFTables, "kube-proxy nftables",
+		{"nftables", DatapathBaseline, kubeproxy.NFTables, "kube-proxy nftables",
 			map[string]int{"nftables does not serve NodePorts on loopback": 2 * 4}},
-		{"iptables", DatapathBaseline, KubeProxyIPTables, "kube-proxy iptables",
+		{"iptables", DatapathBaseline, kubeproxy.IPTables, "kube-proxy iptables",
 			map[string]int{"localhost NodePorts for IPv4 only": 2 * 2}},
-		{"axon datapath with kube-proxy", DatapathAxon, KubeProxyNFTables, "kube-proxy nftables",
+		{"axon datapath with kube-proxy", DatapathAxon, kubeproxy.NFTables, "kube-proxy nftables",
 			map[string]int{"nftables does not serve NodePorts on loopback": 2 * 4}},
-		{"nothing serves Services", DatapathBaseline, KubeProxyNone, "", map[string]int{"no Service implementation": -1}},
+		{"nothing serves Services", DatapathBaseline, kubeproxy.None, "", map[string]int{"no Service implementation": -1}},
 	}
 	// per pod: ClusterIP 2 addrs + NodePort 2 nodes × 2 addrs + externalIP 2 + LB 2 = 10, × tcp/udp
 	// per node: the same + 2 loopback addresses
@@ -63,7 +64,7 @@ func TestPlanServiceProbes(t *testing.T) {
 					continue
 				}
 				if p.Type == SvcTypeHostPort && !strings.Contains(p.NA, "no Service implementation") {
-					if tc.kubeProxy == KubeProxyNone || !strings.Contains(p.NA, "kube-proxy does not implement hostPort") {
+					if tc.kubeProxy == kubeproxy.None || !strings.Contains(p.NA, "kube-proxy does not implement hostPort") {
 						t.Errorf("HostPort n/a %q with kube-proxy %q", p.NA, tc.kubeProxy)
 					}
 					continue // issue 7: kube-proxy serves no hostPort (check_external_hostport_test.go)

@@ -40,6 +40,7 @@ import (
 	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/cpustat"
 	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 )
 
 // LabConfig is one configuration of the north-south benchmark.
@@ -56,8 +57,8 @@ func Configs() []LabConfig {
 	return []LabConfig{
 		{Name: "axon-tc", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "disabled"}},
 		{Name: "axon-xdp", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "native"}, WantXDP: true},
-		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyIPTables}},
-		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyNFTables}},
+		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.IPTables}},
+		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.NFTables}},
 	}
 }
 

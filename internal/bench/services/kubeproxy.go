@@ -19,13 +19,14 @@ import (
 
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/bench/clip"
-	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
 // kubeProxyMetricsAddr is kube-proxy's metrics server inside the node netns
 // (loopback of that netns only), as the lab configures it.
-const kubeProxyMetricsAddr = labpkg.KubeProxyMetricsAddr
+const kubeProxyMetricsAddr = kubeproxy.MetricsAddr
 
 // KubeProxySpec describes one kube-proxy process of the benchmark.
 type KubeProxySpec struct {
@@ -38,13 +39,13 @@ type KubeProxySpec struct {
 }
 
 // KubeProxyArgv is the exact command line (recorded in the report): the
-// lab's (lab.KubeProxyArgs, without --masquerade-all) run in the node netns,
+// lab's (kubeproxy.Args, without --masquerade-all) run in the node netns,
 // with a higher apiserver QPS for the churn. All conntrack flags are "leave
 // as is": nf_conntrack_max is machine-wide and the benchmark never changes
 // the root namespace.
 func (s KubeProxySpec) KubeProxyArgv(nsenter string) []string {
 	argv := []string{nsenter, "--net=" + s.Netns, "--"}
-	argv = append(argv, labpkg.KubeProxyArgs(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
+	argv = append(argv, kubeproxy.Args(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
 	return append(argv, "--kube-api-qps=100", "--kube-api-burst=200")
 }
 
@@ -221,10 +222,10 @@ func (k *KubeProxy) WaitSynced(ctx context.Context, t time.Time, timeout, poll t
 }
 
 // httpGetInNetns GETs http://addr/path with a socket created inside the
-// netns at path nsPath (lab.HTTPGetInNetns, 5s at most); anything but 200
+// netns at path nsPath (labns.HTTPGet, 5s at most); anything but 200
 // is an error.
 func httpGetInNetns(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
-	body, status, err := labpkg.HTTPGetInNetns(ctx, nsPath, addr, path, 5*time.Second)
+	body, status, err := labns.HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,7 @@ import (
 	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/bench/quantile"
 	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
 )
@@ -229,7 +230,7 @@ func Run(ctx context.Context, l *labpkg.Lab, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("the Service benchmark needs 4 lab nodes, this lab has %d: axon lab down && axon lab up --nodes 4", len(st.Nodes))
 	case st.Datapath != labpkg.DatapathAxon:
 		return nil, fmt.Errorf("the Service benchmark needs the axon datapath (this lab is %s): axon lab up --nodes 4", st.Datapath)
-	case l.KubeProxyMode() != labpkg.KubeProxyNone:
+	case l.KubeProxyMode() != kubeproxy.None:
 		return nil, fmt.Errorf("the lab runs kube-proxy %s on every node; the Service benchmark starts its own (nftables on node3, iptables on node4): bring the lab up with --kube-proxy none", l.KubeProxyMode())
 	}
 	tools, err := bench.ToolPaths{Iperf3: "true", Sockperf: "true"}.Resolve(false)
@@ -611,7 +612,7 @@ func (r *svcRun) syncTimes(mode string, since time.Time) ([]time.Duration, error
 		return nil, err
 	}
 	defer f.Close()
-	all, err := labpkg.ParseKubeProxySyncTimes(f, time.Now().UTC().Year())
+	all, err := kubeproxy.ParseSyncTimes(f, time.Now().UTC().Year())
 	if err != nil {
 		return nil, err
 	}
