@@ -20,6 +20,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // labFlags are the flags shared by every `axon lab` subcommand.
@@ -112,7 +114,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
 	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
-	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", lab.KubeProxyNone, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
+	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", kubeproxy.None, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
 	// pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
@@ -436,15 +438,15 @@ func newLabProbeCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var ps []lab.SvcProbe
+			var ps []probe.Service
 			for _, a := range args {
-				p, err := lab.ParseSvcProbe(a)
+				p, err := probe.ParseService(a)
 				if err != nil {
 					return err
 				}
 				ps = append(ps, p)
 			}
-			return lab.RunServiceProbes(cmd.Context(), ps, timeout, os.Stdout)
+			return probe.RunServices(cmd.Context(), ps, timeout, os.Stdout)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
@@ -486,27 +488,27 @@ func newLabEchoCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Exits when stdin closes (the checker went away).
-			return lab.ServeEcho(cmd.Context(), port, os.Stdout, os.Stdin)
+			return probe.ServeEcho(cmd.Context(), port, os.Stdout, os.Stdin)
 		},
 	}
-	serve.Flags().IntVar(&port, "port", lab.EchoPort, "TCP and UDP port")
+	serve.Flags().IntVar(&port, "port", probe.EchoPort, "TCP and UDP port")
 	var timeout time.Duration
-	probe := &cobra.Command{
+	probeCmd := &cobra.Command{
 		Use:  "probe proto/addr...",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var ps []lab.Probe
+			var ps []probe.Pod
 			for _, a := range args {
-				p, err := lab.ParseProbe(a)
+				p, err := probe.ParsePod(a)
 				if err != nil {
 					return err
 				}
 				ps = append(ps, p)
 			}
-			return lab.RunProbes(cmd.Context(), ps, timeout, os.Stdout)
+			return probe.RunPods(cmd.Context(), ps, timeout, os.Stdout)
 		},
 	}
-	probe.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
+	probeCmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
 	var count int
 	var interval, wait time.Duration
 	ping := &cobra.Command{
@@ -517,7 +519,7 @@ func newLabEchoCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sent, recv, err := lab.Ping(cmd.Context(), a, count, interval, wait, false)
+			sent, recv, err := probe.Ping(cmd.Context(), a, count, interval, wait, false)
 			fmt.Printf("%d packets transmitted, %d received\n", sent, recv)
 			if err == nil && recv < sent {
 				return exitError{code: 1}
@@ -528,7 +530,7 @@ func newLabEchoCmd() *cobra.Command {
 	ping.Flags().IntVarP(&count, "count", "c", 1, "echo requests to send")
 	ping.Flags().DurationVarP(&interval, "interval", "i", 200*time.Millisecond, "time between requests")
 	ping.Flags().DurationVarP(&wait, "wait", "W", time.Second, "how long to wait for the last reply")
-	cmd.AddCommand(serve, probe, ping)
+	cmd.AddCommand(serve, probeCmd, ping)
 	return cmd
 }
 
@@ -542,7 +544,7 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 		fmt.Fprint(w, " (demo Services: ", strings.Join([]string{lab.DemoClusterIP, lab.DemoNodePort, lab.DemoExternalIP, lab.DemoLoadBalancer}, ", "), ")")
 	}
 	fmt.Fprintln(w)
-	if mode == lab.KubeProxyNone {
+	if mode == kubeproxy.None {
 		return
 	}
 	for _, n := range st.Nodes {

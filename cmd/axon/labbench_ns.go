@@ -14,18 +14,18 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/axonhq/axon/internal/bench"
-	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/bench/northsouth"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func newLabBenchNorthSouthCmd(stateDir *string) *cobra.Command {
 	var (
-		cfg     bench.NSConfig
+		cfg     northsouth.Config
 		configs string
 		out     string
 	)
 	var names []string
-	for _, c := range bench.NSConfigs() {
+	for _, c := range northsouth.Configs() {
 		names = append(names, c.Name)
 	}
 	cmd := &cobra.Command{
@@ -70,7 +70,7 @@ Ratios are to kube-proxy iptables in the same run. Writes results.{md,csv,json}.
 				out = filepath.Join("results", "bench-northsouth-"+time.Now().UTC().Format("20060102T150405Z"))
 			}
 			cfg.StateDir, cfg.OutDir, cfg.Progress = *stateDir, out, cmd.ErrOrStderr()
-			rep, err := bench.RunNorthSouth(ctx, cfg)
+			rep, err := northsouth.Run(ctx, cfg)
 			if rep != nil {
 				rep.Command = "axon " + strings.Join(os.Args[1:], " ")
 				if werr := rep.WriteFiles(out); werr != nil && err == nil {
@@ -101,15 +101,15 @@ func newLabXProbeCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var ps []lab.XProbe
+			var ps []probe.External
 			for _, a := range args {
-				p, err := lab.ParseXProbe(a)
+				p, err := probe.ParseExternal(a)
 				if err != nil {
 					return err
 				}
 				ps = append(ps, p)
 			}
-			return lab.RunXProbes(cmd.Context(), ps, timeout, os.Stdout)
+			return probe.RunExternals(cmd.Context(), ps, timeout, os.Stdout)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
@@ -126,9 +126,9 @@ func newLabPeerEchoCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return lab.ServePeerEcho(cmd.Context(), port, os.Stdout, os.Stdin)
+			return probe.ServePeerEcho(cmd.Context(), port, os.Stdout, os.Stdin)
 		},
 	}
-	cmd.Flags().IntVar(&port, "port", lab.PeerEchoPort, "TCP and UDP port")
+	cmd.Flags().IntVar(&port, "port", probe.PeerEchoPort, "TCP and UDP port")
 	return cmd
 }

@@ -14,14 +14,15 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/connrate"
+	"github.com/axonhq/axon/internal/bench/services"
 	"github.com/axonhq/axon/internal/lab"
 )
 
 // newLabBenchServicesCmd is `axon lab bench services`: the Services benchmark's targets.
 func newLabBenchServicesCmd(stateDir *string) *cobra.Command {
 	var (
-		cfg      bench.SvcConfig
+		cfg      services.Config
 		levels   string
 		out      string
 		noFull   bool
@@ -52,7 +53,7 @@ paths are reported as not synced.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if render != "" { // re-render a finished run's files from its results.json
-				rep, err := bench.ReadSvcReport(filepath.Join(render, "results.json"))
+				rep, err := services.ReadReport(filepath.Join(render, "results.json"))
 				if err != nil {
 					return err
 				}
@@ -69,7 +70,7 @@ paths are reported as not synced.`,
 				return fmt.Errorf("%w (bring a lab up first: axon lab up --nodes 4)", err)
 			}
 			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-			if cfg.Levels, err = bench.ParseLevels(levels); err != nil {
+			if cfg.Levels, err = services.ParseLevels(levels); err != nil {
 				return err
 			}
 			if cfg.Axon, err = os.Executable(); err != nil {
@@ -82,7 +83,7 @@ paths are reported as not synced.`,
 			cfg.Progress = cmd.ErrOrStderr()
 			fmt.Fprintf(cmd.ErrOrStderr(), "service benchmark: levels %v × %d endpoints, %d reps × %s, results in %s\n",
 				cfg.Levels, cfg.Endpoints, cfg.Reps, cfg.Duration, out)
-			rep, err := bench.RunServices(ctx, l, cfg)
+			rep, err := services.Run(ctx, l, cfg)
 			if rep != nil {
 				rep.Command = "axon " + strings.Join(os.Args[1:], " ")
 				_ = rep.WriteFiles(out)
@@ -134,11 +135,11 @@ func newConnRateCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return bench.ServeConnRate(ctx, ap, nil)
+			return connrate.Serve(ctx, ap, nil)
 		},
 	}
 	serve.Flags().StringVar(&listen, "listen", "", "address:port to serve on")
-	var cc bench.ConnRateConfig
+	var cc connrate.Config
 	var target string
 	client := &cobra.Command{
 		Use:  "client",
@@ -149,7 +150,7 @@ func newConnRateCmd() *cobra.Command {
 				return fmt.Errorf("--target %q: want address:port: %w", target, err)
 			}
 			cc.Target = ap
-			res, err := bench.ConnRate(cmd.Context(), cc)
+			res, err := connrate.Run(cmd.Context(), cc)
 			if err != nil {
 				return err
 			}
@@ -159,10 +160,10 @@ func newConnRateCmd() *cobra.Command {
 	client.Flags().StringVar(&target, "target", "", "server address:port (pod IP or ClusterIP)")
 	client.Flags().DurationVar(&cc.Duration, "duration", 3*time.Second, "how long to loop")
 	client.Flags().IntVar(&cc.Request, "request", 32, "request (and response) size in bytes")
-	var pc bench.ConnRateConfig
+	var pc connrate.Config
 	var ptarget, pversus string
 	var slice time.Duration
-	var from [2]bench.Place
+	var from [2]connrate.Place
 	paired := &cobra.Command{
 		Use:   "paired",
 		Short: "the same loop against --target and --versus in alternating slices: their rate ratio per pair",
@@ -177,7 +178,7 @@ func newConnRateCmd() *cobra.Command {
 				return fmt.Errorf("--versus %q: want address:port: %w", pversus, err)
 			}
 			pc.Target = a
-			res, err := bench.ConnRatePaired(cmd.Context(), pc, b, slice, from)
+			res, err := connrate.RunPaired(cmd.Context(), pc, b, slice, from)
 			if err != nil {
 				return err
 			}

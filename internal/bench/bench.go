@@ -4,7 +4,7 @@
 // across paths, client and server pinned to different CPUs, CPU pressure
 // recorded around every measurement. It reports min/median/max per path and the
 // ratio of each path's median to the first (reference) path measured in the
-// same run, as CSV, Markdown and an SVG chart (DESIGN.md §5).
+// same run, as CSV, Markdown and an SVG chart.
 //
 // The caller (axon lab bench) owns the namespaces and cgroups; bench only
 // starts processes in them with `nsenter --net=<path>` and stops them by PID.
@@ -286,14 +286,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	var err error
-	if c.Tools, err = c.Tools.resolve(c.NoPin); err != nil {
+	if c.Tools, err = c.Tools.Resolve(c.NoPin); err != nil {
 		return c, err
 	}
 	return c, nil
 }
 
-// resolve fills empty tool paths from PATH and checks that every tool exists.
-func (t ToolPaths) resolve(noPin bool) (ToolPaths, error) {
+// Resolve fills empty tool paths from PATH and checks that every tool exists.
+func (t ToolPaths) Resolve(noPin bool) (ToolPaths, error) {
 	type tool struct {
 		name, hint string
 		p          *string
@@ -339,7 +339,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		MessageSize: cfg.MessageSize,
 		ClientCPU:   cfg.ClientCPU,
 		ServerCPU:   cfg.ServerCPU,
-		Host:        hostInfo(ctx, cfg.Tools),
+		Host:        HostInfo(ctx, cfg.Tools),
 		Reference:   cfg.Paths[0].Name,
 	}
 	if cfg.OutDir != "" {
@@ -395,11 +395,11 @@ func (r *runner) run(ctx context.Context, rep *Report) error {
 	}
 
 	// One long-lived sockperf server per path; iperf3 servers are one-shot.
-	sp := make([]*server, len(r.cfg.Paths))
+	sp := make([]*Server, len(r.cfg.Paths))
 	defer func() {
 		for _, s := range sp {
 			if s != nil {
-				s.stop()
+				s.Stop()
 			}
 		}
 	}()
@@ -420,11 +420,11 @@ func (r *runner) run(ctx context.Context, rep *Report) error {
 				return errors.Join(append(errs, fmt.Errorf("benchmark interrupted: %w", err))...)
 			}
 
-			if sp[i] == nil || sp[i].exited() {
+			if sp[i] == nil || sp[i].Exited() {
 				if sp[i] != nil {
 					r.log.Warn("sockperf server exited, restarting", "path", p.Name, "err", sp[i].err)
 				}
-				s, err := startServer(ctx, p.Server.Cgroup, r.sockperfServerArgv(i, p), p.Server.IP, r.cfg.SockperfPort+i, 5*time.Second)
+				s, err := StartServer(ctx, p.Server.Cgroup, r.sockperfServerArgv(i, p), p.Server.IP, r.cfg.SockperfPort+i, 5*time.Second)
 				sp[i] = s
 				if err != nil {
 					rep.Measurements = append(rep.Measurements, Measurement{Rep: n, Path: p.Name, Tool: "sockperf",
@@ -432,7 +432,7 @@ func (r *runner) run(ctx context.Context, rep *Report) error {
 					fail(res, fmt.Errorf("rep %d sockperf server: %w", n, err))
 					continue
 				}
-				r.log.Debug("sockperf server started", "path", p.Name, "pid", s.pid())
+				r.log.Debug("sockperf server started", "path", p.Name, "pid", s.PID())
 			}
 			m = r.latency(ctx, n, i, p, res)
 			rep.Measurements = append(rep.Measurements, m)
@@ -460,7 +460,7 @@ func (r *runner) measuredCPUs() []int {
 }
 
 func (r *runner) iperfServerArgv(i int, p Path) []string {
-	return r.cfg.Tools.wrap(p.Server.Netns, r.serverCPU(), r.cfg.Tools.Iperf3,
+	return r.cfg.Tools.Wrap(p.Server.Netns, r.serverCPU(), r.cfg.Tools.Iperf3,
 		"-s", "-1", "-B", p.Server.IP.String(), "-p", strconv.Itoa(r.cfg.IperfPort+i))
 }
 
@@ -470,11 +470,11 @@ func (r *runner) iperfClientArgv(i int, p Path) []string {
 	if p.Client.IP.IsValid() {
 		argv = append(argv, "-B", p.Client.IP.String())
 	}
-	return r.cfg.Tools.wrap(p.Client.Netns, r.clientCPU(), argv...)
+	return r.cfg.Tools.Wrap(p.Client.Netns, r.clientCPU(), argv...)
 }
 
 func (r *runner) sockperfServerArgv(i int, p Path) []string {
-	return r.cfg.Tools.wrap(p.Server.Netns, r.serverCPU(), r.cfg.Tools.Sockperf,
+	return r.cfg.Tools.Wrap(p.Server.Netns, r.serverCPU(), r.cfg.Tools.Sockperf,
 		"server", "--tcp", "-i", p.Server.IP.String(), "-p", strconv.Itoa(r.cfg.SockperfPort+i))
 }
 
@@ -484,32 +484,32 @@ func (r *runner) sockperfClientArgv(i int, p Path) []string {
 	if p.Client.IP.IsValid() {
 		argv = append(argv, "--client_ip", p.Client.IP.String())
 	}
-	return r.cfg.Tools.wrap(p.Client.Netns, r.clientCPU(), argv...)
+	return r.cfg.Tools.Wrap(p.Client.Netns, r.clientCPU(), argv...)
 }
 
 // throughput runs one iperf3 measurement with a one-shot server.
 func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) Measurement {
 	m := Measurement{Rep: n, Path: p.Name, Tool: "iperf3", Server: r.iperfServerArgv(i, p), Client: r.iperfClientArgv(i, p)}
 	m.Start = time.Now().UTC()
-	srv, err := startServer(ctx, p.Server.Cgroup, m.Server, p.Server.IP, r.cfg.IperfPort+i, 5*time.Second)
+	srv, err := StartServer(ctx, p.Server.Cgroup, m.Server, p.Server.IP, r.cfg.IperfPort+i, 5*time.Second)
 	if err != nil {
 		m.Err = err.Error()
 		return m
 	}
-	defer srv.stop()
-	m.Before = readPressure()
+	defer srv.Stop()
+	m.Before = ReadPressure()
 	dsack0, dsackErr := dsackSegs(p.Client.Netns)
 	cpus := r.measuredCPUs()
 	busy0, busyErr := cpustat.ReadBusy(cpus)
 	t0 := time.Now()
-	out, stderr, runErr := runClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
+	out, stderr, runErr := RunClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
 	m.Elapsed = time.Since(t0)
 	busy1, err := cpustat.ReadBusy(cpus)
 	busyErr = errors.Join(busyErr, err)
-	m.After = readPressure()
+	m.After = ReadPressure()
 	dsack1, err := dsackSegs(p.Client.Netns)
 	dsackErr = errors.Join(dsackErr, err)
-	m.StallMicro = stall(m.Before, m.After)
+	m.StallMicro = Stall(m.Before, m.After)
 	r.saveRaw(n, p.Name, "iperf3.json", out)
 	ir, perr := ParseIperfJSON(out)
 	switch {
@@ -521,8 +521,8 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 		m.Err = perr.Error()
 		return m
 	}
-	if !srv.wait(3 * time.Second) {
-		r.log.Debug("iperf3 one-shot server still running after the test; stopping it", "pid", srv.pid())
+	if !srv.Wait(3 * time.Second) {
+		r.log.Debug("iperf3 one-shot server still running after the test; stopping it", "pid", srv.PID())
 	}
 	res.Throughput[n-1] = ir.BitsPerSecond
 	res.Retransmits[n-1] = float64(ir.Retransmits)
@@ -552,12 +552,12 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 func (r *runner) latency(ctx context.Context, n, i int, p Path, res *Result) Measurement {
 	m := Measurement{Rep: n, Path: p.Name, Tool: "sockperf", Server: r.sockperfServerArgv(i, p), Client: r.sockperfClientArgv(i, p)}
 	m.Start = time.Now().UTC()
-	m.Before = readPressure()
+	m.Before = ReadPressure()
 	t0 := time.Now()
-	out, stderr, runErr := runClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
+	out, stderr, runErr := RunClient(ctx, p.Client.Cgroup, m.Client, r.clientTimeout())
 	m.Elapsed = time.Since(t0)
-	m.After = readPressure()
-	m.StallMicro = stall(m.Before, m.After)
+	m.After = ReadPressure()
+	m.StallMicro = Stall(m.Before, m.After)
 	r.saveRaw(n, p.Name, "sockperf.txt", append(out, stderr...))
 	sr, perr := ParseSockperf(append(out, stderr...))
 	if perr == nil && !sr.RTT {
@@ -588,14 +588,14 @@ func (r *runner) saveRaw(n int, path, suffix string, data []byte) {
 	if r.cfg.OutDir == "" {
 		return
 	}
-	name := filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("rep%d-%s-%s", n, slug(path), suffix))
+	name := filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("rep%d-%s-%s", n, Slug(path), suffix))
 	if err := os.WriteFile(name, data, 0o644); err != nil {
 		r.log.Warn("save raw tool output", "file", name, "err", err)
 	}
 }
 
-// slug turns a path name into a file-name-safe word.
-func slug(s string) string {
+// Slug turns a path name into a file-name-safe word.
+func Slug(s string) string {
 	var b strings.Builder
 	dash := false
 	for _, c := range strings.ToLower(s) {
@@ -610,7 +610,7 @@ func slug(s string) string {
 	return strings.TrimSuffix(b.String(), "-")
 }
 
-func readPressure() Pressure {
+func ReadPressure() Pressure {
 	data, err := os.ReadFile("/proc/pressure/cpu")
 	if err != nil {
 		return Pressure{Avg10: math.NaN()}
@@ -622,15 +622,15 @@ func readPressure() Pressure {
 	return Pressure{Avg10: avg, Total: total}
 }
 
-func stall(before, after Pressure) uint64 {
+func Stall(before, after Pressure) uint64 {
 	if after.Total < before.Total {
 		return 0
 	}
 	return after.Total - before.Total
 }
 
-// hostInfo records kernel, CPU and tool versions.
-func hostInfo(ctx context.Context, t ToolPaths) Host {
+// HostInfo records kernel, CPU and tool versions.
+func HostInfo(ctx context.Context, t ToolPaths) Host {
 	h := Host{NumCPU: runtime.NumCPU()}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		h.Kernel = strings.TrimSpace(string(b))

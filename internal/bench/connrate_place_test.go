@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/bench/connrate"
 )
 
 // TestConnRatePairedPlaces pairs two clients in different network
@@ -52,7 +54,7 @@ func TestConnRatePairedPlaces(t *testing.T) {
 				ready <- err
 				return
 			}
-			if err := ServeConnRate(ctx, targets[i], func() { ready <- nil }); err != nil {
+			if err := connrate.Serve(ctx, targets[i], func() { ready <- nil }); err != nil {
 				ready <- err
 			}
 		}()
@@ -77,8 +79,8 @@ func TestConnRatePairedPlaces(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	res, err := ConnRatePaired(ctx, ConnRateConfig{Target: targets[0], Duration: 1200 * time.Millisecond}, targets[1], 100*time.Millisecond,
-		[2]Place{{Netns: l.a, Cgroup: cgs[0]}, {Netns: l.b, Cgroup: cgs[1]}})
+	res, err := connrate.RunPaired(ctx, connrate.Config{Target: targets[0], Duration: 1200 * time.Millisecond}, targets[1], 100*time.Millisecond,
+		[2]connrate.Place{{Netns: l.a, Cgroup: cgs[0]}, {Netns: l.b, Cgroup: cgs[1]}})
 	stop()
 	wg.Wait()
 	if err != nil {
@@ -109,12 +111,12 @@ func TestConnRatePairedPlaces(t *testing.T) {
 	}
 
 	// bad input: a cgroup for one side only, a namespace that does not exist
-	if _, err := ConnRatePaired(ctx, ConnRateConfig{Target: targets[0], Duration: time.Second}, targets[1], 100*time.Millisecond,
-		[2]Place{{Cgroup: cgs[0]}, {}}); err == nil || !strings.Contains(err.Error(), "both sides a cgroup or neither") {
+	if _, err := connrate.RunPaired(ctx, connrate.Config{Target: targets[0], Duration: time.Second}, targets[1], 100*time.Millisecond,
+		[2]connrate.Place{{Cgroup: cgs[0]}, {}}); err == nil || !strings.Contains(err.Error(), "both sides a cgroup or neither") {
 		t.Errorf("one side's cgroup: %v, want the both-or-neither error", err)
 	}
-	if _, err := ConnRatePaired(ctx, ConnRateConfig{Target: targets[0], Duration: time.Second}, targets[1], 100*time.Millisecond,
-		[2]Place{{Netns: "/run/netns/axt-no-such-ns"}, {}}); err == nil || !strings.Contains(err.Error(), "axt-no-such-ns") {
+	if _, err := connrate.RunPaired(ctx, connrate.Config{Target: targets[0], Duration: time.Second}, targets[1], 100*time.Millisecond,
+		[2]connrate.Place{{Netns: "/run/netns/axt-no-such-ns"}, {}}); err == nil || !strings.Contains(err.Error(), "axt-no-such-ns") {
 		t.Errorf("missing netns: %v, want an error naming it", err)
 	}
 }

@@ -18,11 +18,11 @@ import (
 	"time"
 )
 
-// wrap returns the argv that runs argv pinned to cpu inside the network
+// Wrap returns the argv that runs argv pinned to cpu inside the network
 // namespace netns: `nsenter --net=<netns> taskset -c <cpu> argv...`. nsenter and
 // taskset both exec, so the PID of the started process is the PID of the tool.
 // An empty netns runs in the caller's namespace; cpu < 0 skips taskset.
-func (t ToolPaths) wrap(netns string, cpu int, argv ...string) []string {
+func (t ToolPaths) Wrap(netns string, cpu int, argv ...string) []string {
 	var out []string
 	if netns != "" {
 		out = append(out, t.Nsenter, "--net="+netns)
@@ -33,10 +33,10 @@ func (t ToolPaths) wrap(netns string, cpu int, argv ...string) []string {
 	return append(out, argv...)
 }
 
-// command builds an exec.Cmd for argv placed in cgroupDir (a cgroup v2
+// Command builds an exec.Cmd for argv placed in cgroupDir (a cgroup v2
 // directory, optional). The returned cleanup closes the cgroup fd; call it
 // after Start.
-func command(ctx context.Context, cgroupDir string, argv []string) (*exec.Cmd, func(), error) {
+func Command(ctx context.Context, cgroupDir string, argv []string) (*exec.Cmd, func(), error) {
 	if len(argv) == 0 {
 		return nil, nil, errors.New("empty command")
 	}
@@ -60,8 +60,8 @@ func command(ctx context.Context, cgroupDir string, argv []string) (*exec.Cmd, f
 	return cmd, cleanup, nil
 }
 
-// server is one long-lived or one-shot server process, stopped by PID.
-type server struct {
+// Server is one long-lived or one-shot server process, stopped by PID.
+type Server struct {
 	cmd  *exec.Cmd
 	argv []string
 	out  *bytes.Buffer
@@ -69,11 +69,11 @@ type server struct {
 	err  error // set when done is closed
 }
 
-// startServer starts argv in cgroupDir and waits until it listens on ip:port
+// StartServer starts argv in cgroupDir and waits until it listens on ip:port
 // (seen in /proc/<pid>/net/tcp{,6}, which show the process's own netns).
-func startServer(ctx context.Context, cgroupDir string, argv []string, ip netip.Addr, port int, timeout time.Duration) (*server, error) {
+func StartServer(ctx context.Context, cgroupDir string, argv []string, ip netip.Addr, port int, timeout time.Duration) (*Server, error) {
 	// The server must outlive nothing but the run: ctx cancel stops it too.
-	cmd, cleanup, err := command(ctx, cgroupDir, argv)
+	cmd, cleanup, err := Command(ctx, cgroupDir, argv)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func startServer(ctx context.Context, cgroupDir string, argv []string, ip netip.
 		return nil, fmt.Errorf("start %s: %w", strings.Join(argv, " "), err)
 	}
 	cleanup()
-	s := &server{cmd: cmd, argv: argv, out: &out, done: make(chan struct{})}
+	s := &Server{cmd: cmd, argv: argv, out: &out, done: make(chan struct{})}
 	go func() { s.err = cmd.Wait(); close(s.done) }()
 
 	deadline := time.Now().Add(timeout)
@@ -101,24 +101,24 @@ func startServer(ctx context.Context, cgroupDir string, argv []string, ip netip.
 			return s, nil
 		}
 		if time.Now().After(deadline) {
-			s.stop()
+			s.Stop()
 			return nil, fmt.Errorf("server %s did not listen on %s within %s (is the address configured in that namespace?): %s",
 				strings.Join(argv, " "), netip.AddrPortFrom(ip, uint16(port)), timeout, strings.TrimSpace(out.String()))
 		}
 		select {
 		case <-ctx.Done():
-			s.stop()
+			s.Stop()
 			return nil, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
 
-// pid returns the server's PID.
-func (s *server) pid() int { return s.cmd.Process.Pid }
+// PID returns the server's PID.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
 
-// exited reports whether the server process has ended.
-func (s *server) exited() bool {
+// Exited reports whether the server process has ended.
+func (s *Server) Exited() bool {
 	select {
 	case <-s.done:
 		return true
@@ -127,8 +127,8 @@ func (s *server) exited() bool {
 	}
 }
 
-// wait waits up to d for the server to exit by itself (iperf3 -1).
-func (s *server) wait(d time.Duration) bool {
+// Wait waits up to d for the server to exit by itself (iperf3 -1).
+func (s *Server) Wait(d time.Duration) bool {
 	select {
 	case <-s.done:
 		return true
@@ -137,27 +137,27 @@ func (s *server) wait(d time.Duration) bool {
 	}
 }
 
-// stop sends SIGTERM to the server's PID, then SIGKILL after 2 s. Safe to call twice.
-func (s *server) stop() {
+// Stop sends SIGTERM to the server's PID, then SIGKILL after 2 s. Safe to call twice.
+func (s *Server) Stop() {
 	select {
 	case <-s.done:
 		return
 	default:
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	if s.wait(2 * time.Second) {
+	if s.Wait(2 * time.Second) {
 		return
 	}
 	_ = s.cmd.Process.Kill()
 	<-s.done
 }
 
-// runClient runs argv to completion (bounded by timeout) and returns its stdout
+// RunClient runs argv to completion (bounded by timeout) and returns its stdout
 // and stderr.
-func runClient(ctx context.Context, cgroupDir string, argv []string, timeout time.Duration) (stdout, stderr []byte, err error) {
+func RunClient(ctx context.Context, cgroupDir string, argv []string, timeout time.Duration) (stdout, stderr []byte, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd, cleanup, err := command(ctx, cgroupDir, argv)
+	cmd, cleanup, err := Command(ctx, cgroupDir, argv)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,6 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/bench/jsonnum"
+	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
 // metricInfo lists the per-rep metrics in CSV order with their units.
@@ -80,7 +83,7 @@ func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 	out.N = len(ratios)
 	st := Summarize(ratios)
 	out.Median, out.Min, out.Max = st.Median, st.Min, st.Max
-	out.Lo, out.Hi = medianCI(ratios)
+	out.Lo, out.Hi = quantile.MedianCI(ratios)
 	return out
 }
 
@@ -91,9 +94,9 @@ func FormatPaired(p PairedRatio) string {
 		return "n/a"
 	}
 	if math.IsNaN(p.Lo) {
-		return fmtRatio(p.Median) + " (CI: < 8 pairs)"
+		return FormatRatio(p.Median) + " (CI: < 8 pairs)"
 	}
-	return fmt.Sprintf("%s (%s–%s)", fmtRatio(p.Median), strconv.FormatFloat(p.Lo, 'f', 3, 64), strconv.FormatFloat(p.Hi, 'f', 3, 64))
+	return fmt.Sprintf("%s (%s–%s)", FormatRatio(p.Median), strconv.FormatFloat(p.Lo, 'f', 3, 64), strconv.FormatFloat(p.Hi, 'f', 3, 64))
 }
 
 // PairedTable renders the per-repetition ratios of every path but the
@@ -108,7 +111,7 @@ func (r *Report) PairedTable() string {
 		}
 		tp, p50, p99 := r.Paired(res.Path, MetricThroughput), r.Paired(res.Path, MetricRTTP50), r.Paired(res.Path, MetricRTTP99)
 		cpu := r.Paired(res.Path, MetricCPUPerGB)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d |\n", mdEscape(res.Path), FormatPaired(tp), FormatPaired(cpu), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d |\n", MarkdownEscape(res.Path), FormatPaired(tp), FormatPaired(cpu), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
 	}
 	return b.String()
 }
@@ -148,26 +151,26 @@ func (r *Report) CSV() []byte {
 	return buf.Bytes()
 }
 
-func fmtNum(v float64, prec int) string {
+func FormatNum(v float64, prec int) string {
 	if math.IsNaN(v) {
 		return "n/a"
 	}
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
-func fmtRatio(v float64) string {
+func FormatRatio(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
 	}
 	return strconv.FormatFloat(v, 'f', 2, 64) + "×"
 }
 
-// cell renders "median (min–max)" after dividing by scale.
-func cell(s Stats, scale float64, prec int) string {
+// Cell renders "median (min–max)" after dividing by scale.
+func Cell(s Stats, scale float64, prec int) string {
 	if s.N == 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("%s (%s–%s)", fmtNum(s.Median/scale, prec), fmtNum(s.Min/scale, prec), fmtNum(s.Max/scale, prec))
+	return fmt.Sprintf("%s (%s–%s)", FormatNum(s.Median/scale, prec), FormatNum(s.Min/scale, prec), FormatNum(s.Max/scale, prec))
 }
 
 // Table renders the Markdown results table alone (for a README).
@@ -182,16 +185,16 @@ func (r *Report) Table() string {
 		retr := r.Stats(res.Path, MetricRetransmits)
 		dsack := r.Stats(res.Path, MetricDSACK)
 		cpu := r.Stats(res.Path, MetricCPUPerGB)
-		name := mdEscape(res.Path)
+		name := MarkdownEscape(res.Path)
 		if res.Path == r.Reference {
 			name += " (reference)"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
-			cell(tp, 1e9, 2), fmtRatio(r.Ratio(res.Path, MetricThroughput)),
-			cell(cpu, 1, 3), fmtRatio(r.Ratio(res.Path, MetricCPUPerGB)),
-			cell(p50, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP50)),
-			cell(p99, 1, 1), fmtRatio(r.Ratio(res.Path, MetricRTTP99)),
-			fmtNum(retr.Median, 0), fmtNum(dsack.Median, 0))
+			Cell(tp, 1e9, 2), FormatRatio(r.Ratio(res.Path, MetricThroughput)),
+			Cell(cpu, 1, 3), FormatRatio(r.Ratio(res.Path, MetricCPUPerGB)),
+			Cell(p50, 1, 1), FormatRatio(r.Ratio(res.Path, MetricRTTP50)),
+			Cell(p99, 1, 1), FormatRatio(r.Ratio(res.Path, MetricRTTP99)),
+			FormatNum(retr.Median, 0), FormatNum(dsack.Median, 0))
 	}
 	return b.String()
 }
@@ -207,10 +210,10 @@ func cpuScope(client, server int) string {
 	return fmt.Sprintf("CPUs %d and %d (client and server)", client, server)
 }
 
-func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+func MarkdownEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
-// shellQuote renders argv as a copy-pasteable shell command.
-func shellQuote(argv []string) string {
+// ShellQuote renders argv as a copy-pasteable shell command.
+func ShellQuote(argv []string) string {
 	q := make([]string, len(argv))
 	for i, a := range argv {
 		if a != "" && strings.IndexFunc(a, func(c rune) bool {
@@ -232,7 +235,7 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "Run %s → %s UTC: %d repetitions × %s per path and metric, interleaved across paths (A B C …, A B C …).\n",
 		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.Reps, r.Duration)
 	fmt.Fprintf(&b, "Ratios are each path's median divided by the median of the reference path **%s** measured in the same run "+
-		"(throughput: higher is better; RTT: lower is better).\n\n", mdEscape(r.Reference))
+		"(throughput: higher is better; RTT: lower is better).\n\n", MarkdownEscape(r.Reference))
 	b.WriteString(r.Table())
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "Paired: each repetition's value divided by the reference's of the same repetition (measured back to back), "+
@@ -252,8 +255,8 @@ func (r *Report) Markdown() string {
 	}
 
 	b.WriteString("\n## Machine\n\n")
-	fmt.Fprintf(&b, "- kernel %s, %s × %d CPUs\n", orNA(r.Host.Kernel), orNA(r.Host.CPUModel), r.Host.NumCPU)
-	fmt.Fprintf(&b, "- %s; %s\n", orNA(r.Host.Iperf3), orNA(r.Host.Sockperf))
+	fmt.Fprintf(&b, "- kernel %s, %s × %d CPUs\n", OrNA(r.Host.Kernel), OrNA(r.Host.CPUModel), r.Host.NumCPU)
+	fmt.Fprintf(&b, "- %s; %s\n", OrNA(r.Host.Iperf3), OrNA(r.Host.Sockperf))
 	var cong []string
 	for _, res := range r.Results {
 		if res.Congestion != "" && !slices.Contains(cong, res.Congestion) {
@@ -279,7 +282,7 @@ func (r *Report) Markdown() string {
 	if pb.N > 0 {
 		fmt.Fprintf(&b, "- CPU pressure (`/proc/pressure/cpu` some avg10, %%): before measurements %s–%s (median %s), after %s–%s (median %s); "+
 			"stalled %.2f s of %.1f s measured (%.1f%%)\n",
-			fmtNum(pb.Min, 2), fmtNum(pb.Max, 2), fmtNum(pb.Median, 2), fmtNum(pa.Min, 2), fmtNum(pa.Max, 2), fmtNum(pa.Median, 2),
+			FormatNum(pb.Min, 2), FormatNum(pb.Max, 2), FormatNum(pb.Median, 2), FormatNum(pa.Min, 2), FormatNum(pa.Max, 2), FormatNum(pa.Median, 2),
 			float64(stallTotal)/1e6, busy.Seconds(), 100*float64(stallTotal)/math.Max(1, float64(busy.Microseconds())))
 	} else {
 		b.WriteString("- CPU pressure: not available (`/proc/pressure/cpu` missing or no measurement succeeded)\n")
@@ -287,19 +290,19 @@ func (r *Report) Markdown() string {
 
 	b.WriteString("\n## Commands\n\n")
 	for _, res := range r.Results {
-		fmt.Fprintf(&b, "**%s**", mdEscape(res.Path))
+		fmt.Fprintf(&b, "**%s**", MarkdownEscape(res.Path))
 		if res.Client.Name != "" || res.Server.Name != "" {
-			fmt.Fprintf(&b, " (%s %s → %s %s)", orNA(res.Client.Name), res.Client.IP, orNA(res.Server.Name), res.Server.IP)
+			fmt.Fprintf(&b, " (%s %s → %s %s)", OrNA(res.Client.Name), res.Client.IP, OrNA(res.Server.Name), res.Server.IP)
 		}
 		b.WriteString("\n\n```\n")
 		for _, tool := range []string{"iperf3", "sockperf"} {
 			for _, m := range r.Measurements {
 				if m.Path == res.Path && m.Tool == tool {
 					if len(m.Server) > 0 {
-						fmt.Fprintf(&b, "%s\n", shellQuote(m.Server))
+						fmt.Fprintf(&b, "%s\n", ShellQuote(m.Server))
 					}
 					if len(m.Client) > 0 {
-						fmt.Fprintf(&b, "%s\n", shellQuote(m.Client))
+						fmt.Fprintf(&b, "%s\n", ShellQuote(m.Client))
 					}
 					break
 				}
@@ -311,7 +314,7 @@ func (r *Report) Markdown() string {
 	var failures []string
 	for _, res := range r.Results {
 		for _, e := range res.Errors {
-			failures = append(failures, fmt.Sprintf("- %s: %s", mdEscape(res.Path), strings.ReplaceAll(e, "\n", " ")))
+			failures = append(failures, fmt.Sprintf("- %s: %s", MarkdownEscape(res.Path), strings.ReplaceAll(e, "\n", " ")))
 		}
 	}
 	if len(failures) > 0 {
@@ -322,7 +325,7 @@ func (r *Report) Markdown() string {
 	return b.String()
 }
 
-func orNA(s string) string {
+func OrNA(s string) string {
 	if s == "" {
 		return "n/a"
 	}
@@ -355,15 +358,8 @@ func (r *Report) SVG() []byte {
 	panelH := headH + rows*rowH + padding
 	height := 40 + len(panels)*panelH + 24
 	var b bytes.Buffer
-	esc := func(s string) string {
-		var e bytes.Buffer
-		_ = xml.EscapeText(&e, []byte(s))
-		return e.String()
-	}
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="13">`+"\n",
-		width, height, width, height)
-	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
+	esc := XMLEscape
+	SVGStart(&b, width, height, 13)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="16" font-weight="bold">axon benchmark — %d reps × %s, ratios to %s (same run)</text>`+"\n",
 		padding, r.Reps, r.Duration, esc(r.Reference))
 	colors := []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"}
@@ -395,7 +391,7 @@ func (r *Report) SVG() []byte {
 			for _, v := range []float64{s.Min, s.Max} {
 				fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>`+"\n", float64(x0)+w(v), cy-5, float64(x0)+w(v), cy+5)
 			}
-			label := fmt.Sprintf("%s %s  %s", fmtNum(s.Median/p.scale, p.prec), p.unit, fmtRatio(r.Ratio(res.Path, p.metric)))
+			label := fmt.Sprintf("%s %s  %s", FormatNum(s.Median/p.scale, p.prec), p.unit, FormatRatio(r.Ratio(res.Path, p.metric)))
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", float64(x0)+w(s.Max)+8, y+15, esc(label))
 		}
 	}
@@ -494,24 +490,40 @@ func (r *Report) jsonView() any {
 			Samples: map[string][]*float64{}, Median: map[string]*float64{}, Ratio: map[string]*float64{}}
 		for _, mi := range metricInfo {
 			for _, v := range rr.Values(mi.name) {
-				x.Samples[mi.name] = append(x.Samples[mi.name], jnum(v))
+				x.Samples[mi.name] = append(x.Samples[mi.name], jsonnum.From(v))
 			}
-			x.Median[mi.name] = jnum(r.Stats(rr.Path, mi.name).Median)
-			x.Ratio[mi.name] = jnum(r.Ratio(rr.Path, mi.name))
+			x.Median[mi.name] = jsonnum.From(r.Stats(rr.Path, mi.name).Median)
+			x.Ratio[mi.name] = jsonnum.From(r.Ratio(rr.Path, mi.name))
 			if rr.Path != r.Reference {
 				if x.Paired == nil {
 					x.Paired = map[string]pairedRatioJSON{}
 				}
 				p := r.Paired(rr.Path, mi.name)
-				x.Paired[mi.name] = pairedRatioJSON{N: p.N, Median: jnum(p.Median), Lo: jnum(p.Lo), Hi: jnum(p.Hi)}
+				x.Paired[mi.name] = pairedRatioJSON{N: p.N, Median: jsonnum.From(p.Median), Lo: jsonnum.From(p.Lo), Hi: jsonnum.From(p.Hi)}
 			}
 		}
 		out.Results = append(out.Results, x)
 	}
 	for _, m := range r.Measurements {
 		out.Measurements = append(out.Measurements, meas{Rep: m.Rep, Path: m.Path, Tool: m.Tool,
-			Client: shellQuote(m.Client), Server: shellQuote(m.Server), Start: m.Start, ElapsedMS: m.Elapsed.Milliseconds(),
-			PSIBefore: jnum(m.Before.Avg10), PSIAfter: jnum(m.After.Avg10), StallMicros: m.StallMicro, Err: m.Err})
+			Client: ShellQuote(m.Client), Server: ShellQuote(m.Server), Start: m.Start, ElapsedMS: m.Elapsed.Milliseconds(),
+			PSIBefore: jsonnum.From(m.Before.Avg10), PSIAfter: jsonnum.From(m.After.Avg10), StallMicros: m.StallMicro, Err: m.Err})
 	}
 	return out
+}
+
+// XMLEscape escapes s for SVG text and attributes.
+func XMLEscape(s string) string {
+	var e bytes.Buffer
+	_ = xml.EscapeText(&e, []byte(s))
+	return e.String()
+}
+
+// SVGStart writes the XML declaration, the opening <svg> element of a
+// width × height chart in sans-serif at fontSize, and a white background.
+func SVGStart(b *bytes.Buffer, width, height, fontSize int) {
+	fmt.Fprintf(b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="%d">`+"\n",
+		width, height, width, height, fontSize)
+	fmt.Fprintf(b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
 }

@@ -3,6 +3,8 @@ package bench
 import (
 	"math"
 	"slices"
+
+	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
 // Stats summarises the samples of one metric on one path.
@@ -14,7 +16,7 @@ type Stats struct {
 }
 
 // Summarize returns min/median/max of the finite values in xs. The median of an
-// even count is the mean of the two middle values. With no finite value, N is 0
+// even count is the mean of the two middle values (quantile.Median). With no finite value, N is 0
 // and the other fields are NaN.
 func Summarize(xs []float64) Stats {
 	vals := make([]float64, 0, len(xs))
@@ -27,13 +29,7 @@ func Summarize(xs []float64) Stats {
 		nan := math.NaN()
 		return Stats{Min: nan, Median: nan, Max: nan}
 	}
-	slices.Sort(vals)
-	n := len(vals)
-	med := vals[n/2]
-	if n%2 == 0 {
-		med = (vals[n/2-1] + vals[n/2]) / 2
-	}
-	return Stats{N: n, Min: vals[0], Median: med, Max: vals[n-1]}
+	return Stats{N: len(vals), Min: slices.Min(vals), Median: quantile.Median(vals), Max: slices.Max(vals)}
 }
 
 // Ratio returns value/ref, or NaN when either is missing or ref is zero.

@@ -181,16 +181,16 @@ func TestWrapAndSlug(t *testing.T) {
 		{"/run/netns/x", -1, "/n --net=/run/netns/x iperf3 -s"},
 	}
 	for _, tc := range tests {
-		if got := strings.Join(tp.wrap(tc.netns, tc.cpu, "iperf3", "-s"), " "); got != tc.want {
+		if got := strings.Join(tp.Wrap(tc.netns, tc.cpu, "iperf3", "-s"), " "); got != tc.want {
 			t.Errorf("wrap(%q,%d) = %q, want %q", tc.netns, tc.cpu, got, tc.want)
 		}
 	}
 	for in, want := range map[string]string{"axon pod-to-pod cross-node": "axon-pod-to-pod-cross-node", "A/B  (x)": "a-b-x", "--": ""} {
-		if got := slug(in); got != want {
-			t.Errorf("slug(%q) = %q, want %q", in, got, want)
+		if got := Slug(in); got != want {
+			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
 		}
 	}
-	if got := shellQuote([]string{"a", "b c", "it's", "--net=/run/netns/x"}); got != `a 'b c' 'it'\''s' --net=/run/netns/x` {
+	if got := ShellQuote([]string{"a", "b c", "it's", "--net=/run/netns/x"}); got != `a 'b c' 'it'\''s' --net=/run/netns/x` {
 		t.Errorf("shellQuote = %s", got)
 	}
 }

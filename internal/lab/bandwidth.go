@@ -28,6 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 // Bandwidth Manager modes of the lab.
@@ -178,7 +180,7 @@ func podPrevResult(n Node, p Pod) (map[string]any, error) {
 		"cniVersion": "1.1.0",
 		"interfaces": []map[string]any{
 			{"name": host.Attrs().Name, "mac": host.Attrs().HardwareAddr.String()},
-			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": netnsPath(p.Netns)},
+			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": labns.Path(p.Netns)},
 		},
 		"ips": ips,
 	}, nil

@@ -14,13 +14,15 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // CheckResult is the connectivity matrix of `axon lab check`.
 type CheckResult struct {
-	Sources      []string                    // pods
-	Destinations []string                    // pods, then nodes
-	Cells        map[[2]string][]ProbeResult // (source, destination) → results
+	Sources      []string                        // pods
+	Destinations []string                        // pods, then nodes
+	Cells        map[[2]string][]probe.PodResult // (source, destination) → results
 	Elapsed      time.Duration
 }
 
@@ -31,7 +33,7 @@ func (r *CheckResult) Failed() []string {
 		for _, d := range r.Destinations {
 			for _, p := range r.Cells[[2]string{s, d}] {
 				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Probe, p.Err))
+					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err))
 				}
 			}
 		}
@@ -54,20 +56,7 @@ func (r *CheckResult) Counts() (ok, total int) {
 
 // Print writes the compact matrix, the failures and a summary line.
 func (r *CheckResult) Print(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "FROM \\ TO")
-	for _, d := range r.Destinations {
-		fmt.Fprint(tw, "\t", d)
-	}
-	fmt.Fprintln(tw)
-	for _, s := range r.Sources {
-		fmt.Fprint(tw, s)
-		for _, d := range r.Destinations {
-			fmt.Fprint(tw, "\t", cellText(r.Cells[[2]string{s, d}], s == d))
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
+	printMatrix(w, "FROM \\ TO", r.Sources, r.Destinations, func(s, d string) string { return cellText(r.Cells[[2]string{s, d}], s == d) })
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
 	}
@@ -75,7 +64,7 @@ func (r *CheckResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "%d/%d probes passed (IPv4+IPv6 × TCP/UDP/ICMP; ok = all 6) in %s\n", ok, total, r.Elapsed.Round(time.Millisecond))
 }
 
-func cellText(ps []ProbeResult, self bool) string {
+func cellText(ps []probe.PodResult, self bool) string {
 	if self {
 		return "-"
 	}
@@ -126,51 +115,17 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 	}
 
 	// Echo servers: one per destination; they exit when their stdin closes.
-	var closers []io.Closer
-	var srvWG sync.WaitGroup
-	defer func() {
-		for _, c := range closers {
-			c.Close()
-		}
-		srvWG.Wait()
-	}()
-	srvErr := make([]error, len(dests))
-	var startWG sync.WaitGroup
-	var cmu sync.Mutex
+	names := make([]string, len(dests))
 	for i, d := range dests {
-		startWG.Go(func() {
-			cmd := l.Command(ctx, d.name, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				srvErr[i] = err
-				return
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				srvErr[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				srvErr[i] = fmt.Errorf("start echo server in %s: %w", d.name, err)
-				return
-			}
-			cmu.Lock()
-			closers = append(closers, stdin)
-			cmu.Unlock()
-			srvWG.Go(func() { _ = cmd.Wait() })
-			if err := readReady(stdout); err != nil {
-				srvErr[i] = fmt.Errorf("echo server in %s: %w: %s", d.name, err, strings.TrimSpace(stderr.String()))
-			}
-		})
+		names[i] = d.name
 	}
-	startWG.Wait()
-	if err := errors.Join(srvErr...); err != nil {
+	stop, err := l.startServers(ctx, names, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
+	if err != nil {
 		return nil, err
 	}
+	defer stop()
 
-	res := &CheckResult{Cells: map[[2]string][]ProbeResult{}}
+	res := &CheckResult{Cells: map[[2]string][]probe.PodResult{}}
 	for _, d := range dests {
 		res.Destinations = append(res.Destinations, d.name)
 	}
@@ -210,7 +165,7 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 			}
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
-				var r ProbeResult
+				var r probe.PodResult
 				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 					continue
 				}
@@ -238,4 +193,75 @@ func addrStrings[T fmt.Stringer](as []T) []string {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// startServers starts argv in each target (a server that prints "ready"
+// and exits when its stdin closes); stop ends them.
+func (l *Lab) startServers(ctx context.Context, targets []string, argv ...string) (stop func(), err error) {
+	var closers []io.Closer
+	var srvWG sync.WaitGroup
+	var mu sync.Mutex
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range closers {
+			c.Close()
+		}
+		srvWG.Wait()
+	}
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			cmd := l.Command(ctx, t, argv...)
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				errs[i] = fmt.Errorf("start %s in %s: %w", strings.Join(argv, " "), t, err)
+				return
+			}
+			mu.Lock()
+			closers = append(closers, stdin)
+			srvWG.Go(func() { _ = cmd.Wait() })
+			mu.Unlock()
+			if err := probe.ReadReady(stdout); err != nil {
+				errs[i] = fmt.Errorf("server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
+}
+
+// printMatrix writes a table of the checks: a header row of cols after
+// corner, then one row per row with cell(row, col) in each column.
+func printMatrix(w io.Writer, corner string, rows, cols []string, cell func(row, col string) string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, corner)
+	for _, c := range cols {
+		fmt.Fprint(tw, "\t", c)
+	}
+	fmt.Fprintln(tw)
+	for _, r := range rows {
+		fmt.Fprint(tw, r)
+		for _, c := range cols {
+			fmt.Fprint(tw, "\t", cell(r, c))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
 }

@@ -32,7 +32,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -48,11 +47,10 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
-
-// PeerEchoPort is the port of the peer-echo server (TCP and UDP): it answers
-// a line with the line, the client address it saw and its own address.
-const PeerEchoPort = 5658
 
 // External demo Services (created by `up` next to the demo Services). Both
 // are backed by the pods of the FIRST node only, on PeerEchoPort, so that
@@ -94,17 +92,8 @@ func addExternalRoutes(st *State) error {
 	if len(st.Nodes) == 0 {
 		return nil
 	}
-	nl, h, err := netlinkAt(st.External.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("find eth0 in %s: %w", st.External.Netns, err)
-	}
 	ann := LBAnnouncer(st)
+	var routes []netlink.Route
 	for _, a := range announcedAddrs() {
 		var gw netip.Addr
 		for _, ip := range ann.IPs {
@@ -115,13 +104,9 @@ func addExternalRoutes(st *State) error {
 		if !gw.IsValid() {
 			continue
 		}
-		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen())),
-			Gw: net.IP(gw.AsSlice())}
-		if err := nl.RouteReplace(r); err != nil {
-			return fmt.Errorf("route %s via %s in %s: %w", a, gw, st.External.Netns, err)
-		}
+		routes = append(routes, netlink.Route{Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen())), Gw: net.IP(gw.AsSlice())})
 	}
-	return nil
+	return replaceEth0Routes(st.External.Netns, routes)
 }
 
 // externalDemoObjects builds demo-pinned and demo-local (pure logic).
@@ -137,7 +122,7 @@ func externalDemoObjects() []*corev1.Service {
 		}
 		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: portName(proto), Protocol: proto,
-				Port: DemoPort, TargetPort: intstr.FromInt32(PeerEchoPort), NodePort: nodePort})
+				Port: DemoPort, TargetPort: intstr.FromInt32(probe.PeerEchoPort), NodePort: nodePort})
 		}
 		return s
 	}
@@ -216,7 +201,7 @@ func externalDemoSlices(name string, backends []Pod) []*discoveryv1.EndpointSlic
 	slices := DemoService{Name: name}.endpointSlices(backends)
 	for _, s := range slices {
 		for i := range s.Ports {
-			p := int32(PeerEchoPort)
+			p := int32(probe.PeerEchoPort)
 			s.Ports[i].Port = &p
 		}
 	}
@@ -225,247 +210,20 @@ func externalDemoSlices(name string, backends []Pod) []*discoveryv1.EndpointSlic
 
 // externalDemoKubeProxyWants is what the external demo Services ask of
 // every kube-proxy.
-func externalDemoKubeProxyWants(st *State) []kubeProxyWant {
-	var out []kubeProxyWant
+func externalDemoKubeProxyWants(st *State) []kubeproxy.Want {
+	var out []kubeproxy.Want
 	backends := externalDemoBackends(st)
 	for _, svc := range externalDemoObjects() {
 		if svc.Name == DemoLocal {
 			svc.Status.LoadBalancer.Ingress = lbIngress(DemoLocalIngress())
 		}
-		out = append(out, kubeProxyWants(svc, externalDemoSlices(svc.Name, backends))...)
+		out = append(out, kubeproxy.Wants(svc, externalDemoSlices(svc.Name, backends))...)
 	}
 	return out
 }
 
 // ---------------------------------------------------------------------------
 // Peer-echo server and external prober (hidden `axon lab _xprobe`).
-
-// ServePeerEcho serves TCP and UDP on [::]:port: each request line is
-// answered with "<line> <client addr:port> <server addr:port>\n" (TCP; UDP
-// answers "<line> <client addr:port> -"). It writes "ready" to ready and
-// serves until ctx ends or stop reaches EOF.
-func ServePeerEcho(ctx context.Context, port int, ready io.Writer, stop io.Reader) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	addr := ":" + strconv.Itoa(port)
-	tl, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("peer echo: listen tcp %s: %w", addr, err)
-	}
-	defer tl.Close()
-	ul, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		return fmt.Errorf("peer echo: listen udp %s: %w", addr, err)
-	}
-	defer ul.Close()
-	context.AfterFunc(ctx, func() { tl.Close(); ul.Close() })
-	if stop != nil {
-		go func() { _, _ = io.Copy(io.Discard, stop); cancel() }()
-	}
-	unmap := func(a net.Addr) string {
-		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
-		}
-		return a.String()
-	}
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := ul.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			line := strings.TrimRight(string(buf[:n]), "\n")
-			_, _ = ul.WriteTo([]byte(line+" "+unmap(from)+" -\n"), from)
-		}
-	}()
-	if _, err := fmt.Fprintln(ready, "ready"); err != nil {
-		return err
-	}
-	for {
-		c, err := tl.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("peer echo: accept: %w", err)
-		}
-		go func() {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			r := bufio.NewReader(io.LimitReader(c, 512))
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				line = strings.TrimRight(line, "\n")
-				if _, err := fmt.Fprintf(c, "%s %s %s\n", line, unmap(c.RemoteAddr()), unmap(c.LocalAddr())); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
-
-// XProbe is one exchange of the external client: tcp, udp or http (GET
-// /healthz) to an address:port.
-type XProbe struct {
-	Proto string         `json:"proto"`
-	Addr  netip.AddrPort `json:"addr"`
-}
-
-func (p XProbe) String() string { return p.Proto + "/" + p.Addr.String() }
-
-// ParseXProbe parses "tcp/198.18.0.11:30080", "udp/[fd00:198:18::200]:80"
-// or "http/198.18.0.11:30082".
-func ParseXProbe(s string) (XProbe, error) {
-	proto, addr, ok := strings.Cut(s, "/")
-	if !ok || (proto != "tcp" && proto != "udp" && proto != "http") {
-		return XProbe{}, fmt.Errorf("probe %q: want tcp|udp|http/ADDR:PORT, e.g. tcp/198.18.0.11:30080 or udp/[fd00:198:18::200]:80", s)
-	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return XProbe{}, fmt.Errorf("probe %q: %w", s, err)
-	}
-	return XProbe{Proto: proto, Addr: ap}, nil
-}
-
-// XProbeResult is one JSON line of `axon lab _xprobe`.
-type XProbeResult struct {
-	XProbe
-	OK     bool          `json:"ok"`               // the exchange completed (tcp/udp: echo came back from Addr; http: any answer)
-	Peer   string        `json:"peer,omitempty"`   // reply source (udp) / getpeername (tcp)
-	Seen   string        `json:"seen,omitempty"`   // client address the backend saw (peer-echo servers only)
-	Server string        `json:"server,omitempty"` // backend address (peer-echo TCP only)
-	Status int           `json:"status,omitempty"` // http status
-	Body   string        `json:"body,omitempty"`   // http body
-	RTT    time.Duration `json:"rtt"`
-	Err    string        `json:"err,omitempty"`
-}
-
-// RunXProbes runs the probes (at most 16 at a time) and writes one
-// XProbeResult JSON line each to out.
-func RunXProbes(ctx context.Context, probes []XProbe, timeout time.Duration, out io.Writer) error {
-	var mu sync.Mutex
-	enc := json.NewEncoder(out)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	var werr error
-	for _, p := range probes {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			pctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			start := time.Now()
-			r := xprobe(pctx, p)
-			r.RTT = time.Since(start)
-			mu.Lock()
-			if err := enc.Encode(r); err != nil && werr == nil {
-				werr = err
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return werr
-}
-
-func xprobe(ctx context.Context, p XProbe) XProbeResult {
-	r := XProbeResult{XProbe: p}
-	fail := func(err error) XProbeResult { r.Err = err.Error(); return r }
-	tok := string(token())
-	switch p.Proto {
-	case "http":
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr.String()+"/healthz", nil)
-		if err != nil {
-			return fail(err)
-		}
-		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
-		if err != nil {
-			return fail(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		r.OK, r.Status, r.Body = true, resp.StatusCode, strings.TrimSpace(string(b))
-		return r
-	case "tcp":
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", p.Addr.String())
-		if err != nil {
-			return fail(err)
-		}
-		defer c.Close()
-		if dl, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(dl)
-		}
-		r.Peer = c.RemoteAddr().String()
-		if _, err := io.WriteString(c, tok+"\n"); err != nil {
-			return fail(fmt.Errorf("write: %w", err))
-		}
-		// The plain echo (5657) sends the line back; the peer echo adds addresses.
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			return fail(fmt.Errorf("read answer: %w", err))
-		}
-		return parseAnswer(r, tok, line)
-	case "udp":
-		network := "udp4"
-		if p.Addr.Addr().Is6() {
-			network = "udp6"
-		}
-		c, err := net.ListenUDP(network, nil)
-		if err != nil {
-			return fail(err)
-		}
-		defer c.Close()
-		dst := net.UDPAddrFromAddrPort(p.Addr)
-		buf := make([]byte, 512)
-		for ctx.Err() == nil {
-			if _, err := c.WriteToUDP([]byte(tok+"\n"), dst); err != nil {
-				return fail(fmt.Errorf("send: %w", err))
-			}
-			wait := time.Now().Add(300 * time.Millisecond)
-			if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
-				wait = dl
-			}
-			_ = c.SetReadDeadline(wait)
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				continue // resend
-			}
-			if !strings.HasPrefix(string(buf[:n]), tok) {
-				continue
-			}
-			r.Peer = netip.AddrPortFrom(from.Addr().Unmap(), from.Port()).String()
-			r = parseAnswer(r, tok, string(buf[:n]))
-			if r.OK && r.Peer != p.Addr.String() {
-				r.OK, r.Err = false, fmt.Sprintf("echo came back from %s, not from the service address", r.Peer)
-			}
-			return r
-		}
-		return fail(errors.New("no UDP answer before the deadline"))
-	}
-	return fail(fmt.Errorf("unknown protocol %q", p.Proto))
-}
-
-// parseAnswer checks "<tok>[ <seen> <server>]\n".
-func parseAnswer(r XProbeResult, tok, line string) XProbeResult {
-	f := strings.Fields(line)
-	if len(f) == 0 || f[0] != tok {
-		r.Err = fmt.Sprintf("unexpected answer %q", strings.TrimSpace(line))
-		return r
-	}
-	if len(f) >= 2 {
-		r.Seen = f[1]
-	}
-	if len(f) >= 3 && f[2] != "-" {
-		r.Server = f[2]
-	}
-	r.OK = true
-	return r
-}
 
 // ---------------------------------------------------------------------------
 // Planning and evaluation (pure logic).
@@ -483,7 +241,7 @@ const (
 type ExtPlanned struct {
 	Case   string // row, e.g. "NodePort node1 (demo-nodeport)"
 	Col    string // column: tcp/v4, tcp/v6, udp/v4, udp/v6, http/v4, http/v6
-	Probe  XProbe
+	Probe  probe.External
 	Expect string
 	NA     string // not empty: not run, with the reason
 }
@@ -499,7 +257,7 @@ func famCol(proto string, a netip.Addr) string {
 // nothing does (na != "").
 func externalImpl(st *State, nodeport map[string]string) (impl, na string) {
 	switch {
-	case st.KubeProxy != "" && st.KubeProxy != KubeProxyNone:
+	case st.KubeProxy != "" && st.KubeProxy != kubeproxy.None:
 		return "kube-proxy " + st.KubeProxy, ""
 	case st.Datapath != DatapathAxon:
 		return "", "no Service implementation: --datapath baseline runs no agent; add --kube-proxy iptables|nftables"
@@ -544,7 +302,7 @@ func compactStrings(s []string) []string {
 // planExternalProbes lists every probe of the external check.
 func planExternalProbes(st *State, na string) []ExtPlanned {
 	var out []ExtPlanned
-	masqAll := st.Datapath == DatapathAxon && kubeProxyModeOf(st) != KubeProxyNone
+	masqAll := st.Datapath == DatapathAxon && kubeProxyModeOf(st) != kubeproxy.None
 	add := func(c, proto string, a netip.Addr, port uint16, expect, why string) {
 		if masqAll && expect == ExpectClientIP {
 			why = masqueradeAllNA
@@ -552,7 +310,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 		if na != "" {
 			why = na
 		}
-		out = append(out, ExtPlanned{Case: c, Col: famCol(proto, a), Probe: XProbe{Proto: proto, Addr: netip.AddrPortFrom(a, port)},
+		out = append(out, ExtPlanned{Case: c, Col: famCol(proto, a), Probe: probe.External{Proto: proto, Addr: netip.AddrPortFrom(a, port)},
 			Expect: expect, NA: why})
 	}
 	both := func(c string, a netip.Addr, port uint16, expect, why string) {
@@ -572,7 +330,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 			both("NodePort "+n.Name+" (all pods)", ip, DemoNodePortPort, ExpectOK, "")
 		}
 	}
-	dsr := st.NodePortMode == "dsr" && st.Datapath == DatapathAxon && kubeProxyModeOf(st) == KubeProxyNone
+	dsr := st.NodePortMode == "dsr" && st.Datapath == DatapathAxon && kubeProxyModeOf(st) == kubeproxy.None
 	for _, n := range st.Nodes {
 		where, expect := "remote backends", ExpectOK
 		if n.Name == first {
@@ -616,7 +374,7 @@ func planExternalProbes(st *State, na string) []ExtPlanned {
 const masqueradeAllNA = "n/a (kube-proxy runs with --masquerade-all next to the axon datapath: the client address is not preserved)"
 
 // evalExternal decides whether a result meets its expectation; "" = pass.
-func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
+func evalExternal(p ExtPlanned, r probe.ExternalResult, client []netip.Addr) string {
 	switch p.Expect {
 	case ExpectOK:
 		if !r.OK {
@@ -664,7 +422,7 @@ func evalExternal(p ExtPlanned, r XProbeResult, client []netip.Addr) string {
 // ExtCell is one evaluated probe.
 type ExtCell struct {
 	ExtPlanned
-	Result XProbeResult
+	Result probe.ExternalResult
 	Fail   string // "" = passed
 }
 
@@ -721,20 +479,7 @@ func (r *ExternalCheckResult) Print(w io.Writer) {
 		fmt.Fprintf(w, "n/a  %s\n", r.NA)
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "CASE")
-	for _, c := range r.Cols {
-		fmt.Fprint(tw, "\t", c)
-	}
-	fmt.Fprintln(tw)
-	for _, c := range r.Cases {
-		fmt.Fprint(tw, c)
-		for _, col := range r.Cols {
-			fmt.Fprint(tw, "\t", extCellText(r.Cells[[2]string{c, col}]))
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
+	printMatrix(w, "CASE", r.Cases, r.Cols, func(c, col string) string { return extCellText(r.Cells[[2]string{c, col}]) })
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
 	}
@@ -889,8 +634,8 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 			res.Cases = append(res.Cases, p.Case)
 		}
 	}
-	run := map[XProbe]ExtPlanned{}
-	var normal, blocked []XProbe
+	run := map[probe.External]ExtPlanned{}
+	var normal, blocked []probe.External
 	for _, p := range plan {
 		if p.NA != "" {
 			key := [2]string{p.Case, p.Col}
@@ -915,15 +660,15 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 			peer = append(peer, p.Name)
 		}
 		if hp, ok := hostPortPod(&st); ok && !slices.Contains(peer, hp.Name) {
-			peer = append(peer, hp.Name) // DemoHostPortPeer → PeerEchoPort
+			peer = append(peer, hp.Name) // DemoHostPortPeer → probe.PeerEchoPort
 		}
 		self := filepath.Join(st.BinDir, "axon")
-		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(EchoPort))
+		stop1, err := l.startServers(ctx, echo, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 		if err != nil {
 			return nil, err
 		}
 		defer stop1()
-		stop2, err := l.startServers(ctx, peer, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+		stop2, err := l.startServers(ctx, peer, self, "lab", "_peerecho", "--port", strconv.Itoa(probe.PeerEchoPort))
 		if err != nil {
 			return nil, err
 		}
@@ -932,7 +677,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 		var errs []error
 		var wg sync.WaitGroup
 		for _, batch := range []struct {
-			probes  []XProbe
+			probes  []probe.External
 			timeout time.Duration
 		}{{normal, timeout}, {blocked, min(timeout, 1500*time.Millisecond)}} {
 			if len(batch.probes) == 0 {
@@ -946,7 +691,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 					errs = append(errs, err)
 				}
 				for _, r := range rs {
-					p := run[r.XProbe]
+					p := run[r.External]
 					key := [2]string{p.Case, p.Col}
 					res.Cells[key] = append(res.Cells[key], ExtCell{ExtPlanned: p, Result: r, Fail: evalExternal(p, r, st.External.IPs)})
 				}
@@ -962,7 +707,7 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 }
 
 // RunXProbesFromExternal runs `axon lab _xprobe` in the external namespace.
-func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeout time.Duration) ([]XProbeResult, error) {
+func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []probe.External, timeout time.Duration) ([]probe.ExternalResult, error) {
 	st := l.State()
 	args := []string{filepath.Join(st.BinDir, "axon"), "lab", "_xprobe", "--timeout", timeout.String()}
 	for _, p := range probes {
@@ -972,10 +717,10 @@ func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeo
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	var rs []XProbeResult
+	var rs []probe.ExternalResult
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
-		var r XProbeResult
+		var r probe.ExternalResult
 		if json.Unmarshal(sc.Bytes(), &r) == nil {
 			rs = append(rs, r)
 		}
@@ -990,7 +735,7 @@ func (l *Lab) RunXProbesFromExternal(ctx context.Context, probes []XProbe, timeo
 // external demo Services, or every axon agent's desired Service table holds
 // demo-local's health check port (the watch saw the Services).
 func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout time.Duration) error {
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return waitKubeProxyRules(ctx, st, externalDemoKubeProxyWants(st), 30*time.Second)
 	}
 	if st.Datapath != DatapathAxon {
@@ -1019,10 +764,10 @@ func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout tim
 	// socket LB, count local endpoints for the health check and open its
 	// server: wait until the announcer's health check reports its local
 	// backends and every other node's answers at all (503: none local).
-	var probes []XProbe
+	var probes []probe.External
 	announcer := LBAnnouncer(st)
 	for _, n := range st.Nodes {
-		probes = append(probes, XProbe{Proto: "http", Addr: netip.AddrPortFrom(n.IP, DemoLocalHealthPort)})
+		probes = append(probes, probe.External{Proto: "http", Addr: netip.AddrPortFrom(n.IP, DemoLocalHealthPort)})
 	}
 	why := "no answer yet"
 	for ctx.Err() == nil {
@@ -1048,58 +793,6 @@ func (l *Lab) waitExternalProgrammed(ctx context.Context, st *State, timeout tim
 		errs = append(errs, fmt.Errorf("the %s health checks are not all up within %s: %s", DemoLocal, timeout, why))
 	}
 	return errors.Join(errs...)
-}
-
-// startServers starts argv in each target (a server that prints "ready"
-// and exits when its stdin closes); stop ends them.
-func (l *Lab) startServers(ctx context.Context, targets []string, argv ...string) (stop func(), err error) {
-	var closers []io.Closer
-	var srvWG sync.WaitGroup
-	var mu sync.Mutex
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			c.Close()
-		}
-		srvWG.Wait()
-	}
-	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			cmd := l.Command(ctx, t, argv...)
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start %s in %s: %w", strings.Join(argv, " "), t, err)
-				return
-			}
-			mu.Lock()
-			closers = append(closers, stdin)
-			srvWG.Go(func() { _ = cmd.Wait() })
-			mu.Unlock()
-			if err := readReady(stdout); err != nil {
-				errs[i] = fmt.Errorf("server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -1137,7 +830,7 @@ func validateNorthSouth(accel, mode string) error {
 // northSouthAgentArgs are the agents' north-south flags for the lab (none
 // when kube-proxy serves Services: the agents then run with --nodeport=false).
 func northSouthAgentArgs(st *State) []string {
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return nil
 	}
 	var out []string
@@ -1163,7 +856,7 @@ func upExternalDemo(ctx context.Context, st *State, kube kubernetes.Interface, l
 // the given pods; stop ends them. For tests and benchmarks.
 func (l *Lab) StartPeerEcho(ctx context.Context, pods []string) (stop func(), err error) {
 	self := filepath.Join(l.State().BinDir, "axon")
-	return l.startServers(ctx, pods, self, "lab", "_peerecho", "--port", strconv.Itoa(PeerEchoPort))
+	return l.startServers(ctx, pods, self, "lab", "_peerecho", "--port", strconv.Itoa(probe.PeerEchoPort))
 }
 
 // xdpPassOnWirePorts attaches a one-instruction XDP_PASS program in driver
@@ -1186,7 +879,7 @@ func xdpPassOnWirePorts(st *State) error {
 		return fmt.Errorf("load the wire ports' XDP_PASS program: %w", err)
 	}
 	defer prog.Close()
-	return inNetns(WireNetns, func() error {
+	return labns.Do(WireNetns, func() error {
 		for _, n := range st.Nodes {
 			port := WirePort(n.Name)
 			link, err := netlink.LinkByName(port)

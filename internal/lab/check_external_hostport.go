@@ -14,6 +14,9 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // Demo hostPorts, TCP and UDP each, on DemoHostPortPod.
@@ -42,8 +45,8 @@ func demoHostPorts(p Pod) []corev1.ContainerPort {
 			sfx = "-udp"
 		}
 		out = append(out,
-			corev1.ContainerPort{Name: "echo" + sfx, ContainerPort: EchoPort, HostPort: DemoHostPort, Protocol: proto},
-			corev1.ContainerPort{Name: "peer" + sfx, ContainerPort: PeerEchoPort, HostPort: DemoHostPortPeer, Protocol: proto})
+			corev1.ContainerPort{Name: "echo" + sfx, ContainerPort: probe.EchoPort, HostPort: DemoHostPort, Protocol: proto},
+			corev1.ContainerPort{Name: "peer" + sfx, ContainerPort: probe.PeerEchoPort, HostPort: DemoHostPortPeer, Protocol: proto})
 	}
 	return out
 }
@@ -65,7 +68,7 @@ func hostPortNA(st *State) string {
 		return fmt.Sprintf("n/a (no pod declares a hostPort: the lab has no pod %s of its datapath; use --pods-per-node 1 or more)", DemoHostPortPod)
 	}
 	switch {
-	case kubeProxyModeOf(st) != KubeProxyNone:
+	case kubeProxyModeOf(st) != kubeproxy.None:
 		return "n/a (kube-proxy does not implement hostPort: kubelet's CNI portmap plugin does, and the lab does not chain it)"
 	case st.Datapath != DatapathAxon:
 		return "n/a (--datapath baseline runs the reference plugins without portmap: nothing serves hostPorts)"

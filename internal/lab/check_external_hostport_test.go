@@ -4,6 +4,9 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func TestDemoHostPorts(t *testing.T) {
@@ -11,7 +14,7 @@ func TestDemoHostPorts(t *testing.T) {
 	got := map[string]bool{}
 	for _, p := range ports {
 		got[string(p.Protocol)+" "+netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p.HostPort)).String()+"->"+p.Name] = true
-		if (p.HostPort == DemoHostPort) != (p.ContainerPort == EchoPort) || (p.HostPort == DemoHostPortPeer) != (p.ContainerPort == PeerEchoPort) {
+		if (p.HostPort == DemoHostPort) != (p.ContainerPort == probe.EchoPort) || (p.HostPort == DemoHostPortPeer) != (p.ContainerPort == probe.PeerEchoPort) {
 			t.Errorf("port %+v", p)
 		}
 	}
@@ -27,8 +30,8 @@ func TestDemoHostPorts(t *testing.T) {
 		na   string
 	}{
 		{"axon", nil, ""},
-		{"kube-proxy", func(s *State) { s.KubeProxy = KubeProxyIPTables }, "kube-proxy does not implement hostPort"},
-		{"baseline", func(s *State) { s.Datapath = DatapathBaseline; s.KubeProxy = KubeProxyNone }, "kube-proxy does not implement hostPort"},
+		{"kube-proxy", func(s *State) { s.KubeProxy = kubeproxy.IPTables }, "kube-proxy does not implement hostPort"},
+		{"baseline", func(s *State) { s.Datapath = DatapathBaseline; s.KubeProxy = kubeproxy.None }, "kube-proxy does not implement hostPort"},
 		{"no pod", func(s *State) { s.Pods = s.Pods[1:] }, "no pod declares a hostPort"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

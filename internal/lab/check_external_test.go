@@ -2,17 +2,13 @@ package lab
 
 import (
 	"bytes"
-	"context"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-	"github.com/vishvananda/netlink"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func extTestState(nodes int) *State {
@@ -72,7 +68,7 @@ func TestExternalImpl(t *testing.T) {
 		{"mixed", nil, map[string]string{"node1": "xdp-native on eth0", "node2": "tc on eth0"}, "axon north-south LB (tc,xdp-native)", ""},
 		{"disabled", nil, map[string]string{"node1": "disabled", "node2": "tc on eth0"}, "", "node1: nodeport_lb disabled"},
 		{"unreachable", nil, map[string]string{"node1": "tc"}, "", "node2: agent status unavailable"},
-		{"kube-proxy", func(s *State) { s.KubeProxy = KubeProxyNFTables }, nil, "kube-proxy nftables", ""},
+		{"kube-proxy", func(s *State) { s.KubeProxy = kubeproxy.NFTables }, nil, "kube-proxy nftables", ""},
 		{"baseline", func(s *State) { s.Datapath = DatapathBaseline }, nil, "", "no Service implementation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,23 +89,23 @@ func TestEvalExternal(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		expect string
-		r      XProbeResult
+		r      probe.ExternalResult
 		pass   bool
 	}{
-		{"ok", ExpectOK, XProbeResult{OK: true}, true},
-		{"ok failed", ExpectOK, XProbeResult{Err: "timeout"}, false},
-		{"client ip kept", ExpectClientIP, XProbeResult{OK: true, Seen: "198.18.0.250:40000"}, true},
-		{"client ip v6", ExpectClientIP, XProbeResult{OK: true, Seen: "[fd00:198:18::250]:40000"}, true},
-		{"client ip snat", ExpectClientIP, XProbeResult{OK: true, Seen: "198.18.0.11:61000"}, false},
-		{"client ip plain echo", ExpectClientIP, XProbeResult{OK: true}, false},
-		{"blocked", ExpectBlocked, XProbeResult{Err: "i/o timeout"}, true},
-		{"not blocked", ExpectBlocked, XProbeResult{OK: true}, false},
-		{"health 200", ExpectHealthy, XProbeResult{OK: true, Status: 200, Body: `{"localEndpoints":2,"serviceProxyHealthy":true}`}, true},
-		{"health 200 no eps", ExpectHealthy, XProbeResult{OK: true, Status: 200, Body: `{"localEndpoints":0}`}, false},
-		{"health 503", ExpectNoLocal, XProbeResult{OK: true, Status: 503, Body: `{"localEndpoints":0}`}, true},
-		{"health wrong status", ExpectNoLocal, XProbeResult{OK: true, Status: 200, Body: `{"localEndpoints":1}`}, false},
-		{"health garbage", ExpectHealthy, XProbeResult{OK: true, Status: 200, Body: `ok`}, false},
-		{"health refused", ExpectHealthy, XProbeResult{Err: "connection refused"}, false},
+		{"ok", ExpectOK, probe.ExternalResult{OK: true}, true},
+		{"ok failed", ExpectOK, probe.ExternalResult{Err: "timeout"}, false},
+		{"client ip kept", ExpectClientIP, probe.ExternalResult{OK: true, Seen: "198.18.0.250:40000"}, true},
+		{"client ip v6", ExpectClientIP, probe.ExternalResult{OK: true, Seen: "[fd00:198:18::250]:40000"}, true},
+		{"client ip snat", ExpectClientIP, probe.ExternalResult{OK: true, Seen: "198.18.0.11:61000"}, false},
+		{"client ip plain echo", ExpectClientIP, probe.ExternalResult{OK: true}, false},
+		{"blocked", ExpectBlocked, probe.ExternalResult{Err: "i/o timeout"}, true},
+		{"not blocked", ExpectBlocked, probe.ExternalResult{OK: true}, false},
+		{"health 200", ExpectHealthy, probe.ExternalResult{OK: true, Status: 200, Body: `{"localEndpoints":2,"serviceProxyHealthy":true}`}, true},
+		{"health 200 no eps", ExpectHealthy, probe.ExternalResult{OK: true, Status: 200, Body: `{"localEndpoints":0}`}, false},
+		{"health 503", ExpectNoLocal, probe.ExternalResult{OK: true, Status: 503, Body: `{"localEndpoints":0}`}, true},
+		{"health wrong status", ExpectNoLocal, probe.ExternalResult{OK: true, Status: 200, Body: `{"localEndpoints":1}`}, false},
+		{"health garbage", ExpectHealthy, probe.ExternalResult{OK: true, Status: 200, Body: `ok`}, false},
+		{"health refused", ExpectHealthy, probe.ExternalResult{Err: "connection refused"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			why := evalExternal(ExtPlanned{Expect: tc.expect}, tc.r, client)
@@ -117,20 +113,6 @@ func TestEvalExternal(t *testing.T) {
 				t.Errorf("evalExternal = %q, want pass=%v", why, tc.pass)
 			}
 		})
-	}
-}
-
-func TestParseXProbe(t *testing.T) {
-	for _, good := range []string{"tcp/198.18.0.11:30080", "udp/[fd00:198:18::200]:80", "http/198.18.0.11:30082"} {
-		p, err := ParseXProbe(good)
-		if err != nil || p.String() != good {
-			t.Errorf("ParseXProbe(%q) = %v, %v", good, p, err)
-		}
-	}
-	for _, bad := range []string{"", "icmp/1.2.3.4:1", "tcp/1.2.3.4", "tcp:1.2.3.4:80", "udp/[::1]"} {
-		if _, err := ParseXProbe(bad); err == nil {
-			t.Errorf("ParseXProbe(%q) accepted", bad)
-		}
 	}
 }
 
@@ -147,7 +129,7 @@ func TestNorthSouthOptions(t *testing.T) {
 	if got := northSouthAgentArgs(st); !slices.Equal(got, []string{"--lb-acceleration=native", "--nodeport-mode=dsr"}) {
 		t.Errorf("agent args %v", got)
 	}
-	st.KubeProxy = KubeProxyIPTables
+	st.KubeProxy = kubeproxy.IPTables
 	if got := northSouthAgentArgs(st); len(got) != 0 {
 		t.Errorf("agent args with kube-proxy: %v (the agents run --nodeport=false)", got)
 	}
@@ -168,7 +150,7 @@ func TestExternalDemoObjects(t *testing.T) {
 	}
 	for _, o := range objs {
 		for _, p := range o.Spec.Ports {
-			if p.TargetPort.IntValue() != PeerEchoPort || p.NodePort == 0 {
+			if p.TargetPort.IntValue() != probe.PeerEchoPort || p.NodePort == 0 {
 				t.Errorf("%s port %+v", o.Name, p)
 			}
 		}
@@ -177,68 +159,6 @@ func TestExternalDemoObjects(t *testing.T) {
 	b := externalDemoBackends(st)
 	if len(b) != 1 || b[0].Node != "node1" {
 		t.Errorf("backends %v, want node1's pods only", b)
-	}
-}
-
-// TestPeerEchoAndXProbe runs the peer-echo server and the prober over real
-// sockets in a private network namespace.
-func TestPeerEchoAndXProbe(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: a private network namespace")
-	}
-	tns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tns.Close(); _ = testutils.UnmountNS(tns) })
-	if err := tns.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	readyR, readyW, _ := os.Pipe()
-	defer readyR.Close()
-	done := make(chan error, 1)
-	go func() {
-		done <- tns.Do(func(ns.NetNS) error { return ServePeerEcho(ctx, PeerEchoPort, readyW, nil) })
-	}()
-	if err := readReady(readyR); err != nil {
-		t.Fatal(err)
-	}
-	for _, spec := range []string{"tcp/127.0.0.1:5658", "tcp/[::1]:5658", "udp/127.0.0.1:5658", "udp/[::1]:5658"} {
-		p, _ := ParseXProbe(spec)
-		var r XProbeResult
-		_ = tns.Do(func(ns.NetNS) error {
-			pctx, c := context.WithTimeout(ctx, 2*time.Second)
-			defer c()
-			r = xprobe(pctx, p)
-			return nil
-		})
-		seen, err := netip.ParseAddrPort(r.Seen)
-		if !r.OK || err != nil || seen.Addr() != p.Addr.Addr() {
-			t.Errorf("%s: %+v (want the server to see %s)", spec, r, p.Addr.Addr())
-		}
-		if p.Proto == "tcp" && r.Server != p.Addr.String() {
-			t.Errorf("%s: server address %q", spec, r.Server)
-		}
-	}
-	// Nothing listens on 5659: a fast failure, not a pass.
-	p, _ := ParseXProbe("tcp/127.0.0.1:5659")
-	_ = tns.Do(func(ns.NetNS) error {
-		if r := xprobe(ctx, p); r.OK {
-			t.Errorf("probe to a closed port passed: %+v", r)
-		}
-		return nil
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("ServePeerEcho: %v", err)
 	}
 }
 

@@ -8,15 +8,12 @@ package lab
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -25,10 +22,10 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // Service types the check reports on, in column order.
@@ -42,179 +39,12 @@ const (
 
 var svcTypes = []string{SvcTypeClusterIP, SvcTypeNodePort, SvcTypeExternalIP, SvcTypeLoadBalancer, SvcTypeHostPort}
 
-// SvcProbe is one TCP or UDP exchange with a service address.
-type SvcProbe struct {
-	Proto string         `json:"proto"` // tcp or udp
-	Addr  netip.AddrPort `json:"addr"`
-}
-
-func (p SvcProbe) String() string { return p.Proto + "/" + p.Addr.String() }
-
-// ParseSvcProbe parses "tcp/10.96.100.10:80" or "udp/[fd00:10:96::10]:80".
-func ParseSvcProbe(s string) (SvcProbe, error) {
-	proto, addr, ok := strings.Cut(s, "/")
-	if !ok || (proto != "tcp" && proto != "udp") {
-		return SvcProbe{}, fmt.Errorf("probe %q: want tcp/ADDR:PORT or udp/ADDR:PORT, e.g. tcp/10.96.100.10:80 or udp/[fd00:10:96::10]:80", s)
-	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return SvcProbe{}, fmt.Errorf("probe %q: %w", s, err)
-	}
-	return SvcProbe{Proto: proto, Addr: ap}, nil
-}
-
-// SvcProbeResult is printed by `axon lab _probe`, one JSON object per line.
-type SvcProbeResult struct {
-	SvcProbe
-	OK   bool          `json:"ok"`
-	Peer string        `json:"peer,omitempty"` // TCP getpeername / UDP reply source
-	RTT  time.Duration `json:"rtt"`
-	Err  string        `json:"err,omitempty"`
-}
-
-// RunServiceProbes runs the probes (at most 16 at a time) and writes one
-// SvcProbeResult JSON line each to out. A probe passes when the echo comes
-// back AND the peer the socket reports is the service address itself
-// (getpeername for TCP, the reply's source for unconnected UDP), as an
-// application expects.
-func RunServiceProbes(ctx context.Context, probes []SvcProbe, timeout time.Duration, out io.Writer) error {
-	var mu sync.Mutex
-	enc := json.NewEncoder(out)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	var werr error
-	for _, p := range probes {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			pctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			start := time.Now()
-			var peer netip.AddrPort
-			var err error
-			if p.Proto == "tcp" {
-				peer, err = svcProbeTCP(pctx, p.Addr)
-			} else {
-				peer, err = svcProbeUDP(pctx, p.Addr)
-			}
-			if err == nil && peer != p.Addr {
-				err = fmt.Errorf("echo came back but the peer is %s, not the service address", peer)
-			}
-			r := SvcProbeResult{SvcProbe: p, OK: err == nil, RTT: time.Since(start)}
-			if peer.IsValid() {
-				r.Peer = peer.String()
-			}
-			if err != nil {
-				r.Err = err.Error()
-			}
-			mu.Lock()
-			if err := enc.Encode(r); err != nil && werr == nil {
-				werr = err
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return werr
-}
-
-func svcProbeTCP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", a.String())
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	var peer netip.AddrPort
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		return peer, err
-	}
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		var sa unix.Sockaddr
-		if sa, gerr = unix.Getpeername(int(fd)); gerr != nil {
-			return
-		}
-		switch sa := sa.(type) {
-		case *unix.SockaddrInet4:
-			peer = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-		case *unix.SockaddrInet6:
-			peer = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-		}
-	}); err != nil || gerr != nil {
-		return peer, fmt.Errorf("getpeername: %w", errors.Join(err, gerr))
-	}
-	tok := token()
-	if _, err := c.Write(tok); err != nil {
-		return peer, fmt.Errorf("write: %w", err)
-	}
-	buf := make([]byte, len(tok))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return peer, fmt.Errorf("read echo: %w", err)
-	}
-	if !bytes.Equal(buf, tok) {
-		return peer, errors.New("echo mismatch")
-	}
-	return peer, nil
-}
-
-// svcProbeUDP uses an unconnected socket (sendmsg + recvmsg, as a DNS
-// resolver does) and resends every 300 ms until the echo comes back.
-func svcProbeUDP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
-	network := "udp4"
-	if a.Addr().Is6() {
-		network = "udp6"
-	}
-	c, err := net.ListenUDP(network, nil)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	defer c.Close()
-	dst := net.UDPAddrFromAddrPort(a)
-	tok := token()
-	buf := make([]byte, 256)
-	var lastErr error
-	for ctx.Err() == nil {
-		if _, err := c.WriteToUDP(tok, dst); err != nil {
-			lastErr = fmt.Errorf("send: %w", err)
-			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPERM) {
-				return netip.AddrPort{}, lastErr
-			}
-		}
-		wait := time.Now().Add(300 * time.Millisecond)
-		if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
-			wait = dl
-		}
-		_ = c.SetReadDeadline(wait)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				if !errors.Is(err, os.ErrDeadlineExceeded) {
-					lastErr = err
-				}
-				break // timeout: send again
-			}
-			if bytes.Equal(buf[:n], tok) {
-				return netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), nil
-			}
-		}
-	}
-	if lastErr != nil {
-		return netip.AddrPort{}, fmt.Errorf("no UDP echo before the deadline (last error: %w)", lastErr)
-	}
-	return netip.AddrPort{}, errors.New("no UDP echo before the deadline")
-}
-
 // plannedProbe is one cell entry of the service check: a probe from source
 // for a Service type, or the reason it is not applicable.
 type plannedProbe struct {
 	Source string
 	Type   string
-	Probe  SvcProbe
+	Probe  probe.Service
 	NA     string // not empty: not run, with the reason
 }
 
@@ -222,7 +52,7 @@ type plannedProbe struct {
 // "kube-proxy <mode>" or "" (nothing).
 func serviceImpl(st *State) string {
 	switch {
-	case st.KubeProxy != "" && st.KubeProxy != KubeProxyNone:
+	case st.KubeProxy != "" && st.KubeProxy != kubeproxy.None:
 		return "kube-proxy " + st.KubeProxy
 	case st.Datapath == DatapathAxon:
 		return "axon socket LB"
@@ -256,7 +86,7 @@ func planServiceProbes(st *State) []plannedProbe {
 					na = "no Service implementation: --datapath baseline runs no agent; add --kube-proxy iptables|nftables"
 				}
 				out = append(out, plannedProbe{Source: src.name, Type: typ, NA: na,
-					Probe: SvcProbe{Proto: proto, Addr: netip.AddrPortFrom(addr, port)}})
+					Probe: probe.Service{Proto: proto, Addr: netip.AddrPortFrom(addr, port)}})
 			}
 		}
 		for _, ip := range demo[DemoClusterIP].ClusterIPs {
@@ -288,9 +118,9 @@ func planServiceProbes(st *State) []plannedProbe {
 // loopbackNodePortNA says why kube-proxy cannot serve a NodePort on lo.
 func loopbackNodePortNA(kubeProxy string, lo netip.Addr) string {
 	switch {
-	case kubeProxy == KubeProxyNFTables:
+	case kubeProxy == kubeproxy.NFTables:
 		return "n/a (kube-proxy nftables does not serve NodePorts on loopback)"
-	case kubeProxy == KubeProxyIPTables && lo.Is6():
+	case kubeProxy == kubeproxy.IPTables && lo.Is6():
 		return "n/a (kube-proxy iptables serves localhost NodePorts for IPv4 only)"
 	}
 	return ""
@@ -301,8 +131,8 @@ type ServiceCheckResult struct {
 	Impl    string // what serves Services: "axon socket LB", "kube-proxy nftables", ...
 	Sources []string
 	Types   []string
-	Cells   map[[2]string][]SvcProbeResult // (source, type) → results of probes that ran
-	NA      map[[2]string][]plannedProbe   // (source, type) → probes not applicable
+	Cells   map[[2]string][]probe.ServiceResult // (source, type) → results of probes that ran
+	NA      map[[2]string][]plannedProbe        // (source, type) → probes not applicable
 	Elapsed time.Duration
 }
 
@@ -313,7 +143,7 @@ func (r *ServiceCheckResult) Failed() []string {
 		for _, t := range r.Types {
 			for _, p := range r.Cells[[2]string{s, t}] {
 				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, t, p.SvcProbe, p.Err))
+					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err))
 				}
 			}
 		}
@@ -343,21 +173,10 @@ func (r *ServiceCheckResult) Print(w io.Writer) {
 	if impl == "" {
 		impl = "nothing"
 	}
-	fmt.Fprintf(w, "Services (served by %s): TCP+UDP, IPv4+IPv6, port %d (NodePort %d) → pods:%d\n", impl, DemoPort, DemoNodePortPort, EchoPort)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "FROM \\ TYPE")
-	for _, t := range r.Types {
-		fmt.Fprint(tw, "\t", t)
-	}
-	fmt.Fprintln(tw)
-	for _, s := range r.Sources {
-		fmt.Fprint(tw, s)
-		for _, t := range r.Types {
-			fmt.Fprint(tw, "\t", svcCellText(r.Cells[[2]string{s, t}], len(r.NA[[2]string{s, t}])))
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
+	fmt.Fprintf(w, "Services (served by %s): TCP+UDP, IPv4+IPv6, port %d (NodePort %d) → pods:%d\n", impl, DemoPort, DemoNodePortPort, probe.EchoPort)
+	printMatrix(w, "FROM \\ TYPE", r.Sources, r.Types, func(s, t string) string {
+		return svcCellText(r.Cells[[2]string{s, t}], len(r.NA[[2]string{s, t}]))
+	})
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
 	}
@@ -381,7 +200,7 @@ func (r *ServiceCheckResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "%d/%d service probes passed, %d n/a, in %s\n", ok, ran, na, r.Elapsed.Round(time.Millisecond))
 }
 
-func svcCellText(ps []SvcProbeResult, na int) string {
+func svcCellText(ps []probe.ServiceResult, na int) string {
 	if len(ps) == 0 {
 		if na > 0 {
 			return "n/a"
@@ -423,14 +242,14 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	for _, p := range backends {
 		names = append(names, p.Name)
 	}
-	stop, err := l.startEchoServers(ctx, names, EchoPort)
+	stop, err := l.startServers(ctx, names, filepath.Join(l.State().BinDir, "axon"), "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 
 	res := &ServiceCheckResult{Impl: serviceImpl(&st), Types: svcTypes,
-		Cells: map[[2]string][]SvcProbeResult{}, NA: map[[2]string][]plannedProbe{}}
+		Cells: map[[2]string][]probe.ServiceResult{}, NA: map[[2]string][]plannedProbe{}}
 	bySource := map[string][]plannedProbe{}
 	seen := map[string]bool{}
 	for _, p := range planServiceProbes(&st) {
@@ -452,7 +271,7 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	errs := make([]error, len(res.Sources))
 	for i, src := range res.Sources {
 		args := []string{self, "lab", "_probe", "--timeout", timeout.String()}
-		typeOf := map[SvcProbe]string{}
+		typeOf := map[probe.Service]string{}
 		for _, p := range bySource[src] {
 			if p.Type == "" {
 				continue
@@ -480,11 +299,11 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 			}
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
-				var r SvcProbeResult
+				var r probe.ServiceResult
 				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 					continue
 				}
-				key := [2]string{src, typeOf[r.SvcProbe]}
+				key := [2]string{src, typeOf[r.Service]}
 				mu.Lock()
 				res.Cells[key] = append(res.Cells[key], r)
 				mu.Unlock()
@@ -496,62 +315,10 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	}
 	wg.Wait()
 	for _, ps := range res.Cells {
-		sort.Slice(ps, func(i, j int) bool { return ps[i].SvcProbe.String() < ps[j].SvcProbe.String() })
+		sort.Slice(ps, func(i, j int) bool { return ps[i].Service.String() < ps[j].Service.String() })
 	}
 	res.Elapsed = time.Since(t0)
 	return res, errors.Join(errs...)
-}
-
-// startEchoServers starts `axon lab _echo serve` in each target; stop ends them.
-func (l *Lab) startEchoServers(ctx context.Context, targets []string, port int) (stop func(), err error) {
-	self := filepath.Join(l.State().BinDir, "axon")
-	var closers []io.Closer
-	var srvWG sync.WaitGroup
-	var mu sync.Mutex
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			c.Close()
-		}
-		srvWG.Wait()
-	}
-	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			cmd := l.Command(ctx, t, self, "lab", "_echo", "serve", "--port", strconv.Itoa(port))
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start echo server in %s: %w", t, err)
-				return
-			}
-			mu.Lock()
-			closers = append(closers, stdin)
-			srvWG.Go(func() { _ = cmd.Wait() })
-			mu.Unlock()
-			if err := readReady(stdout); err != nil {
-				errs[i] = fmt.Errorf("echo server in %s: %w: %s", t, err, strings.TrimSpace(stderr.String()))
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
 }
 
 // CommandInCgroup is Command, but a node's process also starts in the

@@ -9,43 +9,22 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func TestParseProbe(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    Probe
-		wantErr string
-	}{
-		{in: "tcp/10.244.1.2", want: Probe{"tcp", netip.MustParseAddr("10.244.1.2")}},
-		{in: "icmp/fd00:10:244:1::5", want: Probe{"icmp", netip.MustParseAddr("fd00:10:244:1::5")}},
-		{in: "sctp/10.0.0.1", wantErr: "protocol must be"},
-		{in: "10.0.0.1", wantErr: "want proto/address"},
-		{in: "udp/not-an-ip", wantErr: "ParseAddr"},
-	}
-	for _, tc := range tests {
-		got, err := ParseProbe(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("ParseProbe(%q) error = %v, want %q", tc.in, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("ParseProbe(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
-		}
-	}
-}
+	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
+)
 
 func TestCheckResultPrint(t *testing.T) {
 	v4, v6 := netip.MustParseAddr("10.244.2.2"), netip.MustParseAddr("fd00:10:244:2::2")
-	ok := func(proto string, a netip.Addr) ProbeResult { return ProbeResult{Probe: Probe{proto, a}, OK: true} }
+	ok := func(proto string, a netip.Addr) probe.PodResult {
+		return probe.PodResult{Pod: probe.Pod{Proto: proto, Addr: a}, OK: true}
+	}
 	r := &CheckResult{
 		Sources:      []string{"p1", "p2"},
 		Destinations: []string{"p1", "p2"},
-		Cells: map[[2]string][]ProbeResult{
+		Cells: map[[2]string][]probe.PodResult{
 			{"p1", "p2"}: {ok("tcp", v4), ok("udp", v4), ok("icmp", v4), ok("tcp", v6), ok("udp", v6), ok("icmp", v6)},
-			{"p2", "p1"}: {ok("tcp", v4), {Probe: Probe{"udp", v6}, Err: "timeout"}},
+			{"p2", "p1"}: {ok("tcp", v4), {Pod: probe.Pod{Proto: "udp", Addr: v6}, Err: "timeout"}},
 		},
 	}
 	var b bytes.Buffer
@@ -85,25 +64,25 @@ func TestEchoAndProbes(t *testing.T) {
 	readyR, readyW := io.Pipe()
 	srvDone := make(chan error, 1)
 	go func() {
-		srvDone <- inNetns(ns, func() error { return ServeEcho(ctx, EchoPort, readyW, nil) })
+		srvDone <- labns.Do(ns, func() error { return probe.ServeEcho(ctx, probe.EchoPort, readyW, nil) })
 	}()
-	if err := readReady(readyR); err != nil {
+	if err := probe.ReadReady(readyR); err != nil {
 		t.Fatal(err)
 	}
 	lo4, lo6 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")
 	unroutable := netip.MustParseAddr("203.0.113.7") // TEST-NET-3: no route in the namespace
-	var probes []Probe
+	var probes []probe.Pod
 	for _, a := range []netip.Addr{lo4, lo6, unroutable} {
 		for _, p := range []string{"tcp", "udp", "icmp"} {
-			probes = append(probes, Probe{p, a})
+			probes = append(probes, probe.Pod{Proto: p, Addr: a})
 		}
 	}
 	// Sequentially on the namespace's thread: goroutines would not be in the
 	// namespace (in `axon lab _echo probe` the whole process is).
 	t0 := time.Now()
-	err := inNetns(ns, func() error {
+	err := labns.Do(ns, func() error {
 		for _, p := range probes {
-			err := runProbe(ctx, p, time.Second)
+			err := p.Run(ctx, time.Second)
 			if want := p.Addr != unroutable; (err == nil) != want {
 				t.Errorf("%s: err=%v, want ok=%v", p, err, want)
 			}

@@ -5,109 +5,27 @@ package lab
 // node's 127.0.0.1:<APIPort> forwarder.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// Modes of `axon lab up --kube-proxy`.
-const (
-	KubeProxyNone     = "none"     // no kube-proxy (default): axon's socket LB serves Services, or nothing does (baseline)
-	KubeProxyIPTables = "iptables" // kube-proxy --proxy-mode=iptables (iptables-nft here)
-	KubeProxyNFTables = "nftables" // kube-proxy --proxy-mode=nftables
-)
-
-// KubeProxyModes lists the accepted --kube-proxy values.
-var KubeProxyModes = []string{KubeProxyNone, KubeProxyIPTables, KubeProxyNFTables}
-
-// Addresses kube-proxy is told about (docs/lab.md "Lab topology").
-const (
-	// ServiceCIDRs is the apiserver's --service-cluster-ip-range (dual-stack).
-	ServiceCIDRs = "10.96.0.0/16,fd00:10:96::/112"
-	// clusterCIDRs covers the axon (10.244/16, fd00:10:244::/48) and the
-	// baseline (10.245/16, fd00:10:245::/48) pod ranges in one prefix per family.
-	clusterCIDRs = "10.244.0.0/15,fd00:10:244::/47"
-	// kube-proxy's health and metrics servers, on the node netns' loopback.
-	kubeProxyHealthzAddr = "127.0.0.1:10256"
-	KubeProxyMetricsAddr = "127.0.0.1:10249" // also read by the Service benchmark
-)
-
-func validKubeProxyMode(m string) bool {
-	for _, k := range KubeProxyModes {
-		if m == k {
-			return true
-		}
-	}
-	return false
-}
-
-// kubeProxyTools are the binaries kube-proxy execs in each mode.
-func kubeProxyTools(mode string) []string {
-	switch mode {
-	case KubeProxyIPTables:
-		return []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"}
-	case KubeProxyNFTables:
-		return []string{"nft"}
-	}
-	return nil
-}
-
 // kubeProxyArgs is KubeProxyArgs for node n.
 func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
-	return KubeProxyArgs(bin, mode, kubeconfig, n.Name, masqueradeAll)
-}
-
-// KubeProxyArgs is kube-proxy's command line (binary first) for the node
-// named node; the lab and the Service benchmark (internal/bench) both run
-// kube-proxy with it, so the two cannot drift. Conntrack flags are
-// all "leave as is": nf_conntrack_max and the hash size are machine-wide
-// (root netns / module parameters), which the lab never changes. What
-// kube-proxy still writes (route_localnet in iptables mode, its own
-// oom_score_adj) is per network namespace or per process.
-func KubeProxyArgs(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
-	args := []string{
-		bin,
-		"--proxy-mode=" + mode,
-		"--kubeconfig=" + kubeconfig,
-		"--hostname-override=" + node,
-		"--cluster-cidr=" + clusterCIDRs,
-		"--detect-local-mode=ClusterCIDR",
-		"--healthz-bind-address=" + kubeProxyHealthzAddr,
-		"--metrics-bind-address=" + KubeProxyMetricsAddr,
-		"--conntrack-max-per-core=0",
-		"--conntrack-min=0",
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--conntrack-udp-timeout=0",
-		"--conntrack-udp-timeout-stream=0",
-		"--oom-score-adj=0",
-		"--v=2", // logs "SyncProxyRules complete" elapsed=... (KubeProxySyncTimes)
-	}
-	if masqueradeAll {
-		// axon pods: replies from a local backend go pod-to-pod through
-		// bpf_redirect_peer and would skip the conntrack entry that undoes
-		// the DNAT. SNAT to the node makes every reply cross the stack.
-		args = append(args, "--masquerade-all")
-	}
-	return args
+	return kubeproxy.Args(bin, mode, kubeconfig, n.Name, masqueradeAll)
 }
 
 // startKubeProxy starts kube-proxy for node n (detached, PID recorded by the caller).
@@ -120,7 +38,7 @@ func startKubeProxy(st *State, n Node) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)
 	}
-	argv := append([]string{nsenter, "--net=" + netnsPath(n.Netns), "--"},
+	argv := append([]string{nsenter, "--net=" + labns.Path(n.Netns), "--"},
 		kubeProxyArgs(bin, st.KubeProxy, st.ControlPlane.Kubeconfig, n, st.Datapath == DatapathAxon)...)
 	p, _, err := proc.Start(proc.Spec{
 		// TZ=UTC: klog stamps its lines in local time without a zone; KubeProxySyncTimes reads them as UTC.
@@ -137,115 +55,20 @@ func kubeProxyLog(st *State, node string) string {
 	return filepath.Join(st.StateDir, "nodes", node, "kube-proxy.log")
 }
 
-// KubeProxyHealth is kube-proxy's /healthz answer inside a node netns.
-type KubeProxyHealth struct {
-	OK          bool      // HTTP 200
-	Status      string    // HTTP status line or the error
-	LastUpdated time.Time // last successful sync
-}
-
 // KubeProxyHealthz asks the kube-proxy of node for /healthz (127.0.0.1:10256 in the node netns).
-func (l *Lab) KubeProxyHealthz(ctx context.Context, node string) (KubeProxyHealth, error) {
+func (l *Lab) KubeProxyHealthz(ctx context.Context, node string) (kubeproxy.Health, error) {
 	st := l.State()
 	n, ok := st.node(node)
 	if !ok {
-		return KubeProxyHealth{}, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
+		return kubeproxy.Health{}, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
 	}
-	return kubeProxyHealthz(ctx, n.Netns)
-}
-
-func kubeProxyHealthz(ctx context.Context, nsName string) (KubeProxyHealth, error) {
-	body, status, err := httpGetInNetns(ctx, nsName, kubeProxyHealthzAddr, "/healthz")
-	if err != nil {
-		return KubeProxyHealth{Status: err.Error()}, err
-	}
-	h := KubeProxyHealth{Status: status, OK: strings.HasPrefix(status, "200 ")}
-	var j struct {
-		LastUpdated string `json:"lastUpdated"`
-	}
-	if json.Unmarshal(body, &j) == nil {
-		h.LastUpdated, _ = time.Parse(time.RFC3339Nano, j.LastUpdated)
-	}
-	return h, nil
-}
-
-// httpGetInNetns is HTTPGetInNetns in the lab netns nsName, 3s at most.
-func httpGetInNetns(ctx context.Context, nsName, addr, path string) (body []byte, status string, err error) {
-	return HTTPGetInNetns(ctx, netnsPath(nsName), addr, path, 3*time.Second)
-}
-
-// HTTPGetInNetns does a plain HTTP/1.0 GET of addr+path with a socket
-// created inside the netns at nsPath (sockets keep the netns they were made
-// in), within timeout or ctx's deadline if sooner. status is the status line
-// without the protocol ("200 OK"); the body is read up to 16 MiB. The lab and
-// the Service benchmark read kube-proxy's /healthz and /metrics with it.
-func HTTPGetInNetns(ctx context.Context, nsPath, addr, path string, timeout time.Duration) (body []byte, status string, err error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// This thread changes netns and is never unlocked: it dies with the goroutine.
-		runtime.LockOSThread()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			ch <- result{err: fmt.Errorf("open netns %s: %w", nsPath, err)}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", nsPath, err)}
-			return
-		}
-		d := net.Dialer{Timeout: 2 * time.Second}
-		c, err := d.Dial("tcp", addr)
-		ch <- result{c, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		return nil, "", ctx.Err()
-	}
-	if r.err != nil {
-		return nil, "", r.err
-	}
-	defer r.c.Close()
-	dl := time.Now().Add(timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl = d
-	}
-	_ = r.c.SetDeadline(dl)
-	if _, err := fmt.Fprintf(r.c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
-		return nil, "", err
-	}
-	br := bufio.NewReader(r.c)
-	status, err = br.ReadString('\n')
-	if err != nil {
-		return nil, "", fmt.Errorf("read %s%s: %w", addr, path, err)
-	}
-	status = strings.TrimSpace(status)
-	if _, code, ok := strings.Cut(status, " "); ok { // "HTTP/1.0 200 OK" → "200 OK"
-		status = code
-	}
-	for { // headers
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return nil, status, err
-		}
-		if strings.TrimSpace(line) == "" {
-			break
-		}
-	}
-	body, _ = io.ReadAll(io.LimitReader(br, 16<<20)) // /metrics is a few hundred KiB
-	return body, status, nil
+	return kubeproxy.Healthz(ctx, n.Netns)
 }
 
 // waitKubeProxies waits until every node's kube-proxy answers /healthz with 200.
 func waitKubeProxies(ctx context.Context, st *State, timeout time.Duration) error {
 	return pollKubeProxies(ctx, st, timeout, func(ctx context.Context, n Node) string {
-		h, err := kubeProxyHealthz(ctx, n.Netns)
+		h, err := kubeproxy.Healthz(ctx, n.Netns)
 		switch {
 		case err != nil:
 			return err.Error()
@@ -297,56 +120,9 @@ func pollKubeProxies(ctx context.Context, st *State, timeout time.Duration,
 	return errors.Join(errs...)
 }
 
-// SyncTime is one "SyncProxyRules complete" line of a kube-proxy log.
-type SyncTime struct {
-	At      time.Time     // when kube-proxy logged it (klog has no year: the log file's year)
-	Family  string        // "IPv4" or "IPv6" (one proxier per family in dual-stack)
-	Elapsed time.Duration // kube-proxy's own measurement of the sync
-}
-
-// klog text: I1122 06:50:00.123456 1234 proxier.go:812] "SyncProxyRules complete" ipFamily="IPv4" elapsed="3.45ms"
-var (
-	klogHeader  = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6})`)
-	syncFamily  = regexp.MustCompile(`ipFamily="(IPv[46])"`)
-	syncElapsed = regexp.MustCompile(`elapsed="([^"]+)"`)
-)
-
-// ParseKubeProxySyncTimes reads every "SyncProxyRules complete" line of a
-// kube-proxy (-v=2, text format) log; year is the year to give the timestamps.
-func ParseKubeProxySyncTimes(r io.Reader, year int) ([]SyncTime, error) {
-	var out []SyncTime
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.Contains(line, `"SyncProxyRules complete"`) {
-			continue
-		}
-		h := klogHeader.FindStringSubmatch(line)
-		e := syncElapsed.FindStringSubmatch(line)
-		if h == nil || e == nil {
-			continue
-		}
-		at, err := time.Parse("0102 15:04:05.000000", h[1])
-		if err != nil {
-			continue
-		}
-		d, err := time.ParseDuration(e[1])
-		if err != nil {
-			continue
-		}
-		s := SyncTime{At: at.AddDate(year, 0, 0), Elapsed: d}
-		if f := syncFamily.FindStringSubmatch(line); f != nil {
-			s.Family = f[1]
-		}
-		out = append(out, s)
-	}
-	return out, sc.Err()
-}
-
 // KubeProxySyncTimes returns the sync timings kube-proxy logged on node,
 // oldest first. It fails when the node runs no kube-proxy.
-func (l *Lab) KubeProxySyncTimes(node string) ([]SyncTime, error) {
+func (l *Lab) KubeProxySyncTimes(node string) ([]kubeproxy.SyncTime, error) {
 	st := l.State()
 	n, ok := st.node(node)
 	if !ok {
@@ -364,7 +140,7 @@ func (l *Lab) KubeProxySyncTimes(node string) ([]SyncTime, error) {
 	if fi, err := f.Stat(); err == nil {
 		year = fi.ModTime().UTC().Year()
 	}
-	return ParseKubeProxySyncTimes(f, year)
+	return kubeproxy.ParseSyncTimes(f, year)
 }
 
 // KubeProxyMode is the lab's --kube-proxy mode ("none" when unset).
@@ -372,13 +148,13 @@ func (l *Lab) KubeProxyMode() string {
 	if m := l.State().KubeProxy; m != "" {
 		return m
 	}
-	return KubeProxyNone
+	return kubeproxy.None
 }
 
 // kubeProxyModeOf is the recorded mode of a lab ("none" for labs before --kube-proxy).
 func kubeProxyModeOf(st *State) string {
 	if st.KubeProxy == "" {
-		return KubeProxyNone
+		return kubeproxy.None
 	}
 	return st.KubeProxy
 }
@@ -386,7 +162,7 @@ func kubeProxyModeOf(st *State) string {
 // upKubeProxies starts kube-proxy on every node (when the lab has a mode),
 // records the PIDs and waits until each answers /healthz.
 func upKubeProxies(ctx context.Context, st *State, save func() error) error {
-	if kubeProxyModeOf(st) == KubeProxyNone {
+	if kubeProxyModeOf(st) == kubeproxy.None {
 		return nil
 	}
 	for i := range st.Nodes {
@@ -414,7 +190,7 @@ func upKubeProxies(ctx context.Context, st *State, save func() error) error {
 // BPF host routing). kube-proxy runs with --masquerade-all for the replies
 // (kubeProxyArgs).
 func agentExtraArgs(st *State) []string {
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}
 	}
 	return nil
@@ -426,25 +202,34 @@ func agentExtraArgs(st *State) []string {
 // without a route a node process gets ENETUNREACH. (The socket load
 // balancer translates before any route lookup and does not need it.)
 func addServiceRoutes(n Node) error {
-	nl, h, err := netlinkAt(n.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("find eth0 in %s: %w", n.Netns, err)
-	}
-	for _, c := range strings.Split(ServiceCIDRs, ",") {
+	var routes []netlink.Route
+	for _, c := range strings.Split(kubeproxy.ServiceCIDRs, ",") {
 		dst, err := netip.ParsePrefix(c)
 		if err != nil {
 			return fmt.Errorf("service CIDR %q: %w", c, err)
 		}
-		r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(dst), Scope: netlink.SCOPE_LINK}
-		if err := nl.RouteReplace(r); err != nil {
-			return fmt.Errorf("route %s dev eth0 in %s: %w", dst, n.Netns, err)
-		}
+		routes = append(routes, netlink.Route{Dst: prefixToIPNet(dst), Scope: netlink.SCOPE_LINK})
 	}
-	return nil
+	return replaceEth0Routes(n.Netns, routes)
+}
+
+// waitKubeProxyRules waits until every node's kube-proxy has wants in its
+// rules. It is a no-op without --kube-proxy.
+func waitKubeProxyRules(ctx context.Context, st *State, wants []kubeproxy.Want, timeout time.Duration) error {
+	mode := kubeProxyModeOf(st)
+	if mode == kubeproxy.None {
+		return nil
+	}
+	return pollKubeProxies(ctx, st, timeout, func(ctx context.Context, n Node) string {
+		why, err := kubeproxy.Lacks(ctx, n.Netns, mode, wants)
+		if err != nil {
+			return err.Error()
+		}
+		return why
+	}, func(n Node, why string, exited bool) error {
+		if exited {
+			return fmt.Errorf("kube-proxy on %s exited before it programmed the demo Services (%s); see %s", n.Name, why, n.KubeProxy.Log)
+		}
+		return fmt.Errorf("kube-proxy on %s has not programmed the demo Services within %s: %s (log %s)", n.Name, timeout, why, n.KubeProxy.Log)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 )
 
 // rootNetnsSnapshot is what kube-proxy could change outside its node netns
@@ -58,10 +59,10 @@ func TestLabKubeProxy(t *testing.T) {
 		datapath, kubeProxy string
 		wantNA              []string // n/a reasons the check must print
 	}{
-		{lab.DatapathBaseline, lab.KubeProxyNFTables, []string{"n/a  NodePort 127.0.0.1: n/a (kube-proxy nftables does not serve NodePorts on loopback) [4 probes]", "n/a  NodePort ::1"}},
-		{lab.DatapathBaseline, lab.KubeProxyIPTables, []string{"n/a  NodePort ::1: n/a (kube-proxy iptables serves localhost NodePorts for IPv4 only) [4 probes]"}},
-		{lab.DatapathAxon, lab.KubeProxyNone, nil},
-		{lab.DatapathAxon, lab.KubeProxyNFTables, []string{"kube-proxy nftables does not serve NodePorts on loopback"}},
+		{lab.DatapathBaseline, kubeproxy.NFTables, []string{"n/a  NodePort 127.0.0.1: n/a (kube-proxy nftables does not serve NodePorts on loopback) [4 probes]", "n/a  NodePort ::1"}},
+		{lab.DatapathBaseline, kubeproxy.IPTables, []string{"n/a  NodePort ::1: n/a (kube-proxy iptables serves localhost NodePorts for IPv4 only) [4 probes]"}},
+		{lab.DatapathAxon, kubeproxy.None, nil},
+		{lab.DatapathAxon, kubeproxy.NFTables, []string{"kube-proxy nftables does not serve NodePorts on loopback"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.datapath+"/"+tc.kubeProxy, func(t *testing.T) {
@@ -102,7 +103,7 @@ func TestLabKubeProxy(t *testing.T) {
 			if !strings.Contains(status, "kube-proxy: "+tc.kubeProxy) {
 				t.Errorf("status lacks the kube-proxy mode:\n%s", status)
 			}
-			if tc.kubeProxy == lab.KubeProxyNone {
+			if tc.kubeProxy == kubeproxy.None {
 				for _, n := range st.Nodes {
 					if n.KubeProxy != nil {
 						t.Errorf("%s runs a kube-proxy (pid %d) without --kube-proxy", n.Name, n.KubeProxy.PID)
@@ -160,7 +161,7 @@ func TestLabKubeProxy(t *testing.T) {
 				before := axon(t, "list", "-o", "json")
 				for _, args := range [][]string{
 					{"up", "--kube-proxy", "ipvs"},
-					{"up", "--nodes", "2", "--pods-per-node", "2", "--datapath", tc.datapath, "--kube-proxy", lab.KubeProxyNone},
+					{"up", "--nodes", "2", "--pods-per-node", "2", "--datapath", tc.datapath, "--kube-proxy", kubeproxy.None},
 				} {
 					out, err := axonErr(t, args...)
 					if err == nil {

@@ -5,45 +5,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 )
-
-// Lines as kube-proxy v1.36.3 -v=2 writes them (iptables and nftables modes).
-const kubeProxyLogSample = `--- 2026-11-22T06:36:01Z nsenter --net=/run/netns/axonlab-node2 -- kube-proxy --proxy-mode=iptables
-I1122 06:36:01.851012   31256 server_linux.go:53] "Using iptables proxy"
-I1122 06:36:02.205880   31256 proxier.go:662] "SyncProxyRules complete" ipFamily="IPv4" elapsed="116.250665ms"
-I1122 06:36:02.348748   31256 proxier.go:662] "SyncProxyRules complete" ipFamily="IPv6" elapsed="141.52022ms"
-W1122 06:36:02.400000   31256 proxier.go:700] "something else" elapsed="1s"
-I1122 06:36:03.359696   31256 proxier.go:1828] "SyncProxyRules complete" ipFamily="IPv4" elapsed="2.5s"
-I1122 06:36:03.359697   31256 proxier.go:1828] "SyncProxyRules complete" ipFamily="IPv4" elapsed="garbage"
-`
-
-func TestParseKubeProxySyncTimes(t *testing.T) {
-	got, err := ParseKubeProxySyncTimes(strings.NewReader(kubeProxyLogSample), 2026)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []SyncTime{
-		{time.Date(2026, 11, 22, 6, 36, 2, 205880000, time.UTC), "IPv4", 116250665 * time.Nanosecond},
-		{time.Date(2026, 11, 22, 6, 36, 2, 348748000, time.UTC), "IPv6", 141520220 * time.Nanosecond},
-		{time.Date(2026, 11, 22, 6, 36, 3, 359696000, time.UTC), "IPv4", 2500 * time.Millisecond},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("got %d sync times, want %d: %+v", len(got), len(want), got)
-	}
-	for i := range want {
-		if !got[i].At.Equal(want[i].At) || got[i].Family != want[i].Family || got[i].Elapsed != want[i].Elapsed {
-			t.Errorf("sync %d = %+v, want %+v", i, got[i], want[i])
-		}
-	}
-}
 
 func TestKubeProxyArgs(t *testing.T) {
 	n := newNode("/run/axon-lab", "/sys/fs/cgroup/unified/axon-lab", 1)
 	for _, tc := range []struct {
 		mode    string
 		masqAll bool
-	}{{KubeProxyNFTables, false}, {KubeProxyIPTables, true}} {
+	}{{kubeproxy.NFTables, false}, {kubeproxy.IPTables, true}} {
 		args := kubeProxyArgs("/cache/kube-proxy", tc.mode, "/run/axon-lab/controlplane/admin.kubeconfig", n, tc.masqAll)
 		for _, want := range []string{
 			"--proxy-mode=" + tc.mode, "--hostname-override=node1",
@@ -62,7 +33,7 @@ func TestKubeProxyArgs(t *testing.T) {
 		}
 	}
 	// the cluster CIDRs cover both datapaths' pod ranges
-	for _, c := range strings.Split(clusterCIDRs, ",") {
+	for _, c := range strings.Split(kubeproxy.ClusterCIDRs, ",") {
 		p := netip.MustParsePrefix(c)
 		for _, r := range append(podCIDRs(7), baselineCIDRs(7)...) {
 			if r.Addr().Is4() == p.Addr().Is4() && !p.Contains(r.Addr()) {
@@ -78,8 +49,8 @@ func TestAgentExtraArgs(t *testing.T) {
 		want      []string
 	}{
 		{"", nil},
-		{KubeProxyNone, nil},
-		{KubeProxyNFTables, []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}},
+		{kubeproxy.None, nil},
+		{kubeproxy.NFTables, []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}},
 	}
 	for _, tc := range tests {
 		if got := agentExtraArgs(&State{KubeProxy: tc.kubeProxy}); !slices.Equal(got, tc.want) {
@@ -92,9 +63,9 @@ func TestUpOptionsKubeProxy(t *testing.T) {
 	tests := []struct {
 		in, want, wantErr string
 	}{
-		{"", KubeProxyNone, ""},
-		{"iptables", KubeProxyIPTables, ""},
-		{"nftables", KubeProxyNFTables, ""},
+		{"", kubeproxy.None, ""},
+		{"iptables", kubeproxy.IPTables, ""},
+		{"nftables", kubeproxy.NFTables, ""},
 		{"ipvs", "", `--kube-proxy "ipvs": want one of none, iptables, nftables`},
 	}
 	for _, tc := range tests {

@@ -3,22 +3,18 @@ package lab
 import (
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/lab/labns"
 )
-
-const netnsDir = "/run/netns"
-
-func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
 
 // createNetns creates the named network namespace /run/netns/<name> (like
 // `ip netns add`). It runs on a throw-away locked OS thread so the caller's
@@ -50,27 +46,27 @@ func createNetns(name string) error {
 // lab's namespace files: `down` then unmounts only the copies and cannot
 // remove the files (EBUSY). Idempotent.
 func ensureNetnsDir() error {
-	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", netnsDir, err)
+	if err := os.MkdirAll(labns.Dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", labns.Dir, err)
 	}
 	for made := false; ; made = true {
-		err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		err := unix.Mount("", labns.Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, unix.EINVAL) || made {
-			return fmt.Errorf("make %s a shared mount: %w", netnsDir, err)
+			return fmt.Errorf("make %s a shared mount: %w", labns.Dir, err)
 		}
 		// EINVAL: not a mount point yet.
-		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind %s onto itself: %w", netnsDir, err)
+		if err := unix.Mount(labns.Dir, labns.Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", labns.Dir, err)
 		}
 	}
 }
 
 // deleteNetns unmounts and removes /run/netns/<name>; missing is fine.
 func deleteNetns(name string) error {
-	p := netnsPath(name)
+	p := labns.Path(name)
 	if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -85,12 +81,12 @@ func deleteNetns(name string) error {
 
 // labNetns lists the existing namespaces whose name starts with axonlab-.
 func labNetns() ([]string, error) {
-	ents, err := os.ReadDir(netnsDir)
+	ents, err := os.ReadDir(labns.Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", netnsDir, err)
+		return nil, fmt.Errorf("list %s: %w", labns.Dir, err)
 	}
 	var out []string
 	for _, e := range ents {
@@ -104,7 +100,7 @@ func labNetns() ([]string, error) {
 // pidsInNetns returns the processes whose network namespace is the named one.
 func pidsInNetns(name string) ([]int, error) {
 	var want syscall.Stat_t
-	if err := syscall.Stat(netnsPath(name), &want); err != nil {
+	if err := syscall.Stat(labns.Path(name), &want); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
 			return nil, nil
 		}
@@ -132,14 +128,9 @@ func pidsInNetns(name string) ([]int, error) {
 	return pids, nil
 }
 
-// inNetns runs fn on a locked OS thread inside the named namespace.
-func inNetns(name string, fn func() error) error {
-	return ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error { return fn() })
-}
-
 // netlinkAt opens a netlink handle bound to the named namespace.
 func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
-	h, err := netns.GetFromPath(netnsPath(name))
+	h, err := netns.GetFromPath(labns.Path(name))
 	if err != nil {
 		return nil, 0, fmt.Errorf("open netns %s: %w", name, err)
 	}
@@ -153,7 +144,7 @@ func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
 
 // writeSysctls writes /proc/sys/<key> = value inside the named namespace.
 func writeSysctls(nsName string, kv [][2]string) error {
-	return inNetns(nsName, func() error {
+	return labns.Do(nsName, func() error {
 		for _, e := range kv {
 			p := "/proc/sys/" + strings.ReplaceAll(e[0], ".", "/")
 			if err := os.WriteFile(p, []byte(e[1]), 0o644); err != nil {
@@ -167,7 +158,7 @@ func writeSysctls(nsName string, kv [][2]string) error {
 // ReadSNMP returns the value of a counter of /proc/net/snmp (e.g. "Ip",
 // "ForwDatagrams") as seen inside the named network namespace.
 func ReadSNMP(nsName, group, field string) (uint64, error) {
-	return ReadNetCounter(netnsPath(nsName), "snmp", group, field)
+	return ReadNetCounter(labns.Path(nsName), "snmp", group, field)
 }
 
 // ReadNetCounter returns the value of a counter of /proc/net/<file> ("snmp"
@@ -185,7 +176,7 @@ func ReadNetCounter(nsPath, file, group, field string) (uint64, error) {
 	if nsPath == "" {
 		err = read()
 	} else {
-		err = ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return read() })
+		err = labns.DoAt(nsPath, read)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read /proc/net/%s in %s: %w", file, nsPath, err)

@@ -29,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 func TestLabNorthSouthDSR(t *testing.T) {
@@ -96,7 +98,7 @@ func TestLabNorthSouthDSR(t *testing.T) {
 	if created, err = kube.CoreV1().Services("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	(&testService{svc: created, port: lab.PeerEchoPort, backends: remote}).apply(t, kube)
+	(&testService{svc: created, port: probe.PeerEchoPort, backends: remote}).apply(t, kube)
 	waitFrontend(t, l, node1.Name, netip.AddrPortFrom(lbIPs[1], 80).String()+"/UDP")
 	var names []string
 	for _, p := range remote {
@@ -129,7 +131,7 @@ func TestLabNorthSouthDSR(t *testing.T) {
 	for _, tg := range targets {
 		for _, proto := range []string{"tcp", "udp"} {
 			spec := proto + "/" + tg.fe.String()
-			r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r lab.XProbeResult) bool { return r.OK })
+			r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r probe.ExternalResult) bool { return r.OK })
 			if !ok {
 				t.Errorf("%s %s: no answer: %+v", tg.kind, spec, r)
 				continue
@@ -311,7 +313,7 @@ func startWireCapture(t *testing.T, port string) *wireCapture {
 	t.Helper()
 	all := htons(unix.ETH_P_ALL)
 	var fd, ifindex int
-	err := inNetns(lab.WireNetns, func() error {
+	err := labns.Do(lab.WireNetns, func() error {
 		link, err := netlink.LinkByName(port)
 		if err != nil {
 			return fmt.Errorf("find %s in %s: %w", port, lab.WireNetns, err)

@@ -24,8 +24,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // waitLabSlot waits, when AXON_LAB_WAIT is set (a duration such as 10m),
@@ -146,21 +147,21 @@ func newTestService(name string, typ corev1.ServiceType, nodePort int32, protos 
 		Spec: corev1.ServiceSpec{Type: typ, IPFamilyPolicy: &dual, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}}}
 	for _, p := range protos {
 		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: strings.ToLower(string(p)), Protocol: p, Port: 80,
-			TargetPort: intstr.FromInt32(lab.PeerEchoPort), NodePort: nodePort})
+			TargetPort: intstr.FromInt32(probe.PeerEchoPort), NodePort: nodePort})
 	}
 	return s
 }
 
 // xprobeUntil probes from the external namespace until pass(result) or timeout.
-func xprobeUntil(t *testing.T, l *lab.Lab, spec string, probeTimeout, timeout time.Duration, pass func(lab.XProbeResult) bool) (lab.XProbeResult, bool) {
+func xprobeUntil(t *testing.T, l *lab.Lab, spec string, probeTimeout, timeout time.Duration, pass func(probe.ExternalResult) bool) (probe.ExternalResult, bool) {
 	t.Helper()
-	p, err := lab.ParseXProbe(spec)
+	p, err := probe.ParseExternal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last lab.XProbeResult
+	var last probe.ExternalResult
 	for deadline := time.Now().Add(timeout); ; {
-		rs, err := l.RunXProbesFromExternal(t.Context(), []lab.XProbe{p}, probeTimeout)
+		rs, err := l.RunXProbesFromExternal(t.Context(), []probe.External{p}, probeTimeout)
 		if err == nil && len(rs) == 1 {
 			last = rs[0]
 			if pass(last) {
@@ -227,11 +228,11 @@ func TestLabNorthSouth(t *testing.T) {
 		if created, err = kube.CoreV1().Services("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		ts := &testService{svc: created, port: lab.PeerEchoPort, backends: l.Pods()}
+		ts := &testService{svc: created, port: probe.PeerEchoPort, backends: l.Pods()}
 		ts.apply(t, kube)
 		waitFrontend(t, l, node1.Name, lbIP.String()+":80/TCP")
 		for _, proto := range []string{"tcp", "udp"} {
-			r, _ := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", time.Second, 0, func(r lab.XProbeResult) bool { return !r.OK })
+			r, _ := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", time.Second, 0, func(r probe.ExternalResult) bool { return !r.OK })
 			if r.OK {
 				t.Errorf("%s: a client outside loadBalancerSourceRanges %v was served: %+v", proto, ranges, r)
 			}
@@ -241,7 +242,7 @@ func TestLabNorthSouth(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, proto := range []string{"tcp", "udp"} {
-			if r, ok := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", 2*time.Second, 20*time.Second, func(r lab.XProbeResult) bool { return r.OK }); !ok {
+			if r, ok := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", 2*time.Second, 20*time.Second, func(r probe.ExternalResult) bool { return r.OK }); !ok {
 				t.Errorf("%s: the client inside loadBalancerSourceRanges is not served: %+v", proto, r)
 			}
 		}
@@ -264,15 +265,15 @@ func TestLabNorthSouth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ts := &testService{svc: created, port: lab.PeerEchoPort, backends: l.Pods()}
+		ts := &testService{svc: created, port: probe.PeerEchoPort, backends: l.Pods()}
 		ts.apply(t, kube)
 		for _, entry := range []lab.Node{node1, node2} {
 			spec := "tcp/" + netip.AddrPortFrom(entry.IP, 30084).String()
-			if r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r lab.XProbeResult) bool { return r.OK }); !ok {
+			if r, ok := xprobeUntil(t, l, spec, 2*time.Second, 20*time.Second, func(r probe.ExternalResult) bool { return r.OK }); !ok {
 				t.Fatalf("%s never answered: %+v", spec, r)
 			}
-			p, _ := lab.ParseXProbe(spec)
-			var probes []lab.XProbe
+			p, _ := probe.ParseExternal(spec)
+			var probes []probe.External
 			for range 20 {
 				probes = append(probes, p)
 			}
@@ -334,7 +335,7 @@ func TestLabNorthSouth(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			out, _ := l.Command(ctx, lab.ExternalName, self, "lab", "bench", "_connrate", "client", "--target", target, "--duration", "300ms").Output()
-			if r, err := bench.ParseConnRate(out); err == nil && r.Conns > 0 && r.Errors == 0 {
+			if r, err := connrate.Parse(out); err == nil && r.Conns > 0 && r.Errors == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -375,7 +376,7 @@ func TestLabNorthSouth(t *testing.T) {
 		steady.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
 		if sout, err := steady.Output(); err != nil {
 			t.Fatalf("steady connect loop: %v", err)
-		} else if r, err := bench.ParseConnRate(sout); err != nil {
+		} else if r, err := connrate.Parse(sout); err != nil {
 			t.Fatal(err)
 		} else {
 			t.Logf("connect loop through %s, backends unchanged: %d connections (%.0f/s), %d failed (first: %s)", target, r.Conns, r.Rate, r.Errors, r.FirstError)
@@ -417,7 +418,7 @@ func TestLabNorthSouth(t *testing.T) {
 		if err := loop.Wait(); err != nil {
 			t.Fatalf("connect loop: %v", err)
 		}
-		r, err := bench.ParseConnRate([]byte(out.String()))
+		r, err := connrate.Parse([]byte(out.String()))
 		if err != nil {
 			t.Fatal(err)
 		}

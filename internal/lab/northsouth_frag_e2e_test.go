@@ -23,13 +23,13 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 const (
@@ -123,18 +123,12 @@ func labFragments(t *testing.T, extra ...string) {
 	}
 }
 
-// inNetns runs fn on a locked OS thread switched into the named netns;
-// sockets opened by fn stay in that netns.
-func inNetns(name string, fn func() error) error {
-	return ns.WithNetNSPath("/run/netns/"+name, func(ns.NetNS) error { return fn() })
-}
-
 // fragEchoServer echoes every UDP datagram (up to 64 KiB, both families)
 // on port in the netns, whole, until the test ends.
 func fragEchoServer(t *testing.T, nsName string, port int) {
 	t.Helper()
 	var c *net.UDPConn
-	if err := inNetns(nsName, func() (err error) {
+	if err := labns.Do(nsName, func() (err error) {
 		c, err = net.ListenUDP("udp", &net.UDPAddr{Port: port})
 		return err
 	}); err != nil {
@@ -162,7 +156,7 @@ func fragExchange(nsName string, dst netip.AddrPort, size int, timeout time.Dura
 		network = "udp6"
 	}
 	var c *net.UDPConn
-	if err := inNetns(nsName, func() (err error) {
+	if err := labns.Do(nsName, func() (err error) {
 		c, err = net.ListenUDP(network, nil)
 		return err
 	}); err != nil {

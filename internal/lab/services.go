@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // Demo Service names, addresses and ports. Every demo Service forwards
@@ -100,7 +102,7 @@ func (d DemoService) object() *corev1.Service {
 	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{
 			Name: portName(proto), Protocol: proto, Port: DemoPort,
-			TargetPort: intstr.FromInt32(EchoPort), NodePort: d.NodePort,
+			TargetPort: intstr.FromInt32(probe.EchoPort), NodePort: d.NodePort,
 		})
 	}
 	return svc
@@ -141,7 +143,7 @@ func (d DemoService) endpointSlices(pods []Pod) []*discoveryv1.EndpointSlice {
 			AddressType: fam,
 		}
 		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-			name, port := portName(proto), int32(EchoPort)
+			name, port := portName(proto), int32(probe.EchoPort)
 			s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &name, Protocol: &proto, Port: &port})
 		}
 		for _, p := range pods {
@@ -197,13 +199,13 @@ func lbIngress(ips []netip.Addr) []corev1.LoadBalancerIngress {
 }
 
 // demoKubeProxyWants is what the demo Services ask of every kube-proxy.
-func demoKubeProxyWants(st *State) []kubeProxyWant {
-	var out []kubeProxyWant
+func demoKubeProxyWants(st *State) []kubeproxy.Want {
+	var out []kubeproxy.Want
 	backends := demoBackends(st)
 	for _, d := range DemoServices() {
 		svc := d.object()
 		svc.Status.LoadBalancer.Ingress = lbIngress(d.LBIngress)
-		out = append(out, kubeProxyWants(svc, d.endpointSlices(backends))...)
+		out = append(out, kubeproxy.Wants(svc, d.endpointSlices(backends))...)
 	}
 	return out
 }
@@ -300,7 +302,7 @@ func upDemoServices(ctx context.Context, st *State, kube kubernetes.Interface, l
 		return err
 	}
 	st.DemoServices = true
-	if kubeProxyModeOf(st) != KubeProxyNone {
+	if kubeProxyModeOf(st) != kubeproxy.None {
 		return waitKubeProxyRules(ctx, st, demoKubeProxyWants(st), 30*time.Second)
 	}
 	if st.Datapath != DatapathAxon {

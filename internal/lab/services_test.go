@@ -2,38 +2,16 @@ package lab
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-)
 
-func TestParseSvcProbe(t *testing.T) {
-	tests := []struct {
-		in, want, wantErr string
-	}{
-		{"tcp/10.96.100.10:80", "tcp/10.96.100.10:80", ""},
-		{"udp/[fd00:10:96::10]:80", "udp/[fd00:10:96::10]:80", ""},
-		{"icmp/10.96.100.10:80", "", "want tcp/ADDR:PORT"},
-		{"tcp/10.96.100.10", "", "probe \"tcp/10.96.100.10\""},
-		{"10.96.100.10:80", "", "want tcp/ADDR:PORT"},
-	}
-	for _, tc := range tests {
-		p, err := ParseSvcProbe(tc.in)
-		switch {
-		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-			t.Errorf("%q: err %v, want %q", tc.in, err, tc.wantErr)
-		case tc.wantErr == "" && (err != nil || p.String() != tc.want):
-			t.Errorf("%q: %v %v, want %s", tc.in, p, err, tc.want)
-		}
-	}
-}
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/probe"
+)
 
 func testState(datapath, kubeProxy string) *State {
 	st := &State{Datapath: datapath, KubeProxy: kubeProxy}
@@ -58,13 +36,13 @@ func TestPlanServiceProbes(t *testing.T) {
 		wantNA                    map[string]int // reason substring → probes
 	}{
 		{"axon socket LB", DatapathAxon, "", "axon socket LB", nil},
-		{"nftables", DatapathBaseline, KubeProxyNFTables, "kube-proxy nftables",
+		{"nftables", DatapathBaseline, kubeproxy.NFTables, "kube-proxy nftables",
 			map[string]int{"nftables does not serve NodePorts on loopback": 2 * 4}},
-		{"iptables", DatapathBaseline, KubeProxyIPTables, "kube-proxy iptables",
+		{"iptables", DatapathBaseline, kubeproxy.IPTables, "kube-proxy iptables",
 			map[string]int{"localhost NodePorts for IPv4 only": 2 * 2}},
-		{"axon datapath with kube-proxy", DatapathAxon, KubeProxyNFTables, "kube-proxy nftables",
+		{"axon datapath with kube-proxy", DatapathAxon, kubeproxy.NFTables, "kube-proxy nftables",
 			map[string]int{"nftables does not serve NodePorts on loopback": 2 * 4}},
-		{"nothing serves Services", DatapathBaseline, KubeProxyNone, "", map[string]int{"no Service implementation": -1}},
+		{"nothing serves Services", DatapathBaseline, kubeproxy.None, "", map[string]int{"no Service implementation": -1}},
 	}
 	// per pod: ClusterIP 2 addrs + NodePort 2 nodes × 2 addrs + externalIP 2 + LB 2 = 10, × tcp/udp
 	// per node: the same + 2 loopback addresses
@@ -86,7 +64,7 @@ func TestPlanServiceProbes(t *testing.T) {
 					continue
 				}
 				if p.Type == SvcTypeHostPort && !strings.Contains(p.NA, "no Service implementation") {
-					if tc.kubeProxy == KubeProxyNone || !strings.Contains(p.NA, "kube-proxy does not implement hostPort") {
+					if tc.kubeProxy == kubeproxy.None || !strings.Contains(p.NA, "kube-proxy does not implement hostPort") {
 						t.Errorf("HostPort n/a %q with kube-proxy %q", p.NA, tc.kubeProxy)
 					}
 					continue // issue 7: kube-proxy serves no hostPort (check_external_hostport_test.go)
@@ -143,7 +121,7 @@ func TestDemoServicesObjects(t *testing.T) {
 			seenIP[ip] = d.Name
 		}
 		for _, p := range svc.Spec.Ports {
-			if p.Port != DemoPort || p.TargetPort.IntValue() != EchoPort || p.NodePort != d.NodePort {
+			if p.Port != DemoPort || p.TargetPort.IntValue() != probe.EchoPort || p.NodePort != d.NodePort {
 				t.Errorf("%s port %+v", d.Name, p)
 			}
 		}
@@ -190,14 +168,14 @@ func TestDemoServicesObjects(t *testing.T) {
 func TestServiceCheckResultPrint(t *testing.T) {
 	r := &ServiceCheckResult{
 		Impl: "kube-proxy nftables", Sources: []string{"node1-pod1", "node1"}, Types: svcTypes,
-		Cells: map[[2]string][]SvcProbeResult{
-			{"node1-pod1", SvcTypeClusterIP}: {{SvcProbe: SvcProbe{"tcp", netip.MustParseAddrPort("10.96.100.10:80")}, OK: true}},
-			{"node1", SvcTypeClusterIP}:      {{SvcProbe: SvcProbe{"udp", netip.MustParseAddrPort("10.96.100.10:80")}, Err: "no UDP echo"}},
-			{"node1", SvcTypeNodePort}:       {{SvcProbe: SvcProbe{"tcp", netip.MustParseAddrPort("198.18.0.11:30080")}, OK: true}},
+		Cells: map[[2]string][]probe.ServiceResult{
+			{"node1-pod1", SvcTypeClusterIP}: {{Service: probe.Service{Proto: "tcp", Addr: netip.MustParseAddrPort("10.96.100.10:80")}, OK: true}},
+			{"node1", SvcTypeClusterIP}:      {{Service: probe.Service{Proto: "udp", Addr: netip.MustParseAddrPort("10.96.100.10:80")}, Err: "no UDP echo"}},
+			{"node1", SvcTypeNodePort}:       {{Service: probe.Service{Proto: "tcp", Addr: netip.MustParseAddrPort("198.18.0.11:30080")}, OK: true}},
 		},
 		NA: map[[2]string][]plannedProbe{
 			{"node1", SvcTypeNodePort}: {{Source: "node1", Type: SvcTypeNodePort, NA: "n/a (kube-proxy nftables does not serve NodePorts on loopback)",
-				Probe: SvcProbe{"tcp", netip.MustParseAddrPort("127.0.0.1:30080")}}},
+				Probe: probe.Service{Proto: "tcp", Addr: netip.MustParseAddrPort("127.0.0.1:30080")}}},
 		},
 	}
 	var b bytes.Buffer
@@ -219,67 +197,4 @@ func TestServiceCheckResultPrint(t *testing.T) {
 	if ok, ran, na := r.Counts(); ok != 2 || ran != 3 || na != 1 {
 		t.Errorf("Counts = %d %d %d", ok, ran, na)
 	}
-}
-
-// TestServiceProbesLoopback runs the prober against a local echo server:
-// TCP and UDP pass when the peer is the address dialled; a closed port fails.
-func TestServiceProbesLoopback(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	// a free port for the echo server on loopback
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	ready := &syncBuffer{}
-	go func() { _ = ServeEcho(ctx, port, ready, nil) }()
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(ready.String(), "ready"); {
-		if time.Now().After(deadline) {
-			t.Fatal("echo server did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	ap := func(s string, p int) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(s), uint16(p)) }
-	probes := []SvcProbe{
-		{"tcp", ap("127.0.0.1", port)}, {"udp", ap("127.0.0.1", port)},
-		{"tcp", ap("::1", port)}, {"udp", ap("::1", port)},
-		{"tcp", ap("127.0.0.1", 1)},
-	}
-	var out bytes.Buffer
-	if err := RunServiceProbes(ctx, probes, time.Second, &out); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]bool{}
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		for _, p := range probes {
-			if strings.Contains(line, `"addr":"`+p.Addr.String()+`"`) && strings.Contains(line, `"proto":"`+p.Proto+`"`) {
-				got[p.String()] = strings.Contains(line, `"ok":true`)
-			}
-		}
-	}
-	for i, p := range probes {
-		if want := i < 4; got[p.String()] != want {
-			t.Errorf("%s ok = %v, want %v\n%s", p, got[p.String()], want, out.String())
-		}
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

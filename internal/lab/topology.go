@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/brnf"
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
 // Addressing plan (docs/lab.md "Lab topology"). Indices are written
@@ -78,7 +79,7 @@ func createWire() error {
 	// A switch runs no netfilter: br_netfilter would cost every packet on
 	// the wire CPU time (both sides of a lab benchmark) and, on some
 	// kernels, drop IPv6 BIG TCP packets (package brnf).
-	if err := brnf.Disable(netnsPath(WireNetns)); err != nil {
+	if err := brnf.Disable(labns.Path(WireNetns)); err != nil {
 		return err
 	}
 	nl, h, err := netlinkAt(WireNetns)
@@ -181,16 +182,7 @@ func plugIntoWire(nsName, short string, addrs []netip.Prefix, forwarding bool) e
 // baseline (ptp + host-local) pod ranges via that node's wire address: the
 // "plain kernel routing" of the baseline datapath. Harmless for axon pods.
 func addBaselineRoutes(n Node, all []Node) error {
-	nl, h, err := netlinkAt(n.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	eth0, err := nl.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("find eth0 in %s: %w", n.Netns, err)
-	}
+	var routes []netlink.Route
 	for _, o := range all {
 		if o.Name == n.Name {
 			continue
@@ -200,10 +192,32 @@ func addBaselineRoutes(n Node, all []Node) error {
 			if dst.Addr().Is6() {
 				gw = o.IPs[1]
 			}
-			r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixToIPNet(dst), Gw: net.IP(gw.AsSlice())}
-			if err := nl.RouteReplace(r); err != nil {
-				return fmt.Errorf("route %s via %s in %s: %w", dst, gw, n.Netns, err)
+			routes = append(routes, netlink.Route{Dst: prefixToIPNet(dst), Gw: net.IP(gw.AsSlice())})
+		}
+	}
+	return replaceEth0Routes(n.Netns, routes)
+}
+
+// replaceEth0Routes adds or replaces routes out of eth0 in the named
+// namespace (their LinkIndex is set to eth0's).
+func replaceEth0Routes(nsName string, routes []netlink.Route) error {
+	nl, h, err := netlinkAt(nsName)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer nl.Close()
+	eth0, err := nl.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("find eth0 in %s: %w", nsName, err)
+	}
+	for _, r := range routes {
+		r.LinkIndex = eth0.Attrs().Index
+		if err := nl.RouteReplace(&r); err != nil {
+			if r.Gw != nil {
+				return fmt.Errorf("route %s via %s in %s: %w", r.Dst, r.Gw, nsName, err)
 			}
+			return fmt.Errorf("route %s dev eth0 in %s: %w", r.Dst, nsName, err)
 		}
 	}
 	return nil

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -65,10 +67,10 @@ func (o *UpOptions) validate() error {
 		return fmt.Errorf("--datapath %q: want %s or %s", o.Datapath, DatapathAxon, DatapathBaseline)
 	}
 	if o.KubeProxy == "" {
-		o.KubeProxy = KubeProxyNone
+		o.KubeProxy = kubeproxy.None
 	}
-	if !validKubeProxyMode(o.KubeProxy) {
-		return fmt.Errorf("--kube-proxy %q: want one of %s", o.KubeProxy, strings.Join(KubeProxyModes, ", "))
+	if !kubeproxy.ValidMode(o.KubeProxy) {
+		return fmt.Errorf("--kube-proxy %q: want one of %s", o.KubeProxy, strings.Join(kubeproxy.Modes, ", "))
 	}
 	if err := validateBandwidthMode(o.BandwidthManager); err != nil { // issue 6: bandwidth.go
 		return err
@@ -132,11 +134,11 @@ func preflight(o UpOptions) error {
 	if _, err := cgroup2Mount(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.KubeProxy != KubeProxyNone {
+	if o.KubeProxy != kubeproxy.None {
 		if _, err := DepPath("kube-proxy"); err != nil {
 			errs = append(errs, err)
 		}
-		for _, tool := range kubeProxyTools(o.KubeProxy) {
+		for _, tool := range kubeproxy.Tools(o.KubeProxy) {
 			if _, err := exec.LookPath(tool); err != nil {
 				errs = append(errs, fmt.Errorf("%s not found in PATH (kube-proxy --proxy-mode=%s runs it): `apt-get install iptables nftables`", tool, o.KubeProxy))
 			}
@@ -293,7 +295,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	if err := upKubeProxies(ctx, st, save); err != nil {
 		return nil, err
 	}
-	if st.KubeProxy != KubeProxyNone {
+	if st.KubeProxy != kubeproxy.None {
 		log.Info("kube-proxy healthy", "mode", st.KubeProxy, "elapsed", time.Since(t0).Round(time.Millisecond))
 	}
 
@@ -374,7 +376,7 @@ func upControlPlane(ctx context.Context, st *State, o UpOptions, log *slog.Logge
 	st.ControlPlane = ControlPlaneState{Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort,
 		Kubeconfig: controlplane.AdminKubeconfigPath(dir)}
 	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort, ServiceCIDR: ServiceCIDRs,
+		Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort, ServiceCIDR: kubeproxy.ServiceCIDRs,
 		Logger: log, EtcdBinary: etcd, APIServerBinary: apiserver, ReadyTimeout: o.readyTimeout(),
 	})
 	if err != nil {
@@ -427,7 +429,7 @@ func startForwarder(st *State, o UpOptions) (*Proc, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.APIPort))
 	argv := []string{filepath.Join(o.BinDir, "axon"), "lab", "_forward", "--listen", addr, "--target", addr}
 	for _, n := range st.Nodes {
-		argv = append(argv, "--netns", netnsPath(n.Netns))
+		argv = append(argv, "--netns", labns.Path(n.Netns))
 	}
 	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: filepath.Join(st.StateDir, "forwarder.log")})
 	if err != nil {
@@ -445,7 +447,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		return errors.New("apiserver forwarder is not running")
 	}
 	for _, n := range st.Nodes {
-		if _, err := os.Stat(netnsPath(n.Netns)); err != nil {
+		if _, err := os.Stat(labns.Path(n.Netns)); err != nil {
 			return fmt.Errorf("netns of %s is gone", n.Name)
 		}
 		if n.Agent != nil && !n.Agent.Alive() {
@@ -456,7 +458,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		}
 	}
 	for _, p := range st.Pods {
-		if _, err := os.Stat(netnsPath(p.Netns)); err != nil {
+		if _, err := os.Stat(labns.Path(p.Netns)); err != nil {
 			return fmt.Errorf("netns of pod %s is gone", p.Name)
 		}
 	}

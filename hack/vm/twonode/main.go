@@ -42,6 +42,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // node is one VM's axon node.
@@ -432,7 +433,7 @@ func (g *guest) cni(ctx context.Context, command string) ([]byte, error) {
 // serve (b) starts the lab's echo server in the pod and publishes the pod's addresses.
 func (g *guest) serve(ctx context.Context) error {
 	g.echo = exec.Command("nsenter", "--net=/run/netns/"+podNetns, "--", filepath.Join(g.bin, "axon"),
-		"lab", "_echo", "serve", "--port", strconv.Itoa(lab.EchoPort))
+		"lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
 	in, err := g.echo.StdinPipe()
 	if err != nil {
 		return err
@@ -455,7 +456,7 @@ func (g *guest) serve(ctx context.Context) error {
 	if err := writeAtomic(filepath.Join(g.share, fileBReady), b); err != nil {
 		return err
 	}
-	logf(ctx, "echo server listening on port %d in %s", lab.EchoPort, podName(g.me))
+	logf(ctx, "echo server listening on port %d in %s", probe.EchoPort, podName(g.me))
 	return nil
 }
 
@@ -500,7 +501,7 @@ func (g *guest) probe(ctx context.Context) error {
 		}
 		n := 0
 		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			var r lab.ProbeResult
+			var r probe.PodResult
 			if json.Unmarshal([]byte(line), &r) != nil {
 				continue
 			}

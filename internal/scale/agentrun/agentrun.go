@@ -43,7 +43,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/services"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
@@ -299,7 +299,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 			return res, fmt.Errorf("agent exited during the full sync: %v", e)
 		default:
 		}
-		if m, e := bench.OpenLBSvcMap(p.PinDir); e == nil {
+		if m, e := services.OpenLBSvcMap(p.PinDir); e == nil {
 			for next < len(o.IPs) {
 				act, ok, e := m.Active(o.IPs[next], scale.ServicePort)
 				if e != nil || !ok || act != o.Spec.Endpoints {
@@ -334,7 +334,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	res.Settle = time.Since(synced)
 
 	// changes
-	m, err := bench.OpenLBSvcMap(p.PinDir)
+	m, err := services.OpenLBSvcMap(p.PinDir)
 	if err != nil {
 		return res, err
 	}

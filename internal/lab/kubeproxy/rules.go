@@ -1,4 +1,4 @@
-package lab
+package kubeproxy
 
 // What a kube-proxy has programmed, read from its rules: the lab waits for
 // the demo Services to be in every node's iptables or nftables rules before
@@ -16,16 +16,17 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/axonhq/axon/internal/lab/labns"
 )
 
-// kubeProxyWant is what one Service port must look like in a kube-proxy's
+// Want is what one Service port must look like in a kube-proxy's
 // rules: every frontend address, its node port, and a DNAT to every ready
 // endpoint.
-type kubeProxyWant struct {
+type Want struct {
 	Service   string // namespace/name
 	Port      string // the Service port's name
 	Proto     string // tcp, udp or sctp
@@ -34,9 +35,9 @@ type kubeProxyWant struct {
 	Endpoints []netip.AddrPort
 }
 
-// kubeProxyWants lists what svc (with its status) and slices ask of every
+// Wants lists what svc (with its status) and slices ask of every
 // kube-proxy.
-func kubeProxyWants(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []kubeProxyWant {
+func Wants(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []Want {
 	var fronts []netip.Addr
 	ips := append(append([]string{}, svc.Spec.ClusterIPs...), svc.Spec.ExternalIPs...)
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
@@ -47,9 +48,9 @@ func kubeProxyWants(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []
 			fronts = append(fronts, a)
 		}
 	}
-	var out []kubeProxyWant
+	var out []Want
 	for _, sp := range svc.Spec.Ports {
-		w := kubeProxyWant{Service: svc.Namespace + "/" + svc.Name, Port: sp.Name,
+		w := Want{Service: svc.Namespace + "/" + svc.Name, Port: sp.Name,
 			Proto: strings.ToLower(string(sp.Protocol)), NodePort: sp.NodePort, Frontends: fronts}
 		for _, sl := range slices {
 			var port int32
@@ -77,9 +78,9 @@ func kubeProxyWants(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []
 	return out
 }
 
-// kubeProxyRules is one family's rules of one kube-proxy, parsed just enough
-// to compare with kubeProxyWants.
-type kubeProxyRules struct {
+// rules is one family's rules of one kube-proxy, parsed just enough
+// to compare with Wants.
+type rules struct {
 	text      string                             // the whole dump (frontend addresses are looked up in it)
 	endpoints map[string]map[netip.AddrPort]bool // "namespace/name:port" -> DNAT targets
 	nodePorts []string                           // lines that map a node port to a Service port
@@ -94,10 +95,10 @@ var (
 	nftDNATOne  = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
 )
 
-// parseKubeProxyRules reads iptables-save -t nat output (mode iptables) or
+// parseRules reads iptables-save -t nat output (mode iptables) or
 // `nft list table <family> kube-proxy` output (mode nftables).
-func parseKubeProxyRules(mode, text string) kubeProxyRules {
-	r := kubeProxyRules{text: text, endpoints: map[string]map[netip.AddrPort]bool{}}
+func parseRules(mode, text string) rules {
+	r := rules{text: text, endpoints: map[string]map[netip.AddrPort]bool{}}
 	add := func(key string, ap netip.AddrPort) {
 		if r.endpoints[key] == nil {
 			r.endpoints[key] = map[netip.AddrPort]bool{}
@@ -106,7 +107,7 @@ func parseKubeProxyRules(mode, text string) kubeProxyRules {
 	}
 	chain := "" // nftables: the Service port of the chain being read
 	for _, line := range strings.Split(text, "\n") {
-		if mode == KubeProxyIPTables {
+		if mode == IPTables {
 			c := iptComment.FindStringSubmatch(line)
 			if c == nil {
 				continue
@@ -154,7 +155,7 @@ func parseKubeProxyRules(mode, text string) kubeProxyRules {
 }
 
 // hasAddr reports whether a appears in the rules as a whole address.
-func (r kubeProxyRules) hasAddr(a netip.Addr) bool {
+func (r rules) hasAddr(a netip.Addr) bool {
 	s := a.String()
 	for i := 0; ; {
 		j := strings.Index(r.text[i:], s)
@@ -175,7 +176,7 @@ func isAddrChar(c byte) bool {
 }
 
 // missing says what of w (for the family v6) the rules lack, or "".
-func (w kubeProxyWant) missing(mode string, r kubeProxyRules, v6 bool) string {
+func (w Want) missing(mode string, r rules, v6 bool) string {
 	key := w.Service + ":" + w.Port
 	for _, a := range w.Frontends {
 		if a.Is6() == v6 && !r.hasAddr(a) {
@@ -191,7 +192,7 @@ func (w kubeProxyWant) missing(mode string, r kubeProxyRules, v6 bool) string {
 		return ""
 	}
 	a, b := "\""+key+"\"", fmt.Sprintf("--dport %d ", w.NodePort) // iptables
-	if mode == KubeProxyNFTables {
+	if mode == NFTables {
 		a, b = fmt.Sprintf("-%s/%s/%s", w.Service, w.Proto, w.Port), fmt.Sprintf("%s . %d : goto ", w.Proto, w.NodePort)
 	}
 	for _, line := range r.nodePorts {
@@ -202,14 +203,14 @@ func (w kubeProxyWant) missing(mode string, r kubeProxyRules, v6 bool) string {
 	return fmt.Sprintf("%s: no rule for node port %d", key, w.NodePort)
 }
 
-// readKubeProxyRules dumps the rules kube-proxy (mode) wrote in netns for
+// readRules dumps the rules kube-proxy (mode) wrote in netns for
 // one family.
-func readKubeProxyRules(ctx context.Context, netns, mode string, v6 bool) (kubeProxyRules, error) {
+func readRules(ctx context.Context, netns, mode string, v6 bool) (rules, error) {
 	var argv []string
 	switch {
-	case mode == KubeProxyNFTables && v6:
+	case mode == NFTables && v6:
 		argv = []string{"nft", "list", "table", "ip6", "kube-proxy"}
-	case mode == KubeProxyNFTables:
+	case mode == NFTables:
 		argv = []string{"nft", "list", "table", "ip", "kube-proxy"}
 	case v6:
 		argv = []string{"ip6tables-save", "-t", "nat"}
@@ -217,19 +218,19 @@ func readKubeProxyRules(ctx context.Context, netns, mode string, v6 bool) (kubeP
 		argv = []string{"iptables-save", "-t", "nat"}
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netnsPath(netns), "--"}, argv...)...)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + labns.Path(netns), "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return kubeProxyRules{}, fmt.Errorf("%s in %s: %w: %s", strings.Join(argv, " "), netns, err, strings.TrimSpace(stderr.String()))
+		return rules{}, fmt.Errorf("%s in %s: %w: %s", strings.Join(argv, " "), netns, err, strings.TrimSpace(stderr.String()))
 	}
-	return parseKubeProxyRules(mode, stdout.String()), nil
+	return parseRules(mode, stdout.String()), nil
 }
 
-// kubeProxyLacks says what of wants the kube-proxy in netns has not
+// Lacks says what of wants the kube-proxy in netns has not
 // programmed yet (both families), or "".
-func kubeProxyLacks(ctx context.Context, netns, mode string, wants []kubeProxyWant) (string, error) {
+func Lacks(ctx context.Context, netns, mode string, wants []Want) (string, error) {
 	for _, v6 := range []bool{false, true} {
-		r, err := readKubeProxyRules(ctx, netns, mode, v6)
+		r, err := readRules(ctx, netns, mode, v6)
 		if err != nil {
 			return "", err
 		}
@@ -240,25 +241,4 @@ func kubeProxyLacks(ctx context.Context, netns, mode string, wants []kubeProxyWa
 		}
 	}
 	return "", nil
-}
-
-// waitKubeProxyRules waits until every node's kube-proxy has wants in its
-// rules. It is a no-op without --kube-proxy.
-func waitKubeProxyRules(ctx context.Context, st *State, wants []kubeProxyWant, timeout time.Duration) error {
-	mode := kubeProxyModeOf(st)
-	if mode == KubeProxyNone {
-		return nil
-	}
-	return pollKubeProxies(ctx, st, timeout, func(ctx context.Context, n Node) string {
-		why, err := kubeProxyLacks(ctx, n.Netns, mode, wants)
-		if err != nil {
-			return err.Error()
-		}
-		return why
-	}, func(n Node, why string, exited bool) error {
-		if exited {
-			return fmt.Errorf("kube-proxy on %s exited before it programmed the demo Services (%s); see %s", n.Name, why, n.KubeProxy.Log)
-		}
-		return fmt.Errorf("kube-proxy on %s has not programmed the demo Services within %s: %s (log %s)", n.Name, timeout, why, n.KubeProxy.Log)
-	})
 }

@@ -1,4 +1,4 @@
-package bench
+package northsouth
 
 // The forwarding-rate part of the north-south benchmark: the measurement
 // behind Cilium's "XDP ≈ 5× kube-proxy iptables" (the pktgen hairpin test of
@@ -42,12 +42,12 @@ import (
 	"github.com/axonhq/axon/internal/pktgen"
 )
 
-// Ports of the forwarding measurement: UDP NSFwdNodePort → nsFwdPort.
+// Ports of the forwarding measurement: UDP FwdNodePort → nsFwdPort.
 const (
-	nsFwdPort     = 7001
-	NSFwdNodePort = 30092
-	nsFwdFlows    = 16 // client source ports 40000…
-	nsFwdWarmup   = 300 * time.Millisecond
+	nsFwdPort   = 7001
+	FwdNodePort = 30092
+	nsFwdFlows  = 16 // client source ports 40000…
+	nsFwdWarmup = 300 * time.Millisecond
 	// CPUs: the entry node's receive thread alone on one, the rest on the other.
 	nsFwdEntryCPU = 1
 	nsFwdOtherCPU = 0
@@ -128,7 +128,7 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	var frames [][]byte
 	for i := range nsFwdFlows {
 		f, err := pktgen.UDP4{SrcMAC: extLink.Attrs().HardwareAddr, DstMAC: entryLink.Attrs().HardwareAddr,
-			Src: netip.AddrPortFrom(st.External.IP, uint16(40000+i)), Dst: netip.AddrPortFrom(entry.IP, NSFwdNodePort)}.Frame()
+			Src: netip.AddrPortFrom(st.External.IP, uint16(40000+i)), Dst: netip.AddrPortFrom(entry.IP, FwdNodePort)}.Frame()
 		if err != nil {
 			return r, err
 		}

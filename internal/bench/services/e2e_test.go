@@ -1,4 +1,4 @@
-package bench_test
+package services_test
 
 // The Service benchmark end to end, tiny: a 4-node lab, 10 Services, one
 // repetition of 0.5 s per path, two EndpointSlice changes, both full syncs.
@@ -20,12 +20,13 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/benchtest"
+	"github.com/axonhq/axon/internal/bench/services"
 	"github.com/axonhq/axon/internal/lab"
 )
 
 func TestServicesBenchTiny(t *testing.T) {
-	bin := labBenchSetup(t)
+	bin := benchtest.LabSetup(t)
 
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -43,19 +44,19 @@ func TestServicesBenchTiny(t *testing.T) {
 
 	out := t.TempDir()
 	var progress strings.Builder
-	rep, err := bench.RunServices(ctx, l, bench.SvcConfig{
+	rep, err := services.Run(ctx, l, services.Config{
 		Levels: []int{10}, Endpoints: 3, Reps: 1, Duration: 500 * time.Millisecond, Changes: 2,
 		SyncTimeout: time.Minute, Axon: filepath.Join(bin, "axon"), OutDir: out, Progress: &progress,
 	})
 	t.Logf("progress:\n%s", progress.String())
 	if err != nil {
-		t.Fatalf("RunServices: %v", err)
+		t.Fatalf("services.Run: %v", err)
 	}
 	t.Logf("bench: %s (total %s)", rep.Finished.Sub(rep.Started).Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
 
 	// Every path measured, at a plausible rate, with no failed connection.
 	for _, p := range rep.Paths {
-		s := rep.Stats(10, p.Name, bench.SvcMetricRate)
+		s := rep.Stats(10, p.Name, services.MetricRate)
 		if s.N != 1 || !(s.Median > 50) {
 			t.Errorf("%s: rate %+v, want one sample > 50 conn/s", p.Name, s)
 		}
@@ -68,7 +69,7 @@ func TestServicesBenchTiny(t *testing.T) {
 	// ClusterIP against the pod IP in alternating slices, from one client;
 	// the axon pod on the iptables node against the one on a rules-free
 	// node, from one client moving between them.
-	for _, kind := range []string{bench.SvcPairedClusterIP, bench.SvcPairedRules} {
+	for _, kind := range []string{services.PairedClusterIP, services.PairedRules} {
 		runs := rep.PairedOf(kind)
 		if len(runs) != 1 || runs[0].Err != "" || runs[0].Result.Pairs < 1 ||
 			!(runs[0].Result.RatioMedian > 0.3 && runs[0].Result.RatioMedian < 3) ||
@@ -124,7 +125,7 @@ func TestServicesBenchTiny(t *testing.T) {
 		}
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
-	if !strings.Contains(string(md), bench.SvcPathNFTClusterIP) || !strings.Contains(string(md), "ClusterIP vs the backend pod IP, paired") ||
+	if !strings.Contains(string(md), services.PathNFTClusterIP) || !strings.Contains(string(md), "ClusterIP vs the backend pod IP, paired") ||
 		strings.Contains(string(md), "## Failures") {
 		t.Errorf("results.md:\n%s", md)
 	}
@@ -142,8 +143,8 @@ func TestServicesBenchTiny(t *testing.T) {
 	if svcs, err := kube.CoreV1().Services("svcbench").List(ctx, metav1.ListOptions{}); err != nil || len(svcs.Items) != 0 {
 		t.Errorf("generated Services left: %v %v", len(svcs.Items), err)
 	}
-	if _, err := kube.CoreV1().Services(bench.SvcTargetNamespace).Get(ctx, bench.SvcTargetName, metav1.GetOptions{}); err == nil {
-		t.Errorf("target Service %s left", bench.SvcTargetName)
+	if _, err := kube.CoreV1().Services(services.TargetNamespace).Get(ctx, services.TargetName, metav1.GetOptions{}); err == nil {
+		t.Errorf("target Service %s left", services.TargetName)
 	}
 	for _, n := range l.Nodes() {
 		out, err := exec.Command("nsenter", "--net=/run/netns/"+n.Netns, "nft", "list", "tables").CombinedOutput()

@@ -1,7 +1,5 @@
-package bench
-
-// The north-south forwarding benchmark (issue 7, `axon lab bench
-// northsouth`): an external client (the lab's axonlab-external namespace)
+// Package northsouth is the north-south forwarding benchmark (`axon lab
+// bench northsouth`): an external client (the lab's axonlab-external namespace)
 // sends new connections and bulk traffic to a NodePort on node2 whose only
 // backend is a pod on node1, so every packet is forwarded by the entry node.
 // Compared, one lab per configuration, configurations alternated inside
@@ -17,6 +15,7 @@ package bench
 // single-flow TCP throughput (iperf3), and softirq CPU per connection:
 // /proc/stat softirq time (all CPUs, machine-wide) and /proc/softirqs
 // NET_RX invocations during the connect loop, divided by the connections.
+package northsouth
 
 import (
 	"context"
@@ -37,12 +36,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/cpustat"
 	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 )
 
-// NSLabConfig is one configuration of the north-south benchmark.
-type NSLabConfig struct {
+// LabConfig is one configuration of the north-south benchmark.
+type LabConfig struct {
 	Name string
 	Up   labpkg.UpOptions // Nodes, PodsPerNode, BinDir, Logger are filled in by the runner
 	// WantXDP: the configuration is only meaningful with the LB at XDP; a
@@ -50,31 +52,31 @@ type NSLabConfig struct {
 	WantXDP bool
 }
 
-// NSConfigs are the configurations, by name; the reference is kube-proxy-iptables.
-func NSConfigs() []NSLabConfig {
-	return []NSLabConfig{
+// Configs are the configurations, by name; the reference is kube-proxy-iptables.
+func Configs() []LabConfig {
+	return []LabConfig{
 		{Name: "axon-tc", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "disabled"}},
 		{Name: "axon-xdp", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "native"}, WantXDP: true},
-		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyIPTables}},
-		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: labpkg.KubeProxyNFTables}},
+		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.IPTables}},
+		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.NFTables}},
 	}
 }
 
-// NSReference is the configuration ratios are computed against.
-const NSReference = "kube-proxy-iptables"
+// Reference is the configuration ratios are computed against.
+const Reference = "kube-proxy-iptables"
 
 // Ports of the benchmark Service.
 const (
-	nsService       = "bench-northsouth"
-	nsConnPort      = 7000  // connrate server in the backend pod
-	nsIperfPort     = 5201  // iperf3 server in the backend pod
-	NSConnNodePort  = 30090 // NodePort → nsConnPort
-	NSIperfNodePort = 30091 // NodePort → nsIperfPort
+	nsService     = "bench-northsouth"
+	nsConnPort    = 7000  // connrate server in the backend pod
+	nsIperfPort   = 5201  // iperf3 server in the backend pod
+	ConnNodePort  = 30090 // NodePort → nsConnPort
+	IperfNodePort = 30091 // NodePort → nsIperfPort
 )
 
-// NSConfig describes one run.
-type NSConfig struct {
-	Configs  []string      // names from NSConfigs, in interleaving order; default all
+// Config describes one run.
+type Config struct {
+	Configs  []string      // names from Configs, in interleaving order; default all
 	Reps     int           // default 3
 	Duration time.Duration // per connect-rate and per iperf3 sample; default 3s
 	StateDir string        // lab state dir; default lab.DefaultStateDir
@@ -86,8 +88,8 @@ type NSConfig struct {
 	WaitFree time.Duration
 }
 
-// NSSample is one configuration measured once.
-type NSSample struct {
+// Sample is one configuration measured once.
+type Sample struct {
 	Rep      int     `json:"rep"`
 	Config   string  `json:"config"`
 	UpSec    float64 `json:"labUpSeconds"`
@@ -106,7 +108,7 @@ type NSSample struct {
 	NetRxPerConn     float64 `json:"netRxPerConn"`
 	Throughput       float64 `json:"throughputBps"`
 	Retransmits      float64 `json:"retransmits"`
-	// Forwarding rate (ns_fwd.go): 64-byte UDP frames to the NodePort, the
+	// Forwarding rate (forward.go): 64-byte UDP frames to the NodePort, the
 	// entry node's receive processing alone on one CPU.
 	FwdPPS         float64  `json:"fwdPps"`         // packets forwarded toward the backend per second
 	FwdNsPerPacket float64  `json:"fwdNsPerPacket"` // entry node CPU per forwarded packet
@@ -119,9 +121,9 @@ type NSSample struct {
 	Err            string   `json:"error,omitempty"`
 }
 
-// RunNorthSouth runs the benchmark. It needs the machine's lab slot: it
+// Run runs the benchmark. It needs the machine's lab slot: it
 // refuses to start when a lab is up, and brings its own labs up and down.
-func RunNorthSouth(ctx context.Context, cfg NSConfig) (*NSReport, error) {
+func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Reps <= 0 {
 		cfg.Reps = 3
 	}
@@ -131,9 +133,9 @@ func RunNorthSouth(ctx context.Context, cfg NSConfig) (*NSReport, error) {
 	if cfg.StateDir == "" {
 		cfg.StateDir = labpkg.DefaultStateDir
 	}
-	all := map[string]NSLabConfig{}
+	all := map[string]LabConfig{}
 	var names []string
-	for _, c := range NSConfigs() {
+	for _, c := range Configs() {
 		all[c.Name] = c
 		names = append(names, c.Name)
 	}
@@ -154,8 +156,8 @@ func RunNorthSouth(ctx context.Context, cfg NSConfig) (*NSReport, error) {
 		return nil, fmt.Errorf("a lab is up in %s: the north-south benchmark brings up one lab per configuration itself; run `axon lab down` first", cfg.StateDir)
 	}
 	axon := filepath.Join(cfg.BinDir, "axon")
-	rep := &NSReport{Started: time.Now().UTC(), Reps: cfg.Reps, Duration: cfg.Duration, Configs: cfg.Configs,
-		Reference: NSReference, Kernel: kernelRelease()}
+	rep := &Report{Started: time.Now().UTC(), Reps: cfg.Reps, Duration: cfg.Duration, Configs: cfg.Configs,
+		Reference: Reference, Kernel: kernelRelease()}
 	progress := func(format string, args ...any) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, format+"\n", args...)
@@ -198,8 +200,8 @@ func kernelRelease() string {
 }
 
 // measureNS brings the configuration's lab up and takes one sample.
-func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon string, progress func(string, ...any)) NSSample {
-	s := NSSample{Rep: rep, Config: c.Name, ConnRate: math.NaN(), ConnectP50: math.NaN(), ConnectP99: math.NaN(), CycleP50: math.NaN(), SoftirqUsPerConn: math.NaN(), NetRxPerConn: math.NaN(),
+func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon string, progress func(string, ...any)) Sample {
+	s := Sample{Rep: rep, Config: c.Name, ConnRate: math.NaN(), ConnectP50: math.NaN(), ConnectP99: math.NaN(), CycleP50: math.NaN(), SoftirqUsPerConn: math.NaN(), NetRxPerConn: math.NaN(),
 		Throughput: math.NaN(), Retransmits: math.NaN(), PSIBefore: math.NaN(), PSIAfter: math.NaN(),
 		FwdPPS: math.NaN(), FwdNsPerPacket: math.NaN(), FwdBusy: math.NaN(), FwdOfferedPPS: math.NaN(), FwdRxPPS: math.NaN()}
 	o := c.Up
@@ -252,12 +254,12 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 		}
 		defer func() { stopSrv(); _ = srv.Wait() }()
 	}
-	target := netip.AddrPortFrom(entry.IP, NSConnNodePort)
+	target := netip.AddrPortFrom(entry.IP, ConnNodePort)
 	// Wait until the NodePort answers (Service programmed, servers listening).
 	ready := false
 	for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
 		out, _ := l.Command(ctx, labpkg.ExternalName, axon, "lab", "bench", "_connrate", "client", "--target", target.String(), "--duration", "300ms").Output()
-		if r, err := ParseConnRate(out); err == nil && r.Conns > 0 {
+		if r, err := connrate.Parse(out); err == nil && r.Conns > 0 {
 			ready = true
 			break
 		}
@@ -271,7 +273,7 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 	crArgv := []string{"taskset", "-c", "0", axon, "lab", "bench", "_connrate", "client", "--target", target.String(),
 		"--duration", cfg.Duration.String()}
 	s.Commands = append(s.Commands, "GODEBUG=asyncpreemptoff=1 nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(crArgv, " "))
-	before := readPressure()
+	before := bench.ReadPressure()
 	sq0, nr0 := softirqTicks(), netRx()
 	crCmd := l.Command(ctx, labpkg.ExternalName, crArgv...)
 	// No async preemption signals: one landing in a blocking connect(2)
@@ -279,9 +281,9 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 	crCmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
 	out, err := crCmd.Output()
 	sq1, nr1 := softirqTicks(), netRx()
-	after := readPressure()
+	after := bench.ReadPressure()
 	s.PSIBefore, s.PSIAfter = before.Avg10, after.Avg10
-	cr, perr := ParseConnRate(out)
+	cr, perr := connrate.Parse(out)
 	switch {
 	case err != nil:
 		s.Err = fmt.Sprintf("connrate client: %v", err)
@@ -296,18 +298,18 @@ func measureNS(ctx context.Context, cfg NSConfig, c NSLabConfig, rep int, axon s
 		}
 	}
 	secs := max(1, int(math.Ceil(cfg.Duration.Seconds())))
-	ipArgv := []string{"taskset", "-c", "0", "iperf3", "-c", entry.IP.String(), "-p", strconv.Itoa(NSIperfNodePort), "-t", strconv.Itoa(secs), "-J"}
+	ipArgv := []string{"taskset", "-c", "0", "iperf3", "-c", entry.IP.String(), "-p", strconv.Itoa(IperfNodePort), "-t", strconv.Itoa(secs), "-J"}
 	s.Commands = append(s.Commands, "nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(ipArgv, " "))
 	ictx, cancel := context.WithTimeout(ctx, cfg.Duration+30*time.Second)
 	iout, ierr := l.Command(ictx, labpkg.ExternalName, ipArgv...).Output()
 	cancel()
-	if ir, err := ParseIperfJSON(iout); err == nil {
+	if ir, err := bench.ParseIperfJSON(iout); err == nil {
 		s.Throughput, s.Retransmits = ir.BitsPerSecond, float64(ir.Retransmits)
 	} else if s.Err == "" {
 		s.Err = fmt.Sprintf("iperf3: %v %v", err, ierr)
 	}
 	s.Commands = append(s.Commands, fmt.Sprintf("# forwarding rate: internal/pktgen from %s to %s:%d/udp (%d flows), %s after a %s warm-up; %s's eth0 receive in threaded NAPI on CPU %d",
-		labpkg.WirePort(entry.Name), entry.IP, NSFwdNodePort, nsFwdFlows, cfg.Duration, nsFwdWarmup, entry.Name, nsFwdEntryCPU))
+		labpkg.WirePort(entry.Name), entry.IP, FwdNodePort, nsFwdFlows, cfg.Duration, nsFwdWarmup, entry.Name, nsFwdEntryCPU))
 	if fw, err := measureForwarding(ctx, st, entry, cfg.Duration); err != nil {
 		if s.Err == "" {
 			s.Err = "forwarding rate: " + err.Error()
@@ -362,7 +364,7 @@ func parseSoftirqsRow(data, row string) uint64 {
 }
 
 // ensureNSService creates the benchmark's NodePort Service (IPv4; TCP:
-// NSConnNodePort → 7000, NSIperfNodePort → 5201; UDP: NSFwdNodePort → 7001) with backend as its only
+// ConnNodePort → 7000, IperfNodePort → 5201; UDP: FwdNodePort → 7001) with backend as its only
 // endpoint (the lab runs no controller-manager: the EndpointSlice is ours).
 func ensureNSService(ctx context.Context, l *labpkg.Lab, backend labpkg.Pod) error {
 	kube, err := l.Kube()
@@ -373,9 +375,9 @@ func ensureNSService(ctx context.Context, l *labpkg.Lab, backend labpkg.Pod) err
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: nsService, Namespace: ns},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{
-			{Name: "conn", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(nsConnPort), NodePort: NSConnNodePort},
-			{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(nsIperfPort), NodePort: NSIperfNodePort},
-			{Name: "fwd", Protocol: corev1.ProtocolUDP, Port: nsFwdPort, TargetPort: intstr.FromInt32(nsFwdPort), NodePort: NSFwdNodePort},
+			{Name: "conn", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(nsConnPort), NodePort: ConnNodePort},
+			{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(nsIperfPort), NodePort: IperfNodePort},
+			{Name: "fwd", Protocol: corev1.ProtocolUDP, Port: nsFwdPort, TargetPort: intstr.FromInt32(nsFwdPort), NodePort: FwdNodePort},
 		}},
 	}
 	if _, err := kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {

@@ -1,8 +1,6 @@
-package bench
-
-// The connect-rate tool of the Service benchmark (issue 4): a client that
-// loops socket → connect → request → response → close for a fixed time and
-// reports connections per second and connect latency percentiles, and the
+// Package connrate is the connect-rate tool of the Service and north-south
+// benchmarks: a client that loops socket → connect → request → response →
+// close for a fixed time and reports connections per second and connect latency percentiles, and the
 // matching server. sockperf and iperf3 cannot measure this: they keep one
 // connection open. `axon lab bench _connrate` runs both sides.
 //
@@ -10,6 +8,7 @@ package bench
 // on the server side and the client never runs out of ephemeral ports.
 // Everything is blocking system calls on one locked OS thread: no Go netpoller
 // between the measurement and the kernel.
+package connrate
 
 import (
 	"bytes"
@@ -17,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -25,10 +23,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/bench/clip"
+	"github.com/axonhq/axon/internal/bench/jsonnum"
+	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
-// ConnRateConfig describes one client run.
-type ConnRateConfig struct {
+// Config describes one client run.
+type Config struct {
 	Target   netip.AddrPort // server address (a pod IP or a Service ClusterIP)
 	Duration time.Duration  // how long to loop; default 3s
 	Request  int            // request bytes; default 32 (the server answers with as many)
@@ -38,8 +40,8 @@ type ConnRateConfig struct {
 	MaxErrors int
 }
 
-// ConnRateResult is what the client prints (one JSON object).
-type ConnRateResult struct {
+// Result is what the client prints (one JSON object).
+type Result struct {
 	Target     string  `json:"target"`
 	Conns      int     `json:"conns"`  // completed connect+request+response+close cycles
 	Errors     int     `json:"errors"` // failed cycles
@@ -52,7 +54,7 @@ type ConnRateResult struct {
 	CycleP99   float64 `json:"cycleP99Us"`
 }
 
-func (c ConnRateConfig) withDefaults() (ConnRateConfig, error) {
+func (c Config) withDefaults() (Config, error) {
 	if c.Duration == 0 {
 		c.Duration = 3 * time.Second
 	}
@@ -83,17 +85,17 @@ func sockaddr(ap netip.AddrPort) (int, unix.Sockaddr) {
 	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
 }
 
-// ConnRate runs the client loop and returns its result. It fails only on
+// Run runs the client loop and returns its result. It fails only on
 // bad configuration; connection failures are counted in Errors.
-func ConnRate(ctx context.Context, cfg ConnRateConfig) (ConnRateResult, error) {
+func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return ConnRateResult{}, err
+		return Result{}, err
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	l := newConnLoop(cfg)
-	acc := &connAcc{res: ConnRateResult{Target: cfg.Target.String()}}
+	acc := &connAcc{res: Result{Target: cfg.Target.String()}}
 	start := time.Now()
 	l.run(ctx, cfg.Target, start.Add(cfg.Duration), acc)
 	return acc.result(time.Since(start)), nil
@@ -102,26 +104,26 @@ func ConnRate(ctx context.Context, cfg ConnRateConfig) (ConnRateResult, error) {
 // connLoop runs connect+request+response+close cycles (blocking system
 // calls, on the caller's locked OS thread).
 type connLoop struct {
-	cfg ConnRateConfig
+	cfg Config
 	tv  unix.Timeval
 	req []byte
 	buf []byte
 }
 
-func newConnLoop(cfg ConnRateConfig) *connLoop {
+func newConnLoop(cfg Config) *connLoop {
 	return &connLoop{cfg: cfg, tv: unix.NsecToTimeval(cfg.Timeout.Nanoseconds()),
 		req: bytes.Repeat([]byte{'x'}, cfg.Request), buf: make([]byte, cfg.Request+1)}
 }
 
 // connAcc collects the cycles of one target.
 type connAcc struct {
-	res                ConnRateResult
+	res                Result
 	connectNs, cycleNs []int64
 	stopped            bool // ctx ended or MaxErrors
 }
 
 // result finishes acc after d of looping.
-func (a *connAcc) result(d time.Duration) ConnRateResult {
+func (a *connAcc) result(d time.Duration) Result {
 	res := a.res
 	res.Seconds = d.Seconds()
 	res.Conns = len(a.cycleNs)
@@ -207,26 +209,26 @@ func (l *connLoop) cycle(target netip.AddrPort) (connect time.Duration, err erro
 	return connect, nil
 }
 
-// ConnRatePairedResult compares two targets measured in alternating time
+// PairedResult compares two targets measured in alternating time
 // slices by one client, in pairs of slices (A then B or B then A, picked at
 // random per pair, so a steady drift of the machine cancels out): the ratio
 // of A's rate to B's in each pair, and every cycle of each side.
-type ConnRatePairedResult struct {
-	A           ConnRateResult `json:"a"`
-	B           ConnRateResult `json:"b"`
-	SliceSec    float64        `json:"sliceSec"`
-	Pairs       int            `json:"pairs"`       // pairs with cycles on both sides
-	RatioMedian float64        `json:"ratioMedian"` // rate(A) / rate(B), median over the pairs
-	RatioP25    float64        `json:"ratioP25"`
-	RatioP75    float64        `json:"ratioP75"`
+type PairedResult struct {
+	A           Result  `json:"a"`
+	B           Result  `json:"b"`
+	SliceSec    float64 `json:"sliceSec"`
+	Pairs       int     `json:"pairs"`       // pairs with cycles on both sides
+	RatioMedian float64 `json:"ratioMedian"` // rate(A) / rate(B), median over the pairs
+	RatioP25    float64 `json:"ratioP25"`
+	RatioP75    float64 `json:"ratioP75"`
 	// RatioCILo..RatioCIHi is the 95 % confidence interval of the median
-	// ratio (medianCI; NaN below 6 pairs): how precisely the run pins it.
+	// ratio (quantile.MedianCI; NaN below 8 pairs): how precisely the run pins it.
 	RatioCILo float64   `json:"ratioCI95Lo"`
 	RatioCIHi float64   `json:"ratioCI95Hi"`
 	Ratios    []float64 `json:"ratios,omitempty"` // every pair's ratio, in pair order
 }
 
-// ConnRatePaired measures cfg.Target (A) against versus (B) for
+// RunPaired measures cfg.Target (A) against versus (B) for
 // cfg.Duration in alternating slices of about slice. A noisy shared machine
 // moves both sides of a pair alike, so the paired ratio is far tighter than
 // a ratio of two separately measured rates. from[0] and from[1] say where A
@@ -239,19 +241,19 @@ type ConnRatePairedResult struct {
 // second (agents', kube-proxies' and the control plane's timers) kept
 // landing in slices of the same side for a whole run, and runs disagreed by
 // more than their spread (10 000 Services: 0.965, 1.029, 1.020).
-func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPort, slice time.Duration, from [2]Place) (res ConnRatePairedResult, err error) {
+func RunPaired(ctx context.Context, cfg Config, versus netip.AddrPort, slice time.Duration, from [2]Place) (res PairedResult, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
-		return ConnRatePairedResult{}, err
+		return PairedResult{}, err
 	}
 	if !versus.IsValid() || slice <= 0 || slice*2 > cfg.Duration {
-		return ConnRatePairedResult{}, fmt.Errorf("versus %s, slice %s, duration %s: want a versus address and 2 slices within the duration", versus, slice, cfg.Duration)
+		return PairedResult{}, fmt.Errorf("versus %s, slice %s, duration %s: want a versus address and 2 slices within the duration", versus, slice, cfg.Duration)
 	}
 	runtime.LockOSThread()
 	pl, err := newPlacer(from)
 	if err != nil {
 		runtime.UnlockOSThread()
-		return ConnRatePairedResult{}, err
+		return PairedResult{}, err
 	}
 	defer func() {
 		if cerr := pl.close(); cerr != nil {
@@ -263,7 +265,7 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 		runtime.UnlockOSThread()
 	}()
 	l := newConnLoop(cfg)
-	acc := [2]*connAcc{{res: ConnRateResult{Target: cfg.Target.String()}}, {res: ConnRateResult{Target: versus.String()}}}
+	acc := [2]*connAcc{{res: Result{Target: cfg.Target.String()}}, {res: Result{Target: versus.String()}}}
 	targets := [2]netip.AddrPort{cfg.Target, versus}
 	var spent [2]time.Duration
 	var ratios []float64
@@ -278,7 +280,7 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 		length := time.Duration(float64(slice) * (0.75 + 0.5*rng.Float64()))
 		for _, i := range order {
 			if err := pl.enter(i); err != nil {
-				return ConnRatePairedResult{}, err
+				return PairedResult{}, err
 			}
 			t0 := time.Now()
 			n := l.run(ctx, targets[i], t0.Add(length), acc[i])
@@ -293,38 +295,11 @@ func ConnRatePaired(ctx context.Context, cfg ConnRateConfig, versus netip.AddrPo
 			ratios = append(ratios, rate[0]/rate[1])
 		}
 	}
-	res = ConnRatePairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
+	res = PairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
 	res.Ratios = slices.Clone(ratios)
-	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile(ratios, 0.5), quantile(ratios, 0.25), quantile(ratios, 0.75)
-	res.RatioCILo, res.RatioCIHi = medianCI(ratios)
+	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile.Median(ratios), quantile.Of(ratios, 0.25), quantile.Of(ratios, 0.75)
+	res.RatioCILo, res.RatioCIHi = quantile.MedianCI(ratios)
 	return res, nil
-}
-
-// quantile is the q-quantile of xs (linear between ranks), NaN when empty.
-// It sorts xs in place.
-func quantile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(xs)
-	pos := q * float64(len(xs)-1)
-	lo := int(math.Floor(pos))
-	hi := min(lo+1, len(xs)-1)
-	return xs[lo] + (xs[hi]-xs[lo])*(pos-float64(lo))
-}
-
-// medianCI is the distribution-free 95 % confidence interval of the median
-// of xs: the k-th smallest and k-th largest value, k = ⌊(n − 1.96·√n) / 2⌋
-// (the sign test's order statistics; no assumption about the ratios'
-// distribution). NaN below 8 values (k < 1). It sorts xs in place.
-func medianCI(xs []float64) (lo, hi float64) {
-	n := len(xs)
-	k := int(math.Floor((float64(n) - 1.96*math.Sqrt(float64(n))) / 2))
-	if n < 6 || k < 1 {
-		return math.NaN(), math.NaN()
-	}
-	slices.Sort(xs)
-	return xs[k-1], xs[n-k]
 }
 
 // awaitConnect finishes a blocking connect(2) that a signal interrupted: the
@@ -355,21 +330,19 @@ func awaitConnect(fd int, timeout time.Duration) error {
 	}
 }
 
-// percentileUs returns the p-th percentile (nearest rank) of ns in µs, NaN
-// when empty. It sorts ns in place.
+// percentileUs returns the p-th percentile (quantile.Of: linear between
+// order statistics) of ns in µs, NaN when empty.
 func percentileUs(ns []int64, p float64) float64 {
-	if len(ns) == 0 {
-		return math.NaN()
+	us := make([]float64, len(ns))
+	for i, n := range ns {
+		us[i] = float64(n) / 1e3
 	}
-	slices.Sort(ns)
-	rank := int(math.Ceil(p/100*float64(len(ns)))) - 1
-	rank = max(0, min(rank, len(ns)-1))
-	return float64(ns[rank]) / 1e3
+	return quantile.Of(us, p/100)
 }
 
 // MarshalJSON writes NaN percentiles (no connection succeeded) as null.
-func (r ConnRateResult) MarshalJSON() ([]byte, error) {
-	type plain ConnRateResult
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result
 	type out struct {
 		plain
 		ConnectP50 *float64 `json:"connectP50Us"`
@@ -377,46 +350,46 @@ func (r ConnRateResult) MarshalJSON() ([]byte, error) {
 		CycleP50   *float64 `json:"cycleP50Us"`
 		CycleP99   *float64 `json:"cycleP99Us"`
 	}
-	return json.Marshal(out{plain(r), jnum(r.ConnectP50), jnum(r.ConnectP99), jnum(r.CycleP50), jnum(r.CycleP99)})
+	return json.Marshal(out{plain(r), jsonnum.From(r.ConnectP50), jsonnum.From(r.ConnectP99), jsonnum.From(r.CycleP50), jsonnum.From(r.CycleP99)})
 }
 
-// pairedJSON is ConnRatePairedResult on the wire: NaN statistics (too few
+// pairedJSON is PairedResult on the wire: NaN statistics (too few
 // pairs) as null.
 type pairedJSON struct {
-	A           ConnRateResult `json:"a"`
-	B           ConnRateResult `json:"b"`
-	SliceSec    float64        `json:"sliceSec"`
-	Pairs       int            `json:"pairs"`
-	RatioMedian *float64       `json:"ratioMedian"`
-	RatioP25    *float64       `json:"ratioP25"`
-	RatioP75    *float64       `json:"ratioP75"`
-	RatioCILo   *float64       `json:"ratioCI95Lo"`
-	RatioCIHi   *float64       `json:"ratioCI95Hi"`
-	Ratios      []float64      `json:"ratios,omitempty"`
+	A           Result    `json:"a"`
+	B           Result    `json:"b"`
+	SliceSec    float64   `json:"sliceSec"`
+	Pairs       int       `json:"pairs"`
+	RatioMedian *float64  `json:"ratioMedian"`
+	RatioP25    *float64  `json:"ratioP25"`
+	RatioP75    *float64  `json:"ratioP75"`
+	RatioCILo   *float64  `json:"ratioCI95Lo"`
+	RatioCIHi   *float64  `json:"ratioCI95Hi"`
+	Ratios      []float64 `json:"ratios,omitempty"`
 }
 
 // MarshalJSON writes NaN statistics as null.
-func (r ConnRatePairedResult) MarshalJSON() ([]byte, error) {
-	return json.Marshal(pairedJSON{r.A, r.B, r.SliceSec, r.Pairs, jnum(r.RatioMedian), jnum(r.RatioP25), jnum(r.RatioP75),
-		jnum(r.RatioCILo), jnum(r.RatioCIHi), r.Ratios})
+func (r PairedResult) MarshalJSON() ([]byte, error) {
+	return json.Marshal(pairedJSON{r.A, r.B, r.SliceSec, r.Pairs, jsonnum.From(r.RatioMedian), jsonnum.From(r.RatioP25), jsonnum.From(r.RatioP75),
+		jsonnum.From(r.RatioCILo), jsonnum.From(r.RatioCIHi), r.Ratios})
 }
 
 // UnmarshalJSON reads null (or, from reports older than the interval, a
 // missing) statistic as NaN.
-func (r *ConnRatePairedResult) UnmarshalJSON(data []byte) error {
+func (r *PairedResult) UnmarshalJSON(data []byte) error {
 	var w pairedJSON
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*r = ConnRatePairedResult{A: w.A, B: w.B, SliceSec: w.SliceSec, Pairs: w.Pairs, RatioMedian: unnum(w.RatioMedian),
-		RatioP25: unnum(w.RatioP25), RatioP75: unnum(w.RatioP75), RatioCILo: unnum(w.RatioCILo), RatioCIHi: unnum(w.RatioCIHi), Ratios: w.Ratios}
+	*r = PairedResult{A: w.A, B: w.B, SliceSec: w.SliceSec, Pairs: w.Pairs, RatioMedian: jsonnum.To(w.RatioMedian),
+		RatioP25: jsonnum.To(w.RatioP25), RatioP75: jsonnum.To(w.RatioP75), RatioCILo: jsonnum.To(w.RatioCILo), RatioCIHi: jsonnum.To(w.RatioCIHi), Ratios: w.Ratios}
 	return nil
 }
 
-// ParseConnRate parses the client's JSON output (null percentiles → NaN).
-func ParseConnRate(data []byte) (ConnRateResult, error) {
+// Parse parses the client's JSON output (null percentiles → NaN).
+func Parse(data []byte) (Result, error) {
 	var raw struct {
-		ConnRateResult
+		Result
 		ConnectP50 *float64 `json:"connectP50Us"`
 		ConnectP99 *float64 `json:"connectP99Us"`
 		CycleP50   *float64 `json:"cycleP50Us"`
@@ -427,31 +400,24 @@ func ParseConnRate(data []byte) (ConnRateResult, error) {
 		data = data[i+1:] // the result is the last line
 	}
 	if len(data) == 0 {
-		return ConnRateResult{}, errors.New("connrate printed nothing")
+		return Result{}, errors.New("connrate printed nothing")
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return ConnRateResult{}, fmt.Errorf("parse connrate output %q: %w", truncate(string(data), 200), err)
+		return Result{}, fmt.Errorf("parse connrate output %q: %w", clip.String(string(data), 200), err)
 	}
 	if raw.Target == "" {
-		return ConnRateResult{}, fmt.Errorf("connrate output %q has no target", truncate(string(data), 200))
+		return Result{}, fmt.Errorf("connrate output %q has no target", clip.String(string(data), 200))
 	}
-	r := raw.ConnRateResult
-	r.ConnectP50, r.ConnectP99, r.CycleP50, r.CycleP99 = unnum(raw.ConnectP50), unnum(raw.ConnectP99), unnum(raw.CycleP50), unnum(raw.CycleP99)
+	r := raw.Result
+	r.ConnectP50, r.ConnectP99, r.CycleP50, r.CycleP99 = jsonnum.To(raw.ConnectP50), jsonnum.To(raw.ConnectP99), jsonnum.To(raw.CycleP50), jsonnum.To(raw.CycleP99)
 	return r, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// ServeConnRate listens on addr and answers every connection: read one
+// Serve listens on addr and answers every connection: read one
 // request, write as many bytes back, close. It returns when ctx is done
 // (the listener is shut down) or on a listen error. ready, when not nil, is
 // called once the socket listens.
-func ServeConnRate(ctx context.Context, addr netip.AddrPort, ready func()) error {
+func Serve(ctx context.Context, addr netip.AddrPort, ready func()) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	family, sa := sockaddr(addr)

@@ -1,4 +1,4 @@
-package bench
+package northsouth
 
 // Report of the north-south benchmark (ns.go): medians with min–max per
 // configuration, ratios to kube-proxy iptables from the same run, CPU
@@ -16,10 +16,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/jsonnum"
 )
 
-// NSReport is the outcome of RunNorthSouth.
-type NSReport struct {
+// Report is the outcome of Run.
+type Report struct {
 	Started   time.Time     `json:"started"`
 	Finished  time.Time     `json:"finished"`
 	Command   string        `json:"command,omitempty"`
@@ -28,56 +31,56 @@ type NSReport struct {
 	Duration  time.Duration `json:"duration"`
 	Configs   []string      `json:"configs"`
 	Reference string        `json:"reference"`
-	Samples   []NSSample    `json:"samples"`
+	Samples   []Sample      `json:"samples"`
 }
 
 // NS metric names.
 const (
-	NSMetricConnRate   = "conn_per_sec"
-	NSMetricThroughput = "throughput"
-	NSMetricSoftirq    = "softirq_us_per_conn"
-	NSMetricNetRx      = "net_rx_per_conn"
-	NSMetricPSI        = "psi_some_avg10"
-	// forwarding rate (ns_fwd.go)
-	NSMetricFwdPPS    = "fwd_pps"           // packets forwarded per second
-	NSMetricFwdNs     = "fwd_ns_per_packet" // entry node CPU per forwarded packet
-	NSMetricFwdPerCPU = "fwd_pps_per_cpu"   // 1e9 / fwd_ns_per_packet: what one busy CPU forwards
-	NSMetricFwdBusy   = "fwd_cpu_busy"      // entry node receive CPU / wall time
+	MetricConnRate   = "conn_per_sec"
+	MetricThroughput = "throughput"
+	MetricSoftirq    = "softirq_us_per_conn"
+	MetricNetRx      = "net_rx_per_conn"
+	MetricPSI        = "psi_some_avg10"
+	// forwarding rate (forward.go)
+	MetricFwdPPS    = "fwd_pps"           // packets forwarded per second
+	MetricFwdNs     = "fwd_ns_per_packet" // entry node CPU per forwarded packet
+	MetricFwdPerCPU = "fwd_pps_per_cpu"   // 1e9 / fwd_ns_per_packet: what one busy CPU forwards
+	MetricFwdBusy   = "fwd_cpu_busy"      // entry node receive CPU / wall time
 )
 
 // nsMetrics are the per-sample metrics, in CSV order.
-var nsMetrics = []string{NSMetricConnRate, NSMetricThroughput, NSMetricSoftirq, NSMetricNetRx,
-	NSMetricFwdPPS, NSMetricFwdNs, NSMetricFwdPerCPU, NSMetricFwdBusy, NSMetricPSI}
+var nsMetrics = []string{MetricConnRate, MetricThroughput, MetricSoftirq, MetricNetRx,
+	MetricFwdPPS, MetricFwdNs, MetricFwdPerCPU, MetricFwdBusy, MetricPSI}
 
-func (s NSSample) value(metric string) float64 {
+func (s Sample) value(metric string) float64 {
 	if s.Skipped != "" {
 		return math.NaN()
 	}
 	switch metric {
-	case NSMetricConnRate:
+	case MetricConnRate:
 		return s.ConnRate
-	case NSMetricThroughput:
+	case MetricThroughput:
 		return s.Throughput
-	case NSMetricSoftirq:
+	case MetricSoftirq:
 		return s.SoftirqUsPerConn
-	case NSMetricNetRx:
+	case MetricNetRx:
 		return s.NetRxPerConn
-	case NSMetricPSI:
+	case MetricPSI:
 		return s.PSIAfter
-	case NSMetricFwdPPS:
+	case MetricFwdPPS:
 		return s.FwdPPS
-	case NSMetricFwdNs:
+	case MetricFwdNs:
 		return s.FwdNsPerPacket
-	case NSMetricFwdPerCPU:
+	case MetricFwdPerCPU:
 		return 1e9 / s.FwdNsPerPacket
-	case NSMetricFwdBusy:
+	case MetricFwdBusy:
 		return s.FwdBusy
 	}
 	return math.NaN()
 }
 
 // Values returns the samples of one configuration and metric, in rep order.
-func (r *NSReport) Values(config, metric string) []float64 {
+func (r *Report) Values(config, metric string) []float64 {
 	var out []float64
 	for _, s := range r.Samples {
 		if s.Config == config {
@@ -88,14 +91,16 @@ func (r *NSReport) Values(config, metric string) []float64 {
 }
 
 // Stats returns min/median/max of a configuration's metric.
-func (r *NSReport) Stats(config, metric string) Stats { return Summarize(r.Values(config, metric)) }
-
-// Ratio is the configuration's median over the reference's median.
-func (r *NSReport) Ratio(config, metric string) float64 {
-	return Ratio(r.Stats(config, metric).Median, r.Stats(r.Reference, metric).Median)
+func (r *Report) Stats(config, metric string) bench.Stats {
+	return bench.Summarize(r.Values(config, metric))
 }
 
-func (r *NSReport) skipped(config string) string {
+// Ratio is the configuration's median over the reference's median.
+func (r *Report) Ratio(config, metric string) float64 {
+	return bench.Ratio(r.Stats(config, metric).Median, r.Stats(r.Reference, metric).Median)
+}
+
+func (r *Report) skipped(config string) string {
 	for _, s := range r.Samples {
 		if s.Config == config && s.Skipped != "" {
 			return s.Skipped
@@ -105,7 +110,7 @@ func (r *NSReport) skipped(config string) string {
 }
 
 // rowName is a configuration's name in a table, the reference marked.
-func (r *NSReport) rowName(c string) string {
+func (r *Report) rowName(c string) string {
 	if c == r.Reference {
 		return c + " (reference)"
 	}
@@ -114,25 +119,25 @@ func (r *NSReport) rowName(c string) string {
 
 // skipRow is the table row (with cols more columns) of a configuration that
 // was skipped and has no sample of metric; skip is false otherwise.
-func (r *NSReport) skipRow(c, metric string, cols int) (row string, skip bool) {
+func (r *Report) skipRow(c, metric string, cols int) (row string, skip bool) {
 	why := r.skipped(c)
 	if why == "" || r.Stats(c, metric).N != 0 {
 		return "", false
 	}
-	return fmt.Sprintf("| %s | skipped: %s %s\n", c, mdEscape(why), strings.Repeat("|", cols)), true
+	return fmt.Sprintf("| %s | skipped: %s %s\n", c, bench.MarkdownEscape(why), strings.Repeat("|", cols)), true
 }
 
 // Table is the Markdown summary table.
-func (r *NSReport) Table() string {
+func (r *Report) Table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| configuration | new conn/s median (min–max) | ratio | throughput Gbit/s median (min–max) | ratio | softirq µs/conn | ratio | NET_RX/conn | failed conns | CPU pressure avg10 %% |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Configs {
-		if row, skip := r.skipRow(c, NSMetricConnRate, 9); skip {
+		if row, skip := r.skipRow(c, MetricConnRate, 9); skip {
 			b.WriteString(row)
 			continue
 		}
-		cr, tp, sq, nr, psi := r.Stats(c, NSMetricConnRate), r.Stats(c, NSMetricThroughput), r.Stats(c, NSMetricSoftirq), r.Stats(c, NSMetricNetRx), r.Stats(c, NSMetricPSI)
+		cr, tp, sq, nr, psi := r.Stats(c, MetricConnRate), r.Stats(c, MetricThroughput), r.Stats(c, MetricSoftirq), r.Stats(c, MetricNetRx), r.Stats(c, MetricPSI)
 		fails := 0
 		for _, s := range r.Samples {
 			if s.Config == c {
@@ -140,36 +145,36 @@ func (r *NSReport) Table() string {
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", r.rowName(c),
-			cell(cr, 1, 0), fmtRatio(r.Ratio(c, NSMetricConnRate)),
-			cell(tp, 1e9, 2), fmtRatio(r.Ratio(c, NSMetricThroughput)),
-			fmtNum(sq.Median, 1), fmtRatio(r.Ratio(c, NSMetricSoftirq)),
-			fmtNum(nr.Median, 2), fails, fmtNum(psi.Median, 0))
+			bench.Cell(cr, 1, 0), bench.FormatRatio(r.Ratio(c, MetricConnRate)),
+			bench.Cell(tp, 1e9, 2), bench.FormatRatio(r.Ratio(c, MetricThroughput)),
+			bench.FormatNum(sq.Median, 1), bench.FormatRatio(r.Ratio(c, MetricSoftirq)),
+			bench.FormatNum(nr.Median, 2), fails, bench.FormatNum(psi.Median, 0))
 	}
 	return b.String()
 }
 
 // FwdTable is the Markdown table of the forwarding rate.
-func (r *NSReport) FwdTable() string {
+func (r *Report) FwdTable() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| configuration | forwarded Mpps median (min–max) | ratio | entry node CPU ns/packet median (min–max) | ratio | Mpps per CPU (10⁹ / ns) | ratio | entry CPU busy %% |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Configs {
-		if row, skip := r.skipRow(c, NSMetricFwdPPS, 7); skip {
+		if row, skip := r.skipRow(c, MetricFwdPPS, 7); skip {
 			b.WriteString(row)
 			continue
 		}
-		pps, ns, per, busy := r.Stats(c, NSMetricFwdPPS), r.Stats(c, NSMetricFwdNs), r.Stats(c, NSMetricFwdPerCPU), r.Stats(c, NSMetricFwdBusy)
+		pps, ns, per, busy := r.Stats(c, MetricFwdPPS), r.Stats(c, MetricFwdNs), r.Stats(c, MetricFwdPerCPU), r.Stats(c, MetricFwdBusy)
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.rowName(c),
-			cell(pps, 1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPPS)),
-			cell(ns, 1, 0), fmtRatio(r.Ratio(c, NSMetricFwdNs)),
-			fmtNum(per.Median/1e6, 3), fmtRatio(r.Ratio(c, NSMetricFwdPerCPU)),
-			fmtNum(100*busy.Median, 0))
+			bench.Cell(pps, 1e6, 3), bench.FormatRatio(r.Ratio(c, MetricFwdPPS)),
+			bench.Cell(ns, 1, 0), bench.FormatRatio(r.Ratio(c, MetricFwdNs)),
+			bench.FormatNum(per.Median/1e6, 3), bench.FormatRatio(r.Ratio(c, MetricFwdPerCPU)),
+			bench.FormatNum(100*busy.Median, 0))
 	}
 	return b.String()
 }
 
 // Markdown is results.md: the table, how it was measured, every sample.
-func (r *NSReport) Markdown() string {
+func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# North-south forwarding: external client → NodePort (backend on another node)\n\n")
 	fmt.Fprintf(&b, "Kernel %s, %d repetitions × %s per metric, configurations interleaved in every repetition (one lab each). Started %s, finished %s.\n\n",
@@ -200,10 +205,10 @@ func (r *NSReport) Markdown() string {
 			note += " first conn error: " + s.FirstErr
 		}
 		fmt.Fprintf(&b, "| %d | %s | %.1f | %s | %s/%s | %d | %d | %s | %s | %s | %s | %s / %s / %s | %s | %s | %s/%s | %s |\n", s.Rep, s.Config, s.UpSec,
-			fmtNum(s.ConnRate, 0), fmtNum(s.ConnectP50, 0), fmtNum(s.ConnectP99, 0), s.Conns, s.ConnErrs, fmtNum(s.Throughput/1e9, 2), fmtNum(s.Retransmits, 0),
-			fmtNum(s.SoftirqUsPerConn, 1), fmtNum(s.NetRxPerConn, 2),
-			fmtNum(s.FwdOfferedPPS/1e6, 3), fmtNum(s.FwdRxPPS/1e6, 3), fmtNum(s.FwdPPS/1e6, 3), fmtNum(s.FwdNsPerPacket, 0), fmtNum(100*s.FwdBusy, 0),
-			fmtNum(s.PSIBefore, 0), fmtNum(s.PSIAfter, 0), mdEscape(note))
+			bench.FormatNum(s.ConnRate, 0), bench.FormatNum(s.ConnectP50, 0), bench.FormatNum(s.ConnectP99, 0), s.Conns, s.ConnErrs, bench.FormatNum(s.Throughput/1e9, 2), bench.FormatNum(s.Retransmits, 0),
+			bench.FormatNum(s.SoftirqUsPerConn, 1), bench.FormatNum(s.NetRxPerConn, 2),
+			bench.FormatNum(s.FwdOfferedPPS/1e6, 3), bench.FormatNum(s.FwdRxPPS/1e6, 3), bench.FormatNum(s.FwdPPS/1e6, 3), bench.FormatNum(s.FwdNsPerPacket, 0), bench.FormatNum(100*s.FwdBusy, 0),
+			bench.FormatNum(s.PSIBefore, 0), bench.FormatNum(s.PSIAfter, 0), bench.MarkdownEscape(note))
 	}
 	b.WriteString("\n## Commands (first sample of each configuration)\n\n")
 	done := map[string]bool{}
@@ -218,7 +223,7 @@ func (r *NSReport) Markdown() string {
 }
 
 // CSV is one row per sample and metric.
-func (r *NSReport) CSV() []byte {
+func (r *Report) CSV() []byte {
 	var buf bytes.Buffer
 	w := csv.NewWriter(&buf)
 	_ = w.Write([]string{"rep", "config", "metric", "value"})
@@ -237,8 +242,8 @@ func (r *NSReport) CSV() []byte {
 }
 
 // MarshalJSON writes NaN as null.
-func (s NSSample) MarshalJSON() ([]byte, error) {
-	type plain NSSample
+func (s Sample) MarshalJSON() ([]byte, error) {
+	type plain Sample
 	return json.Marshal(struct {
 		plain
 		ConnRate         *float64 `json:"connPerSec"`
@@ -256,13 +261,13 @@ func (s NSSample) MarshalJSON() ([]byte, error) {
 		FwdBusy          *float64 `json:"fwdBusy"`
 		FwdOfferedPPS    *float64 `json:"fwdOfferedPps"`
 		FwdRxPPS         *float64 `json:"fwdRxPps"`
-	}{plain(s), jnum(s.ConnRate), jnum(s.SoftirqUsPerConn), jnum(s.NetRxPerConn), jnum(s.Throughput),
-		jnum(s.Retransmits), jnum(s.PSIBefore), jnum(s.PSIAfter), jnum(s.ConnectP50), jnum(s.ConnectP99), jnum(s.CycleP50),
-		jnum(s.FwdPPS), jnum(s.FwdNsPerPacket), jnum(s.FwdBusy), jnum(s.FwdOfferedPPS), jnum(s.FwdRxPPS)})
+	}{plain(s), jsonnum.From(s.ConnRate), jsonnum.From(s.SoftirqUsPerConn), jsonnum.From(s.NetRxPerConn), jsonnum.From(s.Throughput),
+		jsonnum.From(s.Retransmits), jsonnum.From(s.PSIBefore), jsonnum.From(s.PSIAfter), jsonnum.From(s.ConnectP50), jsonnum.From(s.ConnectP99), jsonnum.From(s.CycleP50),
+		jsonnum.From(s.FwdPPS), jsonnum.From(s.FwdNsPerPacket), jsonnum.From(s.FwdBusy), jsonnum.From(s.FwdOfferedPPS), jsonnum.From(s.FwdRxPPS)})
 }
 
 // WriteFiles writes results.json, results.csv and results.md into dir.
-func (r *NSReport) WriteFiles(dir string) error {
+func (r *Report) WriteFiles(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}

@@ -1,4 +1,4 @@
-package bench
+package northsouth
 
 import (
 	"encoding/json"
@@ -24,24 +24,24 @@ func TestParseStatSoftirq(t *testing.T) {
 
 func TestNSReport(t *testing.T) {
 	nan := math.NaN()
-	s := func(rep int, cfg string, rate, tput, sq float64) NSSample {
-		return NSSample{Rep: rep, Config: cfg, ConnRate: rate, Throughput: tput, SoftirqUsPerConn: sq, NetRxPerConn: 2,
+	s := func(rep int, cfg string, rate, tput, sq float64) Sample {
+		return Sample{Rep: rep, Config: cfg, ConnRate: rate, Throughput: tput, SoftirqUsPerConn: sq, NetRxPerConn: 2,
 			Retransmits: 0, PSIBefore: 50, PSIAfter: 60,
 			// forwarding: the rate is a tenth of the connection rate in Mpps, the cost its inverse
 			FwdPPS: rate * 100, FwdNsPerPacket: 1e7 / rate, FwdBusy: 0.9, FwdOfferedPPS: 5e6, FwdRxPPS: rate * 100}
 	}
-	r := &NSReport{Configs: []string{"axon-tc", "axon-xdp", NSReference}, Reference: NSReference, Reps: 2}
-	r.Samples = []NSSample{
-		s(1, "axon-tc", 3000, 10e9, 20), s(1, NSReference, 1000, 5e9, 40),
-		s(2, "axon-tc", 5000, 12e9, 30), s(2, NSReference, 2000, 7e9, 60),
+	r := &Report{Configs: []string{"axon-tc", "axon-xdp", Reference}, Reference: Reference, Reps: 2}
+	r.Samples = []Sample{
+		s(1, "axon-tc", 3000, 10e9, 20), s(1, Reference, 1000, 5e9, 40),
+		s(2, "axon-tc", 5000, 12e9, 30), s(2, Reference, 2000, 7e9, 60),
 		{Rep: 1, Config: "axon-xdp", Skipped: "the north-south LB did not attach at XDP: tc on eth0", ConnRate: nan, Throughput: nan,
 			SoftirqUsPerConn: nan, NetRxPerConn: nan, Retransmits: nan, PSIBefore: nan, PSIAfter: nan,
 			FwdPPS: nan, FwdNsPerPacket: nan, FwdBusy: nan, FwdOfferedPPS: nan, FwdRxPPS: nan},
 	}
-	if got := r.Ratio("axon-tc", NSMetricConnRate); math.Abs(got-4000.0/1500) > 1e-9 {
+	if got := r.Ratio("axon-tc", MetricConnRate); math.Abs(got-4000.0/1500) > 1e-9 {
 		t.Errorf("conn/s ratio = %v", got)
 	}
-	if got := r.Stats("axon-tc", NSMetricThroughput); got.Median != 11e9 || got.Min != 10e9 || got.Max != 12e9 {
+	if got := r.Stats("axon-tc", MetricThroughput); got.Median != 11e9 || got.Min != 10e9 || got.Max != 12e9 {
 		t.Errorf("throughput stats %+v", got)
 	}
 	tbl := r.Table()
@@ -52,7 +52,7 @@ func TestNSReport(t *testing.T) {
 	}
 	// axon-tc forwards 0.3 and 0.5 Mpps at 3 333 and 2 000 ns (0.3 and 0.5 Mpps
 	// per CPU); the reference 0.1 and 0.2 Mpps at 10 000 and 5 000 ns.
-	if got := r.Ratio("axon-tc", NSMetricFwdPerCPU); math.Abs(got-0.4/0.15) > 1e-9 {
+	if got := r.Ratio("axon-tc", MetricFwdPerCPU); math.Abs(got-0.4/0.15) > 1e-9 {
 		t.Errorf("per-CPU forwarding ratio = %v", got)
 	}
 	ft := r.FwdTable()
@@ -83,11 +83,11 @@ func TestRunNorthSouthRefusesRunningLab(t *testing.T) {
 	if err := os.WriteFile(dir+"/lab.json", []byte("{}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := RunNorthSouth(t.Context(), NSConfig{StateDir: dir})
+	_, err := Run(t.Context(), Config{StateDir: dir})
 	if err == nil || !strings.Contains(err.Error(), "axon lab down") {
-		t.Errorf("RunNorthSouth with a lab up: %v", err)
+		t.Errorf("Run with a lab up: %v", err)
 	}
-	if _, err := RunNorthSouth(t.Context(), NSConfig{StateDir: dir, Configs: []string{"ipvs"}}); err == nil || !strings.Contains(err.Error(), "unknown configuration") {
+	if _, err := Run(t.Context(), Config{StateDir: dir, Configs: []string{"ipvs"}}); err == nil || !strings.Contains(err.Error(), "unknown configuration") {
 		t.Errorf("unknown config: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package bench
+package services
 
 // The Service benchmark runs real kube-proxies itself, one per chosen lab
 // node and each in its own mode (nftables on one node, iptables on another),
@@ -17,13 +17,16 @@ import (
 	"strings"
 	"time"
 
-	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/clip"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
+	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
 // kubeProxyMetricsAddr is kube-proxy's metrics server inside the node netns
 // (loopback of that netns only), as the lab configures it.
-const kubeProxyMetricsAddr = labpkg.KubeProxyMetricsAddr
+const kubeProxyMetricsAddr = kubeproxy.MetricsAddr
 
 // KubeProxySpec describes one kube-proxy process of the benchmark.
 type KubeProxySpec struct {
@@ -36,13 +39,13 @@ type KubeProxySpec struct {
 }
 
 // KubeProxyArgv is the exact command line (recorded in the report): the
-// lab's (lab.KubeProxyArgs, without --masquerade-all) run in the node netns,
+// lab's (kubeproxy.Args, without --masquerade-all) run in the node netns,
 // with a higher apiserver QPS for the churn. All conntrack flags are "leave
 // as is": nf_conntrack_max is machine-wide and the benchmark never changes
 // the root namespace.
 func (s KubeProxySpec) KubeProxyArgv(nsenter string) []string {
 	argv := []string{nsenter, "--net=" + s.Netns, "--"}
-	argv = append(argv, labpkg.KubeProxyArgs(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
+	argv = append(argv, kubeproxy.Args(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
 	return append(argv, "--kube-api-qps=100", "--kube-api-burst=200")
 }
 
@@ -99,7 +102,7 @@ func (k *KubeProxy) Cleanup(ctx context.Context) error {
 	out, err := exec.CommandContext(ctx, nsenter, "--net="+k.Spec.Netns, "--", k.Spec.Binary, "--cleanup",
 		"--proxy-mode="+k.Spec.Mode).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("kube-proxy --cleanup in %s: %w: %s", k.Spec.Netns, err, truncate(strings.TrimSpace(string(out)), 400))
+		return fmt.Errorf("kube-proxy --cleanup in %s: %w: %s", k.Spec.Netns, err, clip.String(strings.TrimSpace(string(out)), 400))
 	}
 	return nil
 }
@@ -128,7 +131,7 @@ func (m KubeProxyMetrics) Synced(t time.Time) bool {
 // one per family) or from the unlabeled series.
 func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 	var m KubeProxyMetrics
-	fams, err := metricFamilies(r)
+	fams, err := bench.MetricFamilies(r)
 	if err != nil {
 		return m, err
 	}
@@ -137,7 +140,7 @@ func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 		if f := fams[name]; f != nil {
 			seen = seen || name != "process_resident_memory_bytes"
 			for _, x := range f.GetMetric() {
-				*p += metricValue(x)
+				*p += bench.MetricValue(x)
 			}
 		}
 	}
@@ -146,8 +149,8 @@ func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 		if f := fams[name]; f != nil {
 			seen = true
 			for _, x := range f.GetMetric() {
-				if len(x.GetLabel()) == 0 || hasLabel(x, "ip_family", "IPv4") {
-					*p = metricValue(x)
+				if len(x.GetLabel()) == 0 || bench.HasLabel(x, "ip_family", "IPv4") {
+					*p = bench.MetricValue(x)
 				}
 			}
 		}
@@ -219,10 +222,10 @@ func (k *KubeProxy) WaitSynced(ctx context.Context, t time.Time, timeout, poll t
 }
 
 // httpGetInNetns GETs http://addr/path with a socket created inside the
-// netns at path nsPath (lab.HTTPGetInNetns, 5s at most); anything but 200
+// netns at path nsPath (labns.HTTPGet, 5s at most); anything but 200
 // is an error.
 func httpGetInNetns(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
-	body, status, err := labpkg.HTTPGetInNetns(ctx, nsPath, addr, path, 5*time.Second)
+	body, status, err := labns.HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}

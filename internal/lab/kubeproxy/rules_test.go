@@ -1,4 +1,4 @@
-package lab
+package kubeproxy
 
 import (
 	"fmt"
@@ -63,50 +63,50 @@ func TestKubeProxyRulesMissing(t *testing.T) {
 	tests := []struct {
 		name, mode, dump string
 		v6               bool
-		want             kubeProxyWant
+		want             Want
 		wantWhy          string // "" = all there
 	}{
-		{"iptables: endpoints and node port", KubeProxyIPTables, iptablesV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30080,
+		{"iptables: endpoints and node port", IPTables, iptablesV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30080,
 				Frontends: []netip.Addr{a("10.96.100.11"), a("fd00:10:96::11")},
 				Endpoints: []netip.AddrPort{ap("10.245.2.2:5657"), ap("10.245.1.3:5657"), ap("[fd00::1]:5657")}}, ""},
-		{"iptables: an endpoint not programmed yet", KubeProxyIPTables, iptablesV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp",
+		{"iptables: an endpoint not programmed yet", IPTables, iptablesV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp",
 				Endpoints: []netip.AddrPort{ap("10.245.2.2:5657"), ap("10.245.2.3:5657")}}, "no DNAT to endpoint 10.245.2.3:5657"},
-		{"iptables: an endpoint of another Service port", KubeProxyIPTables, iptablesV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "udp", Proto: "udp",
+		{"iptables: an endpoint of another Service port", IPTables, iptablesV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "udp", Proto: "udp",
 				Endpoints: []netip.AddrPort{ap("10.245.2.2:5657")}}, "default/demo-nodeport:udp: no DNAT"},
-		{"iptables: node port of another Service", KubeProxyIPTables, iptablesV4Dump, false,
-			kubeProxyWant{Service: "default/demo-other", Port: "tcp", Proto: "tcp", NodePort: 30080}, "no rule for node port 30080"},
-		{"iptables: a frontend is matched as a whole address", KubeProxyIPTables, iptablesV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp",
+		{"iptables: node port of another Service", IPTables, iptablesV4Dump, false,
+			Want{Service: "default/demo-other", Port: "tcp", Proto: "tcp", NodePort: 30080}, "no rule for node port 30080"},
+		{"iptables: a frontend is matched as a whole address", IPTables, iptablesV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp",
 				Frontends: []netip.Addr{a("10.96.100.1")}}, "no rule for frontend 10.96.100.1"},
-		{"ip6tables: bracketed endpoints", KubeProxyIPTables, iptablesV6Dump, true,
-			kubeProxyWant{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
+		{"ip6tables: bracketed endpoints", IPTables, iptablesV6Dump, true,
+			Want{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
 				Frontends: []netip.Addr{a("10.96.100.10"), a("fd00:10:96::10")},
 				Endpoints: []netip.AddrPort{ap("[fd00:10:245:1::3]:5657")}}, ""},
-		{"ip6tables: frontend missing", KubeProxyIPTables, iptablesV6Dump, true,
-			kubeProxyWant{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
+		{"ip6tables: frontend missing", IPTables, iptablesV6Dump, true,
+			Want{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
 				Frontends: []netip.Addr{a("fd00:10:96::1")}}, "no rule for frontend fd00:10:96::1"},
-		{"nftables: numgen map, node port, LB address", KubeProxyNFTables, nftV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30080,
+		{"nftables: numgen map, node port, LB address", NFTables, nftV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30080,
 				Frontends: []netip.Addr{a("198.18.0.200")},
 				Endpoints: []netip.AddrPort{ap("10.245.1.2:5657"), ap("10.245.2.3:5657")}}, ""},
-		{"nftables: one endpoint", KubeProxyNFTables, nftV4Dump, false,
-			kubeProxyWant{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
+		{"nftables: one endpoint", NFTables, nftV4Dump, false,
+			Want{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
 				Frontends: []netip.Addr{a("10.96.100.10")}, Endpoints: []netip.AddrPort{ap("10.245.1.2:5657")}}, ""},
-		{"nftables: endpoints of another chain do not count", KubeProxyNFTables, nftV4Dump, false,
-			kubeProxyWant{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
+		{"nftables: endpoints of another chain do not count", NFTables, nftV4Dump, false,
+			Want{Service: "default/demo-clusterip", Port: "tcp", Proto: "tcp",
 				Endpoints: []netip.AddrPort{ap("10.245.2.3:5657")}}, "no DNAT to endpoint 10.245.2.3:5657"},
-		{"nftables: node port missing", KubeProxyNFTables, nftV4Dump, false,
-			kubeProxyWant{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30081}, "no rule for node port 30081"},
-		{"nftables: LB address missing", KubeProxyNFTables, nftV4Dump, false,
-			kubeProxyWant{Service: "default/demo-loadbalancer", Port: "tcp", Proto: "tcp",
+		{"nftables: node port missing", NFTables, nftV4Dump, false,
+			Want{Service: "default/demo-nodeport", Port: "tcp", Proto: "tcp", NodePort: 30081}, "no rule for node port 30081"},
+		{"nftables: LB address missing", NFTables, nftV4Dump, false,
+			Want{Service: "default/demo-loadbalancer", Port: "tcp", Proto: "tcp",
 				Frontends: []netip.Addr{a("198.18.0.20")}}, "no rule for frontend 198.18.0.20"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			why := tc.want.missing(tc.mode, parseKubeProxyRules(tc.mode, tc.dump), tc.v6)
+			why := tc.want.missing(tc.mode, parseRules(tc.mode, tc.dump), tc.v6)
 			if (tc.wantWhy == "") != (why == "") || !strings.Contains(why, tc.wantWhy) {
 				t.Errorf("missing = %q, want %q", why, tc.wantWhy)
 			}
@@ -131,7 +131,7 @@ func TestKubeProxyWants(t *testing.T) {
 			{Addresses: []string{"10.244.1.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
 		},
 	}
-	got := kubeProxyWants(svc, []*discoveryv1.EndpointSlice{slice})
+	got := Wants(svc, []*discoveryv1.EndpointSlice{slice})
 	if len(got) != 1 {
 		t.Fatalf("%d wants, want 1: %+v", len(got), got)
 	}

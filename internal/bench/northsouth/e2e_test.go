@@ -1,4 +1,4 @@
-package bench_test
+package northsouth_test
 
 // The north-south benchmark end to end, tiny: axon at XDP and kube-proxy
 // iptables, one repetition of 1 s per metric, on the real kernel with a
@@ -16,21 +16,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/benchtest"
+	"github.com/axonhq/axon/internal/bench/northsouth"
 )
 
 func TestNorthSouthBenchTiny(t *testing.T) {
-	bin := labBenchSetup(t)
+	bin := benchtest.LabSetup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	out := t.TempDir()
 	var progress strings.Builder
 	t0 := time.Now()
-	rep, err := bench.RunNorthSouth(ctx, bench.NSConfig{Configs: []string{"axon-xdp", bench.NSReference}, Reps: 1,
+	rep, err := northsouth.Run(ctx, northsouth.Config{Configs: []string{"axon-xdp", northsouth.Reference}, Reps: 1,
 		Duration: time.Second, BinDir: bin, OutDir: out, Progress: &progress})
 	t.Logf("progress (%s):\n%s", time.Since(t0).Round(time.Millisecond), progress.String())
 	if err != nil {
-		t.Fatalf("RunNorthSouth: %v", err)
+		t.Fatalf("northsouth.Run: %v", err)
 	}
 	if len(rep.Samples) != 2 {
 		t.Fatalf("%d samples, want 2", len(rep.Samples))
@@ -51,7 +52,7 @@ func TestNorthSouthBenchTiny(t *testing.T) {
 		}
 		ns[s.Config] = s.FwdNsPerPacket
 	}
-	if x, ipt := ns["axon-xdp"], ns[bench.NSReference]; !(x < ipt) || math.IsNaN(x) {
+	if x, ipt := ns["axon-xdp"], ns[northsouth.Reference]; !(x < ipt) || math.IsNaN(x) {
 		t.Errorf("XDP forwards at %.0f ns/packet, kube-proxy iptables at %.0f: want XDP cheaper", x, ipt)
 	}
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))

@@ -1,8 +1,6 @@
-package bench
-
-// The Service benchmark (issue 4 targets) on a running lab: axon's socket LB
-// against real kube-proxy in nftables and iptables mode, in ONE lab and one
-// interleaved run.
+// Package services is the Service benchmark (`axon lab bench services`) on a
+// running lab: axon's socket LB against real kube-proxy in nftables and
+// iptables mode, in ONE lab and one interleaved run.
 //
 // Why one lab: the lab's nodes share one kernel and its two CPUs, so nodes
 // are interchangeable measurement slots. Netfilter rules live per network
@@ -21,6 +19,7 @@ package bench
 // server to the other; paths are interleaved inside every repetition.
 // Scale levels (10, 1 000, 10 000 Services) are cumulative, so they run one
 // after the other; within a level the paths interleave.
+package services
 
 import (
 	"bufio"
@@ -54,19 +53,24 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/clip"
+	"github.com/axonhq/axon/internal/bench/connrate"
+	"github.com/axonhq/axon/internal/bench/quantile"
 	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/proc"
 	"github.com/axonhq/axon/internal/scale"
 )
 
 // Service benchmark constants.
 const (
-	SvcTargetNamespace = "default"
-	SvcTargetName      = "svcbench-target"
-	SvcServerPort      = 8080 // the connect-rate server in the backend pod
-	SvcServicePort     = 80   // the target Service's port
-	svcScaleNamespace  = "svcbench"
-	svcNoLBCgroup      = "axon-svcbench" // <cgroup2>/axon-svcbench: outside every node's socket-LB cgroup
+	TargetNamespace   = "default"
+	TargetName        = "svcbench-target"
+	ServerPort        = 8080 // the connect-rate server in the backend pod
+	ServicePort       = 80   // the target Service's port
+	svcScaleNamespace = "svcbench"
+	svcNoLBCgroup     = "axon-svcbench" // <cgroup2>/axon-svcbench: outside every node's socket-LB cgroup
 )
 
 // Service benchmark pods (node index into the lab's nodes, datapath). Every
@@ -92,18 +96,18 @@ var svcPods = []struct {
 // Path names of the Service benchmark, in measurement order. The first is
 // the reference of every ratio.
 const (
-	SvcPathAxonDirect     = "axon: pod → backend pod IP"
-	SvcPathAxonClusterIP  = "axon: pod → ClusterIP (socket LB)"
-	SvcPathNFTClusterIP   = "kube-proxy nftables: pod → ClusterIP"
-	SvcPathIPTClusterIP   = "kube-proxy iptables: pod → ClusterIP"
-	SvcPathDirectIPTRules = "ptp pod → pod IP, iptables rules on node"
-	SvcPathDirectNFTRules = "ptp pod → pod IP, nftables rules on node"
-	SvcPathDirectNoRules  = "ptp pod → pod IP, no rules on node"
-	SvcPathAxonDirectIPT  = "axon: pod → pod IP, iptables rules on node"
+	PathAxonDirect     = "axon: pod → backend pod IP"
+	PathAxonClusterIP  = "axon: pod → ClusterIP (socket LB)"
+	PathNFTClusterIP   = "kube-proxy nftables: pod → ClusterIP"
+	PathIPTClusterIP   = "kube-proxy iptables: pod → ClusterIP"
+	PathDirectIPTRules = "ptp pod → pod IP, iptables rules on node"
+	PathDirectNFTRules = "ptp pod → pod IP, nftables rules on node"
+	PathDirectNoRules  = "ptp pod → pod IP, no rules on node"
+	PathAxonDirectIPT  = "axon: pod → pod IP, iptables rules on node"
 )
 
-// SvcConfig describes one Service benchmark run.
-type SvcConfig struct {
+// Config describes one Service benchmark run.
+type Config struct {
 	Levels    []int         // numbers of generated Services, ascending; default 10, 1000, 10000
 	Endpoints int           // endpoints per generated Service; default 10
 	Reps      int           // connect-rate repetitions per level and path; default 5
@@ -112,8 +116,8 @@ type SvcConfig struct {
 	// PairedDuration is the length of each paired run at each level (250
 	// ms slices); default Reps × Duration.
 	PairedDuration time.Duration
-	// Pairings are the paired runs to make (SvcPairedClusterIP,
-	// SvcPairedRules); nil: all.
+	// Pairings are the paired runs to make (PairedClusterIP,
+	// PairedRules); nil: all.
 	Pairings []string
 	// SyncTimeout bounds the wait for each kube-proxy to apply a level
 	// (iptables at 10 000 Services may take many minutes); default 5m.
@@ -135,7 +139,7 @@ type SvcConfig struct {
 	LeaveObjects bool
 }
 
-func (c SvcConfig) withDefaults() (SvcConfig, error) {
+func (c Config) withDefaults() (Config, error) {
 	if len(c.Levels) == 0 {
 		c.Levels = []int{10, 1000, 10000}
 	}
@@ -177,7 +181,7 @@ func (c SvcConfig) withDefaults() (SvcConfig, error) {
 	}
 	for _, k := range c.Pairings {
 		if !slices.ContainsFunc(svcPairings, func(p svcPairing) bool { return p.kind == k }) {
-			return c, fmt.Errorf("paired run %q: want %s or %s", k, SvcPairedClusterIP, SvcPairedRules)
+			return c, fmt.Errorf("paired run %q: want %s or %s", k, PairedClusterIP, PairedRules)
 		}
 	}
 	return c, nil
@@ -186,24 +190,24 @@ func (c SvcConfig) withDefaults() (SvcConfig, error) {
 // svcPath is one measured path.
 type svcPath struct {
 	Name   string
-	Client Endpoint
+	Client bench.Endpoint
 	Target netip.AddrPort
 	Needs  string // kube-proxy mode that must have synced ("" = none)
 }
 
 // svcRun is the state of one run.
 type svcRun struct {
-	cfg    SvcConfig
+	cfg    Config
 	l      *labpkg.Lab
 	kube   kubernetes.Interface
-	tools  ToolPaths
+	tools  bench.ToolPaths
 	log    *slog.Logger
-	rep    *SvcReport
+	rep    *Report
 	nodes  []labpkg.Node
 	pods   map[string]labpkg.Pod
 	kps    map[string]*KubeProxy // mode → kube-proxy
 	synced map[string]bool       // mode → applied the current level
-	server *server
+	server *bench.Server
 	srvArg []string
 	noLB   string // cgroup outside the socket LB
 	spec   scale.Spec
@@ -211,11 +215,11 @@ type svcRun struct {
 	target netip.Addr         // ClusterIP of the target Service
 }
 
-// RunServices runs the Service benchmark on the running lab l. The lab needs
+// Run runs the Service benchmark on the running lab l. The lab needs
 // ≥ 4 nodes, the axon datapath and no lab-wide kube-proxy (the benchmark
 // starts its own, one mode per node). It returns the report also when parts
 // failed (the error joins what failed).
-func RunServices(ctx context.Context, l *labpkg.Lab, cfg SvcConfig) (*SvcReport, error) {
+func Run(ctx context.Context, l *labpkg.Lab, cfg Config) (*Report, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("service bench config: %w", err)
@@ -226,10 +230,10 @@ func RunServices(ctx context.Context, l *labpkg.Lab, cfg SvcConfig) (*SvcReport,
 		return nil, fmt.Errorf("the Service benchmark needs 4 lab nodes, this lab has %d: axon lab down && axon lab up --nodes 4", len(st.Nodes))
 	case st.Datapath != labpkg.DatapathAxon:
 		return nil, fmt.Errorf("the Service benchmark needs the axon datapath (this lab is %s): axon lab up --nodes 4", st.Datapath)
-	case l.KubeProxyMode() != labpkg.KubeProxyNone:
+	case l.KubeProxyMode() != kubeproxy.None:
 		return nil, fmt.Errorf("the lab runs kube-proxy %s on every node; the Service benchmark starts its own (nftables on node3, iptables on node4): bring the lab up with --kube-proxy none", l.KubeProxyMode())
 	}
-	tools, err := ToolPaths{Iperf3: "true", Sockperf: "true"}.resolve(false)
+	tools, err := bench.ToolPaths{Iperf3: "true", Sockperf: "true"}.Resolve(false)
 	if err != nil {
 		return nil, err
 	}
@@ -240,8 +244,8 @@ func RunServices(ctx context.Context, l *labpkg.Lab, cfg SvcConfig) (*SvcReport,
 	r := &svcRun{cfg: cfg, l: l, kube: kube, tools: tools, log: cfg.Logger, nodes: st.Nodes,
 		pods: map[string]labpkg.Pod{}, kps: map[string]*KubeProxy{}, synced: map[string]bool{},
 		spec: scale.Spec{Namespace: svcScaleNamespace, Prefix: "svc", Endpoints: cfg.Endpoints}, ips: map[int]netip.Addr{}}
-	r.rep = &SvcReport{Started: time.Now().UTC(), Reps: cfg.Reps, Duration: cfg.Duration, Endpoints: cfg.Endpoints,
-		ClientCPU: cfg.ClientCPU, ServerCPU: cfg.ServerCPU, Host: hostInfo(ctx, ToolPaths{}), Reference: SvcPathAxonDirect}
+	r.rep = &Report{Started: time.Now().UTC(), Reps: cfg.Reps, Duration: cfg.Duration, Endpoints: cfg.Endpoints,
+		ClientCPU: cfg.ClientCPU, ServerCPU: cfg.ServerCPU, Host: bench.HostInfo(ctx, bench.ToolPaths{}), Reference: PathAxonDirect}
 	if cfg.OutDir != "" {
 		if err := os.MkdirAll(filepath.Join(cfg.OutDir, "raw"), 0o755); err != nil {
 			return nil, fmt.Errorf("create output dir: %w", err)
@@ -286,10 +290,10 @@ func (r *svcRun) run(ctx context.Context) error {
 	}
 	paths := r.paths()
 	for _, p := range paths {
-		r.rep.Paths = append(r.rep.Paths, SvcPathInfo{Name: p.Name, Client: p.Client, Target: p.Target.String(), Needs: p.Needs,
-			Command: shellQuote(r.clientArgv(p))})
+		r.rep.Paths = append(r.rep.Paths, PathInfo{Name: p.Name, Client: p.Client, Target: p.Target.String(), Needs: p.Needs,
+			Command: bench.ShellQuote(r.clientArgv(p))})
 	}
-	r.rep.ServerCommand = shellQuote(r.srvArg)
+	r.rep.ServerCommand = bench.ShellQuote(r.srvArg)
 	var errs []error
 	prev := 0
 	for li, level := range r.cfg.Levels {
@@ -347,8 +351,8 @@ func (r *svcRun) setup(ctx context.Context) error {
 		r.pods[sp.name] = p
 	}
 	srv := r.pods["svcb-server"]
-	r.srvArg = r.tools.wrap("/run/netns/"+srv.Netns, r.cfg.ServerCPU, r.cfg.Axon, "lab", "bench", "_connrate", "serve",
-		"--listen", netip.AddrPortFrom(srv.IP, SvcServerPort).String())
+	r.srvArg = r.tools.Wrap("/run/netns/"+srv.Netns, r.cfg.ServerCPU, r.cfg.Axon, "lab", "bench", "_connrate", "serve",
+		"--listen", netip.AddrPortFrom(srv.IP, ServerPort).String())
 	if err := r.ensureServer(ctx); err != nil {
 		return err
 	}
@@ -374,7 +378,7 @@ func (r *svcRun) setup(ctx context.Context) error {
 			return err
 		}
 		r.kps[mode] = kp
-		r.rep.KubeProxyCommands = append(r.rep.KubeProxyCommands, shellQuote(kp.Argv))
+		r.rep.KubeProxyCommands = append(r.rep.KubeProxyCommands, bench.ShellQuote(kp.Argv))
 	}
 	slices.Sort(r.rep.KubeProxyCommands)
 	t := time.Now()
@@ -394,11 +398,11 @@ func (r *svcRun) kubeProxyLog(mode string) string {
 }
 
 func (r *svcRun) ensureServer(ctx context.Context) error {
-	if r.server != nil && !r.server.exited() {
+	if r.server != nil && !r.server.Exited() {
 		return nil
 	}
 	srv := r.pods["svcb-server"]
-	s, err := startServer(ctx, srv.Cgroup, r.srvArg, srv.IP, SvcServerPort, 10*time.Second)
+	s, err := bench.StartServer(ctx, srv.Cgroup, r.srvArg, srv.IP, ServerPort, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("connect-rate server in %s: %w", srv.Name, err)
 	}
@@ -409,71 +413,71 @@ func (r *svcRun) ensureServer(ctx context.Context) error {
 // ensureTarget creates the Service the ClusterIP paths connect to and its
 // EndpointSlice (the server pod), and returns the ClusterIP.
 func (r *svcRun) ensureTarget(ctx context.Context, backend netip.Addr) (netip.Addr, error) {
-	svcs := r.kube.CoreV1().Services(SvcTargetNamespace)
-	_ = svcs.Delete(ctx, SvcTargetName, metav1.DeleteOptions{})
-	_ = r.kube.DiscoveryV1().EndpointSlices(SvcTargetNamespace).Delete(ctx, SvcTargetName, metav1.DeleteOptions{})
+	svcs := r.kube.CoreV1().Services(TargetNamespace)
+	_ = svcs.Delete(ctx, TargetName, metav1.DeleteOptions{})
+	_ = r.kube.DiscoveryV1().EndpointSlices(TargetNamespace).Delete(ctx, TargetName, metav1.DeleteOptions{})
 	svc, err := svcs.Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: SvcTargetName, Namespace: SvcTargetNamespace},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "rr", Protocol: corev1.ProtocolTCP, Port: SvcServicePort,
-			TargetPort: intstr.FromInt32(SvcServerPort)}}},
+		ObjectMeta: metav1.ObjectMeta{Name: TargetName, Namespace: TargetNamespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "rr", Protocol: corev1.ProtocolTCP, Port: ServicePort,
+			TargetPort: intstr.FromInt32(ServerPort)}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("create Service %s: %w", SvcTargetName, err)
+		return netip.Addr{}, fmt.Errorf("create Service %s: %w", TargetName, err)
 	}
 	ready := true
-	name, proto, port := "rr", corev1.ProtocolTCP, int32(SvcServerPort)
-	_, err = r.kube.DiscoveryV1().EndpointSlices(SvcTargetNamespace).Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: SvcTargetName, Namespace: SvcTargetNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: SvcTargetName}},
+	name, proto, port := "rr", corev1.ProtocolTCP, int32(ServerPort)
+	_, err = r.kube.DiscoveryV1().EndpointSlices(TargetNamespace).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: TargetName, Namespace: TargetNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: TargetName}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{backend.String()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("create EndpointSlice %s: %w", SvcTargetName, err)
+		return netip.Addr{}, fmt.Errorf("create EndpointSlice %s: %w", TargetName, err)
 	}
 	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("Service %s has no ClusterIP %q", SvcTargetName, svc.Spec.ClusterIP)
+		return netip.Addr{}, fmt.Errorf("Service %s has no ClusterIP %q", TargetName, svc.Spec.ClusterIP)
 	}
 	return ip, nil
 }
 
 func (r *svcRun) paths() []svcPath {
-	pod := func(name string, lbScope bool) Endpoint {
+	pod := func(name string, lbScope bool) bench.Endpoint {
 		p := r.pods[name]
 		cg := p.Cgroup
 		if !lbScope {
 			cg = r.noLB
 		}
-		return Endpoint{Name: p.Name, Netns: "/run/netns/" + p.Netns, Cgroup: cg, IP: p.IP}
+		return bench.Endpoint{Name: p.Name, Netns: "/run/netns/" + p.Netns, Cgroup: cg, IP: p.IP}
 	}
-	direct := netip.AddrPortFrom(r.pods["svcb-server"].IP, SvcServerPort)
-	cip := netip.AddrPortFrom(r.target, SvcServicePort)
+	direct := netip.AddrPortFrom(r.pods["svcb-server"].IP, ServerPort)
+	cip := netip.AddrPortFrom(r.target, ServicePort)
 	return []svcPath{
-		{Name: SvcPathAxonDirect, Client: pod("svcb-axon-d1", true), Target: direct},
-		{Name: SvcPathAxonClusterIP, Client: pod("svcb-axon-c1", true), Target: cip},
-		{Name: SvcPathNFTClusterIP, Client: pod("svcb-base-c3", false), Target: cip, Needs: "nftables"},
-		{Name: SvcPathIPTClusterIP, Client: pod("svcb-base-c4", false), Target: cip, Needs: "iptables"},
-		{Name: SvcPathDirectIPTRules, Client: pod("svcb-base-d4", false), Target: direct, Needs: "iptables"},
-		{Name: SvcPathDirectNFTRules, Client: pod("svcb-base-d3", false), Target: direct, Needs: "nftables"},
-		{Name: SvcPathDirectNoRules, Client: pod("svcb-base-d1", false), Target: direct},
-		{Name: SvcPathAxonDirectIPT, Client: pod("svcb-axon-d4", true), Target: direct, Needs: "iptables"},
+		{Name: PathAxonDirect, Client: pod("svcb-axon-d1", true), Target: direct},
+		{Name: PathAxonClusterIP, Client: pod("svcb-axon-c1", true), Target: cip},
+		{Name: PathNFTClusterIP, Client: pod("svcb-base-c3", false), Target: cip, Needs: "nftables"},
+		{Name: PathIPTClusterIP, Client: pod("svcb-base-c4", false), Target: cip, Needs: "iptables"},
+		{Name: PathDirectIPTRules, Client: pod("svcb-base-d4", false), Target: direct, Needs: "iptables"},
+		{Name: PathDirectNFTRules, Client: pod("svcb-base-d3", false), Target: direct, Needs: "nftables"},
+		{Name: PathDirectNoRules, Client: pod("svcb-base-d1", false), Target: direct},
+		{Name: PathAxonDirectIPT, Client: pod("svcb-axon-d4", true), Target: direct, Needs: "iptables"},
 	}
 }
 
 func (r *svcRun) clientArgv(p svcPath) []string {
-	return r.tools.wrap(p.Client.Netns, r.cfg.ClientCPU, r.cfg.Axon, "lab", "bench", "_connrate", "client",
+	return r.tools.Wrap(p.Client.Netns, r.cfg.ClientCPU, r.cfg.Axon, "lab", "bench", "_connrate", "client",
 		"--target", p.Target.String(), "--duration", r.cfg.Duration.String())
 }
 
 // applyLevel grows the generated Services from prev to level and waits
 // until the agents and the kube-proxies have applied them.
-func (r *svcRun) applyLevel(ctx context.Context, prev, level int) (SvcLevel, error) {
-	lv := SvcLevel{Services: level, Endpoints: r.cfg.Endpoints, KubeProxy: map[string]SvcSync{}, Agents: map[string]SvcSync{}}
+func (r *svcRun) applyLevel(ctx context.Context, prev, level int) (Level, error) {
+	lv := Level{Services: level, Endpoints: r.cfg.Endpoints, KubeProxy: map[string]Sync{}, Agents: map[string]Sync{}}
 	r.progress("level %d Services: creating %d Services + EndpointSlices (%d endpoints each)", level, level-prev, r.cfg.Endpoints)
 	s := r.spec
 	s.First, s.Services = prev, level-prev
-	before := readPressure()
+	before := bench.ReadPressure()
 	res, err := scale.Apply(ctx, r.kube, s, 16, func(done, total int) {
 		if done%4000 == 0 {
 			r.progress("  %d/%d objects", done, total)
@@ -493,12 +497,12 @@ func (r *svcRun) applyLevel(ctx context.Context, prev, level int) (SvcLevel, err
 	var errs []error
 	for mode, kp := range r.kps {
 		if kp == nil {
-			lv.KubeProxy[mode] = SvcSync{Err: "stopped at an earlier level (did not sync in time)"}
+			lv.KubeProxy[mode] = Sync{Err: "stopped at an earlier level (did not sync in time)"}
 			continue
 		}
 		wg.Go(func() {
 			m, err := kp.WaitSynced(ctx, written, r.cfg.SyncTimeout, 200*time.Millisecond)
-			ss := SvcSync{}
+			ss := Sync{}
 			if err != nil {
 				ss.Err = err.Error()
 			} else {
@@ -529,7 +533,7 @@ func (r *svcRun) applyLevel(ctx context.Context, prev, level int) (SvcLevel, err
 		})
 	}
 	wg.Wait()
-	lv.PSIBefore, lv.PSIAfter = before.Avg10, readPressure().Avg10
+	lv.PSIBefore, lv.PSIAfter = before.Avg10, bench.ReadPressure().Avg10
 	for mode, ss := range lv.KubeProxy {
 		if ss.Synced {
 			r.progress("  kube-proxy %-8s synced %s after the last write (last logged sync %s, %d syncs)", mode,
@@ -550,16 +554,16 @@ func (r *svcRun) applyLevel(ctx context.Context, prev, level int) (SvcLevel, err
 // waitAgent waits until the node's agent has every Service of the level in
 // its table and, for the client nodes, every generated ClusterIP with all
 // its endpoints in the pinned BPF map.
-func (r *svcRun) waitAgent(ctx context.Context, n labpkg.Node, level int, written time.Time) SvcSync {
+func (r *svcRun) waitAgent(ctx context.Context, n labpkg.Node, level int, written time.Time) Sync {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SyncTimeout)
 	defer cancel()
 	c, err := r.l.Agent(n.Name)
 	if err != nil {
-		return SvcSync{Err: err.Error()}
+		return Sync{Err: err.Error()}
 	}
 	m, err := OpenLBSvcMap(n.PinDir)
 	if err != nil {
-		return SvcSync{Err: err.Error()}
+		return Sync{Err: err.Error()}
 	}
 	defer m.Close()
 	want := make([]netip.Addr, 0, level)
@@ -579,7 +583,7 @@ func (r *svcRun) waitAgent(ctx context.Context, n labpkg.Node, level int, writte
 		}
 		want = pending
 		if len(want) == 0 {
-			ss := SvcSync{Synced: true, AfterLastWrite: time.Since(written)}
+			ss := Sync{Synced: true, AfterLastWrite: time.Since(written)}
 			if n.Agent != nil {
 				ss.RSS, _ = rssOf(n.Agent.PID)
 			}
@@ -590,7 +594,7 @@ func (r *svcRun) waitAgent(ctx context.Context, n labpkg.Node, level int, writte
 		}
 		select {
 		case <-ctx.Done():
-			return SvcSync{Err: fmt.Sprintf("%d generated ClusterIPs not (fully) in %s/%s after %s", len(want), n.PinDir, lbSvcMapName, r.cfg.SyncTimeout)}
+			return Sync{Err: fmt.Sprintf("%d generated ClusterIPs not (fully) in %s/%s after %s", len(want), n.PinDir, lbSvcMapName, r.cfg.SyncTimeout)}
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -608,7 +612,7 @@ func (r *svcRun) syncTimes(mode string, since time.Time) ([]time.Duration, error
 		return nil, err
 	}
 	defer f.Close()
-	all, err := labpkg.ParseKubeProxySyncTimes(f, time.Now().UTC().Year())
+	all, err := kubeproxy.ParseSyncTimes(f, time.Now().UTC().Year())
 	if err != nil {
 		return nil, err
 	}
@@ -632,7 +636,7 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 			if err := ctx.Err(); err != nil {
 				return errors.Join(append(errs, err)...)
 			}
-			s := SvcSample{Level: level, Rep: n, Path: p.Name}
+			s := Sample{Level: level, Rep: n, Path: p.Name}
 			if why := r.unsynced(p); why != "" {
 				s.Err = why
 				r.rep.Samples = append(r.rep.Samples, s)
@@ -646,18 +650,18 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 			}
 			argv := r.clientArgv(p)
 			s.Start = time.Now().UTC()
-			s.Before = readPressure()
-			out, stderr, runErr := runClient(ctx, p.Client.Cgroup, argv, r.cfg.Duration+30*time.Second)
-			s.After = readPressure()
-			s.StallMicro = stall(s.Before, s.After)
+			s.Before = bench.ReadPressure()
+			out, stderr, runErr := bench.RunClient(ctx, p.Client.Cgroup, argv, r.cfg.Duration+30*time.Second)
+			s.After = bench.ReadPressure()
+			s.StallMicro = bench.Stall(s.Before, s.After)
 			if r.cfg.OutDir != "" {
-				name := filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-rep%d-%s.json", level, n, slug(p.Name)))
+				name := filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-rep%d-%s.json", level, n, bench.Slug(p.Name)))
 				_ = os.WriteFile(name, append(out, stderr...), 0o644)
 			}
-			res, perr := ParseConnRate(out)
+			res, perr := connrate.Parse(out)
 			switch {
 			case perr != nil && runErr != nil:
-				s.Err = fmt.Sprintf("%v: %v %s", runErr, perr, truncate(strings.TrimSpace(string(stderr)), 300))
+				s.Err = fmt.Sprintf("%v: %v %s", runErr, perr, clip.String(strings.TrimSpace(string(stderr)), 300))
 			case perr != nil:
 				s.Err = perr.Error()
 			case res.Conns == 0:
@@ -676,25 +680,25 @@ func (r *svcRun) measureLevel(ctx context.Context, level int, paths []svcPath) e
 	return errors.Join(errs...)
 }
 
-// Paired runs of the Service benchmark (SvcPaired.Kind): each pairs two
+// Paired runs of the Service benchmark (Paired.Kind): each pairs two
 // paths in alternating slices, so the machine's load cancels out of the
 // ratio.
 const (
-	// SvcPairedClusterIP: axon's ClusterIP (A) against the backend pod IP
+	// PairedClusterIP: axon's ClusterIP (A) against the backend pod IP
 	// (B), one client (the ClusterIP path's pod).
-	SvcPairedClusterIP = "clusterip"
-	// SvcPairedRules: an axon pod's direct connections on the node that runs
+	PairedClusterIP = "clusterip"
+	// PairedRules: an axon pod's direct connections on the node that runs
 	// kube-proxy iptables (A) against an axon pod's on a rules-free node
 	// (B), one client process that moves between the two pods.
-	SvcPairedRules = "rules"
+	PairedRules = "rules"
 )
 
 // svcPairing is one paired run: its kind and the paths of its two sides.
 type svcPairing struct{ kind, a, b string }
 
 var svcPairings = []svcPairing{
-	{SvcPairedClusterIP, SvcPathAxonClusterIP, SvcPathAxonDirect},
-	{SvcPairedRules, SvcPathAxonDirectIPT, SvcPathAxonDirect},
+	{PairedClusterIP, PathAxonClusterIP, PathAxonDirect},
+	{PairedRules, PathAxonDirectIPT, PathAxonDirect},
 }
 
 // unsynced says why path p cannot run at the current level: the kube-proxy
@@ -726,7 +730,7 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 		if a == nil || b == nil || ctx.Err() != nil {
 			continue
 		}
-		pr := SvcPaired{Kind: pg.kind, Services: level, Client: a.Client.Name}
+		pr := Paired{Kind: pg.kind, Services: level, Client: a.Client.Name}
 		if why := cmp.Or(r.unsynced(*a), r.unsynced(*b)); why != "" {
 			pr.Err = why
 			r.rep.Paired = append(r.rep.Paired, pr)
@@ -740,8 +744,8 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 			args = append(args, "--target-netns", a.Client.Netns, "--target-cgroup", a.Client.Cgroup,
 				"--versus-netns", b.Client.Netns, "--versus-cgroup", b.Client.Cgroup)
 		}
-		argv := r.tools.wrap(a.Client.Netns, r.cfg.ClientCPU, append([]string{r.cfg.Axon}, args...)...)
-		out, stderr, err := runClient(ctx, a.Client.Cgroup, argv, d+30*time.Second)
+		argv := r.tools.Wrap(a.Client.Netns, r.cfg.ClientCPU, append([]string{r.cfg.Axon}, args...)...)
+		out, stderr, err := bench.RunClient(ctx, a.Client.Cgroup, argv, d+30*time.Second)
 		if r.cfg.OutDir != "" {
 			_ = os.WriteFile(filepath.Join(r.cfg.OutDir, "raw", fmt.Sprintf("L%d-paired-%s.json", level, pg.kind)), append(out, stderr...), 0o644)
 		}
@@ -749,7 +753,7 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 			err = json.Unmarshal(bytes.TrimSpace(out), &pr.Result)
 		}
 		if err != nil {
-			pr.Err = fmt.Sprintf("%v %s", err, truncate(strings.TrimSpace(string(stderr)), 300))
+			pr.Err = fmt.Sprintf("%v %s", err, clip.String(strings.TrimSpace(string(stderr)), 300))
 			r.rep.Paired = append(r.rep.Paired, pr)
 			errs = append(errs, fmt.Errorf("%d Services, paired %s: %s", level, pr.Label(), pr.Err))
 			continue
@@ -765,10 +769,10 @@ func (r *svcRun) measurePaired(ctx context.Context, level int, paths []svcPath) 
 // controlPlane measures, at the last level: EndpointSlice change → applied
 // (axon: the pinned map of node1; kube-proxy: its own sync timestamp), then
 // full syncs after a restart (axon agent of node2, kube-proxy nftables).
-func (r *svcRun) controlPlane(ctx context.Context, level int) (*SvcControlPlane, error) {
-	cp := &SvcControlPlane{Services: level + 1, Endpoints: r.cfg.Endpoints}
+func (r *svcRun) controlPlane(ctx context.Context, level int) (*ControlPlane, error) {
+	cp := &ControlPlane{Services: level + 1, Endpoints: r.cfg.Endpoints}
 	var errs []error
-	before := readPressure()
+	before := bench.ReadPressure()
 	if r.cfg.Changes > 0 {
 		if err := r.measureChanges(ctx, level, cp); err != nil {
 			errs = append(errs, err)
@@ -778,14 +782,14 @@ func (r *svcRun) controlPlane(ctx context.Context, level int) (*SvcControlPlane,
 	for _, n := range r.nodes {
 		if n.Agent != nil {
 			if hwm, rss, err := VmHWM(n.Agent.PID); err == nil {
-				cp.AgentRSS = append(cp.AgentRSS, SvcRSS{Who: "axon-agent " + n.Name, HWM: hwm, RSS: rss})
+				cp.AgentRSS = append(cp.AgentRSS, RSS{Who: "axon-agent " + n.Name, HWM: hwm, RSS: rss})
 			}
 		}
 	}
 	for _, mode := range []string{"nftables", "iptables"} {
 		if kp := r.kps[mode]; kp != nil {
 			if hwm, rss, err := VmHWM(kp.Proc.PID); err == nil {
-				cp.KubeProxyRSS = append(cp.KubeProxyRSS, SvcRSS{Who: "kube-proxy " + mode + " " + kp.Spec.Node, HWM: hwm, RSS: rss})
+				cp.KubeProxyRSS = append(cp.KubeProxyRSS, RSS{Who: "kube-proxy " + mode + " " + kp.Spec.Node, HWM: hwm, RSS: rss})
 			}
 		}
 	}
@@ -803,11 +807,11 @@ func (r *svcRun) controlPlane(ctx context.Context, level int) (*SvcControlPlane,
 			}
 		}
 	}
-	cp.PSIBefore, cp.PSIAfter = before.Avg10, readPressure().Avg10
+	cp.PSIBefore, cp.PSIAfter = before.Avg10, bench.ReadPressure().Avg10
 	return cp, errors.Join(errs...)
 }
 
-func (r *svcRun) measureChanges(ctx context.Context, level int, cp *SvcControlPlane) error {
+func (r *svcRun) measureChanges(ctx context.Context, level int, cp *ControlPlane) error {
 	node1 := r.nodes[0]
 	m, err := OpenLBSvcMap(node1.PinDir)
 	if err != nil {
@@ -941,14 +945,14 @@ func (r *svcRun) waitKubeProxiesIdle(ctx context.Context) {
 // idleChanges measures axon's change latency alone: the kube-proxies are
 // first left to finish their syncs, then paused for the window and resumed
 // after it (they then apply the window's changes in one sync).
-func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *rand.Rand, cp *SvcControlPlane) error {
+func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *rand.Rand, cp *ControlPlane) error {
 	if len(r.kps) == 0 {
 		return nil
 	}
 	r.waitKubeProxiesIdle(ctx)
 	resume := r.pauseKubeProxies()
 	defer resume()
-	cp.AxonChangeIdlePSI[0] = readPressure().Avg10
+	cp.AxonChangeIdlePSI[0] = bench.ReadPressure().Avg10
 	r.progress("control plane: %d EndpointSlice changes, axon alone (kube-proxies paused)", r.cfg.Changes)
 	for range r.cfg.Changes {
 		i := rng.IntN(level)
@@ -978,10 +982,10 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 			cp.AgentChangeIdle = append(cp.AgentChangeIdle, own)
 		}
 	}
-	cp.AxonChangeIdlePSI[1] = readPressure().Avg10
+	cp.AxonChangeIdlePSI[1] = bench.ReadPressure().Avg10
 	resume()
-	r.progress("  axon alone: p50 %.1f ms, p99 %.1f ms (n=%d); kube-proxies resumed", percentile(cp.AxonChangeIdle, 50),
-		percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
+	r.progress("  axon alone: p50 %.1f ms, p99 %.1f ms (n=%d); kube-proxies resumed", quantile.Percentile(cp.AxonChangeIdle, 50),
+		quantile.Percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
 	r.waitKubeProxiesIdle(ctx)
 	return nil
 }
@@ -1009,7 +1013,7 @@ func (r *svcRun) agentChangeMs(ctx context.Context, node labpkg.Node, written ti
 // AgentLastWrite reads axon_services_last_write_timestamp_seconds from an
 // agent's Prometheus text exposition.
 func AgentLastWrite(r io.Reader) (time.Time, error) {
-	fams, err := metricFamilies(r)
+	fams, err := bench.MetricFamilies(r)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -1018,7 +1022,7 @@ func AgentLastWrite(r io.Reader) (time.Time, error) {
 		return time.Time{}, errors.New("no axon_services_last_write_timestamp_seconds (agent older than the benchmark?)")
 	}
 	m := f.GetMetric()[0]
-	v := metricValue(m)
+	v := bench.MetricValue(m)
 	if v <= 0 {
 		return time.Time{}, errors.New("axon_services_last_write_timestamp_seconds is 0: the agent wrote no Service change yet")
 	}
@@ -1063,7 +1067,7 @@ var agentTook = regexp.MustCompile(`msg="services synced".*\bwriter=true\b.*\bto
 // the new agent starts from empty maps and writes everything: process start
 // → every Service in the new pinned map. The programs attached to node2's
 // cgroup keep the old maps until the new agent swaps them in place.
-func (r *svcRun) agentFullSync(ctx context.Context, level int, cp *SvcControlPlane) error {
+func (r *svcRun) agentFullSync(ctx context.Context, level int, cp *ControlPlane) error {
 	n := r.nodes[1]
 	r.progress("control plane: axon agent full sync on %s (maps unpinned, agent restarted)", n.Name)
 	for _, name := range LBMapNames {
@@ -1128,7 +1132,7 @@ func (r *svcRun) agentFullSync(ctx context.Context, level int, cp *SvcControlPla
 	st := r.l.State()
 	if a := st.Nodes[1].Agent; a != nil {
 		if hwm, rss, err := VmHWM(a.PID); err == nil {
-			cp.AgentRSS = append(cp.AgentRSS, SvcRSS{Who: "axon-agent " + n.Name + " after full sync", HWM: hwm, RSS: rss})
+			cp.AgentRSS = append(cp.AgentRSS, RSS{Who: "axon-agent " + n.Name + " after full sync", HWM: hwm, RSS: rss})
 		}
 		if d, ok := lastAgentTook(a.Log); ok {
 			cp.AgentLoggedSync = d
@@ -1164,7 +1168,7 @@ func lastAgentTook(logPath string) (time.Duration, bool) {
 
 // kubeProxyFullSync restarts kube-proxy (mode) and measures process start →
 // first complete sync, with kube-proxy's own logged sync time and its RSS.
-func (r *svcRun) kubeProxyFullSync(ctx context.Context, mode string, cp *SvcControlPlane) error {
+func (r *svcRun) kubeProxyFullSync(ctx context.Context, mode string, cp *ControlPlane) error {
 	kp := r.kps[mode]
 	r.progress("control plane: kube-proxy %s full sync on %s (restarted)", mode, kp.Spec.Node)
 	if err := kp.Stop(); err != nil {
@@ -1177,7 +1181,7 @@ func (r *svcRun) kubeProxyFullSync(ctx context.Context, mode string, cp *SvcCont
 		return err
 	}
 	r.kps[mode] = nkp
-	fs := SvcFullSync{Mode: mode}
+	fs := FullSync{Mode: mode}
 	m, err := nkp.WaitSynced(ctx, t0, r.cfg.SyncTimeout, 50*time.Millisecond)
 	if err != nil {
 		fs.Err = err.Error()
@@ -1206,7 +1210,7 @@ func (r *svcRun) cleanup() error {
 	}
 	var errs []error
 	if r.server != nil {
-		r.server.stop()
+		r.server.Stop()
 	}
 	for mode, kp := range r.kps {
 		if kp == nil {
@@ -1236,10 +1240,10 @@ func (r *svcRun) cleanup() error {
 	ctx, cancel := step(time.Minute)
 	for _, del := range []func() error{
 		func() error {
-			return r.kube.CoreV1().Services(SvcTargetNamespace).Delete(ctx, SvcTargetName, metav1.DeleteOptions{})
+			return r.kube.CoreV1().Services(TargetNamespace).Delete(ctx, TargetName, metav1.DeleteOptions{})
 		},
 		func() error {
-			return r.kube.DiscoveryV1().EndpointSlices(SvcTargetNamespace).Delete(ctx, SvcTargetName, metav1.DeleteOptions{})
+			return r.kube.DiscoveryV1().EndpointSlices(TargetNamespace).Delete(ctx, TargetName, metav1.DeleteOptions{})
 		},
 	} {
 		if err := del(); err != nil && !apierrors.IsNotFound(err) {

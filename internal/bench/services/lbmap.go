@@ -1,4 +1,4 @@
-package bench
+package services
 
 // Reading the agent's pinned socket-LB service map directly (not through the
 // agent), so the control-plane benchmark measures "apiserver write → entry
@@ -41,7 +41,7 @@ func OpenLBSvcMap(pinDir string) (*LBSvcMap, error) {
 	}
 	if m.KeySize() != lbSvcKeySize || m.ValueSize() != lbSvcValueSize {
 		m.Close()
-		return nil, fmt.Errorf("%s has key/value sizes %d/%d, the benchmark reads %d/%d: update internal/bench/svc_lbmap.go to bpf/lib/lb.h",
+		return nil, fmt.Errorf("%s has key/value sizes %d/%d, the benchmark reads %d/%d: update internal/bench/services/lbmap.go to bpf/lib/lb.h",
 			p, m.KeySize(), m.ValueSize(), lbSvcKeySize, lbSvcValueSize)
 	}
 	return &LBSvcMap{m: m}, nil

@@ -1,4 +1,5 @@
-package bench_test
+// Package benchtest holds what the lab benchmarks' end-to-end tests share.
+package benchtest
 
 import (
 	"errors"
@@ -11,11 +12,11 @@ import (
 	"github.com/axonhq/axon/internal/lab"
 )
 
-// labBenchSetup checks what the lab benchmarks' end-to-end tests need
+// LabSetup checks what the lab benchmarks' end-to-end tests need
 // (root, the cached kube-apiserver/etcd/kube-proxy/CNI plugin builds,
 // kube-proxy's tools, the machine's lab slot free) and returns a directory
 // with axon, axon-agent and axon-cni: AXON_TEST_BIN_DIR, or a fresh build.
-func labBenchSetup(t *testing.T) string {
+func LabSetup(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: network namespaces, bpffs, cgroups, kube-proxy")
@@ -43,11 +44,29 @@ func labBenchSetup(t *testing.T) string {
 		bin = t.TempDir()
 		t0 := time.Now()
 		build := exec.Command("go", "build", "-o", bin+"/", "./cmd/axon", "./cmd/axon-agent", "./cmd/axon-cni")
-		build.Dir = "../.."
+		build.Dir = moduleRoot(t)
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
 		}
 		t.Logf("built the binaries in %s", time.Since(t0).Round(time.Millisecond))
 	}
 	return bin
+}
+
+// moduleRoot is the directory of the go.mod above the test's working
+// directory (the package directory under `go test`).
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", dir)
+		}
+	}
 }

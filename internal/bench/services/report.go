@@ -1,4 +1,4 @@
-package bench
+package services
 
 // The Service benchmark's report: connect rate per scale level and path
 // (medians, min–max, ratios to the reference in the same run), the scale
@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
-	"encoding/xml"
 	"fmt"
 	"maps"
 	"math"
@@ -18,19 +17,25 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/bench/clip"
+	"github.com/axonhq/axon/internal/bench/connrate"
+	"github.com/axonhq/axon/internal/bench/jsonnum"
+	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
-// SvcPathInfo describes a measured path.
-type SvcPathInfo struct {
-	Name    string   `json:"name"`
-	Client  Endpoint `json:"client"`
-	Target  string   `json:"target"`
-	Needs   string   `json:"needsKubeProxy,omitempty"`
-	Command string   `json:"command"`
+// PathInfo describes a measured path.
+type PathInfo struct {
+	Name    string         `json:"name"`
+	Client  bench.Endpoint `json:"client"`
+	Target  string         `json:"target"`
+	Needs   string         `json:"needsKubeProxy,omitempty"`
+	Command string         `json:"command"`
 }
 
-// SvcSync is how one agent or kube-proxy applied a scale level.
-type SvcSync struct {
+// Sync is how one agent or kube-proxy applied a scale level.
+type Sync struct {
 	Synced bool `json:"synced"`
 	// AfterLastWrite: last apiserver write → applied (kube-proxy: the end of
 	// its sync by its own clock; agent: every ClusterIP in the pinned map).
@@ -43,40 +48,40 @@ type SvcSync struct {
 	Err            string        `json:"error,omitempty"`
 }
 
-// SvcLevel is one scale level.
-type SvcLevel struct {
-	Services  int                `json:"services"` // generated (plus the target Service)
-	Endpoints int                `json:"endpointsPerService"`
-	Created   int                `json:"objectsCreated"`
-	Apply     time.Duration      `json:"applyNs"`
-	KubeProxy map[string]SvcSync `json:"kubeProxy"`
-	Agents    map[string]SvcSync `json:"agents"`
-	PSIBefore float64            `json:"psiBefore"`
-	PSIAfter  float64            `json:"psiAfter"`
+// Level is one scale level.
+type Level struct {
+	Services  int             `json:"services"` // generated (plus the target Service)
+	Endpoints int             `json:"endpointsPerService"`
+	Created   int             `json:"objectsCreated"`
+	Apply     time.Duration   `json:"applyNs"`
+	KubeProxy map[string]Sync `json:"kubeProxy"`
+	Agents    map[string]Sync `json:"agents"`
+	PSIBefore float64         `json:"psiBefore"`
+	PSIAfter  float64         `json:"psiAfter"`
 }
 
-// SvcSample is one connect-rate run.
-type SvcSample struct {
-	Level      int            `json:"services"`
-	Rep        int            `json:"rep"`
-	Path       string         `json:"path"`
-	Result     ConnRateResult `json:"result"`
-	Start      time.Time      `json:"start"`
-	Before     Pressure       `json:"-"`
-	After      Pressure       `json:"-"`
-	StallMicro uint64         `json:"cpuStallUs"`
-	Err        string         `json:"error,omitempty"`
+// Sample is one connect-rate run.
+type Sample struct {
+	Level      int             `json:"services"`
+	Rep        int             `json:"rep"`
+	Path       string          `json:"path"`
+	Result     connrate.Result `json:"result"`
+	Start      time.Time       `json:"start"`
+	Before     bench.Pressure  `json:"-"`
+	After      bench.Pressure  `json:"-"`
+	StallMicro uint64          `json:"cpuStallUs"`
+	Err        string          `json:"error,omitempty"`
 }
 
-// SvcRSS is a process's memory.
-type SvcRSS struct {
+// RSS is a process's memory.
+type RSS struct {
 	Who string `json:"who"`
 	HWM uint64 `json:"vmHWMBytes"`
 	RSS uint64 `json:"vmRSSBytes"`
 }
 
-// SvcFullSync is a kube-proxy restart: start → first complete sync.
-type SvcFullSync struct {
+// FullSync is a kube-proxy restart: start → first complete sync.
+type FullSync struct {
 	Mode          string        `json:"mode"`
 	StartToSynced time.Duration `json:"startToSyncedNs"`
 	Logged        time.Duration `json:"loggedSyncNs"` // its first "SyncProxyRules complete" elapsed
@@ -84,8 +89,8 @@ type SvcFullSync struct {
 	Err           string `json:"error,omitempty"`
 }
 
-// SvcControlPlane holds the control-plane measurements at the last level.
-type SvcControlPlane struct {
+// ControlPlane holds the control-plane measurements at the last level.
+type ControlPlane struct {
 	Services  int `json:"services"`
 	Endpoints int `json:"endpointsPerService"`
 	// EndpointSlice change → applied, ms, one sample per change.
@@ -119,71 +124,71 @@ type SvcControlPlane struct {
 	AgentFrontends     int           `json:"agentFrontends"`
 	AgentBackends      int           `json:"agentBackends"`
 	AgentMapMasters    int           `json:"agentMapFrontends"`
-	KubeProxyFullSync  []SvcFullSync `json:"kubeProxyFullSync"`
-	AgentRSS           []SvcRSS      `json:"agentRss"`
-	KubeProxyRSS       []SvcRSS      `json:"kubeProxyRss"`
+	KubeProxyFullSync  []FullSync    `json:"kubeProxyFullSync"`
+	AgentRSS           []RSS         `json:"agentRss"`
+	KubeProxyRSS       []RSS         `json:"kubeProxyRss"`
 	Notes              []string      `json:"notes,omitempty"`
 	PSIBefore          float64       `json:"psiBefore"`
 	PSIAfter           float64       `json:"psiAfter"`
 }
 
-// SvcReport is the outcome of RunServices.
-type SvcReport struct {
-	Started           time.Time        `json:"started"`
-	Finished          time.Time        `json:"finished"`
-	Reps              int              `json:"reps"`
-	Duration          time.Duration    `json:"durationNs"`
-	Endpoints         int              `json:"endpointsPerService"`
-	ClientCPU         int              `json:"clientCPU"`
-	ServerCPU         int              `json:"serverCPU"`
-	Host              Host             `json:"host"`
-	Reference         string           `json:"reference"`
-	Command           string           `json:"command,omitempty"` // how the run was started
-	ServerCommand     string           `json:"serverCommand"`
-	KubeProxyCommands []string         `json:"kubeProxyCommands"`
-	Paths             []SvcPathInfo    `json:"paths"`
-	Levels            []SvcLevel       `json:"levels"`
-	Samples           []SvcSample      `json:"samples"`
-	ControlPlane      *SvcControlPlane `json:"controlPlane,omitempty"`
-	Paired            []SvcPaired      `json:"paired,omitempty"`
-	Errors            []string         `json:"errors,omitempty"`
+// Report is the outcome of Run.
+type Report struct {
+	Started           time.Time     `json:"started"`
+	Finished          time.Time     `json:"finished"`
+	Reps              int           `json:"reps"`
+	Duration          time.Duration `json:"durationNs"`
+	Endpoints         int           `json:"endpointsPerService"`
+	ClientCPU         int           `json:"clientCPU"`
+	ServerCPU         int           `json:"serverCPU"`
+	Host              bench.Host    `json:"host"`
+	Reference         string        `json:"reference"`
+	Command           string        `json:"command,omitempty"` // how the run was started
+	ServerCommand     string        `json:"serverCommand"`
+	KubeProxyCommands []string      `json:"kubeProxyCommands"`
+	Paths             []PathInfo    `json:"paths"`
+	Levels            []Level       `json:"levels"`
+	Samples           []Sample      `json:"samples"`
+	ControlPlane      *ControlPlane `json:"controlPlane,omitempty"`
+	Paired            []Paired      `json:"paired,omitempty"`
+	Errors            []string      `json:"errors,omitempty"`
 }
 
-// SvcPaired is one paired run at one level (ConnRatePaired): two paths
+// Paired is one paired run at one level (connrate.RunPaired): two paths
 // measured in alternating slices, the ratio a noisy machine cannot blur,
 // since both sides of every pair share its state. Kind says which
-// (SvcPairedClusterIP, SvcPairedRules; empty in reports written before
+// (PairedClusterIP, PairedRules; empty in reports written before
 // there was more than one: ClusterIP).
-type SvcPaired struct {
-	Kind     string               `json:"kind,omitempty"`
-	Services int                  `json:"services"`
-	Client   string               `json:"client"`
-	Result   ConnRatePairedResult `json:"result"`
-	Err      string               `json:"err,omitempty"`
+type Paired struct {
+	Kind     string                `json:"kind,omitempty"`
+	Services int                   `json:"services"`
+	Client   string                `json:"client"`
+	Result   connrate.PairedResult `json:"result"`
+	Err      string                `json:"err,omitempty"`
 }
 
-func (p SvcPaired) kind() string {
+func (p Paired) kind() string {
 	if p.Kind == "" {
-		return SvcPairedClusterIP
+		return PairedClusterIP
 	}
 	return p.Kind
 }
 
 // svcPairedSides names the two sides of each kind of paired run (A, B).
 var svcPairedSides = map[string][2]string{
-	SvcPairedClusterIP: {"ClusterIP", "pod IP"},
-	SvcPairedRules:     {"iptables-rules node", "rules-free node"},
+	PairedClusterIP: {"ClusterIP", "pod IP"},
+	PairedRules:     {"iptables-rules node", "rules-free node"},
 }
 
 // Label is "A / B" of the run's kind, e.g. "ClusterIP / pod IP".
-func (p SvcPaired) Label() string {
+func (p Paired) Label() string {
 	s := svcPairedSides[p.kind()]
 	return s[0] + " / " + s[1]
 }
 
 // PairedOf returns the paired runs of one kind, in level order.
-func (r *SvcReport) PairedOf(kind string) []SvcPaired {
-	var out []SvcPaired
+func (r *Report) PairedOf(kind string) []Paired {
+	var out []Paired
 	for _, p := range r.Paired {
 		if p.kind() == kind {
 			out = append(out, p)
@@ -193,7 +198,7 @@ func (r *SvcReport) PairedOf(kind string) []SvcPaired {
 }
 
 // PairedTable renders the paired ratios of one kind, one row per level.
-func (r *SvcReport) PairedTable(kind string) string {
+func (r *Report) PairedTable(kind string) string {
 	s := svcPairedSides[kind]
 	var b strings.Builder
 	fmt.Fprintf(&b, "| Services | pairs × slice | %s / %s per pair: median [95 %% CI] (IQR) | all slices: %s conn/s | %s conn/s | ratio | connect p50 µs %s / %s |\n",
@@ -201,12 +206,12 @@ func (r *SvcReport) PairedTable(kind string) string {
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.PairedOf(kind) {
 		if p.Err != "" {
-			fmt.Fprintf(&b, "| %d | – | %s | | | | |\n", p.Services, mdEscape(p.Err))
+			fmt.Fprintf(&b, "| %d | – | %s | | | | |\n", p.Services, bench.MarkdownEscape(p.Err))
 			continue
 		}
 		x := p.Result
 		fmt.Fprintf(&b, "| %d | %d × %.0f ms | %.3f %s (%.3f–%.3f) | %.0f | %.0f | %.3f | %.1f / %.1f |\n", p.Services, x.Pairs, x.SliceSec*1e3,
-			x.RatioMedian, ciText(x), x.RatioP25, x.RatioP75, x.A.Rate, x.B.Rate, Ratio(x.A.Rate, x.B.Rate), x.A.ConnectP50, x.B.ConnectP50)
+			x.RatioMedian, ciText(x), x.RatioP25, x.RatioP75, x.A.Rate, x.B.Rate, bench.Ratio(x.A.Rate, x.B.Rate), x.A.ConnectP50, x.B.ConnectP50)
 	}
 	return b.String()
 }
@@ -214,7 +219,7 @@ func (r *SvcReport) PairedTable(kind string) string {
 // ciText is "[lo–hi]", the 95 % confidence interval of a paired run's
 // median ratio, or "[CI n/a]" (too few pairs, or a report from before it
 // was recorded).
-func ciText(x ConnRatePairedResult) string {
+func ciText(x connrate.PairedResult) string {
 	if math.IsNaN(x.RatioCILo) || math.IsNaN(x.RatioCIHi) {
 		return "[CI n/a]"
 	}
@@ -223,31 +228,31 @@ func ciText(x ConnRatePairedResult) string {
 
 // Connect-rate metrics of a sample.
 const (
-	SvcMetricRate       = "conn_per_s"
-	SvcMetricConnectP50 = "connect_p50_us"
-	SvcMetricConnectP99 = "connect_p99_us"
-	SvcMetricCycleP50   = "cycle_p50_us"
-	// SvcMetricCycleRate is 1 / (median connection cycle): the rate the loop
+	MetricRate       = "conn_per_s"
+	MetricConnectP50 = "connect_p50_us"
+	MetricConnectP99 = "connect_p99_us"
+	MetricCycleP50   = "cycle_p50_us"
+	// MetricCycleRate is 1 / (median connection cycle): the rate the loop
 	// runs at when it is not preempted. On a shared machine the measured
 	// conn/s mostly reflects how often client or server lose their CPU; the
 	// median cycle filters those stalls out, so this is the robust number.
-	SvcMetricCycleRate = "conn_per_s_at_median_cycle"
+	MetricCycleRate = "conn_per_s_at_median_cycle"
 )
 
-func (s SvcSample) value(metric string) float64 {
+func (s Sample) value(metric string) float64 {
 	if s.Err != "" {
 		return math.NaN()
 	}
 	switch metric {
-	case SvcMetricRate:
+	case MetricRate:
 		return s.Result.Rate
-	case SvcMetricConnectP50:
+	case MetricConnectP50:
 		return s.Result.ConnectP50
-	case SvcMetricConnectP99:
+	case MetricConnectP99:
 		return s.Result.ConnectP99
-	case SvcMetricCycleP50:
+	case MetricCycleP50:
 		return s.Result.CycleP50
-	case SvcMetricCycleRate:
+	case MetricCycleRate:
 		if !(s.Result.CycleP50 > 0) {
 			return math.NaN()
 		}
@@ -257,22 +262,22 @@ func (s SvcSample) value(metric string) float64 {
 }
 
 // Stats summarises metric over the repetitions of path at level.
-func (r *SvcReport) Stats(level int, path, metric string) Stats {
+func (r *Report) Stats(level int, path, metric string) bench.Stats {
 	var xs []float64
 	for _, s := range r.Samples {
 		if s.Level == level && s.Path == path {
 			xs = append(xs, s.value(metric))
 		}
 	}
-	return Summarize(xs)
+	return bench.Summarize(xs)
 }
 
 // Ratio is path's median over the reference's median at the same level.
-func (r *SvcReport) Ratio(level int, path, metric string) float64 {
-	return Ratio(r.Stats(level, path, metric).Median, r.Stats(level, r.Reference, metric).Median)
+func (r *Report) Ratio(level int, path, metric string) float64 {
+	return bench.Ratio(r.Stats(level, path, metric).Median, r.Stats(level, r.Reference, metric).Median)
 }
 
-func (r *SvcReport) levelNums() []int {
+func (r *Report) levelNums() []int {
 	var out []int
 	for _, l := range r.Levels {
 		out = append(out, l.Services)
@@ -280,7 +285,7 @@ func (r *SvcReport) levelNums() []int {
 	return out
 }
 
-func (r *SvcReport) skipReason(level int, path string) string {
+func (r *Report) skipReason(level int, path string) string {
 	for _, s := range r.Samples {
 		if s.Level == level && s.Path == path && strings.HasPrefix(s.Err, "skipped") {
 			return s.Err
@@ -290,37 +295,37 @@ func (r *SvcReport) skipReason(level int, path string) string {
 }
 
 // Table renders the connect-rate table of one level.
-func (r *SvcReport) Table(level int) string {
+func (r *Report) Table(level int) string {
 	var b strings.Builder
 	b.WriteString("| path | conn/s measured, median (min–max) | ratio | conn/s at median cycle (1/cycle p50) | ratio | connect p50 µs | connect p99 µs | cycle p50 µs |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Paths {
-		name := mdEscape(p.Name)
+		name := bench.MarkdownEscape(p.Name)
 		if p.Name == r.Reference {
 			name += " (reference)"
 		}
-		rate := r.Stats(level, p.Name, SvcMetricRate)
+		rate := r.Stats(level, p.Name, MetricRate)
 		if rate.N == 0 {
 			why := "no data"
 			if s := r.skipReason(level, p.Name); s != "" {
 				why = s
 			}
-			fmt.Fprintf(&b, "| %s | %s | | | | | | |\n", name, mdEscape(why))
+			fmt.Fprintf(&b, "| %s | %s | | | | | | |\n", name, bench.MarkdownEscape(why))
 			continue
 		}
-		cr := r.Stats(level, p.Name, SvcMetricCycleRate)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", name, cell(rate, 1, 0), fmtRatio(r.Ratio(level, p.Name, SvcMetricRate)),
-			cell(cr, 1, 0), fmtRatio(r.Ratio(level, p.Name, SvcMetricCycleRate)),
-			fmtNum(r.Stats(level, p.Name, SvcMetricConnectP50).Median, 1), fmtNum(r.Stats(level, p.Name, SvcMetricConnectP99).Median, 1),
-			fmtNum(r.Stats(level, p.Name, SvcMetricCycleP50).Median, 1))
+		cr := r.Stats(level, p.Name, MetricCycleRate)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", name, bench.Cell(rate, 1, 0), bench.FormatRatio(r.Ratio(level, p.Name, MetricRate)),
+			bench.Cell(cr, 1, 0), bench.FormatRatio(r.Ratio(level, p.Name, MetricCycleRate)),
+			bench.FormatNum(r.Stats(level, p.Name, MetricConnectP50).Median, 1), bench.FormatNum(r.Stats(level, p.Name, MetricConnectP99).Median, 1),
+			bench.FormatNum(r.Stats(level, p.Name, MetricCycleP50).Median, 1))
 	}
 	return b.String()
 }
 
-// ScaleTable renders the median of metric (SvcMetricRate or
-// SvcMetricCycleRate) per path and level, and the change from the first
+// ScaleTable renders the median of metric (MetricRate or
+// MetricCycleRate) per path and level, and the change from the first
 // level to the last.
-func (r *SvcReport) ScaleTable(metric string) string {
+func (r *Report) ScaleTable(metric string) string {
 	lv := r.levelNums()
 	if len(lv) == 0 {
 		return ""
@@ -336,13 +341,13 @@ func (r *SvcReport) ScaleTable(metric string) string {
 	}
 	b.WriteString("---:|\n")
 	for _, p := range r.Paths {
-		fmt.Fprintf(&b, "| %s |", mdEscape(p.Name))
+		fmt.Fprintf(&b, "| %s |", bench.MarkdownEscape(p.Name))
 		for _, n := range lv {
 			s := r.Stats(n, p.Name, metric)
 			if s.N == 0 {
 				b.WriteString(" n/a |")
 			} else {
-				fmt.Fprintf(&b, " %s (%s) |", fmtNum(s.Median, 0), fmtRatio(r.Ratio(n, p.Name, metric)))
+				fmt.Fprintf(&b, " %s (%s) |", bench.FormatNum(s.Median, 0), bench.FormatRatio(r.Ratio(n, p.Name, metric)))
 			}
 		}
 		first, lastS := r.Stats(lv[0], p.Name, metric), r.Stats(lv[len(lv)-1], p.Name, metric)
@@ -356,28 +361,17 @@ func (r *SvcReport) ScaleTable(metric string) string {
 }
 
 func msStats(xs []float64) string {
-	s := Summarize(xs)
+	s := bench.Summarize(xs)
 	if s.N == 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", fmtNum(percentile(xs, 50), 1), fmtNum(percentile(xs, 99), 1), fmtNum(s.Max, 1), s.N)
-}
-
-// percentile is the nearest-rank percentile of the finite values of xs.
-func percentile(xs []float64, p float64) float64 {
-	var ns []int64
-	for _, x := range xs {
-		if !math.IsNaN(x) && !math.IsInf(x, 0) {
-			ns = append(ns, int64(x*1e3))
-		}
-	}
-	return percentileUs(ns, p) // back in the unit of xs (×1e3 / 1e3)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", bench.FormatNum(quantile.Percentile(xs, 50), 1), bench.FormatNum(quantile.Percentile(xs, 99), 1), bench.FormatNum(s.Max, 1), s.N)
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
 // ControlPlaneTable renders the control-plane comparison.
-func (r *SvcReport) ControlPlaneTable() string {
+func (r *Report) ControlPlaneTable() string {
 	cp := r.ControlPlane
 	if cp == nil {
 		return ""
@@ -385,7 +379,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d Services × %d endpoints (+ the target Service):\n\n", cp.Services-1, cp.Endpoints)
 	b.WriteString("| measurement | axon | kube-proxy nftables | kube-proxy iptables |\n|---|---|---|---|\n")
-	fs := map[string]SvcFullSync{}
+	fs := map[string]FullSync{}
 	for _, f := range cp.KubeProxyFullSync {
 		fs[f.Mode] = f
 	}
@@ -395,7 +389,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 		case !ok:
 			return "not measured"
 		case f.Err != "":
-			return "failed: " + mdEscape(truncate(f.Err, 120))
+			return "failed: " + bench.MarkdownEscape(clip.String(f.Err, 120))
 		}
 		return fmt.Sprintf("%s (logged SyncProxyRules %s)", f.StartToSynced.Round(time.Millisecond), f.Logged.Round(time.Millisecond))
 	}
@@ -431,7 +425,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 	}
 	// Memory: the largest VmHWM of the long-running processes, and of the
 	// restarted one after its full sync.
-	peak := func(list []SvcRSS, pick func(SvcRSS) bool) (uint64, string) {
+	peak := func(list []RSS, pick func(RSS) bool) (uint64, string) {
 		var best uint64
 		who := ""
 		for _, x := range list {
@@ -442,15 +436,15 @@ func (r *SvcReport) ControlPlaneTable() string {
 		return best, who
 	}
 	axonMem := "n/a"
-	if hwm, who := peak(cp.AgentRSS, func(x SvcRSS) bool { return !strings.Contains(x.Who, "after full sync") }); hwm > 0 {
+	if hwm, who := peak(cp.AgentRSS, func(x RSS) bool { return !strings.Contains(x.Who, "after full sync") }); hwm > 0 {
 		axonMem = fmt.Sprintf("VmHWM %s (%s, largest of %d agents)", mib(hwm), who, len(cp.AgentRSS))
-		if h, _ := peak(cp.AgentRSS, func(x SvcRSS) bool { return strings.Contains(x.Who, "after full sync") }); h > 0 {
+		if h, _ := peak(cp.AgentRSS, func(x RSS) bool { return strings.Contains(x.Who, "after full sync") }); h > 0 {
 			axonMem = fmt.Sprintf("VmHWM %s (%s, largest of the long-running agents); restarted agent after its full sync: %s", mib(hwm), who, mib(h))
 		}
 	}
 	kpMem := func(mode string) string {
 		out := "n/a"
-		if hwm, _ := peak(cp.KubeProxyRSS, func(x SvcRSS) bool { return strings.Contains(x.Who, mode) }); hwm > 0 {
+		if hwm, _ := peak(cp.KubeProxyRSS, func(x RSS) bool { return strings.Contains(x.Who, mode) }); hwm > 0 {
 			out = "VmHWM " + mib(hwm)
 		}
 		if f, ok := fs[mode]; ok && f.Err == "" && f.HWM > 0 {
@@ -458,7 +452,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 		}
 		return out
 	}
-	fmt.Fprintf(&b, "| memory (/proc/<pid>/status) | %s | %s | %s |\n", mdEscape(axonMem), kpMem("nftables"), kpMem("iptables"))
+	fmt.Fprintf(&b, "| memory (/proc/<pid>/status) | %s | %s | %s |\n", bench.MarkdownEscape(axonMem), kpMem("nftables"), kpMem("iptables"))
 	for _, n := range cp.Notes {
 		fmt.Fprintf(&b, "\n- %s", n)
 	}
@@ -469,7 +463,7 @@ func (r *SvcReport) ControlPlaneTable() string {
 }
 
 // SyncTable renders how each level was applied.
-func (r *SvcReport) SyncTable() string {
+func (r *Report) SyncTable() string {
 	var b strings.Builder
 	b.WriteString("| Services | objects written | write time | kube-proxy nftables: synced after last write (last logged sync, syncs) | kube-proxy iptables | axon agents: all ClusterIPs in the BPF maps after last write (max over nodes) | CPU psi % |\n")
 	b.WriteString("|---:|---:|---:|---|---|---|---|\n")
@@ -480,7 +474,7 @@ func (r *SvcReport) SyncTable() string {
 			case !ok:
 				return "n/a"
 			case !s.Synced:
-				return "**not synced**: " + mdEscape(truncate(s.Err, 140))
+				return "**not synced**: " + bench.MarkdownEscape(clip.String(s.Err, 140))
 			}
 			return fmt.Sprintf("%s (%s, %d)", s.AfterLastWrite.Round(time.Millisecond), s.LastLogged.Round(time.Millisecond), s.Syncs)
 		}
@@ -497,18 +491,18 @@ func (r *SvcReport) SyncTable() string {
 			agents = worst.Round(time.Millisecond).String()
 		}
 		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %s | %s→%s |\n", l.Services, l.Created, l.Apply.Round(time.Millisecond),
-			kp("nftables"), kp("iptables"), mdEscape(agents), fmtNum(l.PSIBefore, 1), fmtNum(l.PSIAfter, 1))
+			kp("nftables"), kp("iptables"), bench.MarkdownEscape(agents), bench.FormatNum(l.PSIBefore, 1), bench.FormatNum(l.PSIAfter, 1))
 	}
 	return b.String()
 }
 
 // Markdown renders the whole report.
-func (r *SvcReport) Markdown() string {
+func (r *Report) Markdown() string {
 	var b strings.Builder
 	b.WriteString("# axon Service benchmark: socket LB vs kube-proxy\n\n")
 	fmt.Fprintf(&b, "Run %s → %s UTC. Connect rate: %d repetitions × %s per path and level, paths interleaved in every repetition; "+
 		"client pinned to CPU %d, server to CPU %d. Ratios: median conn/s over the median of **%s** at the same level, same run.\n\n",
-		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.Reps, r.Duration, r.ClientCPU, r.ServerCPU, mdEscape(r.Reference))
+		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.Reps, r.Duration, r.ClientCPU, r.ServerCPU, bench.MarkdownEscape(r.Reference))
 	b.WriteString("Each connection: socket → connect → 32-byte request → 32-byte response → server closes → client closes " +
 		"(`axon lab bench _connrate`, blocking system calls on one thread). connect p50/p99 are of the connect(2) call; " +
 		"cycle is the whole connection.\n\n")
@@ -522,27 +516,27 @@ func (r *SvcReport) Markdown() string {
 	}
 	if len(r.Levels) > 1 {
 		b.WriteString("## Scale: conn/s at the median connection cycle (ratio to the reference at that level)\n\n")
-		b.WriteString(r.ScaleTable(SvcMetricCycleRate))
+		b.WriteString(r.ScaleTable(MetricCycleRate))
 		b.WriteString("\n## Scale: measured conn/s, median of the repetitions (ratio to the reference at that level)\n\n")
-		b.WriteString(r.ScaleTable(SvcMetricRate))
+		b.WriteString(r.ScaleTable(MetricRate))
 		b.WriteString("\n")
 	}
-	if len(r.PairedOf(SvcPairedClusterIP)) > 0 {
+	if len(r.PairedOf(PairedClusterIP)) > 0 {
 		b.WriteString("## axon ClusterIP vs the backend pod IP, paired\n\n")
 		b.WriteString("One client (the ClusterIP path's pod) alternates between the ClusterIP and the backend pod IP in short slices, " +
 			"in pairs (random order within a pair, slice lengths 0.75–1.25 × the nominal so no once-a-second timer keeps hitting one side), " +
 			"and each pair gives one rate ratio (`axon lab bench _connrate paired`): both sides of a pair " +
 			"see the same machine, so CPU contention that moves separate samples by ±10 % cancels out.\n\n")
-		b.WriteString(r.PairedTable(SvcPairedClusterIP))
+		b.WriteString(r.PairedTable(PairedClusterIP))
 		b.WriteString("\n")
 	}
-	if len(r.PairedOf(SvcPairedRules)) > 0 {
+	if len(r.PairedOf(PairedRules)) > 0 {
 		b.WriteString("## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired\n\n")
 		b.WriteString("The same alternating slices, from two clients: one process moves between the axon pod on the node where " +
-			"kube-proxy iptables runs (`" + SvcPathAxonDirectIPT + "`) and the axon pod on a node without kube-proxy (`" + SvcPathAxonDirect + "`) " +
+			"kube-proxy iptables runs (`" + PathAxonDirectIPT + "`) and the axon pod on a node without kube-proxy (`" + PathAxonDirect + "`) " +
 			"before each slice (their network namespace and cgroup, so each slice's sockets are that pod's), both connecting to the backend pod IP. " +
 			"Axon's pods bypass the node's netfilter, so the ratio should be 1.\n\n")
-		b.WriteString(r.PairedTable(SvcPairedRules))
+		b.WriteString(r.PairedTable(PairedRules))
 		b.WriteString("\n")
 	}
 	b.WriteString("## Applying each level\n\n")
@@ -558,7 +552,7 @@ func (r *SvcReport) Markdown() string {
 			"nothing); kube-proxy restarted, start → end of its first complete sync.\n\n")
 	}
 	b.WriteString("## Machine\n\n")
-	fmt.Fprintf(&b, "- kernel %s, %s × %d CPUs\n", orNA(r.Host.Kernel), orNA(r.Host.CPUModel), r.Host.NumCPU)
+	fmt.Fprintf(&b, "- kernel %s, %s × %d CPUs\n", bench.OrNA(r.Host.Kernel), bench.OrNA(r.Host.CPUModel), r.Host.NumCPU)
 	var before, after []float64
 	var stallTotal uint64
 	var busy float64
@@ -570,10 +564,10 @@ func (r *SvcReport) Markdown() string {
 		stallTotal += s.StallMicro
 		busy += s.Result.Seconds
 	}
-	if pb, pa := Summarize(before), Summarize(after); pb.N > 0 {
+	if pb, pa := bench.Summarize(before), bench.Summarize(after); pb.N > 0 {
 		fmt.Fprintf(&b, "- CPU pressure (`/proc/pressure/cpu` some avg10, %%) around connect-rate samples: before %s–%s (median %s), after %s–%s (median %s); "+
 			"stalled %.1f s of %.1f s measured. The machine is shared (2 CPUs, other engineers compiling): read ratios, not absolute rates.\n",
-			fmtNum(pb.Min, 1), fmtNum(pb.Max, 1), fmtNum(pb.Median, 1), fmtNum(pa.Min, 1), fmtNum(pa.Max, 1), fmtNum(pa.Median, 1),
+			bench.FormatNum(pb.Min, 1), bench.FormatNum(pb.Max, 1), bench.FormatNum(pb.Median, 1), bench.FormatNum(pa.Min, 1), bench.FormatNum(pa.Max, 1), bench.FormatNum(pa.Median, 1),
 			float64(stallTotal)/1e6, busy)
 	}
 	b.WriteString("\n## Commands\n\n```\n")
@@ -595,12 +589,12 @@ func (r *SvcReport) Markdown() string {
 	var fails []string
 	for _, s := range r.Samples {
 		if s.Err != "" && !strings.HasPrefix(s.Err, "skipped") {
-			fails = append(fails, fmt.Sprintf("- %d Services, rep %d, %s: %s", s.Level, s.Rep, mdEscape(s.Path), mdEscape(s.Err)))
+			fails = append(fails, fmt.Sprintf("- %d Services, rep %d, %s: %s", s.Level, s.Rep, bench.MarkdownEscape(s.Path), bench.MarkdownEscape(s.Err)))
 		}
 	}
 	for _, e := range r.Errors {
 		if strings.TrimSpace(e) != "" {
-			fails = append(fails, "- "+mdEscape(e))
+			fails = append(fails, "- "+bench.MarkdownEscape(e))
 		}
 	}
 	if len(fails) > 0 {
@@ -610,7 +604,7 @@ func (r *SvcReport) Markdown() string {
 }
 
 // CSV: one row per sample and metric, plus CPU pressure.
-func (r *SvcReport) CSV() []byte {
+func (r *Report) CSV() []byte {
 	var buf bytes.Buffer
 	w := csv.NewWriter(&buf)
 	_ = w.Write([]string{"services", "rep", "path", "metric", "value", "unit"})
@@ -624,11 +618,11 @@ func (r *SvcReport) CSV() []byte {
 		if s.Err != "" {
 			continue
 		}
-		row(SvcMetricRate, s.Result.Rate, "1/s")
-		row(SvcMetricConnectP50, s.Result.ConnectP50, "us")
-		row(SvcMetricConnectP99, s.Result.ConnectP99, "us")
-		row(SvcMetricCycleP50, s.Result.CycleP50, "us")
-		row(SvcMetricCycleRate, s.value(SvcMetricCycleRate), "1/s")
+		row(MetricRate, s.Result.Rate, "1/s")
+		row(MetricConnectP50, s.Result.ConnectP50, "us")
+		row(MetricConnectP99, s.Result.ConnectP99, "us")
+		row(MetricCycleP50, s.Result.CycleP50, "us")
+		row(MetricCycleRate, s.value(MetricCycleRate), "1/s")
 		row("cycle_p99_us", s.Result.CycleP99, "us")
 		row("errors", float64(s.Result.Errors), "count")
 		row("psi_before", s.Before.Avg10, "%")
@@ -650,25 +644,19 @@ func (r *SvcReport) CSV() []byte {
 }
 
 // SVG: one panel per level, a bar per path (median conn/s, whiskers min–max).
-func (r *SvcReport) SVG() []byte {
+func (r *Report) SVG() []byte {
 	const (
 		width, labelW, barW, rowH, headH, pad = 980, 340, 420, 22, 30, 16
 	)
 	panelH := headH + len(r.Paths)*rowH + pad
 	height := 44 + len(r.Levels)*panelH + 20
 	var b bytes.Buffer
-	esc := func(s string) string {
-		var e bytes.Buffer
-		_ = xml.EscapeText(&e, []byte(s))
-		return e.String()
-	}
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
+	esc := bench.XMLEscape
+	bench.SVGStart(&b, width, height, 12)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15" font-weight="bold">TCP connect+request+close rate — median conn/s, whiskers min–max, ratio to %s (same run)</text>`+"\n", pad, esc(r.Reference))
 	maxV := 1.0
 	for _, s := range r.Samples {
-		if v := s.value(SvcMetricRate); !math.IsNaN(v) {
+		if v := s.value(MetricRate); !math.IsNaN(v) {
 			maxV = math.Max(maxV, v)
 		}
 	}
@@ -680,7 +668,7 @@ func (r *SvcReport) SVG() []byte {
 		for i, p := range r.Paths {
 			y := y0 + headH + i*rowH
 			fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", x0-8, y+14, esc(p.Name))
-			s := r.Stats(l.Services, p.Name, SvcMetricRate)
+			s := r.Stats(l.Services, p.Name, MetricRate)
 			if s.N == 0 {
 				fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#999">not measured</text>`+"\n", x0+4, y+14)
 				continue
@@ -690,7 +678,7 @@ func (r *SvcReport) SVG() []byte {
 			cy := y + rowH/2
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>`+"\n", float64(x0)+w(s.Min), cy, float64(x0)+w(s.Max), cy)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s conn/s  %s</text>`+"\n", float64(x0)+w(s.Max)+8, y+14,
-				fmtNum(s.Median, 0), fmtRatio(r.Ratio(l.Services, p.Name, SvcMetricRate)))
+				bench.FormatNum(s.Median, 0), bench.FormatRatio(r.Ratio(l.Services, p.Name, MetricRate)))
 		}
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" fill="#555">%s</text>`+"\n", pad, height-6,
@@ -700,7 +688,7 @@ func (r *SvcReport) SVG() []byte {
 }
 
 // WriteFiles writes results.csv, results.md, results.json and chart.svg.
-func (r *SvcReport) WriteFiles(dir string) error {
+func (r *Report) WriteFiles(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create results dir: %w", err)
 	}
@@ -723,30 +711,14 @@ func (r *SvcReport) WriteFiles(dir string) error {
 	return nil
 }
 
-// jnum is a float for JSON: NaN and ±Inf (not measured) become null.
-func jnum(v float64) *float64 {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return nil
-	}
-	return &v
-}
-
-func jnums(xs []float64) []*float64 {
-	out := make([]*float64, len(xs))
-	for i, x := range xs {
-		out[i] = jnum(x)
-	}
-	return out
-}
-
 // MarshalJSON writes NaN (unavailable pressure) as null.
-func (l SvcLevel) MarshalJSON() ([]byte, error) {
-	type plain SvcLevel
+func (l Level) MarshalJSON() ([]byte, error) {
+	type plain Level
 	return json.Marshal(struct {
 		plain
 		PSIBefore *float64 `json:"psiBefore"`
 		PSIAfter  *float64 `json:"psiAfter"`
-	}{plain(l), jnum(l.PSIBefore), jnum(l.PSIAfter)})
+	}{plain(l), jsonnum.From(l.PSIBefore), jsonnum.From(l.PSIAfter)})
 }
 
 // afterWrite is each change's time after its API write was acknowledged
@@ -762,11 +734,11 @@ func afterWrite(total, write []float64) []float64 {
 }
 
 // MarshalJSON writes NaN (a failed measurement, unavailable pressure) as null.
-func (cp SvcControlPlane) MarshalJSON() ([]byte, error) {
-	type plain SvcControlPlane
+func (cp ControlPlane) MarshalJSON() ([]byte, error) {
+	type plain ControlPlane
 	kp := map[string][]*float64{}
 	for k, v := range cp.KubeProxyChange {
-		kp[k] = jnums(v)
+		kp[k] = jsonnum.FromAll(v)
 	}
 	return json.Marshal(struct {
 		plain
@@ -774,22 +746,22 @@ func (cp SvcControlPlane) MarshalJSON() ([]byte, error) {
 		KubeProxyChange map[string][]*float64 `json:"kubeProxyChangeMs"`
 		PSIBefore       *float64              `json:"psiBefore"`
 		PSIAfter        *float64              `json:"psiAfter"`
-	}{plain(cp), jnums(cp.AxonChange), kp, jnum(cp.PSIBefore), jnum(cp.PSIAfter)})
+	}{plain(cp), jsonnum.FromAll(cp.AxonChange), kp, jsonnum.From(cp.PSIBefore), jsonnum.From(cp.PSIAfter)})
 }
 
 // MarshalJSON adds the CPU pressure around the sample (null when unavailable).
-func (s SvcSample) MarshalJSON() ([]byte, error) {
-	type plain SvcSample
+func (s Sample) MarshalJSON() ([]byte, error) {
+	type plain Sample
 	return json.Marshal(struct {
 		plain
 		PSIBefore *float64 `json:"psiBefore"`
 		PSIAfter  *float64 `json:"psiAfter"`
-	}{plain(s), jnum(s.Before.Avg10), jnum(s.After.Avg10)})
+	}{plain(s), jsonnum.From(s.Before.Avg10), jsonnum.From(s.After.Avg10)})
 }
 
-// UnmarshalJSON reads what MarshalJSON wrote (for ReadSvcReport).
-func (s *SvcSample) UnmarshalJSON(b []byte) error {
-	type plain SvcSample
+// UnmarshalJSON reads what MarshalJSON wrote (for ReadReport).
+func (s *Sample) UnmarshalJSON(b []byte) error {
+	type plain Sample
 	var v struct {
 		plain
 		PSIBefore *float64 `json:"psiBefore"`
@@ -798,14 +770,14 @@ func (s *SvcSample) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	*s = SvcSample(v.plain)
-	s.Before.Avg10, s.After.Avg10 = unnum(v.PSIBefore), unnum(v.PSIAfter)
+	*s = Sample(v.plain)
+	s.Before.Avg10, s.After.Avg10 = jsonnum.To(v.PSIBefore), jsonnum.To(v.PSIAfter)
 	return nil
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote (null → NaN).
-func (l *SvcLevel) UnmarshalJSON(b []byte) error {
-	type plain SvcLevel
+func (l *Level) UnmarshalJSON(b []byte) error {
+	type plain Level
 	var v struct {
 		plain
 		PSIBefore *float64 `json:"psiBefore"`
@@ -814,14 +786,14 @@ func (l *SvcLevel) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	*l = SvcLevel(v.plain)
-	l.PSIBefore, l.PSIAfter = unnum(v.PSIBefore), unnum(v.PSIAfter)
+	*l = Level(v.plain)
+	l.PSIBefore, l.PSIAfter = jsonnum.To(v.PSIBefore), jsonnum.To(v.PSIAfter)
 	return nil
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote (null → NaN).
-func (cp *SvcControlPlane) UnmarshalJSON(b []byte) error {
-	type plain SvcControlPlane
+func (cp *ControlPlane) UnmarshalJSON(b []byte) error {
+	type plain ControlPlane
 	var v struct {
 		plain
 		AxonChange      []*float64            `json:"axonChangeMs"`
@@ -832,47 +804,32 @@ func (cp *SvcControlPlane) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	*cp = SvcControlPlane(v.plain)
-	cp.AxonChange = unnums(v.AxonChange)
+	*cp = ControlPlane(v.plain)
+	cp.AxonChange = jsonnum.ToAll(v.AxonChange)
 	cp.KubeProxyChange = map[string][]float64{}
 	for k, xs := range v.KubeProxyChange {
-		cp.KubeProxyChange[k] = unnums(xs)
+		cp.KubeProxyChange[k] = jsonnum.ToAll(xs)
 	}
-	cp.PSIBefore, cp.PSIAfter = unnum(v.PSIBefore), unnum(v.PSIAfter)
+	cp.PSIBefore, cp.PSIAfter = jsonnum.To(v.PSIBefore), jsonnum.To(v.PSIAfter)
 	return nil
 }
 
-func unnum(p *float64) float64 {
-	if p == nil {
-		return math.NaN()
-	}
-	return *p
-}
-
-func unnums(ps []*float64) []float64 {
-	out := make([]float64, len(ps))
-	for i, p := range ps {
-		out[i] = unnum(p)
-	}
-	return out
-}
-
-// ReadSvcReport reads a results.json written by WriteFiles, so a report can
+// ReadReport reads a results.json written by WriteFiles, so a report can
 // be rendered again (`axon lab bench services --render <dir>`).
-func ReadSvcReport(path string) (*SvcReport, error) {
+func ReadReport(path string) (*Report, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var r SvcReport
+	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("parse %s: %w", path, err)
 	}
 	return &r, nil
 }
 
-// SvcTarget is one of issue 4's targets, checked against this run.
-type SvcTarget struct {
+// Target is one of the Service benchmark's targets, checked against this run.
+type Target struct {
 	Target string
 	Got    string
 	Met    string // "yes", "no" or "n/a"
@@ -885,19 +842,19 @@ func yesNo(ok bool) string {
 	return "no"
 }
 
-// Targets checks issue 4's benchmark targets against the run.
-func (r *SvcReport) Targets() []SvcTarget {
-	var out []SvcTarget
+// Targets checks the Service benchmark's targets against the run.
+func (r *Report) Targets() []Target {
+	var out []Target
 	lv := r.levelNums()
 	ratioAt := func(metric string, n int, a, b string) float64 {
-		return Ratio(r.Stats(n, a, metric).Median, r.Stats(n, b, metric).Median)
+		return bench.Ratio(r.Stats(n, a, metric).Median, r.Stats(n, b, metric).Median)
 	}
-	metrics := []struct{ key, name string }{{SvcMetricCycleRate, "at median cycle"}, {SvcMetricRate, "measured"}}
+	metrics := []struct{ key, name string }{{MetricCycleRate, "at median cycle"}, {MetricRate, "measured"}}
 	// Separate samples swing ±10 % with the machine's load (the reference
 	// itself moves that much between levels); where a paired run of kind
 	// measures the same target, it is the measurement, and the separate
 	// samples' row keeps its verdict only as information.
-	scoredBy := func(kind string, t SvcTarget) SvcTarget {
+	scoredBy := func(kind string, t Target) Target {
 		if kind != "" && len(r.PairedOf(kind)) > 0 {
 			t.Met = "not scored (separate samples: " + t.Met + "); the paired row scores this target"
 		}
@@ -925,9 +882,9 @@ func (r *SvcReport) Targets() []SvcTarget {
 			gots = append(gots, m.name+" — "+strings.Join(parts, ", "))
 			mets = append(mets, m.name+": "+met)
 		}
-		out = append(out, scoredBy(pairedKind, SvcTarget{target, strings.Join(gots, "; "), strings.Join(mets, "; ")}))
+		out = append(out, scoredBy(pairedKind, Target{target, strings.Join(gots, "; "), strings.Join(mets, "; ")}))
 	}
-	perLevel("axon ClusterIP conn/s ≥ 0.99 × direct pod IP (axon), by Service count", SvcPathAxonClusterIP, SvcPathAxonDirect, 0.99, SvcPairedClusterIP)
+	perLevel("axon ClusterIP conn/s ≥ 0.99 × direct pod IP (axon), by Service count", PathAxonClusterIP, PathAxonDirect, 0.99, PairedClusterIP)
 	pairedTarget := func(target, kind string) {
 		runs := r.PairedOf(kind)
 		if len(runs) == 0 {
@@ -948,26 +905,26 @@ func (r *SvcReport) Targets() []SvcTarget {
 				ci, p.Result.RatioP25, p.Result.RatioP75, p.Result.Pairs))
 			ok = ok && p.Result.RatioMedian >= 0.99
 		}
-		out = append(out, SvcTarget{target, strings.Join(parts, ", "), yesNo(ok)})
+		out = append(out, Target{target, strings.Join(parts, ", "), yesNo(ok)})
 	}
-	pairedTarget("the same, paired (one client alternating ClusterIP and pod IP slices; median ratio per pair)", SvcPairedClusterIP)
-	if runs := r.PairedOf(SvcPairedClusterIP); len(runs) > 1 && runs[0].Err == "" && runs[len(runs)-1].Err == "" {
+	pairedTarget("the same, paired (one client alternating ClusterIP and pod IP slices; median ratio per pair)", PairedClusterIP)
+	if runs := r.PairedOf(PairedClusterIP); len(runs) > 1 && runs[0].Err == "" && runs[len(runs)-1].Err == "" {
 		a, b := runs[0].Result.RatioMedian, runs[len(runs)-1].Result.RatioMedian
 		ch := 100 * (b/a - 1)
-		out = append(out, SvcTarget{fmt.Sprintf("flat from %d to %d Services (≤ 3 %% change), paired", runs[0].Services, runs[len(runs)-1].Services),
+		out = append(out, Target{fmt.Sprintf("flat from %d to %d Services (≤ 3 %% change), paired", runs[0].Services, runs[len(runs)-1].Services),
 			fmt.Sprintf("ClusterIP / pod IP %.3f → %.3f (%+.1f %%)", a, b, ch), yesNo(math.Abs(ch) <= 3)})
 	}
-	perLevel("axon ClusterIP conn/s ≥ 1.03 × kube-proxy nftables ClusterIP", SvcPathAxonClusterIP, SvcPathNFTClusterIP, 1.03, "")
+	perLevel("axon ClusterIP conn/s ≥ 1.03 × kube-proxy nftables ClusterIP", PathAxonClusterIP, PathNFTClusterIP, 1.03, "")
 	perLevel("axon direct pod IP on a node with kube-proxy iptables rules at the no-rules rate (≥ 0.97 × axon on a rules-free node)",
-		SvcPathAxonDirectIPT, SvcPathAxonDirect, 0.97, SvcPairedRules)
-	pairedTarget("the same, paired (one client alternating between the two nodes' axon pods; ≥ 0.99, median ratio per pair)", SvcPairedRules)
+		PathAxonDirectIPT, PathAxonDirect, 0.97, PairedRules)
+	pairedTarget("the same, paired (one client alternating between the two nodes' axon pods; ≥ 0.99, median ratio per pair)", PairedRules)
 	if len(lv) > 1 {
 		first, last := lv[0], lv[len(lv)-1]
-		t := SvcTarget{Target: fmt.Sprintf("axon per-connection cost flat from %d to %d Services (≤ 3 %% change)", first, last)}
+		t := Target{Target: fmt.Sprintf("axon per-connection cost flat from %d to %d Services (≤ 3 %% change)", first, last)}
 		var gots, mets []string
 		for _, m := range metrics {
-			a, b := ratioAt(m.key, first, SvcPathAxonClusterIP, SvcPathAxonDirect), ratioAt(m.key, last, SvcPathAxonClusterIP, SvcPathAxonDirect)
-			raw := Ratio(r.Stats(last, SvcPathAxonClusterIP, m.key).Median, r.Stats(first, SvcPathAxonClusterIP, m.key).Median)
+			a, b := ratioAt(m.key, first, PathAxonClusterIP, PathAxonDirect), ratioAt(m.key, last, PathAxonClusterIP, PathAxonDirect)
+			raw := bench.Ratio(r.Stats(last, PathAxonClusterIP, m.key).Median, r.Stats(first, PathAxonClusterIP, m.key).Median)
 			if math.IsNaN(a) || math.IsNaN(b) {
 				mets = append(mets, m.name+": n/a")
 				continue
@@ -976,38 +933,38 @@ func (r *SvcReport) Targets() []SvcTarget {
 			gots = append(gots, fmt.Sprintf("%s — ClusterIP/direct %.3f → %.3f (%+.1f %%), ClusterIP alone %+.1f %%", m.name, a, b, ch, 100*(raw-1)))
 			mets = append(mets, m.name+": "+yesNo(math.Abs(ch) <= 3))
 		}
-		p50a, p50b := r.Stats(first, SvcPathAxonClusterIP, SvcMetricConnectP50).Median, r.Stats(last, SvcPathAxonClusterIP, SvcMetricConnectP50).Median
+		p50a, p50b := r.Stats(first, PathAxonClusterIP, MetricConnectP50).Median, r.Stats(last, PathAxonClusterIP, MetricConnectP50).Median
 		if !math.IsNaN(p50a) && !math.IsNaN(p50b) {
 			gots = append(gots, fmt.Sprintf("connect p50 %.1f → %.1f µs", p50a, p50b))
 		}
 		t.Got, t.Met = strings.Join(gots, "; "), strings.Join(mets, "; ")
-		out = append(out, scoredBy(SvcPairedClusterIP, t))
+		out = append(out, scoredBy(PairedClusterIP, t))
 	}
 	if cp := r.ControlPlane; cp != nil {
-		t := SvcTarget{Target: fmt.Sprintf("axon agent full sync of %d Services × %d endpoints ≤ 2 s", cp.Services-1, cp.Endpoints), Met: "n/a"}
+		t := Target{Target: fmt.Sprintf("axon agent full sync of %d Services × %d endpoints ≤ 2 s", cp.Services-1, cp.Endpoints), Met: "n/a"}
 		if cp.AgentStartToSynced > 0 {
 			t.Got = fmt.Sprintf("process start → all in the BPF map: %s", cp.AgentStartToSynced.Round(time.Millisecond))
 			t.Met = yesNo(cp.AgentStartToSynced <= 2*time.Second)
 		}
 		out = append(out, t)
-		t = SvcTarget{Target: "one EndpointSlice change in the BPF maps, p99 ≤ 50 ms", Met: "n/a"}
-		if p99 := percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
+		t = Target{Target: "one EndpointSlice change in the BPF maps, p99 ≤ 50 ms", Met: "n/a"}
+		if p99 := quantile.Percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
 			t.Got = fmt.Sprintf("kube-proxies idle: p99 %.1f ms (p50 %.1f ms, n=%d); while they sync the same change: p99 %.1f ms",
-				p99, percentile(cp.AxonChangeIdle, 50), Summarize(cp.AxonChangeIdle).N, percentile(cp.AxonChange, 99))
+				p99, quantile.Percentile(cp.AxonChangeIdle, 50), bench.Summarize(cp.AxonChangeIdle).N, quantile.Percentile(cp.AxonChange, 99))
 			if len(cp.ChangeIdleWrite) > 0 {
-				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", percentile(cp.ChangeIdleWrite, 50), percentile(cp.ChangeIdleWrite, 99))
+				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", quantile.Percentile(cp.ChangeIdleWrite, 50), quantile.Percentile(cp.ChangeIdleWrite, 99))
 			}
 			if len(cp.AgentChangeIdle) > 0 {
 				t.Got += fmt.Sprintf("; by the agent's own clock, as kube-proxy's: idle p99 %.1f ms, syncing p99 %.1f ms",
-					percentile(cp.AgentChangeIdle, 99), percentile(cp.AgentChange, 99))
+					quantile.Percentile(cp.AgentChangeIdle, 99), quantile.Percentile(cp.AgentChange, 99))
 			}
 			t.Met = yesNo(p99 <= 50)
-		} else if p99 := percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
-			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, percentile(cp.AxonChange, 50), Summarize(cp.AxonChange).N)
+		} else if p99 := quantile.Percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
+			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, quantile.Percentile(cp.AxonChange, 50), bench.Summarize(cp.AxonChange).N)
 			t.Met = yesNo(p99 <= 50)
 		}
 		out = append(out, t)
-		t = SvcTarget{Target: "agent RSS ≤ 150 MiB", Met: "n/a"}
+		t = Target{Target: "agent RSS ≤ 150 MiB", Met: "n/a"}
 		var worst uint64
 		for _, x := range cp.AgentRSS {
 			worst = max(worst, x.HWM)
@@ -1022,11 +979,11 @@ func (r *SvcReport) Targets() []SvcTarget {
 }
 
 // TargetsTable renders Targets as Markdown.
-func (r *SvcReport) TargetsTable() string {
+func (r *Report) TargetsTable() string {
 	var b strings.Builder
 	b.WriteString("| target (issue 4) | this run | met |\n|---|---|---|\n")
 	for _, t := range r.Targets() {
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", mdEscape(t.Target), mdEscape(orNA(t.Got)), t.Met)
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", bench.MarkdownEscape(t.Target), bench.MarkdownEscape(bench.OrNA(t.Got)), t.Met)
 	}
 	return b.String()
 }

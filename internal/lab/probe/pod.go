@@ -1,20 +1,15 @@
-package lab
+package probe
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/net/icmp"
@@ -30,35 +25,35 @@ import (
 // EchoPort is the TCP and UDP port of the check's echo servers.
 const EchoPort = 5657
 
-// Probe is one check of one protocol to one address.
-type Probe struct {
+// Pod is one check of one protocol to one address.
+type Pod struct {
 	Proto string     `json:"proto"` // tcp, udp, icmp
 	Addr  netip.Addr `json:"addr"`
 }
 
-func (p Probe) String() string { return p.Proto + "/" + p.Addr.String() }
+func (p Pod) String() string { return p.Proto + "/" + p.Addr.String() }
 
-// ParseProbe parses "tcp/10.244.1.2" (the probe command's arguments).
-func ParseProbe(s string) (Probe, error) {
+// ParsePod parses "tcp/10.244.1.2" (the probe command's arguments).
+func ParsePod(s string) (Pod, error) {
 	proto, addr, ok := strings.Cut(s, "/")
 	if !ok {
-		return Probe{}, fmt.Errorf("probe %q: want proto/address such as tcp/10.244.1.2", s)
+		return Pod{}, fmt.Errorf("probe %q: want proto/address such as tcp/10.244.1.2", s)
 	}
 	switch proto {
 	case "tcp", "udp", "icmp":
 	default:
-		return Probe{}, fmt.Errorf("probe %q: protocol must be tcp, udp or icmp", s)
+		return Pod{}, fmt.Errorf("probe %q: protocol must be tcp, udp or icmp", s)
 	}
 	a, err := netip.ParseAddr(addr)
 	if err != nil {
-		return Probe{}, fmt.Errorf("probe %q: %w", s, err)
+		return Pod{}, fmt.Errorf("probe %q: %w", s, err)
 	}
-	return Probe{Proto: proto, Addr: a}, nil
+	return Pod{Proto: proto, Addr: a}, nil
 }
 
-// ProbeResult is printed by the probe command, one JSON object per line.
-type ProbeResult struct {
-	Probe
+// PodResult is printed by the probe command, one JSON object per line.
+type PodResult struct {
+	Pod
 	OK  bool          `json:"ok"`
 	RTT time.Duration `json:"rtt"`
 	Err string        `json:"err,omitempty"`
@@ -67,86 +62,27 @@ type ProbeResult struct {
 // ServeEcho listens on [::]:port for TCP and UDP (IPv4 and IPv6), writes
 // "ready" to ready and serves until ctx ends or stop is closed/readable.
 func ServeEcho(ctx context.Context, port int, ready io.Writer, stop io.Reader) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	addr := ":" + strconv.Itoa(port)
-	tl, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("echo: listen tcp %s: %w", addr, err)
-	}
-	defer tl.Close()
-	ul, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		return fmt.Errorf("echo: listen udp %s: %w", addr, err)
-	}
-	defer ul.Close()
-	go func() {
-		<-ctx.Done()
-		tl.Close()
-		ul.Close()
-	}()
-	if stop != nil {
-		go func() { _, _ = io.Copy(io.Discard, stop); cancel() }()
-	}
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := ul.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = ul.WriteTo(buf[:n], from)
-		}
-	}()
-	if _, err := fmt.Fprintln(ready, "ready"); err != nil {
-		return err
-	}
-	for {
-		c, err := tl.Accept()
+	return serve(ctx, "echo", port, ready, stop, 2048,
+		func(req []byte, _ net.Addr) []byte { return req },
+		func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// RunPods runs the probes concurrently (at most 16 at a time) and writes
+// one PodResult JSON line per probe to out.
+func RunPods(ctx context.Context, probes []Pod, timeout time.Duration, out io.Writer) error {
+	return runAll(ctx, probes, timeout, out, func(ctx context.Context, p Pod) PodResult {
+		start := time.Now()
+		err := p.Run(ctx, timeout)
+		r := PodResult{Pod: p, OK: err == nil, RTT: time.Since(start)}
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("echo: accept: %w", err)
+			r.Err = err.Error()
 		}
-		go func() {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, _ = io.Copy(c, c)
-		}()
-	}
+		return r
+	})
 }
 
-// RunProbes runs the probes concurrently (at most 16 at a time) and writes
-// one ProbeResult JSON line per probe to out.
-func RunProbes(ctx context.Context, probes []Probe, timeout time.Duration, out io.Writer) error {
-	var mu sync.Mutex
-	enc := json.NewEncoder(out)
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	var werr error
-	for _, p := range probes {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			start := time.Now()
-			err := runProbe(ctx, p, timeout)
-			r := ProbeResult{Probe: p, OK: err == nil, RTT: time.Since(start)}
-			if err != nil {
-				r.Err = err.Error()
-			}
-			mu.Lock()
-			if err := enc.Encode(r); err != nil && werr == nil {
-				werr = err
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return werr
-}
-
-func runProbe(ctx context.Context, p Probe, timeout time.Duration) error {
+// Run probes p once, within timeout.
+func (p Pod) Run(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	switch p.Proto {
@@ -160,34 +96,9 @@ func runProbe(ctx context.Context, p Probe, timeout time.Duration) error {
 	return fmt.Errorf("unknown protocol %q", p.Proto)
 }
 
-func token() []byte {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return []byte("axon-lab-" + hex.EncodeToString(b))
-}
-
 func probeTCP(ctx context.Context, a netip.Addr) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, EchoPort).String())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	tok := token()
-	if _, err := c.Write(tok); err != nil {
-		return fmt.Errorf("write: %w", err)
-	}
-	buf := make([]byte, len(tok))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return fmt.Errorf("read echo: %w", err)
-	}
-	if !bytes.Equal(buf, tok) {
-		return errors.New("echo mismatch")
-	}
-	return nil
+	_, err := echoTCP(ctx, netip.AddrPortFrom(a, EchoPort))
+	return err
 }
 
 // probeUDP sends a token up to 5 times and waits for it to come back.
@@ -324,16 +235,4 @@ func Ping(ctx context.Context, a netip.Addr, count int, interval, wait time.Dura
 			}
 		}
 	}
-}
-
-// readReady waits for the "ready" line of a server's stdout.
-func readReady(r io.Reader) error {
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if err != nil {
-		return fmt.Errorf("echo server did not start: %w", err)
-	}
-	if strings.TrimSpace(line) != "ready" {
-		return fmt.Errorf("echo server: unexpected output %q", line)
-	}
-	return nil
 }

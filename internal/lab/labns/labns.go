@@ -1,0 +1,83 @@
+// Package labns names the lab's network namespaces (/run/netns/<name>, as
+// `ip netns` does) and runs code inside one.
+package labns
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// Dir holds the named network namespaces.
+const Dir = "/run/netns"
+
+// Path is the file of the named network namespace.
+func Path(name string) string { return filepath.Join(Dir, name) }
+
+// Do runs fn inside the named network namespace: see DoAt.
+func Do(name string, fn func() error) error { return DoAt(Path(name), fn) }
+
+// DoAt runs fn inside the network namespace at nsPath, on a goroutine of its
+// own whose OS thread is locked and switched into that namespace for the
+// call (ns.WithNetNSPath); the caller's threads never change namespace.
+// Sockets that fn creates keep the namespace after it returns; goroutines
+// that fn starts do NOT run in it, and neither does anything after fn. If
+// switching back fails, the thread stays locked and ends with the goroutine.
+func DoAt(nsPath string, fn func() error) error {
+	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return fn() })
+}
+
+// HTTPGet does a plain HTTP/1.0 GET of addr+path with a socket
+// created inside the netns at nsPath (sockets keep the netns they were made
+// in), within timeout or ctx's deadline if sooner. status is the status line
+// without the protocol ("200 OK"); the body is read up to 16 MiB. The lab and
+// the Service benchmark read kube-proxy's /healthz and /metrics with it.
+func HTTPGet(ctx context.Context, nsPath, addr, path string, timeout time.Duration) (body []byte, status string, err error) {
+	var c net.Conn
+	if err := DoAt(nsPath, func() (err error) {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		c, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil, "", ctx.Err()
+		}
+		return nil, "", err
+	}
+	defer c.Close()
+	dl := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	_ = c.SetDeadline(dl)
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		return nil, "", err
+	}
+	br := bufio.NewReader(c)
+	status, err = br.ReadString('\n')
+	if err != nil {
+		return nil, "", fmt.Errorf("read %s%s: %w", addr, path, err)
+	}
+	status = strings.TrimSpace(status)
+	if _, code, ok := strings.Cut(status, " "); ok { // "HTTP/1.0 200 OK" → "200 OK"
+		status = code
+	}
+	for { // headers
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return nil, status, err
+		}
+		if strings.TrimSpace(line) == "" {
+			break
+		}
+	}
+	body, _ = io.ReadAll(io.LimitReader(br, 16<<20)) // /metrics is a few hundred KiB
+	return body, status, nil
+}
