@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +30,7 @@ import (
 	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/testutil/controlplanetest"
 )
 
 const manifest = "kubernetes/axon.yaml"
@@ -195,36 +195,16 @@ func TestManifestAgentFlags(t *testing.T) {
 // TestManifestServerDryRun: a real kube-apiserver (v1.36, the version the
 // lab runs) validates and admits every object in the manifest.
 func TestManifestServerDryRun(t *testing.T) {
-	etcd, err := lab.DepPath("etcd")
-	var apiserver, kubectl string
-	if err == nil {
-		apiserver, err = lab.DepPath("kube-apiserver")
-	}
-	if err == nil {
-		kubectl, err = lab.DepPath("kubectl")
-	}
+	kubectl, err := lab.DepPath("kubectl")
 	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("kube-apiserver/etcd/kubectl not built: run make deps (%v)", err)
+		t.Skipf("kubectl not built: run make deps (%v)", err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	cp := controlplanetest.Start(t, controlplane.Config{APIPort: testAPIPort, EtcdPort: testEtcdPort})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := controlplane.Stop(dir); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		Dir: dir, APIPort: testAPIPort, EtcdPort: testEtcdPort,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		EtcdBinary: etcd, APIServerBinary: apiserver,
-	})
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
 	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", cp.AdminKubeconfig(),
 		"apply", "--dry-run=server", "-f", manifest, "-o", "name")
 	var stderr bytes.Buffer

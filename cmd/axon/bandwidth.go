@@ -6,7 +6,8 @@ package main
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -74,17 +75,18 @@ func printBandwidth(w io.Writer, rep api.BandwidthReply) error {
 	if len(rep.Rows) == 0 {
 		fmt.Fprintln(w, "(no pod has a bandwidth limit)")
 	}
-	names := make([]string, 0, len(rep.Counters))
-	for n := range rep.Counters {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	var parts []string
-	for _, n := range names {
-		parts = append(parts, fmt.Sprintf("%s=%d", n, rep.Counters[n]))
-	}
-	if len(parts) > 0 {
-		fmt.Fprintln(w, "counters:", strings.Join(parts, " "))
+	if len(rep.Counters) > 0 {
+		fmt.Fprintln(w, "counters:", formatCounters(rep.Counters))
 	}
 	return nil
+}
+
+// formatCounters prints counters as name=value pairs sorted by name,
+// separated by spaces.
+func formatCounters(m map[string]uint64) string {
+	parts := make([]string, 0, len(m))
+	for _, n := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", n, m[n]))
+	}
+	return strings.Join(parts, " ")
 }

@@ -6,6 +6,7 @@ package main
 // --socket pointing at its socket).
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -34,37 +35,52 @@ func addNorthSouthBPFCmds(root *cobra.Command) {
 
 const nsSocketHelp = "\nTalks to the node agent (--node / --socket); for the standalone `axon lb` pass its socket\n(--socket /run/axon/l4lb.sock by default)."
 
-func newCTCmd() *cobra.Command {
-	ct := &cobra.Command{Use: "ct", Short: "Inspect the north-south load balancer's connection tracking table"}
+// newNSListCmd builds `axon bpf <table> list` for one of the north-south load
+// balancer's tables: fetch the table from the agent, print it as JSON, or, when
+// the load balancer is loaded, as text.
+func newNSListCmd[R any](table, tableShort string, list *cobra.Command,
+	fetch func(*api.Client, context.Context) (R, error),
+	loaded func(R) (bool, string),
+	print func(cmd *cobra.Command, rep R)) *cobra.Command {
+	parent := &cobra.Command{Use: table, Short: tableShort}
 	var f agentFlags
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List tracked north-south flows: client, frontend, backend, mode, age, idle time",
-		Long:  "List the flows in the north-south conntrack table (axon_np_ct), one per line." + nsSocketHelp,
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			rep, err := c.CT(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
-			}
-			if !rep.Enabled {
-				return fmt.Errorf("the north-south load balancer is not loaded: %s", rep.Reason)
-			}
-			printCT(cmd.OutOrStdout(), rep)
-			fmt.Fprintf(cmd.ErrOrStderr(), "%d of %d entries\n", len(rep.Entries), rep.Max)
-			return nil
-		},
+	list.Use = "list"
+	list.Args = cobra.NoArgs
+	list.RunE = func(cmd *cobra.Command, _ []string) error {
+		c, err := f.client()
+		if err != nil {
+			return err
+		}
+		rep, err := fetch(c, cmd.Context())
+		if err != nil {
+			return err
+		}
+		if f.output == "json" {
+			return writeJSON(cmd.OutOrStdout(), rep)
+		}
+		if ok, reason := loaded(rep); !ok {
+			return fmt.Errorf("the north-south load balancer is not loaded: %s", reason)
+		}
+		print(cmd, rep)
+		return nil
 	}
 	f.register(list)
-	ct.AddCommand(list)
-	return ct
+	parent.AddCommand(list)
+	return parent
+}
+
+func newCTCmd() *cobra.Command {
+	return newNSListCmd("ct", "Inspect the north-south load balancer's connection tracking table",
+		&cobra.Command{
+			Short: "List tracked north-south flows: client, frontend, backend, mode, age, idle time",
+			Long:  "List the flows in the north-south conntrack table (axon_np_ct), one per line." + nsSocketHelp,
+		},
+		(*api.Client).CT,
+		func(rep api.CTReply) (bool, string) { return rep.Enabled, rep.Reason },
+		func(cmd *cobra.Command, rep api.CTReply) {
+			printCT(cmd.OutOrStdout(), rep)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%d of %d entries\n", len(rep.Entries), rep.Max)
+		})
 }
 
 func printCT(w io.Writer, rep api.CTReply) {
@@ -84,28 +100,14 @@ func printCT(w io.Writer, rep api.CTReply) {
 }
 
 func newNATCmd() *cobra.Command {
-	nat := &cobra.Command{Use: "nat", Short: "Inspect the north-south load balancer's reverse NAT table"}
-	var f agentFlags
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List reverse translations: a reply as seen on the wire, and what it is rewritten to",
-		Long:  "List the reverse NAT entries (axon_np_nat): SNAT replies coming back to the node, and\nreplies of local backends fixed up at uplink egress." + nsSocketHelp,
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			rep, err := c.NAT(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
-			}
-			if !rep.Enabled {
-				return fmt.Errorf("the north-south load balancer is not loaded: %s", rep.Reason)
-			}
+	return newNSListCmd("nat", "Inspect the north-south load balancer's reverse NAT table",
+		&cobra.Command{
+			Short: "List reverse translations: a reply as seen on the wire, and what it is rewritten to",
+			Long:  "List the reverse NAT entries (axon_np_nat): SNAT replies coming back to the node, and\nreplies of local backends fixed up at uplink egress." + nsSocketHelp,
+		},
+		(*api.Client).NAT,
+		func(rep api.NATReply) (bool, string) { return rep.Enabled, rep.Reason },
+		func(cmd *cobra.Command, rep api.NATReply) {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PROTO\tREPLY SRC\tREPLY DST\tNEW SRC\tNEW DST\tKIND\tIDLE")
 			for _, e := range rep.Entries {
@@ -113,12 +115,7 @@ func newNATCmd() *cobra.Command {
 			}
 			tw.Flush()
 			fmt.Fprintf(cmd.ErrOrStderr(), "%d entries\n", len(rep.Entries))
-			return nil
-		},
-	}
-	f.register(list)
-	nat.AddCommand(list)
-	return nat
+		})
 }
 
 func newMaglevCmd() *cobra.Command {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -124,16 +123,7 @@ func printLBStatus(w io.Writer, st l4lb.Status) {
 	fmt.Fprintf(w, "attached:   %s\n", st.Attach)
 	fmt.Fprintf(w, "conntrack:  %d / %d entries; Maglev table size %d\n", st.CTEntries, st.CTMax, st.MaglevTableSize)
 	if len(st.Packets) > 0 {
-		var keys []string
-		for k := range st.Packets {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		var parts []string
-		for _, k := range keys {
-			parts = append(parts, fmt.Sprintf("%s=%d", k, st.Packets[k]))
-		}
-		fmt.Fprintf(w, "packets:    %s\n", strings.Join(parts, " "))
+		fmt.Fprintf(w, "packets:    %s\n", formatCounters(st.Packets))
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nVIP\tNAME\tALGORITHM\tFORWARDING\tFLOWS")

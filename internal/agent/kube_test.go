@@ -32,10 +32,10 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
+	"github.com/axonhq/axon/internal/testutil/controlplanetest"
 )
 
 // Ports of the test control plane: away from the lab's 6443/2379.
@@ -74,29 +74,8 @@ func startControlPlaneOn(t *testing.T, apiPort, etcdPort int) *controlplane.Cont
 // and the logger are filled in.
 func startControlPlaneWith(t *testing.T, cfg controlplane.Config) *controlplane.ControlPlane {
 	t.Helper()
-	etcd, err := lab.DepPath("etcd")
-	var apiserver string
-	if err == nil {
-		apiserver, err = lab.DepPath("kube-apiserver")
-	}
-	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("kube-apiserver/etcd not built: run make deps (%v)", err)
-	}
-	must(t, err)
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		if err := controlplane.Stop(dir); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
-	cfg.Dir, cfg.Logger, cfg.EtcdBinary, cfg.APIServerBinary = dir, testLogger(t), etcd, apiserver
-	cp, err := controlplane.Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	return cp
+	cfg.Logger = testLogger(t)
+	return controlplanetest.Start(t, cfg)
 }
 
 // agentRESTConfig is the client configuration the agent of node gets from

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/netip"
 )
@@ -55,16 +54,6 @@ type BandwidthReply struct {
 // route; others answer it with 501.
 type BandwidthHandler interface {
 	BandwidthMaps(ctx context.Context) (BandwidthReply, error)
-}
-
-func (s *server) bandwidthMaps(w http.ResponseWriter, r *http.Request) {
-	bh, ok := s.h.(BandwidthHandler)
-	if !ok {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent has no Bandwidth Manager: upgrade axon-agent", r.Method, r.URL.Path))
-		return
-	}
-	rep, err := bh.BandwidthMaps(r.Context())
-	s.reply(w, r, rep, err)
 }
 
 // BandwidthMaps returns GET /v1/bpf/bandwidth.

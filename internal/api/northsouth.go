@@ -88,7 +88,7 @@ type ExplainReply struct {
 	Steps    []string `json:"steps,omitempty"`   // how it got there, one line each
 }
 
-// NorthSouthHandler serves the issue-7 routes; optional for a Handler.
+// NorthSouthHandler serves the north-south load balancer's routes; optional for a Handler.
 type NorthSouthHandler interface {
 	CT(ctx context.Context) (CTReply, error)
 	NAT(ctx context.Context) (NATReply, error)
@@ -97,7 +97,7 @@ type NorthSouthHandler interface {
 	Explain(ctx context.Context, proto, src, dst string) (ExplainReply, error)
 }
 
-// MountNorthSouth registers the issue-7 routes of h on mux.
+// MountNorthSouth registers the north-south load balancer's routes of h on mux.
 func MountNorthSouth(mux *http.ServeMux, h NorthSouthHandler, log *slog.Logger) {
 	if log == nil {
 		log = slog.Default()
@@ -133,7 +133,7 @@ func MountNorthSouth(mux *http.ServeMux, h NorthSouthHandler, log *slog.Logger) 
 	})
 }
 
-// mountNorthSouth registers the issue-7 routes: h's, or 501 for a Handler without them.
+// mountNorthSouth registers the north-south load balancer's routes: h's, or 501 for a Handler without them.
 func (s *server) mountNorthSouth(mux *http.ServeMux) {
 	if h, ok := s.h.(NorthSouthHandler); ok {
 		MountNorthSouth(mux, h, s.log)

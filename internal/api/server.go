@@ -64,11 +64,11 @@ func NewMux(h Handler, log *slog.Logger) http.Handler {
 	mux.HandleFunc("PUT /v1/endpoints", s.putEndpoint)
 	mux.HandleFunc("DELETE /v1/endpoints", s.deleteEndpoint)
 	mux.HandleFunc("POST /v1/gc", s.gc)
-	mux.HandleFunc("GET /v1/services", s.services)
-	mux.HandleFunc("GET /v1/bpf/lb", s.lbMaps)
+	mux.HandleFunc("GET /v1/services", optionalRoute(s, "does not serve Services", ServicesHandler.ServiceList))
+	mux.HandleFunc("GET /v1/bpf/lb", optionalRoute(s, "does not serve Services", ServicesHandler.LBMaps))
 	// northsouth.go
 	s.mountNorthSouth(mux)
-	mux.HandleFunc("GET /v1/bpf/bandwidth", s.bandwidthMaps)
+	mux.HandleFunc("GET /v1/bpf/bandwidth", optionalRoute(s, "has no Bandwidth Manager", BandwidthHandler.BandwidthMaps))
 	return mux
 }
 
@@ -103,11 +103,7 @@ func (s *server) endpoints(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
 	var req AllocateRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	if msg := checkAttachment(req.ContainerID, req.IfName); msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
+	if !s.decodeAttached(w, r, &req) {
 		return
 	}
 	resp, err := s.h.Allocate(r.Context(), req)
@@ -116,11 +112,7 @@ func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) release(w http.ResponseWriter, r *http.Request) {
 	var req ReleaseRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	if msg := checkAttachment(req.ContainerID, req.IfName); msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
+	if !s.decodeAttached(w, r, &req) {
 		return
 	}
 	s.replyNoContent(w, r, s.h.Release(r.Context(), req))
@@ -128,11 +120,7 @@ func (s *server) release(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 	var ep Endpoint
-	if !s.decode(w, r, &ep) {
-		return
-	}
-	if msg := checkAttachment(ep.ContainerID, ep.IfName); msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
+	if !s.decodeAttached(w, r, &ep) {
 		return
 	}
 	var missing []string
@@ -178,6 +166,42 @@ func (s *server) gc(w http.ResponseWriter, r *http.Request) {
 		resp.Removed = []Attachment{}
 	}
 	s.reply(w, r, resp, err)
+}
+
+// optionalRoute serves the GET route of an optional Handler interface H: the
+// reply of call, or 501 saying what this agent lacks ("does not serve Services").
+func optionalRoute[H, R any](s *server, lacks string, call func(H, context.Context) (R, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h, ok := s.h.(H)
+		if !ok {
+			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent %s: upgrade axon-agent", r.Method, r.URL.Path, lacks))
+			return
+		}
+		rep, err := call(h, r.Context())
+		s.reply(w, r, rep, err)
+	}
+}
+
+// attached is a request body that names one pod attachment.
+type attached interface {
+	attachment() (containerID, ifName string)
+}
+
+func (r *AllocateRequest) attachment() (string, string) { return r.ContainerID, r.IfName }
+func (r *ReleaseRequest) attachment() (string, string)  { return r.ContainerID, r.IfName }
+func (ep *Endpoint) attachment() (string, string)       { return ep.ContainerID, ep.IfName }
+
+// decodeAttached decodes a body naming a pod attachment, like decode, and
+// answers 400 itself when the attachment is incomplete.
+func (s *server) decodeAttached(w http.ResponseWriter, r *http.Request, v attached) bool {
+	if !s.decode(w, r, v) {
+		return false
+	}
+	if msg := checkAttachment(v.attachment()); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return false
+	}
+	return true
 }
 
 func checkAttachment(containerID, ifName string) string {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 )
 
@@ -44,32 +43,6 @@ type ServicesHandler interface {
 	// has a Services() method returning its watch status.)
 	ServiceList(ctx context.Context) (ServicesReply, error)
 	LBMaps(ctx context.Context) (LBMapsReply, error)
-}
-
-func (s *server) servicesHandler(w http.ResponseWriter, r *http.Request) (ServicesHandler, bool) {
-	sh, ok := s.h.(ServicesHandler)
-	if !ok {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: this agent does not serve Services: upgrade axon-agent", r.Method, r.URL.Path))
-	}
-	return sh, ok
-}
-
-func (s *server) services(w http.ResponseWriter, r *http.Request) {
-	sh, ok := s.servicesHandler(w, r)
-	if !ok {
-		return
-	}
-	rep, err := sh.ServiceList(r.Context())
-	s.reply(w, r, rep, err)
-}
-
-func (s *server) lbMaps(w http.ResponseWriter, r *http.Request) {
-	sh, ok := s.servicesHandler(w, r)
-	if !ok {
-		return
-	}
-	rep, err := sh.LBMaps(r.Context())
-	s.reply(w, r, rep, err)
 }
 
 // Services returns GET /v1/services: the desired Service table.

@@ -37,7 +37,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,14 +46,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/cpustat"
 	"github.com/axonhq/axon/internal/datapath"
-	"github.com/axonhq/axon/internal/ipam"
 	"github.com/axonhq/axon/internal/stats"
 	"github.com/axonhq/axon/internal/testutil"
 )
@@ -71,25 +68,7 @@ type benchNode struct {
 func newBenchNode(t *testing.T, i int) *benchNode {
 	e := &env{t: t, bin: pluginBinary(t)}
 	e.node = testutil.NewNetnsKernelDAD(t, fmt.Sprintf("axt-cni-bn%d-", i))
-	var err error
-	e.nodeNS, err = ns.GetNS("/run/netns/" + e.node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.nodeNS.Close() })
-	dir := t.TempDir()
-	e.sock = filepath.Join(dir, "run", "axon.sock")
-	e.state = filepath.Join(dir, "state", "ipam")
-	alloc, err := ipam.New(e.state, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { alloc.Close() })
-	if err := alloc.SetPools([]netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i))}); err != nil {
-		t.Fatal(err)
-	}
-	e.agent = &testAgent{ipam: alloc, eps: map[api.Attachment]api.Endpoint{}}
-	e.startAgent()
+	e.startNodeAgent(i)
 	if err := e.inNode(func() error {
 		for _, s := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}, {"net.ipv6.conf.default.accept_dad", "0"}} {
 			if err := writeSysctl(s[0], s[1]); err != nil {

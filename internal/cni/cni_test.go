@@ -27,6 +27,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -173,6 +174,16 @@ func newEnv(t *testing.T) *env {
 	run(t, "ip", "-n", e.node, "addr", "add", nodeIPv4+"/24", "dev", "eth0")
 	run(t, "ip", "-n", e.node, "addr", "add", nodeIPv6+"/64", "dev", "eth0", "nodad")
 	run(t, "ip", "-n", e.node, "link", "set", "eth0", "up")
+	e.startNodeAgent(1)
+	return e
+}
+
+// startNodeAgent opens the netns e.node and starts a test agent for it, with
+// its own socket and IPAM state in a temporary directory and the pod pools of
+// node i: 10.244.<i>.0/24 and fd00:10:244:<i>::/64.
+func (e *env) startNodeAgent(i int) {
+	t := e.t
+	t.Helper()
 	var err error
 	e.nodeNS, err = ns.GetNS("/run/netns/" + e.node)
 	if err != nil {
@@ -188,12 +199,11 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { alloc.Close() })
-	if err := alloc.SetPools([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}); err != nil {
+	if err := alloc.SetPools([]netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i))}); err != nil {
 		t.Fatal(err)
 	}
 	e.agent = &testAgent{ipam: alloc, eps: map[api.Attachment]api.Endpoint{}}
 	e.startAgent()
-	return e
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -332,12 +342,8 @@ func (e *env) ipFiles() []string {
 // tcpEcho listens on addr in the node netns and dials it from the pod netns,
 // checking that bytes go both ways.
 func (e *env) tcpEcho(pod, addr string) error {
-	var ln net.Listener
-	if err := e.inNode(func() error {
-		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(addr, "0"))
-		return err
-	}); err != nil {
+	ln, err := listenTCP(e.node, addr)
+	if err != nil {
 		return fmt.Errorf("listen in node: %w", err)
 	}
 	defer ln.Close()
@@ -371,11 +377,15 @@ func (e *env) tcpEcho(pod, addr string) error {
 	})
 }
 
-func inPod(t *testing.T, pod string, f func() error) {
-	t.Helper()
-	if err := ns.WithNetNSPath("/run/netns/"+pod, func(ns.NetNS) error { return f() }); err != nil {
-		t.Fatal(err)
-	}
+// listenTCP listens for TCP on ip, any port, inside the named netns.
+func listenTCP(netns, ip string) (net.Listener, error) {
+	var ln net.Listener
+	err := netnsutil.Do(netns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		return err
+	})
+	return ln, err
 }
 
 // ---- tests ----
@@ -444,7 +454,7 @@ func TestAddCheckDel(t *testing.T) {
 	}
 
 	// Pod side: addresses, routes, PERMANENT neighbours to the host MAC.
-	inPod(t, pod, func() error {
+	testutil.InNetns(t, pod, func() error {
 		out, _ := exec.Command("ip", "-d", "addr", "show", "eth0").CombinedOutput()
 		for _, want := range []string{"inet 10.244.1.1/32", "inet6 fd00:10:244:1::1/128", "mtu 1400"} {
 			if !strings.Contains(string(out), want) {
@@ -709,7 +719,7 @@ func TestAddConflictsAndRollback(t *testing.T) {
 	if f := e.ipFiles(); len(f) != 0 {
 		t.Fatalf("IP files after rollback: %v", f)
 	}
-	inPod(t, podB, func() error {
+	testutil.InNetns(t, podB, func() error {
 		if _, err := netlink.LinkByName("eth0"); err == nil {
 			t.Error("pod eth0 left after rollback")
 		}
@@ -742,7 +752,7 @@ func TestChurn(t *testing.T) {
 	if a := e.agent.ipam.Allocations(); len(a) != 0 {
 		t.Fatalf("allocations leaked: %v", a)
 	}
-	inPod(t, pod, func() error {
+	testutil.InNetns(t, pod, func() error {
 		links, _ := netlink.LinkList()
 		if len(links) != 1 {
 			t.Errorf("pod netns has %d links, want only lo", len(links))

@@ -98,16 +98,7 @@ func createNetkit(hostName, ifName, containerID string, mtu int, podNS ns.NetNS,
 		}
 		return nil, fmt.Errorf("create netkit %s (peer %s in %s, mode %s): %w", hostName, ifName, podNS.Path(), mode, err)
 	}
-	host, err := netlink.LinkByName(hostName)
-	if err != nil {
-		return nil, fmt.Errorf("find new netkit %s: %w", hostName, err)
-	}
-	if host.Attrs().Alias == "" {
-		if err := netlink.LinkSetAlias(host, hostAlias(containerID, ifName)); err != nil {
-			return nil, fmt.Errorf("set alias of %s: %w", hostName, err)
-		}
-	}
-	return host, nil
+	return newHostLink("netkit", hostName, containerID, ifName)
 }
 
 // createDevice creates the pod device pair of type dev.Type.

@@ -108,7 +108,7 @@ func TestNetkitUnavailableAdd(t *testing.T) {
 			if _, ok := e.agent.endpoint("nonk-"+tc.name, "eth0"); ok {
 				t.Error("endpoint registered")
 			}
-			inPod(t, pod, func() error {
+			testutil.InNetns(t, pod, func() error {
 				if _, err := netlink.LinkByName("eth0"); err == nil {
 					return errors.New("eth0 exists in the pod")
 				}
@@ -214,12 +214,8 @@ func gsoCounter(t *testing.T, ifindex int) (read func() (all, big uint64)) {
 
 // bulk sends n bytes over TCP from pod to addr in the node netns.
 func (e *env) bulk(pod, addr string, n int64) error {
-	var ln net.Listener
-	if err := e.inNode(func() error {
-		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(addr, "0"))
-		return err
-	}); err != nil {
+	ln, err := listenTCP(e.node, addr)
+	if err != nil {
 		return err
 	}
 	defer ln.Close()
@@ -234,7 +230,7 @@ func (e *env) bulk(pod, addr string, n int64) error {
 		got, _ := io.Copy(io.Discard, c)
 		done <- got
 	}()
-	err := ns.WithNetNSPath("/run/netns/"+pod, func(ns.NetNS) error {
+	err = ns.WithNetNSPath("/run/netns/"+pod, func(ns.NetNS) error {
 		c, err := net.DialTimeout("tcp", ln.Addr().String(), 3*time.Second)
 		if err != nil {
 			return err

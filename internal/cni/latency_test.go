@@ -80,6 +80,54 @@ func (n *benchNode) hostIfOf(t *testing.T, cid string) string {
 	return ep.HostIfName
 }
 
+// bpfStatsTable appends to md a table of what the BPF programs of node1 (a)
+// and node2 (b) cost per path: for every path one measure run with
+// kernel.bpf_stats_enabled on (restored right after), then per program its
+// runs and ns per run. header gets the sysctl's old value and writes the
+// lines above the table. Programs with fewer than minRuns runs are left out;
+// with dedupe, so is a program whose counters equal one already listed.
+func bpfStatsTable(t *testing.T, md *bytes.Buffer, a, b *benchNode, paths []benchPath, minRuns uint64, dedupe bool,
+	header func(old string) string, measure func(benchPath) error) {
+	t.Helper()
+	old, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md.WriteString(header(strings.TrimSpace(string(old))) + "| path | program | runs | ns per run |\n|---|---|---:|---:|\n")
+	for _, p := range paths {
+		if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a0, b0 := progStats(t, a), progStats(t, b)
+		merr := measure(p)
+		a1, b1 := progStats(t, a), progStats(t, b)
+		_ = os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", old, 0o644)
+		if merr != nil {
+			t.Fatal(merr)
+		}
+		for _, side := range []struct {
+			node       string
+			before, at map[string][2]uint64
+		}{{"node1", a0, a1}, {"node2", b0, b1}} {
+			seen := map[[2]uint64]bool{}
+			names := make([]string, 0, len(side.at))
+			for n := range side.at {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			for _, n := range names {
+				cnt := side.at[n][0] - side.before[n][0]
+				ns := side.at[n][1] - side.before[n][1]
+				if cnt == 0 || cnt < minRuns || (dedupe && seen[side.at[n]]) {
+					continue
+				}
+				seen[side.at[n]] = true
+				fmt.Fprintf(md, "| %s | %s %s | %d | %.0f |\n", p.name, side.node, n, cnt, float64(ns)/float64(cnt))
+			}
+		}
+	}
+}
+
 // progStats reads run_cnt/run_time_ns, summed per program name, of the
 // programs behind the links pinned for node n (<pin dir>/links/*).
 func progStats(t *testing.T, n *benchNode) map[string][2]uint64 {
@@ -233,41 +281,14 @@ func TestVethLatency(t *testing.T) {
 	}
 
 	if os.Getenv("AXON_LAT_BPFSTATS") == "1" {
-		old, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&md, "\nBPF program cost (kernel.bpf_stats_enabled=1 for one %ds run per path, then restored to %s):\n\n| path | program | runs | ns per run |\n|---|---|---:|---:|\n", secs, strings.TrimSpace(string(old)))
-		for _, p := range paths {
-			if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			b0, b1 := progStats(t, a), progStats(t, b)
-			_, rerr := rr(p, secs)
-			a1, bb1 := progStats(t, a), progStats(t, b)
-			_ = os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", old, 0o644)
-			if rerr != nil {
-				t.Fatal(rerr)
-			}
-			for _, side := range []struct {
-				node       string
-				before, at map[string][2]uint64
-			}{{"node1", b0, a1}, {"node2", b1, bb1}} {
-				names := make([]string, 0, len(side.at))
-				for n := range side.at {
-					names = append(names, n)
-				}
-				slices.Sort(names)
-				for _, n := range names {
-					cnt := side.at[n][0] - side.before[n][0]
-					ns := side.at[n][1] - side.before[n][1]
-					if cnt == 0 {
-						continue
-					}
-					fmt.Fprintf(&md, "| %s | %s %s | %d | %.0f |\n", p.name, side.node, n, cnt, float64(ns)/float64(cnt))
-				}
-			}
-		}
+		bpfStatsTable(t, &md, a, b, paths, 1, false,
+			func(old string) string {
+				return fmt.Sprintf("\nBPF program cost (kernel.bpf_stats_enabled=1 for one %ds run per path, then restored to %s):\n\n", secs, old)
+			},
+			func(p benchPath) error {
+				_, err := rr(p, secs)
+				return err
+			})
 	}
 	t.Log("\n" + md.String())
 	if out := os.Getenv("AXON_LAT_OUT"); out != "" {
@@ -349,45 +370,18 @@ func TestVethCost(t *testing.T) {
 		}
 	}
 	if os.Getenv("AXON_LAT_BPFSTATS") == "1" {
-		old, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&md, "\nBPF programs, ns per run (bpf_stats on for one %d s UDP run per path, then restored to %s):\n\n| path | program | runs | ns per run |\n|---|---|---:|---:|\n", secs, strings.TrimSpace(string(old)))
-		for _, p := range paths {
-			if err := os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			b0 := progStats(t, a)
-			bb0 := progStats(t, b)
-			o, rerr := nsCmd(p.client, 0, "sockperf", "throughput", "-i", p.serverIP, "-p", strconv.Itoa(p.port+50),
-				"-t", strconv.Itoa(secs), "-m", "64", "--mps", strconv.Itoa(mps)).CombinedOutput()
-			a1, bb1 := progStats(t, a), progStats(t, b)
-			_ = os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", old, 0o644)
-			if rerr != nil {
-				t.Fatalf("%s: %v\n%s", p.name, rerr, o)
-			}
-			for _, side := range []struct {
-				node       string
-				before, at map[string][2]uint64
-			}{{"node1", b0, a1}, {"node2", bb0, bb1}} {
-				seen := map[[2]uint64]bool{}
-				names := make([]string, 0, len(side.at))
-				for n := range side.at {
-					names = append(names, n)
+		bpfStatsTable(t, &md, a, b, paths, 1000, true,
+			func(old string) string {
+				return fmt.Sprintf("\nBPF programs, ns per run (bpf_stats on for one %d s UDP run per path, then restored to %s):\n\n", secs, old)
+			},
+			func(p benchPath) error {
+				o, err := nsCmd(p.client, 0, "sockperf", "throughput", "-i", p.serverIP, "-p", strconv.Itoa(p.port+50),
+					"-t", strconv.Itoa(secs), "-m", "64", "--mps", strconv.Itoa(mps)).CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("%s: %v\n%s", p.name, err, o)
 				}
-				slices.Sort(names)
-				for _, n := range names {
-					cnt := side.at[n][0] - side.before[n][0]
-					ns := side.at[n][1] - side.before[n][1]
-					if cnt < 1000 || seen[side.at[n]] {
-						continue
-					}
-					seen[side.at[n]] = true
-					fmt.Fprintf(&md, "| %s | %s %s | %d | %.0f |\n", p.name, side.node, n, cnt, float64(ns)/float64(cnt))
-				}
-			}
-		}
+				return nil
+			})
 	}
 	t.Log("\n" + md.String())
 	if out := os.Getenv("AXON_LAT_OUT"); out != "" {

@@ -72,12 +72,18 @@ func createVeth(hostName, ifName, containerID string, mtu int, podNS ns.NetNS) (
 		}
 		return nil, fmt.Errorf("create veth %s (peer %s in %s): %w", hostName, ifName, podNS.Path(), err)
 	}
+	return newHostLink("veth", hostName, containerID, ifName)
+}
+
+// newHostLink returns the node side of a pod device just created (kind is
+// "veth" or "netkit"), with the alias naming its pod attachment set: older
+// kernels ignore IFLA_IFALIAS on create.
+func newHostLink(kind, hostName, containerID, ifName string) (netlink.Link, error) {
 	host, err := netlink.LinkByName(hostName)
 	if err != nil {
-		return nil, fmt.Errorf("find new veth %s: %w", hostName, err)
+		return nil, fmt.Errorf("find new %s %s: %w", kind, hostName, err)
 	}
 	if host.Attrs().Alias == "" {
-		// Older kernels ignore IFLA_IFALIAS on create.
 		if err := netlink.LinkSetAlias(host, hostAlias(containerID, ifName)); err != nil {
 			return nil, fmt.Errorf("set alias of %s: %w", hostName, err)
 		}

@@ -51,7 +51,7 @@ func (e *env) hostLink(name string) netlink.Link {
 func podLinkOf(t *testing.T, pod, ifname string) netlink.Link {
 	t.Helper()
 	var l netlink.Link
-	inPod(t, pod, func() error {
+	testutil.InNetns(t, pod, func() error {
 		var err error
 		l, err = netlink.LinkByName(ifname)
 		return err
@@ -125,12 +125,10 @@ func podDial(pod, addr string) error {
 // podEcho starts a TCP echo server in pod on ip and returns host:port.
 func podEcho(t *testing.T, pod, ip string) string {
 	t.Helper()
-	var ln net.Listener
-	inPod(t, pod, func() error {
-		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		return err
-	})
+	ln, err := listenTCP(pod, ip)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -239,7 +237,7 @@ func TestNetkitBlackholeUntilAttach(t *testing.T) {
 	}
 	defer uc.Close()
 	send := func() {
-		inPod(t, pod, func() error {
+		testutil.InNetns(t, pod, func() error {
 			c, err := net.Dial("udp4", uc.LocalAddr().String())
 			if err != nil {
 				return err
@@ -316,7 +314,7 @@ func TestNetkitPeerProgramNotDetachableFromPod(t *testing.T) {
 	}
 	defer prog.Close()
 	peerIdx := podLinkOf(t, pod, "eth0").Attrs().Index
-	inPod(t, pod, func() error {
+	testutil.InNetns(t, pod, func() error {
 		for _, at := range []ebpf.AttachType{ebpf.AttachNetkitPeer, ebpf.AttachNetkitPrimary} {
 			err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: peerIdx, Program: prog, Attach: at})
 			if !errors.Is(err, unix.EACCES) {

@@ -12,6 +12,7 @@
 package healthcheck
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,7 +110,7 @@ func (s *Server) Sync(want map[ServiceName]Service) error {
 	for n := range want {
 		names = append(names, n)
 	}
-	slices.SortFunc(names, func(a, b ServiceName) int { return cmpString(a.String(), b.String()) })
+	slices.SortFunc(names, func(a, b ServiceName) int { return cmp.Compare(a.String(), b.String()) })
 	for _, name := range names {
 		w := want[name]
 		if inst, ok := s.svcs[name]; ok {
@@ -212,7 +213,7 @@ func (s *Server) Statuses() []Status {
 	for n, msg := range s.failures {
 		out = append(out, Status{Service: n, Error: msg})
 	}
-	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.Service.String(), b.Service.String()) })
+	slices.SortFunc(out, func(a, b Status) int { return cmp.Compare(a.Service.String(), b.Service.String()) })
 	return out
 }
 
@@ -224,16 +225,6 @@ func (s *Server) Close() {
 		inst.close()
 		delete(s.svcs, name)
 	}
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // FromFrontends derives the health checks to serve from the node's

@@ -58,18 +58,26 @@ func writeConfig(t *testing.T, path, s string) {
 	}
 }
 
-func TestReload(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "lb.yaml")
+// newTestRunner writes goodConfig to dir/lb.yaml and returns a Runner of it
+// programming dp, the file's path and its parsed config.
+func newTestRunner(t *testing.T, dir string, dp Datapath) (*Runner, string, *Config) {
+	t.Helper()
+	path := filepath.Join(dir, "lb.yaml")
 	writeConfig(t, path, goodConfig)
 	cfg, raw, err := ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp := newMemDP()
 	r, err := NewRunner(path, cfg, raw, dp, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r, path, cfg
+}
+
+func TestReload(t *testing.T) {
+	dp := newMemDP()
+	r, path, cfg := newTestRunner(t, t.TempDir(), dp)
 	first := dp.render()
 	if len(dp.vips) != 2 || len(dp.tables[cfg.VIPs[0].Key]) != 4093 || dp.tables[cfg.VIPs[1].Key] != nil {
 		t.Fatalf("initial programming wrong:\n%s", first)
@@ -135,16 +143,7 @@ func TestReload(t *testing.T) {
 
 func TestStatusSocket(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "lb.yaml")
-	writeConfig(t, path, goodConfig)
-	cfg, raw, err := ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunner(path, cfg, raw, newMemDP(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, path, _ := newTestRunner(t, dir, newMemDP())
 	ctx, cancel := context.WithCancel(context.Background())
 	sock := filepath.Join(dir, "l4lb.sock")
 	done := make(chan error, 1)
@@ -155,6 +154,7 @@ func TestStatusSocket(t *testing.T) {
 	})
 	c := NewClient(sock)
 	var st Status
+	var err error
 	for range 100 { // the listener comes up asynchronously
 		if st, err = c.Status(ctx); err == nil {
 			break
@@ -183,16 +183,7 @@ func TestStatusSocket(t *testing.T) {
 // TestPollDoesNotRepeatRejections: a rejected file is reported once by
 // polling, again on an explicit reload, and applied once fixed.
 func TestPollDoesNotRepeatRejections(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "lb.yaml")
-	writeConfig(t, path, goodConfig)
-	cfg, raw, err := ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunner(path, cfg, raw, newMemDP(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, path, _ := newTestRunner(t, t.TempDir(), newMemDP())
 	writeConfig(t, path, "interface: eth0\n")
 	if _, err := r.reload(false); err == nil {
 		t.Fatal("bad file accepted")
@@ -217,17 +208,8 @@ func TestPollDoesNotRepeatRejections(t *testing.T) {
 // TestDrain: a backend removed by a reload stays (Terminating, no Maglev
 // slot) while it has flows, and goes once it has none.
 func TestDrain(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "lb.yaml")
-	writeConfig(t, path, goodConfig)
-	cfg, raw, err := ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dp := &flowDP{memDP: newMemDP(), flows: map[netip.AddrPort]int{}}
-	r, err := NewRunner(path, cfg, raw, dp, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, path, cfg := newTestRunner(t, t.TempDir(), dp)
 	gone := netip.MustParseAddrPort("10.0.1.2:80")
 	dp.flows[gone] = 3
 	writeConfig(t, path, strings.Replace(goodConfig, "      - address: 10.0.1.2\n", "", 1))

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 )
@@ -176,19 +177,9 @@ func (t *Table) Conflicts() []Conflict {
 		if c := CompareKeys(a.Key, b.Key); c != 0 {
 			return c
 		}
-		return compareStrings(a.Service, b.Service)
+		return cmp.Compare(a.Service, b.Service)
 	})
 	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Equal reports whether two frontends program the same thing (backends

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestTranslateNorthSouth: the issue-7 fields (algorithm annotation,
+// TestTranslateNorthSouth: the north-south load balancer's fields (algorithm annotation,
 // loadBalancerSourceRanges, healthCheckNodePort) land on the right frontends,
 // and bad values are Problems that leave the rest translated.
 func TestTranslateNorthSouth(t *testing.T) {

@@ -13,6 +13,7 @@
 package maglev
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -238,10 +239,10 @@ func (p *perms) quotas() []int {
 	}
 	slices.SortFunc(idx, func(a, b int) int {
 		if frac[a] != frac[b] {
-			return cmpDesc(frac[a], frac[b])
+			return cmp.Compare(frac[b], frac[a]) // descending
 		}
 		if p.off[a] != p.off[b] {
-			return cmpAsc(p.off[a], p.off[b])
+			return cmp.Compare(p.off[a], p.off[b])
 		}
 		return a - b
 	})
@@ -250,18 +251,6 @@ func (p *perms) quotas() []int {
 	}
 	return q
 }
-
-func cmpAsc(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpDesc(a, b uint64) int { return cmpAsc(b, a) }
 
 // stable is the capacity-bounded stable assignment: backends propose slots
 // in permutation order up to their quota; a taken slot goes to the proposer
