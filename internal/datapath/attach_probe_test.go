@@ -83,7 +83,7 @@ func autoTCX(t *testing.T, feats Features, d *Datapath, cfg Config) {
 	if got := decision(d, "attach"); got != ModeTCX {
 		t.Fatalf("attach decision = %q with tcx available, want tcx", got)
 	}
-	podPin := pinPath(cfg.PinDir, pinTCX, rolePod, "lxc1")
+	podPin := PinPath(cfg.PinDir, PinTCX, rolePod, "lxc1")
 	before := pinnedLinkInfo(t, podPin)
 	for _, dev := range []string{"lxc1", "eth0"} {
 		if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, feats, dev)); n != 0 || m != 1 {
@@ -116,10 +116,10 @@ func autoLegacy(t *testing.T, feats Features, d *Datapath, cfg Config) {
 	ids := map[string]int{}
 	for _, c := range []struct{ dev, role string }{{"lxc1", rolePod}, {"eth0", roleUplink}} {
 		fs := axonFilters(t, c.dev)
-		if len(fs) != 1 || !fs[0].DirectAction || fs[0].Priority != legacyPrio {
-			t.Fatalf("%s filters = %+v, want one direct-action cls_bpf at prio %d", c.dev, fs, legacyPrio)
+		if len(fs) != 1 || !fs[0].DirectAction || fs[0].Priority != LegacyPrio {
+			t.Fatalf("%s filters = %+v, want one direct-action cls_bpf at prio %d", c.dev, fs, LegacyPrio)
 		}
-		pinned := pinnedProgID(t, pinPath(cfg.PinDir, pinTC, c.role, c.dev))
+		pinned := pinnedProgID(t, PinPath(cfg.PinDir, PinTC, c.role, c.dev))
 		if fs[0].Id != pinned {
 			t.Errorf("%s filter runs program %d, pinned marker is %d", c.dev, fs[0].Id, pinned)
 		}
@@ -143,7 +143,7 @@ func autoLegacy(t *testing.T, feats Features, d *Datapath, cfg Config) {
 	if err := d2.DetachPod("lxc1"); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(axonFilters(t, "lxc1")); n != 0 || exists(pinPath(cfg.PinDir, pinTC, rolePod, "lxc1")) {
+	if n := len(axonFilters(t, "lxc1")); n != 0 || exists(PinPath(cfg.PinDir, PinTC, rolePod, "lxc1")) {
 		t.Errorf("after DetachPod: %d filters on lxc1", n)
 	}
 	if err := d2.AttachPod("lxc1"); err != nil { // left for Uninstall

@@ -102,8 +102,8 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
-	podPin := pinPath(pin, pinTCX, rolePod, "lxc1")
-	upPin := pinPath(pin, pinTCX, roleUplink, "eth0")
+	podPin := PinPath(pin, PinTCX, rolePod, "lxc1")
+	upPin := PinPath(pin, PinTCX, roleUplink, "eth0")
 
 	inNetns(t, ns, func() {
 		d, err := Load(cfg)
@@ -170,8 +170,8 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 		if err := d2.GCPodLinks(map[string]bool{"lxc1": true}); err != nil {
 			t.Fatalf("GCPodLinks: %v", err)
 		}
-		if exists(podPin) || exists(pinPath(pin, pinTCX, rolePod, "lxc2")) {
-			t.Errorf("GC left pins: lxc1 %v lxc2 %v", exists(podPin), exists(pinPath(pin, pinTCX, rolePod, "lxc2")))
+		if exists(podPin) || exists(PinPath(pin, PinTCX, rolePod, "lxc2")) {
+			t.Errorf("GC left pins: lxc1 %v lxc2 %v", exists(podPin), exists(PinPath(pin, PinTCX, rolePod, "lxc2")))
 		}
 		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 {
 			t.Errorf("GC left %d programs on lxc2", n)
@@ -189,8 +189,8 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 				t.Fatalf("DetachPod of a deleted device: %v", err)
 			}
 		}
-		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 || exists(pinPath(pin, pinTCX, rolePod, "lxc2")) {
-			t.Errorf("after DetachPod: %d programs, pin %v", n, exists(pinPath(pin, pinTCX, rolePod, "lxc2")))
+		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 || exists(PinPath(pin, PinTCX, rolePod, "lxc2")) {
+			t.Errorf("after DetachPod: %d programs, pin %v", n, exists(PinPath(pin, PinTCX, rolePod, "lxc2")))
 		}
 		if err := d2.AttachPod("nosuchdev"); err == nil {
 			t.Error("AttachPod of a missing device succeeded")

@@ -43,7 +43,7 @@ func ensurePinDir(dir string) error {
 	if err := ensureBPFFS(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(linksDir(dir), 0o700); err != nil {
+	if err := os.MkdirAll(LinksDir(dir), 0o700); err != nil {
 		return fmt.Errorf("create pin dir %s: %w", dir, err)
 	}
 	ok, err := isBPFFS(dir)

@@ -13,9 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Bandwidth Manager (issue 6; bpf/uplink_egress.c, maps in bpf/lib/edt.h).
@@ -53,7 +51,7 @@ var bwStatNames = []string{
 }
 
 // roleBWM names the link pin: <pinDir>/links/<tcx|tc>-bwm-<uplink>. The
-// ingress-only pin parser (listLinkPins) ignores the role.
+// datapath's pin listing (listLinkPins) ignores the role.
 const roleBWM = "bwm"
 
 // legacyEgressHandle identifies the cls_bpf filter on clsact egress.
@@ -149,7 +147,7 @@ func (b *BWM) Uplink() string { return b.cfg.Uplink }
 
 // Attach (re)attaches the program to the uplink's egress. Idempotent.
 func (b *BWM) Attach() error {
-	if err := validIfname(b.cfg.Uplink); err != nil {
+	if err := ValidIfname(b.cfg.Uplink); err != nil {
 		return fmt.Errorf("attach bandwidth manager: uplink: %w", err)
 	}
 	b.mu.Lock()
@@ -158,19 +156,20 @@ func (b *BWM) Attach() error {
 	if err != nil {
 		return fmt.Errorf("attach bandwidth manager to %s: device not found in this netns: %w", b.cfg.Uplink, err)
 	}
-	tcxPin := pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink)
-	tcPin := pinPath(b.cfg.PinDir, pinTC, roleBWM, b.cfg.Uplink)
-	prog := b.objs.AxonUplinkEgress
-	if b.mode == ModeTCX {
-		if err := attachTCXEgress(tcxPin, dev.Attrs().Index, prog); err != nil {
-			return fmt.Errorf("attach bandwidth manager to %s: %w", b.cfg.Uplink, err)
-		}
-		return removeEgressFilter(tcPin, b.cfg.Uplink)
-	}
-	if err := attachLegacyEgress(tcPin, dev, prog); err != nil {
+	if err := Attach(b.cfg.PinDir, dev, b.objs.AxonUplinkEgress, b.hook()); err != nil {
 		return fmt.Errorf("attach bandwidth manager to %s: %w", b.cfg.Uplink, err)
 	}
-	return detachPin(linkPin{path: tcxPin, kind: pinTCX, role: roleBWM, ifname: b.cfg.Uplink})
+	return nil
+}
+
+// bwmHook is the program's place: the uplink's tc egress, filter "axon_bwm"
+// in legacy mode.
+var bwmHook = Hook{Role: roleBWM, Egress: true, Handle: legacyEgressHandle, Filter: "axon_bwm"}
+
+func (b *BWM) hook() Hook {
+	h := bwmHook
+	h.Legacy = b.mode == ModeLegacy
+	return h
 }
 
 // Attached reports whether the program is attached to the uplink's egress
@@ -182,53 +181,7 @@ func (b *BWM) Attached() bool {
 	if err != nil {
 		return false
 	}
-	if b.mode == ModeTCX {
-		l, err := link.LoadPinnedLink(pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink), nil)
-		if err != nil {
-			return false
-		}
-		defer l.Close()
-		return tcxIfindex(l) == dev.Attrs().Index
-	}
-	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_EGRESS)
-	if err != nil {
-		return false
-	}
-	for _, f := range filters {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == legacyEgressHandle {
-			return true
-		}
-	}
-	return false
-}
-
-func attachTCXEgress(pin string, ifindex int, prog *ebpf.Program) error {
-	return attachTCXPinned(pin, ifindex, prog, ebpf.AttachTCXEgress, nil)
-}
-
-func egressFilter(ifindex, fd int) *netlink.BpfFilter {
-	return clsBPFFilter(ifindex, fd, netlink.HANDLE_MIN_EGRESS, legacyEgressHandle, "axon_bwm")
-}
-
-func attachLegacyEgress(pin string, dev netlink.Link, prog *ebpf.Program) error {
-	return attachClsBPF(pin, dev, prog, netlink.HANDLE_MIN_EGRESS, legacyEgressHandle, "axon_bwm")
-}
-
-// removeEgressFilter deletes axon's legacy egress filter (and its pin
-// marker) from ifname; nothing there is fine.
-func removeEgressFilter(pin, ifname string) error {
-	if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if dev, err := netlink.LinkByName(ifname); err == nil {
-		if err := netlink.FilterDel(egressFilter(dev.Attrs().Index, 0)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("delete cls_bpf egress filter on %s: %w", ifname, err)
-		}
-	}
-	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove pin %s: %w", pin, err)
-	}
-	return nil
+	return Attached(b.cfg.PinDir, dev, b.hook())
 }
 
 // Detach removes the program from the uplink (limits stay in the maps but
@@ -236,10 +189,7 @@ func removeEgressFilter(pin, ifname string) error {
 func (b *BWM) Detach() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return errors.Join(
-		detachPin(linkPin{path: pinPath(b.cfg.PinDir, pinTCX, roleBWM, b.cfg.Uplink), kind: pinTCX, role: roleBWM, ifname: b.cfg.Uplink}),
-		removeEgressFilter(pinPath(b.cfg.PinDir, pinTC, roleBWM, b.cfg.Uplink), b.cfg.Uplink),
-	)
+	return Detach(b.cfg.PinDir, b.cfg.Uplink, bwmHook)
 }
 
 // UninstallBWM detaches the Bandwidth Manager from uplink and removes every
@@ -248,9 +198,7 @@ func (b *BWM) Detach() error {
 func UninstallBWM(pinDir, uplink string) error {
 	var errs []error
 	if uplink != "" {
-		errs = append(errs,
-			detachPin(linkPin{path: pinPath(pinDir, pinTCX, roleBWM, uplink), kind: pinTCX, role: roleBWM, ifname: uplink}),
-			removeEgressFilter(pinPath(pinDir, pinTC, roleBWM, uplink), uplink))
+		errs = append(errs, Detach(pinDir, uplink, bwmHook))
 	}
 	// The ingress policer reads the pinned maps from the pod programs:
 	// close its gate and empty them rather than unpinning (the programs

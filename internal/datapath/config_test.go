@@ -147,7 +147,7 @@ func TestListLinkPinsIgnoresForeignNames(t *testing.T) {
 	}
 	var got []string
 	for _, p := range pins {
-		got = append(got, p.kind+"|"+p.role+"|"+p.ifname)
+		got = append(got, p.Kind+"|"+p.Role+"|"+p.Ifname)
 	}
 	want := "tc|uplink|eth0 tcx|pod|a-b tcx|pod|lxc1"
 	if strings.Join(got, " ") != want {
@@ -157,7 +157,7 @@ func TestListLinkPinsIgnoresForeignNames(t *testing.T) {
 
 func ensureDirs(pinDir string, names ...string) error {
 	for _, n := range names {
-		if err := os.MkdirAll(filepath.Join(linksDir(pinDir), n), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(LinksDir(pinDir), n), 0o700); err != nil {
 			return err
 		}
 	}

@@ -266,7 +266,7 @@ func (d *Datapath) install() error {
 	}
 	if d.hostRouting != RoutingBPF {
 		for _, p := range pods {
-			if err := d.detachLocked(p.role, p.ifname); err != nil {
+			if err := d.detachLocked(p.Role, p.Ifname); err != nil {
 				return err
 			}
 		}
@@ -280,17 +280,17 @@ func (d *Datapath) install() error {
 	}
 	for _, p := range pods {
 		switch {
-		case p.role == roleUplink && p.ifname != d.cfg.Uplink:
+		case p.Role == roleUplink && p.Ifname != d.cfg.Uplink:
 			// the uplink changed: the old device gets nothing any more
-			if err := d.detachLocked(p.role, p.ifname); err != nil {
+			if err := d.detachLocked(p.Role, p.Ifname); err != nil {
 				return err
 			}
-		case p.role == rolePod:
-			if !deviceExists(p.ifname) {
+		case p.Role == rolePod:
+			if !DeviceExists(p.Ifname) {
 				continue // left for GCPodLinks
 			}
-			if err := d.attachLocked(rolePod, p.ifname, d.podProg); err != nil {
-				d.log.Warn("adopt pod link", "ifname", p.ifname, "err", err)
+			if err := d.attachLocked(rolePod, p.Ifname, d.podProg); err != nil {
+				d.log.Warn("adopt pod link", "ifname", p.Ifname, "err", err)
 			}
 		}
 	}
@@ -353,7 +353,7 @@ func Uninstall(pinDir string) error {
 	}
 	var errs []error
 	for _, p := range pins {
-		if err := detachPin(p); err != nil {
+		if err := DetachPin(p, podHook(p.Role, ModeLegacy)); err != nil {
 			errs = append(errs, err)
 		}
 	}

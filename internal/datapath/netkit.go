@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -167,19 +166,16 @@ func (d *Datapath) attachNetkitLocked(nk *netlink.Netkit) error {
 		return fmt.Errorf("attach pod program to %s: %w", name, err)
 	}
 	// The peer link reports the peer's ifindex (in the pod netns).
-	if err := attachNetkitLink(pinPath(d.cfg.PinDir, pinNKPeer, rolePod, name), idx, nk.Attrs().ParentIndex, peer, ebpf.AttachNetkitPeer); err != nil {
+	if err := attachNetkitLink(PinPath(d.cfg.PinDir, pinNKPeer, rolePod, name), idx, nk.Attrs().ParentIndex, peer, ebpf.AttachNetkitPeer); err != nil {
 		return fmt.Errorf("attach pod program to netkit peer of %s: %w", name, err)
 	}
-	if err := attachNetkitLink(pinPath(d.cfg.PinDir, pinNKPrimary, rolePod, name), idx, idx, primary, ebpf.AttachNetkitPrimary); err != nil {
+	if err := attachNetkitLink(PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, name), idx, idx, primary, ebpf.AttachNetkitPrimary); err != nil {
 		return fmt.Errorf("attach program to netkit primary %s: %w", name, err)
 	}
 	if err := SetNetkitPolicy(idx, netlink.NETKIT_POLICY_FORWARD, netlink.NETKIT_POLICY_FORWARD); err != nil {
 		return fmt.Errorf("open netkit %s after attach: %w", name, err)
 	}
-	return errors.Join(
-		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinTCX, rolePod, name), kind: pinTCX, role: rolePod, ifname: name}),
-		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinTC, rolePod, name), kind: pinTC, role: rolePod, ifname: name}),
-	)
+	return d.detachLocked(rolePod, name)
 }
 
 // detachNetkitLocked removes both netkit links of ifname; when the device
@@ -187,8 +183,8 @@ func (d *Datapath) attachNetkitLocked(nk *netlink.Netkit) error {
 // unless open is set (legacy host routing: the kernel routes, nothing attached).
 func (d *Datapath) detachNetkitLocked(ifname string, open bool) error {
 	err := errors.Join(
-		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinNKPeer, rolePod, ifname), kind: pinNKPeer, role: rolePod, ifname: ifname}),
-		detachPin(linkPin{path: pinPath(d.cfg.PinDir, pinNKPrimary, rolePod, ifname), kind: pinNKPrimary, role: rolePod, ifname: ifname}),
+		DetachLink(LinkPin{Path: PinPath(d.cfg.PinDir, pinNKPeer, rolePod, ifname), Kind: pinNKPeer, Role: rolePod, Ifname: ifname}),
+		DetachLink(LinkPin{Path: PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, ifname), Kind: pinNKPrimary, Role: rolePod, Ifname: ifname}),
 	)
 	if l, lerr := netlink.LinkByName(ifname); lerr == nil {
 		if nk, ok := l.(*netlink.Netkit); ok && nk.IsPrimary() {
@@ -202,45 +198,17 @@ func (d *Datapath) detachNetkitLocked(ifname string, open bool) error {
 	return err
 }
 
-func netkitIfindex(l link.Link) int {
-	info, err := l.Info()
-	if err != nil || info.Netkit() == nil {
-		return 0
-	}
-	return int(info.Netkit().Ifindex)
-}
-
-// attachNetkitLink updates the pinned link when it is still on devIdx (the
-// ifindex the link reports: the primary's, or the peer's for a peer link),
-// otherwise attaches a new link through primaryIdx and pins it.
+// attachNetkitLink keeps a pinned netkit link of prog: updated in place when
+// it is still on devIdx (the ifindex the link reports: the primary's, or the
+// peer's for a peer link), otherwise attached anew through primaryIdx.
 func attachNetkitLink(pin string, primaryIdx, devIdx int, prog *ebpf.Program, at ebpf.AttachType) error {
-	old, err := link.LoadPinnedLink(pin, nil)
-	switch {
-	case err == nil:
-		defer old.Close()
-		if idx := netkitIfindex(old); idx != 0 && idx == devIdx {
-			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned netkit link %s: %w", pin, err)
-			}
-			return nil
+	return AttachLink(pin, "netkit", devIdx, prog, func() (link.Link, error) {
+		l, err := link.AttachNetkit(link.NetkitOptions{Interface: primaryIdx, Program: prog, Attach: at})
+		if err != nil {
+			return nil, fmt.Errorf("netkit attach to ifindex %d: %w", primaryIdx, err)
 		}
-		_ = old.Detach()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale netkit link %s: %w", pin, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned netkit link %s: %w", pin, err)
-	}
-	l, err := link.AttachNetkit(link.NetkitOptions{Interface: primaryIdx, Program: prog, Attach: at})
-	if err != nil {
-		return fmt.Errorf("netkit attach to ifindex %d: %w", primaryIdx, err)
-	}
-	defer l.Close()
-	if err := l.Pin(pin); err != nil {
-		_ = l.Detach()
-		return fmt.Errorf("pin netkit link at %s: %w", pin, err)
-	}
-	return nil
+		return l, nil
+	})
 }
 
 // SetNetkitPolicy sets the default policies (used while no program is

@@ -3,9 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -26,7 +23,6 @@ const (
 	npRoleOut = "lbout"   // tc egress
 	npRoleXDP = "lbxdp"   // XDP
 	npRoleDec = "lbdecap" // tc ingress of a DSR backend
-	pinXDP    = "xdp"
 
 	// npLegacyHandle: the LB's cls_bpf filters in legacy mode (prio 1 like
 	// axon's uplink filter 0xa10; cls_bpf runs filters of one prio newest
@@ -35,11 +31,14 @@ const (
 	npDecapHandle  = 0xa18 // the decap filter, so a node can be LB and DSR backend
 )
 
-func npHandle(role string) uint32 {
+// npHook is the place of the LB's tc program of role (npRoleIn, npRoleOut,
+// npRoleDec): first in the tcx chain, or filter "axon_lb" in legacy mode.
+func npHook(role string, legacy bool) Hook {
+	h := Hook{Role: role, Egress: role == npRoleOut, Legacy: legacy, First: true, Handle: npLegacyHandle, Filter: "axon_lb"}
 	if role == npRoleDec {
-		return npDecapHandle
+		h.Handle = npDecapHandle
 	}
-	return npLegacyHandle
+	return h
 }
 
 // Attachment says what Attach attached.
@@ -59,7 +58,7 @@ type Attachment struct {
 // caller decides whether to fall back (--lb-acceleration best-effort).
 func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
 	a := Attachment{Ifname: ifname}
-	if err := validIfname(ifname); err != nil {
+	if err := ValidIfname(ifname); err != nil {
 		return a, fmt.Errorf("attach nodeport LB: %w", err)
 	}
 	if xdpMode != XDPNone && xdpMode != XDPNative && xdpMode != XDPGeneric {
@@ -71,28 +70,22 @@ func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
 	}
 	idx := dev.Attrs().Index
 	pd := n.opts.PinDir
-	if Probe().TCX.Available {
-		if err := attachTCXAt(pinPath(pd, pinTCX, npRoleIn, ifname), idx, n.tc.AxonLbIngress, ebpf.AttachTCXIngress, link.Head()); err != nil {
-			return a, fmt.Errorf("attach nodeport LB ingress to %s: %w", ifname, err)
-		}
-		a.Ingress = "tcx"
-		if err := attachTCXAt(pinPath(pd, pinTCX, npRoleOut, ifname), idx, n.tc.AxonLbEgress, ebpf.AttachTCXEgress, link.Head()); err != nil {
-			return a, fmt.Errorf("attach nodeport LB egress to %s: %w", ifname, err)
-		}
-		a.Egress = "tcx"
-	} else {
-		if err := attachNPLegacy(pinPath(pd, pinTC, npRoleIn, ifname), dev, n.tc.AxonLbIngress, netlink.HANDLE_MIN_INGRESS); err != nil {
-			return a, fmt.Errorf("attach nodeport LB ingress to %s: %w", ifname, err)
-		}
-		a.Ingress = "tc-legacy"
-		if err := attachNPLegacy(pinPath(pd, pinTC, npRoleOut, ifname), dev, n.tc.AxonLbEgress, netlink.HANDLE_MIN_EGRESS); err != nil {
-			return a, fmt.Errorf("attach nodeport LB egress to %s: %w", ifname, err)
-		}
-		a.Egress = "tc-legacy"
+	legacy := !Probe().TCX.Available
+	mode := "tcx"
+	if legacy {
+		mode = "tc-legacy"
 	}
-	xpin := pinPath(pd, pinXDP, npRoleXDP, ifname)
+	if err := Attach(pd, dev, n.tc.AxonLbIngress, npHook(npRoleIn, legacy)); err != nil {
+		return a, fmt.Errorf("attach nodeport LB ingress to %s: %w", ifname, err)
+	}
+	a.Ingress = mode
+	if err := Attach(pd, dev, n.tc.AxonLbEgress, npHook(npRoleOut, legacy)); err != nil {
+		return a, fmt.Errorf("attach nodeport LB egress to %s: %w", ifname, err)
+	}
+	a.Egress = mode
+	xpin := PinPath(pd, PinXDP, npRoleXDP, ifname)
 	if xdpMode == XDPNone {
-		return a, detachNPPin(linkPin{path: xpin, kind: pinXDP, role: npRoleXDP, ifname: ifname})
+		return a, DetachLink(LinkPin{Path: xpin, Kind: PinXDP, Role: npRoleXDP, Ifname: ifname})
 	}
 	if err := attachXDPPinned(xpin, idx, n.xdp.AxonLbXdp, xdpMode); err != nil {
 		return a, fmt.Errorf("attach nodeport LB XDP (%s) to %s: %w", xdpMode, ifname, err)
@@ -166,28 +159,26 @@ func (n *NodePortLB) AttachAccelerated(ifname, accel string) (string, error) {
 // (e.g. on lo). It decapsulates every IP-in-IP packet arriving there: attach
 // it only where DSR traffic is expected. Detach removes it too.
 func (n *NodePortLB) AttachDecap(ifname string) (string, error) {
-	if err := validIfname(ifname); err != nil {
+	if err := ValidIfname(ifname); err != nil {
 		return "", fmt.Errorf("attach DSR decap: %w", err)
 	}
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: device not found in this netns: %w", ifname, err)
 	}
-	if Probe().TCX.Available {
-		if err := attachTCXAt(pinPath(n.opts.PinDir, pinTCX, npRoleDec, ifname), dev.Attrs().Index, n.tc.AxonLbDecap, ebpf.AttachTCXIngress, link.Head()); err != nil {
-			return "", fmt.Errorf("attach DSR decap to %s: %w", ifname, err)
-		}
-		return "tcx", nil
-	}
-	if err := attachNPLegacy(pinPath(n.opts.PinDir, pinTC, npRoleDec, ifname), dev, n.tc.AxonLbDecap, netlink.HANDLE_MIN_INGRESS); err != nil {
+	legacy := !Probe().TCX.Available
+	if err := Attach(n.opts.PinDir, dev, n.tc.AxonLbDecap, npHook(npRoleDec, legacy)); err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: %w", ifname, err)
 	}
-	return "tc-legacy", nil
+	if legacy {
+		return "tc-legacy", nil
+	}
+	return "tcx", nil
 }
 
 // Detach removes every LB attachment of ifname and its pins.
 func (n *NodePortLB) Detach(ifname string) error {
-	if err := validIfname(ifname); err != nil {
+	if err := ValidIfname(ifname); err != nil {
 		return fmt.Errorf("detach nodeport LB: %w", err)
 	}
 	pins, err := listNPLinkPins(n.opts.PinDir)
@@ -196,34 +187,11 @@ func (n *NodePortLB) Detach(ifname string) error {
 	}
 	var errs []error
 	for _, p := range pins {
-		if p.ifname == ifname {
+		if p.Ifname == ifname {
 			errs = append(errs, detachNPPin(p))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// attachTCXAt is attachTCX with an attach type and anchor for new links.
-func attachTCXAt(pin string, ifindex int, prog *ebpf.Program, at ebpf.AttachType, anchor link.Anchor) error {
-	return attachTCXPinned(pin, ifindex, prog, at, anchor)
-}
-
-// attachNPLegacy adds clsact if needed, replaces the LB's cls_bpf filter on
-// parent (ingress or egress) and pins the program as a marker.
-func attachNPLegacy(pin string, dev netlink.Link, prog *ebpf.Program, parent uint32) error {
-	handle := uint32(npLegacyHandle)
-	if strings.Contains(filepath.Base(pin), "-"+npRoleDec+"-") {
-		handle = npDecapHandle
-	}
-	return attachClsBPF(pin, dev, prog, parent, handle, "axon_lb")
-}
-
-func xdpIfindex(l link.Link) int {
-	info, err := l.Info()
-	if err != nil || info.XDP() == nil {
-		return 0
-	}
-	return int(info.XDP().Ifindex)
 }
 
 // attachXDPPinned updates the pinned XDP link on ifindex in place, or
@@ -233,7 +201,7 @@ func attachXDPPinned(pin string, ifindex int, prog *ebpf.Program, mode string) e
 	if mode == XDPGeneric {
 		flags = link.XDPGenericMode
 	}
-	return replacePinnedLink(pin, "XDP", ifindex, prog, xdpIfindex, func() (link.Link, error) {
+	return AttachLink(pin, "XDP", ifindex, prog, func() (link.Link, error) {
 		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
 		if err != nil {
 			return nil, fmt.Errorf("XDP attach to ifindex %d: %w", ifindex, err)
@@ -243,33 +211,13 @@ func attachXDPPinned(pin string, ifindex int, prog *ebpf.Program, mode string) e
 }
 
 // listNPLinkPins lists the LB's link pins under pinDir.
-func listNPLinkPins(pinDir string) ([]linkPin, error) {
-	return listPins(pinDir, func(_, role string) bool {
+func listNPLinkPins(pinDir string) ([]LinkPin, error) {
+	return ListPins(pinDir, func(_, role string) bool {
 		return role == npRoleIn || role == npRoleOut || role == npRoleXDP || role == npRoleDec
 	})
 }
 
 // detachNPPin removes one LB attachment and its pin.
-func detachNPPin(p linkPin) error {
-	switch p.kind {
-	case pinTCX, pinXDP:
-		return detachPinnedLink(p)
-	case pinTC:
-		if _, err := os.Stat(p.path); errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		parent := uint32(netlink.HANDLE_MIN_INGRESS)
-		if p.role == npRoleOut {
-			parent = netlink.HANDLE_MIN_EGRESS
-		}
-		if dev, err := netlink.LinkByName(p.ifname); err == nil {
-			if err := deleteOwnFilter(p, dev, parent, npHandle(p.role)); err != nil {
-				return err
-			}
-		}
-		if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove pin %s: %w", p.path, err)
-		}
-	}
-	return nil
+func detachNPPin(p LinkPin) error {
+	return DetachPin(p, npHook(p.Role, p.Kind == PinTC))
 }

@@ -75,7 +75,7 @@ func TestNodePortAttach(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if _, err := os.Stat(pinPath(f.pin, pinXDP, npRoleXDP, "eth0")); !os.IsNotExist(err) {
+	if _, err := os.Stat(PinPath(f.pin, PinXDP, npRoleXDP, "eth0")); !os.IsNotExist(err) {
 		t.Errorf("XDP pin still there after Attach without XDP: %v", err)
 	}
 	if _, err := f.n.Attach("bad/name", XDPNone); err == nil {
@@ -100,16 +100,16 @@ func TestNodePortLegacyOrder(t *testing.T) {
 			return
 		}
 		// stand-in for axon's uplink filter
-		if err := attachLegacy(pinPath(f.pin, pinTC, roleUplink, "eth0"), dev, f.n.tc.AxonLbEgress, roleUplink); err != nil {
+		if err := Attach(f.pin, dev, f.n.tc.AxonLbEgress, podHook(roleUplink, ModeLegacy)); err != nil {
 			t.Error(err)
 			return
 		}
-		if err := attachNPLegacy(pinPath(f.pin, pinTC, npRoleIn, "eth0"), dev, f.n.tc.AxonLbIngress, netlink.HANDLE_MIN_INGRESS); err != nil {
+		if err := Attach(f.pin, dev, f.n.tc.AxonLbIngress, npHook(npRoleIn, true)); err != nil {
 			t.Error(err)
 			return
 		}
 		// the datapath re-attaching in place (agent restart) keeps the order
-		if err := attachLegacy(pinPath(f.pin, pinTC, roleUplink, "eth0"), dev, f.n.tc.AxonLbEgress, roleUplink); err != nil {
+		if err := Attach(f.pin, dev, f.n.tc.AxonLbEgress, podHook(roleUplink, ModeLegacy)); err != nil {
 			t.Error(err)
 			return
 		}
@@ -128,6 +128,6 @@ func TestNodePortLegacyOrder(t *testing.T) {
 		if err := f.n.Detach("eth0"); err != nil {
 			t.Error(err)
 		}
-		_ = detachPin(linkPin{path: pinPath(f.pin, pinTC, roleUplink, "eth0"), kind: pinTC, role: roleUplink, ifname: "eth0"})
+		_ = Detach(f.pin, "eth0", podHook(roleUplink, ModeLegacy))
 	})
 }

@@ -194,7 +194,7 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	for _, h := range sockHooks {
-		pin := filepath.Join(linksDir(pinDir), sockHookPrefix+h.name)
+		pin := filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name)
 		if err := attachCgroupLink(pin, cgroupPath, cgID, h.attach, h.prog(&s.objs.sockLBPrograms)); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("load socket LB: hook %s: %w", h.name, err)
@@ -489,7 +489,7 @@ func UninstallSockLB(pinDir, cgroupPath string) error {
 	}
 	var errs []error
 	for _, h := range sockHooks {
-		pin := filepath.Join(linksDir(pinDir), sockHookPrefix+h.name)
+		pin := filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name)
 		l, err := link.LoadPinnedLink(pin, nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

@@ -352,7 +352,7 @@ func linkIDs(t *testing.T, pinDir string) map[string]link.ID {
 	t.Helper()
 	out := map[string]link.ID{}
 	for _, h := range sockHooks {
-		l, err := link.LoadPinnedLink(filepath.Join(linksDir(pinDir), sockHookPrefix+h.name), nil)
+		l, err := link.LoadPinnedLink(filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name), nil)
 		if err != nil {
 			t.Fatalf("pinned link %s: %v", h.name, err)
 		}
