@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -309,7 +310,7 @@ func TestHostPortAgainstAPIServer(t *testing.T) {
 // loadHostPortWriters loads the socket LB on a private cgroup (never the
 // cgroup2 root) and the north-south LB's maps in a private pin dir; np is
 // nil with the error when the north-south LB does not load.
-func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, error) {
+func loadHostPortWriters(t *testing.T) (*socklb.LB, *datapath.NodePortLB, error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs and pins maps")
@@ -323,13 +324,13 @@ func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, 
 	t.Cleanup(func() { os.Remove(cg) })
 	pinDir := filepath.Join(datapath.BPFFSRoot, fmt.Sprintf("axt-hp-agent-%d", os.Getpid()))
 	t.Cleanup(func() { os.RemoveAll(pinDir) })
-	sock, err := datapath.LoadSockLB(pinDir, cg, testLogger(t))
+	sock, err := socklb.Load(pinDir, cg, testLogger(t))
 	if err != nil {
 		t.Fatalf("load socket LB: %v", err)
 	}
 	t.Cleanup(func() {
 		sock.Close()
-		if err := datapath.UninstallSockLB(pinDir, cg); err != nil {
+		if err := socklb.Uninstall(pinDir, cg); err != nil {
 			t.Errorf("uninstall socket LB: %v", err)
 		}
 	})

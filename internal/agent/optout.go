@@ -24,7 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 )
 
 // AnnotationSocketLB is the opt-out annotation (Pod or Namespace).
@@ -137,7 +137,7 @@ func (a *Agent) syncOptOut() {
 		live[ck] = true
 		c, ok := s.opt.cookies[ck]
 		if !ok {
-			if c, err = datapath.NetnsCookie(ep.Netns); err != nil {
+			if c, err = socklb.NetnsCookie(ep.Netns); err != nil {
 				a.log.Warn("socket LB opt-out: cannot read the pod's netns cookie; its sockets stay translated", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
 				continue
 			}

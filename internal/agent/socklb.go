@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -33,13 +33,13 @@ const (
 	SocketLBModeHostNS = "hostns-only" // only the node's own netns
 )
 
-// sockLB is what the agent needs of *datapath.SockLB.
+// sockLB is what the agent needs of *socklb.LB.
 type sockLB interface {
 	lb.Writer
 	SetLocalAddrs([]netip.Addr) error
 	SetSkipNetns([]uint64) error
 	EnableSockDestroy(netns func() []string) error
-	SockDestroyStatus() (enabled bool, reason string, st datapath.DestroyStats)
+	SockDestroyStatus() (enabled bool, reason string, st socklb.DestroyStats)
 	CgroupPath() string
 	Close() error
 }
@@ -100,7 +100,7 @@ func checkCgroup2Dir(path string) error {
 // loadSockLBFunc returns the loader used by Run.
 func loadSockLBFunc(cfg Config, log *slog.Logger) func() (sockLB, error) {
 	return func() (sockLB, error) {
-		s, err := datapath.LoadSockLBWithConfig(cfg.BPFRoot, cfg.CgroupRoot, datapath.SockLBConfig{
+		s, err := socklb.LoadWithConfig(cfg.BPFRoot, cfg.CgroupRoot, socklb.Config{
 			ServiceMapSize: cfg.LBServiceMapSize,
 			BackendMapSize: cfg.LBBackendMapSize,
 			HostNetnsOnly:  cfg.SocketLBMode == SocketLBModeHostNS,
@@ -171,7 +171,7 @@ func (a *Agent) disableSockLBOnce() {
 		return
 	}
 	a.lbOffDone = true
-	if err := datapath.UninstallSockLB(a.cfg.BPFRoot, ""); err != nil {
+	if err := socklb.Uninstall(a.cfg.BPFRoot, ""); err != nil {
 		a.log.Warn("--socket-lb=false: could not remove the socket LB hooks of a previous run", "error", err)
 	}
 }
@@ -272,11 +272,11 @@ func (a *Agent) destroyNetns() []string {
 func (a *Agent) destroyReason() string {
 	// through the Service watch's writer: dpMu may be held by a long reconcile
 	var l interface {
-		SockDestroyStatus() (bool, string, datapath.DestroyStats)
+		SockDestroyStatus() (bool, string, socklb.DestroyStats)
 	}
 	if a.svc != nil {
 		l, _ = a.svc.writer().(interface {
-			SockDestroyStatus() (bool, string, datapath.DestroyStats)
+			SockDestroyStatus() (bool, string, socklb.DestroyStats)
 		})
 	}
 	if l == nil {

@@ -15,10 +15,10 @@ func attachNetns(t *testing.T) string {
 	t.Helper()
 	ns := newNetns(t, "att")
 	c := nsConf(t, ns)
-	c.veth("eth0", "", "wire", "", "")
-	c.veth("lxc1", "", "p1", "", "")
-	c.veth("lxc2", "", "p2", "", "")
-	c.up("eth0", "wire", "lxc1", "p1", "lxc2", "p2")
+	c.Veth("eth0", "", "wire", "", "")
+	c.Veth("lxc1", "", "p1", "", "")
+	c.Veth("lxc2", "", "p2", "", "")
+	c.Up("eth0", "wire", "lxc1", "p1", "lxc2", "p2")
 	return ns
 }
 

@@ -26,12 +26,12 @@ func TestAttachUnderTraffic(t *testing.T) {
 	// Traffic: an echo over a veth pair between two netns of its own.
 	cli, srv := newNetns(t, "atc"), newNetns(t, "ats")
 	c := nsConf(t, cli)
-	c.veth("a0", "", "b0", "", srv)
-	c.up("a0")
-	c.addr("a0", "10.250.7.1/24")
+	c.Veth("a0", "", "b0", "", srv)
+	c.Up("a0")
+	c.Addr("a0", "10.250.7.1/24")
 	s := nsConf(t, srv)
-	s.up("b0")
-	s.addr("b0", "10.250.7.2/24")
+	s.Up("b0")
+	s.Addr("b0", "10.250.7.2/24")
 	var echo, client *net.UDPConn
 	inNetns(t, srv, func() { echo = listenUDP(t, "10.250.7.2:7777") })
 	inNetns(t, cli, func() { client = listenUDP(t, "10.250.7.1:0") })

@@ -22,26 +22,26 @@ const bigTCPSize = 196608
 func setBigTCP(t *testing.T, ns, dev string) (ipv4 bool) {
 	t.Helper()
 	c := nsConf(t, ns)
-	l := c.link(dev)
+	l := c.Link(dev)
 	for what, set := range map[string]func(netlink.Link, int) error{
-		"gso_max_size": c.h.LinkSetGSOMaxSize, "gro_max_size": c.h.LinkSetGROMaxSize,
+		"gso_max_size": c.H.LinkSetGSOMaxSize, "gro_max_size": c.H.LinkSetGROMaxSize,
 	} {
 		if err := set(l, bigTCPSize); err != nil {
 			t.Fatalf("%s %s: %s: %v", ns, dev, what, err)
 		}
 	}
 	// kernels before 6.3 ignore the IPv4 attributes without an error: read back
-	if c.h.LinkSetGSOIPv4MaxSize(l, bigTCPSize) != nil || c.h.LinkSetGROIPv4MaxSize(l, bigTCPSize) != nil {
+	if c.H.LinkSetGSOIPv4MaxSize(l, bigTCPSize) != nil || c.H.LinkSetGROIPv4MaxSize(l, bigTCPSize) != nil {
 		return false
 	}
-	a := c.link(dev).Attrs()
+	a := c.Link(dev).Attrs()
 	return a.GSOIPv4MaxSize == bigTCPSize && a.GROIPv4MaxSize == bigTCPSize
 }
 
 // linkRx reads a device's received packets and bytes.
 func linkRx(t *testing.T, ns, dev string) (packets, bytes uint64) {
 	t.Helper()
-	s := nsConf(t, ns).link(dev).Attrs().Statistics
+	s := nsConf(t, ns).Link(dev).Attrs().Statistics
 	if s == nil {
 		t.Fatalf("%s %s: no statistics", ns, dev)
 	}
@@ -80,7 +80,7 @@ const bigTSOSegs = "128"
 // The client also builds TSO frames of at least bigTSOSegs segments.
 func tcpBulkVia(t *testing.T, client, srv string, listen, dial netip.AddrPort, n int64) error {
 	t.Helper()
-	nsConf(t, client).sysctl("net.ipv4.tcp_min_tso_segs", bigTSOSegs)
+	nsConf(t, client).Sysctl("net.ipv4.tcp_min_tso_segs", bigTSOSegs)
 	cpu, err := firstCPU()
 	if err != nil {
 		return err

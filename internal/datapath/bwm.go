@@ -102,7 +102,7 @@ func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := ensurePinDir(cfg.PinDir); err != nil {
+	if err := EnsurePinDir(cfg.PinDir); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: %w", err)
 	}
 	spec, err := loadUplinkEgress()
@@ -110,14 +110,14 @@ func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
 		return nil, fmt.Errorf("load bandwidth manager: parse uplink_egress object: %w", err)
 	}
 	setTstamp := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp) == nil
-	if err := spec.Variables["cfg_set_tstamp"].Set(boolU8(setTstamp)); err != nil {
+	if err := spec.Variables["cfg_set_tstamp"].Set(BoolU8(setTstamp)); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: set cfg_set_tstamp: %w", err)
 	}
 	b := &BWM{cfg: cfg, log: cfg.Logger, slack: DefaultEgressSlack}
 	switch {
 	case cfg.AttachMode == ModeLegacy:
 		b.mode = ModeLegacy
-	case probeTCX().Available:
+	case ProbeTCX().Available:
 		b.mode = ModeTCX
 	case cfg.AttachMode == ModeTCX:
 		return nil, errors.New("load bandwidth manager: attach mode tcx requested but the kernel has no tcx: use auto or legacy")
@@ -126,7 +126,7 @@ func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&b.objs, opts); err != nil {
-		return nil, fmt.Errorf("load bandwidth manager program: %w", verifierDetail(incompatibleHint(err, cfg.PinDir)))
+		return nil, fmt.Errorf("load bandwidth manager program: %w", VerifierDetail(IncompatibleHint(err, cfg.PinDir)))
 	}
 	return b, nil
 }

@@ -166,7 +166,7 @@ func Load(cfg Config) (*Datapath, error) {
 	if err := cfg.normalise(); err != nil {
 		return nil, err
 	}
-	if err := ensurePinDir(cfg.PinDir); err != nil {
+	if err := EnsurePinDir(cfg.PinDir); err != nil {
 		return nil, fmt.Errorf("load datapath: %w", err)
 	}
 	d := &Datapath{cfg: cfg, log: cfg.Logger, feats: Probe()}
@@ -185,14 +185,6 @@ func Load(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func incompatibleHint(err error, pinDir string) error {
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return fmt.Errorf("%w (a map pinned under %s by another axon version has a different layout: "+
-			"run the uninstall (axon lab down) or remove the pinned map, the agent re-creates the entries)", err, pinDir)
-	}
-	return err
-}
-
 // loadObjects loads maps (pinned by name) and, for bpf host routing, programs.
 func (d *Datapath) loadObjects() error {
 	podSpec, err := loadPodEgress()
@@ -208,16 +200,16 @@ func (d *Datapath) loadObjects() error {
 		AxonMetrics *ebpf.Map `ebpf:"axon_metrics"`
 	}
 	if err := podSpec.LoadAndAssign(&maps, opts); err != nil {
-		return fmt.Errorf("load maps: %w", incompatibleHint(err, d.cfg.PinDir))
+		return fmt.Errorf("load maps: %w", IncompatibleHint(err, d.cfg.PinDir))
 	}
 	d.epV4, d.epV6, d.metrics = maps.AxonEpV4, maps.AxonEpV6, maps.AxonMetrics
 	if d.hostRouting != RoutingBPF {
 		return nil
 	}
-	if err := podSpec.Variables["cfg_enable_neigh"].Set(boolU8(d.feats.RedirectNeigh.Available)); err != nil {
+	if err := podSpec.Variables["cfg_enable_neigh"].Set(BoolU8(d.feats.RedirectNeigh.Available)); err != nil {
 		return fmt.Errorf("set cfg_enable_neigh: %w", err)
 	}
-	if err := podSpec.Variables["cfg_fib_cache"].Set(boolU8(d.fibCache)); err != nil {
+	if err := podSpec.Variables["cfg_fib_cache"].Set(BoolU8(d.fibCache)); err != nil {
 		return fmt.Errorf("set cfg_fib_cache: %w", err)
 	}
 	opts.MapReplacements = map[string]*ebpf.Map{
@@ -226,7 +218,7 @@ func (d *Datapath) loadObjects() error {
 	d.nk.spec = podSpec.Copy() // issue 5: netkit pods load the same program with cfg_netkit=1
 	var pp podEgressPrograms
 	if err := podSpec.LoadAndAssign(&pp, opts); err != nil {
-		return fmt.Errorf("load axon_pod_egress: %w", verifierDetail(err))
+		return fmt.Errorf("load axon_pod_egress: %w", VerifierDetail(err))
 	}
 	d.podProg = pp.AxonPodEgress
 	upSpec, err := loadUplinkIngress()
@@ -235,25 +227,10 @@ func (d *Datapath) loadObjects() error {
 	}
 	var up uplinkIngressPrograms
 	if err := upSpec.LoadAndAssign(&up, opts); err != nil {
-		return fmt.Errorf("load axon_uplink_ingress: %w", verifierDetail(err))
+		return fmt.Errorf("load axon_uplink_ingress: %w", VerifierDetail(err))
 	}
 	d.upProg = up.AxonUplinkIngress
 	return nil
-}
-
-func verifierDetail(err error) error {
-	var ve *ebpf.VerifierError
-	if errors.As(err, &ve) {
-		return fmt.Errorf("%+v", ve)
-	}
-	return err
-}
-
-func boolU8(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // install attaches (or, for legacy host routing, removes) the programs.
@@ -340,7 +317,7 @@ func Uninstall(pinDir string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	ok, err := isBPFFS(pinDir)
+	ok, err := IsBPFFS(pinDir)
 	if err != nil {
 		return fmt.Errorf("uninstall: %w", err)
 	}

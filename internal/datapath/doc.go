@@ -10,6 +10,15 @@
 // under PinDir/links, so forwarding continues while the agent is down and a
 // restarted agent adopts (updates) the existing links instead of flapping them.
 //
+// Every program that sits on a device goes through one attach API
+// (links.go): Attach / Detach / Attached for a tc Hook (a tcx link, or
+// clsact + cls_bpf in legacy mode), AttachLink for any other pinned bpf_link
+// (XDP, netkit). The kernel feature probes are a table (features.go): one
+// row per probe with its name, function and the reason when absent.
+//
+// The socket LB is package socklb; lbmap holds the LB map helpers it shares
+// with the nodeport LB; dptest the helpers the packages' tests share.
+//
 // Pin layout under PinDir:
 //
 //	axon_ep_v4, axon_ep_v6, axon_metrics   maps (LIBBPF_PIN_BY_NAME)

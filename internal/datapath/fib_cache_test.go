@@ -121,7 +121,7 @@ func TestFibCacheRoutes(t *testing.T) {
 		{desc: "route replaced by one via .13 (no neighbour): looked up again, NO_NEIGH",
 			change: func() {
 				rt := &netlink.Route{Dst: ipNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.13"), LinkIndex: f.upIf}
-				if err := c.h.RouteReplace(rt); err != nil {
+				if err := c.H.RouteReplace(rt); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -129,17 +129,17 @@ func TestFibCacheRoutes(t *testing.T) {
 		{desc: "NO_NEIGH route: its MTU is unknown, so a non-GSO packet is looked up again",
 			verdict: tcActRedirect, reason: "redirect_neigh", want: ttlOnly, nh: "198.18.0.13"},
 		{desc: "neighbour .13 known (no route change): looked up, SUCCESS, cached with the MTU",
-			change:  func() { c.neigh("eth0", "198.18.0.13", gw13MAC.String()) },
+			change:  func() { c.Neigh("eth0", "198.18.0.13", gw13MAC.String()) },
 			verdict: tcActRedirect, reason: "redirect_fib", want: via13, nh: "198.18.0.13"},
 		{desc: "new route from the cache", verdict: tcActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.13"},
 		{desc: "forwarding off: the lookup refuses, the stack decides",
-			change:  func() { c.sysctl("net.ipv4.conf.all.forwarding", "0") },
+			change:  func() { c.Sysctl("net.ipv4.conf.all.forwarding", "0") },
 			verdict: tcActOK, reason: "pass_no_route", want: pkt, nh: "198.18.0.13"},
 		{desc: "forwarding on, route back via .12: looked up again",
 			change: func() {
-				c.sysctl("net.ipv4.conf.all.forwarding", "1")
+				c.Sysctl("net.ipv4.conf.all.forwarding", "1")
 				rt := &netlink.Route{Dst: ipNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.12"), LinkIndex: f.upIf}
-				if err := c.h.RouteReplace(rt); err != nil {
+				if err := c.H.RouteReplace(rt); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -240,18 +240,18 @@ func TestTrafficFibCache(t *testing.T) {
 		t.Fatalf("pod -> wire: %d of %d echoes came back", got, n)
 	}
 	rs := routes()
-	if len(rs) == 0 || rs[0].NextHop != wire || rs[0].OutIfIndex != nc.index("eth0") {
+	if len(rs) == 0 || rs[0].NextHop != wire || rs[0].OutIfIndex != nc.Index("eth0") {
 		t.Fatalf("cached routes to %s after the echoes: %+v, want on-link via eth0", wire, rs)
 	}
 
 	blackhole := &netlink.Route{Dst: ipNet(t, "198.18.0.250/32"), Type: unix.RTN_BLACKHOLE}
-	if err := nc.h.RouteAdd(blackhole); err != nil {
+	if err := nc.H.RouteAdd(blackhole); err != nil {
 		t.Fatal(err)
 	}
 	if got := udpEcho(t, a.ns, ext, wire, 3); got != 0 {
 		t.Errorf("blackhole route to %s: %d of 3 echoes came back, want 0 (a stale cached route was used)", wire, got)
 	}
-	if err := nc.h.RouteDel(blackhole); err != nil {
+	if err := nc.H.RouteDel(blackhole); err != nil {
 		t.Fatal(err)
 	}
 	if got := udpEcho(t, a.ns, ext, wire, n); got != n {
@@ -261,10 +261,10 @@ func TestTrafficFibCache(t *testing.T) {
 	before := routes()
 	newMAC := "02:00:00:00:aa:50"
 	ec := nsConf(t, ext)
-	if err := ec.h.LinkSetHardwareAddr(ec.link("wire"), mustMAC(t, newMAC)); err != nil {
+	if err := ec.H.LinkSetHardwareAddr(ec.Link("wire"), mustMAC(t, newMAC)); err != nil {
 		t.Fatal(err)
 	}
-	nc.neigh("eth0", wire.String(), newMAC)
+	nc.Neigh("eth0", wire.String(), newMAC)
 	if got := udpEcho(t, a.ns, ext, wire, n); got != n {
 		t.Errorf("destination MAC changed to %s: %d of %d echoes came back", newMAC, got, n)
 	}

@@ -78,15 +78,6 @@ func DeviceDecision(mode string, netkit Capability) (typ, nkMode, reason string,
 	return "", "", "", fmt.Errorf("device mode %q is invalid: use one of veth, netkit, netkit-l2, auto", mode)
 }
 
-// ProbeNetkit creates (and deletes) a netkit pair in a throwaway netns.
-func ProbeNetkit() Capability {
-	var c Capability
-	if err := inScratchNetns(func(h *netlink.Handle) error { c = probeNetkit(h); return nil }); err != nil {
-		return Capability{Reason: "netkit: scratch netns for the probe: " + err.Error()}
-	}
-	return c
-}
-
 // decideDevice adds the "device" decision (called by decide).
 func (d *Datapath) decideDevice() error {
 	typ, mode, reason, err := DeviceDecision(d.cfg.DeviceMode, d.feats.Netkit)
@@ -134,7 +125,7 @@ func (d *Datapath) netkitPrograms() (peer, primary *ebpf.Program, err error) {
 	}
 	var pp podEgressPrograms
 	if err := spec.LoadAndAssign(&pp, opts); err != nil {
-		return nil, nil, fmt.Errorf("load axon_pod_egress for netkit: %w", verifierDetail(err))
+		return nil, nil, fmt.Errorf("load axon_pod_egress for netkit: %w", VerifierDetail(err))
 	}
 	prim, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "axon_nk_primary",

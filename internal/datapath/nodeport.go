@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -145,8 +146,8 @@ type NodePortLB struct {
 	mu      sync.Mutex
 	pods    []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
 	fe      map[lb.FrontendKey]*npFrontend
-	feIDs   idAlloc
-	beIDs   idAlloc
+	feIDs   lbmap.IDAlloc
+	beIDs   lbmap.IDAlloc
 	optFn   func(lb.Frontend) FrontendOptions
 	explain *npExplainer // dry-run instance, loaded on first Explain
 }
@@ -258,8 +259,8 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 		"cfg_snat_port_max": o.SNATPortMax,
 		"cfg_maglev_size":   o.MaglevTableSize,
 		"cfg_hash_seed":     o.HashSeed,
-		"cfg_enable_neigh":  boolU8(!o.NoNeigh),
-		"cfg_dry_run":       boolU8(dryRun),
+		"cfg_enable_neigh":  BoolU8(!o.NoNeigh),
+		"cfg_dry_run":       BoolU8(dryRun),
 		"cfg_dsr_mss_v4":    dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
 		"cfg_dsr_mss_v6":    dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
 		"cfg_dsr_mtu":       o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
@@ -303,7 +304,7 @@ func (o *NodePortOptions) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool)
 		return nil
 	}
 	on := o.DeliverPods && !dryRun
-	if err := vs.Set(boolU8(on)); err != nil {
+	if err := vs.Set(BoolU8(on)); err != nil {
 		return fmt.Errorf("set cfg_deliver_pods: %w", err)
 	}
 	for _, name := range podDeliveryMaps {
@@ -331,7 +332,7 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 	if err := o.normalise(); err != nil {
 		return nil, err
 	}
-	if err := ensurePinDir(o.PinDir); err != nil {
+	if err := EnsurePinDir(o.PinDir); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
 	n := &NodePortLB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}}
@@ -351,7 +352,7 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
 	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {
-		return nil, fmt.Errorf("load nodeport LB tc programs: %w", verifierDetail(npIncompatibleHint(err, o.PinDir)))
+		return nil, fmt.Errorf("load nodeport LB tc programs: %w", VerifierDetail(npIncompatibleHint(err, o.PinDir)))
 	}
 	if restoreNAT != nil {
 		if err := restoreNAT(n.tc.AxonNpNat); err != nil {
@@ -370,7 +371,7 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 	opts.MapReplacements = n.sharedMaps()
 	if err := xdpSpec.LoadAndAssign(&n.xdp, opts); err != nil {
 		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB XDP program: %w", verifierDetail(err))
+		return nil, fmt.Errorf("load nodeport LB XDP program: %w", VerifierDetail(err))
 	}
 	if err := n.SetNodeAddrs(o.NodeAddrs); err != nil {
 		n.Close()
@@ -432,7 +433,7 @@ func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 		}
 		want[npClusterKey(p)] = true
 	}
-	return replaceKeys(n.tc.AxonNpCluster, MapNPCluster, want)
+	return ReplaceKeys(n.tc.AxonNpCluster, MapNPCluster, want)
 }
 
 // SetPodCIDRs tells the LB this node's podCIDRs (at most one per family,
@@ -526,7 +527,7 @@ func (n *NodePortLB) warnPodFrontend(k lb.FrontendKey) {
 	for _, p := range n.pods {
 		if p.Contains(k.Addr.Unmap()) {
 			n.log.Warn("nodeport LB: frontend address inside this node's podCIDR is taken for pod traffic and not translated on this node",
-				"frontend", keyString(k), "podCIDR", p)
+				"frontend", lbmap.KeyString(k), "podCIDR", p)
 		}
 	}
 }
@@ -560,7 +561,7 @@ func (n *NodePortLB) SetNodeAddrs(addrs []netip.Addr) error {
 		}
 		want[a.Unmap().As16()] = true
 	}
-	return replaceKeys(n.tc.AxonNpLocal, MapNPLocal, want)
+	return ReplaceKeys(n.tc.AxonNpLocal, MapNPLocal, want)
 }
 
 // Close releases file descriptors. Pinned maps and links stay: traffic keeps

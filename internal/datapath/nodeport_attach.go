@@ -70,7 +70,7 @@ func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
 	}
 	idx := dev.Attrs().Index
 	pd := n.opts.PinDir
-	legacy := !Probe().TCX.Available
+	legacy := !ProbeTCX().Available
 	mode := "tcx"
 	if legacy {
 		mode = "tc-legacy"
@@ -166,7 +166,7 @@ func (n *NodePortLB) AttachDecap(ifname string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: device not found in this netns: %w", ifname, err)
 	}
-	legacy := !Probe().TCX.Available
+	legacy := !ProbeTCX().Available
 	if err := Attach(n.opts.PinDir, dev, n.tc.AxonLbDecap, npHook(npRoleDec, legacy)); err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: %w", ifname, err)
 	}

@@ -306,7 +306,7 @@ func TestNPMetricsMigration(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			pin := newPinDir(t)
-			if err := ensurePinDir(pin); err != nil {
+			if err := EnsurePinDir(pin); err != nil {
 				t.Fatal(err)
 			}
 			old := ms.Copy()

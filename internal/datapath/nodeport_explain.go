@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -47,7 +48,7 @@ func (n *NodePortLB) explainerLocked() (*npExplainer, error) {
 	e := &npExplainer{}
 	opts := &ebpf.CollectionOptions{MapReplacements: n.sharedMaps()}
 	if err := spec.LoadAndAssign(&e.objs, opts); err != nil {
-		return nil, fmt.Errorf("load dry-run instance: %w", verifierDetail(err))
+		return nil, fmt.Errorf("load dry-run instance: %w", VerifierDetail(err))
 	}
 	n.explain = e
 	return e, nil
@@ -92,9 +93,9 @@ func (n *NodePortLB) Explain(t Tuple) (Explanation, error) {
 	ex.Existing = res.CtHit != 0
 	ex.FrontendID, ex.BackendID = res.FrontendId, res.BackendId
 	if res.BackendId != 0 {
-		ex.Backend = netip.AddrPortFrom(fromAddr16(res.BeAddr), lbPortHost(res.BePort))
+		ex.Backend = netip.AddrPortFrom(lbmap.FromAddr16(res.BeAddr), lbmap.PortHost(res.BePort))
 		ex.Mode = ctMode(res.CtFlags)
-		ex.NATPort = lbPortHost(res.NatPort)
+		ex.NATPort = lbmap.PortHost(res.NatPort)
 	}
 	for k, st := range n.fe {
 		if st.id == res.FrontendId && res.FrontendId != 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -45,16 +46,16 @@ func (t Tuple) String() string {
 
 func npTuple(t Tuple) lbTCNpTuple {
 	return lbTCNpTuple{
-		Saddr: addr16(t.Src.Addr()), Daddr: addr16(t.Dst.Addr()),
-		Sport: lbPort(t.Src.Port()), Dport: lbPort(t.Dst.Port()), Proto: uint8(t.Proto),
+		Saddr: lbmap.Addr16(t.Src.Addr()), Daddr: lbmap.Addr16(t.Dst.Addr()),
+		Sport: lbmap.Port(t.Src.Port()), Dport: lbmap.Port(t.Dst.Port()), Proto: uint8(t.Proto),
 	}
 }
 
 func fromNPTuple(k lbTCNpTuple) Tuple {
 	return Tuple{
 		Proto: lb.Proto(k.Proto),
-		Src:   netip.AddrPortFrom(fromAddr16(k.Saddr), lbPortHost(k.Sport)),
-		Dst:   netip.AddrPortFrom(fromAddr16(k.Daddr), lbPortHost(k.Dport)),
+		Src:   netip.AddrPortFrom(lbmap.FromAddr16(k.Saddr), lbmap.PortHost(k.Sport)),
+		Dst:   netip.AddrPortFrom(lbmap.FromAddr16(k.Daddr), lbmap.PortHost(k.Dport)),
 	}
 }
 
@@ -109,8 +110,8 @@ func ctMode(flags uint8) string {
 func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
 	return CTEntry{
 		Flow:       fromNPTuple(k),
-		Backend:    netip.AddrPortFrom(fromAddr16(v.BeAddr), lbPortHost(v.BePort)),
-		NATPort:    lbPortHost(v.NatPort),
+		Backend:    netip.AddrPortFrom(lbmap.FromAddr16(v.BeAddr), lbmap.PortHost(v.BePort)),
+		NATPort:    lbmap.PortHost(v.NatPort),
 		Mode:       ctMode(v.Flags),
 		Closing:    v.Flags&npCTClosing != 0,
 		FrontendID: v.FrontendId,
@@ -153,8 +154,8 @@ func (n *NodePortLB) NAT() ([]NATEntry, error) {
 		}
 		out = append(out, NATEntry{
 			Reply:  fromNPTuple(k),
-			NewSrc: netip.AddrPortFrom(fromAddr16(v.Saddr), lbPortHost(v.Sport)),
-			NewDst: netip.AddrPortFrom(fromAddr16(v.Daddr), lbPortHost(v.Dport)),
+			NewSrc: netip.AddrPortFrom(lbmap.FromAddr16(v.Saddr), lbmap.PortHost(v.Sport)),
+			NewDst: netip.AddrPortFrom(lbmap.FromAddr16(v.Daddr), lbmap.PortHost(v.Dport)),
 			Kind:   kind,
 			Idle:   since(now, v.LastSeen),
 		})
@@ -220,7 +221,7 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 	liveBE := map[uint32]bool{}
 	for _, fe := range n.fe {
 		for _, be := range fe.backends {
-			liveBE[be.id] = true
+			liveBE[be.ID] = true
 		}
 	}
 	n.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -94,7 +95,7 @@ func npConnLoop(dst netip.AddrPort, d time.Duration) (conns, fails, stalls int, 
 // npNstat reads TcpExt counters of netns c.
 func npNstat(c *nsCfg, names ...string) map[string]int64 {
 	out := map[string]int64{}
-	lines := strings.Split(c.procNet("netstat"), "\n")
+	lines := strings.Split(c.ProcNet("netstat"), "\n")
 	for i := 0; i+1 < len(lines); i += 2 {
 		h, v := strings.Fields(lines[i]), strings.Fields(lines[i+1])
 		if len(h) != len(v) || len(h) == 0 || h[0] != "TcpExt:" {
@@ -295,7 +296,7 @@ func TestNodePortSNATHold(t *testing.T) {
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	put := func(proto lb.Proto, port uint16, lastSeen uint64) lbTCNpTuple {
 		k := npTuple(Tuple{Proto: proto, Src: be, Dst: netip.AddrPortFrom(npNode, port)})
-		v := lbTCNpNat{Saddr: addr16(npNode), Daddr: addr16(npClient), Sport: lbPort(30080), Dport: lbPort(port), Flags: npNATSNAT, LastSeen: lastSeen}
+		v := lbTCNpNat{Saddr: lbmap.Addr16(npNode), Daddr: lbmap.Addr16(npClient), Sport: lbmap.Port(30080), Dport: lbmap.Port(port), Flags: npNATSNAT, LastSeen: lastSeen}
 		if err := f.n.tc.AxonNpNat.Put(&k, &v); err != nil {
 			t.Fatal(err)
 		}

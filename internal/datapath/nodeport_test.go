@@ -99,21 +99,21 @@ func newNPFix(t testing.TB, mod func(*NodePortOptions)) *npFix {
 	f := &npFix{gwMAC: mustMAC(t, "02:00:00:00:00:12"), cliMAC: mustMAC(t, "02:00:00:00:00:fa")}
 	f.ns = newNetns(t, "np")
 	c := nsConf(t, f.ns)
-	c.veth("eth0", "", "wire", "", "")
-	c.up("eth0", "wire")
-	c.addr("eth0", "198.18.0.11/24")
-	c.addr("eth0", "fd00:198:18::11/64")
-	c.neigh("eth0", "198.18.0.12", f.gwMAC.String())
-	c.neigh("eth0", "fd00:198:18::12", f.gwMAC.String())
-	c.neigh("eth0", "198.18.0.250", f.cliMAC.String())
-	c.neigh("eth0", "fd00:198:18::250", f.cliMAC.String())
-	c.route("10.244.2.0/24", "198.18.0.12", "eth0")
-	c.route("fd00:10:244:2::/64", "fd00:198:18::12", "eth0")
-	c.route("10.244.3.0/24", "198.18.0.13", "eth0") // no neighbour
-	c.route("10.244.9.0/24", "", "")                // unreachable
-	c.sysctl("net.ipv4.ip_forward", "1")
-	c.sysctl("net.ipv6.conf.all.forwarding", "1")
-	l := c.link("eth0")
+	c.Veth("eth0", "", "wire", "", "")
+	c.Up("eth0", "wire")
+	c.Addr("eth0", "198.18.0.11/24")
+	c.Addr("eth0", "fd00:198:18::11/64")
+	c.Neigh("eth0", "198.18.0.12", f.gwMAC.String())
+	c.Neigh("eth0", "fd00:198:18::12", f.gwMAC.String())
+	c.Neigh("eth0", "198.18.0.250", f.cliMAC.String())
+	c.Neigh("eth0", "fd00:198:18::250", f.cliMAC.String())
+	c.Route("10.244.2.0/24", "198.18.0.12", "eth0")
+	c.Route("fd00:10:244:2::/64", "fd00:198:18::12", "eth0")
+	c.Route("10.244.3.0/24", "198.18.0.13", "eth0") // no neighbour
+	c.Route("10.244.9.0/24", "", "")                // unreachable
+	c.Sysctl("net.ipv4.ip_forward", "1")
+	c.Sysctl("net.ipv6.conf.all.forwarding", "1")
+	l := c.Link("eth0")
 	f.upIf, f.upMAC = l.Attrs().Index, l.Attrs().HardwareAddr
 	f.pin = newPinDir(t)
 	o := NodePortOptions{PinDir: f.pin, NodeName: "node1", NodeAddrs: []netip.Addr{npNode, npNode6}, Logger: testLogger(t)}

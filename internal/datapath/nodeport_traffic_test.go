@@ -34,45 +34,45 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	wire := f.wire
 	f.client, f.node, f.backend = newNetns(t, "npc"), newNetns(t, "npn"), newNetns(t, "npb")
 	w := nsConf(t, wire)
-	w.noBridgeNetfilter()
+	w.NoBridgeNetfilter()
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
-	if err := w.h.LinkAdd(br); err != nil {
+	if err := w.H.LinkAdd(br); err != nil {
 		t.Fatal(err)
 	}
-	w.up("br0")
+	w.Up("br0")
 	for _, e := range []struct{ ns, dev, peer, cidr, cidr6 string }{
 		{f.node, "eth0", "n1", "198.18.0.11/24", "fd00:198:18::11/64"},
 		{f.client, "c0", "c1", "198.18.0.250/24", "fd00:198:18::250/64"},
 		{f.backend, "b0", "b1", "198.18.0.12/24", "fd00:198:18::12/64"},
 	} {
 		c := nsConf(t, e.ns)
-		c.veth(e.dev, "", e.peer, "", wire)
-		c.addr(e.dev, e.cidr)
-		c.addr(e.dev, e.cidr6)
-		c.up(e.dev)
-		if err := w.h.LinkSetMaster(w.link(e.peer), w.link("br0").(*netlink.Bridge)); err != nil {
+		c.Veth(e.dev, "", e.peer, "", wire)
+		c.Addr(e.dev, e.cidr)
+		c.Addr(e.dev, e.cidr6)
+		c.Up(e.dev)
+		if err := w.H.LinkSetMaster(w.Link(e.peer), w.Link("br0").(*netlink.Bridge)); err != nil {
 			t.Fatal(err)
 		}
-		w.up(e.peer)
+		w.Up(e.peer)
 	}
 	n := nsConf(t, f.node)
-	n.sysctl("net.ipv4.ip_forward", "1")
-	n.sysctl("net.ipv6.conf.all.forwarding", "1")
-	nsConf(t, f.client).route("192.0.2.0/24", "198.18.0.11", "c0")
+	n.Sysctl("net.ipv4.ip_forward", "1")
+	n.Sysctl("net.ipv6.conf.all.forwarding", "1")
+	nsConf(t, f.client).Route("192.0.2.0/24", "198.18.0.11", "c0")
 	b := nsConf(t, f.backend)
-	b.addr("lo", "192.0.2.10/32") // the DSR service address, owned by the backend
+	b.Addr("lo", "192.0.2.10/32") // the DSR service address, owned by the backend
 	// a local pod behind the node (kernel-routed: no axon host routing here)
 	f.pod = newNetns(t, "npp")
-	n.veth("lxc0", "", "p0", "", f.pod)
-	n.addr("lxc0", "10.244.1.1/24")
-	n.addr("lxc0", "fd00:10:244:1::1/64")
-	n.up("lxc0")
+	n.Veth("lxc0", "", "p0", "", f.pod)
+	n.Addr("lxc0", "10.244.1.1/24")
+	n.Addr("lxc0", "fd00:10:244:1::1/64")
+	n.Up("lxc0")
 	p := nsConf(t, f.pod)
-	p.addr("p0", "10.244.1.5/24")
-	p.addr("p0", "fd00:10:244:1::5/64")
-	p.up("p0")
-	p.route("default", "10.244.1.1", "p0")
-	p.route("default", "fd00:10:244:1::1", "p0")
+	p.Addr("p0", "10.244.1.5/24")
+	p.Addr("p0", "fd00:10:244:1::5/64")
+	p.Up("p0")
+	p.Route("default", "10.244.1.1", "p0")
+	p.Route("default", "fd00:10:244:1::1", "p0")
 	var err error
 	inNetns(t, f.node, func() {
 		// UplinkMTU as the agent sets it (the uplink's MTU): a full-size

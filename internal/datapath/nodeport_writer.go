@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -29,7 +30,7 @@ const (
 type npFrontend struct {
 	id       uint32
 	master   lbTCNpSvcVal
-	backends []beEntry // slot i+1 holds backends[i]
+	backends []lbmap.Entry // slot i+1 holds backends[i]
 	ranges   []netip.Prefix
 	meta     *lb.Frontend
 }
@@ -53,22 +54,22 @@ func (n *NodePortLB) UpsertFrontend(f lb.Frontend) error {
 // bad input the previous state stays.
 func (n *NodePortLB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error {
 	// the Maglev table indexes the caller's backend order: resolve it first
-	var mag []beAddr
+	var mag []lbmap.BackendAddr
 	if o.Maglev != nil {
 		if uint32(len(o.Maglev)) != n.opts.MaglevTableSize {
 			return fmt.Errorf("upsert frontend %s: Maglev table has %d slots, the LB was loaded with %d (NodePortOptions.MaglevTableSize)",
-				keyString(f.Key), len(o.Maglev), n.opts.MaglevTableSize)
+				lbmap.KeyString(f.Key), len(o.Maglev), n.opts.MaglevTableSize)
 		}
-		mag = make([]beAddr, len(o.Maglev))
+		mag = make([]lbmap.BackendAddr, len(o.Maglev))
 		for i, idx := range o.Maglev {
 			if int(idx) >= len(f.Backends) {
-				return fmt.Errorf("upsert frontend %s: Maglev slot %d points at backend %d of %d", keyString(f.Key), i, idx, len(f.Backends))
+				return fmt.Errorf("upsert frontend %s: Maglev slot %d points at backend %d of %d", lbmap.KeyString(f.Key), i, idx, len(f.Backends))
 			}
 			b := f.Backends[idx]
-			mag[i] = beAddr{b.Addr.Unmap(), b.Port}
+			mag[i] = lbmap.BackendAddr{Addr: b.Addr.Unmap(), Port: b.Port}
 		}
 	}
-	f, err := normFrontend(f)
+	f, err := lbmap.NormFrontend(f)
 	if err != nil {
 		return fmt.Errorf("upsert frontend: %w", err)
 	}
@@ -77,39 +78,39 @@ func (n *NodePortLB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error 
 		mode = n.opts.Mode
 	}
 	if mode != NPModeSNAT && mode != NPModeDSR {
-		return fmt.Errorf("upsert frontend %s: mode %q is not %s or %s", keyString(f.Key), mode, NPModeSNAT, NPModeDSR)
+		return fmt.Errorf("upsert frontend %s: mode %q is not %s or %s", lbmap.KeyString(f.Key), mode, NPModeSNAT, NPModeDSR)
 	}
 	var ranges []netip.Prefix
 	for _, p := range o.SourceRanges {
 		if !p.IsValid() {
-			return fmt.Errorf("upsert frontend %s: invalid source range %v", keyString(f.Key), p)
+			return fmt.Errorf("upsert frontend %s: invalid source range %v", lbmap.KeyString(f.Key), p)
 		}
 		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
 		if p.Addr().Is4() != f.Key.Addr.Is4() {
-			return fmt.Errorf("upsert frontend %s: source range %s is of the other address family", keyString(f.Key), p)
+			return fmt.Errorf("upsert frontend %s: source range %s is of the other address family", lbmap.KeyString(f.Key), p)
 		}
 		ranges = append(ranges, p)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.upsertLocked(f, mode, ranges, mag); err != nil {
-		return fmt.Errorf("upsert frontend %s: %w", keyString(f.Key), err)
+		return fmt.Errorf("upsert frontend %s: %w", lbmap.KeyString(f.Key), err)
 	}
 	n.warnPodFrontend(f.Key)
 	return nil
 }
 
 func npSvcKey(k lb.FrontendKey, slot uint16) lbTCNpSvcKey {
-	return lbTCNpSvcKey{Addr: addr16(k.Addr), Port: lbPort(k.Port), Proto: uint8(k.Proto), Scope: uint8(k.Scope), Slot: slot}
+	return lbTCNpSvcKey{Addr: lbmap.Addr16(k.Addr), Port: lbmap.Port(k.Port), Proto: uint8(k.Proto), Scope: uint8(k.Scope), Slot: slot}
 }
 
 func npFeKey(k lbTCNpSvcKey) lb.FrontendKey {
-	return lb.FrontendKey{Addr: fromAddr16(k.Addr), Port: lbPortHost(k.Port), Proto: lb.Proto(k.Proto), Scope: lb.Scope(k.Scope)}
+	return lb.FrontendKey{Addr: lbmap.FromAddr16(k.Addr), Port: lbmap.PortHost(k.Port), Proto: lb.Proto(k.Proto), Scope: lb.Scope(k.Scope)}
 }
 
 // npDSRKey is the axon_np_dsr key of a backend address of frontend id.
 func npDSRKey(id uint32, a netip.Addr) lbTCNpDsrKey {
-	return lbTCNpDsrKey{FrontendId: id, Addr: addr16(a)}
+	return lbTCNpDsrKey{FrontendId: id, Addr: lbmap.Addr16(a)}
 }
 
 func npRangeKey(id uint32, p netip.Prefix) lbTCNpSrcrangeKey {
@@ -118,17 +119,17 @@ func npRangeKey(id uint32, p netip.Prefix) lbTCNpSrcrangeKey {
 }
 
 func (n *NodePortLB) backendVal(b lb.Backend, feID uint32) lbTCNpBackend {
-	v := lbTCNpBackend{Addr: addr16(b.Addr), Port: lbPort(b.Port), State: uint8(b.State), FrontendId: feID}
+	v := lbTCNpBackend{Addr: lbmap.Addr16(b.Addr), Port: lbmap.Port(b.Port), State: uint8(b.State), FrontendId: feID}
 	if n.opts.NodeName != "" && b.NodeName == n.opts.NodeName {
 		v.Flags |= npBackendLocal
 	}
 	return v
 }
 
-func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Prefix, mag []beAddr) error {
+func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Prefix, mag []lbmap.BackendAddr) error {
 	m := n.tc.lbTCMaps
 	old := n.fe[f.Key]
-	oldIDs := map[beAddr]beEntry{}
+	oldIDs := map[lbmap.BackendAddr]lbmap.Entry{}
 	oldSlots := 0
 	var feID uint32
 	var created []uint32
@@ -136,10 +137,10 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		feID = old.id
 		oldSlots = len(old.backends)
 		for _, be := range old.backends {
-			oldIDs[beAddr{be.b.Addr, be.b.Port}] = be
+			oldIDs[lbmap.BackendAddr{Addr: be.Backend.Addr, Port: be.Backend.Port}] = be
 		}
 	} else {
-		id, err := n.feIDs.alloc()
+		id, err := n.feIDs.Alloc()
 		if err != nil {
 			return fmt.Errorf("frontend id: %w", err)
 		}
@@ -152,14 +153,14 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 		for _, id := range created {
 			_ = m.AxonNpBe.Delete(&id)
-			n.beIDs.free(id)
+			n.beIDs.Free(id)
 		}
 		if old == nil {
 			for slot := 1; slot <= len(f.Backends); slot++ {
 				k := npSvcKey(f.Key, uint16(slot))
 				_ = m.AxonNpSvc.Delete(&k)
 			}
-			n.feIDs.free(feID)
+			n.feIDs.Free(feID)
 		}
 		return err
 	}
@@ -167,8 +168,8 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 	// 1. backends (and the DSR entries of local ones)
 	master := lbTCNpSvcVal{Id: feID}
 	local := map[netip.Addr]bool{}
-	entries := make([]beEntry, len(f.Backends))
-	ids := map[beAddr]uint32{}
+	entries := make([]lbmap.Entry, len(f.Backends))
+	ids := map[lbmap.BackendAddr]uint32{}
 	for i, b := range f.Backends {
 		switch b.State {
 		case lb.Active:
@@ -178,28 +179,28 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		default:
 			master.Quarantined++
 		}
-		ba := beAddr{b.Addr, b.Port}
-		id := oldIDs[ba].id
+		ba := lbmap.BackendAddr{Addr: b.Addr, Port: b.Port}
+		id := oldIDs[ba].ID
 		if id == 0 {
 			var err error
-			if id, err = n.beIDs.alloc(); err != nil {
+			if id, err = n.beIDs.Alloc(); err != nil {
 				return fail(fmt.Errorf("backend id: %w", err))
 			}
 			created = append(created, id)
 		}
 		v := n.backendVal(b, feID)
 		if err := m.AxonNpBe.Put(&id, &v); err != nil {
-			return fail(fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), mapFullHint(err, MapNPBackend)))
+			return fail(fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapNPBackend)))
 		}
-		entries[i] = beEntry{id: id, b: b}
+		entries[i] = lbmap.Entry{ID: id, Backend: b}
 		ids[ba] = id
 		// a pod on this node: accept other nodes' DSR requests for it
 		if v.Flags&npBackendLocal != 0 {
 			dk := npDSRKey(feID, b.Addr)
 			if err := m.AxonNpDsr.Put(&dk, &id); err != nil {
-				return fail(fmt.Errorf("write DSR entry of %s: %w", netip.AddrPortFrom(b.Addr, b.Port), mapFullHint(err, MapNPDSR)))
+				return fail(fmt.Errorf("write DSR entry of %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapNPDSR)))
 			}
-			if oldIDs[ba].id == 0 {
+			if oldIDs[ba].ID == 0 {
 				dsrWritten = append(dsrWritten, dk)
 			}
 			local[b.Addr] = true
@@ -213,9 +214,9 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 				continue
 			}
 			k := npSvcKey(f.Key, uint16(slot))
-			v := lbTCNpSvcVal{Id: e.id}
+			v := lbTCNpSvcVal{Id: e.ID}
 			if err := m.AxonNpSvc.Put(&k, &v); err != nil {
-				return fail(fmt.Errorf("write slot %d: %w", slot, mapFullHint(err, MapNPService)))
+				return fail(fmt.Errorf("write slot %d: %w", slot, lbmap.MapFullHint(err, MapNPService)))
 			}
 		}
 	}
@@ -225,7 +226,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		for _, p := range ranges {
 			k := npRangeKey(feID, p)
 			if err := m.AxonNpSrcrange.Put(&k, uint8(1)); err != nil {
-				return fail(fmt.Errorf("write source range %s: %w", p, mapFullHint(err, MapNPSrcRange)))
+				return fail(fmt.Errorf("write source range %s: %w", p, lbmap.MapFullHint(err, MapNPSrcRange)))
 			}
 		}
 	}
@@ -253,11 +254,11 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 		inner.Close()
 		if err != nil {
-			return fail(fmt.Errorf("write Maglev table: %w", mapFullHint(err, MapLBMaglev)))
+			return fail(fmt.Errorf("write Maglev table: %w", lbmap.MapFullHint(err, MapLBMaglev)))
 		}
 		master.Flags |= npFlagMaglev
 	}
-	if secs := affinitySeconds(f.Affinity); secs > 0 {
+	if secs := lbmap.AffinitySeconds(f.Affinity); secs > 0 {
 		master.Flags |= npFlagAffinity
 		master.AffinityTimeout = secs
 	}
@@ -270,7 +271,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 	// 5. master
 	mk := npSvcKey(f.Key, 0)
 	if err := m.AxonNpSvc.Put(&mk, &master); err != nil {
-		return fail(fmt.Errorf("write frontend: %w", mapFullHint(err, MapNPService)))
+		return fail(fmt.Errorf("write frontend: %w", lbmap.MapFullHint(err, MapNPService)))
 	}
 	// 6. stale state
 	var errs []error
@@ -281,19 +282,19 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 	}
 	for ba, be := range oldIDs {
-		if !local[ba.addr] {
-			dk := npDSRKey(feID, ba.addr)
+		if !local[ba.Addr] {
+			dk := npDSRKey(feID, ba.Addr)
 			if err := m.AxonNpDsr.Delete(&dk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("delete DSR entry of %s: %w", ba.addr, err))
+				errs = append(errs, fmt.Errorf("delete DSR entry of %s: %w", ba.Addr, err))
 			}
 		}
 		if _, ok := ids[ba]; ok {
 			continue
 		}
-		if err := m.AxonNpBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete backend %d: %w", be.id, err))
+		if err := m.AxonNpBe.Delete(&be.ID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete backend %d: %w", be.ID, err))
 		}
-		n.beIDs.free(be.id)
+		n.beIDs.Free(be.ID)
 	}
 	if old != nil {
 		keep := map[netip.Prefix]bool{}
@@ -323,7 +324,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 // slots, backends, source ranges and Maglev table. Established flows keep
 // their CT entries until they time out or GC drops them (backend gone).
 func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
-	k, err := normKey(k)
+	k, err := lbmap.NormKey(k)
 	if err != nil {
 		return fmt.Errorf("delete frontend: %w", err)
 	}
@@ -345,10 +346,10 @@ func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
 	for i, be := range st.backends {
 		sk := npSvcKey(k, uint16(i+1))
 		del(m.AxonNpSvc, &sk, "slot")
-		del(m.AxonNpBe, &be.id, "backend")
-		dk := npDSRKey(st.id, be.b.Addr)
+		del(m.AxonNpBe, &be.ID, "backend")
+		dk := npDSRKey(st.id, be.Backend.Addr)
 		del(m.AxonNpDsr, &dk, "DSR entry")
-		n.beIDs.free(be.id)
+		n.beIDs.Free(be.ID)
 	}
 	for _, p := range st.ranges {
 		rk := npRangeKey(st.id, p)
@@ -356,9 +357,9 @@ func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
 	}
 	del(m.AxonLbMaglev, &st.id, "Maglev table")
 	delete(n.fe, k)
-	n.feIDs.free(st.id)
+	n.feIDs.Free(st.id)
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete frontend %s: %w", keyString(k), err)
+		return fmt.Errorf("delete frontend %s: %w", lbmap.KeyString(k), err)
 	}
 	return nil
 }
@@ -385,12 +386,12 @@ func (n *NodePortLB) Frontends() ([]lb.Frontend, error) {
 			f.Kind, f.Service, f.PortName = meta.Kind, meta.Service, meta.PortName
 		}
 		for _, be := range st.backends {
-			f.Backends = append(f.Backends, withBackendMeta(be.b, meta))
+			f.Backends = append(f.Backends, lbmap.WithBackendMeta(be.Backend, meta))
 		}
 		slices.SortFunc(f.Backends, lb.CompareBackends)
 		out = append(out, f)
 	}
-	slices.SortFunc(out, func(a, b lb.Frontend) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b lb.Frontend) int { return lbmap.CompareKeys(a.Key, b.Key) })
 	return out, nil
 }
 
@@ -432,13 +433,13 @@ func (n *NodePortLB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 		for slot := 1; slot <= total; slot++ {
 			id, ok := r.slots[uint16(slot)]
 			if !ok {
-				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), slot, MapNPService)
+				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", lbmap.KeyString(fk), slot, MapNPService)
 			}
 			var bv lbTCNpBackend
 			if err := m.AxonNpBe.Lookup(&id, &bv); err != nil {
-				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, slot, err)
+				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", lbmap.KeyString(fk), id, slot, err)
 			}
-			st.backends = append(st.backends, beEntry{id: id, b: lb.Backend{Addr: fromAddr16(bv.Addr), Port: lbPortHost(bv.Port), State: lb.BackendState(bv.State)}})
+			st.backends = append(st.backends, lbmap.Entry{ID: id, Backend: lb.Backend{Addr: lbmap.FromAddr16(bv.Addr), Port: lbmap.PortHost(bv.Port), State: lb.BackendState(bv.State)}})
 		}
 		out[fk] = st
 	}
@@ -473,9 +474,9 @@ func (n *NodePortLB) rebuild() error {
 	}
 	n.fe = fes
 	for _, st := range fes {
-		n.feIDs.mark(st.id)
+		n.feIDs.Mark(st.id)
 		for _, be := range st.backends {
-			n.beIDs.mark(be.id)
+			n.beIDs.Mark(be.ID)
 		}
 		st.ranges = byID[st.id]
 	}
@@ -485,7 +486,7 @@ func (n *NodePortLB) rebuild() error {
 // MaglevTable returns the backend of every slot of frontend k's Maglev
 // table as programmed (nil, nil when the frontend picks at random).
 func (n *NodePortLB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
-	k, err := normKey(k)
+	k, err := lbmap.NormKey(k)
 	if err != nil {
 		return nil, fmt.Errorf("maglev table: %w", err)
 	}
@@ -493,19 +494,19 @@ func (n *NodePortLB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
 	defer n.mu.Unlock()
 	st := n.fe[k]
 	if st == nil {
-		return nil, fmt.Errorf("maglev table: frontend %s is not programmed", keyString(k))
+		return nil, fmt.Errorf("maglev table: frontend %s is not programmed", lbmap.KeyString(k))
 	}
 	var inner *ebpf.Map
 	if err := n.tc.AxonLbMaglev.Lookup(&st.id, &inner); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("maglev table of %s: %w", keyString(k), err)
+		return nil, fmt.Errorf("maglev table of %s: %w", lbmap.KeyString(k), err)
 	}
 	defer inner.Close()
 	byID := map[uint32]netip.AddrPort{}
 	for _, be := range st.backends {
-		byID[be.id] = netip.AddrPortFrom(be.b.Addr, be.b.Port)
+		byID[be.ID] = netip.AddrPortFrom(be.Backend.Addr, be.Backend.Port)
 	}
 	out := make([]netip.AddrPort, n.opts.MaglevTableSize)
 	var key, id uint32
@@ -516,7 +517,7 @@ func (n *NodePortLB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("maglev table of %s: %w", keyString(k), err)
+		return nil, fmt.Errorf("maglev table of %s: %w", lbmap.KeyString(k), err)
 	}
 	return out, nil
 }

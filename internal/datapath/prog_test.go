@@ -49,20 +49,20 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 	}
 	f.ns = newNetns(t, "prog")
 	c := nsConf(t, f.ns)
-	c.veth("lxcA", f.hostMAC.String(), "peerA", f.podMAC.String(), "")
-	c.veth("eth0", "", "wire", "", "")
-	c.up("lxcA", "peerA", "eth0", "wire")
-	c.addr("eth0", "198.18.0.11/24")
-	c.addr("eth0", "fd00:198:18::11/64")
-	c.route("10.244.2.0/24", "198.18.0.12", "eth0")
-	c.route("10.244.3.0/24", "198.18.0.13", "eth0")
-	c.route("10.244.9.0/24", "", "") // unreachable
-	c.neigh("eth0", "198.18.0.12", f.gwMAC.String())
-	c.route("fd00:10:244:2::/64", "fd00:198:18::12", "eth0")
-	c.route("fd00:10:244:3::/64", "fd00:198:18::13", "eth0")
-	c.neigh("eth0", "fd00:198:18::12", f.gwMAC.String())
-	c.sysctl("net.ipv4.ip_forward", "1")
-	c.sysctl("net.ipv6.conf.all.forwarding", "1")
+	c.Veth("lxcA", f.hostMAC.String(), "peerA", f.podMAC.String(), "")
+	c.Veth("eth0", "", "wire", "", "")
+	c.Up("lxcA", "peerA", "eth0", "wire")
+	c.Addr("eth0", "198.18.0.11/24")
+	c.Addr("eth0", "fd00:198:18::11/64")
+	c.Route("10.244.2.0/24", "198.18.0.12", "eth0")
+	c.Route("10.244.3.0/24", "198.18.0.13", "eth0")
+	c.Route("10.244.9.0/24", "", "") // unreachable
+	c.Neigh("eth0", "198.18.0.12", f.gwMAC.String())
+	c.Route("fd00:10:244:2::/64", "fd00:198:18::12", "eth0")
+	c.Route("fd00:10:244:3::/64", "fd00:198:18::13", "eth0")
+	c.Neigh("eth0", "fd00:198:18::12", f.gwMAC.String())
+	c.Sysctl("net.ipv4.ip_forward", "1")
+	c.Sysctl("net.ipv6.conf.all.forwarding", "1")
 	pin := newPinDir(t)
 	inNetns(t, f.ns, func() {
 		for name, dst := range map[string]*int{"lxcA": &f.podIf, "eth0": &f.upIf} {
@@ -82,7 +82,7 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 		if err := cfg.normalise(); err != nil {
 			t.Fatal(err)
 		}
-		if err := ensurePinDir(pin); err != nil {
+		if err := EnsurePinDir(pin); err != nil {
 			t.Fatal(err)
 		}
 		d := &Datapath{cfg: cfg, log: cfg.Logger, feats: Probe()}

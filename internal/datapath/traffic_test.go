@@ -40,14 +40,14 @@ func netStats(t *testing.T, ns string) map[string]uint64 {
 	m := procCounters(t, ns)
 	// softnet_stat (all CPUs, whatever the netns): column 2 counts packets
 	// dropped because a CPU's backlog queue was full
-	for _, line := range strings.Split(c.procNet("softnet_stat"), "\n") {
+	for _, line := range strings.Split(c.ProcNet("softnet_stat"), "\n") {
 		if f := strings.Fields(line); len(f) > 1 {
 			d, _ := strconv.ParseUint(f[1], 16, 64)
 			m["softnet:BacklogDrop"] += d
 		}
 	}
 	// devices: "link:<name>:RxDropped" ...
-	links, err := c.h.LinkList()
+	links, err := c.H.LinkList()
 	if err != nil {
 		t.Errorf("%s: list links: %v", ns, err)
 	}
@@ -67,7 +67,7 @@ func procCounters(t *testing.T, ns string) map[string]uint64 {
 	t.Helper()
 	c := nsConf(t, ns)
 	m := map[string]uint64{}
-	for _, line := range strings.Split(c.procNet("snmp6"), "\n") {
+	for _, line := range strings.Split(c.ProcNet("snmp6"), "\n") {
 		if f := strings.Fields(line); len(f) == 2 {
 			m[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
 		}
@@ -75,7 +75,7 @@ func procCounters(t *testing.T, ns string) map[string]uint64 {
 	// snmp and netstat: a header line of names, then a line of values
 	for _, file := range []string{"snmp", "netstat"} {
 		var header []string
-		for _, line := range strings.Split(c.procNet(file), "\n") {
+		for _, line := range strings.Split(c.ProcNet(file), "\n") {
 			f := strings.Fields(line)
 			switch {
 			case len(f) == 0:
@@ -137,21 +137,21 @@ func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	t.Helper()
 	p := pod{ns: newNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
 	nc := nsConf(t, node)
-	nc.veth(hostIf, "", "eth0", "", p.ns)
-	nc.up(hostIf)
+	nc.Veth(hostIf, "", "eth0", "", p.ns)
+	nc.Up(hostIf)
 	p.hmac = linkMAC(t, node, hostIf)
 	p.mac = linkMAC(t, p.ns, "eth0")
 	pc := nsConf(t, p.ns)
-	pc.addr("eth0", ip4+"/32")
-	pc.addr("eth0", ip6+"/128")
-	pc.up("eth0")
-	pc.route("169.254.1.1/32", "", "eth0")
-	pc.route("default", "169.254.1.1", "eth0")
-	pc.neigh("eth0", "169.254.1.1", p.hmac.String())
-	pc.route("default", "fe80::1", "eth0")
-	pc.neigh("eth0", "fe80::1", p.hmac.String())
-	nc.route(ip4+"/32", "", hostIf)
-	nc.route(ip6+"/128", "", hostIf)
+	pc.Addr("eth0", ip4+"/32")
+	pc.Addr("eth0", ip6+"/128")
+	pc.Up("eth0")
+	pc.Route("169.254.1.1/32", "", "eth0")
+	pc.Route("default", "169.254.1.1", "eth0")
+	pc.Neigh("eth0", "169.254.1.1", p.hmac.String())
+	pc.Route("default", "fe80::1", "eth0")
+	pc.Neigh("eth0", "fe80::1", p.hmac.String())
+	nc.Route(ip4+"/32", "", hostIf)
+	nc.Route(ip6+"/128", "", hostIf)
 	return p
 }
 
@@ -163,18 +163,18 @@ func newTrafficNode(t *testing.T) (node, ext string) {
 	t.Helper()
 	node, ext = newNetns(t, "node"), newNetns(t, "ext")
 	nc := nsConf(t, node)
-	nc.veth("eth0", "", "wire", "", ext)
-	nc.addr("eth0", "198.18.0.11/24")
-	nc.addr("eth0", "fd00:198:18::11/64")
-	nc.up("eth0")
-	nc.sysctl("net.ipv4.ip_forward", "1")
-	nc.sysctl("net.ipv6.conf.all.forwarding", "1")
+	nc.Veth("eth0", "", "wire", "", ext)
+	nc.Addr("eth0", "198.18.0.11/24")
+	nc.Addr("eth0", "fd00:198:18::11/64")
+	nc.Up("eth0")
+	nc.Sysctl("net.ipv4.ip_forward", "1")
+	nc.Sysctl("net.ipv6.conf.all.forwarding", "1")
 	ec := nsConf(t, ext)
-	ec.addr("wire", "198.18.0.250/24")
-	ec.addr("wire", "fd00:198:18::250/64")
-	ec.up("wire")
-	ec.route("10.244.1.0/24", "198.18.0.11", "")
-	ec.route("fd00:10:244:1::/64", "fd00:198:18::11", "")
+	ec.Addr("wire", "198.18.0.250/24")
+	ec.Addr("wire", "fd00:198:18::250/64")
+	ec.Up("wire")
+	ec.Route("10.244.1.0/24", "198.18.0.11", "")
+	ec.Route("fd00:10:244:1::/64", "fd00:198:18::11", "")
 	return node, ext
 }
 

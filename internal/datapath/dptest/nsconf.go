@@ -1,4 +1,4 @@
-package datapath
+package dptest
 
 import (
 	"net"
@@ -15,17 +15,17 @@ import (
 	"github.com/axonhq/axon/internal/brnf"
 )
 
-// nsCfg configures one named netns through netlink, the way `ip` would, so
+// NSCfg configures one named netns through netlink, the way `ip` would, so
 // the tests need no userland tools (the VM kernel matrix runs them under
 // busybox). Every method fails the test on error.
-type nsCfg struct {
-	t  testing.TB
-	ns string
-	h  *netlink.Handle
+type NSCfg struct {
+	T  testing.TB
+	NS string          // the netns' name
+	H  *netlink.Handle // netlink inside NS
 }
 
-// nsConf opens a netlink handle inside netns ns (closed at cleanup).
-func nsConf(t testing.TB, ns string) *nsCfg {
+// NSConf opens a netlink handle inside netns ns (closed at cleanup).
+func NSConf(t testing.TB, ns string) *NSCfg {
 	t.Helper()
 	fd, err := netns.GetFromName(ns)
 	if err != nil {
@@ -37,69 +37,69 @@ func nsConf(t testing.TB, ns string) *nsCfg {
 		t.Fatalf("netlink handle in %s: %v", ns, err)
 	}
 	t.Cleanup(h.Close)
-	return &nsCfg{t: t, ns: ns, h: h}
+	return &NSCfg{T: t, NS: ns, H: h}
 }
 
-func (c *nsCfg) link(name string) netlink.Link {
-	c.t.Helper()
-	l, err := c.h.LinkByName(name)
+func (c *NSCfg) Link(name string) netlink.Link {
+	c.T.Helper()
+	l, err := c.H.LinkByName(name)
 	if err != nil {
-		c.t.Fatalf("%s: link %s: %v", c.ns, name, err)
+		c.T.Fatalf("%s: link %s: %v", c.NS, name, err)
 	}
 	return l
 }
 
-func (c *nsCfg) index(name string) int { return c.link(name).Attrs().Index }
+func (c *NSCfg) Index(name string) int { return c.Link(name).Attrs().Index }
 
-// veth adds a veth pair name/peer. Optional MACs may be empty; peerNS, when
+// Veth adds a veth pair name/peer. Optional MACs may be empty; peerNS, when
 // set, is the netns the peer is created in.
-func (c *nsCfg) veth(name, mac, peer, peerMAC, peerNS string) {
-	c.t.Helper()
+func (c *NSCfg) Veth(name, mac, peer, peerMAC, peerNS string) {
+	c.T.Helper()
 	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
 	if mac != "" {
-		v.HardwareAddr = mustMAC(c.t, mac)
+		v.HardwareAddr = MustMAC(c.T, mac)
 	}
 	if peerMAC != "" {
-		v.PeerHardwareAddr = mustMAC(c.t, peerMAC)
+		v.PeerHardwareAddr = MustMAC(c.T, peerMAC)
 	}
 	if peerNS != "" {
 		fd, err := netns.GetFromName(peerNS)
 		if err != nil {
-			c.t.Fatalf("open netns %s: %v", peerNS, err)
+			c.T.Fatalf("open netns %s: %v", peerNS, err)
 		}
 		defer fd.Close()
 		v.PeerNamespace = netlink.NsFd(int(fd))
 	}
-	if err := c.h.LinkAdd(v); err != nil {
-		c.t.Fatalf("%s: add veth %s/%s: %v", c.ns, name, peer, err)
+	if err := c.H.LinkAdd(v); err != nil {
+		c.T.Fatalf("%s: add veth %s/%s: %v", c.NS, name, peer, err)
 	}
 }
 
-func (c *nsCfg) up(names ...string) {
-	c.t.Helper()
+func (c *NSCfg) Up(names ...string) {
+	c.T.Helper()
 	for _, n := range names {
-		if err := c.h.LinkSetUp(c.link(n)); err != nil {
-			c.t.Fatalf("%s: set %s up: %v", c.ns, n, err)
+		if err := c.H.LinkSetUp(c.Link(n)); err != nil {
+			c.T.Fatalf("%s: set %s up: %v", c.NS, n, err)
 		}
 	}
 }
 
 // addr adds cidr to dev; IPv6 addresses skip DAD (like `nodad`).
-func (c *nsCfg) addr(dev, cidr string) {
-	c.t.Helper()
+func (c *NSCfg) Addr(dev, cidr string) {
+	c.T.Helper()
 	a, err := netlink.ParseAddr(cidr)
 	if err != nil {
-		c.t.Fatal(err)
+		c.T.Fatal(err)
 	}
 	if a.IP.To4() == nil {
 		a.Flags |= unix.IFA_F_NODAD
 	}
-	if err := c.h.AddrAdd(c.link(dev), a); err != nil {
-		c.t.Fatalf("%s: add address %s to %s: %v", c.ns, cidr, dev, err)
+	if err := c.H.AddrAdd(c.Link(dev), a); err != nil {
+		c.T.Fatalf("%s: add address %s to %s: %v", c.NS, cidr, dev, err)
 	}
 }
 
-func ipNet(t testing.TB, s string) *net.IPNet {
+func IPNet(t testing.TB, s string) *net.IPNet {
 	t.Helper()
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -110,17 +110,17 @@ func ipNet(t testing.TB, s string) *net.IPNet {
 
 // route adds dst ("default" or a prefix) via gw (may be empty) on dev (may
 // be empty); with neither it is an unreachable route.
-func (c *nsCfg) route(dst, gw, dev string) {
-	c.t.Helper()
+func (c *NSCfg) Route(dst, gw, dev string) {
+	c.T.Helper()
 	r := &netlink.Route{}
 	if dst != "default" {
-		r.Dst = ipNet(c.t, dst)
+		r.Dst = IPNet(c.T, dst)
 	}
 	if gw != "" {
 		r.Gw = net.ParseIP(gw)
 	}
 	if dev != "" {
-		r.LinkIndex = c.index(dev)
+		r.LinkIndex = c.Index(dev)
 	}
 	switch {
 	case gw == "" && dev == "":
@@ -131,33 +131,33 @@ func (c *nsCfg) route(dst, gw, dev string) {
 	if dst == "default" && r.Gw != nil && r.Gw.To4() == nil {
 		r.Family = netlink.FAMILY_V6
 	}
-	if err := c.h.RouteAdd(r); err != nil {
-		c.t.Fatalf("%s: add route %s via %q dev %q: %v", c.ns, dst, gw, dev, err)
+	if err := c.H.RouteAdd(r); err != nil {
+		c.T.Fatalf("%s: add route %s via %q dev %q: %v", c.NS, dst, gw, dev, err)
 	}
 }
 
 // neigh sets a PERMANENT neighbour entry (ip neigh replace ... nud permanent).
-func (c *nsCfg) neigh(dev, ip, mac string) {
-	c.t.Helper()
+func (c *NSCfg) Neigh(dev, ip, mac string) {
+	c.T.Helper()
 	addr := net.ParseIP(ip)
 	fam := netlink.FAMILY_V4
 	if addr.To4() == nil {
 		fam = netlink.FAMILY_V6
 	}
-	n := &netlink.Neigh{LinkIndex: c.index(dev), Family: fam, State: netlink.NUD_PERMANENT,
-		IP: addr, HardwareAddr: mustMAC(c.t, mac)}
-	if err := c.h.NeighSet(n); err != nil {
-		c.t.Fatalf("%s: set neighbour %s on %s: %v", c.ns, ip, dev, err)
+	n := &netlink.Neigh{LinkIndex: c.Index(dev), Family: fam, State: netlink.NUD_PERMANENT,
+		IP: addr, HardwareAddr: MustMAC(c.T, mac)}
+	if err := c.H.NeighSet(n); err != nil {
+		c.T.Fatalf("%s: set neighbour %s on %s: %v", c.NS, ip, dev, err)
 	}
 }
 
 // sysctl writes a net.* sysctl of this netns ("net.ipv4.ip_forward", "1").
-func (c *nsCfg) sysctl(key, val string) {
-	c.t.Helper()
+func (c *NSCfg) Sysctl(key, val string) {
+	c.T.Helper()
 	path := filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/"))
-	inNetns(c.t, c.ns, func() {
+	InNetns(c.T, c.NS, func() {
 		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
-			c.t.Errorf("%s: sysctl %s=%s: %v", c.ns, key, val, err)
+			c.T.Errorf("%s: sysctl %s=%s: %v", c.NS, key, val, err)
 		}
 	})
 }
@@ -165,23 +165,23 @@ func (c *nsCfg) sysctl(key, val string) {
 // noBridgeNetfilter keeps br_netfilter off this netns' bridges, as on a
 // switch; with it, some kernels drop IPv6 BIG TCP packets at the bridge port
 // (package brnf).
-func (c *nsCfg) noBridgeNetfilter() {
-	c.t.Helper()
-	if err := brnf.Disable("/run/netns/" + c.ns); err != nil {
-		c.t.Fatal(err)
+func (c *NSCfg) NoBridgeNetfilter() {
+	c.T.Helper()
+	if err := brnf.Disable("/run/netns/" + c.NS); err != nil {
+		c.T.Fatal(err)
 	}
 }
 
 // procNet reads /proc/net/<file> as seen from this netns (thread-self: the
 // calling thread is the one switched into the netns).
-func (c *nsCfg) procNet(file string) string {
-	c.t.Helper()
+func (c *NSCfg) ProcNet(file string) string {
+	c.T.Helper()
 	var out []byte
-	inNetns(c.t, c.ns, func() {
+	InNetns(c.T, c.NS, func() {
 		var err error
 		out, err = os.ReadFile(filepath.Join("/proc/thread-self/net", file))
 		if err != nil {
-			c.t.Errorf("%s: read /proc/net/%s: %v", c.ns, file, err)
+			c.T.Errorf("%s: read /proc/net/%s: %v", c.NS, file, err)
 		}
 	})
 	return string(out)

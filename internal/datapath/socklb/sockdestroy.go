@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -90,14 +92,11 @@ func loadSockDestroyer(maps map[string]*ebpf.Map, log *slog.Logger) (*SockDestro
 			repl[name] = m
 		} else {
 			ms.Pinning = ebpf.PinNone
-			if maps == nil {
-				ms.MaxEntries = 1 // the probe: throwaway maps, keep them small
-			}
 		}
 	}
 	d := &SockDestroyer{log: log}
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
-		return nil, fmt.Errorf("load socket iterators (bpf_sock_destroy needs kernel >= 6.5 with BTF): %w", verifierDetail(err))
+		return nil, fmt.Errorf("load socket iterators (bpf_sock_destroy needs kernel >= 6.5 with BTF): %w", datapath.VerifierDetail(err))
 	}
 	if d.tcp, err = link.AttachIter(link.IterOptions{Program: d.objs.AxonSockDestroyTcp}); err != nil {
 		d.Close()
@@ -124,15 +123,7 @@ func (d *SockDestroyer) Close() error {
 // ProbeSockDestroy reports whether this kernel can abort sockets from a
 // socket iterator (bpf_sock_destroy kfunc and iter/tcp, iter/udp): it loads
 // and attaches the real programs with throwaway maps.
-func ProbeSockDestroy() Capability {
-	d, err := loadSockDestroyer(nil, slog.New(slog.DiscardHandler))
-	if err != nil {
-		return Capability{Reason: "bpf_sock_destroy: " + err.Error() +
-			"; connected sockets keep a removed backend until the application reconnects"}
-	}
-	d.Close()
-	return Capability{Available: true, Reason: "bpf_sock_destroy: kfunc and tcp/udp socket iterators load (probed)"}
-}
+func ProbeSockDestroy() datapath.Capability { return datapath.ProbeFeature("bpf_sock_destroy") }
 
 // Destroy aborts, in each network namespace of netnsPaths ("" = the
 // calling process's own), the sockets the socket LB connected to one of
@@ -159,14 +150,14 @@ func (d *SockDestroyer) Destroy(netnsPaths []string, gone []GoneBackend) ([]Dest
 func (d *SockDestroyer) destroyLocked(netnsPaths []string, gone []GoneBackend) ([]DestroyedSocket, error) {
 	keys := make([]sockDestroyLbGoneKey, 0, len(gone))
 	for _, g := range gone {
-		k := sockDestroyLbGoneKey{FrontendId: g.FrontendID, Port: lbPort(g.Port), Addr: addr16(g.Addr.Unmap())}
+		k := sockDestroyLbGoneKey{FrontendId: g.FrontendID, Port: lbmap.Port(g.Port), Addr: lbmap.Addr16(g.Addr.Unmap())}
 		v := uint8(goneUDP)
 		if g.TCP {
 			v |= goneTCP
 		}
 		if err := d.objs.AxonLbGone.Put(&k, &v); err != nil {
 			d.clearGone(keys)
-			return nil, fmt.Errorf("destroy sockets: fill %s: %w", "axon_lb_gone", mapFullHint(err, "axon_lb_gone"))
+			return nil, fmt.Errorf("destroy sockets: fill %s: %w", "axon_lb_gone", lbmap.MapFullHint(err, "axon_lb_gone"))
 		}
 		keys = append(keys, k)
 	}
@@ -183,7 +174,7 @@ func (d *SockDestroyer) destroyLocked(netnsPaths []string, gone []GoneBackend) (
 		}
 		for _, r := range recs {
 			ds := DestroyedSocket{Netns: ns, Cookie: r.Cookie, FrontendID: r.FrontendID, Proto: lb.Proto(r.Proto),
-				Peer: netip.AddrPortFrom(fromAddr16(r.Addr), lbPortHost(r.Port))}
+				Peer: netip.AddrPortFrom(lbmap.FromAddr16(r.Addr), lbmap.PortHost(r.Port))}
 			if r.Ret != 0 {
 				ds.Err = fmt.Errorf("bpf_sock_destroy: %w", unix.Errno(-r.Ret))
 			}

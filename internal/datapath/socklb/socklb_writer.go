@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"errors"
@@ -10,10 +10,12 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
-var _ lb.Writer = (*SockLB)(nil)
+var _ lb.Writer = (*LB)(nil)
 
 // UpsertFrontend programs f (a new frontend or a new backend set for an
 // existing one). The order of writes keeps every intermediate state a whole
@@ -22,43 +24,43 @@ var _ lb.Writer = (*SockLB)(nil)
 // new counts, and only then stale slots and backends are removed. On an
 // error (bad input, map full) the previous frontend stays programmed as it
 // was.
-func (s *SockLB) UpsertFrontend(f lb.Frontend) error {
-	f, err := normFrontend(f)
+func (s *LB) UpsertFrontend(f lb.Frontend) error {
+	f, err := lbmap.NormFrontend(f)
 	if err != nil {
 		return fmt.Errorf("upsert frontend: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.upsertLocked(f); err != nil {
-		return fmt.Errorf("upsert frontend %s: %w", keyString(f.Key), err)
+		return fmt.Errorf("upsert frontend %s: %w", lbmap.KeyString(f.Key), err)
 	}
 	return nil
 }
 
-func (s *SockLB) upsertLocked(f lb.Frontend) error {
+func (s *LB) upsertLocked(f lb.Frontend) error {
 	old := s.fe[f.Key]
 	oldSlots := 0
-	oldIDs := map[beAddr]beEntry{}
+	oldIDs := map[lbmap.BackendAddr]lbmap.Entry{}
 	if old != nil {
 		oldSlots = slotCount(old.master)
 		for i := range old.ids {
 			be := old.entry(i)
-			oldIDs[beAddr{be.b.Addr, be.b.Port}] = be
+			oldIDs[lbmap.BackendAddr{Addr: be.Backend.Addr, Port: be.Backend.Port}] = be
 		}
 	}
 
 	var (
 		feID    uint32
 		newFE   bool
-		created []uint32  // backend ids allocated by this call
-		changed []beEntry // existing backends overwritten: old values for rollback
-		written []uint16  // new slots beyond oldSlots
+		created []uint32      // backend ids allocated by this call
+		changed []lbmap.Entry // existing backends overwritten: old values for rollback
+		written []uint16      // new slots beyond oldSlots
 		err     error
 	)
 	if old != nil {
 		feID = old.id
 	} else {
-		if feID, err = s.feIDs.alloc(); err != nil {
+		if feID, err = s.feIDs.Alloc(); err != nil {
 			return fmt.Errorf("frontend id: %w", err)
 		}
 		newFE = true
@@ -69,15 +71,15 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 			_ = s.objs.AxonLbSvc.Delete(&k)
 		}
 		for _, be := range changed {
-			v := backendVal(be.b, f.Key.Proto, feID)
-			_ = s.objs.AxonLbBe.Put(&be.id, &v)
+			v := backendVal(be.Backend, f.Key.Proto, feID)
+			_ = s.objs.AxonLbBe.Put(&be.ID, &v)
 		}
 		for _, id := range created {
 			_ = s.objs.AxonLbBe.Delete(&id)
-			s.beIDs.free(id)
+			s.beIDs.Free(id)
 		}
 		if newFE {
-			s.feIDs.free(feID)
+			s.feIDs.Free(feID)
 		}
 	}
 
@@ -91,7 +93,7 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	}
 
 	// 1. backends
-	entries := make([]beEntry, len(f.Backends))
+	entries := make([]lbmap.Entry, len(f.Backends))
 	master := sockLBLbSvcVal{Id: feID}
 	for i, b := range f.Backends {
 		switch b.State {
@@ -102,16 +104,16 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 		default:
 			master.Quarantined++
 		}
-		prev, ok := oldIDs[beAddr{b.Addr, b.Port}]
-		id := prev.id
+		prev, ok := oldIDs[lbmap.BackendAddr{Addr: b.Addr, Port: b.Port}]
+		id := prev.ID
 		if !ok {
-			if id, err = s.beIDs.alloc(); err != nil {
+			if id, err = s.beIDs.Alloc(); err != nil {
 				rollback()
 				return fmt.Errorf("backend id: %w", err)
 			}
 			created = append(created, id)
-		} else if prev.b.State == b.State {
-			entries[i] = beEntry{id: id, b: b}
+		} else if prev.Backend.State == b.State {
+			entries[i] = lbmap.Entry{ID: id, Backend: b}
 			continue
 		} else {
 			changed = append(changed, prev)
@@ -119,12 +121,12 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 		v := backendVal(b, f.Key.Proto, feID)
 		if err := s.objs.AxonLbBe.Put(&id, &v); err != nil {
 			rollback()
-			return fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), mapFullHint(err, MapLBBackend))
+			return fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapLBBackend))
 		}
-		entries[i] = beEntry{id: id, b: b}
+		entries[i] = lbmap.Entry{ID: id, Backend: b}
 	}
-	if secs := affinitySeconds(f.Affinity); secs > 0 {
-		master.Flags |= lbFlagAffinity
+	if secs := lbmap.AffinitySeconds(f.Affinity); secs > 0 {
+		master.Flags |= lbmap.FlagAffinity
 		master.AffinityTimeout = secs
 	}
 
@@ -132,21 +134,21 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	for i := oldSlots; i < len(entries); i++ {
 		slot := uint16(i + 1)
 		k := svcKey(f.Key, slot)
-		v := sockLBLbSvcVal{Id: entries[i].id}
+		v := sockLBLbSvcVal{Id: entries[i].ID}
 		if err := s.objs.AxonLbSvc.Put(&k, &v); err != nil {
 			rollback()
-			return fmt.Errorf("write slot %d: %w", slot, mapFullHint(err, MapLBService))
+			return fmt.Errorf("write slot %d: %w", slot, lbmap.MapFullHint(err, MapLBService))
 		}
 		written = append(written, slot)
 	}
 	// 3. slots in use: each flips from an old backend to a new one
 	for i := 0; i < len(entries) && i < oldSlots; i++ {
 		k := svcKey(f.Key, uint16(i+1))
-		v := sockLBLbSvcVal{Id: entries[i].id}
+		v := sockLBLbSvcVal{Id: entries[i].ID}
 		if err := s.objs.AxonLbSvc.Put(&k, &v); err != nil {
 			s.restoreLocked(f.Key, old)
 			rollback()
-			return fmt.Errorf("write slot %d: %w", i+1, mapFullHint(err, MapLBService))
+			return fmt.Errorf("write slot %d: %w", i+1, lbmap.MapFullHint(err, MapLBService))
 		}
 	}
 	// 4. the master: the new backend set becomes visible at once
@@ -156,7 +158,7 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 			s.restoreLocked(f.Key, old)
 		}
 		rollback()
-		return fmt.Errorf("write master entry: %w", mapFullHint(err, MapLBService))
+		return fmt.Errorf("write master entry: %w", lbmap.MapFullHint(err, MapLBService))
 	}
 
 	// 5. cleanup: stale slots, then backends nothing references any more
@@ -169,21 +171,21 @@ func (s *SockLB) upsertLocked(f lb.Frontend) error {
 	}
 	keep := map[uint32]bool{}
 	for _, e := range entries {
-		keep[e.id] = true
+		keep[e.ID] = true
 	}
 	var gone []GoneBackend
 	if old != nil {
 		for i := range old.ids {
 			be := old.entry(i)
-			if keep[be.id] {
+			if keep[be.ID] {
 				continue
 			}
-			gone = append(gone, GoneBackend{FrontendID: feID, Addr: be.b.Addr, Port: be.b.Port, TCP: true})
-			if err := s.objs.AxonLbBe.Delete(&be.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("remove backend %d: %w", be.id, err))
+			gone = append(gone, GoneBackend{FrontendID: feID, Addr: be.Backend.Addr, Port: be.Backend.Port, TCP: true})
+			if err := s.objs.AxonLbBe.Delete(&be.ID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("remove backend %d: %w", be.ID, err))
 				continue
 			}
-			s.beIDs.free(be.id)
+			s.beIDs.Free(be.ID)
 		}
 	}
 	if old == nil {
@@ -224,8 +226,8 @@ func sameProgrammed(old *feState, f lb.Frontend) bool {
 			master.Quarantined++
 		}
 	}
-	if secs := affinitySeconds(f.Affinity); secs > 0 {
-		master.Flags |= lbFlagAffinity
+	if secs := lbmap.AffinitySeconds(f.Affinity); secs > 0 {
+		master.Flags |= lbmap.FlagAffinity
 		master.AffinityTimeout = secs
 	}
 	return master == old.master
@@ -233,7 +235,7 @@ func sameProgrammed(old *feState, f lb.Frontend) bool {
 
 // restoreLocked rewrites the slots in use of old (best effort, after a
 // failed write in place).
-func (s *SockLB) restoreLocked(k lb.FrontendKey, old *feState) {
+func (s *LB) restoreLocked(k lb.FrontendKey, old *feState) {
 	if old == nil {
 		return
 	}
@@ -245,14 +247,14 @@ func (s *SockLB) restoreLocked(k lb.FrontendKey, old *feState) {
 }
 
 func backendVal(b lb.Backend, proto lb.Proto, feID uint32) sockLBLbBackend {
-	return sockLBLbBackend{Addr: addr16(b.Addr), Port: lbPort(b.Port), Proto: uint8(proto), State: uint8(b.State), FrontendId: feID}
+	return sockLBLbBackend{Addr: lbmap.Addr16(b.Addr), Port: lbmap.Port(b.Port), Proto: uint8(proto), State: uint8(b.State), FrontendId: feID}
 }
 
 // DeleteFrontend removes a frontend: its master entry first (the service
 // disappears at once), then its slots and backends. A frontend that is not
 // programmed is no error.
-func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
-	k, err := normKey(k)
+func (s *LB) DeleteFrontend(k lb.FrontendKey) error {
+	k, err := lbmap.NormKey(k)
 	if err != nil {
 		return fmt.Errorf("delete frontend: %w", err)
 	}
@@ -264,10 +266,10 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 	}
 	mk := svcKey(k, 0)
 	if err := s.objs.AxonLbSvc.Delete(&mk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete frontend %s: master entry: %w", keyString(k), err)
+		return fmt.Errorf("delete frontend %s: master entry: %w", lbmap.KeyString(k), err)
 	}
 	delete(s.fe, k)
-	s.feIDs.free(st.id)
+	s.feIDs.Free(st.id)
 	var errs []error
 	total := slotCount(st.master)
 	s.svcEntries -= 1 + len(st.ids)
@@ -289,10 +291,10 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 			errs = append(errs, fmt.Errorf("backend %d: %w", id, err))
 			continue
 		}
-		s.beIDs.free(id)
+		s.beIDs.Free(id)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("delete frontend %s (no longer served; the next load removes the rest): %w", keyString(k), errors.Join(errs...))
+		return fmt.Errorf("delete frontend %s (no longer served; the next load removes the rest): %w", lbmap.KeyString(k), errors.Join(errs...))
 	}
 	return nil
 }
@@ -302,10 +304,10 @@ func (s *SockLB) DeleteFrontend(k lb.FrontendKey) error {
 // LocalOnly and the backends' NodeName/Zone are not in the maps: they come
 // from the last upsert by this process (empty after a restart until the
 // agent upserts the frontend again).
-func (s *SockLB) Frontends() ([]lb.Frontend, error) {
+func (s *LB) Frontends() ([]lb.Frontend, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.readMaps(s.svcEntries, len(s.beIDs.used))
+	c, err := s.readMaps(s.svcEntries, s.beIDs.Len())
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +330,7 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 	out := make([]lb.Frontend, 0, len(fes))
 	for fk, r := range fes {
 		f := lb.Frontend{Key: fk, Backends: make([]lb.Backend, 0, len(r.ids))}
-		if r.master.Flags&lbFlagAffinity != 0 {
+		if r.master.Flags&lbmap.FlagAffinity != 0 {
 			f.Affinity = time.Duration(r.master.AffinityTimeout) * time.Second
 		}
 		st := s.fe[fk]
@@ -338,11 +340,11 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 		}
 		for i, id := range r.ids {
 			if id == 0 {
-				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", keyString(fk), i+1, MapLBService)
+				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", lbmap.KeyString(fk), i+1, MapLBService)
 			}
 			bv, ok := c.backends[id]
 			if !ok {
-				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", keyString(fk), id, i+1, ebpf.ErrKeyNotExist)
+				return nil, fmt.Errorf("frontend %s: backend %d of slot %d: %w", lbmap.KeyString(fk), id, i+1, ebpf.ErrKeyNotExist)
 			}
 			b := fromBackendVal(bv)
 			if st != nil && i < len(st.ids) {
@@ -356,48 +358,24 @@ func (s *SockLB) Frontends() ([]lb.Frontend, error) {
 		slices.SortFunc(f.Backends, lb.CompareBackends)
 		out = append(out, f)
 	}
-	slices.SortFunc(out, func(a, b lb.Frontend) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b lb.Frontend) int { return lbmap.CompareKeys(a.Key, b.Key) })
 	return out, nil
 }
 
-// withBackendMeta fills in what the maps do not hold (node, zone) from the
+// lbmap.WithBackendMeta fills in what the maps do not hold (node, zone) from the
 // frontend last written, for a backend read back from the maps (the
 // north-south LB; the socket LB takes them from its slot entries).
-func withBackendMeta(b lb.Backend, meta *lb.Frontend) lb.Backend {
-	if meta != nil {
-		for _, mb := range meta.Backends {
-			if mb.Addr == b.Addr && mb.Port == b.Port {
-				b.NodeName, b.Zone = mb.NodeName, mb.Zone
-			}
-		}
-	}
-	return b
-}
-
-func compareKeys(a, b lb.FrontendKey) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	if a.Port != b.Port {
-		return int(a.Port) - int(b.Port)
-	}
-	if a.Proto != b.Proto {
-		return int(a.Proto) - int(b.Proto)
-	}
-	return int(a.Scope) - int(b.Scope)
-}
-
 // Fits reports whether the frontends of one Service can all be written
 // now: an error wrapping lb.ErrFull says which map is short and by how
 // much. Nothing is written either way. The estimate is conservative: it
 // counts each frontend's peak (new entries are written before old ones are
 // removed).
-func (s *SockLB) Fits(fs []lb.Frontend) error {
+func (s *LB) Fits(fs []lb.Frontend) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	needSvc, needBe := 0, 0
 	for _, f := range fs {
-		f, err := normFrontend(f)
+		f, err := lbmap.NormFrontend(f)
 		if err != nil {
 			continue // UpsertFrontend reports bad input itself
 		}
@@ -408,12 +386,12 @@ func (s *SockLB) Fits(fs []lb.Frontend) error {
 			continue
 		}
 		needSvc += max(0, len(f.Backends)-len(old.ids))
-		have := map[beAddr]lb.BackendState{}
+		have := map[lbmap.BackendAddr]lb.BackendState{}
 		for _, b := range old.meta.Backends {
-			have[beAddr{b.Addr, b.Port}] = b.State
+			have[lbmap.BackendAddr{Addr: b.Addr, Port: b.Port}] = b.State
 		}
 		for _, b := range f.Backends {
-			if _, ok := have[beAddr{b.Addr, b.Port}]; !ok {
+			if _, ok := have[lbmap.BackendAddr{Addr: b.Addr, Port: b.Port}]; !ok {
 				needBe++
 			}
 		}
@@ -423,7 +401,7 @@ func (s *SockLB) Fits(fs []lb.Frontend) error {
 	if free := svcMax - s.svcEntries; needSvc > free {
 		short = append(short, fmt.Sprintf("%s needs %d more entries, %d of %d free", MapLBService, needSvc, max(free, 0), svcMax))
 	}
-	if free := beMax - len(s.beIDs.used); needBe > free {
+	if free := beMax - s.beIDs.Len(); needBe > free {
 		short = append(short, fmt.Sprintf("%s needs %d more entries, %d of %d free", MapLBBackend, needBe, max(free, 0), beMax))
 	}
 	if len(short) > 0 {
@@ -435,20 +413,20 @@ func (s *SockLB) Fits(fs []lb.Frontend) error {
 // SetLocalAddrs replaces the node's local addresses that NodePort and
 // HostPort frontends match on (loopback always matches). Invalid input
 // changes nothing.
-func (s *SockLB) SetLocalAddrs(addrs []netip.Addr) error {
+func (s *LB) SetLocalAddrs(addrs []netip.Addr) error {
 	want := map[[16]byte]bool{}
 	for _, a := range addrs {
 		if !a.IsValid() || a.IsUnspecified() {
 			return fmt.Errorf("set local addresses: %q is not a usable address", a)
 		}
-		want[addr16(a.Unmap())] = true
+		want[lbmap.Addr16(a.Unmap())] = true
 	}
 	if max := int(s.objs.AxonLbLocal.MaxEntries()); len(want) > max {
 		return fmt.Errorf("set local addresses: %d addresses, the map %s holds at most %d", len(want), MapLBLocal, max)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := replaceKeys(s.objs.AxonLbLocal, MapLBLocal, want); err != nil {
+	if err := datapath.ReplaceKeys(s.objs.AxonLbLocal, MapLBLocal, want); err != nil {
 		return fmt.Errorf("set local addresses: %w", err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"errors"
@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -36,7 +37,7 @@ func backends(state lb.BackendState, addrs ...string) []lb.Backend {
 
 // sockLBEnv is one loaded socket LB attached to a fresh test cgroup.
 type sockLBEnv struct {
-	s      *SockLB
+	s      *LB
 	pinDir string
 	cgroup string
 	cgFD   int
@@ -49,12 +50,12 @@ func newSockLBEnv(t testing.TB, o sockLBOptions) *sockLBEnv {
 	pin := newPinDir(t)
 	s, err := loadSockLBWith(pin, cg, testLogger(t), o)
 	if err != nil {
-		t.Fatalf("LoadSockLB: %v", err)
+		t.Fatalf("Load: %v", err)
 	}
 	t.Cleanup(func() {
 		s.Close()
-		if err := UninstallSockLB(pin, cg); err != nil {
-			t.Errorf("UninstallSockLB: %v", err)
+		if err := Uninstall(pin, cg); err != nil {
+			t.Errorf("Uninstall: %v", err)
 		}
 	})
 	return &sockLBEnv{s: s, pinDir: pin, cgroup: cg, cgFD: fd}
@@ -316,7 +317,7 @@ func TestSockLBTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.s.Close()
-		s2, err := LoadSockLB(e.pinDir, e.cgroup, testLogger(t))
+		s2, err := Load(e.pinDir, e.cgroup, testLogger(t))
 		if err != nil {
 			t.Fatalf("reload: %v", err)
 		}
@@ -352,7 +353,7 @@ func linkIDs(t *testing.T, pinDir string) map[string]link.ID {
 	t.Helper()
 	out := map[string]link.ID{}
 	for _, h := range sockHooks {
-		l, err := link.LoadPinnedLink(filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name), nil)
+		l, err := link.LoadPinnedLink(filepath.Join(datapath.LinksDir(pinDir), sockHookPrefix+h.name), nil)
 		if err != nil {
 			t.Fatalf("pinned link %s: %v", h.name, err)
 		}
@@ -364,20 +365,6 @@ func linkIDs(t *testing.T, pinDir string) map[string]link.ID {
 		out[h.name] = info.ID
 	}
 	return out
-}
-
-func mapLen(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	var n int
-	var k, v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // TestSockLBWriter: what goes in comes back out of the maps; updates leave
@@ -475,7 +462,7 @@ func TestSockLBWriter(t *testing.T) {
 		got, _ := s.Frontends()
 		var keys []string
 		for _, f := range got {
-			keys = append(keys, keyString(f.Key))
+			keys = append(keys, lbmap.KeyString(f.Key))
 		}
 		want := []string{"0.0.0.0:30001/udp (nodeport)", "10.96.0.20:80/tcp (cluster)", "10.96.0.30:443/tcp (cluster)", "[::]:30001/udp (nodeport)"}
 		if !reflect.DeepEqual(keys, want) {
@@ -513,7 +500,7 @@ func TestSockLBWriter(t *testing.T) {
 		var have []netip.Addr
 		it := s.objs.AxonLbLocal.Iterate()
 		for it.Next(&k, &v) {
-			have = append(have, fromAddr16(k))
+			have = append(have, lbmap.FromAddr16(k))
 		}
 		if len(have) != 1 || have[0] != b {
 			t.Errorf("local addresses %v, want [%s]", have, b)
@@ -527,14 +514,14 @@ func TestSockLBUninstall(t *testing.T) {
 	requireRoot(t)
 	cg, _ := newTestCgroup(t)
 	pin := newPinDir(t)
-	s, err := LoadSockLB(pin, cg, testLogger(t))
+	s, err := Load(pin, cg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	// the cgroup root changes: the pinned links move, nothing stays behind
 	cg2, _ := newTestCgroup(t)
-	s, err = LoadSockLB(pin, cg2, testLogger(t))
+	s, err = Load(pin, cg2, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,7 +538,7 @@ func TestSockLBUninstall(t *testing.T) {
 		t.Fatalf("attached before uninstall: %v %v, want %d hooks", left, err, len(sockHooks))
 	}
 	for i := 0; i < 2; i++ {
-		if err := UninstallSockLB(pin, cg); err != nil {
+		if err := Uninstall(pin, cg); err != nil {
 			t.Fatalf("uninstall #%d: %v", i+1, err)
 		}
 	}
@@ -566,7 +553,7 @@ func TestSockLBUninstall(t *testing.T) {
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("uninstall removed something else in the pin dir: %v", err)
 	}
-	if _, err := LoadSockLB(pin, "/proc", testLogger(t)); err == nil || !strings.Contains(err.Error(), "cgroup v2") {
+	if _, err := Load(pin, "/proc", testLogger(t)); err == nil || !strings.Contains(err.Error(), "cgroup v2") {
 		t.Errorf("loading on a non-cgroup2 path: %v, want a clear error", err)
 	}
 }
@@ -602,7 +589,7 @@ func TestSockLBRestartRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.s.Close()
-	s, err := LoadSockLB(e.pinDir, e.cgroup, testLogger(t))
+	s, err := Load(e.pinDir, e.cgroup, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

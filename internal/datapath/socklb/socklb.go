@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"errors"
@@ -14,12 +14,14 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
 // Socket load balancing (bpf/sock_lb.c, maps in bpf/lib/lb.h): cgroup v2
 // sock_addr hooks translate service addresses at connect/sendmsg time and
-// back at recvmsg/getpeername time. SockLB loads them, attaches them to one
+// back at recvmsg/getpeername time. LB loads them, attaches them to one
 // cgroup (the agent's cgroup root) and is the only writer of the service and
 // backend maps; it implements lb.Writer.
 
@@ -39,8 +41,8 @@ const (
 	mapLBSockStorage = "axon_lb_sk"
 )
 
-// SockLBConfig is the load-time configuration of the socket LB.
-type SockLBConfig struct {
+// Config is the load-time configuration of the socket LB.
+type Config struct {
 	// ServiceMapSize is max_entries of axon_lb_svc: one entry per frontend
 	// plus one per backend slot (0 = the default of bpf/lib/lb.h). A
 	// Service that does not fit is refused whole (see Fits).
@@ -78,9 +80,9 @@ var sockHooks = []sockHook{
 	{"release", ebpf.AttachCgroupInetSockRelease, func(p *sockLBPrograms) *ebpf.Program { return p.AxonSockRelease }},
 }
 
-// SockLB is the loaded socket load balancer of one node. Methods are safe
+// LB is the loaded socket load balancer of one node. Methods are safe
 // for concurrent use.
-type SockLB struct {
+type LB struct {
 	log        *slog.Logger
 	pinDir     string
 	cgroupPath string
@@ -88,8 +90,8 @@ type SockLB struct {
 
 	mu    sync.Mutex
 	fe    map[lb.FrontendKey]*feState // what the maps hold, rebuilt on load
-	feIDs idAlloc
-	beIDs idAlloc
+	feIDs lbmap.IDAlloc
+	beIDs lbmap.IDAlloc
 	// svcEntries counts axon_lb_svc entries in use (masters + slots), for Fits.
 	svcEntries int
 	// destroy aborts sockets of removed backends (nil: not available).
@@ -117,26 +119,26 @@ type DestroyStats struct {
 // sockLBOptions are test knobs: shrink maps to test "map full".
 type sockLBOptions struct {
 	maxEntries map[string]uint32
-	cfg        SockLBConfig
+	cfg        Config
 }
 
-// LoadSockLB loads the socket LB programs with their maps pinned under
+// Load loads the socket LB programs with their maps pinned under
 // pinDir (existing pins are reused, so services survive an agent restart),
 // attaches every hook to the cgroup v2 directory cgroupPath through links
 // pinned as <pinDir>/links/cgroup-<hook> (a pinned link on the same cgroup is
 // updated in place), and reads the programmed frontends back from the maps.
-func LoadSockLB(pinDir, cgroupPath string, log *slog.Logger) (*SockLB, error) {
+func Load(pinDir, cgroupPath string, log *slog.Logger) (*LB, error) {
 	return loadSockLBWith(pinDir, cgroupPath, log, sockLBOptions{})
 }
 
-// LoadSockLBWithConfig is LoadSockLB with map sizes and mode. A pinned map
+// LoadWithConfig is Load with map sizes and mode. A pinned map
 // of another size is migrated: its entries are copied into a map of the
 // new size, which replaces the pin once the programs use it.
-func LoadSockLBWithConfig(pinDir, cgroupPath string, cfg SockLBConfig, log *slog.Logger) (*SockLB, error) {
+func LoadWithConfig(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*LB, error) {
 	return loadSockLBWith(pinDir, cgroupPath, log, sockLBOptions{cfg: cfg})
 }
 
-func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions) (*SockLB, error) {
+func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions) (*LB, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -147,7 +149,7 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
-	if err := ensurePinDir(pinDir); err != nil {
+	if err := datapath.EnsurePinDir(pinDir); err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	spec, err := loadSockLB()
@@ -175,7 +177,7 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 			return nil, fmt.Errorf("load socket LB: set cfg_host_netns_cookie: %w", err)
 		}
 	}
-	s := &SockLB{log: log, pinDir: pinDir, cgroupPath: cgroupPath, fe: map[lb.FrontendKey]*feState{}}
+	s := &LB{log: log, pinDir: pinDir, cgroupPath: cgroupPath, fe: map[lb.FrontendKey]*feState{}}
 	migrated, err := migrateResized(spec, pinDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
@@ -187,14 +189,14 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 	}()
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: migrated}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
-		return nil, fmt.Errorf("load socket LB programs: %w", verifierDetail(incompatibleHint(err, pinDir)))
+		return nil, fmt.Errorf("load socket LB programs: %w", datapath.VerifierDetail(datapath.IncompatibleHint(err, pinDir)))
 	}
 	if err := s.rebuild(); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
 	for _, h := range sockHooks {
-		pin := filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name)
+		pin := filepath.Join(datapath.LinksDir(pinDir), sockHookPrefix+h.name)
 		if err := attachCgroupLink(pin, cgroupPath, cgID, h.attach, h.prog(&s.objs.sockLBPrograms)); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("load socket LB: hook %s: %w", h.name, err)
@@ -275,7 +277,7 @@ func migrateResized(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger) 
 // backends; netns lists the network namespaces to walk ("" = the agent's
 // own, plus every pod's). Without it (error: kernel < 6.5), connected
 // sockets keep their backend until the application reconnects.
-func (s *SockLB) EnableSockDestroy(netns func() []string) error {
+func (s *LB) EnableSockDestroy(netns func() []string) error {
 	maps := map[string]*ebpf.Map{
 		MapLBService: s.objs.AxonLbSvc, MapLBBackend: s.objs.AxonLbBe, MapLBReverse: s.objs.AxonLbRev, MapLBSock: s.objs.AxonLbSock,
 		MapLBAffinity: s.objs.AxonLbAff, MapLBLocal: s.objs.AxonLbLocal, MapLBSkip: s.objs.AxonLbSkip,
@@ -298,7 +300,7 @@ func (s *SockLB) EnableSockDestroy(netns func() []string) error {
 }
 
 // destroyWorker runs a destroy pass whenever writes queued removed backends.
-func (s *SockLB) destroyWorker(d *SockDestroyer, kick, stop, done chan struct{}) {
+func (s *LB) destroyWorker(d *SockDestroyer, kick, stop, done chan struct{}) {
 	defer close(done)
 	for {
 		select {
@@ -339,7 +341,7 @@ func (s *SockLB) destroyWorker(d *SockDestroyer, kick, stop, done chan struct{})
 
 // SockDestroyStatus says whether removed backends' sockets are aborted, and
 // what that did so far.
-func (s *SockLB) SockDestroyStatus() (enabled bool, reason string, st DestroyStats) {
+func (s *LB) SockDestroyStatus() (enabled bool, reason string, st DestroyStats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.destroy != nil, s.destroyErr, s.destroyStat
@@ -348,7 +350,7 @@ func (s *SockLB) SockDestroyStatus() (enabled bool, reason string, st DestroySta
 // destroyLocked queues the sockets connected to gone backends for the
 // destroy worker. Called with s.mu held, after the maps no longer hold
 // those backends (a reconnect cannot pick them again).
-func (s *SockLB) destroyLocked(gone []GoneBackend) {
+func (s *LB) destroyLocked(gone []GoneBackend) {
 	if s.destroy == nil || len(gone) == 0 {
 		return
 	}
@@ -361,7 +363,7 @@ func (s *SockLB) destroyLocked(gone []GoneBackend) {
 
 // SetSkipNetns replaces the set of netns cookies whose sockets are never
 // translated (pods that opted out of socket LB).
-func (s *SockLB) SetSkipNetns(cookies []uint64) error {
+func (s *LB) SetSkipNetns(cookies []uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	want := map[uint64]bool{}
@@ -371,14 +373,14 @@ func (s *SockLB) SetSkipNetns(cookies []uint64) error {
 	if max := int(s.objs.AxonLbSkip.MaxEntries()); len(want) > max {
 		return fmt.Errorf("set opted-out netns: %d namespaces, the map %s holds at most %d", len(want), MapLBSkip, max)
 	}
-	if err := replaceKeys(s.objs.AxonLbSkip, MapLBSkip, want); err != nil {
+	if err := datapath.ReplaceKeys(s.objs.AxonLbSkip, MapLBSkip, want); err != nil {
 		return fmt.Errorf("set opted-out netns: %w", err)
 	}
 	return nil
 }
 
 // SkipNetns lists the netns cookies in axon_lb_skip, sorted.
-func (s *SockLB) SkipNetns() ([]uint64, error) {
+func (s *LB) SkipNetns() ([]uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var (
@@ -455,8 +457,8 @@ func attachCgroupLink(pin, cgroupPath string, cgID uint64, attach ebpf.AttachTyp
 }
 
 // Close releases file descriptors. Pinned maps and links stay: services keep
-// working while the agent is down and the next LoadSockLB adopts them.
-func (s *SockLB) Close() error {
+// working while the agent is down and the next Load adopts them.
+func (s *LB) Close() error {
 	s.mu.Lock()
 	d, stop, done := s.destroy, s.destroyStop, s.destroyDone
 	s.destroy, s.destroyStop = nil, nil
@@ -470,17 +472,17 @@ func (s *SockLB) Close() error {
 }
 
 // CgroupPath returns the cgroup the hooks are attached to.
-func (s *SockLB) CgroupPath() string { return s.cgroupPath }
+func (s *LB) CgroupPath() string { return s.cgroupPath }
 
-// UninstallSockLB detaches the socket LB hooks pinned under pinDir and
+// Uninstall detaches the socket LB hooks pinned under pinDir and
 // removes their link pins and the LB maps; the rest of pinDir (the node's
 // tc datapath) is left alone. Missing pins are no error. cgroupPath is then
 // checked for axon socket programs still attached (held by a running agent).
-func UninstallSockLB(pinDir, cgroupPath string) error {
+func Uninstall(pinDir, cgroupPath string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	ok, err := isBPFFS(pinDir)
+	ok, err := datapath.IsBPFFS(pinDir)
 	if err != nil {
 		return fmt.Errorf("uninstall socket LB: %w", err)
 	}
@@ -489,7 +491,7 @@ func UninstallSockLB(pinDir, cgroupPath string) error {
 	}
 	var errs []error
 	for _, h := range sockHooks {
-		pin := filepath.Join(LinksDir(pinDir), sockHookPrefix+h.name)
+		pin := filepath.Join(datapath.LinksDir(pinDir), sockHookPrefix+h.name)
 		l, err := link.LoadPinnedLink(pin, nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

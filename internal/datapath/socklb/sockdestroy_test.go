@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"bufio"
@@ -364,7 +364,7 @@ func TestSockDestroy(t *testing.T) {
 }
 
 // waitDestroyed waits until the destroy worker aborted n sockets in all.
-func waitDestroyed(t *testing.T, s *SockLB, n uint64) {
+func waitDestroyed(t *testing.T, s *LB, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

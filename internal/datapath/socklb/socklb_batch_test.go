@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -53,7 +54,7 @@ func TestSockLBBatch(t *testing.T) {
 		t.Fatalf("read back %d frontends, want 8", len(got))
 	}
 	for i, f := range got {
-		want, _ := normFrontend(fs[i])
+		want, _ := lbmap.NormFrontend(fs[i])
 		want.Backends = slicesSorted(want.Backends)
 		if !reflect.DeepEqual(f, want) {
 			t.Errorf("frontend %d read back:\n got %+v\nwant %+v", i, f, want)

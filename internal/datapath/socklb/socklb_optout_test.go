@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"errors"
@@ -76,7 +76,7 @@ func TestSockLBSkipNetns(t *testing.T) {
 // TestSockLBHostNetnsOnly: in hostns-only mode only the agent's own netns is
 // translated; a pod netns reaches the service address untranslated.
 func TestSockLBHostNetnsOnly(t *testing.T) {
-	e := newSockLBEnv(t, sockLBOptions{cfg: SockLBConfig{HostNetnsOnly: true}})
+	e := newSockLBEnv(t, sockLBOptions{cfg: Config{HostNetnsOnly: true}})
 	pod := newNetns(t, "hostonly")
 	addLoopbackAddrs(t, pod, "198.18.95.1/24")
 	echoServers(t, pod, "198.18.95.1:8080")
@@ -106,7 +106,7 @@ func TestSockLBHostNetnsOnly(t *testing.T) {
 // with lb.ErrFull before anything is written; a reload with larger maps
 // migrates the pinned content.
 func TestSockLBResizeAndFits(t *testing.T) {
-	e := newSockLBEnv(t, sockLBOptions{cfg: SockLBConfig{ServiceMapSize: 8, BackendMapSize: 8}})
+	e := newSockLBEnv(t, sockLBOptions{cfg: Config{ServiceMapSize: 8, BackendMapSize: 8}})
 	var five []string
 	for i := 1; i <= 5; i++ {
 		five = append(five, fmt.Sprintf("10.244.1.%d:80", i))
@@ -130,7 +130,7 @@ func TestSockLBResizeAndFits(t *testing.T) {
 	}
 	want, _ := e.s.Frontends()
 	e.s.Close()
-	s2, err := LoadSockLBWithConfig(e.pinDir, e.cgroup, SockLBConfig{ServiceMapSize: 64, BackendMapSize: 32}, testLogger(t))
+	s2, err := LoadWithConfig(e.pinDir, e.cgroup, Config{ServiceMapSize: 64, BackendMapSize: 32}, testLogger(t))
 	if err != nil {
 		t.Fatalf("reload with larger maps: %v", err)
 	}

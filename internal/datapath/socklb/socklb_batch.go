@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 // Batched writes for the full sync (issue 4): 10 000 new frontends × 10
 // backends are 210 000 map updates one by one; with BPF_MAP_UPDATE_BATCH
@@ -12,10 +12,11 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
-var _ lb.BatchWriter = (*SockLB)(nil)
+var _ lb.BatchWriter = (*LB)(nil)
 
 // batchMin is the number of new frontends below which single writes are
 // used (a batch saves nothing for a handful).
@@ -29,7 +30,7 @@ const batchChunk = 16384
 // programmed are written in batches; the others, and all of them when the
 // kernel has no batch operations or a batch fails (a full map), one by one,
 // so every error is attributed to its frontend.
-func (s *SockLB) UpsertFrontends(fs []lb.Frontend) []error {
+func (s *LB) UpsertFrontends(fs []lb.Frontend) []error {
 	errs := make([]error, len(fs))
 	failed := false
 	norm := make([]lb.Frontend, len(fs))
@@ -39,7 +40,7 @@ func (s *SockLB) UpsertFrontends(fs []lb.Frontend) []error {
 	seen := make(map[lb.FrontendKey]bool, len(fs))
 	var single []int
 	for i, f := range fs {
-		nf, err := normFrontend(f)
+		nf, err := lbmap.NormFrontend(f)
 		if err != nil {
 			errs[i], failed = fmt.Errorf("upsert frontend: %w", err), true
 			continue
@@ -64,7 +65,7 @@ func (s *SockLB) UpsertFrontends(fs []lb.Frontend) []error {
 	}
 	for _, i := range single {
 		if err := s.upsertLocked(norm[i]); err != nil {
-			errs[i], failed = fmt.Errorf("upsert frontend %s: %w", keyString(norm[i].Key), err), true
+			errs[i], failed = fmt.Errorf("upsert frontend %s: %w", lbmap.KeyString(norm[i].Key), err), true
 		}
 	}
 	if !failed {
@@ -76,11 +77,11 @@ func (s *SockLB) UpsertFrontends(fs []lb.Frontend) []error {
 // batchNewLocked writes the frontends fs[idx...] (none programmed yet)
 // with batch updates. On an error nothing of them stays written and the
 // ids are freed.
-func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
+func (s *LB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 	type plan struct {
 		feID    uint32
 		master  sockLBLbSvcVal
-		entries []beEntry
+		entries []lbmap.Entry
 	}
 	plans := make([]plan, len(idx))
 	nbe := 0
@@ -98,21 +99,21 @@ func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 	freeIDs := func() {
 		for _, p := range plans {
 			if p.feID != 0 {
-				s.feIDs.free(p.feID)
+				s.feIDs.Free(p.feID)
 			}
 			for _, e := range p.entries {
-				s.beIDs.free(e.id)
+				s.beIDs.Free(e.ID)
 			}
 		}
 	}
 	for n, i := range idx {
 		f := fs[i]
-		id, err := s.feIDs.alloc()
+		id, err := s.feIDs.Alloc()
 		if err != nil {
 			freeIDs()
 			return fmt.Errorf("frontend id: %w", err)
 		}
-		p := plan{feID: id, master: sockLBLbSvcVal{Id: id}, entries: make([]beEntry, 0, len(f.Backends))}
+		p := plan{feID: id, master: sockLBLbSvcVal{Id: id}, entries: make([]lbmap.Entry, 0, len(f.Backends))}
 		for _, b := range f.Backends {
 			switch b.State {
 			case lb.Active:
@@ -122,20 +123,20 @@ func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 			default:
 				p.master.Quarantined++
 			}
-			bid, err := s.beIDs.alloc()
+			bid, err := s.beIDs.Alloc()
 			if err != nil {
 				plans[n] = p
 				freeIDs()
 				return fmt.Errorf("backend id: %w", err)
 			}
-			p.entries = append(p.entries, beEntry{id: bid, b: b})
+			p.entries = append(p.entries, lbmap.Entry{ID: bid, Backend: b})
 			beKeys = append(beKeys, bid)
 			beVals = append(beVals, backendVal(b, f.Key.Proto, id))
 			slotKeys = append(slotKeys, svcKey(f.Key, uint16(len(p.entries))))
 			slotVals = append(slotVals, sockLBLbSvcVal{Id: bid})
 		}
-		if secs := affinitySeconds(f.Affinity); secs > 0 {
-			p.master.Flags |= lbFlagAffinity
+		if secs := lbmap.AffinitySeconds(f.Affinity); secs > 0 {
+			p.master.Flags |= lbmap.FlagAffinity
 			p.master.AffinityTimeout = secs
 		}
 		plans[n] = p
@@ -160,20 +161,20 @@ func (s *SockLB) batchNewLocked(fs []lb.Frontend, idx []int) error {
 	if err := batchPut(s.objs.AxonLbBe, beKeys, beVals); err != nil {
 		rollbackBe()
 		freeIDs()
-		return fmt.Errorf("write backends: %w", mapFullHint(err, MapLBBackend))
+		return fmt.Errorf("write backends: %w", lbmap.MapFullHint(err, MapLBBackend))
 	}
 	if err := batchPut(s.objs.AxonLbSvc, slotKeys, slotVals); err != nil {
 		rollbackSvc(slotKeys)
 		rollbackBe()
 		freeIDs()
-		return fmt.Errorf("write slots: %w", mapFullHint(err, MapLBService))
+		return fmt.Errorf("write slots: %w", lbmap.MapFullHint(err, MapLBService))
 	}
 	if err := batchPut(s.objs.AxonLbSvc, mKeys, mVals); err != nil {
 		rollbackSvc(mKeys)
 		rollbackSvc(slotKeys)
 		rollbackBe()
 		freeIDs()
-		return fmt.Errorf("write master entries: %w", mapFullHint(err, MapLBService))
+		return fmt.Errorf("write master entries: %w", lbmap.MapFullHint(err, MapLBService))
 	}
 	for n, i := range idx {
 		f, p := fs[i], plans[n]

@@ -1,4 +1,4 @@
-package datapath
+package socklb
 
 import (
 	"bufio"
@@ -374,6 +374,6 @@ func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 	t.Helper()
 	c := nsConf(t, ns)
 	for _, cidr := range cidrs {
-		c.addr("lo", cidr)
+		c.Addr("lo", cidr)
 	}
 }
