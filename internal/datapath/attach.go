@@ -10,21 +10,13 @@ import (
 )
 
 const (
-	rolePod    = "pod"
-	roleUplink = "uplink"
-
-	// legacyHandle identifies axon's cls_bpf filter of the pod and uplink
-	// programs on a device's clsact ingress hook, so it is replaced in place
-	// and removed precisely.
-	legacyHandle = 0xa10
+	rolePod    = RolePod
+	roleUplink = RoleUplink
 )
 
 // podHook is where the program of role (rolePod, roleUplink) goes: the tc
-// ingress, with a tcx link or (attach mode legacy) a cls_bpf filter
-// "axon_<role>".
-func podHook(role, attachMode string) Hook {
-	return Hook{Role: role, Legacy: attachMode == ModeLegacy, Handle: legacyHandle, Filter: "axon_" + role}
-}
+// ingress, with a tcx link or (attach mode legacy) a cls_bpf filter.
+func podHook(role, attachMode string) Hook { return TCHook(role, attachMode == ModeLegacy) }
 
 func (d *Datapath) hook(role string) Hook { return podHook(role, d.attachMode) }
 

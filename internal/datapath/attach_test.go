@@ -58,7 +58,7 @@ func axonFilters(t *testing.T, dev string) []*netlink.BpfFilter {
 	}
 	var out []*netlink.BpfFilter
 	for _, f := range fs {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == legacyHandle {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == podHook(rolePod, ModeLegacy).Handle {
 			out = append(out, bf)
 		}
 	}

@@ -50,13 +50,6 @@ var bwStatNames = []string{
 	"egress_with_socket",   // limited packet still carries skb->sk (TCP small queues back-pressure works)
 }
 
-// roleBWM names the link pin: <pinDir>/links/<tcx|tc>-bwm-<uplink>. The
-// datapath's pin listing (listLinkPins) ignores the role.
-const roleBWM = "bwm"
-
-// legacyEgressHandle identifies the cls_bpf filter on clsact egress.
-const legacyEgressHandle = 0xa16
-
 // BWMConfig selects where the Bandwidth Manager program is attached.
 type BWMConfig struct {
 	PinDir     string // bpffs dir of the node (same as Config.PinDir)
@@ -162,15 +155,9 @@ func (b *BWM) Attach() error {
 	return nil
 }
 
-// bwmHook is the program's place: the uplink's tc egress, filter "axon_bwm"
-// in legacy mode.
-var bwmHook = Hook{Role: roleBWM, Egress: true, Handle: legacyEgressHandle, Filter: "axon_bwm"}
-
-func (b *BWM) hook() Hook {
-	h := bwmHook
-	h.Legacy = b.mode == ModeLegacy
-	return h
-}
+// hook is the program's place: the uplink's tc egress (RoleBandwidth, pins
+// links/<tcx|tc>-bwm-<uplink>).
+func (b *BWM) hook() Hook { return TCHook(RoleBandwidth, b.mode == ModeLegacy) }
 
 // Attached reports whether the program is attached to the uplink's egress
 // right now (the pinned link is alive on the device, or the filter exists).
@@ -189,7 +176,7 @@ func (b *BWM) Attached() bool {
 func (b *BWM) Detach() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return Detach(b.cfg.PinDir, b.cfg.Uplink, bwmHook)
+	return Detach(b.cfg.PinDir, b.cfg.Uplink, TCHook(RoleBandwidth, false))
 }
 
 // UninstallBWM detaches the Bandwidth Manager from uplink and removes every
@@ -198,7 +185,7 @@ func (b *BWM) Detach() error {
 func UninstallBWM(pinDir, uplink string) error {
 	var errs []error
 	if uplink != "" {
-		errs = append(errs, Detach(pinDir, uplink, bwmHook))
+		errs = append(errs, Detach(pinDir, uplink, TCHook(RoleBandwidth, false)))
 	}
 	// The ingress policer reads the pinned maps from the pod programs:
 	// close its gate and empty them rather than unpinning (the programs

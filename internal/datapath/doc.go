@@ -1,9 +1,19 @@
 // Package datapath loads, attaches and pins axon's BPF programs and owns the
 // endpoint and metrics maps they share.
 //
-// Programs (bpf/*.c, compiled by bpf2go, see gen.go):
-//   - axon_pod_egress on the tc ingress of every pod's host-side veth;
-//   - axon_uplink_ingress on the tc ingress of the node uplink.
+// Programs (bpf/*.c, compiled by bpf2go, see gen*.go), with the role that
+// names their pins (the registry in links.go):
+//   - axon_pod_egress (bpf/pod_egress.c) on the tc ingress of every pod's
+//     host-side veth, or the peer of a netkit pair (role pod);
+//   - axon_uplink_ingress (bpf/uplink_ingress.c) on the tc ingress of the
+//     node uplink (role uplink);
+//   - axon_uplink_egress (bpf/uplink_egress.c, the Bandwidth Manager, BWM)
+//     on the uplink's tc egress (role bwm);
+//   - axon_lb_ingress, axon_lb_egress, axon_lb_decap (bpf/lb_tc.c) and
+//     axon_lb_xdp (bpf/lb_xdp.c), the nodeport LB (NodePortLB), on the
+//     uplink (roles lbin, lbout, lbxdp; lbdecap on a DSR backend).
+//
+// The socket LB's programs are package socklb's.
 //
 // Everything is per network namespace: call Load and the Datapath methods
 // from the node's netns. Maps are pinned by name under Config.PinDir and links
@@ -26,4 +36,8 @@
 //	links/tcx-pod-<ifname>                 tcx link of a pod's program
 //	links/tc-uplink-<ifname>, tc-pod-<ifname>  legacy mode: the program attached
 //	                                       with a cls_bpf filter (a marker for GC/Uninstall)
+//	links/nkpeer-pod-<ifname>, nkprim-pod-<ifname>  the two netkit links of a netkit pod
+//	links/{tcx,tc}-bwm-<uplink>            the Bandwidth Manager; axon_bw_* its maps
+//	links/{tcx,tc}-{lbin,lbout}-<ifname>, xdp-lbxdp-<ifname>, {tcx,tc}-lbdecap-<ifname>
+//	                                       the nodeport LB; axon_np_*, axon_lb_maglev its maps
 package datapath

@@ -89,6 +89,48 @@ type Hook struct {
 	Filter string // cls_bpf filter name, e.g. "axon_pod"
 }
 
+// The link-pin registry: the role of every program axon attaches to a
+// device, which names its pins links/<kind>-<role>-<ifname>, and for the tc
+// programs the hook and cls_bpf filter (TCHook). Pin names and filter
+// handles are a contract with running nodes: a restarted agent finds and
+// adopts its attachments by them.
+const (
+	RolePod       = "pod"     // axon_pod_egress: tc ingress of a pod's host-side veth, or the netkit peer
+	RoleUplink    = "uplink"  // axon_uplink_ingress: tc ingress of the uplink
+	RoleBandwidth = "bwm"     // axon_uplink_egress (Bandwidth Manager): tc egress of the uplink
+	RoleLBIn      = "lbin"    // axon_lb_ingress (nodeport LB): tc ingress of the uplink, first in the chain
+	RoleLBOut     = "lbout"   // axon_lb_egress (nodeport LB): tc egress of the uplink, first in the chain
+	RoleLBDecap   = "lbdecap" // axon_lb_decap (DSR backend): tc ingress, first in the chain
+	RoleLBXDP     = "lbxdp"   // axon_lb_xdp (nodeport LB): XDP link of the uplink
+)
+
+// TCHooks lists the tc hooks of the registry. Hooks that can share a
+// device (the uplink's) have distinct filter handles per direction; all
+// filters have prio LegacyPrio, and cls_bpf runs the filters of one prio
+// newest first (the LB attaches after the datapath, so it runs first).
+func TCHooks() []Hook {
+	return []Hook{
+		{Role: RolePod, Handle: 0xa10, Filter: "axon_pod"},
+		{Role: RoleUplink, Handle: 0xa10, Filter: "axon_uplink"},
+		{Role: RoleBandwidth, Egress: true, Handle: 0xa16, Filter: "axon_bwm"},
+		{Role: RoleLBIn, First: true, Handle: 0xa17, Filter: "axon_lb"},
+		{Role: RoleLBOut, Egress: true, First: true, Handle: 0xa17, Filter: "axon_lb"},
+		{Role: RoleLBDecap, First: true, Handle: 0xa18, Filter: "axon_lb"}, // a node can be LB and DSR backend
+	}
+}
+
+// TCHook is the registry's hook of role, attached with a tcx link, or with
+// legacy set as a cls_bpf filter. An unknown role is a programming error.
+func TCHook(role string, legacy bool) Hook {
+	for _, h := range TCHooks() {
+		if h.Role == role {
+			h.Legacy = legacy
+			return h
+		}
+	}
+	panic("datapath: no tc hook with role " + role)
+}
+
 func (h Hook) parent() uint32 {
 	if h.Egress {
 		return netlink.HANDLE_MIN_EGRESS

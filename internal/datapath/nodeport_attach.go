@@ -17,29 +17,17 @@ const (
 )
 
 // Pins of the LB's attachments: <pinDir>/links/<kind>-<role>-<ifname>, with
-// roles the datapath's own pin listing ignores.
+// roles of the registry (TCHooks) the datapath's own pin listing ignores.
 const (
-	npRoleIn  = "lbin"    // tc ingress
-	npRoleOut = "lbout"   // tc egress
-	npRoleXDP = "lbxdp"   // XDP
-	npRoleDec = "lbdecap" // tc ingress of a DSR backend
-
-	// npLegacyHandle: the LB's cls_bpf filters in legacy mode (prio 1 like
-	// axon's uplink filter 0xa10; cls_bpf runs filters of one prio newest
-	// first, and the LB attaches after the datapath).
-	npLegacyHandle = 0xa17
-	npDecapHandle  = 0xa18 // the decap filter, so a node can be LB and DSR backend
+	npRoleIn  = RoleLBIn    // tc ingress
+	npRoleOut = RoleLBOut   // tc egress
+	npRoleXDP = RoleLBXDP   // XDP
+	npRoleDec = RoleLBDecap // tc ingress of a DSR backend
 )
 
 // npHook is the place of the LB's tc program of role (npRoleIn, npRoleOut,
 // npRoleDec): first in the tcx chain, or filter "axon_lb" in legacy mode.
-func npHook(role string, legacy bool) Hook {
-	h := Hook{Role: role, Egress: role == npRoleOut, Legacy: legacy, First: true, Handle: npLegacyHandle, Filter: "axon_lb"}
-	if role == npRoleDec {
-		h.Handle = npDecapHandle
-	}
-	return h
-}
+func npHook(role string, legacy bool) Hook { return TCHook(role, legacy) }
 
 // Attachment says what Attach attached.
 type Attachment struct {
@@ -219,5 +207,8 @@ func listNPLinkPins(pinDir string) ([]LinkPin, error) {
 
 // detachNPPin removes one LB attachment and its pin.
 func detachNPPin(p LinkPin) error {
-	return DetachPin(p, npHook(p.Role, p.Kind == PinTC))
+	if p.Kind != PinTC {
+		return DetachLink(p) // tcx, XDP
+	}
+	return DetachPin(p, npHook(p.Role, true))
 }

@@ -122,8 +122,9 @@ func TestNodePortLegacyOrder(t *testing.T) {
 		for _, x := range fl {
 			handles = append(handles, x.Attrs().Handle)
 		}
-		if len(handles) != 2 || handles[0] != npLegacyHandle || handles[1] != legacyHandle {
-			t.Errorf("ingress filters in run order: %#x, want the LB (%#x) before axon's (%#x)", handles, npLegacyHandle, legacyHandle)
+		lbHandle, upHandle := npHook(npRoleIn, true).Handle, podHook(roleUplink, ModeLegacy).Handle
+		if len(handles) != 2 || handles[0] != lbHandle || handles[1] != upHandle {
+			t.Errorf("ingress filters in run order: %#x, want the LB (%#x) before axon's (%#x)", handles, lbHandle, upHandle)
 		}
 		if err := f.n.Detach("eth0"); err != nil {
 			t.Error(err)

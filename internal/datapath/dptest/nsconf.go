@@ -40,6 +40,7 @@ func NSConf(t testing.TB, ns string) *NSCfg {
 	return &NSCfg{T: t, NS: ns, H: h}
 }
 
+// Link is the device name in the netns.
 func (c *NSCfg) Link(name string) netlink.Link {
 	c.T.Helper()
 	l, err := c.H.LinkByName(name)
@@ -49,6 +50,7 @@ func (c *NSCfg) Link(name string) netlink.Link {
 	return l
 }
 
+// Index is the ifindex of device name.
 func (c *NSCfg) Index(name string) int { return c.Link(name).Attrs().Index }
 
 // Veth adds a veth pair name/peer. Optional MACs may be empty; peerNS, when
@@ -75,6 +77,7 @@ func (c *NSCfg) Veth(name, mac, peer, peerMAC, peerNS string) {
 	}
 }
 
+// Up sets the devices up.
 func (c *NSCfg) Up(names ...string) {
 	c.T.Helper()
 	for _, n := range names {
@@ -84,7 +87,7 @@ func (c *NSCfg) Up(names ...string) {
 	}
 }
 
-// addr adds cidr to dev; IPv6 addresses skip DAD (like `nodad`).
+// Addr adds cidr to dev; IPv6 addresses skip DAD (like `nodad`).
 func (c *NSCfg) Addr(dev, cidr string) {
 	c.T.Helper()
 	a, err := netlink.ParseAddr(cidr)
@@ -99,6 +102,7 @@ func (c *NSCfg) Addr(dev, cidr string) {
 	}
 }
 
+// IPNet parses the CIDR s or fails the test.
 func IPNet(t testing.TB, s string) *net.IPNet {
 	t.Helper()
 	p, err := netip.ParsePrefix(s)
@@ -108,7 +112,7 @@ func IPNet(t testing.TB, s string) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// route adds dst ("default" or a prefix) via gw (may be empty) on dev (may
+// Route adds dst ("default" or a prefix) via gw (may be empty) on dev (may
 // be empty); with neither it is an unreachable route.
 func (c *NSCfg) Route(dst, gw, dev string) {
 	c.T.Helper()
@@ -136,7 +140,7 @@ func (c *NSCfg) Route(dst, gw, dev string) {
 	}
 }
 
-// neigh sets a PERMANENT neighbour entry (ip neigh replace ... nud permanent).
+// Neigh sets a PERMANENT neighbour entry (ip neigh replace ... nud permanent).
 func (c *NSCfg) Neigh(dev, ip, mac string) {
 	c.T.Helper()
 	addr := net.ParseIP(ip)
@@ -151,7 +155,7 @@ func (c *NSCfg) Neigh(dev, ip, mac string) {
 	}
 }
 
-// sysctl writes a net.* sysctl of this netns ("net.ipv4.ip_forward", "1").
+// Sysctl writes a net.* sysctl of this netns ("net.ipv4.ip_forward", "1").
 func (c *NSCfg) Sysctl(key, val string) {
 	c.T.Helper()
 	path := filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/"))
@@ -162,7 +166,7 @@ func (c *NSCfg) Sysctl(key, val string) {
 	})
 }
 
-// noBridgeNetfilter keeps br_netfilter off this netns' bridges, as on a
+// NoBridgeNetfilter keeps br_netfilter off this netns' bridges, as on a
 // switch; with it, some kernels drop IPv6 BIG TCP packets at the bridge port
 // (package brnf).
 func (c *NSCfg) NoBridgeNetfilter() {
@@ -172,7 +176,7 @@ func (c *NSCfg) NoBridgeNetfilter() {
 	}
 }
 
-// procNet reads /proc/net/<file> as seen from this netns (thread-self: the
+// ProcNet reads /proc/net/<file> as seen from this netns (thread-self: the
 // calling thread is the one switched into the netns).
 func (c *NSCfg) ProcNet(file string) string {
 	c.T.Helper()
