@@ -26,7 +26,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
-	"github.com/axonhq/axon/internal/datapath"
+	dpbw "github.com/axonhq/axon/internal/datapath/bandwidth"
 )
 
 // DefaultBandwidthHorizon is fq's default drop horizon for EDT stamps.
@@ -40,7 +40,7 @@ const DecisionBandwidth = "bandwidth_manager"
 const bandwidthCheckEvery = 2 * time.Second
 
 // bwLoader loads the BPF side; tests may replace it.
-type bwLoader func(uplink string) (*datapath.BWM, error)
+type bwLoader func(uplink string) (*dpbw.Manager, error)
 
 // bandwidth is the Bandwidth Manager state of the agent. Its own mutex: the
 // qdisc watch runs outside the reconcile.
@@ -50,7 +50,7 @@ type bandwidth struct {
 	load bwLoader
 
 	mu         sync.Mutex
-	bpf        *datapath.BWM
+	bpf        *dpbw.Manager
 	nl         *netlink.Handle
 	uplink     string
 	loadErr    string
@@ -72,8 +72,8 @@ type bandwidth struct {
 func newBandwidth(cfg Config, log *slog.Logger) *bandwidth {
 	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), problems: map[string]string{},
 		reported: map[string]string{}, bbrDone: map[string]bool{}, gsoOrig: map[string]uint32{}}
-	b.load = func(uplink string) (*datapath.BWM, error) {
-		m, err := datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
+	b.load = func(uplink string) (*dpbw.Manager, error) {
+		m, err := dpbw.Load(dpbw.Config{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
 			Logger: b.log})
 		if err == nil {
 			m.SetEgressSlack(bwm.EgressSlack) // catch-up credit after late packets (docs/bandwidth.md)
@@ -117,7 +117,7 @@ func (a *Agent) reconcileBandwidth() {
 	if !a.cfg.BandwidthManager {
 		if !b.offDone {
 			b.offDone = true
-			if err := datapath.UninstallBWM(a.cfg.BPFRoot, uplink); err != nil {
+			if err := dpbw.Uninstall(a.cfg.BPFRoot, uplink); err != nil {
 				b.log.Warn("--bandwidth-manager=false: could not remove the limits of a previous run", "error", err)
 			}
 		}
@@ -164,17 +164,17 @@ func (a *Agent) reconcileBandwidth() {
 // desiredBandwidth reads every registered endpoint's Pod annotations.
 // Invalid values leave their direction unlimited, log a line and raise one
 // Warning Event per pod and value.
-func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
+func (a *Agent) desiredBandwidth(b *bandwidth) []dpbw.Limit {
 	k := a.kubeClient()
 	if k == nil || !k.isSynced() {
 		// unknown annotations: keep what the maps hold (no flush on restart)
-		var keep []datapath.BWLimit
+		var keep []dpbw.Limit
 		if rows, err := b.bpf.List(); err == nil {
-			byID := map[uint32]*datapath.BWLimit{}
+			byID := map[uint32]*dpbw.Limit{}
 			for _, r := range rows {
 				l := byID[r.ID]
 				if l == nil {
-					l = &datapath.BWLimit{Addrs: r.Addrs}
+					l = &dpbw.Limit{Addrs: r.Addrs}
 					byID[r.ID] = l
 				}
 				if r.Dir == "egress" {
@@ -190,7 +190,7 @@ func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
 		return keep
 	}
 	rec := b.eventRecorder(k)
-	var want []datapath.BWLimit
+	var want []dpbw.Limit
 	problems := map[string]string{}
 	seen := map[string]bool{}
 	for _, ep := range a.reg.List() {
@@ -219,7 +219,7 @@ func (a *Agent) desiredBandwidth(b *bandwidth) []datapath.BWLimit {
 		if !lim.Limited() {
 			continue
 		}
-		want = append(want, datapath.BWLimit{Addrs: slices.Clone(ep.IPs), EgressBits: lim.Egress, IngressBits: lim.Ingress})
+		want = append(want, dpbw.Limit{Addrs: slices.Clone(ep.IPs), EgressBits: lim.Egress, IngressBits: lim.Ingress})
 	}
 	for rk := range b.reported {
 		if !seen[rk] {
@@ -270,7 +270,7 @@ func (b *bandwidth) ensureQdiscLocked() {
 // other packet of the pod waits behind them on the shared EDT clock
 // (docs/bandwidth.md: p99 under load 171 ms -> 40-58 ms at 10M). A pod whose
 // limit goes away gets its previous size back.
-func (b *bandwidth) ensurePodGSOLocked(eps []api.Endpoint, want []datapath.BWLimit) {
+func (b *bandwidth) ensurePodGSOLocked(eps []api.Endpoint, want []dpbw.Limit) {
 	egress := map[netip.Addr]uint64{}
 	for _, w := range want {
 		for _, ip := range w.Addrs {

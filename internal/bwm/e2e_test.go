@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
 )
 
 // The end-to-end topology (all namespaces created here, prefix axt-bw-):
@@ -45,7 +46,7 @@ type topo struct {
 	hostIf          string // host side of the pod veth
 	pin             string
 	dp              *datapath.Datapath
-	bwm             *datapath.BWM
+	bwm             *bandwidth.Manager
 	nodeNL          *netlink.Handle
 	virtio          bool
 	hostIfIndex     int
@@ -218,7 +219,7 @@ func newTopo(t *testing.T) *topo {
 		if err := tp.dp.UpsertEndpoint(datapath.Endpoint{IP: netip.MustParseAddr(podIP), IfIndex: tp.hostIfIndex, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
 			return err
 		}
-		tp.bwm, err = datapath.LoadBWM(datapath.BWMConfig{PinDir: tp.pin, Uplink: "eth0"})
+		tp.bwm, err = bandwidth.Load(bandwidth.Config{PinDir: tp.pin, Uplink: "eth0"})
 		if err != nil {
 			return err
 		}
@@ -280,9 +281,9 @@ func (p edtPolicy) gso(bits uint64) uint32 {
 // setLimitWith programs the pod's limits under policy p.
 func (tp *topo) setLimitWith(egress, ingress uint64, p edtPolicy) {
 	tp.t.Helper()
-	var want []datapath.BWLimit
+	var want []bandwidth.Limit
 	if egress > 0 || ingress > 0 {
-		want = append(want, datapath.BWLimit{Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, EgressBits: egress, IngressBits: ingress})
+		want = append(want, bandwidth.Limit{Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, EgressBits: egress, IngressBits: ingress})
 	}
 	tp.bwm.SetEgressSlack(p.slack)
 	if err := tp.bwm.Apply(want, 2*time.Second); err != nil {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
 )
 
 // Offsets in struct __sk_buff (UAPI) for PROG_TEST_RUN.
@@ -79,10 +80,10 @@ func TestEDTSmallBypass(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 	nsRun(t, ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "p0")
 	pin := "/sys/fs/bpf/" + ns
-	var b *datapath.BWM
+	var b *bandwidth.Manager
 	inNetnsDo(t, ns, func() error {
 		var err error
-		b, err = datapath.LoadBWM(datapath.BWMConfig{PinDir: pin, Uplink: "eth0"})
+		b, err = bandwidth.Load(bandwidth.Config{PinDir: pin, Uplink: "eth0"})
 		return err
 	})
 	t.Cleanup(func() {
@@ -101,7 +102,7 @@ func TestEDTSmallBypass(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.SetEgressSlack(0)
-		if err := b.Apply([]datapath.BWLimit{{Addrs: []netip.Addr{pod}, EgressBits: bits}}, 2*time.Second); err != nil {
+		if err := b.Apply([]bandwidth.Limit{{Addrs: []netip.Addr{pod}, EgressBits: bits}}, 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if err := setEgressFlags(pin, pod, flags); err != nil {
@@ -140,7 +141,7 @@ func TestEDTSmallBypass(t *testing.T) {
 	if want := d3 + charge(big); d4 != want {
 		t.Errorf("bypass beyond %v ahead: small packet departs %v after the first, want %v", time.Duration(ms(100)), time.Duration(d4-d1), time.Duration(want-d1))
 	}
-	got, err := podBytes(pin, datapath.BWEgress)
+	got, err := podBytes(pin, bandwidth.Egress)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
 )
 
 // scalePod is one of the many limited pods of TestEDTScale64Pods.
@@ -192,13 +193,13 @@ func TestEDTScale64Pods(t *testing.T) {
 	const n = 64
 	tp := newTopo(t)
 	pods := tp.addPods(t, n)
-	var want []datapath.BWLimit
+	var want []bandwidth.Limit
 	for i := range pods {
 		pods[i].bits = 1_000_000
 		if i%2 == 1 {
 			pods[i].bits = 1_500_000
 		}
-		want = append(want, datapath.BWLimit{Addrs: []netip.Addr{pods[i].ip}, EgressBits: pods[i].bits})
+		want = append(want, bandwidth.Limit{Addrs: []netip.Addr{pods[i].ip}, EgressBits: pods[i].bits})
 	}
 	tp.bwm.SetEgressSlack(agentPolicy.slack)
 	if err := tp.bwm.Apply(want, 2*time.Second); err != nil {
@@ -232,14 +233,14 @@ func TestEDTScale64Pods(t *testing.T) {
 		}
 	}
 	time.Sleep(3 * time.Second) // every flow at its limit
-	l2a, err := podBytes(tp.pin, datapath.BWEgress)
+	l2a, err := podBytes(tp.pin, bandwidth.Egress)
 	if err != nil {
 		stopAll()
 		t.Fatal(err)
 	}
 	gpa, t0 := sink.snapshot(), time.Now()
 	time.Sleep(measureDur)
-	l2b, err := podBytes(tp.pin, datapath.BWEgress)
+	l2b, err := podBytes(tp.pin, bandwidth.Egress)
 	gpb, t1 := sink.snapshot(), time.Now()
 	stopAll()
 	if err != nil {

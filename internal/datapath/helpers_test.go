@@ -25,9 +25,24 @@ var (
 	ethHdr          = dptest.EthHdr
 	udpPayload      = dptest.UDPPayload
 	mapLen          = dptest.MapLen
+	runEDT          = dptest.RunEDT
+	runEDTCtx       = dptest.RunEDTCtx
+	monoNow         = dptest.MonoNow
+	bigTCP4         = dptest.BigTCP4
 )
 
-type nsCfg = dptest.NSCfg
+type (
+	nsCfg     = dptest.NSCfg
+	skbFields = dptest.SKBFields
+	edtRun    = dptest.EDTRun
+)
+
+const (
+	tcActOK       = dptest.TCActOK
+	tcActShot     = dptest.TCActShot
+	tcActRedirect = dptest.TCActRedirect
+	skbOffIfindex = dptest.SKBOffIfindex
+)
 
 // newPinDir returns a fresh pin dir under /sys/fs/bpf, removed at cleanup.
 func newPinDir(t testing.TB) string {

@@ -12,11 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const (
-	tcActOK       = 0
-	tcActRedirect = 7
-)
-
 // progFixture is a scratch node netns with a pod device, an uplink with
 // routes and neighbours, and a datapath loaded (not attached) in it.
 type progFixture struct {
@@ -117,19 +112,6 @@ func skbCtx(ifindex int) []byte {
 	b := make([]byte, skbOffIfindex+4)
 	binary.LittleEndian.PutUint32(b[skbOffIfindex:], uint32(ifindex))
 	return b
-}
-
-// bigTCP4 turns an IPv4 frame into what IPv4 BIG TCP hands a device for a
-// GSO packet over 64 KiB: TCP with tot_len 0 (the length is skb->len), and a
-// valid header checksum.
-func bigTCP4(frame []byte, proto byte) []byte {
-	out := append([]byte(nil), frame...)
-	ihl := int(out[14]&0x0f) * 4
-	out[14+9] = proto
-	out[14+2], out[14+3] = 0, 0
-	out[14+10], out[14+11] = 0, 0
-	binary.BigEndian.PutUint16(out[14+10:], csum16(out[14:14+ihl]))
-	return out
 }
 
 type progCase struct {
@@ -269,7 +251,7 @@ func TestPrograms(t *testing.T) {
 			inNetns(t, f.ns, func() {
 				ctx := skbCtx(ifindex)
 				if tc.gso {
-					ctx = skbFields{ifindex: ifindex, gsoSize: 1448, gsoSegs: 2}.ctx()
+					ctx = skbFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
 				}
 				opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: ctx}
 				verdict, err = prog.Run(opts)

@@ -307,3 +307,16 @@ func MapLen(t testing.TB, m *ebpf.Map) int {
 	}
 	return n
 }
+
+// BigTCP4 turns an IPv4 frame into what IPv4 BIG TCP hands a device for a
+// GSO packet over 64 KiB: TCP with tot_len 0 (the length is skb->len), and a
+// valid header checksum.
+func BigTCP4(frame []byte, proto byte) []byte {
+	out := append([]byte(nil), frame...)
+	ihl := int(out[14]&0x0f) * 4
+	out[14+9] = proto
+	out[14+2], out[14+3] = 0, 0
+	out[14+10], out[14+11] = 0, 0
+	binary.BigEndian.PutUint16(out[14+10:], Csum16(out[14:14+ihl]))
+	return out
+}

@@ -1,4 +1,4 @@
-package datapath
+package bandwidth
 
 import (
 	"errors"
@@ -14,28 +14,14 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/vishvananda/netlink"
-)
 
-// Bandwidth Manager (issue 6; bpf/uplink_egress.c, maps in bpf/lib/edt.h).
-// BWM loads the uplink egress EDT program, attaches it to the uplink's tc
-// egress and is the only writer of the limit maps. The ingress policer runs
-// inside the pod_egress / uplink_ingress programs and reads the same pinned
-// maps.
-
-// Map names, pinned by name under the node's pin dir.
-const (
-	MapBWAddr  = "axon_bw_addr"
-	MapBWState = "axon_bw_state"
-	MapBWStats = "axon_bw_stats"
-	// MapBWGate: [0] = 1 while some pod has an ingress limit (the
-	// policer skips its lookup otherwise).
-	MapBWGate = "axon_bw_gate"
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // BW directions (enum axon_bw_dir).
 const (
-	BWEgress  uint8 = 0
-	BWIngress uint8 = 1
+	Egress  uint8 = 0
+	Ingress uint8 = 1
 )
 
 // bwStatNames mirror enum axon_bw_stat (same order).
@@ -50,33 +36,33 @@ var bwStatNames = []string{
 	"egress_with_socket",   // limited packet still carries skb->sk (TCP small queues back-pressure works)
 }
 
-// BWMConfig selects where the Bandwidth Manager program is attached.
-type BWMConfig struct {
+// Config selects where the Bandwidth Manager program is attached.
+type Config struct {
 	PinDir     string // bpffs dir of the node (same as Config.PinDir)
 	Uplink     string // device whose egress gets the EDT program
 	AttachMode string // auto | tcx | legacy
 	Logger     *slog.Logger
 }
 
-// BWM is the loaded Bandwidth Manager of one node. Safe for concurrent use;
+// Manager is the loaded Bandwidth Manager of one node. Safe for concurrent use;
 // call it from the netns it was loaded in.
-type BWM struct {
-	cfg   BWMConfig
+type Manager struct {
+	cfg   Config
 	slack time.Duration // egress catch-up window written with every egress limit
 	log   *slog.Logger
 	objs  uplinkEgressObjects
-	mode  string // ModeTCX | ModeLegacy
+	mode  string // datapath.ModeTCX | datapath.ModeLegacy
 	mu    sync.Mutex
 }
 
 type bwState = uplinkEgressBwState
 type bwStateKey = uplinkEgressBwStateKey
 
-// LoadBWM loads the EDT program with the limit maps pinned under cfg.PinDir
+// Load loads the EDT program with the limit maps pinned under cfg.PinDir
 // (reused when present: limits survive an agent restart) and attaches it to
 // the uplink's egress (an existing pinned link is updated in place).
-func LoadBWM(cfg BWMConfig) (*BWM, error) {
-	b, err := loadBWMObjects(cfg)
+func Load(cfg Config) (*Manager, error) {
+	b, err := loadObjects(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -88,14 +74,14 @@ func LoadBWM(cfg BWMConfig) (*BWM, error) {
 	return b, nil
 }
 
-func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
+func loadObjects(cfg Config) (*Manager, error) {
 	if cfg.PinDir == "" {
 		return nil, errors.New("load bandwidth manager: pin dir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := EnsurePinDir(cfg.PinDir); err != nil {
+	if err := datapath.EnsurePinDir(cfg.PinDir); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: %w", err)
 	}
 	spec, err := loadUplinkEgress()
@@ -103,44 +89,44 @@ func loadBWMObjects(cfg BWMConfig) (*BWM, error) {
 		return nil, fmt.Errorf("load bandwidth manager: parse uplink_egress object: %w", err)
 	}
 	setTstamp := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnSkbSetTstamp) == nil
-	if err := spec.Variables["cfg_set_tstamp"].Set(BoolU8(setTstamp)); err != nil {
+	if err := spec.Variables["cfg_set_tstamp"].Set(datapath.BoolU8(setTstamp)); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager: set cfg_set_tstamp: %w", err)
 	}
-	b := &BWM{cfg: cfg, log: cfg.Logger, slack: DefaultEgressSlack}
+	b := &Manager{cfg: cfg, log: cfg.Logger, slack: DefaultEgressSlack}
 	switch {
-	case cfg.AttachMode == ModeLegacy:
-		b.mode = ModeLegacy
-	case ProbeTCX().Available:
-		b.mode = ModeTCX
-	case cfg.AttachMode == ModeTCX:
+	case cfg.AttachMode == datapath.ModeLegacy:
+		b.mode = datapath.ModeLegacy
+	case datapath.ProbeTCX().Available:
+		b.mode = datapath.ModeTCX
+	case cfg.AttachMode == datapath.ModeTCX:
 		return nil, errors.New("load bandwidth manager: attach mode tcx requested but the kernel has no tcx: use auto or legacy")
 	default:
-		b.mode = ModeLegacy
+		b.mode = datapath.ModeLegacy
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&b.objs, opts); err != nil {
-		return nil, fmt.Errorf("load bandwidth manager program: %w", VerifierDetail(IncompatibleHint(err, cfg.PinDir)))
+		return nil, fmt.Errorf("load bandwidth manager program: %w", datapath.VerifierDetail(datapath.IncompatibleHint(err, cfg.PinDir)))
 	}
 	return b, nil
 }
 
 // SetEgressSlack sets the catch-up window written with egress limits from
 // the next Apply on (0 = strict EDT, every late packet loses its time).
-func (b *BWM) SetEgressSlack(d time.Duration) {
+func (b *Manager) SetEgressSlack(d time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.slack = max(d, 0)
 }
 
 // AttachMode returns "tcx" or "legacy".
-func (b *BWM) AttachMode() string { return b.mode }
+func (b *Manager) AttachMode() string { return b.mode }
 
 // Uplink returns the device the program is attached to.
-func (b *BWM) Uplink() string { return b.cfg.Uplink }
+func (b *Manager) Uplink() string { return b.cfg.Uplink }
 
-// Attach (re)attaches the program to the uplink's egress. Idempotent.
-func (b *BWM) Attach() error {
-	if err := ValidIfname(b.cfg.Uplink); err != nil {
+// datapath.Attach (re)attaches the program to the uplink's egress. Idempotent.
+func (b *Manager) Attach() error {
+	if err := datapath.ValidIfname(b.cfg.Uplink); err != nil {
 		return fmt.Errorf("attach bandwidth manager: uplink: %w", err)
 	}
 	b.mu.Lock()
@@ -149,56 +135,58 @@ func (b *BWM) Attach() error {
 	if err != nil {
 		return fmt.Errorf("attach bandwidth manager to %s: device not found in this netns: %w", b.cfg.Uplink, err)
 	}
-	if err := Attach(b.cfg.PinDir, dev, b.objs.AxonUplinkEgress, b.hook()); err != nil {
+	if err := datapath.Attach(b.cfg.PinDir, dev, b.objs.AxonUplinkEgress, b.hook()); err != nil {
 		return fmt.Errorf("attach bandwidth manager to %s: %w", b.cfg.Uplink, err)
 	}
 	return nil
 }
 
-// hook is the program's place: the uplink's tc egress (RoleBandwidth, pins
+// hook is the program's place: the uplink's tc egress (datapath.RoleBandwidth, pins
 // links/<tcx|tc>-bwm-<uplink>).
-func (b *BWM) hook() Hook { return TCHook(RoleBandwidth, b.mode == ModeLegacy) }
+func (b *Manager) hook() datapath.Hook {
+	return datapath.TCHook(datapath.RoleBandwidth, b.mode == datapath.ModeLegacy)
+}
 
-// Attached reports whether the program is attached to the uplink's egress
+// datapath.Attached reports whether the program is attached to the uplink's egress
 // right now (the pinned link is alive on the device, or the filter exists).
-func (b *BWM) Attached() bool {
+func (b *Manager) Attached() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	dev, err := netlink.LinkByName(b.cfg.Uplink)
 	if err != nil {
 		return false
 	}
-	return Attached(b.cfg.PinDir, dev, b.hook())
+	return datapath.Attached(b.cfg.PinDir, dev, b.hook())
 }
 
-// Detach removes the program from the uplink (limits stay in the maps but
+// datapath.Detach removes the program from the uplink (limits stay in the maps but
 // nothing paces). Idempotent.
-func (b *BWM) Detach() error {
+func (b *Manager) Detach() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return Detach(b.cfg.PinDir, b.cfg.Uplink, TCHook(RoleBandwidth, false))
+	return datapath.Detach(b.cfg.PinDir, b.cfg.Uplink, datapath.TCHook(datapath.RoleBandwidth, false))
 }
 
-// UninstallBWM detaches the Bandwidth Manager from uplink and removes every
+// Uninstall detaches the Bandwidth Manager from uplink and removes every
 // limit (used when the agent runs with --bandwidth-manager=false after a run
 // with it). Missing pins are fine.
-func UninstallBWM(pinDir, uplink string) error {
+func Uninstall(pinDir, uplink string) error {
 	var errs []error
 	if uplink != "" {
-		errs = append(errs, Detach(pinDir, uplink, TCHook(RoleBandwidth, false)))
+		errs = append(errs, datapath.Detach(pinDir, uplink, datapath.TCHook(datapath.RoleBandwidth, false)))
 	}
 	// The ingress policer reads the pinned maps from the pod programs:
 	// close its gate and empty them rather than unpinning (the programs
 	// hold them).
-	if m, err := ebpf.LoadPinnedMap(pinDir+"/"+MapBWGate, nil); err == nil {
+	if m, err := ebpf.LoadPinnedMap(pinDir+"/"+datapath.MapBWGate, nil); err == nil {
 		if err := m.Put(uint32(0), uint32(0)); err != nil {
-			errs = append(errs, fmt.Errorf("close %s: %w", MapBWGate, err))
+			errs = append(errs, fmt.Errorf("close %s: %w", datapath.MapBWGate, err))
 		}
 		m.Close()
 	} else if !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("open pinned %s: %w", MapBWGate, err))
+		errs = append(errs, fmt.Errorf("open pinned %s: %w", datapath.MapBWGate, err))
 	}
-	for _, name := range []string{MapBWAddr, MapBWState} {
+	for _, name := range []string{datapath.MapBWAddr, datapath.MapBWState} {
 		m, err := ebpf.LoadPinnedMap(pinDir+"/"+name, nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -232,20 +220,20 @@ func clearMap(m *ebpf.Map) error {
 }
 
 // Close releases file descriptors; pins and the attachment stay.
-func (b *BWM) Close() error { return b.objs.Close() }
+func (b *Manager) Close() error { return b.objs.Close() }
 
 // Program returns the EDT program (for tests and benchmarks).
-func (b *BWM) Program() *ebpf.Program { return b.objs.AxonUplinkEgress }
+func (b *Manager) Program() *ebpf.Program { return b.objs.AxonUplinkEgress }
 
-// BWLimit is the desired bandwidth of one pod.
-type BWLimit struct {
+// Limit is the desired bandwidth of one pod.
+type Limit struct {
 	Addrs       []netip.Addr // the pod's addresses (all share the limit)
 	EgressBits  uint64       // bits per second; 0 = no egress limit
 	IngressBits uint64       // bits per second; 0 = no ingress limit
 }
 
-// BWRow is one limit read back from the maps.
-type BWRow struct {
+// Row is one limit read back from the maps.
+type Row struct {
 	ID      uint32
 	Addrs   []netip.Addr
 	Dir     string // "egress" | "ingress"
@@ -275,7 +263,7 @@ func addrOfKey(k [16]byte) netip.Addr { return netip.AddrFrom16(k).Unmap() }
 // id (kept from the maps when any address already has one, so a rate change
 // keeps the running state), limits are written or removed, stale addresses
 // and ids are deleted. horizon is the egress drop horizon.
-func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
+func (b *Manager) Apply(want []Limit, horizon time.Duration) error {
 	if horizon <= 0 {
 		return fmt.Errorf("bandwidth horizon %s must be positive", horizon)
 	}
@@ -322,19 +310,19 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 				continue
 			}
 			if err := b.objs.AxonBwAddr.Put(bwKey(a), id); err != nil {
-				errs = append(errs, fmt.Errorf("write %s %s: %w", MapBWAddr, a, err))
+				errs = append(errs, fmt.Errorf("write %s %s: %w", datapath.MapBWAddr, a, err))
 			}
 		}
 		for _, d := range []struct {
 			dir  uint8
 			bits uint64
-		}{{BWEgress, w.EgressBits}, {BWIngress, w.IngressBits}} {
+		}{{Egress, w.EgressBits}, {Ingress, w.IngressBits}} {
 			if d.bits == 0 {
 				continue
 			}
 			k := bwStateKey{Id: id, Dir: d.dir}
 			keepState[k] = true
-			if d.dir == BWIngress {
+			if d.dir == Ingress {
 				ingress = 1
 			}
 			if err := b.putLimit(k, d.bits, horizon); err != nil {
@@ -345,7 +333,7 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 	// the ingress policer looks limits up only while one exists: open the
 	// gate after writing them, close it before deleting the last one
 	if err := b.objs.AxonBwGate.Put(uint32(0), ingress); err != nil {
-		errs = append(errs, fmt.Errorf("write %s: %w", MapBWGate, err))
+		errs = append(errs, fmt.Errorf("write %s: %w", datapath.MapBWGate, err))
 	}
 	// delete limits first, then addresses: a packet never sees an address
 	// whose id points at a half-written state.
@@ -359,11 +347,11 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 		}
 	}
 	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("iterate %s: %w", MapBWState, err))
+		errs = append(errs, fmt.Errorf("iterate %s: %w", datapath.MapBWState, err))
 	}
 	for _, k := range staleKeys {
 		if err := b.objs.AxonBwState.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete %s id %d dir %d: %w", MapBWState, k.Id, k.Dir, err))
+			errs = append(errs, fmt.Errorf("delete %s id %d dir %d: %w", datapath.MapBWState, k.Id, k.Dir, err))
 		}
 	}
 	for a := range cur {
@@ -371,7 +359,7 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 			continue
 		}
 		if err := b.objs.AxonBwAddr.Delete(bwKey(a)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete %s %s: %w", MapBWAddr, a, err))
+			errs = append(errs, fmt.Errorf("delete %s %s: %w", datapath.MapBWAddr, a, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -379,13 +367,13 @@ func (b *BWM) Apply(want []BWLimit, horizon time.Duration) error {
 
 // putLimit writes rate/horizon/burst, keeping the running time and tokens
 // of an existing entry so a live rate change does not reset the pacing.
-func (b *BWM) putLimit(k bwStateKey, bits uint64, horizon time.Duration) error {
+func (b *Manager) putLimit(k bwStateKey, bits uint64, horizon time.Duration) error {
 	rate := bits / 8
 	if rate == 0 {
 		rate = 1
 	}
 	burst := uint64(b.slack) // egress: catch-up window, ns
-	if k.Dir == BWIngress {
+	if k.Dir == Ingress {
 		burst = IngressBurst(bits) // ingress: bucket depth, bytes
 	}
 	var st bwState
@@ -397,23 +385,23 @@ func (b *BWM) putLimit(k bwStateKey, bits uint64, horizon time.Duration) error {
 		}
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		st = bwState{}
-		if k.Dir == BWIngress {
+		if k.Dir == Ingress {
 			st.Tokens = IngressBurst(bits) // a new bucket starts full
 		}
 	default:
-		return fmt.Errorf("read %s id %d: %w", MapBWState, k.Id, err)
+		return fmt.Errorf("read %s id %d: %w", datapath.MapBWState, k.Id, err)
 	}
 	st.Rate, st.Horizon, st.Burst = rate, uint64(horizon), burst
-	if k.Dir == BWIngress && int64(st.Tokens) > int64(st.Burst) { // signed balance
+	if k.Dir == Ingress && int64(st.Tokens) > int64(st.Burst) { // signed balance
 		st.Tokens = st.Burst
 	}
 	if err := b.objs.AxonBwState.Put(k, st); err != nil {
-		return fmt.Errorf("write %s id %d dir %d: %w", MapBWState, k.Id, k.Dir, err)
+		return fmt.Errorf("write %s id %d dir %d: %w", datapath.MapBWState, k.Id, k.Dir, err)
 	}
 	return nil
 }
 
-func (b *BWM) readAddrs() (map[netip.Addr]uint32, error) {
+func (b *Manager) readAddrs() (map[netip.Addr]uint32, error) {
 	out := map[netip.Addr]uint32{}
 	var k [16]byte
 	var id uint32
@@ -422,13 +410,13 @@ func (b *BWM) readAddrs() (map[netip.Addr]uint32, error) {
 		out[addrOfKey(k)] = id
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate %s: %w", MapBWAddr, err)
+		return nil, fmt.Errorf("iterate %s: %w", datapath.MapBWAddr, err)
 	}
 	return out, nil
 }
 
 // List reads every limit back from the maps, sorted by id and direction.
-func (b *BWM) List() ([]BWRow, error) {
+func (b *Manager) List() ([]Row, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	addrs, err := b.readAddrs()
@@ -439,15 +427,15 @@ func (b *BWM) List() ([]BWRow, error) {
 	for a, id := range addrs {
 		byID[id] = append(byID[id], a)
 	}
-	var rows []BWRow
+	var rows []Row
 	var k bwStateKey
 	var st bwState
 	it := b.objs.AxonBwState.Iterate()
 	for it.Next(&k, &st) {
 		as := byID[k.Id]
 		slices.SortFunc(as, func(x, y netip.Addr) int { return x.Compare(y) })
-		r := BWRow{ID: k.Id, Addrs: as, Bits: st.Rate * 8, Drops: st.Drops, Dir: "egress"}
-		if k.Dir == BWIngress {
+		r := Row{ID: k.Id, Addrs: as, Bits: st.Rate * 8, Drops: st.Drops, Dir: "egress"}
+		if k.Dir == Ingress {
 			r.Dir, r.Burst = "ingress", st.Burst
 		} else {
 			r.Horizon, r.Slack = time.Duration(st.Horizon), time.Duration(st.Burst)
@@ -455,9 +443,9 @@ func (b *BWM) List() ([]BWRow, error) {
 		rows = append(rows, r)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate %s: %w", MapBWState, err)
+		return nil, fmt.Errorf("iterate %s: %w", datapath.MapBWState, err)
 	}
-	slices.SortFunc(rows, func(x, y BWRow) int {
+	slices.SortFunc(rows, func(x, y Row) int {
 		if x.ID != y.ID {
 			return int(x.ID) - int(y.ID)
 		}
@@ -467,12 +455,12 @@ func (b *BWM) List() ([]BWRow, error) {
 }
 
 // Stats returns the node-wide counters summed over CPUs, by name.
-func (b *BWM) Stats() (map[string]uint64, error) {
+func (b *Manager) Stats() (map[string]uint64, error) {
 	out := make(map[string]uint64, len(bwStatNames))
 	for i, n := range bwStatNames {
 		var perCPU []uint64
 		if err := b.objs.AxonBwStats.Lookup(uint32(i), &perCPU); err != nil {
-			return nil, fmt.Errorf("read %s[%d] (%s): %w", MapBWStats, i, n, err)
+			return nil, fmt.Errorf("read %s[%d] (%s): %w", datapath.MapBWStats, i, n, err)
 		}
 		var s uint64
 		for _, v := range perCPU {
