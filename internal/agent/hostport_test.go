@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -310,7 +311,7 @@ func TestHostPortAgainstAPIServer(t *testing.T) {
 // loadHostPortWriters loads the socket LB on a private cgroup (never the
 // cgroup2 root) and the north-south LB's maps in a private pin dir; np is
 // nil with the error when the north-south LB does not load.
-func loadHostPortWriters(t *testing.T) (*socklb.LB, *datapath.NodePortLB, error) {
+func loadHostPortWriters(t *testing.T) (*socklb.LB, *nodeport.LB, error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs and pins maps")
@@ -334,7 +335,7 @@ func loadHostPortWriters(t *testing.T) (*socklb.LB, *datapath.NodePortLB, error)
 			t.Errorf("uninstall socket LB: %v", err)
 		}
 	})
-	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	np, err := nodeport.Load(nodeport.Options{
 		PinDir: pinDir, NodeName: "node1", NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
 		MaglevTableSize: 1021, Logger: testLogger(t),
 	})
@@ -343,7 +344,7 @@ func loadHostPortWriters(t *testing.T) (*socklb.LB, *datapath.NodePortLB, error)
 	}
 	t.Cleanup(func() {
 		np.Close()
-		if err := datapath.UninstallNodePortLB(pinDir); err != nil {
+		if err := nodeport.Uninstall(pinDir); err != nil {
 			t.Errorf("uninstall nodeport LB: %v", err)
 		}
 	})

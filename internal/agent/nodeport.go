@@ -1,6 +1,6 @@
 package agent
 
-// Issue 7: the north-south load balancer (datapath.NodePortLB) on the
+// Issue 7: the north-south load balancer (nodeport.LB) on the
 // uplink. It is loaded after the tc datapath, the socket LB and the first
 // Service sync (servicesFirst), attached per --lb-acceleration, and becomes
 // a second lb.Writer beside the socket LB
@@ -23,6 +23,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/healthcheck"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
@@ -35,7 +36,7 @@ const DecisionNodePortLB = "nodeport_lb"
 // ensureNodePort runs with dpMu held as well.
 type nodePort struct {
 	mu        sync.Mutex
-	np        *datapath.NodePortLB
+	np        *nodeport.LB
 	err       string // why it is not loaded / attached
 	attached  string // e.g. "xdp native on eth0", "tc (tcx) on eth0"
 	uplink    string
@@ -124,7 +125,7 @@ func (a *Agent) ensureNodePort() {
 	if !c.Enabled {
 		if !n.offDone {
 			n.offDone = true
-			if err := datapath.UninstallNodePortLB(a.cfg.BPFRoot); err != nil {
+			if err := nodeport.Uninstall(a.cfg.BPFRoot); err != nil {
 				a.log.Warn("--nodeport=false: could not remove the north-south LB of a previous run", "error", err)
 			}
 		}
@@ -152,7 +153,7 @@ func (a *Agent) ensureNodePort() {
 		} else {
 			a.log.Warn("nodeport LB: read the uplink MTU, DSR SYN-ACKs keep their MSS", "uplink", up, "error", err)
 		}
-		np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+		np, err := nodeport.Load(nodeport.Options{
 			UplinkMTU:       mtu,
 			PinDir:          a.cfg.BPFRoot,
 			NodeName:        a.cfg.NodeName,
@@ -243,10 +244,10 @@ func hashSeed(s string) uint32 {
 }
 
 // npFrontendOptions gives the datapath a frontend's Maglev table and source
-// ranges (datapath.NodePortLB.SetFrontendOptions).
-func (a *Agent) npFrontendOptions(f lb.Frontend) datapath.FrontendOptions {
+// ranges (nodeport.LB.SetFrontendOptions).
+func (a *Agent) npFrontendOptions(f lb.Frontend) nodeport.FrontendOptions {
 	c := a.cfg.NodePortLB
-	o := datapath.FrontendOptions{SourceRanges: f.SourceRanges}
+	o := nodeport.FrontendOptions{SourceRanges: f.SourceRanges}
 	alg := f.Algorithm
 	if alg == lb.AlgorithmDefault {
 		alg = c.Algorithm
@@ -438,12 +439,12 @@ func (a *Agent) closeNodePort() {
 }
 
 // attachNodePort attaches per --lb-acceleration and describes the result.
-func attachNodePort(np *datapath.NodePortLB, uplink, accel string) (string, error) {
+func attachNodePort(np *nodeport.LB, uplink, accel string) (string, error) {
 	if uplink == "" {
 		return "", fmt.Errorf("uplink not known yet")
 	}
 	how, err := np.AttachAccelerated(uplink, accel)
-	if xe := (*datapath.NativeXDPError)(nil); errors.As(err, &xe) {
+	if xe := (*nodeport.NativeXDPError)(nil); errors.As(err, &xe) {
 		return "", fmt.Errorf("--lb-acceleration=native: %w (use best-effort to fall back to tc)", xe.Err)
 	}
 	return how, err
@@ -460,7 +461,7 @@ func (a *Agent) ctGC() {
 	}
 	c := a.cfg.NodePortLB
 	start := time.Now()
-	st, err := np.GC(datapath.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
+	st, err := np.GC(nodeport.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
 	gc := ctGCStats{At: start, Took: time.Since(start), Scanned: st.CTEntries, Removed: st.CTDeleted, Used: st.CTEntries - st.CTDeleted}
 	if err != nil {
 		gc.Err = err.Error()
@@ -484,7 +485,7 @@ func (a *Agent) ctGC() {
 // podsRoutedByBPF reports whether the pod datapath is loaded with BPF host
 // routing (axon_uplink_ingress on the uplink, its maps pinned under
 // BPFRoot): the north-south LB then delivers pod-bound TCP and UDP itself
-// (datapath.NodePortOptions.DeliverPods). Before the datapath is loaded it
+// (nodeport.Options.DeliverPods). Before the datapath is loaded it
 // is false, and the uplink program delivers everything.
 func (a *Agent) podsRoutedByBPF() bool {
 	v := a.dpView.Load()

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/nodeportapi"
 )
@@ -18,7 +18,7 @@ var _ api.NorthSouthHandler = (*Agent)(nil)
 
 func (a *Agent) nodePortAPI() nodeportapi.Handler {
 	return nodeportapi.Handler{
-		LB: func() (*datapath.NodePortLB, string) {
+		LB: func() (*nodeport.LB, string) {
 			if !a.cfg.NodePortLB.Enabled {
 				return nil, "--nodeport=false"
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -43,7 +44,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 		t.Skip("needs root: loads BPF programs and pins maps")
 	}
 	pinDir := filepath.Join(datapath.BPFFSRoot, fmt.Sprintf("axt-nsctl-agent-%d", os.Getpid()))
-	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	np, err := nodeport.Load(nodeport.Options{
 		PinDir: pinDir, NodeName: "node1", NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
 		MaglevTableSize: 1021, Logger: testLogger(t),
 	})
@@ -52,7 +53,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		np.Close()
-		if err := datapath.UninstallNodePortLB(pinDir); err != nil {
+		if err := nodeport.Uninstall(pinDir); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 		os.RemoveAll(pinDir)
@@ -265,7 +266,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 	n := newScratchNode(t)
 	pinDir := filepath.Join(datapath.BPFFSRoot, "axt-nsctl-attach-"+randHex(t))
 	t.Cleanup(func() {
-		_ = inNetns(n.ns, func() error { return datapath.UninstallNodePortLB(pinDir) })
+		_ = inNetns(n.ns, func() error { return nodeport.Uninstall(pinDir) })
 		os.RemoveAll(pinDir)
 	})
 	xdpAttached := func() bool {
@@ -322,7 +323,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 		}
 		a.closeNodePort()
 	}
-	if _, err := os.Stat(filepath.Join(pinDir, datapath.MapNPCT)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(pinDir, nodeport.MapCT)); !os.IsNotExist(err) {
 		t.Errorf("--nodeport=false left the conntrack map pinned (%v)", err)
 	}
 }

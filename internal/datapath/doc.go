@@ -6,14 +6,13 @@
 //   - axon_pod_egress (bpf/pod_egress.c) on the tc ingress of every pod's
 //     host-side veth, or the peer of a netkit pair (role pod);
 //   - axon_uplink_ingress (bpf/uplink_ingress.c) on the tc ingress of the
-//     node uplink (role uplink);
-//   - axon_uplink_egress (bpf/uplink_egress.c, the Bandwidth Manager, BWM)
-//     on the uplink's tc egress (role bwm);
-//   - axon_lb_ingress, axon_lb_egress, axon_lb_decap (bpf/lb_tc.c) and
-//     axon_lb_xdp (bpf/lb_xdp.c), the nodeport LB (NodePortLB), on the
-//     uplink (roles lbin, lbout, lbxdp; lbdecap on a DSR backend).
+//     node uplink (role uplink).
 //
-// The socket LB's programs are package socklb's.
+// The other objects have a package each, on this base: bandwidth (the
+// Bandwidth Manager, axon_uplink_egress, role bwm), nodeport (the
+// north-south LB, axon_lb_ingress, axon_lb_egress, axon_lb_decap,
+// axon_lb_xdp, roles lbin, lbout, lbdecap, lbxdp) and socklb (the socket
+// LB's cgroup hooks and socket iterators).
 //
 // Everything is per network namespace: call Load and the Datapath methods
 // from the node's netns. Maps are pinned by name under Config.PinDir and links
@@ -26,8 +25,8 @@
 // (XDP, netkit). The kernel feature probes are a table (features.go): one
 // row per probe with its name, function and the reason when absent.
 //
-// The socket LB is package socklb; lbmap holds the LB map helpers it shares
-// with the nodeport LB; dptest the helpers the packages' tests share.
+// Package lbmap holds the LB map helpers socklb and nodeport share; dptest
+// the helpers the packages' tests share.
 //
 // Pin layout under PinDir:
 //

@@ -29,6 +29,24 @@ var (
 	runEDTCtx       = dptest.RunEDTCtx
 	monoNow         = dptest.MonoNow
 	bigTCP4         = dptest.BigTCP4
+	setBigTCP       = dptest.SetBigTCP
+	tcpBulkVia      = dptest.TCPBulkVia
+	tcpBulk         = dptest.TCPBulk
+	firstCPU        = dptest.FirstCPU
+	pinOneCPU       = dptest.PinOneCPU
+	logTCPInfo      = dptest.LogTCPInfo
+	linkRx          = dptest.LinkRx
+	untilMeasured   = dptest.UntilMeasured
+	skbCtx          = dptest.SKBCtx
+	traceDrops      = dptest.TraceDrops
+	lossDelta       = dptest.LossDelta
+	netStats        = dptest.NetStats
+	procCounters    = dptest.ProcCounters
+	snmpCounter     = dptest.SNMPCounter
+	htons           = dptest.Htons
+	linkMAC         = dptest.LinkMAC
+	udpEcho         = dptest.UDPEcho
+	sendRaw         = dptest.SendRaw
 )
 
 type (
@@ -42,6 +60,8 @@ const (
 	tcActShot     = dptest.TCActShot
 	tcActRedirect = dptest.TCActRedirect
 	skbOffIfindex = dptest.SKBOffIfindex
+	bigTCPSize    = dptest.BigTCPSize
+	bigTSOSegs    = dptest.BigTSOSegs
 )
 
 // newPinDir returns a fresh pin dir under /sys/fs/bpf, removed at cleanup.

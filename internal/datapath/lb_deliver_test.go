@@ -1,17 +1,25 @@
-package datapath
+package datapath_test
 
 import (
 	"encoding/binary"
-	"errors"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
+)
+
+// The nodeport LB delivering to local pods needs package nodeport (an
+// importer of this one): external tests, with the traffic fixture through
+// export_test.go.
+var (
+	newTrafficNode = datapath.NewTrafficNode
+	addPod         = datapath.AddPod
+	loadWithPods   = datapath.LoadWithPods
 )
 
 // progRuns is how many times prog has run since BPF_ENABLE_STATS was on.
@@ -47,7 +55,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 	nodeMAC, wireMAC := linkMAC(t, node, "eth0"), linkMAC(t, ext, "wire")
 	src4, src6 := netip.MustParseAddr("198.18.0.250"), netip.MustParseAddr("fd00:198:18::250")
 
-	icmp4 := ipv4Packet(nodeMAC, wireMAC, src4, a.ip4, 64, nil)
+	icmp4 := ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)
 	icmp4[14+9] = 1 // protocol ICMP (the payload is not parsed on the way)
 	binary.BigEndian.PutUint16(icmp4[14+10:], 0)
 	binary.BigEndian.PutUint16(icmp4[14+10:], csum16(icmp4[14:14+20]))
@@ -65,17 +73,17 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 		deliver bool
 	}{{"DeliverPods", true}, {"uplink program delivers", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var np *NodePortLB
+			var np *nodeport.LB
 			var err error
 			inNetns(t, node, func() {
-				np, err = LoadNodePortLB(NodePortOptions{PinDir: d.cfg.PinDir, NodeName: "node1",
+				np, err = nodeport.Load(nodeport.Options{PinDir: datapath.PinDirOf(d), NodeName: "node1",
 					NodeAddrs:   []netip.Addr{netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("fd00:198:18::11")},
 					DeliverPods: tc.deliver, Logger: testLogger(t)})
 				if err == nil {
 					err = np.SetPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")})
 				}
 				if err == nil {
-					_, err = np.Attach("eth0", XDPNone)
+					_, err = np.Attach("eth0", nodeport.XDPNone)
 				}
 			})
 			if err != nil {
@@ -84,7 +92,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 			defer func() {
 				np.Close()
 				inNetns(t, node, func() {
-					if err := UninstallNodePortLB(d.cfg.PinDir); err != nil {
+					if err := nodeport.Uninstall(datapath.PinDirOf(d)); err != nil {
 						t.Errorf("uninstall LB: %v", err)
 					}
 				})
@@ -96,9 +104,9 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 				reason string // uplink_ingress counter that must grow by k
 				upRuns bool   // axon_uplink_ingress must run for them
 			}{
-				{"UDP, IPv4", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.ip4, 64, nil)), "redirect_peer_local", !tc.deliver},
-				{"UDP, IPv6", frames(ipv6Packet(nodeMAC, wireMAC, src6, a.ip6, 64)), "redirect_peer_local", !tc.deliver},
-				{"UDP, IPv4, TTL 1", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.ip4, 1, nil)), "pass_ttl", true},
+				{"UDP, IPv4", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)), "redirect_peer_local", !tc.deliver},
+				{"UDP, IPv6", frames(ipv6Packet(nodeMAC, wireMAC, src6, a.IP6(), 64)), "redirect_peer_local", !tc.deliver},
+				{"UDP, IPv4, TTL 1", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 1, nil)), "pass_ttl", true},
 				{"ICMP, IPv4", frames(icmp4), "redirect_peer_local", true},
 			}
 			for _, s := range steps {
@@ -106,14 +114,14 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				up0, lb0 := progRuns(t, d.upProg), progRuns(t, np.tc.AxonLbIngress)
+				up0, lb0 := progRuns(t, datapath.UplinkProgram(d)), progRuns(t, np.Program(nodeport.HookTC))
 				sendRaw(t, ext, "wire", s.frames)
 				time.Sleep(50 * time.Millisecond) // frames are handled in the receiver's softirq
 				m1, err := d.MetricsByDirection()
 				if err != nil {
 					t.Fatal(err)
 				}
-				up, lbRuns := progRuns(t, d.upProg)-up0, progRuns(t, np.tc.AxonLbIngress)-lb0
+				up, lbRuns := progRuns(t, datapath.UplinkProgram(d))-up0, progRuns(t, np.Program(nodeport.HookTC))-lb0
 				if got := m1["uplink_ingress"][s.reason] - m0["uplink_ingress"][s.reason]; got != k {
 					t.Errorf("%s: uplink_ingress %s +%d, want +%d", s.desc, s.reason, got, k)
 				}
@@ -127,36 +135,12 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 					t.Errorf("%s: axon_uplink_ingress ran %d times for %d frames the LB should have delivered", s.desc, up, k)
 				}
 			}
-			if got := udpEcho(t, ext, a.ns, a.ip4, 5); got != 5 {
+			if got := udpEcho(t, ext, a.NS(), a.IP4(), 5); got != 5 {
 				t.Errorf("wire -> pod UDP echo, IPv4: %d of 5 came back", got)
 			}
-			if got := udpEcho(t, ext, a.ns, a.ip6, 5); got != 5 {
+			if got := udpEcho(t, ext, a.NS(), a.IP6(), 5); got != 5 {
 				t.Errorf("wire -> pod UDP echo, IPv6: %d of 5 came back", got)
 			}
 		})
-	}
-}
-
-// TestLBPodDeliveryMaps: DeliverPods needs the pod datapath's maps pinned in
-// the same dir and says so; without it the LB leaves no pod map behind.
-func TestLBPodDeliveryMaps(t *testing.T) {
-	requireRoot(t)
-	pin := newPinDir(t)
-	_, err := LoadNodePortLB(NodePortOptions{PinDir: pin, DeliverPods: true, Logger: testLogger(t)})
-	if err == nil || !strings.Contains(err.Error(), "load the pod datapath first") {
-		t.Fatalf("DeliverPods without a pod datapath: err = %v, want one that says to load the pod datapath first", err)
-	}
-	np, err := LoadNodePortLB(NodePortOptions{PinDir: pin, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer np.Close()
-	for _, name := range podDeliveryMaps {
-		if _, err := os.Stat(filepath.Join(pin, name)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("LB without DeliverPods: %s pinned under %s (stat: %v), want no pod map", name, pin, err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(pin, MapNPService)); err != nil {
-		t.Errorf("LB maps not pinned (the check above would pass for nothing): %v", err)
 	}
 }

@@ -18,22 +18,6 @@ import (
 // the limits the Bandwidth Manager (package bandwidth) writes: these tests
 // need both, so they are external tests of this package.
 
-type skbFields = dptest.SKBFields
-
-const (
-	tcActShot     = dptest.TCActShot
-	tcActRedirect = dptest.TCActRedirect
-)
-
-var (
-	ipv4Packet = dptest.IPv4Packet
-	ipv6Packet = dptest.IPv6Packet
-	runEDT     = dptest.RunEDT
-	runEDTCtx  = dptest.RunEDTCtx
-	monoNow    = dptest.MonoNow
-	bigTCP4    = dptest.BigTCP4
-)
-
 // newBWMFixture loads the Bandwidth Manager with the maps pinned in f's pin
 // dir, on f's uplink (in f's netns).
 func newBWMFixture(t *testing.T, f *datapath.ProgFixture) *bandwidth.Manager {

@@ -106,14 +106,6 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 	return f
 }
 
-// skbCtx is the prefix of struct __sk_buff up to ifindex: PROG_TEST_RUN
-// then runs the program as if the packet arrived on that device.
-func skbCtx(ifindex int) []byte {
-	b := make([]byte, skbOffIfindex+4)
-	binary.LittleEndian.PutUint32(b[skbOffIfindex:], uint32(ifindex))
-	return b
-}
-
 type progCase struct {
 	desc      string
 	prog      string // "pod_egress" | "uplink_ingress"

@@ -1,135 +1,15 @@
 package datapath
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"slices"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
-
-// snmpCounter reads one counter of netns ns: group "" is /proc/net/snmp6
-// (name "Ip6OutForwDatagrams"), any other group /proc/net/snmp or
-// /proc/net/netstat ("Ip", "ForwDatagrams"; "TcpExt", "TCPRcvQDrop").
-func snmpCounter(t *testing.T, ns, group, name string) uint64 {
-	t.Helper()
-	key := name
-	if group != "" {
-		key = group + ":" + name
-	}
-	v, ok := procCounters(t, ns)[key]
-	if !ok {
-		t.Fatalf("%s: no counter %s", ns, key)
-	}
-	return v
-}
-
-// netStats reads procCounters of netns ns, the devices' drops and errors
-// ("link:eth0:RxDropped") and the backlog drops of all CPUs
-// ("softnet:BacklogDrop").
-func netStats(t *testing.T, ns string) map[string]uint64 {
-	t.Helper()
-	c := nsConf(t, ns)
-	m := procCounters(t, ns)
-	// softnet_stat (all CPUs, whatever the netns): column 2 counts packets
-	// dropped because a CPU's backlog queue was full
-	for _, line := range strings.Split(c.ProcNet("softnet_stat"), "\n") {
-		if f := strings.Fields(line); len(f) > 1 {
-			d, _ := strconv.ParseUint(f[1], 16, 64)
-			m["softnet:BacklogDrop"] += d
-		}
-	}
-	// devices: "link:<name>:RxDropped" ...
-	links, err := c.H.LinkList()
-	if err != nil {
-		t.Errorf("%s: list links: %v", ns, err)
-	}
-	for _, l := range links {
-		if st := l.Attrs().Statistics; st != nil {
-			pre := "link:" + l.Attrs().Name + ":"
-			m[pre+"RxDropped"], m[pre+"TxDropped"] = st.RxDropped, st.TxDropped
-			m[pre+"RxErrors"], m[pre+"TxErrors"] = st.RxErrors, st.TxErrors
-		}
-	}
-	return m
-}
-
-// procCounters reads every counter of /proc/net/snmp, /proc/net/netstat
-// ("Group:Name") and /proc/net/snmp6 ("Name") in netns ns.
-func procCounters(t *testing.T, ns string) map[string]uint64 {
-	t.Helper()
-	c := nsConf(t, ns)
-	m := map[string]uint64{}
-	for _, line := range strings.Split(c.ProcNet("snmp6"), "\n") {
-		if f := strings.Fields(line); len(f) == 2 {
-			m[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
-		}
-	}
-	// snmp and netstat: a header line of names, then a line of values
-	for _, file := range []string{"snmp", "netstat"} {
-		var header []string
-		for _, line := range strings.Split(c.ProcNet(file), "\n") {
-			f := strings.Fields(line)
-			switch {
-			case len(f) == 0:
-			case header == nil || header[0] != f[0]:
-				header = f
-			default:
-				for i := 1; i < len(f) && i < len(header); i++ {
-					m[strings.TrimSuffix(f[0], ":")+":"+header[i]], _ = strconv.ParseUint(f[i], 10, 64)
-				}
-				header = nil
-			}
-		}
-	}
-	return m
-}
-
-// lossDelta lists the loss-related counters that grew between two netStats
-// reads of one netns ("TcpExt:TCPRcvQDrop +12, ..."), for diagnostics.
-func lossDelta(before, after map[string]uint64) string {
-	var out []string
-	for k, v := range after {
-		if v <= before[k] {
-			continue
-		}
-		d := v - before[k]
-		for _, w := range []string{"Drop", "Discard", "Prune", "Err", "Retrans", "Lost", "Overflow", "Fail", "TooBig", "Collapse"} {
-			if strings.Contains(k, w) {
-				out = append(out, fmt.Sprintf("%s +%d", k, d))
-				break
-			}
-		}
-	}
-	slices.Sort(out)
-	return strings.Join(out, ", ")
-}
 
 type pod struct {
 	ns, hostIf string
 	ip4, ip6   netip.Addr
 	mac, hmac  net.HardwareAddr
-}
-
-func linkMAC(t *testing.T, ns, dev string) net.HardwareAddr {
-	t.Helper()
-	var mac net.HardwareAddr
-	inNetns(t, ns, func() {
-		l, err := netlink.LinkByName(dev)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		mac = l.Attrs().HardwareAddr
-	})
-	return mac
 }
 
 // addPod wires a pod netns to the node netns the way axon-cni does.
@@ -205,32 +85,6 @@ func loadWithPods(t *testing.T, node string, pods ...pod) *Datapath {
 	t.Cleanup(func() { d.Close() })
 	return d
 }
-
-// sendRaw sends frames from dev in netns ns through an AF_PACKET socket.
-func sendRaw(t *testing.T, ns, dev string, frames [][]byte) {
-	t.Helper()
-	inNetns(t, ns, func() {
-		l, err := netlink.LinkByName(dev)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		if err != nil {
-			t.Errorf("packet socket: %v", err)
-			return
-		}
-		defer unix.Close(fd)
-		for _, f := range frames {
-			sa := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Protocol: htons(unix.ETH_P_ALL)}
-			if err := unix.Sendto(fd, f, 0, sa); err != nil {
-				t.Errorf("send %d-byte frame: %v", len(f), err)
-			}
-		}
-	})
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // TestTrafficRedirectPeer: real pings between two pods of one node, and
 // from an external host on the wire to a pod, go through the BPF programs
@@ -319,113 +173,5 @@ func TestTrafficRedirectPeer(t *testing.T) {
 	}
 	if got := snmpCounter(t, node, "Ip", "ForwDatagrams") - after4; got < 4 {
 		t.Errorf("stack path: IpForwDatagrams +%d, want >= 4 (measurement broken?)", got)
-	}
-}
-
-// udpEcho runs a UDP echo server in netns srv on addr and sends n datagrams
-// from netns client (sockets keep the netns they were created in). It
-// returns how many came back.
-func udpEcho(t *testing.T, client, srv string, addr netip.Addr, n int) int {
-	t.Helper()
-	var pc net.PacketConn
-	inNetns(t, srv, func() {
-		var err error
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(addr, 7777).String())
-		if err != nil {
-			t.Fatalf("listen in %s: %v", srv, err)
-		}
-	})
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			k, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:k], from)
-		}
-	}()
-	var conn *net.UDPConn
-	inNetns(t, client, func() {
-		var err error
-		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 7777)))
-		if err != nil {
-			t.Fatalf("dial from %s: %v", client, err)
-		}
-	})
-	defer conn.Close()
-	got := 0
-	buf := make([]byte, 1500)
-	for i := 0; i < n; i++ {
-		msg := fmt.Sprintf("axon-echo-%d", i)
-		if _, err := conn.Write([]byte(msg)); err != nil {
-			t.Logf("echo write: %v", err)
-			continue
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-		k, err := conn.Read(buf)
-		if err == nil && string(buf[:k]) == msg {
-			got++
-		}
-	}
-	return got
-}
-
-// traceDrops records, in the kernel-matrix VM only (AXON_VM=1: ftrace is
-// global, so never on a shared host) and only when asked for
-// (AXON_TRACE_DROPS=1, e.g. hack/vm -env AXON_TRACE_DROPS=1), the kernel's
-// drops (tracepoint skb:kfree_skb) of packets of ethertype proto until the
-// returned function is called; that lists them, like lossDelta, as "<n> ×
-// location=<dropping function> reason: <drop reason>", sorted. Otherwise it
-// records nothing.
-//
-// Not by default: switching the tracepoint on and off patches kernel text,
-// and under multi-threaded TCG (hack/vm -mttcg, the VMs' default until
-// 2026-11-26) another vCPU then hits the patch's int3 ("Oops: int3" in
-// ttwu_do_activate / __schedule, a kernel panic): 3 of 8 runs of
-// TestNodePortTrafficBigTCP in the 6.12 VM with it, 0 of 5 without
-// (2026-11-26; hack/vm/README.md §10). It had done its job: the n1
-// TxDropped of the IPv6 SNAT transfers are SKB_BAD_GSO drops in
-// __dev_queue_xmit, which br_netfilter on the wire caused
-// (nsCfg.noBridgeNetfilter).
-func traceDrops(t *testing.T, proto uint16) (stop func() string) {
-	t.Helper()
-	none := func() string { return "" }
-	if os.Getenv("AXON_VM") != "1" || os.Getenv("AXON_TRACE_DROPS") != "1" {
-		return none
-	}
-	const tr = "/sys/kernel/tracing"
-	if _, err := os.Stat(tr + "/events/skb/kfree_skb"); err != nil {
-		if err := unix.Mount("tracefs", tr, "tracefs", 0, ""); err != nil {
-			t.Logf("drop trace unavailable: mount tracefs: %v", err)
-			return none
-		}
-	}
-	write := func(f, v string) error { return os.WriteFile(tr+"/"+f, []byte(v), 0o644) }
-	for _, w := range [][2]string{{"trace", ""}, {"events/skb/kfree_skb/filter", fmt.Sprintf("protocol == %d", proto)}, {"events/skb/kfree_skb/enable", "1"}} {
-		if err := write(w[0], w[1]); err != nil {
-			t.Logf("drop trace unavailable: %s: %v", w[0], err)
-			return none
-		}
-	}
-	return func() string {
-		_ = write("events/skb/kfree_skb/enable", "0")
-		b, err := os.ReadFile(tr + "/trace")
-		if err != nil {
-			return fmt.Sprintf("drop trace: %v", err)
-		}
-		counts := map[string]int{}
-		for _, l := range strings.Split(string(b), "\n") {
-			if i := strings.Index(l, "location="); i >= 0 {
-				counts[strings.Join(strings.Fields(l[i:]), " ")]++
-			}
-		}
-		var out []string
-		for what, n := range counts {
-			out = append(out, fmt.Sprintf("%d × %s", n, what))
-		}
-		slices.Sort(out)
-		return strings.Join(out, ", ")
 	}
 }

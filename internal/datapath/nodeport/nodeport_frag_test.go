@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
@@ -169,8 +169,8 @@ func newNPFragFix(t *testing.T) *npFragFix {
 	f.upsert(t, npNodePort(30053, lb.UDP, true, npBE("[fd00:10:244:2::6]:5353", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30054, lb.UDP, false, npBE("10.244.1.6:5353", "node1")), FrontendOptions{})
 	f.upsert(t, npNodePort(30054, lb.UDP, true, npBE("[fd00:10:244:1::6]:5353", "node1")), FrontendOptions{})
-	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:2::7]:53", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:2::7]:53", "node2")), FrontendOptions{Mode: ModeDSR})
 	f.snat4 = npUDP("198.18.0.250:40000", "198.18.0.11:30053")
 	f.snat6 = npUDP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30053")
 	f.local4 = npUDP("198.18.0.250:40001", "198.18.0.11:30054")

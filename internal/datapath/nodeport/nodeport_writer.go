@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"github.com/axonhq/axon/internal/lb"
 )
 
-var _ lb.Writer = (*NodePortLB)(nil)
+var _ lb.Writer = (*LB)(nil)
 
 // np_svc_val.flags and np_backend values (bpf/lib/nodeport.h).
 const (
@@ -36,7 +36,7 @@ type npFrontend struct {
 }
 
 // UpsertFrontend programs f with the options of SetFrontendOptions (lb.Writer).
-func (n *NodePortLB) UpsertFrontend(f lb.Frontend) error {
+func (n *LB) UpsertFrontend(f lb.Frontend) error {
 	n.mu.Lock()
 	fn := n.optFn
 	n.mu.Unlock()
@@ -52,12 +52,12 @@ func (n *NodePortLB) UpsertFrontend(f lb.Frontend) error {
 // ranges and Maglev table (swapped whole), then the master entry; stale
 // entries are removed last, so packets never see a partial frontend. On
 // bad input the previous state stays.
-func (n *NodePortLB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error {
+func (n *LB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error {
 	// the Maglev table indexes the caller's backend order: resolve it first
 	var mag []lbmap.BackendAddr
 	if o.Maglev != nil {
 		if uint32(len(o.Maglev)) != n.opts.MaglevTableSize {
-			return fmt.Errorf("upsert frontend %s: Maglev table has %d slots, the LB was loaded with %d (NodePortOptions.MaglevTableSize)",
+			return fmt.Errorf("upsert frontend %s: Maglev table has %d slots, the LB was loaded with %d (Options.MaglevTableSize)",
 				lbmap.KeyString(f.Key), len(o.Maglev), n.opts.MaglevTableSize)
 		}
 		mag = make([]lbmap.BackendAddr, len(o.Maglev))
@@ -77,8 +77,8 @@ func (n *NodePortLB) UpsertFrontendWith(f lb.Frontend, o FrontendOptions) error 
 	if mode == "" {
 		mode = n.opts.Mode
 	}
-	if mode != NPModeSNAT && mode != NPModeDSR {
-		return fmt.Errorf("upsert frontend %s: mode %q is not %s or %s", lbmap.KeyString(f.Key), mode, NPModeSNAT, NPModeDSR)
+	if mode != ModeSNAT && mode != ModeDSR {
+		return fmt.Errorf("upsert frontend %s: mode %q is not %s or %s", lbmap.KeyString(f.Key), mode, ModeSNAT, ModeDSR)
 	}
 	var ranges []netip.Prefix
 	for _, p := range o.SourceRanges {
@@ -118,7 +118,7 @@ func npRangeKey(id uint32, p netip.Prefix) lbTCNpSrcrangeKey {
 	return lbTCNpSrcrangeKey{Prefixlen: uint32(32 + bits), FrontendId: id, Addr: addr}
 }
 
-func (n *NodePortLB) backendVal(b lb.Backend, feID uint32) lbTCNpBackend {
+func (n *LB) backendVal(b lb.Backend, feID uint32) lbTCNpBackend {
 	v := lbTCNpBackend{Addr: lbmap.Addr16(b.Addr), Port: lbmap.Port(b.Port), State: uint8(b.State), FrontendId: feID}
 	if n.opts.NodeName != "" && b.NodeName == n.opts.NodeName {
 		v.Flags |= npBackendLocal
@@ -126,7 +126,7 @@ func (n *NodePortLB) backendVal(b lb.Backend, feID uint32) lbTCNpBackend {
 	return v
 }
 
-func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Prefix, mag []lbmap.BackendAddr) error {
+func (n *LB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Prefix, mag []lbmap.BackendAddr) error {
 	m := n.tc.lbTCMaps
 	old := n.fe[f.Key]
 	oldIDs := map[lbmap.BackendAddr]lbmap.Entry{}
@@ -190,7 +190,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		}
 		v := n.backendVal(b, feID)
 		if err := m.AxonNpBe.Put(&id, &v); err != nil {
-			return fail(fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapNPBackend)))
+			return fail(fmt.Errorf("write backend %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapBackend)))
 		}
 		entries[i] = lbmap.Entry{ID: id, Backend: b}
 		ids[ba] = id
@@ -198,7 +198,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		if v.Flags&npBackendLocal != 0 {
 			dk := npDSRKey(feID, b.Addr)
 			if err := m.AxonNpDsr.Put(&dk, &id); err != nil {
-				return fail(fmt.Errorf("write DSR entry of %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapNPDSR)))
+				return fail(fmt.Errorf("write DSR entry of %s: %w", netip.AddrPortFrom(b.Addr, b.Port), lbmap.MapFullHint(err, MapDSR)))
 			}
 			if oldIDs[ba].ID == 0 {
 				dsrWritten = append(dsrWritten, dk)
@@ -216,7 +216,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 			k := npSvcKey(f.Key, uint16(slot))
 			v := lbTCNpSvcVal{Id: e.ID}
 			if err := m.AxonNpSvc.Put(&k, &v); err != nil {
-				return fail(fmt.Errorf("write slot %d: %w", slot, lbmap.MapFullHint(err, MapNPService)))
+				return fail(fmt.Errorf("write slot %d: %w", slot, lbmap.MapFullHint(err, MapService)))
 			}
 		}
 	}
@@ -226,7 +226,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		for _, p := range ranges {
 			k := npRangeKey(feID, p)
 			if err := m.AxonNpSrcrange.Put(&k, uint8(1)); err != nil {
-				return fail(fmt.Errorf("write source range %s: %w", p, lbmap.MapFullHint(err, MapNPSrcRange)))
+				return fail(fmt.Errorf("write source range %s: %w", p, lbmap.MapFullHint(err, MapSrcRange)))
 			}
 		}
 	}
@@ -262,7 +262,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 		master.Flags |= npFlagAffinity
 		master.AffinityTimeout = secs
 	}
-	if mode == NPModeDSR {
+	if mode == ModeDSR {
 		master.Flags |= npFlagDSR
 	}
 	if f.LocalOnly {
@@ -271,7 +271,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 	// 5. master
 	mk := npSvcKey(f.Key, 0)
 	if err := m.AxonNpSvc.Put(&mk, &master); err != nil {
-		return fail(fmt.Errorf("write frontend: %w", lbmap.MapFullHint(err, MapNPService)))
+		return fail(fmt.Errorf("write frontend: %w", lbmap.MapFullHint(err, MapService)))
 	}
 	// 6. stale state
 	var errs []error
@@ -323,7 +323,7 @@ func (n *NodePortLB) upsertLocked(f lb.Frontend, mode string, ranges []netip.Pre
 // DeleteFrontend removes a frontend: master first (no new flows), then its
 // slots, backends, source ranges and Maglev table. Established flows keep
 // their CT entries until they time out or GC drops them (backend gone).
-func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
+func (n *LB) DeleteFrontend(k lb.FrontendKey) error {
 	k, err := lbmap.NormKey(k)
 	if err != nil {
 		return fmt.Errorf("delete frontend: %w", err)
@@ -367,7 +367,7 @@ func (n *NodePortLB) DeleteFrontend(k lb.FrontendKey) error {
 // Frontends reads every programmed frontend back from the maps (lb.Writer),
 // sorted by key. Display fields (Kind, Service, ...) come from the last
 // upsert by this process.
-func (n *NodePortLB) Frontends() ([]lb.Frontend, error) {
+func (n *LB) Frontends() ([]lb.Frontend, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	fes, err := n.readMaps()
@@ -396,7 +396,7 @@ func (n *NodePortLB) Frontends() ([]lb.Frontend, error) {
 }
 
 // readMaps reads frontends (master + slots + backends) from the maps.
-func (n *NodePortLB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
+func (n *LB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 	m := n.tc.lbTCMaps
 	type raw struct {
 		master lbTCNpSvcVal
@@ -421,7 +421,7 @@ func (n *NodePortLB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapNPService, err)
+		return nil, fmt.Errorf("read %s: %w", MapService, err)
 	}
 	out := map[lb.FrontendKey]*npFrontend{}
 	for fk, r := range raws {
@@ -433,7 +433,7 @@ func (n *NodePortLB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 		for slot := 1; slot <= total; slot++ {
 			id, ok := r.slots[uint16(slot)]
 			if !ok {
-				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", lbmap.KeyString(fk), slot, MapNPService)
+				return nil, fmt.Errorf("frontend %s: slot %d missing from %s", lbmap.KeyString(fk), slot, MapService)
 			}
 			var bv lbTCNpBackend
 			if err := m.AxonNpBe.Lookup(&id, &bv); err != nil {
@@ -447,7 +447,7 @@ func (n *NodePortLB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 }
 
 // rebuild adopts what the pinned maps hold after a restart.
-func (n *NodePortLB) rebuild() error {
+func (n *LB) rebuild() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	fes, err := n.readMaps()
@@ -470,7 +470,7 @@ func (n *NodePortLB) rebuild() error {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", MapNPSrcRange, err)
+		return fmt.Errorf("read %s: %w", MapSrcRange, err)
 	}
 	n.fe = fes
 	for _, st := range fes {
@@ -485,7 +485,7 @@ func (n *NodePortLB) rebuild() error {
 
 // MaglevTable returns the backend of every slot of frontend k's Maglev
 // table as programmed (nil, nil when the frontend picks at random).
-func (n *NodePortLB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
+func (n *LB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
 	k, err := lbmap.NormKey(k)
 	if err != nil {
 		return nil, fmt.Errorf("maglev table: %w", err)

@@ -1,6 +1,7 @@
-package datapath
+package nodeport
 
 import (
+	"github.com/axonhq/axon/internal/datapath"
 	"os"
 	"testing"
 
@@ -15,7 +16,7 @@ import (
 // removes everything.
 func TestNodePortAttach(t *testing.T) {
 	f := newNPFix(t, nil)
-	tcx := Probe().TCX.Available
+	tcx := datapath.Probe().TCX.Available
 	for _, mode := range []string{XDPGeneric, XDPNative} {
 		t.Run("xdp="+mode, func(t *testing.T) {
 			var a Attachment
@@ -75,7 +76,7 @@ func TestNodePortAttach(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if _, err := os.Stat(PinPath(f.pin, PinXDP, npRoleXDP, "eth0")); !os.IsNotExist(err) {
+	if _, err := os.Stat(datapath.PinPath(f.pin, datapath.PinXDP, npRoleXDP, "eth0")); !os.IsNotExist(err) {
 		t.Errorf("XDP pin still there after Attach without XDP: %v", err)
 	}
 	if _, err := f.n.Attach("bad/name", XDPNone); err == nil {
@@ -100,16 +101,16 @@ func TestNodePortLegacyOrder(t *testing.T) {
 			return
 		}
 		// stand-in for axon's uplink filter
-		if err := Attach(f.pin, dev, f.n.tc.AxonLbEgress, podHook(roleUplink, ModeLegacy)); err != nil {
+		if err := datapath.Attach(f.pin, dev, f.n.tc.AxonLbEgress, datapath.TCHook(datapath.RoleUplink, true)); err != nil {
 			t.Error(err)
 			return
 		}
-		if err := Attach(f.pin, dev, f.n.tc.AxonLbIngress, npHook(npRoleIn, true)); err != nil {
+		if err := datapath.Attach(f.pin, dev, f.n.tc.AxonLbIngress, npHook(npRoleIn, true)); err != nil {
 			t.Error(err)
 			return
 		}
 		// the datapath re-attaching in place (agent restart) keeps the order
-		if err := Attach(f.pin, dev, f.n.tc.AxonLbEgress, podHook(roleUplink, ModeLegacy)); err != nil {
+		if err := datapath.Attach(f.pin, dev, f.n.tc.AxonLbEgress, datapath.TCHook(datapath.RoleUplink, true)); err != nil {
 			t.Error(err)
 			return
 		}
@@ -122,13 +123,13 @@ func TestNodePortLegacyOrder(t *testing.T) {
 		for _, x := range fl {
 			handles = append(handles, x.Attrs().Handle)
 		}
-		lbHandle, upHandle := npHook(npRoleIn, true).Handle, podHook(roleUplink, ModeLegacy).Handle
+		lbHandle, upHandle := npHook(npRoleIn, true).Handle, datapath.TCHook(datapath.RoleUplink, true).Handle
 		if len(handles) != 2 || handles[0] != lbHandle || handles[1] != upHandle {
 			t.Errorf("ingress filters in run order: %#x, want the LB (%#x) before axon's (%#x)", handles, lbHandle, upHandle)
 		}
 		if err := f.n.Detach("eth0"); err != nil {
 			t.Error(err)
 		}
-		_ = Detach(f.pin, "eth0", podHook(roleUplink, ModeLegacy))
+		_ = datapath.Detach(f.pin, "eth0", datapath.TCHook(datapath.RoleUplink, true))
 	})
 }

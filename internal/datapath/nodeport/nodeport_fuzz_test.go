@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ func TestNodePortFuzz(t *testing.T) {
 	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2"), npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
 	f.upsert(t, npNodePort(30080, lb.TCP, true, npBE("[fd00:10:244:2::5]:8080", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2")), FrontendOptions{})
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
 	seeds := [][]byte{
 		f.wirePkt(npTCP("198.18.0.250:40000", "198.18.0.11:30080"), npSYN),
 		f.wirePkt(npTCP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30080"), npSYN),

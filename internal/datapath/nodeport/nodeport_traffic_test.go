@@ -1,9 +1,10 @@
-package datapath
+package nodeport
 
 import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"github.com/axonhq/axon/internal/datapath"
 	"io"
 	"net"
 	"net/netip"
@@ -24,7 +25,7 @@ import (
 
 type npTrafficFix struct {
 	wire, client, node, backend, pod string
-	nodeLB, backendLB                *NodePortLB
+	nodeLB, backendLB                *LB
 }
 
 func newNPTrafficFix(t *testing.T) *npTrafficFix {
@@ -79,7 +80,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 		// segment that no longer fits once encapsulated gets "fragmentation
 		// needed" and the client's PMTU shrinks; without it such a segment
 		// is dropped at the veth, and a DSR bulk flow stalls on it
-		f.nodeLB, err = LoadNodePortLB(NodePortOptions{PinDir: newPinDir(t), NodeName: "node1",
+		f.nodeLB, err = Load(Options{PinDir: newPinDir(t), NodeName: "node1",
 			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: testLogger(t)})
 	})
 	if err != nil {
@@ -87,7 +88,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	}
 	t.Cleanup(func() { f.nodeLB.Close() })
 	inNetns(t, f.backend, func() {
-		f.backendLB, err = LoadNodePortLB(NodePortOptions{PinDir: newPinDir(t), Logger: testLogger(t)})
+		f.backendLB, err = Load(Options{PinDir: newPinDir(t), Logger: testLogger(t)})
 		if err == nil {
 			_, err = f.backendLB.AttachDecap("b0")
 		}
@@ -151,7 +152,7 @@ func TestNodePortTraffic(t *testing.T) {
 	if err := f.nodeLB.UpsertFrontendWith(npNodePort(30080, lb.TCP, false, npBE("198.18.0.12:8080", "node2")), FrontendOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:80", lb.TCP, npBE("198.18.0.12:80", "node2")), FrontendOptions{Mode: NPModeDSR}); err != nil {
+	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:80", lb.TCP, npBE("198.18.0.12:80", "node2")), FrontendOptions{Mode: ModeDSR}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.nodeLB.UpsertFrontendWith(npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{}); err != nil {
@@ -339,7 +340,7 @@ func captureJumbo6(t *testing.T, ns, dev string) (stop func() int) {
 // where and why), so that loss can be placed when it comes back.
 func TestNodePortTrafficBigTCP(t *testing.T) {
 	requireRoot(t)
-	if c := Probe().BigTCP; !c.Available {
+	if c := datapath.Probe().BigTCP; !c.Available {
 		t.Skipf("no BIG TCP on this kernel: %s", c.Reason)
 	}
 	f := newNPTrafficFix(t)
@@ -350,7 +351,7 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 	} {
 		v4 = setBigTCP(t, d.ns, d.dev) && v4
 	}
-	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:5201", lb.TCP, npBE("198.18.0.12:5201", "node2")), FrontendOptions{Mode: NPModeDSR}); err != nil {
+	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:5201", lb.TCP, npBE("198.18.0.12:5201", "node2")), FrontendOptions{Mode: ModeDSR}); err != nil {
 		t.Fatal(err)
 	}
 	for _, fe := range []lb.Frontend{

@@ -1,8 +1,9 @@
-package datapath
+package nodeport
 
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/axonhq/axon/internal/datapath"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -34,7 +35,7 @@ type npExplainer struct {
 
 func (e *npExplainer) close() error { return e.objs.Close() }
 
-func (n *NodePortLB) explainerLocked() (*npExplainer, error) {
+func (n *LB) explainerLocked() (*npExplainer, error) {
 	if n.explain != nil {
 		return n.explain, nil
 	}
@@ -48,7 +49,7 @@ func (n *NodePortLB) explainerLocked() (*npExplainer, error) {
 	e := &npExplainer{}
 	opts := &ebpf.CollectionOptions{MapReplacements: n.sharedMaps()}
 	if err := spec.LoadAndAssign(&e.objs, opts); err != nil {
-		return nil, fmt.Errorf("load dry-run instance: %w", VerifierDetail(err))
+		return nil, fmt.Errorf("load dry-run instance: %w", datapath.VerifierDetail(err))
 	}
 	n.explain = e
 	return e, nil
@@ -59,7 +60,7 @@ func (n *NodePortLB) explainerLocked() (*npExplainer, error) {
 // live maps: conntrack, affinity and NAT are read, never written, and
 // nothing is sent. A random pick is one possible answer; Maglev, affinity
 // and existing flows answer exactly.
-func (n *NodePortLB) Explain(t Tuple) (Explanation, error) {
+func (n *LB) Explain(t Tuple) (Explanation, error) {
 	ex := Explanation{Flow: t}
 	if t.Proto != lb.TCP && t.Proto != lb.UDP {
 		return ex, fmt.Errorf("explain %s: only tcp and udp flows are balanced", t)

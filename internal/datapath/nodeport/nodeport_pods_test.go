@@ -1,9 +1,12 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,7 +23,7 @@ import (
 // agent warns about).
 func TestNodePortPodTraffic(t *testing.T) {
 	logs := &logBuf{}
-	f := newNPFix(t, func(o *NodePortOptions) {
+	f := newNPFix(t, func(o *Options) {
 		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	// frontends inside node1's podCIDRs, one inside node2's, a normal one
@@ -141,4 +144,28 @@ func (l *logBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestLBPodDeliveryMaps: DeliverPods needs the pod datapath's maps pinned in
+// the same dir and says so; without it the LB leaves no pod map behind.
+func TestLBPodDeliveryMaps(t *testing.T) {
+	requireRoot(t)
+	pin := newPinDir(t)
+	_, err := Load(Options{PinDir: pin, DeliverPods: true, Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), "load the pod datapath first") {
+		t.Fatalf("DeliverPods without a pod datapath: err = %v, want one that says to load the pod datapath first", err)
+	}
+	np, err := Load(Options{PinDir: pin, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer np.Close()
+	for _, name := range podDeliveryMaps {
+		if _, err := os.Stat(filepath.Join(pin, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("LB without DeliverPods: %s pinned under %s (stat: %v), want no pod map", name, pin, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(pin, MapService)); err != nil {
+		t.Errorf("LB maps not pinned (the check above would pass for nothing): %v", err)
+	}
 }

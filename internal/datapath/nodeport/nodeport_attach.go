@@ -1,15 +1,16 @@
-package datapath
+package nodeport
 
 import (
 	"errors"
 	"fmt"
+	"github.com/axonhq/axon/internal/datapath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 )
 
-// XDP modes of NodePortLB.Attach.
+// XDP modes of LB.Attach.
 const (
 	XDPNone    = ""        // tc only
 	XDPNative  = "native"  // driver XDP; fails where the driver has none
@@ -19,15 +20,15 @@ const (
 // Pins of the LB's attachments: <pinDir>/links/<kind>-<role>-<ifname>, with
 // roles of the registry (TCHooks) the datapath's own pin listing ignores.
 const (
-	npRoleIn  = RoleLBIn    // tc ingress
-	npRoleOut = RoleLBOut   // tc egress
-	npRoleXDP = RoleLBXDP   // XDP
-	npRoleDec = RoleLBDecap // tc ingress of a DSR backend
+	npRoleIn  = datapath.RoleLBIn    // tc ingress
+	npRoleOut = datapath.RoleLBOut   // tc egress
+	npRoleXDP = datapath.RoleLBXDP   // XDP
+	npRoleDec = datapath.RoleLBDecap // tc ingress of a DSR backend
 )
 
 // npHook is the place of the LB's tc program of role (npRoleIn, npRoleOut,
 // npRoleDec): first in the tcx chain, or filter "axon_lb" in legacy mode.
-func npHook(role string, legacy bool) Hook { return TCHook(role, legacy) }
+func npHook(role string, legacy bool) datapath.Hook { return datapath.TCHook(role, legacy) }
 
 // Attachment says what Attach attached.
 type Attachment struct {
@@ -44,9 +45,9 @@ type Attachment struct {
 // pinned under <pinDir>/links and updated in place when present. A failing
 // XDP attach is returned as an error with nothing of XDP left behind: the
 // caller decides whether to fall back (--lb-acceleration best-effort).
-func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
+func (n *LB) Attach(ifname, xdpMode string) (Attachment, error) {
 	a := Attachment{Ifname: ifname}
-	if err := ValidIfname(ifname); err != nil {
+	if err := datapath.ValidIfname(ifname); err != nil {
 		return a, fmt.Errorf("attach nodeport LB: %w", err)
 	}
 	if xdpMode != XDPNone && xdpMode != XDPNative && xdpMode != XDPGeneric {
@@ -58,22 +59,22 @@ func (n *NodePortLB) Attach(ifname, xdpMode string) (Attachment, error) {
 	}
 	idx := dev.Attrs().Index
 	pd := n.opts.PinDir
-	legacy := !ProbeTCX().Available
+	legacy := !datapath.ProbeTCX().Available
 	mode := "tcx"
 	if legacy {
 		mode = "tc-legacy"
 	}
-	if err := Attach(pd, dev, n.tc.AxonLbIngress, npHook(npRoleIn, legacy)); err != nil {
+	if err := datapath.Attach(pd, dev, n.tc.AxonLbIngress, npHook(npRoleIn, legacy)); err != nil {
 		return a, fmt.Errorf("attach nodeport LB ingress to %s: %w", ifname, err)
 	}
 	a.Ingress = mode
-	if err := Attach(pd, dev, n.tc.AxonLbEgress, npHook(npRoleOut, legacy)); err != nil {
+	if err := datapath.Attach(pd, dev, n.tc.AxonLbEgress, npHook(npRoleOut, legacy)); err != nil {
 		return a, fmt.Errorf("attach nodeport LB egress to %s: %w", ifname, err)
 	}
 	a.Egress = mode
-	xpin := PinPath(pd, PinXDP, npRoleXDP, ifname)
+	xpin := datapath.PinPath(pd, datapath.PinXDP, npRoleXDP, ifname)
 	if xdpMode == XDPNone {
-		return a, DetachLink(LinkPin{Path: xpin, Kind: PinXDP, Role: npRoleXDP, Ifname: ifname})
+		return a, datapath.DetachLink(datapath.LinkPin{Path: xpin, Kind: datapath.PinXDP, Role: npRoleXDP, Ifname: ifname})
 	}
 	if err := attachXDPPinned(xpin, idx, n.xdp.AxonLbXdp, xdpMode); err != nil {
 		return a, fmt.Errorf("attach nodeport LB XDP (%s) to %s: %w", xdpMode, ifname, err)
@@ -102,7 +103,7 @@ func (e *NativeXDPError) Unwrap() error { return e.Err }
 // description) or anything else (tc only). It describes the result, e.g.
 // "xdp-native on eth0 (tc ingress tcx, egress tcx)" or
 // "tc on eth0 (tc ingress tcx, egress tcx; no native XDP: ...)".
-func (n *NodePortLB) AttachAccelerated(ifname, accel string) (string, error) {
+func (n *LB) AttachAccelerated(ifname, accel string) (string, error) {
 	describe := func(at Attachment, note string) string {
 		s := "tc"
 		if at.XDP != "" {
@@ -146,16 +147,16 @@ func (n *NodePortLB) AttachAccelerated(ifname, accel string) (string, error) {
 // service address) reaches the stack, which must own the service address
 // (e.g. on lo). It decapsulates every IP-in-IP packet arriving there: attach
 // it only where DSR traffic is expected. Detach removes it too.
-func (n *NodePortLB) AttachDecap(ifname string) (string, error) {
-	if err := ValidIfname(ifname); err != nil {
+func (n *LB) AttachDecap(ifname string) (string, error) {
+	if err := datapath.ValidIfname(ifname); err != nil {
 		return "", fmt.Errorf("attach DSR decap: %w", err)
 	}
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: device not found in this netns: %w", ifname, err)
 	}
-	legacy := !ProbeTCX().Available
-	if err := Attach(n.opts.PinDir, dev, n.tc.AxonLbDecap, npHook(npRoleDec, legacy)); err != nil {
+	legacy := !datapath.ProbeTCX().Available
+	if err := datapath.Attach(n.opts.PinDir, dev, n.tc.AxonLbDecap, npHook(npRoleDec, legacy)); err != nil {
 		return "", fmt.Errorf("attach DSR decap to %s: %w", ifname, err)
 	}
 	if legacy {
@@ -165,8 +166,8 @@ func (n *NodePortLB) AttachDecap(ifname string) (string, error) {
 }
 
 // Detach removes every LB attachment of ifname and its pins.
-func (n *NodePortLB) Detach(ifname string) error {
-	if err := ValidIfname(ifname); err != nil {
+func (n *LB) Detach(ifname string) error {
+	if err := datapath.ValidIfname(ifname); err != nil {
 		return fmt.Errorf("detach nodeport LB: %w", err)
 	}
 	pins, err := listNPLinkPins(n.opts.PinDir)
@@ -189,7 +190,7 @@ func attachXDPPinned(pin string, ifindex int, prog *ebpf.Program, mode string) e
 	if mode == XDPGeneric {
 		flags = link.XDPGenericMode
 	}
-	return AttachLink(pin, "XDP", ifindex, prog, func() (link.Link, error) {
+	return datapath.AttachLink(pin, "XDP", ifindex, prog, func() (link.Link, error) {
 		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
 		if err != nil {
 			return nil, fmt.Errorf("XDP attach to ifindex %d: %w", ifindex, err)
@@ -199,16 +200,16 @@ func attachXDPPinned(pin string, ifindex int, prog *ebpf.Program, mode string) e
 }
 
 // listNPLinkPins lists the LB's link pins under pinDir.
-func listNPLinkPins(pinDir string) ([]LinkPin, error) {
-	return ListPins(pinDir, func(_, role string) bool {
+func listNPLinkPins(pinDir string) ([]datapath.LinkPin, error) {
+	return datapath.ListPins(pinDir, func(_, role string) bool {
 		return role == npRoleIn || role == npRoleOut || role == npRoleXDP || role == npRoleDec
 	})
 }
 
 // detachNPPin removes one LB attachment and its pin.
-func detachNPPin(p LinkPin) error {
-	if p.Kind != PinTC {
-		return DetachLink(p) // tcx, XDP
+func detachNPPin(p datapath.LinkPin) error {
+	if p.Kind != datapath.PinTC {
+		return datapath.DetachLink(p) // tcx, XDP
 	}
-	return DetachPin(p, npHook(p.Role, true))
+	return datapath.DetachPin(p, npHook(p.Role, true))
 }

@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 // SNAT port allocation of the north-south LB (issue 7, bpf/lib/nat.h):
 // real connect loops through the attached LB and fixtures of the port
@@ -193,7 +193,7 @@ func (f *npFix) snatPorts(t testing.TB, be netip.AddrPort) map[uint16]NATEntry {
 // and a full pool drops the SYN with snat_no_port.
 func TestNodePortSNATPorts(t *testing.T) {
 	const pmin, pmax = 20000, 20007 // 8 ports
-	f := newNPFix(t, func(o *NodePortOptions) { o.SNATPortMin, o.SNATPortMax = pmin, pmax })
+	f := newNPFix(t, func(o *Options) { o.SNATPortMin, o.SNATPortMax = pmin, pmax })
 	be := npAP("10.244.2.5:8080")
 	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE(be.String(), "node2")), FrontendOptions{})
 	front := "198.18.0.11:30080"

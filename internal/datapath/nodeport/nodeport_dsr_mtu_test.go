@@ -1,8 +1,9 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/axonhq/axon/internal/datapath"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -45,9 +46,9 @@ func npTooBig(frame []byte, frontend, client netip.Addr, mtu uint16) []byte {
 }
 
 func TestNodePortDSRTooBig(t *testing.T) {
-	f := newNPFix(t, func(o *NodePortOptions) { o.UplinkMTU = 1500 })
-	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:2::7]:53", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f := newNPFix(t, func(o *Options) { o.UplinkMTU = 1500 })
+	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:2::7]:53", "node2")), FrontendOptions{Mode: ModeDSR})
 	f.upsert(t, npVIP("192.0.2.20:53", lb.UDP, npBE("10.244.2.8:53", "node2")), FrontendOptions{}) // SNAT: no outer header
 	flow4 := npUDP("198.18.0.250:40000", "192.0.2.10:53")
 	flow6 := npUDP("[fd00:198:18::250]:40000", "[2001:db8::10]:53")
@@ -137,7 +138,7 @@ func TestNodePortDSRTooBig(t *testing.T) {
 
 	t.Run("no uplink MTU known: no answer, encapsulated beyond it as before", func(t *testing.T) {
 		g := newNPFix(t, nil)
-		g.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: NPModeDSR})
+		g.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.2.7:53", "node2")), FrontendOptions{Mode: ModeDSR})
 		in := datagram(flow4, 1490)
 		copy(in[0:6], g.upMAC)
 		v, out := g.run(t, "tc", in)
@@ -158,9 +159,9 @@ func TestNodePortDSRTooBig(t *testing.T) {
 // 64 KiB (outer length 0) go through real traffic in
 // TestNodePortTrafficBigTCP.
 func TestNodePortDSRBigTCP(t *testing.T) {
-	f := newNPFix(t, func(o *NodePortOptions) { o.UplinkMTU = 1500 })
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f := newNPFix(t, func(o *Options) { o.UplinkMTU = 1500 })
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: ModeDSR})
 	be4, be6 := netip.MustParseAddr("10.244.2.7"), netip.MustParseAddr("fd00:10:244:2::7")
 	big := func(fl Tuple) []byte {
 		b := f.wirePkt(fl, npACK)
@@ -198,12 +199,12 @@ func TestNodePortDSRBigTCP(t *testing.T) {
 // fragments of a datagram the entry node encapsulated piece by piece, and
 // the ICMP error the entry node forwards about a reply of the flow.
 func TestNodePortDSRBackendFragmentsAndErrors(t *testing.T) {
-	f := newNPFix(t, func(o *NodePortOptions) { o.UplinkMTU = 1500 })
+	f := newNPFix(t, func(o *Options) { o.UplinkMTU = 1500 })
 	node2, node2v6 := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("fd00:198:18::12")
-	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.1.7:5353", "node1")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:1::7]:5353", "node1")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("192.0.2.30:80", lb.TCP, npBE("10.244.1.7:8080", "node1")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::30]:80", lb.TCP, npBE("[fd00:10:244:1::7]:8080", "node1")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:53", lb.UDP, npBE("10.244.1.7:5353", "node1")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:53", lb.UDP, npBE("[fd00:10:244:1::7]:5353", "node1")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("192.0.2.30:80", lb.TCP, npBE("10.244.1.7:8080", "node1")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::30]:80", lb.TCP, npBE("[fd00:10:244:1::7]:8080", "node1")), FrontendOptions{Mode: ModeDSR})
 	const id = 0x77
 
 	for _, v6 := range []bool{false, true} {
@@ -295,7 +296,7 @@ func TestNPMetricsMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := spec.Maps[MapNPMetrics]
+	ms := spec.Maps[MapMetrics]
 	for _, tc := range []struct {
 		desc    string
 		entries uint32
@@ -306,7 +307,7 @@ func TestNPMetricsMigration(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			pin := newPinDir(t)
-			if err := EnsurePinDir(pin); err != nil {
+			if err := datapath.EnsurePinDir(pin); err != nil {
 				t.Fatal(err)
 			}
 			old := ms.Copy()
@@ -316,7 +317,7 @@ func TestNPMetricsMigration(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join(pin, MapNPMetrics)
+			path := filepath.Join(pin, MapMetrics)
 			if err := m.Pin(path); err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"errors"
@@ -122,7 +122,7 @@ func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
 }
 
 // CT lists the conntrack table (`axon bpf ct list`).
-func (n *NodePortLB) CT() ([]CTEntry, error) {
+func (n *LB) CT() ([]CTEntry, error) {
 	now := monoCoarse()
 	var out []CTEntry
 	var k lbTCNpTuple
@@ -132,13 +132,13 @@ func (n *NodePortLB) CT() ([]CTEntry, error) {
 		out = append(out, ctEntry(k, v, now))
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapNPCT, err)
+		return nil, fmt.Errorf("read %s: %w", MapCT, err)
 	}
 	return out, nil
 }
 
 // NAT lists the reverse translations (`axon bpf nat list`).
-func (n *NodePortLB) NAT() ([]NATEntry, error) {
+func (n *LB) NAT() ([]NATEntry, error) {
 	now := monoCoarse()
 	var out []NATEntry
 	var k lbTCNpTuple
@@ -161,7 +161,7 @@ func (n *NodePortLB) NAT() ([]NATEntry, error) {
 		})
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapNPNAT, err)
+		return nil, fmt.Errorf("read %s: %w", MapNAT, err)
 	}
 	return out, nil
 }
@@ -202,7 +202,7 @@ type GCStats struct {
 // TCPClosing for UDP. An entry is re-read right before it is deleted and
 // kept if a packet touched it meanwhile. Safe to run while traffic flows
 // (the agent calls it periodically).
-func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
+func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 	if to.TCP == 0 {
 		to.TCP = DefaultCTTimeouts.TCP
 	}
@@ -261,7 +261,7 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("gc: read %s: %w", MapNPCT, err)
+		return st, fmt.Errorf("gc: read %s: %w", MapCT, err)
 	}
 	for i := range dead {
 		// re-read: a SYN may have reopened the flow since the scan
@@ -304,7 +304,7 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("gc: read %s: %w", MapNPNAT, err)
+		return st, fmt.Errorf("gc: read %s: %w", MapNAT, err)
 	}
 	for i := range deadNAT {
 		// re-read: a new flow may have taken the entry over since the scan
@@ -322,7 +322,7 @@ func (n *NodePortLB) GC(to CTTimeouts) (GCStats, error) {
 // CTStats says how full the conntrack table is.
 type CTStats struct {
 	Entries int    // flows in axon_np_ct now
-	Max     uint32 // its size (NodePortOptions.CTMax)
+	Max     uint32 // its size (Options.CTMax)
 	Created uint64 // flows created since the maps were made (ct_new)
 	// InsertFailed counts CT updates that failed (the packet was still
 	// translated). A full LRU table evicts the least recently used flow
@@ -341,7 +341,7 @@ type CTStats struct {
 }
 
 // CTStats counts the entries of the CT table and reads the counters.
-func (n *NodePortLB) CTStats() (CTStats, error) {
+func (n *LB) CTStats() (CTStats, error) {
 	st := CTStats{Max: n.tc.AxonNpCt.MaxEntries()}
 	var k lbTCNpTuple
 	var v lbTCNpCt
@@ -350,7 +350,7 @@ func (n *NodePortLB) CTStats() (CTStats, error) {
 		st.Entries++
 	}
 	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("read %s: %w", MapNPCT, err)
+		return st, fmt.Errorf("read %s: %w", MapCT, err)
 	}
 	st.NATMax = n.tc.AxonNpNat.MaxEntries()
 	var nk lbTCNpTuple
@@ -360,7 +360,7 @@ func (n *NodePortLB) CTStats() (CTStats, error) {
 		st.NATEntries++
 	}
 	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("read %s: %w", MapNPNAT, err)
+		return st, fmt.Errorf("read %s: %w", MapNAT, err)
 	}
 	m, err := n.Metrics()
 	if err != nil {
@@ -374,12 +374,12 @@ func (n *NodePortLB) CTStats() (CTStats, error) {
 	return st, nil
 }
 
-// NPReasonNames lists the LB's counter / verdict names in enum order.
-func NPReasonNames() []string { return append([]string(nil), npReasonNames...) }
+// ReasonNames lists the LB's counter / verdict names in enum order.
+func ReasonNames() []string { return append([]string(nil), npReasonNames...) }
 
 // Metrics returns the LB's packet counters summed over CPUs, keyed by hook
-// ("tc", "xdp", "egress") and reason (NPReasonNames).
-func (n *NodePortLB) Metrics() (map[string]map[string]uint64, error) {
+// ("tc", "xdp", "egress") and reason (ReasonNames).
+func (n *LB) Metrics() (map[string]map[string]uint64, error) {
 	out := map[string]map[string]uint64{}
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -391,7 +391,7 @@ func (n *NodePortLB) Metrics() (map[string]map[string]uint64, error) {
 			idx := uint32(hi*len(npReasonNames) + ri)
 			vals := make([]uint64, ncpu)
 			if err := n.tc.AxonNpMetrics.Lookup(&idx, &vals); err != nil {
-				return nil, fmt.Errorf("read %s[%d]: %w", MapNPMetrics, idx, err)
+				return nil, fmt.Errorf("read %s[%d]: %w", MapMetrics, idx, err)
 			}
 			var sum uint64
 			for _, v := range vals {
@@ -439,13 +439,13 @@ func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) err
 	if spec == nil {
 		return nil
 	}
-	path := filepath.Join(pinDir, MapNPMetrics)
+	path := filepath.Join(pinDir, MapMetrics)
 	old, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("open pinned %s: %w", MapNPMetrics, err)
+		return fmt.Errorf("open pinned %s: %w", MapMetrics, err)
 	}
 	size := old.MaxEntries()
 	old.Close()
@@ -453,9 +453,9 @@ func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) err
 		return nil
 	}
 	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("migrate %s: unpin the old counters: %w", MapNPMetrics, err)
+		return fmt.Errorf("migrate %s: unpin the old counters: %w", MapMetrics, err)
 	}
-	log.Info("nodeport LB: packet counters restart from zero (their layout changed)", "map", MapNPMetrics, "old_entries", size, "entries", spec.MaxEntries)
+	log.Info("nodeport LB: packet counters restart from zero (their layout changed)", "map", MapMetrics, "old_entries", size, "entries", spec.MaxEntries)
 	return nil
 }
 
@@ -466,13 +466,13 @@ func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) err
 // writes the entries back after it. Nothing to do (nil restore) when the pin
 // is missing or already a hash.
 func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
-	path := filepath.Join(pinDir, MapNPNAT)
+	path := filepath.Join(pinDir, MapNAT)
 	old, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open pinned %s: %w", MapNPNAT, err)
+		return nil, fmt.Errorf("open pinned %s: %w", MapNAT, err)
 	}
 	defer old.Close()
 	if old.Type() != ebpf.LRUHash {
@@ -487,10 +487,10 @@ func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
 		keys, vals = append(keys, k), append(vals, v)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("migrate %s: read the old LRU map: %w", MapNPNAT, err)
+		return nil, fmt.Errorf("migrate %s: read the old LRU map: %w", MapNAT, err)
 	}
 	if err := os.Remove(path); err != nil {
-		return nil, fmt.Errorf("migrate %s: unpin the old LRU map: %w", MapNPNAT, err)
+		return nil, fmt.Errorf("migrate %s: unpin the old LRU map: %w", MapNAT, err)
 	}
 	return func(m *ebpf.Map) error {
 		var errs []error
@@ -500,7 +500,7 @@ func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
 			}
 		}
 		if len(errs) > 0 {
-			return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", MapNPNAT, len(errs), len(keys), errs[0])
+			return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", MapNAT, len(errs), len(keys), errs[0])
 		}
 		return nil
 	}, nil

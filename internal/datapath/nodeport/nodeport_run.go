@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"encoding/binary"
@@ -14,9 +14,9 @@ import (
 
 // Hooks of TestRun.
 const (
-	NPHookTC     = "tc"     // tc ingress program
-	NPHookXDP    = "xdp"    // XDP program
-	NPHookEgress = "egress" // tc egress program
+	HookTC     = "tc"     // tc ingress program
+	HookXDP    = "xdp"    // XDP program
+	HookEgress = "egress" // tc egress program
 )
 
 // npTestRunAttr is the BPF_PROG_TEST_RUN part of union bpf_attr.
@@ -46,35 +46,41 @@ type npTestRunAttr struct {
 // (without the syscall): the LB rewrites packets in place, so benchmarks
 // time single runs of fresh packets rather than repeat counts. The maps
 // are the live ones: a translated packet creates real flows.
-func (n *NodePortLB) TestRun(hook string, pkt []byte, ifindex int) (uint32, time.Duration, error) {
-	var p *ebpf.Program
+func (n *LB) TestRun(hook string, pkt []byte, ifindex int) (uint32, time.Duration, error) {
+	return n.TestRunProgram(n.Program(hook), hook, pkt, ifindex)
+}
+
+// Program is the loaded program of hook (HookTC: axon_lb_ingress,
+// HookEgress: axon_lb_egress, HookXDP: axon_lb_xdp), for tests and tools;
+// nil for another hook.
+func (n *LB) Program(hook string) *ebpf.Program {
 	switch hook {
-	case NPHookTC:
-		p = n.tc.AxonLbIngress
-	case NPHookEgress:
-		p = n.tc.AxonLbEgress
-	case NPHookXDP:
-		p = n.xdp.AxonLbXdp
+	case HookTC:
+		return n.tc.AxonLbIngress
+	case HookEgress:
+		return n.tc.AxonLbEgress
+	case HookXDP:
+		return n.xdp.AxonLbXdp
 	}
-	return n.TestRunProgram(p, hook, pkt, ifindex)
+	return nil
 }
 
 // TestRunProgram is TestRun for any tc (hook tc/egress) or XDP (hook xdp)
 // program, e.g. an empty one to calibrate benchmarks.
-func (n *NodePortLB) TestRunProgram(p *ebpf.Program, hook string, pkt []byte, ifindex int) (uint32, time.Duration, error) {
+func (n *LB) TestRunProgram(p *ebpf.Program, hook string, pkt []byte, ifindex int) (uint32, time.Duration, error) {
 	var fd int
 	var ctx []byte
 	if p == nil {
 		return 0, 0, fmt.Errorf("test run: unknown hook %q (tc, xdp, egress)", hook)
 	}
 	switch hook {
-	case NPHookTC, NPHookEgress:
+	case HookTC, HookEgress:
 		fd = p.FD()
 		if ifindex > 0 {
 			ctx = make([]byte, 44) // struct __sk_buff up to ifindex
 			binary.LittleEndian.PutUint32(ctx[40:], uint32(ifindex))
 		}
-	case NPHookXDP:
+	case HookXDP:
 		fd = p.FD()
 		if ifindex > 0 {
 			ctx = make([]byte, 24) // struct xdp_md
@@ -108,10 +114,10 @@ func (n *NodePortLB) TestRunProgram(p *ebpf.Program, hook string, pkt []byte, if
 	return attr.retval, time.Duration(attr.duration), nil
 }
 
-// NPPacket builds an ethernet frame of flow t with valid checksums: a TCP
+// Packet builds an ethernet frame of flow t with valid checksums: a TCP
 // segment (SYN when syn, else ACK) or a UDP datagram with 8 bytes of
 // payload. For tools (benchmarks, explain debugging).
-func NPPacket(t Tuple, syn bool) []byte {
+func Packet(t Tuple, syn bool) []byte {
 	if syn {
 		return npPacket(t, npSYN)
 	}

@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 // that is not a request for a local backend of that very frontend is left
 // exactly as it came.
 func TestNodePortDSRBackend(t *testing.T) {
-	f := newNPFix(t, func(o *NodePortOptions) { o.UplinkMTU = 1500 })
+	f := newNPFix(t, func(o *Options) { o.UplinkMTU = 1500 })
 	// the outer destination of a DSR request is a pod of this node: the
 	// pod-traffic shortcut (axon_np_pods) must not take it for pod traffic
 	if err := f.n.SetPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}); err != nil {
@@ -28,9 +28,9 @@ func TestNodePortDSRBackend(t *testing.T) {
 	pod := netip.MustParseAddr("10.244.1.7")
 	pod6 := netip.MustParseAddr("fd00:10:244:1::7")
 	other := netip.MustParseAddr("10.244.1.8") // a local pod, backend of another frontend
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.1.7:8080", "node1"), npBE("10.244.2.7:8080", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:1::7]:8080", "node1")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npNodePort(30080, lb.UDP, false, npBE("10.244.1.7:5353", "node1")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.1.7:8080", "node1"), npBE("10.244.2.7:8080", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:1::7]:8080", "node1")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npNodePort(30080, lb.UDP, false, npBE("10.244.1.7:5353", "node1")), FrontendOptions{Mode: ModeDSR})
 	f.upsert(t, npVIP("192.0.2.20:80", lb.TCP, npBE("10.244.1.8:80", "node1")), FrontendOptions{})
 
 	// DSR entries: one per local backend of each frontend
@@ -182,7 +182,7 @@ func TestNodePortDSRBackend(t *testing.T) {
 	})
 	t.Run("a backend that leaves the frontend loses its DSR entry", func(t *testing.T) {
 		f.resetFlows(t)
-		f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:8080", "node2")), FrontendOptions{Mode: NPModeDSR})
+		f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:8080", "node2")), FrontendOptions{Mode: ModeDSR})
 		in := encap(accept[0].inner, npSYN, pod)
 		if v, out := f.run(t, "tc", in); v != npNext || !bytes.Equal(out, in) {
 			t.Fatalf("verdict %s, changed: %v", v, !bytes.Equal(out, in))
@@ -211,9 +211,9 @@ func (f *npFix) upsertAgain(t testing.TB) {
 		if st == nil || st.meta == nil {
 			t.Fatalf("frontend %v has no metadata", fe.Key)
 		}
-		mode := NPModeSNAT
+		mode := ModeSNAT
 		if st.master.Flags&npFlagDSR != 0 {
-			mode = NPModeDSR
+			mode = ModeDSR
 		}
 		f.upsert(t, *st.meta, FrontendOptions{Mode: mode})
 	}
@@ -239,8 +239,8 @@ func npTCPWithMSS(t Tuple, flags uint8, mss uint16) []byte {
 // gets DSR. The agent's Node watch fills the ranges; empty = DSR for all.
 func TestNodePortDSRClusterClients(t *testing.T) {
 	f := newNPFix(t, nil)
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: ModeDSR})
 	cluster := []netip.Prefix{
 		netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("10.244.2.0/24"),
 		netip.MustParsePrefix("fd00:10:244:1::/64"), netip.MustParsePrefix("198.18.0.12/32"),

@@ -1,9 +1,10 @@
-package datapath
+package nodeport
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/axonhq/axon/internal/datapath"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -22,33 +23,33 @@ import (
 // bpf/lib/nodeport.h): NodePort, LoadBalancer, externalIP and HostPort
 // frontends translated per packet at the node uplink, at tc and/or XDP, with
 // BPF conntrack, SNAT or DSR (IPIP) to remote backends, Maglev or random
-// selection, session affinity and source ranges. NodePortLB loads the
+// selection, session affinity and source ranges. LB loads the
 // programs, owns their maps (pinned by name under the node's pin dir, apart
 // from the socket LB's) and implements lb.Writer.
 
 // Map names, pinned by name under the pin dir.
 const (
-	MapNPService  = "axon_np_svc"
-	MapNPBackend  = "axon_np_be"
-	MapNPLocal    = "axon_np_local"
-	MapNPSrcRange = "axon_np_srcrange"
-	MapNPAffinity = "axon_np_aff"
-	MapNPCT       = "axon_np_ct"
-	MapNPNAT      = "axon_np_nat"
-	MapNPMetrics  = "axon_np_metrics"
-	MapLBMaglev   = "axon_lb_maglev"
-	// MapNPDSR: {frontend id, local backend address} -> backend id, the
+	MapService  = "axon_np_svc"
+	MapBackend  = "axon_np_be"
+	MapLocal    = "axon_np_local"
+	MapSrcRange = "axon_np_srcrange"
+	MapAffinity = "axon_np_aff"
+	MapCT       = "axon_np_ct"
+	MapNAT      = "axon_np_nat"
+	MapMetrics  = "axon_np_metrics"
+	MapLBMaglev = "axon_lb_maglev"
+	// MapDSR: {frontend id, local backend address} -> backend id, the
 	// backend side of DSR (bpf/lib/nodeport.h np_dsr_accept).
-	MapNPDSR = "axon_np_dsr"
-	// MapNPCluster: the cluster's pod and node address ranges (clients
+	MapDSR = "axon_np_dsr"
+	// MapCluster: the cluster's pod and node address ranges (clients
 	// there get SNAT, not DSR).
-	MapNPCluster = "axon_np_cluster"
-	// MapNPPods: this node's podCIDRs; TCP/UDP to them skips the LB's
+	MapCluster = "axon_np_cluster"
+	// MapPods: this node's podCIDRs; TCP/UDP to them skips the LB's
 	// lookups (bpf/lib/nodeport.h np_to_local_pod).
-	MapNPPods = "axon_np_pods"
+	MapPods = "axon_np_pods"
 )
 
-// Defaults of NodePortOptions (the sizes in bpf/lib/*.h).
+// Defaults of Options (the sizes in bpf/lib/*.h).
 const (
 	DefaultCTMax           = 131072
 	DefaultNATMax          = 131072
@@ -63,16 +64,16 @@ const (
 	DefaultHashSeed    = 0x61786f6e
 )
 
-// Remote-backend modes (NodePortOptions.Mode, FrontendOptions.Mode).
+// Remote-backend modes (Options.Mode, FrontendOptions.Mode).
 const (
-	NPModeSNAT = "snat" // source NAT to the node address, replies back through this node
-	NPModeDSR  = "dsr"  // IPIP to the backend, replies go directly to the client
+	ModeSNAT = "snat" // source NAT to the node address, replies back through this node
+	ModeDSR  = "dsr"  // IPIP to the backend, replies go directly to the client
 )
 
-// NodePortOptions configure LoadNodePortLB. Sizes and addresses are
+// Options configure Load. Sizes and addresses are
 // load-time constants: changing them means loading again (pinned maps of
 // another size are refused with a hint).
-type NodePortOptions struct {
+type Options struct {
 	PinDir string // bpffs dir of the node, e.g. /sys/fs/bpf/axon; created if missing
 	// NodeName marks backends with lb.Backend.NodeName == NodeName as local:
 	// DNAT only, client address preserved, replies fixed up at uplink egress.
@@ -84,7 +85,7 @@ type NodePortOptions struct {
 	// (LoadBalancer IP, externalIP) and the DSR outer source. Can be changed
 	// later with SetNodeAddrs (match only; the SNAT source stays).
 	NodeAddrs []netip.Addr
-	// Mode for remote backends: NPModeSNAT (default) or NPModeDSR. A
+	// Mode for remote backends: ModeSNAT (default) or ModeDSR. A
 	// frontend may override it (FrontendOptions.Mode).
 	Mode string
 	// Map sizes; 0 = default.
@@ -131,15 +132,15 @@ type FrontendOptions struct {
 	// SourceRanges (loadBalancerSourceRanges): only clients inside one of
 	// them are served, others are dropped. Empty: everyone.
 	SourceRanges []netip.Prefix
-	// Mode overrides NodePortOptions.Mode for this frontend ("" = default).
+	// Mode overrides Options.Mode for this frontend ("" = default).
 	Mode string
 }
 
-// NodePortLB is the loaded north-south load balancer of one node. Methods
+// LB is the loaded north-south load balancer of one node. Methods
 // are safe for concurrent use.
-type NodePortLB struct {
+type LB struct {
 	log  *slog.Logger
-	opts NodePortOptions
+	opts Options
 	tc   lbTCObjects
 	xdp  lbXDPObjects
 
@@ -166,15 +167,15 @@ var npReasonNames = []string{
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
 var npHookNames = []string{"tc", "xdp", "egress"}
 
-func (o *NodePortOptions) normalise() error {
+func (o *Options) normalise() error {
 	if o.PinDir == "" {
 		return errors.New("nodeport LB: PinDir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
 	}
 	if o.Mode == "" {
-		o.Mode = NPModeSNAT
+		o.Mode = ModeSNAT
 	}
-	if o.Mode != NPModeSNAT && o.Mode != NPModeDSR {
-		return fmt.Errorf("nodeport LB: mode %q is not %s or %s", o.Mode, NPModeSNAT, NPModeDSR)
+	if o.Mode != ModeSNAT && o.Mode != ModeDSR {
+		return fmt.Errorf("nodeport LB: mode %q is not %s or %s", o.Mode, ModeSNAT, ModeDSR)
 	}
 	if o.CTMax == 0 {
 		o.CTMax = DefaultCTMax
@@ -227,7 +228,7 @@ func isPrime(n uint32) bool {
 }
 
 // snatAddrs returns the first IPv4 and IPv6 node address (zero if none).
-func (o *NodePortOptions) snatAddrs() (v4 [4]byte, v6 [16]byte) {
+func (o *Options) snatAddrs() (v4 [4]byte, v6 [16]byte) {
 	var have4, have6 bool
 	for _, a := range o.NodeAddrs {
 		a = a.Unmap()
@@ -250,7 +251,7 @@ func dsrMSS(mtu uint32, overhead uint32) uint16 {
 }
 
 // setVariables writes the load-time constants into a spec of either object.
-func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
+func (o *Options) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 	v4, v6 := o.snatAddrs()
 	vals := map[string]any{
 		"cfg_snat_v4":       v4, // __be32 in memory order
@@ -259,8 +260,8 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 		"cfg_snat_port_max": o.SNATPortMax,
 		"cfg_maglev_size":   o.MaglevTableSize,
 		"cfg_hash_seed":     o.HashSeed,
-		"cfg_enable_neigh":  BoolU8(!o.NoNeigh),
-		"cfg_dry_run":       BoolU8(dryRun),
+		"cfg_enable_neigh":  datapath.BoolU8(!o.NoNeigh),
+		"cfg_dry_run":       datapath.BoolU8(dryRun),
 		"cfg_dsr_mss_v4":    dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
 		"cfg_dsr_mss_v6":    dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
 		"cfg_dsr_mtu":       o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
@@ -277,7 +278,7 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 	if err := o.setPodDelivery(spec, dryRun); err != nil {
 		return err
 	}
-	for name, n := range map[string]uint32{MapNPCT: o.CTMax, MapNPNAT: o.NATMax, MapNPAffinity: o.AffinityMax, MapNPFrag: o.FragMax} {
+	for name, n := range map[string]uint32{MapCT: o.CTMax, MapNAT: o.NATMax, MapAffinity: o.AffinityMax, MapFrag: o.FragMax} {
 		if ms := spec.Maps[name]; ms != nil {
 			ms.MaxEntries = n
 		}
@@ -290,7 +291,7 @@ func (o *NodePortOptions) setVariables(spec *ebpf.CollectionSpec, dryRun bool) e
 
 // podDeliveryMaps are the pod datapath's maps the tc LB program uses to
 // deliver pod-bound traffic (bpf/lib/forward.h, bpf/lib/edt.h).
-var podDeliveryMaps = []string{"axon_ep_v4", "axon_ep_v6", "axon_metrics", MapBWAddr, MapBWState, MapBWStats, MapBWGate}
+var podDeliveryMaps = []string{"axon_ep_v4", "axon_ep_v6", "axon_metrics", datapath.MapBWAddr, datapath.MapBWState, datapath.MapBWStats, datapath.MapBWGate}
 
 // setPodDelivery sets cfg_deliver_pods in the tc object (the XDP object has
 // no such variable and is left alone). With delivery on, the pod maps are
@@ -298,13 +299,13 @@ var podDeliveryMaps = []string{"axon_ep_v4", "axon_ep_v6", "axon_metrics", MapBW
 // (and in the dry-run instance), the code using them is pruned by the
 // verifier, so they are loaded as one-entry maps that are not pinned: an LB
 // without a pod datapath does not leave pod maps behind.
-func (o *NodePortOptions) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool) error {
+func (o *Options) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool) error {
 	vs, ok := spec.Variables["cfg_deliver_pods"]
 	if !ok {
 		return nil
 	}
 	on := o.DeliverPods && !dryRun
-	if err := vs.Set(BoolU8(on)); err != nil {
+	if err := vs.Set(datapath.BoolU8(on)); err != nil {
 		return fmt.Errorf("set cfg_deliver_pods: %w", err)
 	}
 	for _, name := range podDeliveryMaps {
@@ -324,18 +325,18 @@ func (o *NodePortOptions) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool)
 	return nil
 }
 
-// LoadNodePortLB loads the tc and XDP load-balancer programs with their maps
+// Load loads the tc and XDP load-balancer programs with their maps
 // pinned under o.PinDir (existing pins are reused: frontends and flows
 // survive an agent restart), writes the node addresses and reads the
 // programmed frontends back. Nothing is attached: see Attach.
-func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
+func Load(o Options) (*LB, error) {
 	if err := o.normalise(); err != nil {
 		return nil, err
 	}
-	if err := EnsurePinDir(o.PinDir); err != nil {
+	if err := datapath.EnsurePinDir(o.PinDir); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
-	n := &NodePortLB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}}
+	n := &LB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}}
 	tcSpec, err := loadLbTC()
 	if err != nil {
 		return nil, fmt.Errorf("load nodeport LB: parse lb_tc object: %w", err)
@@ -348,11 +349,11 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
-	if err := npMetricsMigration(o.PinDir, tcSpec.Maps[MapNPMetrics], n.log); err != nil {
+	if err := npMetricsMigration(o.PinDir, tcSpec.Maps[MapMetrics], n.log); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
 	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {
-		return nil, fmt.Errorf("load nodeport LB tc programs: %w", VerifierDetail(npIncompatibleHint(err, o.PinDir)))
+		return nil, fmt.Errorf("load nodeport LB tc programs: %w", datapath.VerifierDetail(npIncompatibleHint(err, o.PinDir)))
 	}
 	if restoreNAT != nil {
 		if err := restoreNAT(n.tc.AxonNpNat); err != nil {
@@ -371,7 +372,7 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 	opts.MapReplacements = n.sharedMaps()
 	if err := xdpSpec.LoadAndAssign(&n.xdp, opts); err != nil {
 		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB XDP program: %w", VerifierDetail(err))
+		return nil, fmt.Errorf("load nodeport LB XDP program: %w", datapath.VerifierDetail(err))
 	}
 	if err := n.SetNodeAddrs(o.NodeAddrs); err != nil {
 		n.Close()
@@ -387,32 +388,32 @@ func LoadNodePortLB(o NodePortOptions) (*NodePortLB, error) {
 }
 
 // sharedMaps are the maps every program instance shares (all pinned ones).
-func (n *NodePortLB) sharedMaps() map[string]*ebpf.Map {
+func (n *LB) sharedMaps() map[string]*ebpf.Map {
 	m := n.tc.lbTCMaps
 	return map[string]*ebpf.Map{
-		MapNPService: m.AxonNpSvc, MapNPBackend: m.AxonNpBe, MapNPLocal: m.AxonNpLocal,
-		MapNPSrcRange: m.AxonNpSrcrange, MapNPAffinity: m.AxonNpAff, MapNPCT: m.AxonNpCt,
-		MapNPNAT: m.AxonNpNat, MapNPMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
-		MapNPFrag: m.AxonNpFrag, MapNPDSR: m.AxonNpDsr, MapNPCluster: m.AxonNpCluster,
-		MapNPPods: m.AxonNpPods,
+		MapService: m.AxonNpSvc, MapBackend: m.AxonNpBe, MapLocal: m.AxonNpLocal,
+		MapSrcRange: m.AxonNpSrcrange, MapAffinity: m.AxonNpAff, MapCT: m.AxonNpCt,
+		MapNAT: m.AxonNpNat, MapMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
+		MapFrag: m.AxonNpFrag, MapDSR: m.AxonNpDsr, MapCluster: m.AxonNpCluster,
+		MapPods: m.AxonNpPods,
 	}
 }
 
 func npIncompatibleHint(err error, pinDir string) error {
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("%w (a map pinned under %s has another layout or size: CT/NAT/affinity sizes and the Maglev "+
-			"table size are load-time settings; remove the pins with UninstallNodePortLB (flows are lost) or load with the old sizes)", err, pinDir)
+			"table size are load-time settings; remove the pins with Uninstall (flows are lost) or load with the old sizes)", err, pinDir)
 	}
 	return err
 }
 
 // Options returns the options the LB was loaded with (defaults filled in).
-func (n *NodePortLB) Options() NodePortOptions { return n.opts }
+func (n *LB) Options() Options { return n.opts }
 
 // SetFrontendOptions installs the function UpsertFrontend (the lb.Writer
 // method) asks for a frontend's Maglev table, source ranges and mode. nil:
-// defaults (random, everyone, NodePortOptions.Mode).
-func (n *NodePortLB) SetFrontendOptions(fn func(lb.Frontend) FrontendOptions) {
+// defaults (random, everyone, Options.Mode).
+func (n *LB) SetFrontendOptions(fn func(lb.Frontend) FrontendOptions) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.optFn = fn
@@ -423,7 +424,7 @@ func (n *NodePortLB) SetFrontendOptions(fn func(lb.Frontend) FrontendOptions) {
 // are served by SNAT even by DSR frontends: their replies would not pass
 // the backend node's uplink egress, where DSR replies get the frontend
 // address back. Empty: DSR for every client (the standalone L4LB).
-func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
+func (n *LB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	want := map[lbTCNpClusterKey]bool{}
@@ -433,7 +434,7 @@ func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 		}
 		want[npClusterKey(p)] = true
 	}
-	return ReplaceKeys(n.tc.AxonNpCluster, MapNPCluster, want)
+	return datapath.ReplaceKeys(n.tc.AxonNpCluster, MapCluster, want)
 }
 
 // SetPodCIDRs tells the LB this node's podCIDRs (at most one per family,
@@ -442,7 +443,7 @@ func (n *NodePortLB) SetClusterPrefixes(prefixes []netip.Prefix) error {
 // and frontend lookups (axon_np_pods). Empty: everything is looked up (the
 // standalone L4LB). A frontend address inside them would not be translated
 // on this node: UpsertFrontend warns about one.
-func (n *NodePortLB) SetPodCIDRs(prefixes []netip.Prefix) error {
+func (n *LB) SetPodCIDRs(prefixes []netip.Prefix) error {
 	vals, err := npPodCIDRs(prefixes)
 	if err != nil {
 		return fmt.Errorf("set pod CIDRs: %w", err)
@@ -451,7 +452,7 @@ func (n *NodePortLB) SetPodCIDRs(prefixes []netip.Prefix) error {
 	defer n.mu.Unlock()
 	for fam, v := range vals {
 		if err := n.tc.AxonNpPods.Put(uint32(fam), v); err != nil {
-			return fmt.Errorf("set pod CIDRs: write %s[%d]: %w", MapNPPods, fam, err)
+			return fmt.Errorf("set pod CIDRs: write %s[%d]: %w", MapPods, fam, err)
 		}
 	}
 	n.pods = slices.Clone(prefixes)
@@ -491,12 +492,12 @@ func npPodCIDRs(prefixes []netip.Prefix) ([2]lbTCNpPodCidr, error) {
 
 // PodCIDRs reads back the podCIDRs the LB hands pod traffic on for
 // (axon_np_pods), IPv4 first.
-func (n *NodePortLB) PodCIDRs() ([]netip.Prefix, error) {
+func (n *LB) PodCIDRs() ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for fam := range uint32(2) {
 		var v lbTCNpPodCidr
 		if err := n.tc.AxonNpPods.Lookup(fam, &v); err != nil {
-			return nil, fmt.Errorf("read %s[%d]: %w", MapNPPods, fam, err)
+			return nil, fmt.Errorf("read %s[%d]: %w", MapPods, fam, err)
 		}
 		if v.Set == 0 {
 			continue
@@ -520,7 +521,7 @@ func (n *NodePortLB) PodCIDRs() ([]netip.Prefix, error) {
 // warnPodFrontend logs a frontend whose address lies inside this node's
 // podCIDRs: the uplink programs take it for pod traffic and do not
 // translate it. Called with mu held.
-func (n *NodePortLB) warnPodFrontend(k lb.FrontendKey) {
+func (n *LB) warnPodFrontend(k lb.FrontendKey) {
 	if k.Scope != lb.ScopeCluster {
 		return // NodePort / HostPort: the node's own addresses
 	}
@@ -551,7 +552,7 @@ func npClusterKey(p netip.Prefix) lbTCNpClusterKey {
 
 // SetNodeAddrs replaces the node addresses NodePort/HostPort frontends
 // match (axon_np_local). The SNAT source chosen at load stays.
-func (n *NodePortLB) SetNodeAddrs(addrs []netip.Addr) error {
+func (n *LB) SetNodeAddrs(addrs []netip.Addr) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	want := map[[16]byte]bool{}
@@ -561,12 +562,12 @@ func (n *NodePortLB) SetNodeAddrs(addrs []netip.Addr) error {
 		}
 		want[a.Unmap().As16()] = true
 	}
-	return ReplaceKeys(n.tc.AxonNpLocal, MapNPLocal, want)
+	return datapath.ReplaceKeys(n.tc.AxonNpLocal, MapLocal, want)
 }
 
 // Close releases file descriptors. Pinned maps and links stay: traffic keeps
 // being balanced while the agent is down and the next load adopts them.
-func (n *NodePortLB) Close() error {
+func (n *LB) Close() error {
 	var errs []error
 	if n.explain != nil {
 		errs = append(errs, n.explain.close())
@@ -575,9 +576,9 @@ func (n *NodePortLB) Close() error {
 	return errors.Join(errs...)
 }
 
-// UninstallNodePortLB detaches every nodeport LB attachment pinned under
+// Uninstall detaches every nodeport LB attachment pinned under
 // pinDir (in the current netns) and removes its maps. Missing pins are fine.
-func UninstallNodePortLB(pinDir string) error {
+func Uninstall(pinDir string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -589,7 +590,7 @@ func UninstallNodePortLB(pinDir string) error {
 	for _, p := range pins {
 		errs = append(errs, detachNPPin(p))
 	}
-	for _, m := range []string{MapNPService, MapNPBackend, MapNPLocal, MapNPSrcRange, MapNPAffinity, MapNPCT, MapNPNAT, MapNPMetrics, MapLBMaglev, MapNPFrag, MapNPDSR, MapNPCluster, MapNPPods} {
+	for _, m := range []string{MapService, MapBackend, MapLocal, MapSrcRange, MapAffinity, MapCT, MapNAT, MapMetrics, MapLBMaglev, MapFrag, MapDSR, MapCluster, MapPods} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
 		}

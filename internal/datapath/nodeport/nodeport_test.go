@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
@@ -75,11 +75,11 @@ func npVerdictOf(hook string, ret uint32) (npVerdict, error) {
 var npHooks = []string{"tc", "xdp"}
 
 // npFix is a scratch node netns with an uplink, neighbours and routes, and
-// a NodePortLB loaded (not attached).
+// a LB loaded (not attached).
 type npFix struct {
 	ns     string
 	pin    string
-	n      *NodePortLB
+	n      *LB
 	upIf   int
 	upMAC  net.HardwareAddr
 	gwMAC  net.HardwareAddr // node2 (198.18.0.12), next hop of 10.244.2.0/24
@@ -93,7 +93,7 @@ var (
 	npCli6   = netip.MustParseAddr("fd00:198:18::250")
 )
 
-func newNPFix(t testing.TB, mod func(*NodePortOptions)) *npFix {
+func newNPFix(t testing.TB, mod func(*Options)) *npFix {
 	t.Helper()
 	requireRoot(t)
 	f := &npFix{gwMAC: mustMAC(t, "02:00:00:00:00:12"), cliMAC: mustMAC(t, "02:00:00:00:00:fa")}
@@ -116,18 +116,18 @@ func newNPFix(t testing.TB, mod func(*NodePortOptions)) *npFix {
 	l := c.Link("eth0")
 	f.upIf, f.upMAC = l.Attrs().Index, l.Attrs().HardwareAddr
 	f.pin = newPinDir(t)
-	o := NodePortOptions{PinDir: f.pin, NodeName: "node1", NodeAddrs: []netip.Addr{npNode, npNode6}, Logger: testLogger(t)}
+	o := Options{PinDir: f.pin, NodeName: "node1", NodeAddrs: []netip.Addr{npNode, npNode6}, Logger: testLogger(t)}
 	if mod != nil {
 		mod(&o)
 	}
-	n, err := LoadNodePortLB(o)
+	n, err := Load(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.n = n
 	t.Cleanup(func() {
 		n.Close()
-		if err := UninstallNodePortLB(f.pin); err != nil {
+		if err := Uninstall(f.pin); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 	})
@@ -331,8 +331,8 @@ func TestNodePortPrograms(t *testing.T) {
 	f.upsert(t, npNodePort(30080, lb.TCP, true, npBE("[fd00:10:244:2::5]:8080", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: NPModeDSR})
-	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npVIP("[2001:db8::10]:80", lb.TCP, npBE("[fd00:10:244:2::7]:80", "node2")), FrontendOptions{Mode: ModeDSR})
 	f.upsert(t, npVIP("192.0.2.30:80", lb.TCP, npBE("10.244.2.8:80", "node2")),
 		FrontendOptions{SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/25")}})
 	etpLocal := npVIP("192.0.2.40:80", lb.TCP, npBE("10.244.2.9:80", "node2"))

@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"net/netip"
@@ -48,7 +48,7 @@ func TestNodePortWriter(t *testing.T) {
 		t.Errorf("bad input changed the programmed state: %+v", after)
 	}
 	// a restarted agent adopts what is pinned
-	n2, err := LoadNodePortLB(f.n.Options())
+	n2, err := Load(f.n.Options())
 	if err != nil {
 		t.Fatal(err)
 	}

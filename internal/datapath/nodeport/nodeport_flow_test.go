@@ -1,4 +1,4 @@
-package datapath
+package nodeport
 
 import (
 	"bytes"
@@ -165,7 +165,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30080, lb.TCP, true, npBE("[fd00:10:244:2::5]:8080", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
-	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: NPModeDSR})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
 	router := netip.MustParseAddr("198.18.0.1")
 	router6 := netip.MustParseAddr("fd00:198:18::1")
 	type icase struct {
@@ -248,7 +248,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 
 func TestNodePortTableFull(t *testing.T) {
 	const ctMax = 256
-	f := newNPFix(t, func(o *NodePortOptions) { o.CTMax = ctMax })
+	f := newNPFix(t, func(o *Options) { o.CTMax = ctMax })
 	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
 	const flows = 1500
 	for _, hook := range npHooks {
@@ -334,7 +334,7 @@ func npHashTuple(t Tuple, seed uint32) uint32 {
 
 func TestNodePortMaglev(t *testing.T) {
 	const m = 251
-	f := newNPFix(t, func(o *NodePortOptions) { o.MaglevTableSize = m })
+	f := newNPFix(t, func(o *Options) { o.MaglevTableSize = m })
 	bes := []lb.Backend{npBE("10.244.2.3:80", "node2"), npBE("10.244.2.1:80", "node2"), npBE("10.244.2.2:80", "node2")}
 	table := make([]uint32, m) // slot i -> backend i%3 (caller's order)
 	for i := range table {
@@ -537,7 +537,7 @@ func TestNodePortGC(t *testing.T) {
 	}
 }
 
-func mustCT(t *testing.T, n *NodePortLB) []CTEntry {
+func mustCT(t *testing.T, n *LB) []CTEntry {
 	t.Helper()
 	es, err := n.CT()
 	if err != nil {
