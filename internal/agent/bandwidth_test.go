@@ -19,6 +19,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 const netlinkHandleRoot = 0xFFFFFFFF // netlink.HANDLE_ROOT
@@ -99,7 +100,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 
 	n := newScratchNode(t)
 	pin := "/sys/fs/bpf/axt-agent-bw-" + randHex(t)
-	t.Cleanup(func() { n.do(t, func() { _ = datapath.Uninstall(pin) }) })
+	t.Cleanup(func() { n.do(t, func() { _ = podpath.Uninstall(pin) }) })
 	cfg := Defaults()
 	cfg.NodeName, cfg.StateDir, cfg.BPFRoot = "node1", t.TempDir(), pin
 	cfg.BandwidthManager = true

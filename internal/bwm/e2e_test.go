@@ -20,6 +20,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // The end-to-end topology (all namespaces created here, prefix axt-bw-):
@@ -45,7 +46,7 @@ type topo struct {
 	node, pod, peer string // netns names
 	hostIf          string // host side of the pod veth
 	pin             string
-	dp              *datapath.Datapath
+	dp              *podpath.Datapath
 	bwm             *bandwidth.Manager
 	nodeNL          *netlink.Handle
 	virtio          bool
@@ -161,7 +162,7 @@ func newTopo(t *testing.T) *topo {
 		nsRun(t, ns, "ip", "link", "set", "lo", "up")
 	}
 	t.Cleanup(func() {
-		inNetnsDo(t, tp.node, func() error { return datapath.Uninstall(tp.pin) })
+		inNetnsDo(t, tp.node, func() error { return podpath.Uninstall(tp.pin) })
 	})
 	// uplink
 	if nics := vmNICs(); nics != nil {
@@ -207,7 +208,7 @@ func newTopo(t *testing.T) *topo {
 
 	inNetnsDo(t, tp.node, func() error {
 		var err error
-		tp.dp, err = datapath.Load(datapath.Config{PinDir: tp.pin, Uplink: "eth0"})
+		tp.dp, err = podpath.Load(podpath.Config{PinDir: tp.pin, Uplink: "eth0"})
 		if err != nil {
 			return err
 		}
@@ -216,7 +217,7 @@ func newTopo(t *testing.T) *topo {
 		}
 		podMAC, _ := parseMAC(tp.podMAC)
 		hostMAC, _ := parseMAC(tp.hostMAC)
-		if err := tp.dp.UpsertEndpoint(datapath.Endpoint{IP: netip.MustParseAddr(podIP), IfIndex: tp.hostIfIndex, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
+		if err := tp.dp.UpsertEndpoint(podpath.Endpoint{IP: netip.MustParseAddr(podIP), IfIndex: tp.hostIfIndex, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
 			return err
 		}
 		tp.bwm, err = bandwidth.Load(bandwidth.Config{PinDir: tp.pin, Uplink: "eth0"})

@@ -11,8 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // Offsets in struct __sk_buff (UAPI) for PROG_TEST_RUN.
@@ -88,7 +88,7 @@ func TestEDTSmallBypass(t *testing.T) {
 	})
 	t.Cleanup(func() {
 		b.Close()
-		inNetnsDo(t, ns, func() error { return datapath.Uninstall(pin) })
+		inNetnsDo(t, ns, func() error { return podpath.Uninstall(pin) })
 		_ = os.RemoveAll(pin)
 	})
 	pod := netip.MustParseAddr("10.244.1.7")

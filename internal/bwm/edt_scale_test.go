@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // scalePod is one of the many limited pods of TestEDTScale64Pods.
@@ -69,7 +69,7 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 			if err != nil {
 				return err
 			}
-			if err := tp.dp.UpsertEndpoint(datapath.Endpoint{IP: p.ip, IfIndex: l.Attrs().Index, PodMAC: p.podMAC, HostMAC: p.hostMAC}); err != nil {
+			if err := tp.dp.UpsertEndpoint(podpath.Endpoint{IP: p.ip, IfIndex: l.Attrs().Index, PodMAC: p.podMAC, HostMAC: p.hostMAC}); err != nil {
 				return err
 			}
 		}

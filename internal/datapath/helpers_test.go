@@ -1,8 +1,6 @@
 package datapath
 
 import (
-	"testing"
-
 	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
@@ -63,9 +61,3 @@ const (
 	bigTCPSize    = dptest.BigTCPSize
 	bigTSOSegs    = dptest.BigTSOSegs
 )
-
-// newPinDir returns a fresh pin dir under /sys/fs/bpf, removed at cleanup.
-func newPinDir(t testing.TB) string {
-	t.Helper()
-	return dptest.NewPinDir(t, BPFFSRoot, EnsureBPFFS, Uninstall)
-}

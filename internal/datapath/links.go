@@ -20,6 +20,15 @@ import (
 // agent is down and a restarted agent adopts (updates in place) what it
 // finds there instead of flapping it.
 
+// Attach modes (tcx or clsact + cls_bpf, and auto: tcx where the kernel has
+// it) and host routing values, as the loaders' decisions show them.
+const (
+	ModeAuto   = "auto"
+	ModeTCX    = "tcx"
+	ModeLegacy = "legacy"
+	RoutingBPF = "bpf"
+)
+
 // Pin kinds (the first part of a link pin's name).
 const (
 	PinTCX = "tcx" // pinned tcx link

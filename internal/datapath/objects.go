@@ -12,12 +12,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Every object bpf2go generates into this package and the object packages
-// beside it (one per bpf/*.c), so tools such as the verifier report and the
-// probes that load an object cover new programs without a list to keep in
-// sync.
+// Every object bpf2go generates into the object packages under this one (one
+// per bpf/*.c), so tools such as the verifier report and the probes that
+// load an object cover new programs without a list to keep in sync.
 //
-//go:embed *_bpfel.o */*_bpfel.o
+//go:embed */*_bpfel.o
 var objectFS embed.FS
 
 // Object is one compiled BPF object embedded in the binary.
@@ -29,13 +28,9 @@ type Object struct {
 // Objects parses every embedded BPF object, sorted by name. The specs are
 // fresh copies: callers may change them.
 func Objects() ([]Object, error) {
-	var files []string
-	for _, pattern := range []string{"*_bpfel.o", "*/*_bpfel.o"} {
-		m, err := fs.Glob(objectFS, pattern)
-		if err != nil {
-			return nil, fmt.Errorf("list embedded BPF objects: %w", err)
-		}
-		files = append(files, m...)
+	files, err := fs.Glob(objectFS, "*/*_bpfel.o")
+	if err != nil {
+		return nil, fmt.Errorf("list embedded BPF objects: %w", err)
 	}
 	sort.Slice(files, func(i, j int) bool { return path.Base(files[i]) < path.Base(files[j]) })
 	out := make([]Object, 0, len(files))
@@ -64,10 +59,8 @@ func objectSpec(f string) (*ebpf.CollectionSpec, error) {
 
 // objectByName parses the embedded object of bpf2go stem name.
 func objectByName(name string) (*ebpf.CollectionSpec, error) {
-	for _, pattern := range []string{name + "_bpfel.o", "*/" + name + "_bpfel.o"} {
-		if m, _ := fs.Glob(objectFS, pattern); len(m) == 1 {
-			return objectSpec(m[0])
-		}
+	if m, _ := fs.Glob(objectFS, "*/"+name+"_bpfel.o"); len(m) == 1 {
+		return objectSpec(m[0])
 	}
 	return nil, fmt.Errorf("BPF object %s is not embedded", name)
 }

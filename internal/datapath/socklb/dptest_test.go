@@ -5,6 +5,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // The shared test helpers (package dptest) under the names these tests use.
@@ -33,5 +34,5 @@ type nsCfg = dptest.NSCfg
 // newPinDir returns a fresh pin dir under /sys/fs/bpf, removed at cleanup.
 func newPinDir(t testing.TB) string {
 	t.Helper()
-	return dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, datapath.Uninstall)
+	return dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, podpath.Uninstall)
 }

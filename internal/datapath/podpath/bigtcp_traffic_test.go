@@ -1,9 +1,11 @@
-package datapath
+package podpath
 
 import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // TestTrafficBigTCP: with BIG TCP on every device, bulk TCP between pods,
@@ -13,7 +15,7 @@ import (
 // handed to the stack (ip_forward, one more veth crossing per packet).
 func TestTrafficBigTCP(t *testing.T) {
 	requireRoot(t)
-	if c := Probe().BigTCP; !c.Available {
+	if c := datapath.Probe().BigTCP; !c.Available {
 		t.Skipf("no BIG TCP on this kernel: %s", c.Reason)
 	}
 	node, ext := newTrafficNode(t)

@@ -1,4 +1,4 @@
-package datapath_test
+package podpath_test
 
 import (
 	"encoding/binary"
@@ -9,17 +9,17 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/nodeport"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // The nodeport LB delivering to local pods needs package nodeport (an
 // importer of this one): external tests, with the traffic fixture through
 // export_test.go.
 var (
-	newTrafficNode = datapath.NewTrafficNode
-	addPod         = datapath.AddPod
-	loadWithPods   = datapath.LoadWithPods
+	newTrafficNode = podpath.NewTrafficNode
+	addPod         = podpath.AddPod
+	loadWithPods   = podpath.LoadWithPods
 )
 
 // progRuns is how many times prog has run since BPF_ENABLE_STATS was on.
@@ -76,7 +76,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 			var np *nodeport.LB
 			var err error
 			inNetns(t, node, func() {
-				np, err = nodeport.Load(nodeport.Options{PinDir: datapath.PinDirOf(d), NodeName: "node1",
+				np, err = nodeport.Load(nodeport.Options{PinDir: podpath.PinDirOf(d), NodeName: "node1",
 					NodeAddrs:   []netip.Addr{netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("fd00:198:18::11")},
 					DeliverPods: tc.deliver, Logger: testLogger(t)})
 				if err == nil {
@@ -92,7 +92,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 			defer func() {
 				np.Close()
 				inNetns(t, node, func() {
-					if err := nodeport.Uninstall(datapath.PinDirOf(d)); err != nil {
+					if err := nodeport.Uninstall(podpath.PinDirOf(d)); err != nil {
 						t.Errorf("uninstall LB: %v", err)
 					}
 				})
@@ -114,14 +114,14 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				up0, lb0 := progRuns(t, datapath.UplinkProgram(d)), progRuns(t, np.Program(nodeport.HookTC))
+				up0, lb0 := progRuns(t, podpath.UplinkProgram(d)), progRuns(t, np.Program(nodeport.HookTC))
 				sendRaw(t, ext, "wire", s.frames)
 				time.Sleep(50 * time.Millisecond) // frames are handled in the receiver's softirq
 				m1, err := d.MetricsByDirection()
 				if err != nil {
 					t.Fatal(err)
 				}
-				up, lbRuns := progRuns(t, datapath.UplinkProgram(d))-up0, progRuns(t, np.Program(nodeport.HookTC))-lb0
+				up, lbRuns := progRuns(t, podpath.UplinkProgram(d))-up0, progRuns(t, np.Program(nodeport.HookTC))-lb0
 				if got := m1["uplink_ingress"][s.reason] - m0["uplink_ingress"][s.reason]; got != k {
 					t.Errorf("%s: uplink_ingress %s +%d, want +%d", s.desc, s.reason, got, k)
 				}

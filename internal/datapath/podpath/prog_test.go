@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // progFixture is a scratch node netns with a pod device, an uplink with
@@ -77,14 +79,14 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 		if err := cfg.normalise(); err != nil {
 			t.Fatal(err)
 		}
-		if err := EnsurePinDir(pin); err != nil {
+		if err := datapath.EnsurePinDir(pin); err != nil {
 			t.Fatal(err)
 		}
-		d := &Datapath{cfg: cfg, log: cfg.Logger, feats: Probe()}
+		d := &Datapath{cfg: cfg, log: cfg.Logger, feats: datapath.Probe()}
 		if err := d.decide(); err != nil {
 			t.Fatal(err)
 		}
-		if d.hostRouting != RoutingBPF {
+		if d.hostRouting != datapath.RoutingBPF {
 			t.Fatalf("host routing %s on this kernel: %v", d.hostRouting, d.decisions)
 		}
 		if err := d.loadObjects(); err != nil {

@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // Device modes (Config.DeviceMode, agent --device-mode).
@@ -51,7 +52,7 @@ func (n *netkitProgs) close() {
 // the operational device type ("veth"|"netkit"), the netkit mode ("l3"|"l2")
 // and why. A forced netkit mode on a kernel without netkit is an error that
 // says what to do.
-func DeviceDecision(mode string, netkit Capability) (typ, nkMode, reason string, err error) {
+func DeviceDecision(mode string, netkit datapath.Capability) (typ, nkMode, reason string, err error) {
 	switch mode {
 	case "", DeviceModeVeth:
 		r := "configured veth"
@@ -125,7 +126,7 @@ func (d *Datapath) netkitPrograms() (peer, primary *ebpf.Program, err error) {
 	}
 	var pp podEgressPrograms
 	if err := spec.LoadAndAssign(&pp, opts); err != nil {
-		return nil, nil, fmt.Errorf("load axon_pod_egress for netkit: %w", VerifierDetail(err))
+		return nil, nil, fmt.Errorf("load axon_pod_egress for netkit: %w", datapath.VerifierDetail(err))
 	}
 	prim, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "axon_nk_primary",
@@ -157,10 +158,10 @@ func (d *Datapath) attachNetkitLocked(nk *netlink.Netkit) error {
 		return fmt.Errorf("attach pod program to %s: %w", name, err)
 	}
 	// The peer link reports the peer's ifindex (in the pod netns).
-	if err := attachNetkitLink(PinPath(d.cfg.PinDir, pinNKPeer, rolePod, name), idx, nk.Attrs().ParentIndex, peer, ebpf.AttachNetkitPeer); err != nil {
+	if err := attachNetkitLink(datapath.PinPath(d.cfg.PinDir, pinNKPeer, rolePod, name), idx, nk.Attrs().ParentIndex, peer, ebpf.AttachNetkitPeer); err != nil {
 		return fmt.Errorf("attach pod program to netkit peer of %s: %w", name, err)
 	}
-	if err := attachNetkitLink(PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, name), idx, idx, primary, ebpf.AttachNetkitPrimary); err != nil {
+	if err := attachNetkitLink(datapath.PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, name), idx, idx, primary, ebpf.AttachNetkitPrimary); err != nil {
 		return fmt.Errorf("attach program to netkit primary %s: %w", name, err)
 	}
 	if err := SetNetkitPolicy(idx, netlink.NETKIT_POLICY_FORWARD, netlink.NETKIT_POLICY_FORWARD); err != nil {
@@ -174,8 +175,8 @@ func (d *Datapath) attachNetkitLocked(nk *netlink.Netkit) error {
 // unless open is set (legacy host routing: the kernel routes, nothing attached).
 func (d *Datapath) detachNetkitLocked(ifname string, open bool) error {
 	err := errors.Join(
-		DetachLink(LinkPin{Path: PinPath(d.cfg.PinDir, pinNKPeer, rolePod, ifname), Kind: pinNKPeer, Role: rolePod, Ifname: ifname}),
-		DetachLink(LinkPin{Path: PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, ifname), Kind: pinNKPrimary, Role: rolePod, Ifname: ifname}),
+		datapath.DetachLink(datapath.LinkPin{Path: datapath.PinPath(d.cfg.PinDir, pinNKPeer, rolePod, ifname), Kind: pinNKPeer, Role: rolePod, Ifname: ifname}),
+		datapath.DetachLink(datapath.LinkPin{Path: datapath.PinPath(d.cfg.PinDir, pinNKPrimary, rolePod, ifname), Kind: pinNKPrimary, Role: rolePod, Ifname: ifname}),
 	)
 	if l, lerr := netlink.LinkByName(ifname); lerr == nil {
 		if nk, ok := l.(*netlink.Netkit); ok && nk.IsPrimary() {
@@ -193,7 +194,7 @@ func (d *Datapath) detachNetkitLocked(ifname string, open bool) error {
 // it is still on devIdx (the ifindex the link reports: the primary's, or the
 // peer's for a peer link), otherwise attached anew through primaryIdx.
 func attachNetkitLink(pin string, primaryIdx, devIdx int, prog *ebpf.Program, at ebpf.AttachType) error {
-	return AttachLink(pin, "netkit", devIdx, prog, func() (link.Link, error) {
+	return datapath.AttachLink(pin, "netkit", devIdx, prog, func() (link.Link, error) {
 		l, err := link.AttachNetkit(link.NetkitOptions{Interface: primaryIdx, Program: prog, Attach: at})
 		if err != nil {
 			return nil, fmt.Errorf("netkit attach to ifindex %d: %w", primaryIdx, err)

@@ -1,4 +1,4 @@
-package datapath_test
+package podpath_test
 
 import (
 	"net/netip"
@@ -12,6 +12,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // The ingress policer runs inside pod_egress and uplink_ingress and reads
@@ -20,7 +21,7 @@ import (
 
 // newBWMFixture loads the Bandwidth Manager with the maps pinned in f's pin
 // dir, on f's uplink (in f's netns).
-func newBWMFixture(t *testing.T, f *datapath.ProgFixture) *bandwidth.Manager {
+func newBWMFixture(t *testing.T, f *podpath.ProgFixture) *bandwidth.Manager {
 	t.Helper()
 	var b *bandwidth.Manager
 	dptest.InNetns(t, f.NS, func() {
@@ -47,7 +48,7 @@ func bwStat(t *testing.T, b *bandwidth.Manager, name string) uint64 {
 // limit on the destination pod: the token bucket passes the burst, then
 // drops until it refills; pods without a limit keep being redirected.
 func TestIngressPolicer(t *testing.T) {
-	f := datapath.NewProgFixture(t)
+	f := podpath.NewProgFixture(t)
 	b := newBWMFixture(t, f)
 	const bits = 1_000_000 // 125 kB/s: the bucket is the 128 KiB minimum
 	if err := b.Apply([]bandwidth.Limit{{Addrs: []netip.Addr{f.EP.IP, f.EP6.IP}, IngressBits: bits}}, 2*time.Second); err != nil {
@@ -128,7 +129,7 @@ func TestIngressPolicer(t *testing.T) {
 // ingress limit (Apply), closed by UninstallBWM, and the policer obeys it: a
 // limit behind a closed gate is not looked up, so its packets pass.
 func TestIngressGate(t *testing.T) {
-	f := datapath.NewProgFixture(t)
+	f := podpath.NewProgFixture(t)
 	b := newBWMFixture(t, f)
 	gateMap, err := ebpf.LoadPinnedMap(filepath.Join(f.PinDir, datapath.MapBWGate), nil)
 	if err != nil {

@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"net/netip"

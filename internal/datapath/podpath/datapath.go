@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // Config selects where and how the datapath is installed in the current netns.
@@ -30,20 +31,12 @@ type Config struct {
 	NoFibCache bool
 }
 
-// Attach modes and host routing values, as shown in Decisions.
-const (
-	ModeAuto   = "auto"
-	ModeTCX    = "tcx"
-	ModeLegacy = "legacy"
-	RoutingBPF = "bpf"
-)
-
 // Datapath is the loaded datapath of one node netns. Methods are safe for
 // concurrent use; call them from the netns Load ran in.
 type Datapath struct {
 	cfg   Config
 	log   *slog.Logger
-	feats Features
+	feats datapath.Features
 
 	attachMode  string // ModeTCX | ModeLegacy
 	hostRouting string // RoutingBPF | ModeLegacy
@@ -66,18 +59,18 @@ func (c *Config) normalise() error {
 		return errors.New("datapath config: PinDir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
 	}
 	if c.AttachMode == "" {
-		c.AttachMode = ModeAuto
+		c.AttachMode = datapath.ModeAuto
 	}
 	if c.HostRouting == "" {
-		c.HostRouting = ModeAuto
+		c.HostRouting = datapath.ModeAuto
 	}
 	switch c.AttachMode {
-	case ModeAuto, ModeTCX, ModeLegacy:
+	case datapath.ModeAuto, datapath.ModeTCX, datapath.ModeLegacy:
 	default:
 		return fmt.Errorf("datapath config: attach mode %q is not one of auto, tcx, legacy", c.AttachMode)
 	}
 	switch c.HostRouting {
-	case ModeAuto, RoutingBPF, ModeLegacy:
+	case datapath.ModeAuto, datapath.RoutingBPF, datapath.ModeLegacy:
 	default:
 		return fmt.Errorf("datapath config: host routing %q is not one of auto, bpf, legacy", c.HostRouting)
 	}
@@ -91,31 +84,31 @@ func (c *Config) normalise() error {
 func (d *Datapath) decide() error {
 	f := d.feats
 	switch {
-	case d.cfg.AttachMode == ModeLegacy:
-		d.attachMode = ModeLegacy
-		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeLegacy, Reason: "legacy: clsact + cls_bpf requested by configuration"})
+	case d.cfg.AttachMode == datapath.ModeLegacy:
+		d.attachMode = datapath.ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: datapath.ModeLegacy, Reason: "legacy: clsact + cls_bpf requested by configuration"})
 	case f.TCX.Available:
-		d.attachMode = ModeTCX
-		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeTCX, Reason: f.TCX.Reason})
-	case d.cfg.AttachMode == ModeTCX:
+		d.attachMode = datapath.ModeTCX
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: datapath.ModeTCX, Reason: f.TCX.Reason})
+	case d.cfg.AttachMode == datapath.ModeTCX:
 		return fmt.Errorf("attach mode tcx requested but unavailable (%s): use attach mode auto or legacy", f.TCX.Reason)
 	default:
-		d.attachMode = ModeLegacy
-		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: ModeLegacy, Reason: "legacy: clsact + cls_bpf fallback because " + f.TCX.Reason})
+		d.attachMode = datapath.ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "attach", Value: datapath.ModeLegacy, Reason: "legacy: clsact + cls_bpf fallback because " + f.TCX.Reason})
 	}
 
 	var missing []string
-	for _, c := range []Capability{f.RedirectPeer, f.FibLookup} {
+	for _, c := range []datapath.Capability{f.RedirectPeer, f.FibLookup} {
 		if !c.Available {
 			missing = append(missing, c.Reason)
 		}
 	}
 	switch {
-	case d.cfg.HostRouting == ModeLegacy:
-		d.hostRouting = ModeLegacy
-		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: ModeLegacy, Reason: "legacy: kernel routing requested by configuration, no programs attached"})
+	case d.cfg.HostRouting == datapath.ModeLegacy:
+		d.hostRouting = datapath.ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: datapath.ModeLegacy, Reason: "legacy: kernel routing requested by configuration, no programs attached"})
 	case len(missing) == 0:
-		d.hostRouting = RoutingBPF
+		d.hostRouting = datapath.RoutingBPF
 		reason := "bpf: bpf_redirect_peer for local pods, bpf_fib_lookup + bpf_redirect"
 		if f.RedirectNeigh.Available {
 			reason += "/bpf_redirect_neigh"
@@ -123,12 +116,12 @@ func (d *Datapath) decide() error {
 			reason += " (unresolved neighbours via the stack: " + f.RedirectNeigh.Reason + ")"
 		}
 		reason += " for the rest (probed)"
-		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: RoutingBPF, Reason: reason})
-	case d.cfg.HostRouting == RoutingBPF:
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: datapath.RoutingBPF, Reason: reason})
+	case d.cfg.HostRouting == datapath.RoutingBPF:
 		return fmt.Errorf("host routing bpf requested but unavailable (%s): use host routing auto or legacy", strings.Join(missing, "; "))
 	default:
-		d.hostRouting = ModeLegacy
-		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: ModeLegacy, Reason: "legacy: kernel routing because " + strings.Join(missing, "; ")})
+		d.hostRouting = datapath.ModeLegacy
+		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: datapath.ModeLegacy, Reason: "legacy: kernel routing because " + strings.Join(missing, "; ")})
 	}
 
 	if err := d.decideDevice(); err != nil { // issue 5: netkit.go
@@ -144,7 +137,7 @@ func (d *Datapath) decide() error {
 func (d *Datapath) decideFibCache() {
 	dec := api.Decision{Name: "fib_cache", Value: "off"}
 	switch {
-	case d.hostRouting != RoutingBPF:
+	case d.hostRouting != datapath.RoutingBPF:
 		dec.Reason = "off: no BPF host routing, the kernel forwards"
 	case d.cfg.NoFibCache:
 		dec.Reason = "off: --fib-cache=false, every packet to another node is looked up in the FIB"
@@ -166,10 +159,10 @@ func Load(cfg Config) (*Datapath, error) {
 	if err := cfg.normalise(); err != nil {
 		return nil, err
 	}
-	if err := EnsurePinDir(cfg.PinDir); err != nil {
+	if err := datapath.EnsurePinDir(cfg.PinDir); err != nil {
 		return nil, fmt.Errorf("load datapath: %w", err)
 	}
-	d := &Datapath{cfg: cfg, log: cfg.Logger, feats: Probe()}
+	d := &Datapath{cfg: cfg, log: cfg.Logger, feats: datapath.Probe()}
 	if err := d.decide(); err != nil {
 		return nil, fmt.Errorf("load datapath: %w", err)
 	}
@@ -200,16 +193,16 @@ func (d *Datapath) loadObjects() error {
 		AxonMetrics *ebpf.Map `ebpf:"axon_metrics"`
 	}
 	if err := podSpec.LoadAndAssign(&maps, opts); err != nil {
-		return fmt.Errorf("load maps: %w", IncompatibleHint(err, d.cfg.PinDir))
+		return fmt.Errorf("load maps: %w", datapath.IncompatibleHint(err, d.cfg.PinDir))
 	}
 	d.epV4, d.epV6, d.metrics = maps.AxonEpV4, maps.AxonEpV6, maps.AxonMetrics
-	if d.hostRouting != RoutingBPF {
+	if d.hostRouting != datapath.RoutingBPF {
 		return nil
 	}
-	if err := podSpec.Variables["cfg_enable_neigh"].Set(BoolU8(d.feats.RedirectNeigh.Available)); err != nil {
+	if err := podSpec.Variables["cfg_enable_neigh"].Set(datapath.BoolU8(d.feats.RedirectNeigh.Available)); err != nil {
 		return fmt.Errorf("set cfg_enable_neigh: %w", err)
 	}
-	if err := podSpec.Variables["cfg_fib_cache"].Set(BoolU8(d.fibCache)); err != nil {
+	if err := podSpec.Variables["cfg_fib_cache"].Set(datapath.BoolU8(d.fibCache)); err != nil {
 		return fmt.Errorf("set cfg_fib_cache: %w", err)
 	}
 	opts.MapReplacements = map[string]*ebpf.Map{
@@ -218,7 +211,7 @@ func (d *Datapath) loadObjects() error {
 	d.nk.spec = podSpec.Copy() // issue 5: netkit pods load the same program with cfg_netkit=1
 	var pp podEgressPrograms
 	if err := podSpec.LoadAndAssign(&pp, opts); err != nil {
-		return fmt.Errorf("load axon_pod_egress: %w", VerifierDetail(err))
+		return fmt.Errorf("load axon_pod_egress: %w", datapath.VerifierDetail(err))
 	}
 	d.podProg = pp.AxonPodEgress
 	upSpec, err := loadUplinkIngress()
@@ -227,7 +220,7 @@ func (d *Datapath) loadObjects() error {
 	}
 	var up uplinkIngressPrograms
 	if err := upSpec.LoadAndAssign(&up, opts); err != nil {
-		return fmt.Errorf("load axon_uplink_ingress: %w", VerifierDetail(err))
+		return fmt.Errorf("load axon_uplink_ingress: %w", datapath.VerifierDetail(err))
 	}
 	d.upProg = up.AxonUplinkIngress
 	return nil
@@ -241,7 +234,7 @@ func (d *Datapath) install() error {
 	if err != nil {
 		return err
 	}
-	if d.hostRouting != RoutingBPF {
+	if d.hostRouting != datapath.RoutingBPF {
 		for _, p := range pods {
 			if err := d.detachLocked(p.Role, p.Ifname); err != nil {
 				return err
@@ -263,7 +256,7 @@ func (d *Datapath) install() error {
 				return err
 			}
 		case p.Role == rolePod:
-			if !DeviceExists(p.Ifname) {
+			if !datapath.DeviceExists(p.Ifname) {
 				continue // left for GCPodLinks
 			}
 			if err := d.attachLocked(rolePod, p.Ifname, d.podProg); err != nil {
@@ -317,7 +310,7 @@ func Uninstall(pinDir string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	ok, err := IsBPFFS(pinDir)
+	ok, err := datapath.IsBPFFS(pinDir)
 	if err != nil {
 		return fmt.Errorf("uninstall: %w", err)
 	}
@@ -330,7 +323,7 @@ func Uninstall(pinDir string) error {
 	}
 	var errs []error
 	for _, p := range pins {
-		if err := DetachPin(p, podHook(p.Role, ModeLegacy)); err != nil {
+		if err := datapath.DetachPin(p, podHook(p.Role, datapath.ModeLegacy)); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,10 +1,11 @@
-package datapath_test
+package podpath_test
 
 import (
 	"testing"
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // The shared test helpers (package dptest) under the names the external
@@ -36,5 +37,5 @@ var (
 // newPinDir returns a fresh pin dir under /sys/fs/bpf, removed at cleanup.
 func newPinDir(t testing.TB) string {
 	t.Helper()
-	return dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, datapath.Uninstall)
+	return dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, podpath.Uninstall)
 }

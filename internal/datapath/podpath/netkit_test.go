@@ -1,6 +1,7 @@
-package datapath
+package podpath
 
 import (
+	"github.com/axonhq/axon/internal/datapath"
 	"os"
 	"strings"
 	"testing"
@@ -9,11 +10,11 @@ import (
 )
 
 func TestDeviceDecision(t *testing.T) {
-	yes := Capability{Available: true, Reason: "netkit: device created (probed)"}
-	no := Capability{Reason: "netkit: creating a netkit device failed (CONFIG_NETKIT unset?): operation not supported"}
+	yes := datapath.Capability{Available: true, Reason: "netkit: device created (probed)"}
+	no := datapath.Capability{Reason: "netkit: creating a netkit device failed (CONFIG_NETKIT unset?): operation not supported"}
 	tests := []struct {
 		mode     string
-		nk       Capability
+		nk       datapath.Capability
 		wantType string
 		wantMode string
 		wantErr  string // substring; "" = no error
@@ -50,7 +51,7 @@ func TestDeviceModeAutoHere(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the probe creates a netkit pair in a scratch netns")
 	}
-	c := ProbeNetkit()
+	c := datapath.ProbeNetkit()
 	typ, _, reason, err := DeviceDecision(DeviceModeAuto, c)
 	if err != nil {
 		t.Fatal(err)
@@ -62,12 +63,12 @@ func TestDeviceModeAutoHere(t *testing.T) {
 }
 
 func TestDecideBigTCP(t *testing.T) {
-	ok := Capability{Available: true, Reason: "big_tcp: gso_max_size > 64k accepted (probed)"}
+	ok := datapath.Capability{Available: true, Reason: "big_tcp: gso_max_size > 64k accepted (probed)"}
 	veth := UplinkLimits{TSOMaxSize: 524280, GSOMaxSize: 65536, GSOIPv4MaxSize: 65536}
 	tests := []struct {
 		name   string
 		v4, v6 bool
-		probe  Capability
+		probe  datapath.Capability
 		lim    UplinkLimits
 		want   string // Value()
 		reason string
@@ -85,7 +86,7 @@ func TestDecideBigTCP(t *testing.T) {
 		{"kernel < 6.3: no ipv4", true, true, ok, UplinkLimits{TSOMaxSize: 524280, GSOMaxSize: 65536}, "ipv6 196608", "needs 6.3+",
 			api.DeviceConfig{GSOMaxSize: 196608, GROMaxSize: 196608}},
 		{"both off", false, false, ok, veth, "off", "--enable-ipv4-big-tcp=false", api.DeviceConfig{}},
-		{"probe failed", true, true, Capability{Reason: "big_tcp: setting gso_max_size > 64k failed"}, veth, "off", "setting gso_max_size", api.DeviceConfig{}},
+		{"probe failed", true, true, datapath.Capability{Reason: "big_tcp: setting gso_max_size > 64k failed"}, veth, "off", "setting gso_max_size", api.DeviceConfig{}},
 	}
 	for _, tc := range tests {
 		b := DecideBigTCP(tc.v4, tc.v6, tc.probe, "eth0", tc.lim)

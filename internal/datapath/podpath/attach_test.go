@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // attachNetns makes a node netns with an uplink eth0 and two pod devices.
@@ -33,7 +35,7 @@ func ifindex(t *testing.T, name string) int {
 
 // tcxProgs returns the program IDs attached with tcx ingress on dev; none
 // when the kernel has no tcx (the query itself would fail there).
-func tcxProgs(t *testing.T, f Features, dev string) []link.AttachedProgram {
+func tcxProgs(t *testing.T, f datapath.Features, dev string) []link.AttachedProgram {
 	t.Helper()
 	if !f.TCX.Available {
 		return nil
@@ -58,7 +60,7 @@ func axonFilters(t *testing.T, dev string) []*netlink.BpfFilter {
 	}
 	var out []*netlink.BpfFilter
 	for _, f := range fs {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == podHook(rolePod, ModeLegacy).Handle {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == podHook(rolePod, datapath.ModeLegacy).Handle {
 			out = append(out, bf)
 		}
 	}
@@ -95,25 +97,25 @@ func decision(d *Datapath, name string) string {
 
 func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 	requireRoot(t)
-	feats := Probe()
+	feats := datapath.Probe()
 	if !feats.TCX.Available {
 		t.Skip(feats.TCX.Reason)
 	}
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
-	podPin := PinPath(pin, PinTCX, rolePod, "lxc1")
-	upPin := PinPath(pin, PinTCX, roleUplink, "eth0")
+	podPin := datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc1")
+	upPin := datapath.PinPath(pin, datapath.PinTCX, roleUplink, "eth0")
 
 	inNetns(t, ns, func() {
 		d, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := decision(d, "attach"); got != ModeTCX {
+		if got := decision(d, "attach"); got != datapath.ModeTCX {
 			t.Fatalf("attach decision = %q, want tcx (%v)", got, d.Decisions())
 		}
-		if got := decision(d, "host_routing"); got != RoutingBPF {
+		if got := decision(d, "host_routing"); got != datapath.RoutingBPF {
 			t.Fatalf("host_routing decision = %q (%v)", got, d.Decisions())
 		}
 		if len(d.Features()) < 8 {
@@ -170,8 +172,8 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 		if err := d2.GCPodLinks(map[string]bool{"lxc1": true}); err != nil {
 			t.Fatalf("GCPodLinks: %v", err)
 		}
-		if exists(podPin) || exists(PinPath(pin, PinTCX, rolePod, "lxc2")) {
-			t.Errorf("GC left pins: lxc1 %v lxc2 %v", exists(podPin), exists(PinPath(pin, PinTCX, rolePod, "lxc2")))
+		if exists(podPin) || exists(datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc2")) {
+			t.Errorf("GC left pins: lxc1 %v lxc2 %v", exists(podPin), exists(datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc2")))
 		}
 		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 {
 			t.Errorf("GC left %d programs on lxc2", n)
@@ -189,8 +191,8 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 				t.Fatalf("DetachPod of a deleted device: %v", err)
 			}
 		}
-		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 || exists(PinPath(pin, PinTCX, rolePod, "lxc2")) {
-			t.Errorf("after DetachPod: %d programs, pin %v", n, exists(PinPath(pin, PinTCX, rolePod, "lxc2")))
+		if n := len(tcxProgs(t, feats, "lxc2")); n != 0 || exists(datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc2")) {
+			t.Errorf("after DetachPod: %d programs, pin %v", n, exists(datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc2")))
 		}
 		if err := d2.AttachPod("nosuchdev"); err == nil {
 			t.Error("AttachPod of a missing device succeeded")
@@ -219,17 +221,17 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 
 func TestAttachLegacyAndModeSwitch(t *testing.T) {
 	requireRoot(t)
-	feats := Probe()
+	feats := datapath.Probe()
 	ns := attachNetns(t)
 	pin := newPinDir(t)
-	cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: ModeLegacy, Logger: testLogger(t)}
+	cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: datapath.ModeLegacy, Logger: testLogger(t)}
 
 	inNetns(t, ns, func() {
 		d, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := decision(d, "attach"); got != ModeLegacy {
+		if got := decision(d, "attach"); got != datapath.ModeLegacy {
 			t.Fatalf("attach decision = %q, want legacy", got)
 		}
 		for i := 0; i < 2; i++ {
@@ -271,15 +273,15 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 
 		// Auto: with tcx the legacy filters go and tcx links replace them;
 		// without tcx (kernel < 6.6) auto stays on the legacy filters.
-		cfg.AttachMode = ModeAuto
+		cfg.AttachMode = datapath.ModeAuto
 		d3, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer d3.Close()
-		wantFilters, wantTCX, wantMode := 0, 1, ModeTCX
+		wantFilters, wantTCX, wantMode := 0, 1, datapath.ModeTCX
 		if !feats.TCX.Available {
-			wantFilters, wantTCX, wantMode = 1, 0, ModeLegacy
+			wantFilters, wantTCX, wantMode = 1, 0, datapath.ModeLegacy
 		}
 		if got := decision(d3, "attach"); got != wantMode {
 			t.Errorf("auto attach decision = %q, want %q (tcx probe: %s)", got, wantMode, feats.TCX.Reason)
@@ -292,7 +294,7 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 
 		// Host routing legacy: nothing attached at all.
 		d3.Close()
-		cfg.HostRouting = ModeLegacy
+		cfg.HostRouting = datapath.ModeLegacy
 		d4, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -306,12 +308,12 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 				t.Errorf("%s with host routing legacy: %d filters, %d tcx programs", dev, n, m)
 			}
 		}
-		if got := decision(d4, "host_routing"); got != ModeLegacy {
+		if got := decision(d4, "host_routing"); got != datapath.ModeLegacy {
 			t.Errorf("host_routing = %q", got)
 		}
 
 		// Legacy filters are removed by Uninstall too.
-		cfg.HostRouting, cfg.AttachMode = ModeAuto, ModeLegacy
+		cfg.HostRouting, cfg.AttachMode = datapath.ModeAuto, datapath.ModeLegacy
 		d5, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
-package datapath
+package podpath
 
 import (
+	"github.com/axonhq/axon/internal/datapath"
 	"strings"
 	"testing"
 
@@ -32,15 +33,15 @@ func pinnedProgID(t *testing.T, path string) int {
 // The same test runs on the host and in the kernel-matrix VMs.
 func TestAttachAutoFollowsProbe(t *testing.T) {
 	requireRoot(t)
-	feats := Probe()
+	feats := datapath.Probe()
 	t.Logf("tcx probe: available=%v, %s", feats.TCX.Available, feats.TCX.Reason)
 	cases := []struct {
 		desc string
 		mode string
 	}{
-		{"auto follows the probe", ModeAuto},
+		{"auto follows the probe", datapath.ModeAuto},
 		// proves the legacy assertions on kernels with tcx too
-		{"legacy requested", ModeLegacy},
+		{"legacy requested", datapath.ModeLegacy},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -57,7 +58,7 @@ func TestAttachAutoFollowsProbe(t *testing.T) {
 						t.Fatalf("AttachPod #%d: %v", i+1, err)
 					}
 				}
-				if c.mode == ModeAuto && feats.TCX.Available {
+				if c.mode == datapath.ModeAuto && feats.TCX.Available {
 					autoTCX(t, feats, d, cfg)
 				} else {
 					autoLegacy(t, feats, d, cfg)
@@ -78,12 +79,12 @@ func TestAttachAutoFollowsProbe(t *testing.T) {
 	}
 }
 
-func autoTCX(t *testing.T, feats Features, d *Datapath, cfg Config) {
+func autoTCX(t *testing.T, feats datapath.Features, d *Datapath, cfg Config) {
 	t.Helper()
-	if got := decision(d, "attach"); got != ModeTCX {
+	if got := decision(d, "attach"); got != datapath.ModeTCX {
 		t.Fatalf("attach decision = %q with tcx available, want tcx", got)
 	}
-	podPin := PinPath(cfg.PinDir, PinTCX, rolePod, "lxc1")
+	podPin := datapath.PinPath(cfg.PinDir, datapath.PinTCX, rolePod, "lxc1")
 	before := pinnedLinkInfo(t, podPin)
 	for _, dev := range []string{"lxc1", "eth0"} {
 		if n, m := len(axonFilters(t, dev)), len(tcxProgs(t, feats, dev)); n != 0 || m != 1 {
@@ -103,23 +104,23 @@ func autoTCX(t *testing.T, feats Features, d *Datapath, cfg Config) {
 	}
 }
 
-func autoLegacy(t *testing.T, feats Features, d *Datapath, cfg Config) {
+func autoLegacy(t *testing.T, feats datapath.Features, d *Datapath, cfg Config) {
 	t.Helper()
-	if got := decision(d, "attach"); got != ModeLegacy {
+	if got := decision(d, "attach"); got != datapath.ModeLegacy {
 		t.Fatalf("attach decision = %q without tcx, want legacy", got)
 	}
 	for _, dec := range d.Decisions() {
-		if cfg.AttachMode == ModeAuto && dec.Name == "attach" && !strings.Contains(dec.Reason, "fallback") {
+		if cfg.AttachMode == datapath.ModeAuto && dec.Name == "attach" && !strings.Contains(dec.Reason, "fallback") {
 			t.Errorf("attach reason %q does not say it is a fallback", dec.Reason)
 		}
 	}
 	ids := map[string]int{}
 	for _, c := range []struct{ dev, role string }{{"lxc1", rolePod}, {"eth0", roleUplink}} {
 		fs := axonFilters(t, c.dev)
-		if len(fs) != 1 || !fs[0].DirectAction || fs[0].Priority != LegacyPrio {
-			t.Fatalf("%s filters = %+v, want one direct-action cls_bpf at prio %d", c.dev, fs, LegacyPrio)
+		if len(fs) != 1 || !fs[0].DirectAction || fs[0].Priority != datapath.LegacyPrio {
+			t.Fatalf("%s filters = %+v, want one direct-action cls_bpf at prio %d", c.dev, fs, datapath.LegacyPrio)
 		}
-		pinned := pinnedProgID(t, PinPath(cfg.PinDir, PinTC, c.role, c.dev))
+		pinned := pinnedProgID(t, datapath.PinPath(cfg.PinDir, datapath.PinTC, c.role, c.dev))
 		if fs[0].Id != pinned {
 			t.Errorf("%s filter runs program %d, pinned marker is %d", c.dev, fs[0].Id, pinned)
 		}
@@ -143,7 +144,7 @@ func autoLegacy(t *testing.T, feats Features, d *Datapath, cfg Config) {
 	if err := d2.DetachPod("lxc1"); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(axonFilters(t, "lxc1")); n != 0 || exists(PinPath(cfg.PinDir, PinTC, rolePod, "lxc1")) {
+	if n := len(axonFilters(t, "lxc1")); n != 0 || exists(datapath.PinPath(cfg.PinDir, datapath.PinTC, rolePod, "lxc1")) {
 		t.Errorf("after DetachPod: %d filters on lxc1", n)
 	}
 	if err := d2.AttachPod("lxc1"); err != nil { // left for Uninstall

@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // Pure-logic tests: no root needed.
@@ -18,8 +20,8 @@ func TestConfigNormalise(t *testing.T) {
 		attach  string
 		routing string
 	}{
-		{desc: "defaults to auto", cfg: Config{PinDir: "/sys/fs/bpf/x"}, attach: ModeAuto, routing: ModeAuto},
-		{desc: "explicit legacy", cfg: Config{PinDir: "/sys/fs/bpf/x", AttachMode: "legacy", HostRouting: "legacy"}, attach: ModeLegacy, routing: ModeLegacy},
+		{desc: "defaults to auto", cfg: Config{PinDir: "/sys/fs/bpf/x"}, attach: datapath.ModeAuto, routing: datapath.ModeAuto},
+		{desc: "explicit legacy", cfg: Config{PinDir: "/sys/fs/bpf/x", AttachMode: "legacy", HostRouting: "legacy"}, attach: datapath.ModeLegacy, routing: datapath.ModeLegacy},
 		{desc: "missing pin dir", cfg: Config{}, wantErr: "PinDir is empty"},
 		{desc: "bad attach mode", cfg: Config{PinDir: "/x", AttachMode: "tc"}, wantErr: `attach mode "tc"`},
 		{desc: "bad host routing", cfg: Config{PinDir: "/x", HostRouting: "ebpf"}, wantErr: `host routing "ebpf"`},
@@ -44,15 +46,15 @@ func TestConfigNormalise(t *testing.T) {
 }
 
 func TestDecide(t *testing.T) {
-	yes := Capability{Available: true, Reason: "probed"}
-	no := Capability{Reason: "missing"}
-	all := Features{TCX: yes, RedirectPeer: yes, RedirectNeigh: yes, FibLookup: yes, Netkit: no, FibCache: yes}
+	yes := datapath.Capability{Available: true, Reason: "probed"}
+	no := datapath.Capability{Reason: "missing"}
+	all := datapath.Features{TCX: yes, RedirectPeer: yes, RedirectNeigh: yes, FibLookup: yes, Netkit: no, FibCache: yes}
 	noCache := all
 	noCache.FibCache = no
-	old := Features{TCX: no, RedirectPeer: no, RedirectNeigh: no, FibLookup: yes, Netkit: no, FibCache: no}
+	old := datapath.Features{TCX: no, RedirectPeer: no, RedirectNeigh: no, FibLookup: yes, Netkit: no, FibCache: no}
 	cases := []struct {
 		desc            string
-		feats           Features
+		feats           datapath.Features
 		attach, routing string
 		wantAttach      string
 		wantRouting     string
@@ -60,14 +62,14 @@ func TestDecide(t *testing.T) {
 		noFibCache      bool
 		wantCache       bool
 	}{
-		{"new kernel, auto", all, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, false, true},
-		{"new kernel, route cache off by configuration", all, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, true, false},
-		{"kernel without the route cache (6.1)", noCache, ModeAuto, ModeAuto, ModeTCX, RoutingBPF, false, false, false},
-		{"new kernel, legacy attach requested", all, ModeLegacy, ModeAuto, ModeLegacy, RoutingBPF, false, false, true},
-		{"new kernel, legacy routing requested", all, ModeAuto, ModeLegacy, ModeTCX, ModeLegacy, false, false, false},
-		{"old kernel, auto falls back", old, ModeAuto, ModeAuto, ModeLegacy, ModeLegacy, false, false, false},
-		{"old kernel, tcx required", old, ModeTCX, ModeAuto, "", "", true, false, false},
-		{"old kernel, bpf routing required", old, ModeAuto, RoutingBPF, "", "", true, false, false},
+		{"new kernel, auto", all, datapath.ModeAuto, datapath.ModeAuto, datapath.ModeTCX, datapath.RoutingBPF, false, false, true},
+		{"new kernel, route cache off by configuration", all, datapath.ModeAuto, datapath.ModeAuto, datapath.ModeTCX, datapath.RoutingBPF, false, true, false},
+		{"kernel without the route cache (6.1)", noCache, datapath.ModeAuto, datapath.ModeAuto, datapath.ModeTCX, datapath.RoutingBPF, false, false, false},
+		{"new kernel, legacy attach requested", all, datapath.ModeLegacy, datapath.ModeAuto, datapath.ModeLegacy, datapath.RoutingBPF, false, false, true},
+		{"new kernel, legacy routing requested", all, datapath.ModeAuto, datapath.ModeLegacy, datapath.ModeTCX, datapath.ModeLegacy, false, false, false},
+		{"old kernel, auto falls back", old, datapath.ModeAuto, datapath.ModeAuto, datapath.ModeLegacy, datapath.ModeLegacy, false, false, false},
+		{"old kernel, tcx required", old, datapath.ModeTCX, datapath.ModeAuto, "", "", true, false, false},
+		{"old kernel, bpf routing required", old, datapath.ModeAuto, datapath.RoutingBPF, "", "", true, false, false},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -157,7 +159,7 @@ func TestListLinkPinsIgnoresForeignNames(t *testing.T) {
 
 func ensureDirs(pinDir string, names ...string) error {
 	for _, n := range names {
-		if err := os.MkdirAll(filepath.Join(LinksDir(pinDir), n), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(datapath.LinksDir(pinDir), n), 0o700); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"errors"
@@ -7,24 +7,28 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 const (
-	rolePod    = RolePod
-	roleUplink = RoleUplink
+	rolePod    = datapath.RolePod
+	roleUplink = datapath.RoleUplink
 )
 
 // podHook is where the program of role (rolePod, roleUplink) goes: the tc
 // ingress, with a tcx link or (attach mode legacy) a cls_bpf filter.
-func podHook(role, attachMode string) Hook { return TCHook(role, attachMode == ModeLegacy) }
+func podHook(role, attachMode string) datapath.Hook {
+	return datapath.TCHook(role, attachMode == datapath.ModeLegacy)
+}
 
-func (d *Datapath) hook(role string) Hook { return podHook(role, d.attachMode) }
+func (d *Datapath) hook(role string) datapath.Hook { return podHook(role, d.attachMode) }
 
 // listLinkPins lists the datapath's links/<kind>-<role>-<ifname> entries
 // under pinDir.
-func listLinkPins(pinDir string) ([]LinkPin, error) {
-	return ListPins(pinDir, func(kind, role string) bool {
-		return (kind == PinTCX || kind == PinTC || kind == pinNKPeer || kind == pinNKPrimary) &&
+func listLinkPins(pinDir string) ([]datapath.LinkPin, error) {
+	return datapath.ListPins(pinDir, func(kind, role string) bool {
+		return (kind == datapath.PinTCX || kind == datapath.PinTC || kind == pinNKPeer || kind == pinNKPrimary) &&
 			(role == rolePod || role == roleUplink)
 	})
 }
@@ -37,12 +41,12 @@ func listLinkPins(pinDir string) ([]LinkPin, error) {
 // is updated in place (tcx/netkit link update / cls_bpf replace). With legacy
 // host routing it only makes sure nothing is attached (and opens a netkit).
 func (d *Datapath) AttachPod(ifname string) error {
-	if err := ValidIfname(ifname); err != nil {
+	if err := datapath.ValidIfname(ifname); err != nil {
 		return fmt.Errorf("attach pod: %w", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.hostRouting != RoutingBPF {
+	if d.hostRouting != datapath.RoutingBPF {
 		return errors.Join(d.detachLocked(rolePod, ifname), d.detachNetkitLocked(ifname, true))
 	}
 	return d.attachLocked(rolePod, ifname, d.podProg)
@@ -51,7 +55,7 @@ func (d *Datapath) AttachPod(ifname string) error {
 // DetachPod removes the pod program and its pin. Idempotent; a device that is
 // already gone is fine.
 func (d *Datapath) DetachPod(ifname string) error {
-	if err := ValidIfname(ifname); err != nil {
+	if err := datapath.ValidIfname(ifname); err != nil {
 		return fmt.Errorf("detach pod: %w", err)
 	}
 	d.mu.Lock()
@@ -73,11 +77,11 @@ func (d *Datapath) GCPodLinks(keep map[string]bool) error {
 		if p.Role != rolePod {
 			continue
 		}
-		if keep[p.Ifname] && DeviceExists(p.Ifname) && !defunctTCX(p) {
+		if keep[p.Ifname] && datapath.DeviceExists(p.Ifname) && !defunctTCX(p) {
 			continue
 		}
 		d.log.Info("gc pod link", "ifname", p.Ifname, "kind", p.Kind)
-		if err := DetachPin(p, d.hook(p.Role)); err != nil {
+		if err := datapath.DetachPin(p, d.hook(p.Role)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -85,8 +89,8 @@ func (d *Datapath) GCPodLinks(keep map[string]bool) error {
 }
 
 // defunctTCX reports a pinned tcx or netkit link whose device went away.
-func defunctTCX(p LinkPin) bool {
-	if p.Kind != PinTCX && p.Kind != pinNKPeer && p.Kind != pinNKPrimary {
+func defunctTCX(p datapath.LinkPin) bool {
+	if p.Kind != datapath.PinTCX && p.Kind != pinNKPeer && p.Kind != pinNKPrimary {
 		return false
 	}
 	l, err := link.LoadPinnedLink(p.Path, nil)
@@ -94,7 +98,7 @@ func defunctTCX(p LinkPin) bool {
 		return true
 	}
 	defer l.Close()
-	return LinkIfindex(l) == 0
+	return datapath.LinkIfindex(l) == 0
 }
 
 func (d *Datapath) attachLocked(role, ifname string, prog *ebpf.Program) error {
@@ -105,12 +109,12 @@ func (d *Datapath) attachLocked(role, ifname string, prog *ebpf.Program) error {
 	if nk, ok := dev.(*netlink.Netkit); ok && role == rolePod {
 		return d.attachNetkitLocked(nk)
 	}
-	if err := Attach(d.cfg.PinDir, dev, prog, d.hook(role)); err != nil {
+	if err := datapath.Attach(d.cfg.PinDir, dev, prog, d.hook(role)); err != nil {
 		return fmt.Errorf("attach %s program to %s: %w", role, ifname, err)
 	}
 	return nil
 }
 
 func (d *Datapath) detachLocked(role, ifname string) error {
-	return Detach(d.cfg.PinDir, ifname, d.hook(role))
+	return datapath.Detach(d.cfg.PinDir, ifname, d.hook(role))
 }

@@ -1,4 +1,4 @@
-package datapath
+package podpath
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 const (
@@ -76,7 +77,7 @@ func ReadUplinkLimits(name string) (UplinkLimits, error) {
 // DecideBigTCP turns the per-family switches, the kernel probe and the
 // uplink's limits into the sizes for pod devices: up to BigTCPMaxSize, never
 // above what the uplink's driver takes (tso_max_size).
-func DecideBigTCP(wantV4, wantV6 bool, probe Capability, uplink string, lim UplinkLimits) BigTCP {
+func DecideBigTCP(wantV4, wantV6 bool, probe datapath.Capability, uplink string, lim UplinkLimits) BigTCP {
 	if !wantV4 && !wantV6 {
 		return BigTCP{Reason: "off: --enable-ipv4-big-tcp=false and --enable-ipv6-big-tcp=false"}
 	}
