@@ -86,7 +86,7 @@ clean: bpf-clean
 # both use `make deps`. Example: make test-vm KERNEL=debian-6.1 VM_RUN=TestAttach VM_LAB=0
 # (see hack/vm/README.md)
 KERNEL       ?= debian-6.12
-VM_PKGS      ?= ./internal/datapath,./internal/verifier,./internal/vmtest/virtionet
+VM_PKGS      ?= ./internal/datapath/...,./internal/verifier,./internal/vmtest/virtionet
 VM_RUN       ?=
 VM_LAB       ?= 1
 VM_TWOVM     ?= 0

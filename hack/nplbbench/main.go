@@ -31,7 +31,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/stats"
@@ -92,7 +92,7 @@ func run(rounds, calls int) error {
 	if err != nil {
 		return err
 	}
-	n, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	n, err := nodeport.Load(nodeport.Options{
 		PinDir: pin, NodeName: "node1",
 		NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
 		CTMax:     1 << 20, NATMax: 1 << 20,
@@ -100,7 +100,7 @@ func run(rounds, calls int) error {
 	if err != nil {
 		return err
 	}
-	defer func() { n.Close(); _ = datapath.UninstallNodePortLB(pin) }()
+	defer func() { n.Close(); _ = nodeport.Uninstall(pin) }()
 
 	be := func(s string) lb.Backend {
 		a := netip.MustParseAddrPort(s)
@@ -118,50 +118,50 @@ func run(rounds, calls int) error {
 	for i := 0; i < 100; i++ {
 		hundred = append(hundred, be(fmt.Sprintf("10.244.2.%d:8080", i+1)))
 	}
-	table := make([]uint32, datapath.DefaultMaglevTableSize)
+	table := make([]uint32, nodeport.DefaultMaglevTableSize)
 	for i := range table {
 		table[i] = uint32(i*7919) % 100 // any table: the lookup cost does not depend on its content
 	}
 	for _, u := range []struct {
 		f lb.Frontend
-		o datapath.FrontendOptions
+		o nodeport.FrontendOptions
 	}{
-		{fe("0.0.0.0:30080", hundred...), datapath.FrontendOptions{}},
-		{fe("192.0.2.20:80", hundred...), datapath.FrontendOptions{Maglev: table}},
-		{fe("192.0.2.10:80", hundred...), datapath.FrontendOptions{Mode: datapath.NPModeDSR}},
+		{fe("0.0.0.0:30080", hundred...), nodeport.FrontendOptions{}},
+		{fe("192.0.2.20:80", hundred...), nodeport.FrontendOptions{Maglev: table}},
+		{fe("192.0.2.10:80", hundred...), nodeport.FrontendOptions{Mode: nodeport.ModeDSR}},
 		// a pod on this node backing a frontend: another node's LB sends it DSR requests
-		{fe("192.0.2.30:80", lb.Backend{Addr: netip.MustParseAddr("10.244.1.7"), Port: 8080, NodeName: "node1"}), datapath.FrontendOptions{}},
+		{fe("192.0.2.30:80", lb.Backend{Addr: netip.MustParseAddr("10.244.1.7"), Port: 8080, NodeName: "node1"}), nodeport.FrontendOptions{}},
 	} {
 		if err := n.UpsertFrontendWith(u.f, u.o); err != nil {
 			return err
 		}
 	}
-	tup := func(src string, sport int, dst string) datapath.Tuple {
-		return datapath.Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.MustParseAddr(src), uint16(sport)), Dst: netip.MustParseAddrPort(dst)}
+	tup := func(src string, sport int, dst string) nodeport.Tuple {
+		return nodeport.Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.MustParseAddr(src), uint16(sport)), Dst: netip.MustParseAddrPort(dst)}
 	}
 	ctHit := tup("198.18.0.250", 40000, "198.18.0.11:30080")
 	dsrHit := tup("198.18.0.250", 40001, "192.0.2.10:80")
 	dsrReq := tup("198.18.0.250", 40002, "192.0.2.30:80")
 	node2, pod := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("10.244.1.7")
-	for _, hook := range []string{datapath.NPHookTC, datapath.NPHookXDP} {
-		for _, t := range []datapath.Tuple{ctHit, dsrHit} {
-			if _, _, err := n.TestRun(hook, datapath.NPPacket(t, true), ifindex); err != nil {
+	for _, hook := range []string{nodeport.HookTC, nodeport.HookXDP} {
+		for _, t := range []nodeport.Tuple{ctHit, dsrHit} {
+			if _, _, err := n.TestRun(hook, nodeport.Packet(t, true), ifindex); err != nil {
 				return err
 			}
 		}
 	}
 	// the DSR request's flow: its SYN arrives encapsulated (tc decapsulates)
-	if _, _, err := n.TestRun(datapath.NPHookTC, ipip(datapath.NPPacket(dsrReq, true), node2, pod), ifindex); err != nil {
+	if _, _, err := n.TestRun(nodeport.HookTC, ipip(nodeport.Packet(dsrReq, true), node2, pod), ifindex); err != nil {
 		return err
 	}
-	var revTuple datapath.Tuple
+	var revTuple nodeport.Tuple
 	ct, err := n.CT()
 	if err != nil {
 		return err
 	}
 	for _, e := range ct {
 		if e.Flow == ctHit {
-			revTuple = datapath.Tuple{Proto: lb.TCP, Src: e.Backend, Dst: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.11"), e.NATPort)}
+			revTuple = nodeport.Tuple{Proto: lb.TCP, Src: e.Backend, Dst: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.11"), e.NATPort)}
 		}
 	}
 	seq := map[string]int{}
@@ -170,29 +170,29 @@ func run(rounds, calls int) error {
 			seq[key]++
 			i := seq[key]
 			src := fmt.Sprintf("203.%d.%d.%d", (i>>16)&0xff, (i>>8)&0xff, i&0xff)
-			return datapath.NPPacket(tup(src, 1024+i%60000, dst), true)
+			return nodeport.Packet(tup(src, 1024+i%60000, dst), true)
 		}
 	}
 	fwd := map[string]uint32{"tc": 7, "xdp": 3}
 	scens := []scenario{
 		{"ct_hit", "established NodePort flow, remote backend: CT hit, SNAT + DNAT, FIB, redirect",
-			func(int) []byte { return datapath.NPPacket(ctHit, false) }, fwd},
+			func(int) []byte { return nodeport.Packet(ctHit, false) }, fwd},
 		{"new_flow", "new NodePort flow (SYN), 100 backends, random pick: CT miss, selection, SNAT port + NAT + CT insert",
 			fresh("new", "198.18.0.11:30080"), fwd},
 		{"maglev_new_flow", "new flow to a Maglev frontend (M=16381, 100 backends)",
 			fresh("maglev", "192.0.2.20:80"), fwd},
 		{"dsr_encap", "established DSR flow: CT hit, IPIP encapsulation, FIB, redirect",
-			func(int) []byte { return datapath.NPPacket(dsrHit, false) }, fwd},
+			func(int) []byte { return nodeport.Packet(dsrHit, false) }, fwd},
 		{"dsr_accept", "DSR request at the backend's node (IPIP to a local pod, established flow): decapsulate, CT hit, DNAT, on to the pod (XDP passes IP-in-IP up to tc)",
-			func(int) []byte { return ipip(datapath.NPPacket(dsrReq, false), node2, pod) },
+			func(int) []byte { return ipip(nodeport.Packet(dsrReq, false), node2, pod) },
 			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
 		{"rev_nat", "backend reply of an SNAT flow: reverse NAT, FIB, redirect",
-			func(int) []byte { return datapath.NPPacket(revTuple, false) }, fwd},
+			func(int) []byte { return nodeport.Packet(revTuple, false) }, fwd},
 		{"not_service", "packet for a pod address (not a service): passed on",
-			func(int) []byte { return datapath.NPPacket(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
+			func(int) []byte { return nodeport.Packet(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
 			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
 	}
-	hooks := []string{datapath.NPHookTC, datapath.NPHookXDP}
+	hooks := []string{nodeport.HookTC, nodeport.HookXDP}
 	samples := map[string]map[string][]float64{}
 	// the empty program: what the test-run harness itself costs per run
 	empty := map[string]*ebpf.Program{}
@@ -209,7 +209,7 @@ func run(rounds, calls int) error {
 		defer p.Close()
 		empty[hook] = p
 	}
-	emptyPkt := datapath.NPPacket(ctHit, false)
+	emptyPkt := nodeport.Packet(ctHit, false)
 	psiBefore := psi()
 	for r := 0; r < rounds; r++ {
 		for _, hook := range hooks {

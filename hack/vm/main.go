@@ -42,7 +42,7 @@ func defaultCache() string {
 func run() error {
 	var (
 		kernels  = flag.String("kernels", "host,debian-6.12,debian-6.1", "comma-separated: host and/or "+knownNames())
-		pkgs     = flag.String("pkgs", "./internal/datapath,./internal/verifier,./internal/vmtest/virtionet", "comma-separated go packages whose tests run on every kernel")
+		pkgs     = flag.String("pkgs", "./internal/datapath/...,./internal/verifier,./internal/vmtest/virtionet", "comma-separated go packages whose tests run on every kernel")
 		runRe    = flag.String("run", "", "only tests matching this regexp (-test.run)")
 		timeout  = flag.Duration("timeout", 20*time.Minute, "per test binary (-test.timeout); the VM gets this plus 2m per binary")
 		cache    = flag.String("cache", defaultCache(), "cache root; kernels go under <cache>/kernels")

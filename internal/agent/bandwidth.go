@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	dpbw "github.com/axonhq/axon/internal/datapath/bandwidth"
+
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +29,6 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
-	"github.com/axonhq/axon/internal/datapath"
 )
 
 // DefaultBandwidthHorizon is fq's default drop horizon for EDT stamps.
@@ -41,7 +42,7 @@ const DecisionBandwidth = "bandwidth_manager"
 const bandwidthCheckEvery = 2 * time.Second
 
 // bwLoader loads the BPF side; tests may replace it.
-type bwLoader func(uplink string) (*datapath.BWM, error)
+type bwLoader func(uplink string) (*dpbw.Manager, error)
 
 // bandwidth is the Bandwidth Manager: its BPF maps and programs, the fq
 // qdisc on the uplink, the pods' GSO caps and BBR. The reconcile calls
@@ -58,7 +59,7 @@ type bandwidth struct {
 	// calls of a pass (the loader, the qdisc, the pods' netns) and taken
 	// after no other lock of the agent.
 	mu         sync.Mutex
-	bpf        *datapath.BWM
+	bpf        *dpbw.Manager
 	nl         *netlink.Handle
 	uplink     string
 	loadErr    string
@@ -80,8 +81,8 @@ type bandwidth struct {
 func newBandwidth(cfg Config, log *slog.Logger, reg *registry, kube func() *kube) *bandwidth {
 	b := &bandwidth{cfg: cfg, log: log.With("component", "bandwidth"), reg: reg, kube: kube, problems: map[string]string{},
 		reported: map[string]string{}, bbrDone: map[string]bool{}, gsoOrig: map[string]uint32{}}
-	b.load = func(uplink string) (*datapath.BWM, error) {
-		m, err := datapath.LoadBWM(datapath.BWMConfig{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
+	b.load = func(uplink string) (*dpbw.Manager, error) {
+		m, err := dpbw.Load(dpbw.Config{PinDir: cfg.BPFRoot, Uplink: uplink, AttachMode: cfg.AttachMode,
 			Logger: b.log})
 		if err == nil {
 			m.SetEgressSlack(bwm.EgressSlack) // catch-up credit after late packets (docs/bandwidth.md)
@@ -111,7 +112,7 @@ func (b *bandwidth) reconcile(uplink string) {
 	if !b.cfg.BandwidthManager {
 		if !b.offDone {
 			b.offDone = true
-			if err := datapath.UninstallBWM(b.cfg.BPFRoot, uplink); err != nil {
+			if err := dpbw.Uninstall(b.cfg.BPFRoot, uplink); err != nil {
 				b.log.Warn("--bandwidth-manager=false: could not remove the limits of a previous run", "error", err)
 			}
 		}
@@ -158,17 +159,17 @@ func (b *bandwidth) reconcile(uplink string) {
 // desiredLocked reads every registered endpoint's Pod annotations.
 // Invalid values leave their direction unlimited, log a line and raise one
 // Warning Event per pod and value.
-func (b *bandwidth) desiredLocked() []datapath.BWLimit {
+func (b *bandwidth) desiredLocked() []dpbw.Limit {
 	k := b.kube()
 	if k == nil || !k.isSynced() {
 		// unknown annotations: keep what the maps hold (no flush on restart)
-		var keep []datapath.BWLimit
+		var keep []dpbw.Limit
 		if rows, err := b.bpf.List(); err == nil {
-			byID := map[uint32]*datapath.BWLimit{}
+			byID := map[uint32]*dpbw.Limit{}
 			for _, r := range rows {
 				l := byID[r.ID]
 				if l == nil {
-					l = &datapath.BWLimit{Addrs: r.Addrs}
+					l = &dpbw.Limit{Addrs: r.Addrs}
 					byID[r.ID] = l
 				}
 				if r.Dir == "egress" {
@@ -184,7 +185,7 @@ func (b *bandwidth) desiredLocked() []datapath.BWLimit {
 		return keep
 	}
 	rec := b.eventRecorder(k)
-	var want []datapath.BWLimit
+	var want []dpbw.Limit
 	problems := map[string]string{}
 	seen := map[string]bool{}
 	for _, ep := range b.reg.List() {
@@ -213,7 +214,7 @@ func (b *bandwidth) desiredLocked() []datapath.BWLimit {
 		if !lim.Limited() {
 			continue
 		}
-		want = append(want, datapath.BWLimit{Addrs: slices.Clone(ep.IPs), EgressBits: lim.Egress, IngressBits: lim.Ingress})
+		want = append(want, dpbw.Limit{Addrs: slices.Clone(ep.IPs), EgressBits: lim.Egress, IngressBits: lim.Ingress})
 	}
 	for rk := range b.reported {
 		if !seen[rk] {
@@ -264,7 +265,7 @@ func (b *bandwidth) ensureQdiscLocked() {
 // other packet of the pod waits behind them on the shared EDT clock
 // (docs/bandwidth.md: p99 under load 171 ms -> 40-58 ms at 10M). A pod whose
 // limit goes away gets its previous size back.
-func (b *bandwidth) ensurePodGSOLocked(eps []api.Endpoint, want []datapath.BWLimit) {
+func (b *bandwidth) ensurePodGSOLocked(eps []api.Endpoint, want []dpbw.Limit) {
 	egress := map[netip.Addr]uint64{}
 	for _, w := range want {
 		for _, ip := range w.Addrs {

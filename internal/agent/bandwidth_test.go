@@ -17,6 +17,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -65,7 +66,7 @@ func TestBandwidthAgainstAPIServer(t *testing.T) {
 
 	n := newScratchNode(t)
 	pin := "/sys/fs/bpf/axt-agent-bw-" + testutil.RandSuffix(t)
-	t.Cleanup(func() { testutil.InNetns(t, n.name, func() error { _ = datapath.Uninstall(pin); return nil }) })
+	t.Cleanup(func() { testutil.InNetns(t, n.name, func() error { _ = podpath.Uninstall(pin); return nil }) })
 	cfg := Defaults()
 	cfg.NodeName, cfg.StateDir, cfg.BPFRoot = "node1", t.TempDir(), pin
 	cfg.BandwidthManager = true

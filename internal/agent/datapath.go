@@ -4,14 +4,14 @@ import (
 	"log/slog"
 	"net/netip"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // loadDatapath returns the loader used by Run: internal/datapath in the
 // agent's netns, adopting maps and links pinned under cfg.BPFRoot.
 func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, error) {
 	return func(uplink string) (dataplane, error) {
-		d, err := datapath.Load(datapath.Config{
+		d, err := podpath.Load(podpath.Config{
 			PinDir:      cfg.BPFRoot,
 			Uplink:      uplink,
 			AttachMode:  cfg.AttachMode,
@@ -30,11 +30,11 @@ func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, 
 	}
 }
 
-// dpAdapter maps *datapath.Datapath onto the agent's dataplane interface.
-type dpAdapter struct{ *datapath.Datapath }
+// dpAdapter maps *podpath.Datapath onto the agent's dataplane interface.
+type dpAdapter struct{ *podpath.Datapath }
 
 func (d dpAdapter) UpsertEndpoint(e MapEntry) error {
-	return d.Datapath.UpsertEndpoint(datapath.Endpoint{IP: e.IP, IfIndex: e.IfIndex, PodMAC: e.PodMAC, HostMAC: e.HostMAC})
+	return d.Datapath.UpsertEndpoint(podpath.Endpoint{IP: e.IP, IfIndex: e.IfIndex, PodMAC: e.PodMAC, HostMAC: e.HostMAC})
 }
 
 func (d dpAdapter) DeleteEndpoint(ip netip.Addr) error { return d.Datapath.DeleteEndpoint(ip) }

@@ -7,23 +7,24 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // DefaultDeviceMode is --device-mode's default: veth, the device every kernel
 // has. auto picks netkit where the kernel has it (see docs/pod-networking.md).
-const DefaultDeviceMode = datapath.DeviceModeVeth
+const DefaultDeviceMode = podpath.DeviceModeVeth
 
 // validateDevice checks --device-mode. A forced netkit mode is probed here,
 // so an agent on a kernel without netkit refuses to start with the reason
 // instead of failing every pod later.
 func (c Config) validateDevice() error {
-	if !slices.Contains(datapath.DeviceModes, c.DeviceMode) {
-		return fmt.Errorf("--device-mode %q is invalid: use one of %s", c.DeviceMode, strings.Join(datapath.DeviceModes, "|"))
+	if !slices.Contains(podpath.DeviceModes, c.DeviceMode) {
+		return fmt.Errorf("--device-mode %q is invalid: use one of %s", c.DeviceMode, strings.Join(podpath.DeviceModes, "|"))
 	}
-	if c.DeviceMode != datapath.DeviceModeNetkit && c.DeviceMode != datapath.DeviceModeNetkitL2 {
+	if c.DeviceMode != podpath.DeviceModeNetkit && c.DeviceMode != podpath.DeviceModeNetkitL2 {
 		return nil
 	}
-	_, _, _, err := datapath.DeviceDecision(c.DeviceMode, datapath.ProbeNetkit())
+	_, _, _, err := podpath.DeviceDecision(c.DeviceMode, datapath.ProbeNetkit())
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -68,7 +69,7 @@ func TestBigTCPOnByDefault(t *testing.T) {
 	var dec api.Decision
 	var v4 bool
 	err := ns.WithNetNSPath(n.path, func(ns.NetNS) error {
-		lim, err := datapath.ReadUplinkLimits("eth0")
+		lim, err := podpath.ReadUplinkLimits("eth0")
 		if err != nil {
 			return err
 		}
@@ -80,7 +81,7 @@ func TestBigTCPOnByDefault(t *testing.T) {
 		d := dp.(dpAdapter)
 		t.Cleanup(func() {
 			d.Close()
-			_ = ns.WithNetNSPath(n.path, func(ns.NetNS) error { return datapath.Uninstall(cfg.BPFRoot) })
+			_ = ns.WithNetNSPath(n.path, func(ns.NetNS) error { return podpath.Uninstall(cfg.BPFRoot) })
 		})
 		for _, x := range d.Decisions() {
 			if x.Name == "big_tcp" {

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/testutil"
 )
@@ -307,7 +309,7 @@ func TestHostPortAgainstAPIServer(t *testing.T) {
 // loadHostPortWriters loads the socket LB on a private cgroup (never the
 // cgroup2 root) and the north-south LB's maps in a private pin dir; np is
 // nil with the error when the north-south LB does not load.
-func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, error) {
+func loadHostPortWriters(t *testing.T) (*socklb.LB, *nodeport.LB, error) {
 	t.Helper()
 	testutil.RequireRoot(t, "loads BPF programs and pins maps")
 	root := Cgroup2Mount()
@@ -319,17 +321,17 @@ func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, 
 	t.Cleanup(func() { os.Remove(cg) })
 	pinDir := filepath.Join(datapath.BPFFSRoot, fmt.Sprintf("axt-hp-agent-%d", os.Getpid()))
 	t.Cleanup(func() { os.RemoveAll(pinDir) })
-	sock, err := datapath.LoadSockLB(pinDir, cg, testLogger(t))
+	sock, err := socklb.Load(pinDir, cg, testLogger(t))
 	if err != nil {
 		t.Fatalf("load socket LB: %v", err)
 	}
 	t.Cleanup(func() {
 		sock.Close()
-		if err := datapath.UninstallSockLB(pinDir, cg); err != nil {
+		if err := socklb.Uninstall(pinDir, cg); err != nil {
 			t.Errorf("uninstall socket LB: %v", err)
 		}
 	})
-	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	np, err := nodeport.Load(nodeport.Options{
 		PinDir: pinDir, NodeName: "node1", NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
 		MaglevTableSize: 1021, Logger: testLogger(t),
 	})
@@ -338,7 +340,7 @@ func loadHostPortWriters(t *testing.T) (*datapath.SockLB, *datapath.NodePortLB, 
 	}
 	t.Cleanup(func() {
 		np.Close()
-		if err := datapath.UninstallNodePortLB(pinDir); err != nil {
+		if err := nodeport.Uninstall(pinDir); err != nil {
 			t.Errorf("uninstall nodeport LB: %v", err)
 		}
 	})

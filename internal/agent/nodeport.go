@@ -1,6 +1,6 @@
 package agent
 
-// The north-south load balancer (datapath.NodePortLB) on the
+// The north-south load balancer (nodeport.LB) on the
 // uplink. It is loaded after the tc datapath, the socket LB and the first
 // Service sync (servicesFirst), attached per --lb-acceleration, and becomes
 // a second lb.Writer beside the socket LB
@@ -24,7 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/healthcheck"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
@@ -49,7 +49,7 @@ type nodePort struct {
 	// and the map writes of ensure (status waits for those), and it is
 	// taken before the Service watch's mutex (SetWriter).
 	mu        sync.Mutex
-	np        *datapath.NodePortLB
+	np        *nodeport.LB
 	err       string // why it is not loaded / attached
 	attached  string // e.g. "xdp native on eth0", "tc (tcx) on eth0"
 	uplink    string
@@ -136,7 +136,7 @@ func (n *nodePort) ensure(uplink string, primary lb.Writer, deliverPods bool) {
 	if !c.Enabled {
 		if !n.offDone {
 			n.offDone = true
-			if err := datapath.UninstallNodePortLB(n.cfg.BPFRoot); err != nil {
+			if err := nodeport.Uninstall(n.cfg.BPFRoot); err != nil {
 				n.log.Warn("--nodeport=false: could not remove the north-south LB of a previous run", "error", err)
 			}
 		}
@@ -161,7 +161,7 @@ func (n *nodePort) ensure(uplink string, primary lb.Writer, deliverPods bool) {
 		} else {
 			n.log.Warn("nodeport LB: read the uplink MTU, DSR SYN-ACKs keep their MSS", "uplink", uplink, "error", err)
 		}
-		np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+		np, err := nodeport.Load(nodeport.Options{
 			UplinkMTU:       mtu,
 			PinDir:          n.cfg.BPFRoot,
 			NodeName:        n.cfg.NodeName,
@@ -236,11 +236,11 @@ func (n *nodePort) setErrLocked(msg string) {
 }
 
 // frontendOptions gives the datapath a frontend's Maglev table and source
-// ranges (datapath.NodePortLB.SetFrontendOptions). Called by the Service
+// ranges (nodeport.LB.SetFrontendOptions). Called by the Service
 // watch's writes, so it takes no lock but the Maglev cache's.
-func (n *nodePort) frontendOptions(f lb.Frontend) datapath.FrontendOptions {
+func (n *nodePort) frontendOptions(f lb.Frontend) nodeport.FrontendOptions {
 	c := n.cfg.NodePortLB
-	o := datapath.FrontendOptions{SourceRanges: f.SourceRanges}
+	o := nodeport.FrontendOptions{SourceRanges: f.SourceRanges}
 	alg := f.Algorithm
 	if alg == lb.AlgorithmDefault {
 		alg = c.Algorithm
@@ -433,12 +433,12 @@ func (n *nodePort) close() {
 }
 
 // attachNodePort attaches per --lb-acceleration and describes the result.
-func attachNodePort(np *datapath.NodePortLB, uplink, accel string) (string, error) {
+func attachNodePort(np *nodeport.LB, uplink, accel string) (string, error) {
 	if uplink == "" {
 		return "", fmt.Errorf("uplink not known yet")
 	}
 	how, err := np.AttachAccelerated(uplink, accel)
-	if xe := (*datapath.NativeXDPError)(nil); errors.As(err, &xe) {
+	if xe := (*nodeport.NativeXDPError)(nil); errors.As(err, &xe) {
 		return "", fmt.Errorf("--lb-acceleration=native: %w (use best-effort to fall back to tc)", xe.Err)
 	}
 	return how, err
@@ -454,7 +454,7 @@ func (n *nodePort) ctGC() {
 	}
 	c := n.cfg.NodePortLB
 	start := time.Now()
-	st, err := np.GC(datapath.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
+	st, err := np.GC(nodeport.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
 	gc := ctGCStats{At: start, Took: time.Since(start), Scanned: st.CTEntries, Removed: st.CTDeleted, Used: st.CTEntries - st.CTDeleted}
 	if err != nil {
 		gc.Err = err.Error()

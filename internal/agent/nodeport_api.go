@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/nodeportapi"
 )
@@ -20,7 +20,7 @@ var _ api.NorthSouthHandler = (*Agent)(nil)
 // api serves the north-south routes from the loaded LB.
 func (n *nodePort) api() nodeportapi.Handler {
 	return nodeportapi.Handler{
-		LB: func() (*datapath.NodePortLB, string) {
+		LB: func() (*nodeport.LB, string) {
 			if !n.cfg.NodePortLB.Enabled {
 				return nil, "--nodeport=false"
 			}

@@ -13,7 +13,7 @@ import (
 
 	flag "github.com/spf13/pflag"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
 )
@@ -35,7 +35,7 @@ type NodePortConfig struct {
 	CTUDPTimeout time.Duration
 	CTGCInterval time.Duration // how often the agent removes expired CT entries
 	// SNATPorts: source ports of SNAT flows to remote backends, "min-max"
-	// (datapath.DefaultSNATPortMin/Max). Keep it clear of the node's
+	// (nodeport.DefaultSNATPortMin/Max). Keep it clear of the node's
 	// ip_local_port_range and of the NodePort range (a warning says so).
 	SNATPorts string
 	// SNATTimeWait: how long a closed TCP flow's SNAT port stays reserved
@@ -64,9 +64,9 @@ func DefaultNodePortConfig() NodePortConfig {
 		CTTCPClose:   10 * time.Second,
 		CTUDPTimeout: 60 * time.Second,
 		CTGCInterval: 10 * time.Second,
-		SNATPorts:    fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
-		SNATTimeWait: datapath.DefaultSNATTimeWait,
-		NATMax:       datapath.DefaultNATMax,
+		SNATPorts:    fmt.Sprintf("%d-%d", nodeport.DefaultSNATPortMin, nodeport.DefaultSNATPortMax),
+		SNATTimeWait: nodeport.DefaultSNATTimeWait,
+		NATMax:       nodeport.DefaultNATMax,
 	}
 }
 
@@ -77,7 +77,7 @@ func (c NodePortConfig) SNATPortRange() (lo, hi uint16, err error) {
 	y, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
 	if !ok || err1 != nil || err2 != nil || x < 1 || y < x {
 		return 0, 0, fmt.Errorf("--nodeport-snat-ports %q is not a port range min-max with 1 <= min <= max <= 65535 (default %d-%d)",
-			c.SNATPorts, datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax)
+			c.SNATPorts, nodeport.DefaultSNATPortMin, nodeport.DefaultSNATPortMax)
 	}
 	return uint16(x), uint16(y), nil
 }
@@ -142,7 +142,7 @@ func (c NodePortConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.SNATTimeWait < 60*time.Second {
-		errs = append(errs, fmt.Errorf("--nodeport-snat-timewait %s is below Linux's TIME_WAIT of 60s: a reused port would meet the backend's old connection (default %s)", c.SNATTimeWait, datapath.DefaultSNATTimeWait))
+		errs = append(errs, fmt.Errorf("--nodeport-snat-timewait %s is below Linux's TIME_WAIT of 60s: a reused port would meet the backend's old connection (default %s)", c.SNATTimeWait, nodeport.DefaultSNATTimeWait))
 	}
 	for _, d := range []struct {
 		name string

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
@@ -41,7 +42,7 @@ const (
 func TestNodePortAgainstAPIServer(t *testing.T) {
 	testutil.RequireRoot(t, "loads BPF programs and pins maps")
 	pinDir := filepath.Join(datapath.BPFFSRoot, fmt.Sprintf("axt-nsctl-agent-%d", os.Getpid()))
-	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	np, err := nodeport.Load(nodeport.Options{
 		PinDir: pinDir, NodeName: "node1", NodeAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
 		MaglevTableSize: 1021, Logger: testLogger(t),
 	})
@@ -50,7 +51,7 @@ func TestNodePortAgainstAPIServer(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		np.Close()
-		if err := datapath.UninstallNodePortLB(pinDir); err != nil {
+		if err := nodeport.Uninstall(pinDir); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 		os.RemoveAll(pinDir)
@@ -255,7 +256,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 	n := newScratchNode(t)
 	pinDir := filepath.Join(datapath.BPFFSRoot, "axt-nsctl-attach-"+testutil.RandSuffix(t))
 	t.Cleanup(func() {
-		_ = netnsutil.Do(n.name, func() error { return datapath.UninstallNodePortLB(pinDir) })
+		_ = netnsutil.Do(n.name, func() error { return nodeport.Uninstall(pinDir) })
 		os.RemoveAll(pinDir)
 	})
 	xdpAttached := func() bool {
@@ -312,7 +313,7 @@ func TestEnsureNodePortAttach(t *testing.T) {
 		}
 		nport.close()
 	}
-	if _, err := os.Stat(filepath.Join(pinDir, datapath.MapNPCT)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(pinDir, nodeport.MapCT)); !os.IsNotExist(err) {
 		t.Errorf("--nodeport=false left the conntrack map pinned (%v)", err)
 	}
 }

@@ -23,7 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 )
 
 // AnnotationSocketLB is the opt-out annotation (Pod or Namespace).
@@ -143,7 +143,7 @@ func (s *socketLB) syncOptOutLocked() {
 		live[ck] = true
 		c, ok := opt.cookies[ck]
 		if !ok {
-			if c, err = datapath.NetnsCookie(ep.Netns); err != nil {
+			if c, err = socklb.NetnsCookie(ep.Netns); err != nil {
 				s.log.Warn("socket LB opt-out: cannot read the pod's netns cookie; its sockets stay translated", "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
 				continue
 			}

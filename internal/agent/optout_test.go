@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -103,7 +103,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 		_, err := cs.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
 		must(t, err)
 		path := "/var/run/netns/" + testutil.NewNetns(t, "axt-slb-optout-")
-		c, err := datapath.NetnsCookie(path)
+		c, err := socklb.NetnsCookie(path)
 		must(t, err)
 		cookies[p.name] = c
 		must(t, reg.Put(api.Endpoint{ContainerID: fmt.Sprintf("ctr%d", i), IfName: "eth0", Netns: path, PodName: p.name, PodNamespace: p.ns,

@@ -104,7 +104,7 @@ func (p *podDatapath) snapshot() dataplane {
 // routedByBPF reports whether the pod datapath is loaded with BPF host
 // routing (axon_uplink_ingress on the uplink, its maps pinned under
 // BPFRoot): the north-south LB then delivers pod-bound TCP and UDP itself
-// (datapath.NodePortOptions.DeliverPods). Before the datapath is loaded it
+// (nodeport.Options.DeliverPods). Before the datapath is loaded it
 // is false, and the uplink program delivers everything.
 func (p *podDatapath) routedByBPF() bool {
 	v := p.view.Load()

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -34,13 +34,13 @@ const (
 	SocketLBModeHostNS = "hostns-only" // only the node's own netns
 )
 
-// sockLB is what the agent needs of *datapath.SockLB.
+// sockLB is what the agent needs of *socklb.LB.
 type sockLB interface {
 	lb.Writer
 	SetLocalAddrs([]netip.Addr) error
 	SetSkipNetns([]uint64) error
 	EnableSockDestroy(netns func() []string) error
-	SockDestroyStatus() (enabled bool, reason string, st datapath.DestroyStats)
+	SockDestroyStatus() (enabled bool, reason string, st socklb.DestroyStats)
 	CgroupPath() string
 	Close() error
 }
@@ -101,7 +101,7 @@ func checkCgroup2Dir(path string) error {
 // loadSockLBFunc returns the loader used by Run.
 func loadSockLBFunc(cfg Config, log *slog.Logger) func() (sockLB, error) {
 	return func() (sockLB, error) {
-		s, err := datapath.LoadSockLBWithConfig(cfg.BPFRoot, cfg.CgroupRoot, datapath.SockLBConfig{
+		s, err := socklb.LoadWithConfig(cfg.BPFRoot, cfg.CgroupRoot, socklb.Config{
 			ServiceMapSize: cfg.LBServiceMapSize,
 			BackendMapSize: cfg.LBBackendMapSize,
 			HostNetnsOnly:  cfg.SocketLBMode == SocketLBModeHostNS,
@@ -208,7 +208,7 @@ func (s *socketLB) disableOnceLocked() {
 		return
 	}
 	s.offDone = true
-	if err := datapath.UninstallSockLB(s.cfg.BPFRoot, ""); err != nil {
+	if err := socklb.Uninstall(s.cfg.BPFRoot, ""); err != nil {
 		s.log.Warn("--socket-lb=false: could not remove the socket LB hooks of a previous run", "error", err)
 	}
 }
@@ -337,11 +337,11 @@ func (s *socketLB) destroyNetns() []string {
 func (s *socketLB) destroyReason() string {
 	// through the Service watch's writer: mu may be held by a long load
 	var l interface {
-		SockDestroyStatus() (bool, string, datapath.DestroyStats)
+		SockDestroyStatus() (bool, string, socklb.DestroyStats)
 	}
 	if s.svc != nil {
 		l, _ = s.svc.writer().(interface {
-			SockDestroyStatus() (bool, string, datapath.DestroyStats)
+			SockDestroyStatus() (bool, string, socklb.DestroyStats)
 		})
 	}
 	if l == nil {

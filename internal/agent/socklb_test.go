@@ -11,11 +11,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
 
-// fakeSockLB stands in for *datapath.SockLB in the pure-logic tests below.
+// fakeSockLB stands in for *socklb.LB in the pure-logic tests below.
 type fakeSockLB struct {
 	cgroup string
 	local  []netip.Addr
@@ -30,8 +30,8 @@ func (f *fakeSockLB) SetSkipNetns([]uint64) error         { return nil }
 func (f *fakeSockLB) EnableSockDestroy(func() []string) error {
 	return errors.New("bpf_sock_destroy: not in this fake")
 }
-func (f *fakeSockLB) SockDestroyStatus() (bool, string, datapath.DestroyStats) {
-	return false, "fake", datapath.DestroyStats{}
+func (f *fakeSockLB) SockDestroyStatus() (bool, string, socklb.DestroyStats) {
+	return false, "fake", socklb.DestroyStats{}
 }
 func (f *fakeSockLB) Close() error { return nil }
 

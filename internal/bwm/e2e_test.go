@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -43,8 +45,8 @@ type topo struct {
 	node, pod, peer string // netns names
 	hostIf          string // host side of the pod veth
 	pin             string
-	dp              *datapath.Datapath
-	bwm             *datapath.BWM
+	dp              *podpath.Datapath
+	bwm             *bandwidth.Manager
 	nodeNL          *netlink.Handle
 	virtio          bool
 	hostIfIndex     int
@@ -136,7 +138,7 @@ func newTopo(t *testing.T) *topo {
 	tp := &topo{t: t, node: testutil.NewNetns(t, "axt-bw-node-"), pod: testutil.NewNetns(t, "axt-bw-pod-"), peer: testutil.NewNetns(t, "axt-bw-peer-"),
 		hostIf: "lxcbw" + id, pin: filepath.Join(pinRoot, "axt-bw-"+id)}
 	t.Cleanup(func() {
-		testutil.InNetns(t, tp.node, func() error { return datapath.Uninstall(tp.pin) })
+		testutil.InNetns(t, tp.node, func() error { return podpath.Uninstall(tp.pin) })
 	})
 	// uplink
 	if nics := vmNICs(); nics != nil {
@@ -182,7 +184,7 @@ func newTopo(t *testing.T) *topo {
 
 	testutil.InNetns(t, tp.node, func() error {
 		var err error
-		tp.dp, err = datapath.Load(datapath.Config{PinDir: tp.pin, Uplink: "eth0"})
+		tp.dp, err = podpath.Load(podpath.Config{PinDir: tp.pin, Uplink: "eth0"})
 		if err != nil {
 			return err
 		}
@@ -191,10 +193,10 @@ func newTopo(t *testing.T) *topo {
 		}
 		podMAC, _ := parseMAC(tp.podMAC)
 		hostMAC, _ := parseMAC(tp.hostMAC)
-		if err := tp.dp.UpsertEndpoint(datapath.Endpoint{IP: netip.MustParseAddr(podIP), IfIndex: tp.hostIfIndex, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
+		if err := tp.dp.UpsertEndpoint(podpath.Endpoint{IP: netip.MustParseAddr(podIP), IfIndex: tp.hostIfIndex, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
 			return err
 		}
-		tp.bwm, err = datapath.LoadBWM(datapath.BWMConfig{PinDir: tp.pin, Uplink: "eth0"})
+		tp.bwm, err = bandwidth.Load(bandwidth.Config{PinDir: tp.pin, Uplink: "eth0"})
 		if err != nil {
 			return err
 		}
@@ -256,9 +258,9 @@ func (p edtPolicy) gso(bits uint64) uint32 {
 // setLimitWith programs the pod's limits under policy p.
 func (tp *topo) setLimitWith(egress, ingress uint64, p edtPolicy) {
 	tp.t.Helper()
-	var want []datapath.BWLimit
+	var want []bandwidth.Limit
 	if egress > 0 || ingress > 0 {
-		want = append(want, datapath.BWLimit{Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, EgressBits: egress, IngressBits: ingress})
+		want = append(want, bandwidth.Limit{Addrs: []netip.Addr{netip.MustParseAddr(podIP)}, EgressBits: egress, IngressBits: ingress})
 	}
 	tp.bwm.SetEgressSlack(p.slack)
 	if err := tp.bwm.Apply(want, 2*time.Second); err != nil {

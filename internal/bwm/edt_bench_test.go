@@ -15,6 +15,7 @@ import (
 
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
 )
 
 // The per-limit state as the BPF maps hold it (bpf/lib/edt.h struct
@@ -55,7 +56,7 @@ func setEgressFlags(pin string, a netip.Addr, flags uint64) error {
 	if err := addrs.Lookup(a.Unmap().As16(), &id); err != nil {
 		return fmt.Errorf("id of %s: %w", a, err)
 	}
-	k := mapStateKey{ID: id, Dir: datapath.BWEgress}
+	k := mapStateKey{ID: id, Dir: bandwidth.Egress}
 	var st mapState
 	if err := states.Lookup(k, &st); err != nil {
 		return err
@@ -83,7 +84,7 @@ func statCount(pin string, idx uint32) uint64 {
 }
 
 // podBytes reads the L2 byte counters of every pod address with a limit in
-// direction dir (datapath.BWEgress / BWIngress) from the maps pinned in pin.
+// direction dir (bandwidth.Egress / BWIngress) from the maps pinned in pin.
 func podBytes(pin string, dir uint8) (map[netip.Addr]uint64, error) {
 	addrs, err := ebpf.LoadPinnedMap(filepath.Join(pin, datapath.MapBWAddr), nil)
 	if err != nil {
@@ -133,7 +134,7 @@ func (tp *topo) rateRun(t *testing.T, bits uint64, p edtPolicy, port int) rateSa
 		at    time.Time
 	}
 	sample := func() (l2s, bool) {
-		m, err := podBytes(tp.pin, datapath.BWEgress)
+		m, err := podBytes(tp.pin, bandwidth.Egress)
 		if err != nil || bits == 0 {
 			return l2s{}, false
 		}

@@ -10,7 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -75,15 +76,15 @@ func TestEDTSmallBypass(t *testing.T) {
 	ns := testutil.NewNetns(t, "axt-bw-u-")
 	nsRun(t, ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "p0")
 	pin := "/sys/fs/bpf/" + ns
-	var b *datapath.BWM
+	var b *bandwidth.Manager
 	testutil.InNetns(t, ns, func() error {
 		var err error
-		b, err = datapath.LoadBWM(datapath.BWMConfig{PinDir: pin, Uplink: "eth0"})
+		b, err = bandwidth.Load(bandwidth.Config{PinDir: pin, Uplink: "eth0"})
 		return err
 	})
 	t.Cleanup(func() {
 		b.Close()
-		testutil.InNetns(t, ns, func() error { return datapath.Uninstall(pin) })
+		testutil.InNetns(t, ns, func() error { return podpath.Uninstall(pin) })
 		_ = os.RemoveAll(pin)
 	})
 	pod := netip.MustParseAddr("10.244.1.7")
@@ -97,7 +98,7 @@ func TestEDTSmallBypass(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.SetEgressSlack(0)
-		if err := b.Apply([]datapath.BWLimit{{Addrs: []netip.Addr{pod}, EgressBits: bits}}, 2*time.Second); err != nil {
+		if err := b.Apply([]bandwidth.Limit{{Addrs: []netip.Addr{pod}, EgressBits: bits}}, 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if err := setEgressFlags(pin, pod, flags); err != nil {
@@ -136,7 +137,7 @@ func TestEDTSmallBypass(t *testing.T) {
 	if want := d3 + charge(big); d4 != want {
 		t.Errorf("bypass beyond %v ahead: small packet departs %v after the first, want %v", time.Duration(ms(100)), time.Duration(d4-d1), time.Duration(want-d1))
 	}
-	got, err := podBytes(pin, datapath.BWEgress)
+	got, err := podBytes(pin, bandwidth.Egress)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
 	"github.com/axonhq/axon/internal/testutil"
@@ -68,7 +69,7 @@ func (tp *topo) addPods(t *testing.T, n int) []scalePod {
 			if err != nil {
 				return err
 			}
-			if err := tp.dp.UpsertEndpoint(datapath.Endpoint{IP: p.ip, IfIndex: l.Attrs().Index, PodMAC: p.podMAC, HostMAC: p.hostMAC}); err != nil {
+			if err := tp.dp.UpsertEndpoint(podpath.Endpoint{IP: p.ip, IfIndex: l.Attrs().Index, PodMAC: p.podMAC, HostMAC: p.hostMAC}); err != nil {
 				return err
 			}
 		}
@@ -192,13 +193,13 @@ func TestEDTScale64Pods(t *testing.T) {
 	const n = 64
 	tp := newTopo(t)
 	pods := tp.addPods(t, n)
-	var want []datapath.BWLimit
+	var want []bandwidth.Limit
 	for i := range pods {
 		pods[i].bits = 1_000_000
 		if i%2 == 1 {
 			pods[i].bits = 1_500_000
 		}
-		want = append(want, datapath.BWLimit{Addrs: []netip.Addr{pods[i].ip}, EgressBits: pods[i].bits})
+		want = append(want, bandwidth.Limit{Addrs: []netip.Addr{pods[i].ip}, EgressBits: pods[i].bits})
 	}
 	tp.bwm.SetEgressSlack(agentPolicy.slack)
 	if err := tp.bwm.Apply(want, 2*time.Second); err != nil {
@@ -232,14 +233,14 @@ func TestEDTScale64Pods(t *testing.T) {
 		}
 	}
 	time.Sleep(3 * time.Second) // every flow at its limit
-	l2a, err := podBytes(tp.pin, datapath.BWEgress)
+	l2a, err := podBytes(tp.pin, bandwidth.Egress)
 	if err != nil {
 		stopAll()
 		t.Fatal(err)
 	}
 	gpa, t0 := sink.snapshot(), time.Now()
 	time.Sleep(measureDur)
-	l2b, err := podBytes(tp.pin, datapath.BWEgress)
+	l2b, err := podBytes(tp.pin, bandwidth.Egress)
 	gpb, t1 := sink.snapshot(), time.Now()
 	stopAll()
 	if err != nil {

@@ -52,6 +52,7 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/cpustat"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/stats"
 	"github.com/axonhq/axon/internal/testutil"
 )
@@ -59,7 +60,7 @@ import (
 type benchNode struct {
 	e    *env
 	ip4  string
-	dp   *datapath.Datapath
+	dp   *podpath.Datapath
 	name string
 }
 
@@ -106,7 +107,7 @@ func wireNodes(t *testing.T, a, b *benchNode, gso int) {
 				t.Fatal(err)
 			}
 		}
-		n.dp = n.e.loadDatapath(datapath.DeviceModeAuto)
+		n.dp = n.e.loadDatapath(podpath.DeviceModeAuto)
 	}
 }
 
@@ -406,7 +407,7 @@ func TestDatapathBench(t *testing.T) {
 	a, b := newBenchNode(t, 1), newBenchNode(t, 2)
 	wireGSO := 0
 	if bigTCP {
-		wireGSO = datapath.BigTCPMaxSize
+		wireGSO = podpath.BigTCPMaxSize
 	}
 	wireNodes(t, a, b, wireGSO)
 
@@ -420,14 +421,14 @@ func TestDatapathBench(t *testing.T) {
 	var cmps []comparison
 	switch {
 	case bigTCP:
-		specs = []podSpec{{"veth, GSO 192 KiB (BIG TCP on)", ModeVeth, datapath.BigTCPMaxSize}, {"veth, GSO 64 KiB (BIG TCP off)", ModeVeth, 0}}
+		specs = []podSpec{{"veth, GSO 192 KiB (BIG TCP on)", ModeVeth, podpath.BigTCPMaxSize}, {"veth, GSO 64 KiB (BIG TCP off)", ModeVeth, 0}}
 		cmps = []comparison{
 			{1, 2, "throughput", "BIG TCP on / off: report"},
 			{1, 0, "throughput", "pod (BIG TCP) / host, same GSO: ≥ 0.98"},
 			{1, 2, "p50", "BIG TCP on / off"},
 		}
 		if haveNetkit { // the same with netkit pods (6.12 VM)
-			specs = append(specs, podSpec{"netkit, GSO 192 KiB (BIG TCP on)", ModeNetkit, datapath.BigTCPMaxSize})
+			specs = append(specs, podSpec{"netkit, GSO 192 KiB (BIG TCP on)", ModeNetkit, podpath.BigTCPMaxSize})
 			cmps = append(cmps,
 				comparison{3, 0, "throughput", "netkit pod (BIG TCP) / host, same GSO: ≥ 0.98"},
 				comparison{3, 1, "throughput", "netkit / veth, both BIG TCP"},

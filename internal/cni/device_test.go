@@ -19,6 +19,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -279,7 +280,7 @@ func TestBigTCP(t *testing.T) {
 			stdin := e.conf(fmt.Sprintf(`,"deviceMode":%q`, tc.mode))
 			e.mustOK(call{cmd: "ADD", cid: "big1", netns: "/run/netns/" + pod, stdin: stdin})
 			if tc.mode == ModeNetkit {
-				e.register(e.loadDatapath(datapath.DeviceModeNetkit), "big1")
+				e.register(e.loadDatapath(podpath.DeviceModeNetkit), "big1")
 			}
 			want := uint32(65536)
 			if on {

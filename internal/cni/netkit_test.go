@@ -20,6 +20,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -61,26 +62,26 @@ func podLinkOf(t *testing.T, pod, ifname string) netlink.Link {
 
 // loadDatapath loads the real axon datapath in the test's node netns (uplink
 // eth0), as the agent does, with pins under a private bpffs dir.
-func (e *env) loadDatapath(mode string) *datapath.Datapath {
+func (e *env) loadDatapath(mode string) *podpath.Datapath {
 	e.t.Helper()
 	pin := filepath.Join(datapath.BPFFSRoot, "axt-cni-"+e.node) // e.node is unique per test and pid
-	var d *datapath.Datapath
+	var d *podpath.Datapath
 	if err := e.inNode(func() error {
 		var err error
-		d, err = datapath.Load(datapath.Config{PinDir: pin, Uplink: "eth0", DeviceMode: mode, Logger: quiet()})
+		d, err = podpath.Load(podpath.Config{PinDir: pin, Uplink: "eth0", DeviceMode: mode, Logger: quiet()})
 		return err
 	}); err != nil {
 		e.t.Fatalf("load datapath: %v", err)
 	}
 	e.t.Cleanup(func() {
 		d.Close()
-		_ = e.inNode(func() error { return datapath.Uninstall(pin) })
+		_ = e.inNode(func() error { return podpath.Uninstall(pin) })
 	})
 	return d
 }
 
 // register does what the agent's PutEndpoint does: attach, then map entries.
-func (e *env) register(d *datapath.Datapath, cid string) api.Endpoint {
+func (e *env) register(d *podpath.Datapath, cid string) api.Endpoint {
 	e.t.Helper()
 	ep, ok := e.agent.endpoint(cid, "eth0")
 	if !ok {
@@ -91,7 +92,7 @@ func (e *env) register(d *datapath.Datapath, cid string) api.Endpoint {
 			return err
 		}
 		for _, ip := range ep.IPs {
-			if err := d.UpsertEndpoint(datapath.Endpoint{IP: ip, IfIndex: ep.HostIfIndex, PodMAC: ep.PodMAC, HostMAC: ep.HostMAC}); err != nil {
+			if err := d.UpsertEndpoint(podpath.Endpoint{IP: ip, IfIndex: ep.HostIfIndex, PodMAC: ep.PodMAC, HostMAC: ep.HostMAC}); err != nil {
 				return err
 			}
 		}
@@ -269,7 +270,7 @@ func TestNetkitBlackholeUntilAttach(t *testing.T) {
 		t.Errorf("pod eth0 tx_dropped grew by %d, want >= 5", d)
 	}
 
-	d := e.loadDatapath(datapath.DeviceModeNetkit)
+	d := e.loadDatapath(podpath.DeviceModeNetkit)
 	e.register(d, "bh1")
 	nk := e.hostLink(host).(*netlink.Netkit)
 	if nk.Policy != netlink.NETKIT_POLICY_FORWARD || nk.PeerPolicy != netlink.NETKIT_POLICY_FORWARD {
@@ -304,7 +305,7 @@ func TestNetkitPeerProgramNotDetachableFromPod(t *testing.T) {
 	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
 	stdin := e.conf(`,"deviceMode":"netkit"`)
 	e.mustOK(call{cmd: "ADD", cid: "pp1", netns: "/run/netns/" + pod, stdin: stdin})
-	d := e.loadDatapath(datapath.DeviceModeNetkit)
+	d := e.loadDatapath(podpath.DeviceModeNetkit)
 	ep := e.register(d, "pp1")
 
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
@@ -347,7 +348,7 @@ func TestNetkitPeerProgramNotDetachableFromPod(t *testing.T) {
 func TestNetkitPodToPod(t *testing.T) {
 	needNetkit(t)
 	e := newEnv(t)
-	d := e.loadDatapath(datapath.DeviceModeNetkit)
+	d := e.loadDatapath(podpath.DeviceModeNetkit)
 	pods := map[string]string{}
 	res := map[string]*types100.Result{}
 	for _, p := range []struct{ cid, mode string }{{"nka", ModeNetkit}, {"nkb", ModeNetkit}, {"vea", ModeVeth}, {"nl2", ModeNetkitL2}} {

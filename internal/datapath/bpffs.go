@@ -11,8 +11,8 @@ import (
 // BPFFSRoot is where bpffs is mounted when it is missing.
 const BPFFSRoot = "/sys/fs/bpf"
 
-// isBPFFS reports whether path lies on a bpf filesystem.
-func isBPFFS(path string) (bool, error) {
+// IsBPFFS reports whether path lies on a bpf filesystem.
+func IsBPFFS(path string) (bool, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return false, fmt.Errorf("statfs %s: %w", path, err)
@@ -20,12 +20,12 @@ func isBPFFS(path string) (bool, error) {
 	return uint32(st.Type) == unix.BPF_FS_MAGIC, nil
 }
 
-// ensureBPFFS mounts bpffs at BPFFSRoot when it is not mounted there yet.
-func ensureBPFFS() error {
+// EnsureBPFFS mounts bpffs at BPFFSRoot when it is not mounted there yet.
+func EnsureBPFFS() error {
 	if err := os.MkdirAll(BPFFSRoot, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", BPFFSRoot, err)
 	}
-	ok, err := isBPFFS(BPFFSRoot)
+	ok, err := IsBPFFS(BPFFSRoot)
 	if err != nil {
 		return err
 	}
@@ -38,15 +38,15 @@ func ensureBPFFS() error {
 	return nil
 }
 
-// ensurePinDir creates dir (and dir/links) and checks that it is on bpffs.
-func ensurePinDir(dir string) error {
-	if err := ensureBPFFS(); err != nil {
+// EnsurePinDir creates dir (and dir/links) and checks that it is on bpffs.
+func EnsurePinDir(dir string) error {
+	if err := EnsureBPFFS(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(linksDir(dir), 0o700); err != nil {
+	if err := os.MkdirAll(LinksDir(dir), 0o700); err != nil {
 		return fmt.Errorf("create pin dir %s: %w", dir, err)
 	}
-	ok, err := isBPFFS(dir)
+	ok, err := IsBPFFS(dir)
 	if err != nil {
 		return err
 	}

@@ -1,20 +1,29 @@
-// Package datapath loads, attaches and pins axon's BPF programs and owns the
-// endpoint and metrics maps they share.
+// Package datapath is the small base that axon's BPF objects are loaded on;
+// each object (one per bpf/*.c attach point) has its own package under it:
+//   - podpath: axon_pod_egress and axon_uplink_ingress, the pod datapath;
+//   - nodeport: axon_lb_ingress, axon_lb_egress, axon_lb_decap and
+//     axon_lb_xdp, the north-south LB;
+//   - socklb: the socket LB's cgroup hooks and socket iterators;
+//   - bandwidth: axon_uplink_egress, the Bandwidth Manager.
 //
-// Programs (bpf/*.c, compiled by bpf2go, see gen.go):
-//   - axon_pod_egress on the tc ingress of every pod's host-side veth;
-//   - axon_uplink_ingress on the tc ingress of the node uplink.
+// The base holds what they share:
+//   - bpffs and the pin layout: maps pinned by name under a node's pin dir,
+//     links under <pinDir>/links/<kind>-<role>-<ifname> (links.go);
+//   - the link-pin registry (RolePod ... RoleLBXDP, TCHooks): the roles that
+//     name the pins and the cls_bpf filters of legacy mode, a contract with
+//     running nodes (a restarted agent adopts its attachments by them);
+//   - one attach API: Attach / Detach / Attached put a program on a tc Hook
+//     (a tcx link, or clsact + cls_bpf in legacy mode) and AttachLink any
+//     other pinned bpf_link (XDP, netkit), adopting and updating in place
+//     what a previous run pinned; ListPins, DetachPin and DetachLink for GC
+//     and uninstall;
+//   - the kernel feature probes, as a table (features.go): one row per
+//     probe with its name, function and the reason when absent; Probe,
+//     ProbeFeature and Features.List walk it;
+//   - the maps several objects share (maps.go), map helpers (DumpMap,
+//     ReplaceKeys) and load helpers (VerifierDetail, IncompatibleHint);
+//   - Objects, every embedded object, for the verifier report.
 //
-// Everything is per network namespace: call Load and the Datapath methods
-// from the node's netns. Maps are pinned by name under Config.PinDir and links
-// under PinDir/links, so forwarding continues while the agent is down and a
-// restarted agent adopts (updates) the existing links instead of flapping them.
-//
-// Pin layout under PinDir:
-//
-//	axon_ep_v4, axon_ep_v6, axon_metrics   maps (LIBBPF_PIN_BY_NAME)
-//	links/tcx-uplink-<ifname>              tcx link of the uplink program
-//	links/tcx-pod-<ifname>                 tcx link of a pod's program
-//	links/tc-uplink-<ifname>, tc-pod-<ifname>  legacy mode: the program attached
-//	                                       with a cls_bpf filter (a marker for GC/Uninstall)
+// Package lbmap holds the LB map helpers socklb and nodeport share; dptest
+// the helpers the packages' tests share.
 package datapath

@@ -37,69 +37,142 @@ type Features struct {
 	FibCache      Capability // pod_egress loads with the rt_genid-checked IPv4 route cache
 }
 
-// List returns the probe results in the agent API form.
+// A featureProbe is one row of the probe table: how one kernel feature is
+// found and what axon does without it (the reason when absent).
+type featureProbe struct {
+	name  string                      // as listed by Features.List and `axon features`
+	field func(*Features) *Capability // where Probe stores the result
+	// run finds the feature: nil error means present, note is added to the
+	// present reason. Device probes (netns) get a handle on a throwaway
+	// network namespace and run there; the others get nil.
+	run   func(h *netlink.Handle) (note string, err error)
+	netns bool
+	needs string // a feature that must be present for this one; else needsReason
+	// present is the reason when found; absent the reason when not, with %v
+	// the error run returned (it says what axon does without the feature).
+	present, absent, needsReason string
+}
+
+// probes is the probe table, in the order Features.List shows the results.
+var probes = []featureProbe{
+	{name: "tcx", field: func(f *Features) *Capability { return &f.TCX }, netns: true, run: probeTCX,
+		present: "tcx: kernel supports tcx links (probed)",
+		absent:  "tcx: attach failed (kernel < 6.6?), falling back to clsact/cls_bpf: %v"},
+	helperProbe("bpf_redirect_peer", asm.FnRedirectPeer, func(f *Features) *Capability { return &f.RedirectPeer }),
+	helperProbe("bpf_redirect_neigh", asm.FnRedirectNeigh, func(f *Features) *Capability { return &f.RedirectNeigh }),
+	helperProbe("bpf_fib_lookup", asm.FnFibLookup, func(f *Features) *Capability { return &f.FibLookup }),
+	{name: "netkit", field: func(f *Features) *Capability { return &f.Netkit }, netns: true, run: probeNetkit,
+		present: "netkit: device created (probed)",
+		absent:  "netkit: creating a netkit device failed (CONFIG_NETKIT unset?): %v"},
+	{name: "sch_fq", field: func(f *Features) *Capability { return &f.SchFQ }, netns: true, run: probeFQ,
+		present: "sch_fq: fq qdisc added (probed)",
+		absent:  "sch_fq: adding an fq qdisc failed (module missing?), EDT rate limiting unavailable: %v"},
+	{name: "bpffs", field: func(f *Features) *Capability { return &f.BPFFS }, run: probeBPFFS,
+		present: "bpffs mounted at " + BPFFSRoot,
+		absent:  "%v"},
+	{name: "big_tcp", field: func(f *Features) *Capability { return &f.BigTCP }, netns: true, run: probeBigTCP,
+		present: "big_tcp: gso_max_size > 64k accepted (probed)",
+		absent:  "big_tcp: %v"},
+	{name: "bpf_sock_destroy", field: func(f *Features) *Capability { return &f.SockDestroy },
+		run:     objectLoads(objectProbe{object: "sockdestroy", tinyMaps: true, iterators: true, verifierLog: true}),
+		present: "bpf_sock_destroy: kfunc and tcp/udp socket iterators load (probed)",
+		absent: "bpf_sock_destroy: load socket iterators (bpf_sock_destroy needs kernel >= 6.5 with BTF): %v" +
+			"; connected sockets keep a removed backend until the application reconnects"},
+	{name: "fib_cache", field: func(f *Features) *Capability { return &f.FibCache },
+		run:         objectLoads(objectProbe{object: "podegress", set: map[string]uint8{"cfg_fib_cache": 1}}),
+		needs:       "bpf_redirect_neigh",
+		needsReason: "fib_cache: needs bpf_redirect_neigh, which this kernel lacks",
+		present:     "fib_cache: pod_egress loads with the rt_genid-checked IPv4 route cache (probed)",
+		absent: "fib_cache: pod_egress with the route cache does not load " +
+			"(needs the bpf_cast_to_kern_ctx kfunc, Linux 6.3+, and kernel BTF); " +
+			"routes are looked up per packet: %v"},
+}
+
+// helperProbe is the row of a helper that axon's tc programs call.
+func helperProbe(name string, fn asm.BuiltinFunc, field func(*Features) *Capability) featureProbe {
+	return featureProbe{name: name, field: field,
+		run: func(*netlink.Handle) (string, error) {
+			return "", features.HaveProgramHelper(ebpf.SchedCLS, fn)
+		},
+		present: name + ": helper accepted by the verifier in a sched_cls program (probed)",
+		absent:  name + ": %v"}
+}
+
+func (p featureProbe) result(note string, err error) Capability {
+	if err != nil {
+		return Capability{Reason: fmt.Sprintf(p.absent, err)}
+	}
+	return Capability{Available: true, Reason: p.present + note}
+}
+
+// List returns the probe results in the agent API form, in table order.
 func (f Features) List() []api.Feature {
-	mk := func(name string, c Capability) api.Feature {
-		return api.Feature{Name: name, Available: c.Available, Reason: c.Reason}
+	out := make([]api.Feature, 0, len(probes))
+	for _, p := range probes {
+		c := *p.field(&f)
+		out = append(out, api.Feature{Name: p.name, Available: c.Available, Reason: c.Reason})
 	}
-	return []api.Feature{
-		mk("tcx", f.TCX),
-		mk("bpf_redirect_peer", f.RedirectPeer),
-		mk("bpf_redirect_neigh", f.RedirectNeigh),
-		mk("bpf_fib_lookup", f.FibLookup),
-		mk("netkit", f.Netkit),
-		mk("sch_fq", f.SchFQ),
-		mk("bpffs", f.BPFFS),
-		mk("big_tcp", f.BigTCP),
-		mk("bpf_sock_destroy", f.SockDestroy),
-		mk("fib_cache", f.FibCache),
-	}
+	return out
 }
 
-func capFrom(err error, okReason, name string) Capability {
-	if err == nil {
-		return Capability{Available: true, Reason: okReason}
-	}
-	return Capability{Reason: fmt.Sprintf("%s: %v", name, err)}
-}
-
-// Probe runs every feature probe. It needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
+// Probe runs every feature probe of the table. It needs root
+// (CAP_SYS_ADMIN, CAP_NET_ADMIN).
 func Probe() Features {
 	var f Features
-	helper := func(fn asm.BuiltinFunc, name string) Capability {
-		return capFrom(features.HaveProgramHelper(ebpf.SchedCLS, fn),
-			name+": helper accepted by the verifier in a sched_cls program (probed)", name)
+	byName := map[string]Capability{}
+	var device []featureProbe
+	for _, p := range probes {
+		if p.netns {
+			device = append(device, p)
+			continue
+		}
+		c := Capability{Reason: p.needsReason}
+		if p.needs == "" || byName[p.needs].Available {
+			c = p.result(p.run(nil))
+		}
+		byName[p.name] = c
+		*p.field(&f) = c
 	}
-	f.RedirectPeer = helper(asm.FnRedirectPeer, "bpf_redirect_peer")
-	f.RedirectNeigh = helper(asm.FnRedirectNeigh, "bpf_redirect_neigh")
-	f.FibLookup = helper(asm.FnFibLookup, "bpf_fib_lookup")
-	f.SockDestroy = ProbeSockDestroy()
-	if f.RedirectNeigh.Available {
-		f.FibCache = ProbeFibCache()
-	} else {
-		f.FibCache = Capability{Reason: "fib_cache: needs bpf_redirect_neigh, which this kernel lacks"}
-	}
-
-	if ok, err := isBPFFS(BPFFSRoot); err != nil {
-		f.BPFFS = Capability{Reason: err.Error()}
-	} else if ok {
-		f.BPFFS = Capability{Available: true, Reason: "bpffs mounted at " + BPFFSRoot}
-	} else {
-		f.BPFFS = Capability{Reason: "bpffs not mounted at " + BPFFSRoot + " (Load mounts it)"}
-	}
-
 	err := inScratchNetns(func(h *netlink.Handle) error {
-		f.TCX = probeTCX()
-		f.Netkit = probeNetkit(h)
-		f.SchFQ = probeFQ(h)
-		f.BigTCP = probeBigTCP(h)
+		for _, p := range device {
+			*p.field(&f) = p.result(p.run(h))
+		}
 		return nil
 	})
 	if err != nil {
-		r := Capability{Reason: "scratch netns for device probes: " + err.Error()}
-		f.TCX, f.Netkit, f.SchFQ, f.BigTCP = r, r, r, r
+		for _, p := range device {
+			*p.field(&f) = Capability{Reason: "scratch netns for device probes: " + err.Error()}
+		}
 	}
 	return f
+}
+
+// ProbeTCX probes tcx alone (in a throwaway netns).
+func ProbeTCX() Capability { return ProbeFeature("tcx") }
+
+// ProbeNetkit creates (and deletes) a netkit pair in a throwaway netns.
+func ProbeNetkit() Capability { return ProbeFeature("netkit") }
+
+// ProbeFeature runs the probe of one feature (a name of Features.List), and
+// the one it needs first.
+func ProbeFeature(name string) Capability {
+	for _, p := range probes {
+		if p.name != name {
+			continue
+		}
+		if p.needs != "" && !ProbeFeature(p.needs).Available {
+			return Capability{Reason: p.needsReason}
+		}
+		if !p.netns {
+			return p.result(p.run(nil))
+		}
+		var c Capability
+		if err := inScratchNetns(func(h *netlink.Handle) error { c = p.result(p.run(h)); return nil }); err != nil {
+			return Capability{Reason: name + ": scratch netns for the probe: " + err.Error()}
+		}
+		return c
+	}
+	return Capability{Reason: name + ": no such probe"}
 }
 
 // inScratchNetns runs fn on a locked OS thread inside a new, empty network
@@ -150,84 +223,113 @@ func trivialTCProg() (*ebpf.Program, error) {
 }
 
 // probeTCX attaches a trivial program with tcx to the scratch netns' lo.
-func probeTCX() Capability {
+func probeTCX(*netlink.Handle) (string, error) {
 	prog, err := trivialTCProg()
 	if err != nil {
-		return Capability{Reason: "tcx: cannot load a sched_cls program: " + err.Error()}
+		return "", fmt.Errorf("cannot load a sched_cls program: %w", err)
 	}
 	defer prog.Close()
 	l, err := link.AttachTCX(link.TCXOptions{Interface: 1, Program: prog, Attach: ebpf.AttachTCXIngress})
 	if err != nil {
-		return Capability{Reason: "tcx: attach failed (kernel < 6.6?), falling back to clsact/cls_bpf: " + err.Error()}
+		return "", err
 	}
 	l.Close()
-	return Capability{Available: true, Reason: "tcx: kernel supports tcx links (probed)"}
+	return "", nil
 }
 
-func probeNetkit(h *netlink.Handle) Capability {
+func probeNetkit(h *netlink.Handle) (string, error) {
 	nk := &netlink.Netkit{LinkAttrs: netlink.LinkAttrs{Name: "axprobe-nk0"}, Mode: netlink.NETKIT_MODE_L3}
 	nk.SetPeerAttrs(&netlink.LinkAttrs{Name: "axprobe-nk1"})
 	if err := h.LinkAdd(nk); err != nil {
-		return Capability{Reason: "netkit: creating a netkit device failed (CONFIG_NETKIT unset?): " + err.Error()}
+		return "", err
 	}
 	_ = h.LinkDel(nk)
-	return Capability{Available: true, Reason: "netkit: device created (probed)"}
+	return "", nil
 }
 
-func probeFQ(h *netlink.Handle) Capability {
+func probeFQ(h *netlink.Handle) (string, error) {
 	q := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: 1, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(1, 0)}}
-	if err := h.QdiscAdd(q); err != nil {
-		return Capability{Reason: "sch_fq: adding an fq qdisc failed (module missing?), EDT rate limiting unavailable: " + err.Error()}
-	}
-	return Capability{Available: true, Reason: "sch_fq: fq qdisc added (probed)"}
+	return "", h.QdiscAdd(q)
 }
 
-func probeBigTCP(h *netlink.Handle) Capability {
+func probeBPFFS(*netlink.Handle) (string, error) {
+	ok, err := IsBPFFS(BPFFSRoot)
+	if err == nil && !ok {
+		err = errors.New("bpffs not mounted at " + BPFFSRoot + " (Load mounts it)")
+	}
+	return "", err
+}
+
+func probeBigTCP(h *netlink.Handle) (string, error) {
 	const size = 196608
 	d := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "axprobe-v0"}, PeerName: "axprobe-v1"}
 	if err := h.LinkAdd(d); err != nil {
-		return Capability{Reason: "big_tcp: cannot create a veth pair to probe: " + err.Error()}
+		return "", fmt.Errorf("cannot create a veth pair to probe: %w", err)
 	}
 	defer h.LinkDel(d)
 	if err := h.LinkSetGSOMaxSize(d, size); err != nil {
-		return Capability{Reason: "big_tcp: setting gso_max_size > 64k failed: " + err.Error()}
+		return "", fmt.Errorf("setting gso_max_size > 64k failed: %w", err)
 	}
 	l, err := h.LinkByName(d.Name)
 	if err != nil {
-		return Capability{Reason: "big_tcp: " + err.Error()}
+		return "", err
 	}
 	if l.Attrs().GSOMaxSize != size {
-		return Capability{Reason: fmt.Sprintf("big_tcp: gso_max_size reads back %d, not %d", l.Attrs().GSOMaxSize, size)}
+		return "", fmt.Errorf("gso_max_size reads back %d, not %d", l.Attrs().GSOMaxSize, size)
 	}
-	reason := "big_tcp: gso_max_size > 64k accepted (probed)"
 	if err := h.LinkSetGSOIPv4MaxSize(d, size); err == nil {
-		reason += ", IPv4 too"
+		return ", IPv4 too", nil
 	}
-	return Capability{Available: true, Reason: reason}
+	return "", nil
 }
 
-// ProbeFibCache loads axon_pod_egress with its IPv4 route cache on
-// (cfg_fib_cache = 1, bpf/lib/fib_cache.h), with private maps: it needs the
-// bpf_cast_to_kern_ctx kfunc (Linux 6.3+), the kernel's BTF for the CO-RE
-// read of the netns' rt_genid, and bpf_redirect_neigh. Where it does not
-// load, every packet to another node is looked up in the FIB, as before.
-func ProbeFibCache() Capability {
-	spec, err := loadPodEgress()
-	if err != nil {
-		return Capability{Reason: "fib_cache: parse pod_egress object: " + err.Error()}
+// objectProbe says how a probe loads one of axon's embedded objects: its
+// maps unpinned (tinyMaps: with one entry each), the load-time constants in
+// set, and for iterators every program attached as a BPF iterator.
+type objectProbe struct {
+	object      string // bpf2go stem of the embedded object (Object.Name), e.g. "podegress"
+	set         map[string]uint8
+	tinyMaps    bool
+	iterators   bool
+	verifierLog bool // a load error carries the whole verifier log
+}
+
+// objectLoads is the probe that the object of o loads on this kernel.
+func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
+	return func(*netlink.Handle) (string, error) {
+		spec, err := objectByName(o.object)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+			if o.tinyMaps {
+				m.MaxEntries = 1
+			}
+		}
+		for name, v := range o.set {
+			if err := spec.Variables[name].Set(v); err != nil {
+				return "", fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+		coll, err := ebpf.NewCollection(spec)
+		if err != nil {
+			if o.verifierLog {
+				err = VerifierDetail(err)
+			}
+			return "", err
+		}
+		defer coll.Close()
+		if !o.iterators {
+			return "", nil
+		}
+		for name, p := range coll.Programs {
+			it, err := link.AttachIter(link.IterOptions{Program: p})
+			if err != nil {
+				return "", fmt.Errorf("attach iterator %s: %w", name, err)
+			}
+			it.Close()
+		}
+		return "", nil
 	}
-	for _, m := range spec.Maps {
-		m.Pinning = ebpf.PinNone
-	}
-	if err := spec.Variables["cfg_fib_cache"].Set(uint8(1)); err != nil {
-		return Capability{Reason: "fib_cache: " + err.Error()}
-	}
-	var pp podEgressPrograms
-	if err := spec.LoadAndAssign(&pp, nil); err != nil {
-		return Capability{Reason: "fib_cache: pod_egress with the route cache does not load " +
-			"(needs the bpf_cast_to_kern_ctx kfunc, Linux 6.3+, and kernel BTF); " +
-			"routes are looked up per packet: " + err.Error()}
-	}
-	pp.Close()
-	return Capability{Available: true, Reason: "fib_cache: pod_egress loads with the rt_genid-checked IPv4 route cache (probed)"}
 }

@@ -22,7 +22,7 @@ func TestProbe(t *testing.T) {
 	}
 	// The device probes must not leave anything behind in this netns.
 	for _, name := range []string{"axprobe-nk0", "axprobe-v0"} {
-		if deviceExists(name) {
+		if DeviceExists(name) {
 			t.Errorf("probe device %s leaked into the test's netns", name)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 )
 
 // dumpChunk is the entries one BPF_MAP_LOOKUP_BATCH call returns at most; a
@@ -12,12 +14,12 @@ import (
 // is far above.
 const dumpChunk = 4096
 
-// dumpMap reads every entry of a hash map m: with BPF_MAP_LOOKUP_BATCH (a
+// DumpMap reads every entry of a hash map m: with BPF_MAP_LOOKUP_BATCH (a
 // handful of system calls for 100 000 entries) where the kernel has it,
 // else by iterating (two system calls per entry). hint sizes the result.
 // The caller keeps other writers out meanwhile (a concurrent delete can make
 // a batch walk restart or skip a bucket).
-func dumpMap[K, V any](m *ebpf.Map, hint int) ([]K, []V, error) {
+func DumpMap[K, V any](m *ebpf.Map, hint int) ([]K, []V, error) {
 	keys, vals := make([]K, 0, hint), make([]V, 0, hint)
 	kb, vb := make([]K, dumpChunk), make([]V, dumpChunk)
 	var cur ebpf.MapBatchCursor
@@ -49,11 +51,11 @@ func iterateMap[K, V any](m *ebpf.Map, hint int) ([]K, []V, error) {
 	return keys, vals, nil
 }
 
-// replaceKeys makes m (named name; a set: value 1 per key) hold exactly the
+// ReplaceKeys makes m (named name; a set: value 1 per key) hold exactly the
 // keys of want: the missing ones are added first, then the others removed,
 // so a key in both states is never absent. Callers validate want and add
 // their own context to the error.
-func replaceKeys[K comparable](m *ebpf.Map, name string, want map[K]bool) error {
+func ReplaceKeys[K comparable](m *ebpf.Map, name string, want map[K]bool) error {
 	have, _, err := iterateMap[K, uint8](m, len(want))
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
@@ -61,7 +63,7 @@ func replaceKeys[K comparable](m *ebpf.Map, name string, want map[K]bool) error 
 	one := uint8(1)
 	for k := range want {
 		if err := m.Put(&k, &one); err != nil {
-			return fmt.Errorf("write %s: %w", name, mapFullHint(err, name))
+			return fmt.Errorf("write %s: %w", name, lbmap.MapFullHint(err, name))
 		}
 	}
 	var errs []error

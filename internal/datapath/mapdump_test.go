@@ -27,7 +27,7 @@ func TestDumpMap(t *testing.T) {
 			want[k] = v
 		}
 		for name, dump := range map[string]func(*ebpf.Map, int) ([]uint32, []uint64, error){
-			"batch": dumpMap[uint32, uint64], "iterate": iterateMap[uint32, uint64],
+			"batch": DumpMap[uint32, uint64], "iterate": iterateMap[uint32, uint64],
 		} {
 			keys, vals, err := dump(m, 0)
 			if err != nil {
@@ -64,7 +64,7 @@ func TestReplaceKeys(t *testing.T) {
 		for _, k := range want {
 			set[k] = true
 		}
-		if err := replaceKeys(m, "test", set); err != nil {
+		if err := ReplaceKeys(m, "test", set); err != nil {
 			t.Fatalf("replace with %v: %v", want, err)
 		}
 		keys, vals, err := iterateMap[uint64, uint8](m, 0)

@@ -28,7 +28,7 @@ func TestNetkitPairProbe(t *testing.T) {
 		PeerPolicy: netlink.NETKIT_POLICY_BLACKHOLE,
 	}
 	nk.SetPeerAttrs(&netlink.LinkAttrs{Name: "nk1"})
-	if err := c.h.LinkAdd(nk); err != nil {
+	if err := c.H.LinkAdd(nk); err != nil {
 		t.Fatalf("create netkit pair although the probe said %q: %v", feats.Netkit.Reason, err)
 	}
 	cases := []struct {
@@ -40,7 +40,7 @@ func TestNetkitPairProbe(t *testing.T) {
 		{"nk1", false, netlink.NETKIT_POLICY_BLACKHOLE, netlink.NETKIT_POLICY_FORWARD},
 	}
 	for _, tc := range cases {
-		l := c.link(tc.name)
+		l := c.Link(tc.name)
 		got, ok := l.(*netlink.Netkit)
 		if !ok {
 			t.Fatalf("%s reads back as %T (type %q), want netkit", tc.name, l, l.Type())
@@ -57,11 +57,11 @@ func TestNetkitPairProbe(t *testing.T) {
 		}
 		t.Logf("%s: type %s mode %d primary %v policy %d peer policy %d", tc.name, got.Type(), got.Mode, got.IsPrimary(), got.Policy, got.PeerPolicy)
 	}
-	if err := c.h.LinkDel(c.link("nk0")); err != nil {
+	if err := c.H.LinkDel(c.Link("nk0")); err != nil {
 		t.Fatalf("delete netkit pair: %v", err)
 	}
 	for _, name := range []string{"nk0", "nk1"} {
-		if _, err := c.h.LinkByName(name); err == nil {
+		if _, err := c.H.LinkByName(name); err == nil {
 			t.Errorf("%s still exists after deleting the pair", name)
 		}
 	}
@@ -76,17 +76,17 @@ func TestFQQdiscProbe(t *testing.T) {
 		t.Skip(feats.SchFQ.Reason)
 	}
 	c := nsConf(t, newNetns(t, "fq"))
-	c.veth("veth0", "", "veth1", "", "")
-	c.up("veth0", "veth1")
-	dev := c.link("veth0")
+	c.Veth("veth0", "", "veth1", "", "")
+	c.Up("veth0", "veth1")
+	dev := c.Link("veth0")
 	q := netlink.NewFq(netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0xa1, 0)})
 	q.FlowPacketLimit = 123
 	q.Horizon = 2_000_000 // µs: EDT stamps further out are dropped
-	if err := c.h.QdiscAdd(q); err != nil {
+	if err := c.H.QdiscAdd(q); err != nil {
 		t.Fatalf("add fq qdisc although the probe said %q: %v", feats.SchFQ.Reason, err)
 	}
 	find := func() *netlink.Fq {
-		qs, err := c.h.QdiscList(dev)
+		qs, err := c.H.QdiscList(dev)
 		if err != nil {
 			t.Fatalf("list qdiscs of veth0: %v", err)
 		}
@@ -105,13 +105,13 @@ func TestFQQdiscProbe(t *testing.T) {
 		t.Errorf("fq reads back as parent %x %s", got.Parent, got)
 	}
 	t.Logf("fq qdisc: %s", got)
-	if err := c.h.QdiscDel(got); err != nil {
+	if err := c.H.QdiscDel(got); err != nil {
 		t.Fatalf("delete fq qdisc: %v", err)
 	}
 	if find() != nil {
 		t.Error("fq qdisc still listed after deleting it")
 	}
-	if err := c.h.QdiscDel(got); err == nil {
+	if err := c.H.QdiscDel(got); err == nil {
 		t.Error("deleting the fq qdisc twice succeeded")
 	}
 }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/ethtool"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
@@ -376,7 +377,7 @@ func testStandaloneDSR(t *testing.T, xdpMode string) {
 	cfg, _, err := ReadFile(cfgPath)
 	must(t, "config", err)
 	t.Cleanup(func() {
-		if err := netnsutil.Do(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(cfg.BPFRoot) }); err != nil {
+		if err := netnsutil.Do(tp.ns["lb"], func() error { return nodeport.Uninstall(cfg.BPFRoot) }); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 		_ = os.RemoveAll(cfg.BPFRoot)
@@ -605,7 +606,7 @@ vips:
   - {address: "fd00:200::12", port: 8080}
 `, mode, pin, filepath.Join(dir, "l4lb.sock")))
 			t.Cleanup(func() {
-				if err := netnsutil.Do(tp.ns["lb"], func() error { return datapath.UninstallNodePortLB(pin) }); err != nil {
+				if err := netnsutil.Do(tp.ns["lb"], func() error { return nodeport.Uninstall(pin) }); err != nil {
 					t.Errorf("uninstall: %v", err)
 				}
 				_ = os.RemoveAll(pin)

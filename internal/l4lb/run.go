@@ -15,19 +15,19 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
 	"github.com/axonhq/axon/internal/nodeportapi"
 )
 
-// npDatapath programs VIPs into a datapath.NodePortLB.
-type npDatapath struct{ np *datapath.NodePortLB }
+// npDatapath programs VIPs into a nodeport.LB.
+type npDatapath struct{ np *nodeport.LB }
 
 func (d npDatapath) UpsertVIP(f lb.Frontend, dsr bool, table []int) error {
-	o := datapath.FrontendOptions{Mode: datapath.NPModeSNAT}
+	o := nodeport.FrontendOptions{Mode: nodeport.ModeSNAT}
 	if dsr {
-		o.Mode = datapath.NPModeDSR
+		o.Mode = nodeport.ModeDSR
 	}
 	if table != nil {
 		o.Maglev = make([]uint32, len(table))
@@ -111,11 +111,11 @@ func Run(ctx context.Context, path string, o RunOptions) error {
 	if err != nil {
 		return fmt.Errorf("interface %s: %w", cfg.Interface, err)
 	}
-	np, err := datapath.LoadNodePortLB(datapath.NodePortOptions{
+	np, err := nodeport.Load(nodeport.Options{
 		UplinkMTU:       uint32(link.Attrs().MTU), // answer "too big" for what IPIP would push over it
 		PinDir:          cfg.BPFRoot,
 		NodeAddrs:       addrs,
-		Mode:            datapath.NPModeDSR,
+		Mode:            nodeport.ModeDSR,
 		CTMax:           uint32(cfg.CTMax),
 		MaglevTableSize: uint32(cfg.MaglevSize),
 		HashSeed:        maglev.HashSeed(cfg.MaglevSeed),
@@ -156,7 +156,7 @@ func Run(ctx context.Context, path string, o RunOptions) error {
 	errc := make(chan error, 1)
 	go func() {
 		errc <- r.serve(ctx, cfg.Socket, log, nodeportapi.Handler{
-			LB:      func() (*datapath.NodePortLB, string) { return np, "" },
+			LB:      func() (*nodeport.LB, string) { return np, "" },
 			Resolve: r.resolve,
 		})
 	}()
@@ -170,7 +170,7 @@ func Run(ctx context.Context, path string, o RunOptions) error {
 				return
 			case <-t.C:
 				c := r.Config()
-				if _, err := np.GC(datapath.CTTimeouts{TCP: c.TCPTimeout, UDP: c.UDPTimeout}); err != nil {
+				if _, err := np.GC(nodeport.CTTimeouts{TCP: c.TCPTimeout, UDP: c.UDPTimeout}); err != nil {
 					log.Warn("conntrack garbage collection", "error", err)
 				}
 			}
@@ -195,7 +195,7 @@ func Uninstall(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := datapath.UninstallNodePortLB(cfg.BPFRoot); err != nil {
+	if err := nodeport.Uninstall(cfg.BPFRoot); err != nil {
 		return err
 	}
 	_ = os.Remove(filepath.Join(cfg.BPFRoot, "links"))
@@ -219,9 +219,9 @@ func (r *Runner) resolve(name string) ([]lb.Frontend, error) {
 }
 
 // attach attaches per xdpMode and describes the result.
-func attach(np *datapath.NodePortLB, ifname, mode string) (string, error) {
+func attach(np *nodeport.LB, ifname, mode string) (string, error) {
 	how, err := np.AttachAccelerated(ifname, mode)
-	if xe := (*datapath.NativeXDPError)(nil); errors.As(err, &xe) {
+	if xe := (*nodeport.NativeXDPError)(nil); errors.As(err, &xe) {
 		return "", fmt.Errorf("xdpMode native: %w (set xdpMode: best-effort to fall back to tc)", xe.Err)
 	}
 	if err != nil {

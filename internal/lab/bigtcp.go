@@ -8,6 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 // Pod devices of `axon lab up --device` (issue 5): the agents' --device-mode.
@@ -23,7 +24,7 @@ var Devices = []string{DeviceAuto, DeviceVeth, DeviceNetkit}
 // LabBigTCPSize is the GSO/GRO size `--big-tcp on` gives the wire: the
 // bridge, its ports and every node's uplink (the agents size the pod
 // devices themselves, from the uplink's limits).
-const LabBigTCPSize = datapath.BigTCPMaxSize
+const LabBigTCPSize = podpath.BigTCPMaxSize
 
 // validateDevice checks --device; netkit is refused up front where the
 // kernel has none (the agents would refuse to start anyway).

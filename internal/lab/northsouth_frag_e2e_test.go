@@ -27,7 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/labns"
 )
@@ -199,7 +199,7 @@ func fragExchange(nsName string, dst netip.AddrPort, size int, timeout time.Dura
 // pinned axon_np_metrics: hook (tc, xdp, egress) -> reason -> packets.
 func npPinnedCounters(t *testing.T, pinDir string) map[string]map[string]uint64 {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, datapath.MapNPMetrics), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, nodeport.MapMetrics), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("open the LB's counters: %v", err)
 	}
@@ -208,7 +208,7 @@ func npPinnedCounters(t *testing.T, pinDir string) map[string]map[string]uint64 
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := datapath.NPReasonNames()
+	names := nodeport.ReasonNames()
 	out := map[string]map[string]uint64{}
 	for hi, hook := range []string{"tc", "xdp", "egress"} { // enum np_hook
 		out[hook] = map[string]uint64{}
@@ -216,7 +216,7 @@ func npPinnedCounters(t *testing.T, pinDir string) map[string]map[string]uint64 
 			idx := uint32(hi*len(names) + ri)
 			vals := make([]uint64, ncpu)
 			if err := m.Lookup(&idx, &vals); err != nil {
-				t.Fatalf("read %s[%d]: %v", datapath.MapNPMetrics, idx, err)
+				t.Fatalf("read %s[%d]: %v", nodeport.MapMetrics, idx, err)
 			}
 			for _, v := range vals {
 				out[hook][r] += v

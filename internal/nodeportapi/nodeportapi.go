@@ -1,6 +1,6 @@
 // Package nodeportapi serves the north-south load balancer's maps over the
 // local API (api.NorthSouthHandler): conntrack, reverse NAT, Maglev tables
-// and the explain simulator, read from a loaded datapath.NodePortLB. The
+// and the explain simulator, read from a loaded nodeport.LB. The
 // agent and the standalone `axon lb` both use it, so `axon bpf ct list`,
 // `axon bpf nat list`, `axon bpf lb maglev get` and `axon lb explain` work
 // the same against either.
@@ -16,14 +16,14 @@ import (
 	"strings"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 )
 
 // Handler implements api.NorthSouthHandler.
 type Handler struct {
 	// LB returns the loaded load balancer, or nil and why it is not loaded.
-	LB func() (*datapath.NodePortLB, string)
+	LB func() (*nodeport.LB, string)
 	// Resolve maps a service name (namespace/name, or a VIP name) to its
 	// programmed frontends with their display names; nil = only frontend=.
 	Resolve func(service string) ([]lb.Frontend, error)
@@ -153,7 +153,7 @@ func (h Handler) Explain(_ context.Context, proto, src, dst string) (api.Explain
 	if np == nil {
 		return api.ExplainReply{}, api.Errorf(http.StatusServiceUnavailable, "north-south load balancer not loaded: %s", why)
 	}
-	t, err := datapath.ParseTuple(proto, src, dst)
+	t, err := nodeport.ParseTuple(proto, src, dst)
 	if err != nil {
 		return api.ExplainReply{}, api.Errorf(http.StatusBadRequest, "%v", err)
 	}
@@ -165,7 +165,7 @@ func (h Handler) Explain(_ context.Context, proto, src, dst string) (api.Explain
 }
 
 // Reply renders an Explanation for the API.
-func Reply(ex datapath.Explanation) api.ExplainReply {
+func Reply(ex nodeport.Explanation) api.ExplainReply {
 	rep := api.ExplainReply{Flow: ex.Flow.String(), Verdict: ex.Verdict, Mode: ex.Mode}
 	if ex.Frontend.Addr.IsValid() {
 		rep.Frontend = ex.Frontend.String()

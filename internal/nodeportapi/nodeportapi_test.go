@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -36,8 +36,8 @@ func TestParseFrontend(t *testing.T) {
 }
 
 func TestReply(t *testing.T) {
-	ex := datapath.Explanation{
-		Flow:    datapath.Tuple{Proto: lb.TCP, Src: netip.MustParseAddrPort("192.0.2.7:40000"), Dst: netip.MustParseAddrPort("198.18.0.11:30080")},
+	ex := nodeport.Explanation{
+		Flow:    nodeport.Tuple{Proto: lb.TCP, Src: netip.MustParseAddrPort("192.0.2.7:40000"), Dst: netip.MustParseAddrPort("198.18.0.11:30080")},
 		Verdict: "snat_fwd", Mode: "snat", Existing: true, NATPort: 61234,
 		Frontend: lb.FrontendKey{Addr: netip.IPv4Unspecified(), Port: 30080, Proto: lb.TCP, Scope: lb.ScopeNodePort},
 		Backend:  netip.MustParseAddrPort("10.244.2.7:8080"), FrontendID: 3, BackendID: 9,
@@ -52,7 +52,7 @@ func TestReply(t *testing.T) {
 			t.Errorf("steps lack %q:\n%s", want, steps)
 		}
 	}
-	none := Reply(datapath.Explanation{Flow: ex.Flow, Verdict: "not_service"})
+	none := Reply(nodeport.Explanation{Flow: ex.Flow, Verdict: "not_service"})
 	if none.Backend != "" || !strings.Contains(strings.Join(none.Steps, "\n"), "no frontend matches") {
 		t.Errorf("not a service: %+v", none)
 	}

@@ -211,7 +211,7 @@ func TestKernelMatrix(t *testing.T) {
 	}
 	ks := cachedKernels(t)
 	r := &Runner{
-		Packages:    []string{modulePath + "/internal/datapath", modulePath + "/internal/verifier", modulePath + "/internal/vmtest/virtionet"},
+		Packages:    []string{modulePath + "/internal/datapath/...", modulePath + "/internal/verifier", modulePath + "/internal/vmtest/virtionet"},
 		TestTimeout: 6 * time.Minute, CacheRoot: cacheRoot(), Boot: BootPVH, NICs: true,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}

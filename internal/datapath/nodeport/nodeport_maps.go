@@ -1,0 +1,507 @@
+package nodeport
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/datapath/lbmap"
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// np_ct.flags and np_nat.flags (bpf/lib/ct.h, nat.h).
+const (
+	npCTLocal   = 0x01
+	npCTSNAT    = 0x02
+	npCTDSR     = 0x04
+	npCTClosing = 0x08
+	npNATSNAT   = 0x01
+	npNATLocal  = 0x02
+	npNATDSR    = 0x04 // with npNATLocal: a DSR request of another node's LB
+)
+
+// Tuple is one direction of a flow.
+type Tuple struct {
+	Proto lb.Proto
+	Src   netip.AddrPort
+	Dst   netip.AddrPort
+}
+
+func (t Tuple) String() string {
+	p := map[lb.Proto]string{lb.TCP: "tcp", lb.UDP: "udp", lb.SCTP: "sctp"}[t.Proto]
+	if p == "" {
+		p = fmt.Sprintf("proto%d", t.Proto)
+	}
+	return fmt.Sprintf("%s %s -> %s", p, t.Src, t.Dst)
+}
+
+func npTuple(t Tuple) lbTCNpTuple {
+	return lbTCNpTuple{
+		Saddr: lbmap.Addr16(t.Src.Addr()), Daddr: lbmap.Addr16(t.Dst.Addr()),
+		Sport: lbmap.Port(t.Src.Port()), Dport: lbmap.Port(t.Dst.Port()), Proto: uint8(t.Proto),
+	}
+}
+
+func fromNPTuple(k lbTCNpTuple) Tuple {
+	return Tuple{
+		Proto: lb.Proto(k.Proto),
+		Src:   netip.AddrPortFrom(lbmap.FromAddr16(k.Saddr), lbmap.PortHost(k.Sport)),
+		Dst:   netip.AddrPortFrom(lbmap.FromAddr16(k.Daddr), lbmap.PortHost(k.Dport)),
+	}
+}
+
+// CTEntry is one tracked flow (axon_np_ct).
+type CTEntry struct {
+	Flow       Tuple          // as the client sent it: client -> frontend
+	Backend    netip.AddrPort // where it goes
+	NATPort    uint16         // SNAT source port (Mode snat)
+	Mode       string         // "local", "snat" or "dsr"
+	Closing    bool           // TCP FIN/RST seen
+	FrontendID uint32
+	BackendID  uint32
+	Age        time.Duration // since creation
+	Idle       time.Duration // since the last refresh (refreshed at most once a second)
+}
+
+// NATEntry is one reverse translation (axon_np_nat).
+type NATEntry struct {
+	Reply  Tuple          // a reply as it is seen on the wire
+	NewSrc netip.AddrPort // its source becomes (the frontend)
+	NewDst netip.AddrPort // its destination becomes (the client)
+	Kind   string         // "snat" (uplink ingress), "local" (uplink egress, source only), "local-dsr" (local, came by DSR)
+	Idle   time.Duration
+}
+
+// monoCoarse is bpf_ktime_get_coarse_ns's clock.
+func monoCoarse() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return uint64(ts.Nano())
+}
+
+func since(now, t uint64) time.Duration {
+	if t > now {
+		return 0
+	}
+	return time.Duration(now - t)
+}
+
+func ctMode(flags uint8) string {
+	switch {
+	case flags&npCTLocal != 0:
+		return "local"
+	case flags&npCTDSR != 0:
+		return "dsr"
+	case flags&npCTSNAT != 0:
+		return "snat"
+	}
+	return "none"
+}
+
+func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
+	return CTEntry{
+		Flow:       fromNPTuple(k),
+		Backend:    netip.AddrPortFrom(lbmap.FromAddr16(v.BeAddr), lbmap.PortHost(v.BePort)),
+		NATPort:    lbmap.PortHost(v.NatPort),
+		Mode:       ctMode(v.Flags),
+		Closing:    v.Flags&npCTClosing != 0,
+		FrontendID: v.FrontendId,
+		BackendID:  v.BackendId,
+		Age:        since(now, v.Created),
+		Idle:       since(now, v.LastSeen),
+	}
+}
+
+// CT lists the conntrack table (`axon bpf ct list`).
+func (n *LB) CT() ([]CTEntry, error) {
+	now := monoCoarse()
+	var out []CTEntry
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, ctEntry(k, v, now))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapCT, err)
+	}
+	return out, nil
+}
+
+// NAT lists the reverse translations (`axon bpf nat list`).
+func (n *LB) NAT() ([]NATEntry, error) {
+	now := monoCoarse()
+	var out []NATEntry
+	var k lbTCNpTuple
+	var v lbTCNpNat
+	it := n.tc.AxonNpNat.Iterate()
+	for it.Next(&k, &v) {
+		kind := "snat"
+		if v.Flags&npNATLocal != 0 {
+			kind = "local"
+			if v.Flags&npNATDSR != 0 {
+				kind = "local-dsr"
+			}
+		}
+		out = append(out, NATEntry{
+			Reply:  fromNPTuple(k),
+			NewSrc: netip.AddrPortFrom(lbmap.FromAddr16(v.Saddr), lbmap.PortHost(v.Sport)),
+			NewDst: netip.AddrPortFrom(lbmap.FromAddr16(v.Daddr), lbmap.PortHost(v.Dport)),
+			Kind:   kind,
+			Idle:   since(now, v.LastSeen),
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNAT, err)
+	}
+	return out, nil
+}
+
+// CTTimeouts are the idle times after which GC removes a flow.
+type CTTimeouts struct {
+	TCP        time.Duration // established TCP (default 6 h... kube-proxy/conntrack use 24 h; Cilium 6 h)
+	TCPClosing time.Duration // after FIN/RST (default 10 s)
+	UDP        time.Duration // (default 60 s)
+	// SNATTimeWait: how long the SNAT port of a TCP flow stays reserved
+	// after the flow's last packet once nothing uses it (default
+	// DefaultSNATTimeWait). It must outlast the backend's TIME_WAIT: a port
+	// given to another client earlier reaches the backend on a 4-tuple it
+	// still holds, and a SYN the TIME_WAIT socket does not accept is
+	// answered with an ACK, reset by the client and retransmitted 1 s later.
+	SNATTimeWait time.Duration
+}
+
+// DefaultSNATTimeWait is Linux's TIME_WAIT (TCP_TIMEWAIT_LEN, 60 s) plus the
+// 1 s granularity of last_seen (cfg_ct_refresh_ns) and some slack.
+const DefaultSNATTimeWait = 65 * time.Second
+
+// DefaultCTTimeouts follow Cilium's defaults.
+var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second, SNATTimeWait: DefaultSNATTimeWait}
+
+// GCStats is what one GC pass did.
+type GCStats struct {
+	CTEntries, CTDeleted   int
+	NATEntries, NATDeleted int
+}
+
+// GC removes CT entries idle longer than their timeout, and those whose
+// backend is gone once they are closing or idle for TCPClosing (a flow
+// still moving keeps its backend: graceful termination must not cut a
+// connection whose SYN raced the backend's removal), then reverse entries
+// idle longer than the longest timeout or without a flow: a local one after
+// TCPClosing, an SNAT one (its port reservation) after SNATTimeWait for TCP,
+// TCPClosing for UDP. An entry is re-read right before it is deleted and
+// kept if a packet touched it meanwhile. Safe to run while traffic flows
+// (the agent calls it periodically).
+func (n *LB) GC(to CTTimeouts) (GCStats, error) {
+	if to.TCP == 0 {
+		to.TCP = DefaultCTTimeouts.TCP
+	}
+	if to.TCPClosing == 0 {
+		to.TCPClosing = DefaultCTTimeouts.TCPClosing
+	}
+	if to.UDP == 0 {
+		to.UDP = DefaultCTTimeouts.UDP
+	}
+	if to.SNATTimeWait == 0 {
+		to.SNATTimeWait = DefaultCTTimeouts.SNATTimeWait
+	}
+	var st GCStats
+	now := monoCoarse()
+	n.mu.Lock()
+	liveBE := map[uint32]bool{}
+	for _, fe := range n.fe {
+		for _, be := range fe.backends {
+			liveBE[be.ID] = true
+		}
+	}
+	n.mu.Unlock()
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	var dead []lbTCNpTuple
+	ctSeen := map[lbTCNpTuple]uint64{} // last_seen of dead entries at the scan
+	live := map[lbTCNpTuple]bool{}     // local reverse keys still in use
+	// SNAT reverse keys still in use: backend, backend port, SNAT port
+	// (the SNAT address is the node's own, one per family).
+	type snatKey struct {
+		be     [16]uint8
+		bePort uint16
+		port   uint16
+		proto  uint8
+	}
+	liveSNAT := map[snatKey]bool{}
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		st.CTEntries++
+		to1 := to.UDP
+		if k.Proto == uint8(lb.TCP) {
+			to1 = to.TCP
+			if v.Flags&npCTClosing != 0 {
+				to1 = to.TCPClosing
+			}
+		}
+		idle := since(now, v.LastSeen)
+		if idle > to1 || (!liveBE[v.BackendId] && (v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
+			dead = append(dead, k)
+			ctSeen[k] = v.LastSeen
+			continue
+		}
+		live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
+		if v.Flags&npCTSNAT != 0 {
+			liveSNAT[snatKey{be: v.BeAddr, bePort: v.BePort, port: v.NatPort, proto: k.Proto}] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("gc: read %s: %w", MapCT, err)
+	}
+	for i := range dead {
+		// re-read: a SYN may have reopened the flow since the scan
+		var cur lbTCNpCt
+		if err := n.tc.AxonNpCt.Lookup(&dead[i], &cur); err != nil {
+			continue
+		}
+		if cur.LastSeen != ctSeen[dead[i]] {
+			continue
+		}
+		if err := n.tc.AxonNpCt.Delete(&dead[i]); err == nil {
+			st.CTDeleted++
+		}
+	}
+	maxTO := max(to.TCP, to.UDP)
+	var nk lbTCNpTuple
+	var nv lbTCNpNat
+	var deadNAT []lbTCNpTuple
+	natSeen := map[lbTCNpTuple]uint64{}
+	it = n.tc.AxonNpNat.Iterate()
+	for it.Next(&nk, &nv) {
+		st.NATEntries++
+		// A reverse entry goes with its flow: once no CT entry uses it (and
+		// it has been idle for the closing timeout) its SNAT port is free
+		// again. Without this, SNAT ports stayed taken for hours and a
+		// busy NodePort ran out of them.
+		inUse := live[nk]
+		hold := to.TCPClosing
+		if nv.Flags&npNATSNAT != 0 {
+			inUse = liveSNAT[snatKey{be: nk.Saddr, bePort: nk.Sport, port: nk.Dport, proto: nk.Proto}]
+			if nk.Proto == uint8(lb.TCP) {
+				// the port stays reserved while the backend may hold the
+				// 4-tuple in TIME_WAIT
+				hold = max(to.SNATTimeWait, to.TCPClosing)
+			}
+		}
+		if idle := since(now, nv.LastSeen); idle > maxTO || (!inUse && idle > hold) {
+			deadNAT = append(deadNAT, nk)
+			natSeen[nk] = nv.LastSeen
+		}
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("gc: read %s: %w", MapNAT, err)
+	}
+	for i := range deadNAT {
+		// re-read: a new flow may have taken the entry over since the scan
+		var cur lbTCNpNat
+		if err := n.tc.AxonNpNat.Lookup(&deadNAT[i], &cur); err != nil || cur.LastSeen != natSeen[deadNAT[i]] {
+			continue
+		}
+		if err := n.tc.AxonNpNat.Delete(&deadNAT[i]); err == nil {
+			st.NATDeleted++
+		}
+	}
+	return st, nil
+}
+
+// CTStats says how full the conntrack table is.
+type CTStats struct {
+	Entries int    // flows in axon_np_ct now
+	Max     uint32 // its size (Options.CTMax)
+	Created uint64 // flows created since the maps were made (ct_new)
+	// InsertFailed counts CT updates that failed (the packet was still
+	// translated). A full LRU table evicts the least recently used flow
+	// instead: Created - deleted by GC - Entries is the number evicted.
+	InsertFailed uint64
+	// NATEntries / NATMax: reverse entries (SNAT port reservations
+	// included) in axon_np_nat and its size. The NAT map never evicts: when
+	// full, new SNAT flows fail (SNATNoPort) until GC frees entries.
+	NATEntries int
+	NATMax     uint32
+	// SNATNoPort counts new SNAT flows dropped because no port was free for
+	// their backend (NP_SNAT_TRIES candidates taken) or the NAT map was
+	// full; the client retransmits its SYN. Widen the SNAT port range or
+	// raise NATMax when it grows.
+	SNATNoPort uint64
+}
+
+// CTStats counts the entries of the CT table and reads the counters.
+func (n *LB) CTStats() (CTStats, error) {
+	st := CTStats{Max: n.tc.AxonNpCt.MaxEntries()}
+	var k lbTCNpTuple
+	var v lbTCNpCt
+	it := n.tc.AxonNpCt.Iterate()
+	for it.Next(&k, &v) {
+		st.Entries++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read %s: %w", MapCT, err)
+	}
+	st.NATMax = n.tc.AxonNpNat.MaxEntries()
+	var nk lbTCNpTuple
+	var nv lbTCNpNat
+	it = n.tc.AxonNpNat.Iterate()
+	for it.Next(&nk, &nv) {
+		st.NATEntries++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read %s: %w", MapNAT, err)
+	}
+	m, err := n.Metrics()
+	if err != nil {
+		return st, err
+	}
+	for hook := range m {
+		st.Created += m[hook]["ct_new"]
+		st.InsertFailed += m[hook]["ct_insert_fail"]
+		st.SNATNoPort += m[hook]["snat_no_port"]
+	}
+	return st, nil
+}
+
+// ReasonNames lists the LB's counter / verdict names in enum order.
+func ReasonNames() []string { return append([]string(nil), npReasonNames...) }
+
+// Metrics returns the LB's packet counters summed over CPUs, keyed by hook
+// ("tc", "xdp", "egress") and reason (ReasonNames).
+func (n *LB) Metrics() (map[string]map[string]uint64, error) {
+	out := map[string]map[string]uint64{}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		ncpu = runtime.NumCPU()
+	}
+	for hi, hook := range npHookNames {
+		row := map[string]uint64{}
+		for ri, r := range npReasonNames {
+			idx := uint32(hi*len(npReasonNames) + ri)
+			vals := make([]uint64, ncpu)
+			if err := n.tc.AxonNpMetrics.Lookup(&idx, &vals); err != nil {
+				return nil, fmt.Errorf("read %s[%d]: %w", MapMetrics, idx, err)
+			}
+			var sum uint64
+			for _, v := range vals {
+				sum += v
+			}
+			row[r] = sum
+		}
+		out[hook] = row
+	}
+	return out, nil
+}
+
+// ParseTuple parses "<proto> <src addr:port> <dst addr:port>" (the
+// arguments of `axon lb explain`); proto is tcp or udp.
+func ParseTuple(proto, src, dst string) (Tuple, error) {
+	var t Tuple
+	switch strings.ToLower(proto) {
+	case "tcp":
+		t.Proto = lb.TCP
+	case "udp":
+		t.Proto = lb.UDP
+	default:
+		return t, fmt.Errorf("protocol %q: use tcp or udp", proto)
+	}
+	var err error
+	if t.Src, err = netip.ParseAddrPort(src); err != nil {
+		return t, fmt.Errorf("source %q: %w (write 203.0.113.7:40000 or [2001:db8::7]:40000)", src, err)
+	}
+	if t.Dst, err = netip.ParseAddrPort(dst); err != nil {
+		return t, fmt.Errorf("destination %q: %w (write 198.18.0.11:30080 or [fd00::11]:30080)", dst, err)
+	}
+	t.Src = netip.AddrPortFrom(t.Src.Addr().Unmap(), t.Src.Port())
+	t.Dst = netip.AddrPortFrom(t.Dst.Addr().Unmap(), t.Dst.Port())
+	if t.Src.Addr().Is4() != t.Dst.Addr().Is4() {
+		return t, errors.New("source and destination are of different address families")
+	}
+	return t, nil
+}
+
+// npMetricsMigration unpins an axon_np_metrics of another size than spec
+// (an older object with fewer np_reason rows): counters are not worth an
+// agent that cannot start. They restart from zero, which Prometheus counters
+// handle as a reset.
+func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) error {
+	if spec == nil {
+		return nil
+	}
+	path := filepath.Join(pinDir, MapMetrics)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned %s: %w", MapMetrics, err)
+	}
+	size := old.MaxEntries()
+	old.Close()
+	if size == spec.MaxEntries {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("migrate %s: unpin the old counters: %w", MapMetrics, err)
+	}
+	log.Info("nodeport LB: packet counters restart from zero (their layout changed)", "map", MapMetrics, "old_entries", size, "entries", spec.MaxEntries)
+	return nil
+}
+
+// npNATMigration moves the entries of an axon_np_nat pinned by an older
+// axon, an LRU hash (which could evict a live flow's reverse entry or free a
+// reserved SNAT port), into the plain hash the programs now use: the old pin
+// is read and removed before the load creates the new map, and restore
+// writes the entries back after it. Nothing to do (nil restore) when the pin
+// is missing or already a hash.
+func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
+	path := filepath.Join(pinDir, MapNAT)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", MapNAT, err)
+	}
+	defer old.Close()
+	if old.Type() != ebpf.LRUHash {
+		return nil, nil
+	}
+	var keys []lbTCNpTuple
+	var vals []lbTCNpNat
+	var k lbTCNpTuple
+	var v lbTCNpNat
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("migrate %s: read the old LRU map: %w", MapNAT, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return nil, fmt.Errorf("migrate %s: unpin the old LRU map: %w", MapNAT, err)
+	}
+	return func(m *ebpf.Map) error {
+		var errs []error
+		for i := range keys {
+			if err := m.Update(&keys[i], &vals[i], ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", MapNAT, len(errs), len(keys), errs[0])
+		}
+		return nil
+	}, nil
+}
