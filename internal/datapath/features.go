@@ -32,7 +32,7 @@ type Features struct {
 	SchFQ         Capability // fq qdisc (needed for EDT)
 	BPFFS         Capability // bpffs mounted at /sys/fs/bpf
 	BigTCP        Capability // gso_max_size > 64k (BIG TCP)
-	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (issue 4)
+	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (the socket LB closes sockets to removed backends)
 	FibCache      Capability // pod_egress loads with the rt_genid-checked IPv4 route cache
 }
 

@@ -1,6 +1,6 @@
 package nodeport
 
-// SNAT port allocation of the north-south LB (issue 7, bpf/lib/nat.h):
+// SNAT port allocation of the north-south LB (bpf/lib/nat.h):
 // real connect loops through the attached LB and fixtures of the port
 // choice (client port kept, collision -> another port, pool full), at tc
 // and XDP.
