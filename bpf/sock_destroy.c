@@ -24,7 +24,7 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /* Value bits of axon_lb_gone: which protocols' sockets to abort (goneUDP,
- * goneTCP in internal/datapath; in BTF through axon_gone_btf, see
+ * goneTCP in internal/datapath/socklb; in BTF through axon_gone_btf, see
  * AXON_BTF_ANCHOR). */
 enum axon_gone {
 	AXON_GONE_UDP = 0x1,

@@ -29,7 +29,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* Load-time configuration, set by internal/datapath (SockLBConfig) before
+/* Load-time configuration, set by internal/datapath/socklb (Config) before
  * the programs load.
  *  cfg_hostns_only        1: translate only sockets of the host netns (the
  *                         agent's, cfg_host_netns_cookie); pods' sockets go

@@ -8,7 +8,7 @@
 #include "lib/eth_ip.h"
 #include "lib/edt.h"
 
-/* Load-time configuration (set by internal/datapath/bwm.go). */
+/* Load-time configuration (set by internal/datapath/bandwidth). */
 volatile const __u8 cfg_set_tstamp = 1; /* 1: bpf_skb_set_tstamp (>= 5.18) marks the stamp as mono delivery time; 0: plain skb->tstamp write */
 
 SEC("tc")

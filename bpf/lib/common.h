@@ -61,7 +61,7 @@
 
 /* Attach points ("directions"). The metrics map holds one row of reasons per
  * direction: index = dir * AXON_REASON_MAX + reason. Names: the members'
- * without AXON_DIR_, lower case (directionNames in internal/datapath). */
+ * without AXON_DIR_, lower case (directionNames in internal/datapath/podpath). */
 enum axon_dir {
 	AXON_DIR_POD_EGRESS = 0,     /* tc ingress of a pod's host-side veth */
 	AXON_DIR_UPLINK_INGRESS = 1, /* tc ingress of the node uplink */
@@ -69,7 +69,7 @@ enum axon_dir {
 };
 
 /* Why a packet got its verdict. Names: the members' without AXON_, lower
- * case (reasonNames in internal/datapath, the metric and status names). */
+ * case (reasonNames in internal/datapath/podpath, the metric and status names). */
 enum axon_reason {
 	AXON_REDIRECT_PEER_LOCAL = 0, /* to a pod on this node via bpf_redirect_peer */
 	AXON_REDIRECT_FIB = 1,        /* fib hit with neighbour: bpf_redirect; or a cached route (fib_cache.h): bpf_redirect_neigh */
@@ -107,10 +107,10 @@ enum axon_lb_state {
 #define AXON_INLINE static __always_inline
 
 /* AXON_BTF_ANCHOR(name, members) defines a global that no program reads,
- * so that the enums internal/datapath mirrors (names and values of
- * counters, flags, directions) are in the object's BTF even where every
- * use of them is inlined. internal/datapath checks its tables against
- * them (enums_btf_test.go). A read-only global: in .rodata, never looked
+ * so that the enums the packages under internal/datapath mirror (names and
+ * values of counters, flags, directions) are in the object's BTF even where
+ * every use of them is inlined. Each package checks its tables against
+ * them (enums_btf_test.go, dptest.CheckEnums). A read-only global: in .rodata, never looked
  * at by the verifier. */
 #define AXON_BTF_ANCHOR(name, members) const volatile struct name members name = {}
 

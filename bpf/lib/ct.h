@@ -5,9 +5,9 @@
  * A hit is a lookup only: the translation is in the value, the timestamp is
  * refreshed at most once per cfg_ct_refresh_ns (a plain store into the
  * value, no map update). The agent removes expired entries (timeouts by
- * protocol and state, internal/datapath NodePortLB.GC); a full table evicts
+ * protocol and state, nodeport.LB.GC in internal/datapath/nodeport); a full table evicts
  * the least recently used entry, counted as the difference between
- * NP_CT_NEW and the entries present (see NodePortLB.CTStats).
+ * NP_CT_NEW and the entries present (see nodeport.LB.CTStats).
  *
  * Timestamps are bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE): cheap,
  * tick resolution, the same clock the agent reads.
@@ -17,10 +17,10 @@
 
 #include "common.h"
 
-/* Default number of CT entries; NodePortOptions.CTMax overrides it at load. */
+/* Default number of CT entries; nodeport.Options.CTMax overrides it at load. */
 #define AXON_NP_CT_MAX 131072
 
-/* np_ct.flags (npCT* in internal/datapath). */
+/* np_ct.flags (npCT* in internal/datapath/nodeport). */
 enum np_ct_flag {
 	NP_CT_LOCAL = 0x01,   /* DNAT to a pod on this node; replies reverse-NATed at uplink egress */
 	NP_CT_SNAT = 0x02,    /* remote backend, source NATed to the node (nat_port) */

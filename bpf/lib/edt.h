@@ -41,15 +41,15 @@
 /* Maximum number of pods with a bandwidth limit on one node. */
 #define AXON_BW_MAX_PODS 16384
 
-/* Directions of a limit (bw_state_key.dir; BWEgress/BWIngress in
- * internal/datapath). */
+/* Directions of a limit (bw_state_key.dir; Egress/Ingress in
+ * internal/datapath/bandwidth). */
 enum axon_bw_dir {
 	AXON_BW_EGRESS = 0,  /* from the pod, EDT at the uplink egress */
 	AXON_BW_INGRESS = 1, /* toward the pod, token bucket before redirect */
 };
 
 /* Node-wide counters (axon_bw_stats index). Names: the members' without
- * AXON_BW_, lower case (bwStatNames in internal/datapath). */
+ * AXON_BW_, lower case (bwStatNames in internal/datapath/bandwidth). */
 enum axon_bw_stat {
 	AXON_BW_EGRESS_PACED = 0,       /* egress: departure time set */
 	AXON_BW_EGRESS_DROP_HORIZON = 1, /* egress: dropped, beyond the horizon */
@@ -80,7 +80,7 @@ struct bw_state_key {
 	__u8 pad[3];
 };
 
-/* One limit. Layout is ABI with internal/datapath/bwm.go (56 bytes). The
+/* One limit. Layout is ABI with internal/datapath/bandwidth (56 bytes). The
  * agent writes rate/horizon/burst and leaves the time fields of an existing
  * entry alone when only the rate changes. */
 struct bw_state {
@@ -99,7 +99,7 @@ struct bw_state {
 #define AXON_BW_F_NO_SMALL_BYPASS 2ULL   /* small packets wait behind the pod's backlog like the others (default: they do not, see edt_schedule) */
 
 /* axon_bw_btf: enum axon_bw_dir and enum axon_bw_stat in BTF (see
- * AXON_BTF_ANCHOR): internal/datapath's BWEgress/BWIngress and
+ * AXON_BTF_ANCHOR): internal/datapath/bandwidth's Egress/Ingress and
  * bwStatNames. */
 AXON_BTF_ANCHOR(axon_bw_btf, {
 	enum axon_bw_dir dir;
@@ -124,7 +124,7 @@ struct {
 } axon_bw_state SEC(".maps");
 
 /* axon_bw_gate: [0] = 1 while some pod on this node has an ingress limit
- * (internal/datapath/bwm.go sets it after writing the first one and clears
+ * (internal/datapath/bandwidth sets it after writing the first one and clears
  * it before removing the last). 0: bw_ingress_police returns at once, so
  * every packet into a pod does not pay a hash lookup of a 16-byte key
  * for a limit that nobody has. An ARRAY: the verifier inlines the lookup. */

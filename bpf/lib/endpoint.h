@@ -5,7 +5,7 @@
 
 #include "common.h"
 
-/* One pod interface on this node. Layout is ABI with internal/datapath
+/* One pod interface on this node. Layout is ABI with internal/datapath/podpath
  * (20 bytes, no padding). */
 struct endpoint_info {
 	__u32 ifindex;     /* host-side veth ifindex (bpf_redirect_peer target) */

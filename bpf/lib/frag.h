@@ -45,7 +45,7 @@
 
 /* Default size of axon_np_frag: datagrams whose fragments are in flight at
  * the same time (between the first and the last fragment crossing the
- * node), as Cilium's bpf-fragments-map-max. NodePortOptions.FragMax
+ * node), as Cilium's bpf-fragments-map-max. nodeport.Options.FragMax
  * overrides it at load. */
 #define AXON_NP_FRAG_MAX 8192
 

@@ -32,7 +32,7 @@
 #include "ctx.h"
 
 /* cfg_dsr_mtu: the uplink MTU the DSR encapsulation must fit (the agent
- * sets NodePortOptions.UplinkMTU); 0 = never answer "too big". */
+ * sets nodeport.Options.UplinkMTU); 0 = never answer "too big". */
 volatile const __u32 cfg_dsr_mtu = 0;
 
 /* NP_RET_TOO_BIG: np_forward's return value (not a tc or XDP verdict) for

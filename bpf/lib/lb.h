@@ -24,7 +24,7 @@
 #define AXON_LB_LOCAL_MAX 256
 #define AXON_LB_SKIP_MAX 65536
 
-/* lb_svc_val.flags (master slot; lbFlagAffinity in internal/datapath). */
+/* lb_svc_val.flags (master slot; FlagAffinity in internal/datapath/lbmap). */
 enum axon_lb_flag {
 	AXON_LB_F_AFFINITY = 0x1, /* sessionAffinity ClientIP: affinity_timeout is set */
 };

@@ -17,7 +17,7 @@ struct {
 } axon_metrics SEC(".maps");
 
 /* axon_metrics_btf: enum axon_dir and enum axon_reason in BTF (see
- * AXON_BTF_ANCHOR); their names are internal/datapath's directionNames and
+ * AXON_BTF_ANCHOR); their names are internal/datapath/podpath's directionNames and
  * reasonNames. */
 AXON_BTF_ANCHOR(axon_metrics_btf, {
 	enum axon_dir dir;

@@ -12,7 +12,7 @@
  * An NP_NAT_SNAT entry is also the reservation of its SNAT port: a port is
  * free for another flow to the same backend:port only when no entry holds
  * it. The map is a plain hash, not an LRU: nothing but the agent's GC
- * (NodePortLB.GC) removes an entry, and GC keeps a closed TCP flow's entry
+ * (nodeport.LB.GC) removes an entry, and GC keeps a closed TCP flow's entry
  * for SNATTimeWait (default 65 s) after its last packet, longer than the
  * backend's TIME_WAIT (60 s on Linux), so a new flow never lands on a
  * 4-tuple the backend still holds for an older one. A full map fails the
@@ -27,7 +27,7 @@
 
 #define AXON_NP_NAT_MAX 131072
 
-/* np_nat.flags (npNAT* in internal/datapath). */
+/* np_nat.flags (npNAT* in internal/datapath/nodeport). */
 enum np_nat_flag {
 	NP_NAT_SNAT = 0x01,  /* a reply of an SNAT flow (the key above) */
 	NP_NAT_LOCAL = 0x02, /* a reply of a local backend (the key above) */
@@ -64,7 +64,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_np_nat SEC(".maps");
 
-/* SNAT source port range, host byte order, inclusive (NodePortOptions
+/* SNAT source port range, host byte order, inclusive (nodeport.Options
  * SNATPortMin/Max). The default 1024-29999 (28 976 ports per backend
  * address:port and node address) stays clear of Linux's ephemeral range
  * (32768-60999: the node's own connections to the same backend must never

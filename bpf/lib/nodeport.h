@@ -53,7 +53,7 @@
 #define AXON_NP_AFFINITY_MAX 65536
 #define AXON_NP_SRCRANGE_MAX 16384
 
-/* np_svc_val.flags (npFlag* in internal/datapath). */
+/* np_svc_val.flags (npFlag* in internal/datapath/nodeport). */
 enum np_svc_flag {
 	NP_F_AFFINITY = 0x01,   /* sessionAffinity ClientIP (affinity_timeout s) */
 	NP_F_MAGLEV = 0x02,     /* pick from axon_lb_maglev, not at random */
@@ -76,7 +76,7 @@ enum np_hook {
 };
 
 /* Counters, index hook * NP_REASON_MAX + reason. Names: the members'
- * without NP_, lower case (npReasonNames in internal/datapath). */
+ * without NP_, lower case (npReasonNames in internal/datapath/nodeport). */
 enum np_reason {
 	NP_NOT_SERVICE = 0,      /* no CT entry, frontend or reverse entry: untouched */
 	NP_CT_HIT = 1,           /* established flow, translated from its CT entry */
@@ -107,7 +107,7 @@ enum np_reason {
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
- * (see AXON_BTF_ANCHOR): internal/datapath's npHookNames, npReasonNames,
+ * (see AXON_BTF_ANCHOR): internal/datapath/nodeport's npHookNames, npReasonNames,
  * npFlag*, npBackendLocal, npCT* and npNAT*. */
 AXON_BTF_ANCHOR(axon_np_btf, {
 	enum np_hook hook;
@@ -335,7 +335,7 @@ AXON_INLINE struct np_scratch *np_scratch(void)
 	return bpf_map_lookup_elem(&axon_np_scratch, &zero);
 }
 
-/* Load-time configuration (NodePortOptions in internal/datapath):
+/* Load-time configuration (Options in internal/datapath/nodeport):
  *  cfg_snat_v4/v6   node address used as SNAT source for frontends that are
  *                   not a node address (LoadBalancer IP, externalIP) and as
  *                   the DSR outer source; 0 / :: = none configured

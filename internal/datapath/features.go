@@ -3,14 +3,13 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"runtime"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
@@ -33,7 +32,7 @@ type Features struct {
 	SchFQ         Capability // fq qdisc (needed for EDT)
 	BPFFS         Capability // bpffs mounted at /sys/fs/bpf
 	BigTCP        Capability // gso_max_size > 64k (BIG TCP)
-	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (issue 4)
+	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (the socket LB closes sockets to removed backends)
 	FibCache      Capability // pod_egress loads with the rt_genid-checked IPv4 route cache
 }
 
@@ -176,42 +175,24 @@ func ProbeFeature(name string) Capability {
 }
 
 // inScratchNetns runs fn on a locked OS thread inside a new, empty network
-// namespace that disappears afterwards. If the thread cannot return to its
-// original netns it stays locked and dies with its goroutine.
+// namespace that disappears afterwards (ns.TempNetNS, ns.NetNS.Do).
 func inScratchNetns(fn func(h *netlink.Handle) error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		scratch, err := netns.New()
-		if err != nil {
-			_ = netns.Set(orig)
-			errc <- fmt.Errorf("create netns: %w", err)
-			return // thread stays locked: its netns is unknown
-		}
+	scratch, err := ns.TempNetNS()
+	if err != nil {
+		return fmt.Errorf("create netns: %w", err)
+	}
+	defer scratch.Close()
+	return scratch.Do(func(ns.NetNS) error {
 		// NETLINK_ROUTE only: the default set adds xfrm and netfilter
 		// sockets, which fail (EPROTONOSUPPORT) where xfrm_user or
 		// nfnetlink are not loaded, e.g. a minimal VM.
-		h, err := netlink.NewHandleAt(scratch, unix.NETLINK_ROUTE)
-		if err == nil {
-			err = fn(h)
-			h.Close()
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
 		}
-		scratch.Close()
-		if serr := netns.Set(orig); serr != nil {
-			errc <- errors.Join(err, fmt.Errorf("return to original netns: %w", serr))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
+		defer h.Close()
+		return fn(h)
+	})
 }
 
 func trivialTCProg() (*ebpf.Program, error) {

@@ -8,15 +8,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestKernelSupportTable checks the README's kernel support table against
 // the probes: the column whose header starts with the running kernel's
 // major.minor must say "yes" exactly where Probe() finds the feature.
 func TestKernelSupportTable(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the probes create devices and load programs")
-	}
+	testutil.RequireRoot(t, "the probes create devices and load programs")
 	readme := filepath.Join("..", "..", "README.md")
 	f, err := os.Open(readme)
 	if err != nil {

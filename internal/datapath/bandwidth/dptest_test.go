@@ -6,17 +6,17 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/podpath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The shared test helpers (package dptest) under the names these tests use.
 var (
 	requireRoot     = dptest.RequireRoot
-	randSuffix      = dptest.RandSuffix
+	randSuffix      = testutil.RandSuffix
 	newNetns        = dptest.NewNetns
 	inNetns         = dptest.InNetns
 	testLogger      = dptest.Logger
 	mustMAC         = dptest.MustMAC
-	csum16          = dptest.Csum16
 	ipv4Packet      = dptest.IPv4Packet
 	ipv6Packet      = dptest.IPv6Packet
 	arpPacket       = dptest.ARPPacket

@@ -1,43 +1,30 @@
-// Package dptest holds what the tests of axon's datapath packages share:
-// the root check, throwaway network namespaces (NewNetns, InNetns, NSConf),
-// bpffs pin dirs, a test logger and packet builders with checksums. It
-// needs no userland tools: the VM kernel matrix runs the tests under busybox.
+// Package dptest holds what the tests of axon's datapath packages share on
+// top of package testutil: the datapath's netns names (NewNetns, InNetns),
+// netns configuration (NSConf), bpffs pin dirs, a test logger, packet
+// builders, skb test runs and traffic helpers. It needs no userland tools:
+// the VM kernel matrix runs the tests under busybox.
 package dptest
 
 import (
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/inetcsum"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
-// RequireRoot skips the test unless it runs as root.
+// RequireRoot skips the test unless it runs as root (testutil.RequireRoot).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs, creates network namespaces and bpffs pins")
-	}
-}
-
-// RandSuffix is 6 random hex digits for names of throwaway objects.
-func RandSuffix(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
+	testutil.RequireRoot(t, "loads BPF programs, creates network namespaces and bpffs pins")
 }
 
 // NewPinDir returns a fresh pin dir under root, the bpffs mount (made sure
@@ -47,7 +34,7 @@ func NewPinDir(t testing.TB, root string, ensure func() error, uninstall func(di
 	if err := ensure(); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(root, "axt-dp-"+RandSuffix(t))
+	dir := filepath.Join(root, "axt-dp-"+testutil.RandSuffix(t))
 	t.Cleanup(func() {
 		if err := uninstall(dir); err != nil {
 			t.Errorf("cleanup: %v", err)
@@ -57,110 +44,19 @@ func NewPinDir(t testing.TB, root string, ensure func() error, uninstall func(di
 	return dir
 }
 
-// NewNetns creates a named netns axt-dp-<tag>-<rand> with lo up and IPv6 DAD
-// off (deleted at cleanup) and returns its name. Pure netlink/netns syscalls
-// and /proc/sys: the test binary also runs in VMs with a busybox userland (no
-// ip, tc, nsenter, sysctl).
+// NewNetns creates the netns axt-dp-<tag>-<rand> (testutil.NewNetns: lo up,
+// IPv6 DAD off, deleted at cleanup) and returns its name.
 func NewNetns(t testing.TB, tag string) string {
 	t.Helper()
-	name := "axt-dp-" + tag + "-" + RandSuffix(t)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name) // switches this thread into it
-		if err != nil {
-			if serr := netns.Set(orig); serr == nil {
-				runtime.UnlockOSThread()
-			}
-			errc <- fmt.Errorf("create netns %s: %w", name, err)
-			return
-		}
-		h.Close()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return from netns %s: %w", name, err)
-			return // thread stays locked and dies with the goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("delete netns %s: %v", name, err)
-		}
-	})
-	c := NSConf(t, name)
-	c.Up("lo")
-	// devices created here from now on skip IPv6 DAD, link-local included:
-	// until a device's link-local address leaves DAD (~2 s) the kernel sends
-	// no neighbour solicitation from it, and a test's first IPv6 packet to
-	// an unresolved neighbour waits for it (the CNI plugin and the lab do
-	// the same for their devices)
-	c.Sysctl("net.ipv6.conf.default.accept_dad", "0")
-	c.Sysctl("net.ipv6.conf.all.accept_dad", "0")
-	return name
+	return testutil.NewNetns(t, "axt-dp-"+tag+"-")
 }
 
-// InNetns runs fn on a locked OS thread switched into netns ns.
+// InNetns runs fn in netns ns (testutil.InNetns, for the fn that report
+// failures through t themselves): t.Fatal, t.FailNow and t.SkipNow in fn end
+// the test, and a panic in fn fails it.
 func InNetns(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	errc := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(ns)
-		if err != nil {
-			errc <- fmt.Errorf("open netns %s: %w", ns, err)
-			runtime.UnlockOSThread()
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
-			return // thread state unknown: keep it locked so it dies
-		}
-		var panicked any
-		func() {
-			defer func() { panicked = recover() }()
-			fn()
-		}()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return from netns %s: %w", ns, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		if panicked != nil {
-			errc <- fmt.Errorf("panic in netns %s: %v", ns, panicked)
-			return
-		}
-		errc <- nil
-	}()
-	<-done
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatal(err)
-		}
-	default: // fn called t.FailNow (runtime.Goexit): the test is marked failed
-		t.FailNow()
-	}
+	testutil.InNetns(t, ns, func() error { fn(); return nil })
 }
 
 // Logger logs to t at debug level.
@@ -196,21 +92,6 @@ func EthHdr(dst, src net.HardwareAddr, proto uint16) []byte {
 	return b
 }
 
-// Csum16 is the Internet checksum of b.
-func Csum16(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
-
 // IPv4Packet builds eth + IPv4 (+ options) + UDP payload with a valid checksum.
 func IPv4Packet(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, ttl uint8, options []byte) []byte {
 	payload := UDPPayload()
@@ -225,7 +106,7 @@ func IPv4Packet(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, ttl uint8,
 	copy(ip[12:], s4[:])
 	copy(ip[16:], d4[:])
 	copy(ip[20:], options)
-	binary.BigEndian.PutUint16(ip[10:], Csum16(ip))
+	binary.BigEndian.PutUint16(ip[10:], inetcsum.Checksum(ip, 0))
 	out := append(EthHdr(dstMAC, srcMAC, 0x0800), ip...)
 	return append(out, payload...)
 }
@@ -280,7 +161,7 @@ func Forwarded(in []byte, dst, src net.HardwareAddr) []byte {
 		ihl := int(out[14]&0x0f) * 4
 		out[14+8]--
 		out[14+10], out[14+11] = 0, 0
-		binary.BigEndian.PutUint16(out[14+10:], Csum16(out[14:14+ihl]))
+		binary.BigEndian.PutUint16(out[14+10:], inetcsum.Checksum(out[14:14+ihl], 0))
 	case 0x86dd:
 		out[14+7]--
 	}
@@ -290,7 +171,7 @@ func Forwarded(in []byte, dst, src net.HardwareAddr) []byte {
 // IPv4HeaderValid checks the IPv4 header checksum of frame.
 func IPv4HeaderValid(frame []byte) bool {
 	ihl := int(frame[14]&0x0f) * 4
-	return Csum16(frame[14:14+ihl]) == 0
+	return inetcsum.Checksum(frame[14:14+ihl], 0) == 0
 }
 
 // MapLen counts the entries of m by iterating.
@@ -317,6 +198,6 @@ func BigTCP4(frame []byte, proto byte) []byte {
 	out[14+9] = proto
 	out[14+2], out[14+3] = 0, 0
 	out[14+10], out[14+11] = 0, 0
-	binary.BigEndian.PutUint16(out[14+10:], Csum16(out[14:14+ihl]))
+	binary.BigEndian.PutUint16(out[14+10:], inetcsum.Checksum(out[14:14+ihl], 0))
 	return out
 }

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -13,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/brnf"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // NSCfg configures one named netns through netlink, the way `ip` would, so
@@ -158,10 +159,9 @@ func (c *NSCfg) Neigh(dev, ip, mac string) {
 // Sysctl writes a net.* sysctl of this netns ("net.ipv4.ip_forward", "1").
 func (c *NSCfg) Sysctl(key, val string) {
 	c.T.Helper()
-	path := filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/"))
 	InNetns(c.T, c.NS, func() {
-		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
-			c.T.Errorf("%s: sysctl %s=%s: %v", c.NS, key, val, err)
+		if err := testutil.WriteSysctl(key, val); err != nil {
+			c.T.Errorf("%s: %v", c.NS, err)
 		}
 	})
 }
@@ -171,7 +171,7 @@ func (c *NSCfg) Sysctl(key, val string) {
 // (package brnf).
 func (c *NSCfg) NoBridgeNetfilter() {
 	c.T.Helper()
-	if err := brnf.Disable("/run/netns/" + c.NS); err != nil {
+	if err := brnf.Disable(netnsutil.Path(c.NS)); err != nil {
 		c.T.Fatal(err)
 	}
 }

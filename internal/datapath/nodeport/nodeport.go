@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/axonhq/axon/internal/datapath"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -269,7 +269,7 @@ func (o *Options) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 	for name, v := range vals {
 		vs, ok := spec.Variables[name]
 		if !ok {
-			return fmt.Errorf("object has no variable %s (stale object: run go generate ./internal/datapath)", name)
+			return fmt.Errorf("object has no variable %s (stale object: run go generate ./internal/datapath/...)", name)
 		}
 		if err := vs.Set(v); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
@@ -311,7 +311,7 @@ func (o *Options) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool) error {
 	for _, name := range podDeliveryMaps {
 		ms := spec.Maps[name]
 		if ms == nil {
-			return fmt.Errorf("lb_tc object has no map %s (stale object: run go generate ./internal/datapath)", name)
+			return fmt.Errorf("lb_tc object has no map %s (stale object: run go generate ./internal/datapath/...)", name)
 		}
 		if on {
 			if _, err := os.Stat(filepath.Join(o.PinDir, name)); err != nil {

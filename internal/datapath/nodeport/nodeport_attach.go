@@ -3,11 +3,12 @@ package nodeport
 import (
 	"errors"
 	"fmt"
-	"github.com/axonhq/axon/internal/datapath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // XDP modes of LB.Attach.

@@ -1,13 +1,14 @@
 package nodeport
 
 import (
-	"github.com/axonhq/axon/internal/datapath"
 	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // TestNodePortAttach: the tc ingress program goes first in the uplink's

@@ -3,7 +3,6 @@ package nodeport
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/axonhq/axon/internal/datapath"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -40,7 +41,7 @@ func npTooBig(frame []byte, frontend, client netip.Addr, mtu uint16) []byte {
 	if frontend.Is4() {
 		b[14+1] = 0xc0
 		b[14+10], b[14+11] = 0, 0
-		binary.BigEndian.PutUint16(b[14+10:], csum16(b[14:34]))
+		binary.BigEndian.PutUint16(b[14+10:], inetcsum.Checksum(b[14:34], 0))
 	}
 	return b
 }
@@ -125,7 +126,7 @@ func TestNodePortDSRTooBig(t *testing.T) {
 		opt[14] = 0x46
 		binary.BigEndian.PutUint16(opt[14+2:], uint16(len(opt)-14))
 		opt[14+10], opt[14+11] = 0, 0
-		binary.BigEndian.PutUint16(opt[14+10:], csum16(opt[14:38]))
+		binary.BigEndian.PutUint16(opt[14+10:], inetcsum.Checksum(opt[14:38], 0))
 		for _, hook := range npHooks {
 			f.resetFlows(t)
 			before := f.counters(t)

@@ -3,12 +3,13 @@ package nodeport
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/axonhq/axon/internal/datapath"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -153,7 +154,7 @@ func npFrame(src, dst netip.Addr, proto uint8, l4 []byte, fill bool) []byte {
 		s, d := src.As4(), dst.As4()
 		copy(ip[12:], s[:])
 		copy(ip[16:], d[:])
-		binary.BigEndian.PutUint16(ip[10:], inetChecksum(ip, 0))
+		binary.BigEndian.PutUint16(ip[10:], inetcsum.Checksum(ip, 0))
 		pseudo = append(append(append([]byte{}, s[:]...), d[:]...), 0, proto, byte(len(l4)>>8), byte(len(l4)))
 	} else {
 		eth[12], eth[13] = 0x86, 0xdd
@@ -170,32 +171,18 @@ func npFrame(src, dst netip.Addr, proto uint8, l4 []byte, fill bool) []byte {
 	if fill {
 		switch proto {
 		case uint8(lb.TCP):
-			binary.BigEndian.PutUint16(l4[16:], inetChecksum(append(pseudo, l4...), 0))
+			binary.BigEndian.PutUint16(l4[16:], inetcsum.Checksum(append(pseudo, l4...), 0))
 		case uint8(lb.UDP):
-			c := inetChecksum(append(pseudo, l4...), 0)
+			c := inetcsum.Checksum(append(pseudo, l4...), 0)
 			if c == 0 {
 				c = 0xffff
 			}
 			binary.BigEndian.PutUint16(l4[6:], c)
 		case 1: // ICMPv4: no pseudo header
-			binary.BigEndian.PutUint16(l4[2:], inetChecksum(l4, 0))
+			binary.BigEndian.PutUint16(l4[2:], inetcsum.Checksum(l4, 0))
 		case 58:
-			binary.BigEndian.PutUint16(l4[2:], inetChecksum(append(pseudo, l4...), 0))
+			binary.BigEndian.PutUint16(l4[2:], inetcsum.Checksum(append(pseudo, l4...), 0))
 		}
 	}
 	return append(append(eth, ip...), l4...)
-}
-
-// inetChecksum is the RFC 1071 checksum of b with initial sum.
-func inetChecksum(b []byte, sum uint32) uint16 {
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -52,7 +53,7 @@ func npFrags(frame []byte, id uint32, chunk int) [][]byte {
 			}
 			binary.BigEndian.PutUint16(h[6:], fo)
 			h[10], h[11] = 0, 0
-			binary.BigEndian.PutUint16(h[10:], csum16(h))
+			binary.BigEndian.PutUint16(h[10:], inetcsum.Checksum(h, 0))
 			out = append(out, append(append(bytes.Clone(eth), h...), pl[off:end]...))
 		}
 		return out
@@ -94,7 +95,7 @@ func npReassemble(frags [][]byte) (Tuple, error) {
 		switch binary.BigEndian.Uint16(fr[12:]) {
 		case 0x0800:
 			h := fr[14:34]
-			if csum16(h) != 0 {
+			if inetcsum.Checksum(h, 0) != 0 {
 				return Tuple{}, fmt.Errorf("fragment %d: IPv4 header checksum wrong: %x", i, h)
 			}
 			src, dst, proto = netip.AddrFrom4([4]byte(h[12:16])), netip.AddrFrom4([4]byte(h[16:20])), h[9]
@@ -138,7 +139,7 @@ func npReassemble(frags [][]byte) (Tuple, error) {
 		s, d := src.As16(), dst.As16()
 		pseudo = append(append(append([]byte{}, s[:]...), d[:]...), 0, 0, byte(total>>8), byte(total), 0, 0, 0, proto)
 	}
-	if c := inetChecksum(append(pseudo, l4...), 0); c != 0 {
+	if c := inetcsum.Checksum(append(pseudo, l4...), 0); c != 0 {
 		return Tuple{}, fmt.Errorf("L4 checksum of the reassembled datagram wrong (residue %#x)", c)
 	}
 	return Tuple{Proto: lb.Proto(proto),

@@ -1,6 +1,6 @@
 package nodeport
 
-// SNAT port allocation of the north-south LB (issue 7, bpf/lib/nat.h):
+// SNAT port allocation of the north-south LB (bpf/lib/nat.h):
 // real connect loops through the attached LB and fixtures of the port
 // choice (client port kept, collision -> another port, pool full), at tc
 // and XDP.
@@ -19,6 +19,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // npConnLoop runs connect+request+response+close cycles from the calling
@@ -142,7 +143,7 @@ func TestNodePortSNATConnectLoop(t *testing.T) {
 			mb, _ := f.nodeLB.Metrics()
 			var conns, fails, stalls int
 			var first string
-			if err := npInNetns(f.client, func() error {
+			if err := netnsutil.Do(f.client, func() error {
 				conns, fails, stalls, first = npConnLoop(netip.MustParseAddrPort("198.18.0.11:30080"), d)
 				return nil
 			}); err != nil {

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
 
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // BPF_PROG_TEST_RUN fixtures of the north-south load balancer
@@ -169,7 +169,7 @@ func (f *npFix) runErr(hook string, pkt []byte) (npVerdict, []byte, error) {
 	out := make([]byte, len(pkt)+256)
 	var ret uint32
 	var err error
-	err = npInNetns(f.ns, func() error {
+	err = netnsutil.Do(f.ns, func() error {
 		opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx}
 		if hook == "xdp" {
 			opts.ContextOut = make([]byte, len(ctx))
@@ -276,7 +276,7 @@ func npDSRFrame(pkt []byte, src, dst netip.Addr, dstMAC, srcMAC net.HardwareAddr
 		s, d := src.As4(), dst.As4()
 		copy(outer[12:], s[:])
 		copy(outer[16:], d[:])
-		binary.BigEndian.PutUint16(outer[10:], csum16(outer))
+		binary.BigEndian.PutUint16(outer[10:], inetcsum.Checksum(outer, 0))
 	} else {
 		outer = make([]byte, 40)
 		outer[0] = 0x60
@@ -355,18 +355,18 @@ func TestNodePortPrograms(t *testing.T) {
 	frag := f.wirePkt(np4, npSYN)
 	frag[14+6] = 0x20 // MF
 	frag[14+10], frag[14+11] = 0, 0
-	binary.BigEndian.PutUint16(frag[14+10:], csum16(frag[14:34]))
+	binary.BigEndian.PutUint16(frag[14+10:], inetcsum.Checksum(frag[14:34], 0))
 	fragLater := f.wirePkt(np4, npSYN)
 	fragLater[14+6], fragLater[14+7] = 0x00, 0x10 // offset 128 bytes, last fragment
 	fragLater[14+10], fragLater[14+11] = 0, 0
-	binary.BigEndian.PutUint16(fragLater[14+10:], csum16(fragLater[14:34]))
+	binary.BigEndian.PutUint16(fragLater[14+10:], inetcsum.Checksum(fragLater[14:34], 0))
 	frag6 := f.wirePkt(np6, npSYN)
 	frag6[14+6] = 44 // next header: fragment
 	truncated := f.wirePkt(np4, npSYN)[:14+20+2]
 	ttl1 := f.wirePkt(np4, npSYN)
 	ttl1[14+8] = 1
 	ttl1[14+10], ttl1[14+11] = 0, 0
-	binary.BigEndian.PutUint16(ttl1[14+10:], csum16(ttl1[14:34]))
+	binary.BigEndian.PutUint16(ttl1[14+10:], inetcsum.Checksum(ttl1[14:34], 0))
 	arp := arpPacket(f.cliMAC)
 
 	// SNAT's source port is picked in BPF: read it from the CT entry
@@ -554,39 +554,4 @@ func npClearMap(m *ebpf.Map) error {
 		}
 	}
 	return nil
-}
-
-// npInNetns runs fn on a locked OS thread switched into netns ns and
-// returns fn's error; the thread is dropped if it cannot switch back.
-func npInNetns(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(ns)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", ns, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
-			return // thread state unknown: stays locked and dies
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return from netns %s: %w", ns, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

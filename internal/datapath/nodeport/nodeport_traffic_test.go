@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
-	"github.com/axonhq/axon/internal/datapath"
 	"io"
 	"net"
 	"net/netip"
@@ -14,7 +13,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Real traffic through the attached LB: a client, the LB node and a backend
@@ -101,7 +102,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 	// (DSR), the pod's :8080
 	for _, srv := range []struct{ ns, addr string }{{f.backend, "0.0.0.0:8080"}, {f.backend, "192.0.2.10:80"}, {f.pod, "0.0.0.0:8080"}} {
 		var ln net.Listener
-		if err := npInNetns(srv.ns, func() (e error) { ln, e = net.Listen("tcp4", srv.addr); return e }); err != nil {
+		if err := netnsutil.Do(srv.ns, func() (e error) { ln, e = net.Listen("tcp4", srv.addr); return e }); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ln.Close() })
@@ -130,7 +131,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 // ("<client address as the backend saw it> <line>").
 func (f *npTrafficFix) talk(dst string) (string, error) {
 	var out string
-	err := npInNetns(f.client, func() error {
+	err := netnsutil.Do(f.client, func() error {
 		c, err := net.DialTimeout("tcp4", dst, 3*time.Second)
 		if err != nil {
 			return err

@@ -1,11 +1,12 @@
 package podpath
 
 import (
-	"github.com/axonhq/axon/internal/datapath"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/axonhq/axon/internal/datapath"
 )
 
 // pinnedProgID returns the ID of the program pinned at path (legacy marker).

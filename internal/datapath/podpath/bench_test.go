@@ -10,7 +10,7 @@ import (
 // from the route cache, and looked up per packet with the cache off), and
 // fails when a program's verdict shows it took another path:
 //
-//	go test ./internal/datapath -run XXX -bench Programs
+//	go test ./internal/datapath/podpath -run XXX -bench Programs
 func BenchmarkPrograms(b *testing.B) {
 	f := newProgFixture(b)
 	off := newProgFixtureWith(b, func(c *Config) { c.NoFibCache = true })

@@ -87,7 +87,7 @@ func TestDecide(t *testing.T) {
 			if d.attachMode != c.wantAttach || d.hostRouting != c.wantRouting {
 				t.Fatalf("attach %s routing %s, want %s %s", d.attachMode, d.hostRouting, c.wantAttach, c.wantRouting)
 			}
-			if len(d.decisions) != 5 { // attach, host_routing, device, big_tcp (issue 5), fib_cache
+			if len(d.decisions) != 5 { // attach, host_routing, device, big_tcp, fib_cache
 				t.Fatalf("decisions = %+v", d.decisions)
 			}
 			if d.fibCache != c.wantCache || (d.decisions[4].Value == "off") == c.wantCache {

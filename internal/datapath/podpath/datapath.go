@@ -21,7 +21,7 @@ type Config struct {
 	AttachMode  string // "auto" (default) | "tcx" | "legacy"
 	HostRouting string // "auto" (default) | "bpf" | "legacy" (attach nothing; kernel routes forward)
 	Logger      *slog.Logger
-	// issue 5: pod devices and BIG TCP
+	// pod devices (veth or netkit) and BIG TCP
 	DeviceMode       string // DeviceMode*: "veth" (default) | "netkit" | "netkit-l2" | "auto"
 	EnableIPv4BigTCP bool   // BIG TCP for IPv4 on pod devices where the kernel and uplink allow it
 	EnableIPv6BigTCP bool   // BIG TCP for IPv6 on pod devices where the kernel and uplink allow it
@@ -45,7 +45,7 @@ type Datapath struct {
 	epV4, epV6, metrics *ebpf.Map
 	podProg, upProg     *ebpf.Program // nil when hostRouting is legacy
 
-	// issue 5 (netkit.go, bigtcp.go)
+	// pod devices and BIG TCP (netkit.go, bigtcp.go)
 	devType, nkMode string      // operational pod device: api.DeviceVeth|DeviceNetkit, "l3"|"l2"
 	nk              netkitProgs // programs for netkit pods, loaded on first use
 	bigTCP          BigTCP
@@ -124,10 +124,10 @@ func (d *Datapath) decide() error {
 		d.decisions = append(d.decisions, api.Decision{Name: "host_routing", Value: datapath.ModeLegacy, Reason: "legacy: kernel routing because " + strings.Join(missing, "; ")})
 	}
 
-	if err := d.decideDevice(); err != nil { // issue 5: netkit.go
+	if err := d.decideDevice(); err != nil { // netkit.go
 		return err
 	}
-	d.decideBigTCP() // issue 5: bigtcp.go
+	d.decideBigTCP() // bigtcp.go
 	d.decideFibCache()
 	return nil
 }
@@ -208,7 +208,7 @@ func (d *Datapath) loadObjects() error {
 	opts.MapReplacements = map[string]*ebpf.Map{
 		"axon_ep_v4": d.epV4, "axon_ep_v6": d.epV6, "axon_metrics": d.metrics,
 	}
-	d.nk.spec = podSpec.Copy() // issue 5: netkit pods load the same program with cfg_netkit=1
+	d.nk.spec = podSpec.Copy() // netkit pods load the same program with cfg_netkit=1
 	var pp podEgressPrograms
 	if err := podSpec.LoadAndAssign(&pp, opts); err != nil {
 		return fmt.Errorf("load axon_pod_egress: %w", datapath.VerifierDetail(err))
@@ -282,7 +282,7 @@ func (d *Datapath) HostRouting() string { return d.hostRouting }
 // Close releases file descriptors. Pins, links and filters stay: forwarding
 // continues while the agent is down and the next Load adopts them.
 func (d *Datapath) Close() error {
-	d.nk.close() // issue 5
+	d.nk.close()
 	var errs []error
 	for _, c := range []interface{ Close() error }{d.podProg, d.upProg, d.epV4, d.epV6, d.metrics} {
 		if c == nil || isNilPtr(c) {

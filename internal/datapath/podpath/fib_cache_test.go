@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/inetcsum"
 )
 
 // requireFibCache skips where pod_egress does not load with the route cache
@@ -213,7 +215,7 @@ func oversizedIPv4(frame []byte, n int) []byte {
 	out := append(append([]byte(nil), frame...), make([]byte, n-(len(frame)-14))...)
 	binary.BigEndian.PutUint16(out[14+2:], uint16(n))
 	out[14+10], out[14+11] = 0, 0
-	binary.BigEndian.PutUint16(out[14+10:], csum16(out[14:14+20]))
+	binary.BigEndian.PutUint16(out[14+10:], inetcsum.Checksum(out[14:14+20], 0))
 	return out
 }
 

@@ -21,7 +21,6 @@ const (
 var (
 	requireRoot = dptest.RequireRoot
 	testLogger  = dptest.Logger
-	csum16      = dptest.Csum16
 	ipv4Packet  = dptest.IPv4Packet
 	ipv6Packet  = dptest.IPv6Packet
 	runEDT      = dptest.RunEDT

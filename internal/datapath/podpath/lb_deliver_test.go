@@ -11,6 +11,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/datapath/podpath"
+	"github.com/axonhq/axon/internal/inetcsum"
 )
 
 // The nodeport LB delivering to local pods needs package nodeport (an
@@ -58,7 +59,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 	icmp4 := ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)
 	icmp4[14+9] = 1 // protocol ICMP (the payload is not parsed on the way)
 	binary.BigEndian.PutUint16(icmp4[14+10:], 0)
-	binary.BigEndian.PutUint16(icmp4[14+10:], csum16(icmp4[14:14+20]))
+	binary.BigEndian.PutUint16(icmp4[14+10:], inetcsum.Checksum(icmp4[14:14+20], 0))
 	const k = 8
 	frames := func(f []byte) [][]byte {
 		out := make([][]byte, k)

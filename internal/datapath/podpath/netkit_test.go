@@ -1,12 +1,12 @@
 package podpath
 
 import (
-	"github.com/axonhq/axon/internal/datapath"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestDeviceDecision(t *testing.T) {
@@ -48,9 +48,7 @@ func TestDeviceDecision(t *testing.T) {
 // TestDeviceModeAutoHere: auto resolves against this kernel's probe: veth on
 // the 6.18 host (no CONFIG_NETKIT, the reason says so), netkit in the 6.12 VM.
 func TestDeviceModeAutoHere(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the probe creates a netkit pair in a scratch netns")
-	}
+	testutil.RequireRoot(t, "the probe creates a netkit pair in a scratch netns")
 	c := datapath.ProbeNetkit()
 	typ, _, reason, err := DeviceDecision(DeviceModeAuto, c)
 	if err != nil {

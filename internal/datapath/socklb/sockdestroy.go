@@ -9,12 +9,11 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
@@ -231,42 +230,18 @@ func (d *SockDestroyer) runIn(ns string) ([]sdRecord, error) {
 	return recs, nil
 }
 
-// inNetnsPath runs fn on a locked OS thread inside the netns at path ("" =
-// run in place). A thread that cannot return to its netns is not unlocked,
-// so it dies with its goroutine instead of serving other goroutines.
+// inNetnsPath runs fn inside the netns at path ("" = run in place), on a
+// locked OS thread (ns.NetNS.Do). A netns that is gone (its pod was deleted
+// meanwhile) is an error that matches os.ErrNotExist.
 func inNetnsPath(path string, fn func() error) error {
 	if path == "" {
 		return fn()
 	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error { return fn() })
+	if errors.As(err, new(ns.NSPathNotExistErr)) {
+		return fmt.Errorf("%w: %w", os.ErrNotExist, err)
 	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return from netns %s: %w", path, err))
-			return // thread stays locked
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return err
 }
 
 // NetnsCookie returns the netns cookie (what bpf_get_netns_cookie gives the

@@ -1,6 +1,6 @@
 package socklb
 
-// Batched writes for the full sync (issue 4): 10 000 new frontends × 10
+// Batched writes for the socket LB's full sync: 10 000 new frontends × 10
 // backends are 210 000 map updates one by one; with BPF_MAP_UPDATE_BATCH
 // they are three system calls per chunk. The order of a single upsert is
 // kept across the whole batch (all backends, then all slots, then all

@@ -2,10 +2,10 @@ package socklb
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // BenchmarkSockLBConnectCost measures what the connect4 hook adds to a
@@ -75,10 +75,9 @@ func sockLBConnectCost(b *testing.B, extra int, kind string) {
 		}
 		per[p.name] = append(per[p.name], float64(r.Nanos)/count)
 	}
-	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
-	ref := med(per["direct"])
+	ref := stats.Median(per["direct"])
 	for _, p := range paths {
-		m := med(per[p.name])
+		m := stats.Median(per[p.name])
 		b.ReportMetric(m, p.name+"-ns/connect")
 		if p.name != "direct" {
 			b.ReportMetric(m-ref, p.name+"-extra-ns")

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -394,16 +393,7 @@ func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 // a reject route, and a connect() to it fails with ENETUNREACH.
 func waitLocalRoutes(t testing.TB, ns string, cidrs ...string) {
 	t.Helper()
-	fd, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatalf("open netns %s: %v", ns, err)
-	}
-	defer fd.Close()
-	h, err := netlink.NewHandleAt(fd, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatalf("netlink handle in %s: %v", ns, err)
-	}
-	defer h.Close()
+	h := nsConf(t, ns).H
 	bound := testutil.Stretch(t, 10*time.Second)
 	deadline := time.Now().Add(bound)
 	for _, cidr := range cidrs {
