@@ -29,7 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Bandwidth Manager modes of the lab.
@@ -180,7 +180,7 @@ func podPrevResult(n Node, p Pod) (map[string]any, error) {
 		"cniVersion": "1.1.0",
 		"interfaces": []map[string]any{
 			{"name": host.Attrs().Name, "mac": host.Attrs().HardwareAddr.String()},
-			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": labns.Path(p.Netns)},
+			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": netnsutil.Path(p.Netns)},
 		},
 		"ips": ips,
 	}, nil

@@ -48,8 +48,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // External demo Services (created by `up` next to the demo Services). Both
@@ -879,7 +879,7 @@ func xdpPassOnWirePorts(st *State) error {
 		return fmt.Errorf("load the wire ports' XDP_PASS program: %w", err)
 	}
 	defer prog.Close()
-	return labns.Do(WireNetns, func() error {
+	return netnsutil.Do(WireNetns, func() error {
 		for _, n := range st.Nodes {
 			port := WirePort(n.Name)
 			link, err := netlink.LinkByName(port)

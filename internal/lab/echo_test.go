@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 func TestCheckResultPrint(t *testing.T) {
@@ -64,7 +64,7 @@ func TestEchoAndProbes(t *testing.T) {
 	readyR, readyW := io.Pipe()
 	srvDone := make(chan error, 1)
 	go func() {
-		srvDone <- labns.Do(ns, func() error { return probe.ServeEcho(ctx, probe.EchoPort, readyW, nil) })
+		srvDone <- netnsutil.Do(ns, func() error { return probe.ServeEcho(ctx, probe.EchoPort, readyW, nil) })
 	}()
 	if err := probe.ReadReady(readyR); err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestEchoAndProbes(t *testing.T) {
 	// Sequentially on the namespace's thread: goroutines would not be in the
 	// namespace (in `axon lab _echo probe` the whole process is).
 	t0 := time.Now()
-	err := labns.Do(ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		for _, p := range probes {
 			err := p.Run(ctx, time.Second)
 			if want := p.Addr != unroutable; (err == nil) != want {

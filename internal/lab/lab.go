@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -149,7 +149,7 @@ func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.
 		cmd.Err = err
 		return cmd
 	}
-	cmd.Args = append([]string{"nsenter", "--net=" + labns.Path(nsName), "--"}, argv...)
+	cmd.Args = append([]string{"nsenter", "--net=" + netnsutil.Path(nsName), "--"}, argv...)
 	if cg != "" {
 		fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
@@ -385,7 +385,7 @@ const AgentMetricsAddr = "127.0.0.1:9962"
 func startAgent(binDir string, n Node, logPath string, extra ...string) (*Proc, error) {
 	agent := filepath.Join(binDir, "axon-agent")
 	argv := []string{
-		"nsenter", "--net=" + labns.Path(n.Netns), "--", agent,
+		"nsenter", "--net=" + netnsutil.Path(n.Netns), "--", agent,
 		"--node-name", n.Name,
 		"--kubeconfig", n.Kubeconfig,
 		"--state-dir", n.StateDir,

@@ -29,8 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/lab"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 func TestLabNorthSouthDSR(t *testing.T) {
@@ -313,7 +313,7 @@ func startWireCapture(t *testing.T, port string) *wireCapture {
 	t.Helper()
 	all := htons(unix.ETH_P_ALL)
 	var fd, ifindex int
-	err := labns.Do(lab.WireNetns, func() error {
+	err := netnsutil.Do(lab.WireNetns, func() error {
 		link, err := netlink.LinkByName(port)
 		if err != nil {
 			return fmt.Errorf("find %s in %s: %w", port, lab.WireNetns, err)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -429,7 +429,7 @@ func startForwarder(st *State, o UpOptions) (*Proc, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.APIPort))
 	argv := []string{filepath.Join(o.BinDir, "axon"), "lab", "_forward", "--listen", addr, "--target", addr}
 	for _, n := range st.Nodes {
-		argv = append(argv, "--netns", labns.Path(n.Netns))
+		argv = append(argv, "--netns", netnsutil.Path(n.Netns))
 	}
 	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: filepath.Join(st.StateDir, "forwarder.log")})
 	if err != nil {
@@ -447,7 +447,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		return errors.New("apiserver forwarder is not running")
 	}
 	for _, n := range st.Nodes {
-		if _, err := os.Stat(labns.Path(n.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(n.Netns)); err != nil {
 			return fmt.Errorf("netns of %s is gone", n.Name)
 		}
 		if n.Agent != nil && !n.Agent.Alive() {
@@ -458,7 +458,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		}
 	}
 	for _, p := range st.Pods {
-		if _, err := os.Stat(labns.Path(p.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(p.Netns)); err != nil {
 			return fmt.Errorf("netns of pod %s is gone", p.Name)
 		}
 	}

@@ -10,13 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 func needRoot(t *testing.T) {
@@ -44,44 +45,13 @@ func testNetns(t *testing.T, suffix string) string {
 
 // dialInNetns opens a TCP connection from inside the netns at path.
 func dialInNetns(ctx context.Context, path, addr string) (net.Conn, error) {
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
+	var c net.Conn
+	err := netnsutil.DoAt(path, func() (err error) {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if serr := netns.Set(orig); serr != nil {
-			// Stay locked: the runtime discards this thread instead of reusing it.
-			ch <- res{c, err}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- res{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
+		c, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 func loUp(t *testing.T, path string) bool {
