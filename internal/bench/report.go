@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/bench/jsonnum"
-	"github.com/axonhq/axon/internal/bench/quantile"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // metricInfo lists the per-rep metrics in CSV order with their units.
@@ -83,7 +83,7 @@ func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 	out.N = len(ratios)
 	st := Summarize(ratios)
 	out.Median, out.Min, out.Max = st.Median, st.Min, st.Max
-	out.Lo, out.Hi = quantile.MedianCI(ratios)
+	out.Lo, out.Hi = stats.MedianCI(ratios)
 	return out
 }
 

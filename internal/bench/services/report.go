@@ -22,7 +22,6 @@ import (
 	"github.com/axonhq/axon/internal/bench/clip"
 	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/bench/jsonnum"
-	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
 // PathInfo describes a measured path.
@@ -365,7 +364,7 @@ func msStats(xs []float64) string {
 	if s.N == 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", bench.FormatNum(quantile.Percentile(xs, 50), 1), bench.FormatNum(quantile.Percentile(xs, 99), 1), bench.FormatNum(s.Max, 1), s.N)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", bench.FormatNum(bench.Percentile(xs, 50), 1), bench.FormatNum(bench.Percentile(xs, 99), 1), bench.FormatNum(s.Max, 1), s.N)
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
@@ -948,19 +947,19 @@ func (r *Report) Targets() []Target {
 		}
 		out = append(out, t)
 		t = Target{Target: "one EndpointSlice change in the BPF maps, p99 ≤ 50 ms", Met: "n/a"}
-		if p99 := quantile.Percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
+		if p99 := bench.Percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
 			t.Got = fmt.Sprintf("kube-proxies idle: p99 %.1f ms (p50 %.1f ms, n=%d); while they sync the same change: p99 %.1f ms",
-				p99, quantile.Percentile(cp.AxonChangeIdle, 50), bench.Summarize(cp.AxonChangeIdle).N, quantile.Percentile(cp.AxonChange, 99))
+				p99, bench.Percentile(cp.AxonChangeIdle, 50), bench.Summarize(cp.AxonChangeIdle).N, bench.Percentile(cp.AxonChange, 99))
 			if len(cp.ChangeIdleWrite) > 0 {
-				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", quantile.Percentile(cp.ChangeIdleWrite, 50), quantile.Percentile(cp.ChangeIdleWrite, 99))
+				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", bench.Percentile(cp.ChangeIdleWrite, 50), bench.Percentile(cp.ChangeIdleWrite, 99))
 			}
 			if len(cp.AgentChangeIdle) > 0 {
 				t.Got += fmt.Sprintf("; by the agent's own clock, as kube-proxy's: idle p99 %.1f ms, syncing p99 %.1f ms",
-					quantile.Percentile(cp.AgentChangeIdle, 99), quantile.Percentile(cp.AgentChange, 99))
+					bench.Percentile(cp.AgentChangeIdle, 99), bench.Percentile(cp.AgentChange, 99))
 			}
 			t.Met = yesNo(p99 <= 50)
-		} else if p99 := quantile.Percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
-			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, quantile.Percentile(cp.AxonChange, 50), bench.Summarize(cp.AxonChange).N)
+		} else if p99 := bench.Percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
+			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, bench.Percentile(cp.AxonChange, 50), bench.Summarize(cp.AxonChange).N)
 			t.Met = yesNo(p99 <= 50)
 		}
 		out = append(out, t)

@@ -204,7 +204,7 @@ func TestSvcReportRendering(t *testing.T) {
 		"skipped: kube-proxy iptables has not applied this level",
 		"| cip | 9900 (0.99×) | 10100 (1.01×) | +2.0 % |",
 		"| ipt | 8000 (0.80×) | n/a | n/a |",
-		// percentiles interpolate between order statistics (quantile.Of): of {500, 700}, p50 600 and p99 698
+		// percentiles interpolate between order statistics (stats.Quantile): of {500, 700}, p50 600 and p99 698
 		"p50 600.0, p99 698.0, max 700.0 (n=2)",
 		// the failed change (NaN) has no "after the write" sample
 		"| … of which the API write (EndpointSlice update acknowledged), ms | p50 1.5, p99 3.0, max 3.0 (n=3) |",
