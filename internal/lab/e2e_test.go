@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 var (
@@ -59,9 +60,7 @@ func TestMain(m *testing.M) {
 // test needs did not build.
 func need(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, bpffs, cgroups")
-	}
+	testutil.RequireRoot(t, "network namespaces, bpffs, cgroups")
 	for _, d := range []string{"etcd", "kube-apiserver", "kubectl", "ptp", "host-local"} {
 		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
 			t.Skipf("cached dependency missing (%v): run `make deps`", err)

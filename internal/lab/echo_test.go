@@ -5,13 +5,13 @@ import (
 	"context"
 	"io"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/axonhq/axon/internal/lab/probe"
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestCheckResultPrint(t *testing.T) {
@@ -43,19 +43,8 @@ func TestCheckResultPrint(t *testing.T) {
 // TestEchoAndProbes runs the check's echo server and prober (TCP, UDP and
 // the raw-socket ICMP pinger) in a private namespace over loopback.
 func TestEchoAndProbes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and raw ICMP sockets")
-	}
-	const ns = "axt-lab-echo"
-	_ = deleteNetns(ns)
-	if err := createNetns(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := deleteNetns(ns); err != nil {
-			t.Error(err)
-		}
-	})
+	testutil.RequireRoot(t, "creates a network namespace and raw ICMP sockets")
+	ns := testutil.NewNetnsKernelDAD(t, "axt-lab-echo-") // preparePodNetns turns DAD off, as for a lab pod
 	if err := preparePodNetns(ns); err != nil {
 		t.Fatal(err)
 	}

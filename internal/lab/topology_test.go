@@ -14,6 +14,7 @@ import (
 	"github.com/axonhq/axon/internal/brnf"
 	"github.com/axonhq/axon/internal/lab/probe"
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestAddressPlan(t *testing.T) {
@@ -46,9 +47,7 @@ func TestAddressPlan(t *testing.T) {
 // routes, the external's lack of pod routes and the SNMP reader; then
 // removes everything by name.
 func TestTopology(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	testutil.RequireRoot(t, "creates network namespaces")
 	if names, _ := labNetns(); len(names) > 0 {
 		t.Skipf("lab namespaces exist (%v): run `axon lab down` to let the test run", names)
 	}
@@ -159,9 +158,7 @@ func TestTopology(t *testing.T) {
 // (as iproute2 makes it), so a later `ip netns add` does not bind the
 // directory over our namespace files and deleteNetns can still remove them.
 func TestNetnsDirShared(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	testutil.RequireRoot(t, "creates network namespaces")
 	a, b := "axt-nsdir-a", "axt-nsdir-b"
 	t.Cleanup(func() {
 		_ = deleteNetns(a)

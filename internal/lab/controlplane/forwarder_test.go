@@ -18,14 +18,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-}
 
 // testNetns creates a named netns (lo down, as the kernel makes it) and deletes it on cleanup.
 func testNetns(t *testing.T, suffix string) string {
@@ -97,7 +91,7 @@ func echoServer(t *testing.T) string {
 }
 
 func TestForwarderProxiesFromEachNetns(t *testing.T) {
-	needRoot(t)
+	testutil.RequireRoot(t, "creates network namespaces")
 	target := echoServer(t)
 	paths := []string{testNetns(t, "fa"), testNetns(t, "fb")}
 	for _, p := range paths {
@@ -158,7 +152,7 @@ func TestForwarderProxiesFromEachNetns(t *testing.T) {
 }
 
 func TestForwarderErrors(t *testing.T) {
-	needRoot(t)
+	testutil.RequireRoot(t, "creates network namespaces")
 	ok := testNetns(t, "fe")
 	for _, tc := range []struct {
 		name    string
