@@ -1,6 +1,6 @@
 package lab
 
-// Issue 6: `axon lab up --bandwidth-manager on|off|cni-plugin`.
+// The bandwidth manager in the lab: `axon lab up --bandwidth-manager on|off|cni-plugin`.
 //
 //   - on: the axon agents enforce the Pod annotations kubernetes.io/
 //     {egress,ingress}-bandwidth (EDT + fq on the uplink, ingress token

@@ -1,6 +1,6 @@
 package lab
 
-// `axon lab check --external` (issue 7): the north-south checks. A client
+// `axon lab check --external`: the north-south checks. A client
 // outside the cluster (the axonlab-external namespace on the wire,
 // 198.18.0.250) reaches every Service type that is meant for it: NodePort on
 // every node address, LoadBalancer ingress IPs and externalIPs, TCP and UDP,
@@ -863,8 +863,8 @@ func (l *Lab) StartPeerEcho(ctx context.Context, pods []string) (stop func(), er
 // mode to every node's wire-side veth port (w-<node>, in axonlab-wire), when
 // the lab's agents may run the north-south LB at native XDP. A veth whose
 // XDP program answers XDP_TX (or redirects) hands the frame to its peer's
-// NAPI ring, which exists only when the peer has an XDP program of its own
-// (DESIGN.md §2): without it, XDP_TX from a node's eth0 is dropped. It
+// NAPI ring, which exists only when the peer has an XDP program of its own:
+// without it, XDP_TX from a node's eth0 is dropped. It
 // also turns transmit checksum offload off on those ports (see below).
 // Both go away with the wire namespace.
 func xdpPassOnWirePorts(st *State) error {

@@ -34,7 +34,7 @@ const (
 	SvcTypeNodePort     = "NodePort"
 	SvcTypeExternalIP   = "ExternalIP"
 	SvcTypeLoadBalancer = "LoadBalancer"
-	SvcTypeHostPort     = "HostPort" // issue 7: a Pod hostPort (check_external_hostport.go)
+	SvcTypeHostPort     = "HostPort" // a Pod hostPort (check_external_hostport.go)
 )
 
 var svcTypes = []string{SvcTypeClusterIP, SvcTypeNodePort, SvcTypeExternalIP, SvcTypeLoadBalancer, SvcTypeHostPort}
@@ -108,7 +108,7 @@ func planServiceProbes(st *State) []plannedProbe {
 		for _, ip := range demo[DemoLoadBalancer].LBIngress {
 			add(SvcTypeLoadBalancer, ip, DemoPort, "")
 		}
-		for _, hp := range hostPortServiceTargets(st, src.name, src.isNode) { // issue 7 (check_external_hostport.go)
+		for _, hp := range hostPortServiceTargets(st, src.name, src.isNode) { // demo hostPorts (check_external_hostport.go)
 			add(SvcTypeHostPort, hp.addr, DemoHostPort, hp.na)
 		}
 	}

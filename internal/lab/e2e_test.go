@@ -319,7 +319,7 @@ func stopPID(pid int) error {
 	return p.Kill()
 }
 
-// TestLabE2E is the lab scenario under the axon datapath.
+// TestLabE2E is the lab's two-node, four-pod scenario under the axon datapath.
 func TestLabE2E(t *testing.T) {
 	need(t, "axon", "axon-agent", "axon-cni")
 	l := up(t, "--nodes", "2", "--pods-per-node", "2")

@@ -273,7 +273,7 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	undo = append(undo, func() { _ = plugin.del(context.WithoutCancel(ctx), *n, p) })
 	p.IPs = ips
 	p.IP = ips[0]
-	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // issue 6: chained bandwidth plugin (bandwidth.go)
+	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // chained bandwidth plugin (bandwidth.go)
 		_ = bandwidthChainDel(context.WithoutCancel(ctx), st, *n, p)
 		return Pod{}, err
 	}
@@ -342,7 +342,7 @@ func deletePod(ctx context.Context, st *State, kube kubernetes.Interface, p Pod)
 	}
 	pids, _ := pidsInNetns(p.Netns)
 	killPIDs(pids)
-	if err := bandwidthChainDel(ctx, st, *n, p); err != nil { // issue 6: chained plugins are deleted in reverse order (bandwidth.go)
+	if err := bandwidthChainDel(ctx, st, *n, p); err != nil { // chained plugins are deleted in reverse order (bandwidth.go)
 		return fmt.Errorf("delete pod %s: %w (fix the cause and run it again; the pod stays recorded)", p.Name, err)
 	}
 	if err := plugin.del(ctx, *n, p); err != nil {

@@ -1,6 +1,6 @@
 package lab_test
 
-// DSR end to end (issue 7): a lab with `--nodeport-mode dsr`. The external
+// DSR end to end: a lab with `--nodeport-mode dsr`. The external
 // check runs as in SNAT mode (its remote-backend NodePort rows then also
 // require the client address at the backend), and a LoadBalancer Service
 // whose only backends are on node2 is reached through node1 (NodePort,

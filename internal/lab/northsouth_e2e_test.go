@@ -1,6 +1,6 @@
 package lab_test
 
-// North-south end-to-end tests (issue 7): a lab with the axon north-south
+// North-south end-to-end tests: a lab with the axon north-south
 // LB, probed from the external namespace: `axon lab check` (with its
 // external part), loadBalancerSourceRanges, session affinity, and backend
 // churn under a connect loop with zero failed connections. XDP: the same

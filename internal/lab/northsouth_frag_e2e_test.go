@@ -1,7 +1,7 @@
 package lab_test
 
-// IP fragments through the north-south LB, end to end (issue 7,
-// bpf/lib/frag.h): from the external namespace, UDP datagrams of 4 000
+// IP fragments through the north-south LB, end to end
+// (bpf/lib/frag.h): from the external namespace, UDP datagrams of 4 000
 // bytes (the sending kernel fragments them at the wire's MTU of 1 500) to a
 // NodePort on each node, IPv4 and IPv6, must come back whole. The backends
 // are node1's pods only, so node1 is the entry node with a local backend

@@ -1,6 +1,6 @@
 package lab_test
 
-// Issue 4 end to end: a ClusterIP Service reached from a pod through the
+// The socket LB end to end: a ClusterIP Service reached from a pod through the
 // socket load balancer the agents attach to their node cgroups.
 
 import (

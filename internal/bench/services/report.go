@@ -980,7 +980,7 @@ func (r *Report) Targets() []Target {
 // TargetsTable renders Targets as Markdown.
 func (r *Report) TargetsTable() string {
 	var b strings.Builder
-	b.WriteString("| target (issue 4) | this run | met |\n|---|---|---|\n")
+	b.WriteString("| target | this run | met |\n|---|---|---|\n")
 	for _, t := range r.Targets() {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", bench.MarkdownEscape(t.Target), bench.MarkdownEscape(bench.OrNA(t.Got)), t.Met)
 	}

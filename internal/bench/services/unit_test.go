@@ -317,7 +317,7 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 		}
 	}
 	md := r.Markdown()
-	for _, w := range []string{"| 10 | 100 × 0 ms | 0.995 [0.985–1.005] (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 [0.975–0.995] (0.965–1.005) |",
+	for _, w := range []string{"| target | this run | met |\n", "| 10 | 100 × 0 ms | 0.995 [0.985–1.005] (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 [0.975–0.995] (0.965–1.005) |",
 		"| 10 | 100 × 0 ms | 1.002 [CI n/a] (0.982–1.022) |",
 		"iptables-rules node / rules-free node per pair", "## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired"} {
 		if !strings.Contains(md, w) {
