@@ -28,12 +28,45 @@ type CheckResult struct {
 
 // Failed returns the failed probes as "src → dst proto/addr: err" lines.
 func (r *CheckResult) Failed() []string {
+	return failedCells(r.Sources, r.Destinations, r.Cells, func(p probe.PodResult) bool { return !p.OK },
+		func(s, d string, p probe.PodResult) string { return fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err) })
+}
+
+// Counts returns (passed, total).
+func (r *CheckResult) Counts() (ok, total int) {
+	ok, total, _ = countCells(r.Cells, func(p probe.PodResult) outcome { return passedIf(p.OK) })
+	return ok, total
+}
+
+// The checks of `axon lab check` (pods, Services, external) each hold a
+// matrix of cells, (row, column) → the results of the probes of that cell;
+// failedCells and countCells read any of them.
+
+// outcome is what became of one probe.
+type outcome int
+
+const (
+	passed outcome = iota
+	failed
+	notApplicable // planned, not run
+)
+
+func passedIf(ok bool) outcome {
+	if ok {
+		return passed
+	}
+	return failed
+}
+
+// failedCells returns line(row, col, c) for each cell result c that failed,
+// in the order of rows, then cols.
+func failedCells[C any](rows, cols []string, cells map[[2]string][]C, fail func(C) bool, line func(row, col string, c C) string) []string {
 	var out []string
-	for _, s := range r.Sources {
-		for _, d := range r.Destinations {
-			for _, p := range r.Cells[[2]string{s, d}] {
-				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err))
+	for _, r := range rows {
+		for _, c := range cols {
+			for _, x := range cells[[2]string{r, c}] {
+				if fail(x) {
+					out = append(out, line(r, c, x))
 				}
 			}
 		}
@@ -41,17 +74,23 @@ func (r *CheckResult) Failed() []string {
 	return out
 }
 
-// Counts returns (passed, total).
-func (r *CheckResult) Counts() (ok, total int) {
-	for _, ps := range r.Cells {
-		for _, p := range ps {
-			total++
-			if p.OK {
+// countCells counts the results in cells: passed, ran (passed or failed)
+// and not applicable.
+func countCells[C any](cells map[[2]string][]C, of func(C) outcome) (ok, ran, na int) {
+	for _, xs := range cells {
+		for _, x := range xs {
+			switch of(x) {
+			case passed:
 				ok++
+				ran++
+			case failed:
+				ran++
+			case notApplicable:
+				na++
 			}
 		}
 	}
-	return ok, total
+	return ok, ran, na
 }
 
 // Print writes the compact matrix, the failures and a summary line.

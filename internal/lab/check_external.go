@@ -440,35 +440,18 @@ type ExternalCheckResult struct {
 
 // Counts returns (passed, ran, not applicable).
 func (r *ExternalCheckResult) Counts() (ok, ran, na int) {
-	for _, cs := range r.Cells {
-		for _, c := range cs {
-			switch {
-			case c.NA != "":
-				na++
-			case c.Fail == "":
-				ok++
-				ran++
-			default:
-				ran++
-			}
+	return countCells(r.Cells, func(c ExtCell) outcome {
+		if c.NA != "" {
+			return notApplicable
 		}
-	}
-	return ok, ran, na
+		return passedIf(c.Fail == "")
+	})
 }
 
 // Failed returns the failed probes as "CASE proto/addr: why" lines.
 func (r *ExternalCheckResult) Failed() []string {
-	var out []string
-	for _, c := range r.Cases {
-		for _, col := range r.Cols {
-			for _, x := range r.Cells[[2]string{c, col}] {
-				if x.NA == "" && x.Fail != "" {
-					out = append(out, fmt.Sprintf("%s %s: %s", c, x.Probe, x.Fail))
-				}
-			}
-		}
-	}
-	return out
+	return failedCells(r.Cases, r.Cols, r.Cells, func(x ExtCell) bool { return x.NA == "" && x.Fail != "" },
+		func(c, _ string, x ExtCell) string { return fmt.Sprintf("%s %s: %s", c, x.Probe, x.Fail) })
 }
 
 // Print writes the table, failures, n/a reasons and a summary.

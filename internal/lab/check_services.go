@@ -138,32 +138,14 @@ type ServiceCheckResult struct {
 
 // Failed returns the failed probes as "src → TYPE proto/addr: err" lines.
 func (r *ServiceCheckResult) Failed() []string {
-	var out []string
-	for _, s := range r.Sources {
-		for _, t := range r.Types {
-			for _, p := range r.Cells[[2]string{s, t}] {
-				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err))
-				}
-			}
-		}
-	}
-	return out
+	return failedCells(r.Sources, r.Types, r.Cells, func(p probe.ServiceResult) bool { return !p.OK },
+		func(s, t string, p probe.ServiceResult) string { return fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err) })
 }
 
 // Counts returns (passed, ran, not applicable).
 func (r *ServiceCheckResult) Counts() (ok, ran, na int) {
-	for _, ps := range r.Cells {
-		for _, p := range ps {
-			ran++
-			if p.OK {
-				ok++
-			}
-		}
-	}
-	for _, ps := range r.NA {
-		na += len(ps)
-	}
+	ok, ran, _ = countCells(r.Cells, func(p probe.ServiceResult) outcome { return passedIf(p.OK) })
+	_, _, na = countCells(r.NA, func(plannedProbe) outcome { return notApplicable })
 	return ok, ran, na
 }
 
