@@ -12,7 +12,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -680,9 +679,7 @@ func (r *Report) SVG() []byte {
 				bench.FormatNum(s.Median, 0), bench.FormatRatio(r.Ratio(l.Services, p.Name, MetricRate)))
 		}
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" fill="#555">%s</text>`+"\n", pad, height-6,
-		esc(fmt.Sprintf("kernel %s, %d CPUs; client CPU %d, server CPU %d; numbers in results.csv / results.md", r.Host.Kernel, r.Host.NumCPU, r.ClientCPU, r.ServerCPU)))
-	b.WriteString("</svg>\n")
+	bench.SVGEnd(&b, pad, height-6, r.Host, r.ClientCPU, r.ServerCPU)
 	return b.Bytes()
 }
 
@@ -695,19 +692,11 @@ func (r *Report) WriteFiles(dir string) error {
 	if err != nil {
 		return fmt.Errorf("encode results.json: %w", err)
 	}
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{"results.csv", r.CSV()}, {"results.md", []byte(r.Markdown())}, {"chart.svg", r.SVG()}, {"results.json", append(js, '\n')}} {
-		p := filepath.Join(dir, f.name)
-		if err := os.WriteFile(p+".tmp", f.data, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", p, err)
-		}
-		if err := os.Rename(p+".tmp", p); err != nil {
-			return fmt.Errorf("write %s: %w", p, err)
-		}
-	}
-	return nil
+	return bench.WriteResultFiles(dir,
+		bench.ResultFile{Name: "results.csv", Data: r.CSV()},
+		bench.ResultFile{Name: "results.md", Data: []byte(r.Markdown())},
+		bench.ResultFile{Name: "chart.svg", Data: r.SVG()},
+		bench.ResultFile{Name: "results.json", Data: append(js, '\n')})
 }
 
 // MarshalJSON writes NaN (unavailable pressure) as null.
