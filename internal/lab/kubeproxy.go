@@ -23,7 +23,7 @@ import (
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// kubeProxyArgs is KubeProxyArgs for node n.
+// kubeProxyArgs is kubeproxy.Args for node n.
 func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
 	return kubeproxy.Args(bin, mode, kubeconfig, n.Name, masqueradeAll)
 }
