@@ -3,11 +3,9 @@ package controlplane
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,11 +19,11 @@ import (
 	"github.com/axonhq/axon/internal/testutil"
 )
 
-// testNetns creates a named netns (lo down, as the kernel makes it) and deletes it on cleanup.
+// testNetns creates a named netns with lo down, as the kernel makes it (testutil.NewNetns sets
+// lo up, and the forwarder must do that itself), and deletes it on cleanup.
 func testNetns(t *testing.T, suffix string) string {
 	t.Helper()
-	name := fmt.Sprintf("axt-cp-%d-%s", os.Getpid(), suffix)
-	_ = exec.Command("ip", "netns", "del", name).Run() // leftover of a killed run
+	name := "axt-cp-" + suffix + "-" + testutil.RandSuffix(t)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
