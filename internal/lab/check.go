@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -29,7 +30,9 @@ type CheckResult struct {
 // Failed returns the failed probes as "src → dst proto/addr: err" lines.
 func (r *CheckResult) Failed() []string {
 	return failedCells(r.Sources, r.Destinations, r.Cells, func(p probe.PodResult) bool { return !p.OK },
-		func(s, d string, p probe.PodResult) string { return fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err) })
+		func(s, d string, p probe.PodResult) string {
+			return fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err)
+		})
 }
 
 // Counts returns (passed, total).
@@ -190,32 +193,12 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			cmd := l.Command(ctx, src.Name, args...)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				probeErr[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				probeErr[i] = fmt.Errorf("start probes in %s: %w", src.Name, err)
-				return
-			}
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var r probe.PodResult
-				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-					continue
-				}
+			probeErr[i] = runProbes(l.Command(ctx, src.Name, args...), "probes in "+src.Name, func(r probe.PodResult) {
 				key := [2]string{src.Name, owner[r.Addr.String()]}
 				mu.Lock()
 				res.Cells[key] = append(res.Cells[key], r)
 				mu.Unlock()
-			}
-			if err := cmd.Wait(); err != nil {
-				probeErr[i] = fmt.Errorf("probes in %s: %w: %s", src.Name, err, strings.TrimSpace(stderr.String()))
-			}
+			})
 		})
 	}
 	wg.Wait()
@@ -224,6 +207,33 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 	}
 	res.Elapsed = time.Since(t0)
 	return res, errors.Join(probeErr...)
+}
+
+// runProbes runs cmd, a prober that prints one JSON result a line, and
+// hands each result to each as it comes. what names the probes in errors
+// ("probes in pod1"); a failed run's error carries the prober's stderr.
+func runProbes[R any](cmd *exec.Cmd, what string, each func(R)) error {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", what, err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r R
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		each(r)
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %w: %s", what, err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
 }
 
 func addrStrings[T fmt.Stringer](as []T) []string {

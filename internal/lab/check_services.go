@@ -7,9 +7,7 @@ package lab
 // node's socket load balancer sees them as the node's own processes.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +17,6 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -139,7 +136,9 @@ type ServiceCheckResult struct {
 // Failed returns the failed probes as "src → TYPE proto/addr: err" lines.
 func (r *ServiceCheckResult) Failed() []string {
 	return failedCells(r.Sources, r.Types, r.Cells, func(p probe.ServiceResult) bool { return !p.OK },
-		func(s, t string, p probe.ServiceResult) string { return fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err) })
+		func(s, t string, p probe.ServiceResult) string {
+			return fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err)
+		})
 }
 
 // Counts returns (passed, ran, not applicable).
@@ -267,32 +266,12 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			cmd := l.CommandInCgroup(ctx, src, args...)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start service probes in %s: %w", src, err)
-				return
-			}
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var r probe.ServiceResult
-				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-					continue
-				}
+			errs[i] = runProbes(l.CommandInCgroup(ctx, src, args...), "service probes in "+src, func(r probe.ServiceResult) {
 				key := [2]string{src, typeOf[r.Service]}
 				mu.Lock()
 				res.Cells[key] = append(res.Cells[key], r)
 				mu.Unlock()
-			}
-			if err := cmd.Wait(); err != nil {
-				errs[i] = fmt.Errorf("service probes in %s: %w: %s", src, err, strings.TrimSpace(stderr.String()))
-			}
+			})
 		})
 	}
 	wg.Wait()

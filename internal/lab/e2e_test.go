@@ -167,7 +167,8 @@ func podsOn(l *lab.Lab, node string) []lab.Pod {
 	return out
 }
 
-func checkMatrix(t *testing.T) {
+// checkMatrix runs `axon lab check`, requires it to pass and returns its output.
+func checkMatrix(t *testing.T) string {
 	t.Helper()
 	t0 := time.Now()
 	out, err := axonErr(t, "check")
@@ -175,6 +176,7 @@ func checkMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatalf("axon lab check failed: %v", err)
 	}
+	return out
 }
 
 func TestLabListShape(t *testing.T) {
