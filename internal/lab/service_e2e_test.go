@@ -53,6 +53,18 @@ type svcProbeResult struct {
 	Answer string `json:"answer,omitempty"`
 }
 
+// setErr records the probe's outcome: OK without err, else err and its errno name.
+func (r *svcProbeResult) setErr(err error) {
+	r.OK = err == nil
+	if err != nil {
+		r.Err = err.Error()
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			r.Errno = unix.ErrnoName(errno)
+		}
+	}
+}
+
 func svcProbeMain(spec string) int {
 	proto, addr, _ := strings.Cut(spec, " ")
 	switch proto { // long-running modes, stopped by closing stdin
@@ -79,14 +91,7 @@ func svcProbeMain(spec string) int {
 		err = fmt.Errorf("unknown probe %q", spec)
 	}
 	r.RTT = time.Since(start)
-	r.OK = err == nil
-	if err != nil {
-		r.Err = err.Error()
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			r.Errno = unix.ErrnoName(errno)
-		}
-	}
+	r.setErr(err)
 	_ = json.NewEncoder(os.Stdout).Encode(r)
 	return 0
 }
@@ -216,14 +221,8 @@ func svcUDPHold(addr string) int {
 	var r svcProbeResult
 	_ = c.SetReadDeadline(time.Now().Add(time.Second))
 	n, err := c.Read(buf)
-	r.OK = err == nil
-	if err != nil {
-		r.Err = err.Error()
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			r.Errno = unix.ErrnoName(errno)
-		}
-	} else {
+	r.setErr(err)
+	if err == nil {
 		r.Answer = strings.TrimSpace(string(buf[:n]))
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(r)
