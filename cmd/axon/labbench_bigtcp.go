@@ -21,7 +21,7 @@ const (
 	benchSmallGSOClient = "bench-axon-c64k"
 	benchSmallGSOServer = "bench-axon-s64k"
 	smallGSO            = 65536
-	// path names of the two ratios the issue asks for (labbench.go names the first two)
+	// path names of the two ratios the BIG TCP benchmark reports (labbench.go names the first two)
 	bigTCPRefPath = "host-to-host"
 	bigTCPOnPath  = "axon pod-to-pod cross-node"
 	bigTCPOffPath = "axon pod-to-pod cross-node, GSO 64 KiB"

@@ -26,7 +26,7 @@ import (
 // port, so a connection made from the wrong namespace is refused and
 // counted as an error; a watcher sees the process in each side's cgroup.
 func TestConnRatePairedPlaces(t *testing.T) {
-	requireRoot(t)
+	requireRootAndTools(t)
 	l := newLab(t)
 	if l.cgroup == "" {
 		t.Skip("no cgroup v2 mount: the cgroup moves cannot be checked")

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/bench/jsonnum"
-	"github.com/axonhq/axon/internal/bench/quantile"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // metricInfo lists the per-rep metrics in CSV order with their units.
@@ -83,7 +83,7 @@ func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 	out.N = len(ratios)
 	st := Summarize(ratios)
 	out.Median, out.Min, out.Max = st.Median, st.Min, st.Max
-	out.Lo, out.Hi = quantile.MedianCI(ratios)
+	out.Lo, out.Hi = stats.MedianCI(ratios)
 	return out
 }
 
@@ -395,9 +395,7 @@ func (r *Report) SVG() []byte {
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", float64(x0)+w(s.Max)+8, y+15, esc(label))
 		}
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" fill="#555">%s</text>`+"\n", padding, height-8,
-		esc(fmt.Sprintf("kernel %s, %d CPUs; client CPU %d, server CPU %d; numbers in results.csv / results.md", r.Host.Kernel, r.Host.NumCPU, r.ClientCPU, r.ServerCPU)))
-	b.WriteString("</svg>\n")
+	SVGEnd(&b, padding, height-8, r.Host, r.ClientCPU, r.ServerCPU)
 	return b.Bytes()
 }
 
@@ -411,19 +409,27 @@ func (r *Report) WriteFiles(dir string) error {
 	if err != nil {
 		return fmt.Errorf("encode results.json: %w", err)
 	}
-	files := []struct {
-		name string
-		data []byte
-	}{
-		{"results.csv", r.CSV()},
-		{"results.md", []byte(r.Markdown())},
-		{"chart.svg", r.SVG()},
-		{"results.json", append(js, '\n')},
-	}
+	return WriteResultFiles(dir,
+		ResultFile{Name: "results.csv", Data: r.CSV()},
+		ResultFile{Name: "results.md", Data: []byte(r.Markdown())},
+		ResultFile{Name: "chart.svg", Data: r.SVG()},
+		ResultFile{Name: "results.json", Data: append(js, '\n')})
+}
+
+// ResultFile is one file of a benchmark's results directory.
+type ResultFile struct {
+	Name string
+	Data []byte
+}
+
+// WriteResultFiles writes the files into dir, each through a temporary file
+// renamed over the old one, so a reader sees either the old or the new
+// file, never half of one.
+func WriteResultFiles(dir string, files ...ResultFile) error {
 	for _, f := range files {
-		p := filepath.Join(dir, f.name)
+		p := filepath.Join(dir, f.Name)
 		tmp := p + ".tmp"
-		if err := os.WriteFile(tmp, f.data, 0o644); err != nil {
+		if err := os.WriteFile(tmp, f.Data, 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", p, err)
 		}
 		if err := os.Rename(tmp, p); err != nil {
@@ -517,6 +523,14 @@ func XMLEscape(s string) string {
 	var e bytes.Buffer
 	_ = xml.EscapeText(&e, []byte(s))
 	return e.String()
+}
+
+// SVGEnd writes a chart's footer at (x, y), the machine and CPUs the
+// numbers were measured on, and closes the <svg> element.
+func SVGEnd(b *bytes.Buffer, x, y int, host Host, clientCPU, serverCPU int) {
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="11" fill="#555">%s</text>`+"\n", x, y,
+		XMLEscape(fmt.Sprintf("kernel %s, %d CPUs; client CPU %d, server CPU %d; numbers in results.csv / results.md", host.Kernel, host.NumCPU, clientCPU, serverCPU)))
+	b.WriteString("</svg>\n")
 }
 
 // SVGStart writes the XML declaration, the opening <svg> element of a

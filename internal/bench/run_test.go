@@ -17,13 +17,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
-func requireRoot(t *testing.T) {
+func requireRootAndTools(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, veths and cgroups")
-	}
+	testutil.RequireRoot(t, "creates network namespaces, veths and cgroups")
 	for _, tool := range []string{"ip", "iperf3", "sockperf", "taskset", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not installed (run `make deps`): %v", tool, err)
@@ -48,24 +49,14 @@ type lab struct {
 
 func newLab(t *testing.T) *lab {
 	t.Helper()
-	id := fmt.Sprintf("axt-bench-%d", os.Getpid()%100000)
-	na, nb := id+"-a", id+"-b"
-	cleanup := func() {
-		for _, n := range []string{na, nb} {
-			_ = exec.Command("ip", "netns", "del", n).Run()
-		}
-	}
-	cleanup() // a crashed earlier run with the same PID
-	t.Cleanup(cleanup)
-	run(t, "ip", "netns", "add", na)
-	run(t, "ip", "netns", "add", nb)
+	id := "axt-bench-" + testutil.RandSuffix(t)
+	na, nb := testutil.NewNetns(t, "axt-bench-a-"), testutil.NewNetns(t, "axt-bench-b-")
 	run(t, "ip", "-n", na, "link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", nb)
 	for _, c := range []struct{ ns, ip string }{{na, "198.18.99.1/24"}, {nb, "198.18.99.2/24"}} {
 		run(t, "ip", "-n", c.ns, "addr", "add", c.ip, "dev", "veth0")
 		run(t, "ip", "-n", c.ns, "link", "set", "veth0", "up")
-		run(t, "ip", "-n", c.ns, "link", "set", "lo", "up")
 	}
-	l := &lab{a: "/run/netns/" + na, b: "/run/netns/" + nb,
+	l := &lab{a: netnsutil.Path(na), b: netnsutil.Path(nb),
 		ipA: netip.MustParseAddr("198.18.99.1"), ipB: netip.MustParseAddr("198.18.99.2")}
 	if root := cgroup2Mount(t); root != "" {
 		l.cgroup = filepath.Join(root, id)
@@ -107,7 +98,7 @@ func procsIn(cgroupDir string) []string {
 }
 
 func TestRunTwoPaths(t *testing.T) {
-	requireRoot(t)
+	requireRootAndTools(t)
 	l := newLab(t)
 	if l.cgroup == "" {
 		t.Fatal("no cgroup2 mount found in /proc/self/mounts")
@@ -245,7 +236,7 @@ func TestRunTwoPaths(t *testing.T) {
 // A path whose server address is not configured fails with a clear error,
 // while the other path is still measured and reported.
 func TestRunBadPathKeepsOthers(t *testing.T) {
-	requireRoot(t)
+	requireRootAndTools(t)
 	l := newLab(t)
 	cfg := Config{
 		Paths: []Path{
@@ -276,7 +267,7 @@ func TestRunBadPathKeepsOthers(t *testing.T) {
 
 // Cancelling the context stops the run promptly and leaves no server behind.
 func TestRunCancel(t *testing.T) {
-	requireRoot(t)
+	requireRootAndTools(t)
 	l := newLab(t)
 	if l.cgroup == "" {
 		t.Fatal("no cgroup2 mount found")

@@ -408,3 +408,23 @@ func TestReportSVGAndFiles(t *testing.T) {
 		t.Errorf("results.json lacks ratios or null for the failed sample")
 	}
 }
+
+func TestPercentile(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, tc := range []struct {
+		xs      []float64
+		p, want float64
+	}{
+		{[]float64{5}, 99, 5},
+		{[]float64{4, 1, 3, 2}, 50, 2.5},
+		{[]float64{4, 1, 3, 2}, 99, 3.97},
+		{[]float64{nan, 4, inf, 1, 3, 2}, 50, 2.5},
+	} {
+		if got := Percentile(tc.xs, tc.p); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("Percentile(%v, %v) = %v, want %v", tc.xs, tc.p, got, tc.want)
+		}
+	}
+	if !math.IsNaN(Percentile([]float64{nan}, 50)) {
+		t.Error("the percentile of no finite value is not NaN")
+	}
+}

@@ -1,6 +1,6 @@
 package lab
 
-// Issue 6: `axon lab up --bandwidth-manager on|off|cni-plugin`.
+// The bandwidth manager in the lab: `axon lab up --bandwidth-manager on|off|cni-plugin`.
 //
 //   - on: the axon agents enforce the Pod annotations kubernetes.io/
 //     {egress,ingress}-bandwidth (EDT + fq on the uplink, ingress token
@@ -29,7 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Bandwidth Manager modes of the lab.
@@ -180,7 +180,7 @@ func podPrevResult(n Node, p Pod) (map[string]any, error) {
 		"cniVersion": "1.1.0",
 		"interfaces": []map[string]any{
 			{"name": host.Attrs().Name, "mac": host.Attrs().HardwareAddr.String()},
-			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": labns.Path(p.Netns)},
+			{"name": p.IfName, "mac": podLink.Attrs().HardwareAddr.String(), "sandbox": netnsutil.Path(p.Netns)},
 		},
 		"ips": ips,
 	}, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
-// Pod devices of `axon lab up --device` (issue 5): the agents' --device-mode.
+// Pod devices of `axon lab up --device`: the agents' --device-mode.
 const (
 	DeviceVeth   = "veth"
 	DeviceNetkit = "netkit"

@@ -1,12 +1,12 @@
 package lab
 
 import (
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestDeviceAgentArgs(t *testing.T) {
@@ -34,9 +34,7 @@ func TestValidateDevice(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for the netkit probe")
-	}
+	testutil.RequireRoot(t, "the netkit probe")
 	err := validateDevice(DeviceNetkit)
 	if have := datapath.ProbeNetkit().Available; have != (err == nil) {
 		t.Errorf("--device netkit with netkit %v: %v", have, err)

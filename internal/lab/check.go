@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -28,12 +29,47 @@ type CheckResult struct {
 
 // Failed returns the failed probes as "src → dst proto/addr: err" lines.
 func (r *CheckResult) Failed() []string {
+	return failedCells(r.Sources, r.Destinations, r.Cells, func(p probe.PodResult) bool { return !p.OK },
+		func(s, d string, p probe.PodResult) string {
+			return fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err)
+		})
+}
+
+// Counts returns (passed, total).
+func (r *CheckResult) Counts() (ok, total int) {
+	ok, total, _ = countCells(r.Cells, func(p probe.PodResult) outcome { return passedIf(p.OK) })
+	return ok, total
+}
+
+// The checks of `axon lab check` (pods, Services, external) each hold a
+// matrix of cells, (row, column) → the results of the probes of that cell;
+// failedCells and countCells read any of them.
+
+// outcome is what became of one probe.
+type outcome int
+
+const (
+	passed outcome = iota
+	failed
+	notApplicable // planned, not run
+)
+
+func passedIf(ok bool) outcome {
+	if ok {
+		return passed
+	}
+	return failed
+}
+
+// failedCells returns line(row, col, c) for each cell result c that failed,
+// in the order of rows, then cols.
+func failedCells[C any](rows, cols []string, cells map[[2]string][]C, fail func(C) bool, line func(row, col string, c C) string) []string {
 	var out []string
-	for _, s := range r.Sources {
-		for _, d := range r.Destinations {
-			for _, p := range r.Cells[[2]string{s, d}] {
-				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, d, p.Pod, p.Err))
+	for _, r := range rows {
+		for _, c := range cols {
+			for _, x := range cells[[2]string{r, c}] {
+				if fail(x) {
+					out = append(out, line(r, c, x))
 				}
 			}
 		}
@@ -41,17 +77,23 @@ func (r *CheckResult) Failed() []string {
 	return out
 }
 
-// Counts returns (passed, total).
-func (r *CheckResult) Counts() (ok, total int) {
-	for _, ps := range r.Cells {
-		for _, p := range ps {
-			total++
-			if p.OK {
+// countCells counts the results in cells: passed, ran (passed or failed)
+// and not applicable.
+func countCells[C any](cells map[[2]string][]C, of func(C) outcome) (ok, ran, na int) {
+	for _, xs := range cells {
+		for _, x := range xs {
+			switch of(x) {
+			case passed:
 				ok++
+				ran++
+			case failed:
+				ran++
+			case notApplicable:
+				na++
 			}
 		}
 	}
-	return ok, total
+	return ok, ran, na
 }
 
 // Print writes the compact matrix, the failures and a summary line.
@@ -151,32 +193,12 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			cmd := l.Command(ctx, src.Name, args...)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				probeErr[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				probeErr[i] = fmt.Errorf("start probes in %s: %w", src.Name, err)
-				return
-			}
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var r probe.PodResult
-				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-					continue
-				}
+			probeErr[i] = runProbes(l.Command(ctx, src.Name, args...), "probes in "+src.Name, func(r probe.PodResult) {
 				key := [2]string{src.Name, owner[r.Addr.String()]}
 				mu.Lock()
 				res.Cells[key] = append(res.Cells[key], r)
 				mu.Unlock()
-			}
-			if err := cmd.Wait(); err != nil {
-				probeErr[i] = fmt.Errorf("probes in %s: %w: %s", src.Name, err, strings.TrimSpace(stderr.String()))
-			}
+			})
 		})
 	}
 	wg.Wait()
@@ -185,6 +207,33 @@ func (l *Lab) Check(ctx context.Context, timeout time.Duration) (*CheckResult, e
 	}
 	res.Elapsed = time.Since(t0)
 	return res, errors.Join(probeErr...)
+}
+
+// runProbes runs cmd, a prober that prints one JSON result a line, and
+// hands each result to each as it comes. what names the probes in errors
+// ("probes in pod1"); a failed run's error carries the prober's stderr.
+func runProbes[R any](cmd *exec.Cmd, what string, each func(R)) error {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", what, err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r R
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		each(r)
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %w: %s", what, err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
 }
 
 func addrStrings[T fmt.Stringer](as []T) []string {

@@ -1,6 +1,6 @@
 package lab
 
-// `axon lab check --external` (issue 7): the north-south checks. A client
+// `axon lab check --external`: the north-south checks. A client
 // outside the cluster (the axonlab-external namespace on the wire,
 // 198.18.0.250) reaches every Service type that is meant for it: NodePort on
 // every node address, LoadBalancer ingress IPs and externalIPs, TCP and UDP,
@@ -48,8 +48,8 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ethtool"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // External demo Services (created by `up` next to the demo Services). Both
@@ -440,35 +440,18 @@ type ExternalCheckResult struct {
 
 // Counts returns (passed, ran, not applicable).
 func (r *ExternalCheckResult) Counts() (ok, ran, na int) {
-	for _, cs := range r.Cells {
-		for _, c := range cs {
-			switch {
-			case c.NA != "":
-				na++
-			case c.Fail == "":
-				ok++
-				ran++
-			default:
-				ran++
-			}
+	return countCells(r.Cells, func(c ExtCell) outcome {
+		if c.NA != "" {
+			return notApplicable
 		}
-	}
-	return ok, ran, na
+		return passedIf(c.Fail == "")
+	})
 }
 
 // Failed returns the failed probes as "CASE proto/addr: why" lines.
 func (r *ExternalCheckResult) Failed() []string {
-	var out []string
-	for _, c := range r.Cases {
-		for _, col := range r.Cols {
-			for _, x := range r.Cells[[2]string{c, col}] {
-				if x.NA == "" && x.Fail != "" {
-					out = append(out, fmt.Sprintf("%s %s: %s", c, x.Probe, x.Fail))
-				}
-			}
-		}
-	}
-	return out
+	return failedCells(r.Cases, r.Cols, r.Cells, func(x ExtCell) bool { return x.NA == "" && x.Fail != "" },
+		func(c, _ string, x ExtCell) string { return fmt.Sprintf("%s %s: %s", c, x.Probe, x.Fail) })
 }
 
 // Print writes the table, failures, n/a reasons and a summary.
@@ -863,8 +846,8 @@ func (l *Lab) StartPeerEcho(ctx context.Context, pods []string) (stop func(), er
 // mode to every node's wire-side veth port (w-<node>, in axonlab-wire), when
 // the lab's agents may run the north-south LB at native XDP. A veth whose
 // XDP program answers XDP_TX (or redirects) hands the frame to its peer's
-// NAPI ring, which exists only when the peer has an XDP program of its own
-// (DESIGN.md §2): without it, XDP_TX from a node's eth0 is dropped. It
+// NAPI ring, which exists only when the peer has an XDP program of its own:
+// without it, XDP_TX from a node's eth0 is dropped. It
 // also turns transmit checksum offload off on those ports (see below).
 // Both go away with the wire namespace.
 func xdpPassOnWirePorts(st *State) error {
@@ -879,7 +862,7 @@ func xdpPassOnWirePorts(st *State) error {
 		return fmt.Errorf("load the wire ports' XDP_PASS program: %w", err)
 	}
 	defer prog.Close()
-	return labns.Do(WireNetns, func() error {
+	return netnsutil.Do(WireNetns, func() error {
 		for _, n := range st.Nodes {
 			port := WirePort(n.Name)
 			link, err := netlink.LinkByName(port)

@@ -1,6 +1,6 @@
 package lab
 
-// Demo hostPorts (issue 7 and 4): the lab's first pod declares hostPorts in
+// Demo hostPorts: the lab's first pod declares hostPorts in
 // its Pod spec, as a DaemonSet's pod would, and `axon lab check` probes them:
 // from every pod and node through the socket LB (and, from other nodes, the
 // entry node's north-south LB), and from the external namespace through the

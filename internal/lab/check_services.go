@@ -7,9 +7,7 @@ package lab
 // node's socket load balancer sees them as the node's own processes.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +17,6 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -34,7 +31,7 @@ const (
 	SvcTypeNodePort     = "NodePort"
 	SvcTypeExternalIP   = "ExternalIP"
 	SvcTypeLoadBalancer = "LoadBalancer"
-	SvcTypeHostPort     = "HostPort" // issue 7: a Pod hostPort (check_external_hostport.go)
+	SvcTypeHostPort     = "HostPort" // a Pod hostPort (check_external_hostport.go)
 )
 
 var svcTypes = []string{SvcTypeClusterIP, SvcTypeNodePort, SvcTypeExternalIP, SvcTypeLoadBalancer, SvcTypeHostPort}
@@ -108,7 +105,7 @@ func planServiceProbes(st *State) []plannedProbe {
 		for _, ip := range demo[DemoLoadBalancer].LBIngress {
 			add(SvcTypeLoadBalancer, ip, DemoPort, "")
 		}
-		for _, hp := range hostPortServiceTargets(st, src.name, src.isNode) { // issue 7 (check_external_hostport.go)
+		for _, hp := range hostPortServiceTargets(st, src.name, src.isNode) { // demo hostPorts (check_external_hostport.go)
 			add(SvcTypeHostPort, hp.addr, DemoHostPort, hp.na)
 		}
 	}
@@ -138,32 +135,16 @@ type ServiceCheckResult struct {
 
 // Failed returns the failed probes as "src → TYPE proto/addr: err" lines.
 func (r *ServiceCheckResult) Failed() []string {
-	var out []string
-	for _, s := range r.Sources {
-		for _, t := range r.Types {
-			for _, p := range r.Cells[[2]string{s, t}] {
-				if !p.OK {
-					out = append(out, fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err))
-				}
-			}
-		}
-	}
-	return out
+	return failedCells(r.Sources, r.Types, r.Cells, func(p probe.ServiceResult) bool { return !p.OK },
+		func(s, t string, p probe.ServiceResult) string {
+			return fmt.Sprintf("%s → %s %s: %s", s, t, p.Service, p.Err)
+		})
 }
 
 // Counts returns (passed, ran, not applicable).
 func (r *ServiceCheckResult) Counts() (ok, ran, na int) {
-	for _, ps := range r.Cells {
-		for _, p := range ps {
-			ran++
-			if p.OK {
-				ok++
-			}
-		}
-	}
-	for _, ps := range r.NA {
-		na += len(ps)
-	}
+	ok, ran, _ = countCells(r.Cells, func(p probe.ServiceResult) outcome { return passedIf(p.OK) })
+	_, _, na = countCells(r.NA, func(plannedProbe) outcome { return notApplicable })
 	return ok, ran, na
 }
 
@@ -285,32 +266,12 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			cmd := l.CommandInCgroup(ctx, src, args...)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				errs[i] = fmt.Errorf("start service probes in %s: %w", src, err)
-				return
-			}
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var r probe.ServiceResult
-				if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-					continue
-				}
+			errs[i] = runProbes(l.CommandInCgroup(ctx, src, args...), "service probes in "+src, func(r probe.ServiceResult) {
 				key := [2]string{src, typeOf[r.Service]}
 				mu.Lock()
 				res.Cells[key] = append(res.Cells[key], r)
 				mu.Unlock()
-			}
-			if err := cmd.Wait(); err != nil {
-				errs[i] = fmt.Errorf("service probes in %s: %w: %s", src, err, strings.TrimSpace(stderr.String()))
-			}
+			})
 		})
 	}
 	wg.Wait()

@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // cniPlugin is one plugin invocation as a kubelet/container runtime does it:
@@ -102,11 +102,11 @@ func pluginFor(st *State, n Node, datapath string) (cniPlugin, error) {
 func (c cniPlugin) invoke(ctx context.Context, command string, n Node, p Pod) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "nsenter", "--net="+labns.Path(n.Netns), "--", c.path)
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+netnsutil.Path(n.Netns), "--", c.path)
 	cmd.Env = append(os.Environ(),
 		"CNI_COMMAND="+command,
 		"CNI_CONTAINERID="+p.ContainerID,
-		"CNI_NETNS="+labns.Path(p.Netns),
+		"CNI_NETNS="+netnsutil.Path(p.Netns),
 		"CNI_IFNAME="+p.IfName,
 		"CNI_PATH="+c.cniPath,
 		fmt.Sprintf("CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s", p.Namespace, p.Name, p.ContainerID),

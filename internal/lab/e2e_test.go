@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 var (
@@ -59,9 +60,7 @@ func TestMain(m *testing.M) {
 // test needs did not build.
 func need(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, bpffs, cgroups")
-	}
+	testutil.RequireRoot(t, "network namespaces, bpffs, cgroups")
 	for _, d := range []string{"etcd", "kube-apiserver", "kubectl", "ptp", "host-local"} {
 		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
 			t.Skipf("cached dependency missing (%v): run `make deps`", err)
@@ -168,7 +167,8 @@ func podsOn(l *lab.Lab, node string) []lab.Pod {
 	return out
 }
 
-func checkMatrix(t *testing.T) {
+// checkMatrix runs `axon lab check`, requires it to pass and returns its output.
+func checkMatrix(t *testing.T) string {
 	t.Helper()
 	t0 := time.Now()
 	out, err := axonErr(t, "check")
@@ -176,6 +176,7 @@ func checkMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatalf("axon lab check failed: %v", err)
 	}
+	return out
 }
 
 func TestLabListShape(t *testing.T) {
@@ -320,7 +321,7 @@ func stopPID(pid int) error {
 	return p.Kill()
 }
 
-// TestLabE2E is the issue's lab scenario under the axon datapath.
+// TestLabE2E is the lab's two-node, four-pod scenario under the axon datapath.
 func TestLabE2E(t *testing.T) {
 	need(t, "axon", "axon-agent", "axon-cni")
 	l := up(t, "--nodes", "2", "--pods-per-node", "2")

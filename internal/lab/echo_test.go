@@ -5,13 +5,13 @@ import (
 	"context"
 	"io"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestCheckResultPrint(t *testing.T) {
@@ -43,19 +43,8 @@ func TestCheckResultPrint(t *testing.T) {
 // TestEchoAndProbes runs the check's echo server and prober (TCP, UDP and
 // the raw-socket ICMP pinger) in a private namespace over loopback.
 func TestEchoAndProbes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and raw ICMP sockets")
-	}
-	const ns = "axt-lab-echo"
-	_ = deleteNetns(ns)
-	if err := createNetns(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := deleteNetns(ns); err != nil {
-			t.Error(err)
-		}
-	})
+	testutil.RequireRoot(t, "creates a network namespace and raw ICMP sockets")
+	ns := testutil.NewNetnsKernelDAD(t, "axt-lab-echo-") // preparePodNetns turns DAD off, as for a lab pod
 	if err := preparePodNetns(ns); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +53,7 @@ func TestEchoAndProbes(t *testing.T) {
 	readyR, readyW := io.Pipe()
 	srvDone := make(chan error, 1)
 	go func() {
-		srvDone <- labns.Do(ns, func() error { return probe.ServeEcho(ctx, probe.EchoPort, readyW, nil) })
+		srvDone <- netnsutil.Do(ns, func() error { return probe.ServeEcho(ctx, probe.EchoPort, readyW, nil) })
 	}()
 	if err := probe.ReadReady(readyR); err != nil {
 		t.Fatal(err)
@@ -80,7 +69,7 @@ func TestEchoAndProbes(t *testing.T) {
 	// Sequentially on the namespace's thread: goroutines would not be in the
 	// namespace (in `axon lab _echo probe` the whole process is).
 	t0 := time.Now()
-	err := labns.Do(ns, func() error {
+	err := netnsutil.Do(ns, func() error {
 		for _, p := range probes {
 			err := p.Run(ctx, time.Second)
 			if want := p.Addr != unroutable; (err == nil) != want {

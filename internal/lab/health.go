@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -64,12 +64,12 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 			}
 			cancel()
 		}
-		if _, err := os.Stat(labns.Path(n.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(n.Netns)); err != nil {
 			r.Problems = append(r.Problems, fmt.Sprintf("netns %s is missing", n.Netns))
 		}
 	}
 	for _, p := range st.Pods {
-		if _, err := os.Stat(labns.Path(p.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(p.Netns)); err != nil {
 			r.Problems = append(r.Problems, fmt.Sprintf("netns %s of pod %s is missing", p.Netns, p.Name))
 		}
 	}

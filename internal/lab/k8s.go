@@ -77,7 +77,7 @@ func createPodObject(ctx context.Context, c kubernetes.Interface, p Pod) error {
 		},
 		Spec: corev1.PodSpec{
 			NodeName:   p.Node,
-			Containers: []corev1.Container{{Name: "app", Image: "axon.dev/lab-netns:latest", Ports: demoHostPorts(p)}}, // issue 7: demo hostPorts (check_external_hostport.go)
+			Containers: []corev1.Container{{Name: "app", Image: "axon.dev/lab-netns:latest", Ports: demoHostPorts(p)}}, // demo hostPorts (check_external_hostport.go)
 		},
 	}
 	_, err := c.CoreV1().Pods(p.Namespace).Create(ctx, pod, metav1.CreateOptions{})

@@ -19,11 +19,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// kubeProxyArgs is KubeProxyArgs for node n.
+// kubeProxyArgs is kubeproxy.Args for node n.
 func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
 	return kubeproxy.Args(bin, mode, kubeconfig, n.Name, masqueradeAll)
 }
@@ -38,7 +38,7 @@ func startKubeProxy(st *State, n Node) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nsenter not found: install util-linux: %w", err)
 	}
-	argv := append([]string{nsenter, "--net=" + labns.Path(n.Netns), "--"},
+	argv := append([]string{nsenter, "--net=" + netnsutil.Path(n.Netns), "--"},
 		kubeProxyArgs(bin, st.KubeProxy, st.ControlPlane.Kubeconfig, n, st.Datapath == DatapathAxon)...)
 	p, _, err := proc.Start(proc.Spec{
 		// TZ=UTC: klog stamps its lines in local time without a zone; KubeProxySyncTimes reads them as UTC.

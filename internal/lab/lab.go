@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -149,7 +149,7 @@ func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.
 		cmd.Err = err
 		return cmd
 	}
-	cmd.Args = append([]string{"nsenter", "--net=" + labns.Path(nsName), "--"}, argv...)
+	cmd.Args = append([]string{"nsenter", "--net=" + netnsutil.Path(nsName), "--"}, argv...)
 	if cg != "" {
 		fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
@@ -273,7 +273,7 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	undo = append(undo, func() { _ = plugin.del(context.WithoutCancel(ctx), *n, p) })
 	p.IPs = ips
 	p.IP = ips[0]
-	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // issue 6: chained bandwidth plugin (bandwidth.go)
+	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // chained bandwidth plugin (bandwidth.go)
 		_ = bandwidthChainDel(context.WithoutCancel(ctx), st, *n, p)
 		return Pod{}, err
 	}
@@ -342,7 +342,7 @@ func deletePod(ctx context.Context, st *State, kube kubernetes.Interface, p Pod)
 	}
 	pids, _ := pidsInNetns(p.Netns)
 	killPIDs(pids)
-	if err := bandwidthChainDel(ctx, st, *n, p); err != nil { // issue 6: chained plugins are deleted in reverse order (bandwidth.go)
+	if err := bandwidthChainDel(ctx, st, *n, p); err != nil { // chained plugins are deleted in reverse order (bandwidth.go)
 		return fmt.Errorf("delete pod %s: %w (fix the cause and run it again; the pod stays recorded)", p.Name, err)
 	}
 	if err := plugin.del(ctx, *n, p); err != nil {
@@ -385,7 +385,7 @@ const AgentMetricsAddr = "127.0.0.1:9962"
 func startAgent(binDir string, n Node, logPath string, extra ...string) (*Proc, error) {
 	agent := filepath.Join(binDir, "axon-agent")
 	argv := []string{
-		"nsenter", "--net=" + labns.Path(n.Netns), "--", agent,
+		"nsenter", "--net=" + netnsutil.Path(n.Netns), "--", agent,
 		"--node-name", n.Name,
 		"--kubeconfig", n.Kubeconfig,
 		"--state-dir", n.StateDir,

@@ -13,12 +13,13 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // createNetns creates the named network namespace /run/netns/<name> (like
 // `ip netns add`). It runs on a throw-away locked OS thread so the caller's
-// threads never change namespace.
+// threads never change namespace. netnsutil.Do does not fit here: it enters
+// a namespace that exists, this creates one (and the /run/netns mount).
 func createNetns(name string) error {
 	if err := ensureNetnsDir(); err != nil {
 		return err
@@ -46,27 +47,27 @@ func createNetns(name string) error {
 // lab's namespace files: `down` then unmounts only the copies and cannot
 // remove the files (EBUSY). Idempotent.
 func ensureNetnsDir() error {
-	if err := os.MkdirAll(labns.Dir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", labns.Dir, err)
+	if err := os.MkdirAll(netnsutil.Dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", netnsutil.Dir, err)
 	}
 	for made := false; ; made = true {
-		err := unix.Mount("", labns.Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		err := unix.Mount("", netnsutil.Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, unix.EINVAL) || made {
-			return fmt.Errorf("make %s a shared mount: %w", labns.Dir, err)
+			return fmt.Errorf("make %s a shared mount: %w", netnsutil.Dir, err)
 		}
 		// EINVAL: not a mount point yet.
-		if err := unix.Mount(labns.Dir, labns.Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind %s onto itself: %w", labns.Dir, err)
+		if err := unix.Mount(netnsutil.Dir, netnsutil.Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", netnsutil.Dir, err)
 		}
 	}
 }
 
 // deleteNetns unmounts and removes /run/netns/<name>; missing is fine.
 func deleteNetns(name string) error {
-	p := labns.Path(name)
+	p := netnsutil.Path(name)
 	if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -81,12 +82,12 @@ func deleteNetns(name string) error {
 
 // labNetns lists the existing namespaces whose name starts with axonlab-.
 func labNetns() ([]string, error) {
-	ents, err := os.ReadDir(labns.Dir)
+	ents, err := os.ReadDir(netnsutil.Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", labns.Dir, err)
+		return nil, fmt.Errorf("list %s: %w", netnsutil.Dir, err)
 	}
 	var out []string
 	for _, e := range ents {
@@ -100,7 +101,7 @@ func labNetns() ([]string, error) {
 // pidsInNetns returns the processes whose network namespace is the named one.
 func pidsInNetns(name string) ([]int, error) {
 	var want syscall.Stat_t
-	if err := syscall.Stat(labns.Path(name), &want); err != nil {
+	if err := syscall.Stat(netnsutil.Path(name), &want); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
 			return nil, nil
 		}
@@ -130,7 +131,7 @@ func pidsInNetns(name string) ([]int, error) {
 
 // netlinkAt opens a netlink handle bound to the named namespace.
 func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
-	h, err := netns.GetFromPath(labns.Path(name))
+	h, err := netns.GetFromPath(netnsutil.Path(name))
 	if err != nil {
 		return nil, 0, fmt.Errorf("open netns %s: %w", name, err)
 	}
@@ -144,7 +145,7 @@ func netlinkAt(name string) (*netlink.Handle, netns.NsHandle, error) {
 
 // writeSysctls writes /proc/sys/<key> = value inside the named namespace.
 func writeSysctls(nsName string, kv [][2]string) error {
-	return labns.Do(nsName, func() error {
+	return netnsutil.Do(nsName, func() error {
 		for _, e := range kv {
 			p := "/proc/sys/" + strings.ReplaceAll(e[0], ".", "/")
 			if err := os.WriteFile(p, []byte(e[1]), 0o644); err != nil {
@@ -158,7 +159,7 @@ func writeSysctls(nsName string, kv [][2]string) error {
 // ReadSNMP returns the value of a counter of /proc/net/snmp (e.g. "Ip",
 // "ForwDatagrams") as seen inside the named network namespace.
 func ReadSNMP(nsName, group, field string) (uint64, error) {
-	return ReadNetCounter(labns.Path(nsName), "snmp", group, field)
+	return ReadNetCounter(netnsutil.Path(nsName), "snmp", group, field)
 }
 
 // ReadNetCounter returns the value of a counter of /proc/net/<file> ("snmp"
@@ -176,7 +177,7 @@ func ReadNetCounter(nsPath, file, group, field string) (uint64, error) {
 	if nsPath == "" {
 		err = read()
 	} else {
-		err = labns.DoAt(nsPath, read)
+		err = netnsutil.DoAt(nsPath, read)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read /proc/net/%s in %s: %w", file, nsPath, err)

@@ -1,6 +1,6 @@
 package lab_test
 
-// DSR end to end (issue 7): a lab with `--nodeport-mode dsr`. The external
+// DSR end to end: a lab with `--nodeport-mode dsr`. The external
 // check runs as in SNAT mode (its remote-backend NodePort rows then also
 // require the client address at the backend), and a LoadBalancer Service
 // whose only backends are on node2 is reached through node1 (NodePort,
@@ -29,8 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/lab"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 func TestLabNorthSouthDSR(t *testing.T) {
@@ -313,7 +313,7 @@ func startWireCapture(t *testing.T, port string) *wireCapture {
 	t.Helper()
 	all := htons(unix.ETH_P_ALL)
 	var fd, ifindex int
-	err := labns.Do(lab.WireNetns, func() error {
+	err := netnsutil.Do(lab.WireNetns, func() error {
 		link, err := netlink.LinkByName(port)
 		if err != nil {
 			return fmt.Errorf("find %s in %s: %w", port, lab.WireNetns, err)

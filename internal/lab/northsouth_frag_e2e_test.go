@@ -1,7 +1,7 @@
 package lab_test
 
-// IP fragments through the north-south LB, end to end (issue 7,
-// bpf/lib/frag.h): from the external namespace, UDP datagrams of 4 000
+// IP fragments through the north-south LB, end to end
+// (bpf/lib/frag.h): from the external namespace, UDP datagrams of 4 000
 // bytes (the sending kernel fragments them at the wire's MTU of 1 500) to a
 // NodePort on each node, IPv4 and IPv6, must come back whole. The backends
 // are node1's pods only, so node1 is the entry node with a local backend
@@ -29,7 +29,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/lab"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 const (
@@ -128,7 +128,7 @@ func labFragments(t *testing.T, extra ...string) {
 func fragEchoServer(t *testing.T, nsName string, port int) {
 	t.Helper()
 	var c *net.UDPConn
-	if err := labns.Do(nsName, func() (err error) {
+	if err := netnsutil.Do(nsName, func() (err error) {
 		c, err = net.ListenUDP("udp", &net.UDPAddr{Port: port})
 		return err
 	}); err != nil {
@@ -156,7 +156,7 @@ func fragExchange(nsName string, dst netip.AddrPort, size int, timeout time.Dura
 		network = "udp6"
 	}
 	var c *net.UDPConn
-	if err := labns.Do(nsName, func() (err error) {
+	if err := netnsutil.Do(nsName, func() (err error) {
 		c, err = net.ListenUDP(network, nil)
 		return err
 	}); err != nil {

@@ -1,14 +1,11 @@
 package lab_test
 
-// Issue 4 end to end: a ClusterIP Service reached from a pod through the
+// The socket LB end to end: a ClusterIP Service reached from a pod through the
 // socket load balancer the agents attach to their node cgroups.
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +29,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/probe"
 )
 
 // svcProbeEnv makes the test binary a one-shot prober ("tcp|udp addr:port")
@@ -53,6 +51,18 @@ type svcProbeResult struct {
 	RTT   time.Duration
 	// Answer is what a "serve" backend answered a "line" probe: its name.
 	Answer string `json:"answer,omitempty"`
+}
+
+// setErr records the probe's outcome: OK without err, else err and its errno name.
+func (r *svcProbeResult) setErr(err error) {
+	r.OK = err == nil
+	if err != nil {
+		r.Err = err.Error()
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			r.Errno = unix.ErrnoName(errno)
+		}
+	}
 }
 
 func svcProbeMain(spec string) int {
@@ -81,86 +91,33 @@ func svcProbeMain(spec string) int {
 		err = fmt.Errorf("unknown probe %q", spec)
 	}
 	r.RTT = time.Since(start)
-	r.OK = err == nil
-	if err != nil {
-		r.Err = err.Error()
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			r.Errno = unix.ErrnoName(errno)
-		}
-	}
+	r.setErr(err)
 	_ = json.NewEncoder(os.Stdout).Encode(r)
 	return 0
 }
 
-func svcToken() []byte {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return []byte("axon-svc-" + hex.EncodeToString(b))
-}
-
-func svcProbeTCP(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	var peer string
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		return "", err
-	}
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		var sa unix.Sockaddr
-		if sa, gerr = unix.Getpeername(int(fd)); gerr == nil {
-			if in4, ok := sa.(*unix.SockaddrInet4); ok {
-				peer = netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)).String()
-			}
-		}
-	}); err != nil || gerr != nil {
-		return "", fmt.Errorf("getpeername: %w", errors.Join(err, gerr))
-	}
-	tok := svcToken()
-	if _, err := c.Write(tok); err != nil {
-		return peer, fmt.Errorf("write: %w", err)
-	}
-	buf := make([]byte, len(tok))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return peer, fmt.Errorf("read echo: %w", err)
-	}
-	if !bytes.Equal(buf, tok) {
-		return peer, errors.New("echo mismatch")
-	}
-	return peer, nil
-}
+// svcProbeTCP echoes a token through a TCP connection to addr; peer is what
+// getpeername reports (probe.EchoTCP, the lab check's own TCP probe).
+func svcProbeTCP(addr string) (string, error) { return svcProbeEcho(probe.EchoTCP, addr) }
 
 // svcProbeUDP uses an unconnected socket: sendmsg translates the service
-// address, recvmsg must show the reply as coming from it.
-func svcProbeUDP(addr string) (string, error) {
-	dst, err := net.ResolveUDPAddr("udp4", addr)
+// address, recvmsg must show the reply as coming from it (probe.EchoUDP).
+func svcProbeUDP(addr string) (string, error) { return svcProbeEcho(probe.EchoUDP, addr) }
+
+// svcProbeEcho runs echo against addr within 2 s; peer is "" when echo did
+// not learn it.
+func svcProbeEcho(echo func(context.Context, netip.AddrPort) (netip.AddrPort, error), addr string) (peer string, err error) {
+	a, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return "", err
 	}
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{})
-	if err != nil {
-		return "", err
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	p, err := echo(ctx, a)
+	if p.IsValid() {
+		peer = p.String()
 	}
-	defer c.Close()
-	tok := svcToken()
-	buf := make([]byte, 256)
-	for range 6 {
-		if _, err := c.WriteToUDP(tok, dst); err != nil {
-			return "", err
-		}
-		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		n, from, err := c.ReadFromUDPAddrPort(buf)
-		if err == nil && bytes.Equal(buf[:n], tok) {
-			return netip.AddrPortFrom(from.Addr().Unmap(), from.Port()).String(), nil
-		}
-	}
-	return "", errors.New("no UDP echo")
+	return peer, err
 }
 
 func svcProbeLine(addr string) (peer, answer string, err error) {
@@ -264,14 +221,8 @@ func svcUDPHold(addr string) int {
 	var r svcProbeResult
 	_ = c.SetReadDeadline(time.Now().Add(time.Second))
 	n, err := c.Read(buf)
-	r.OK = err == nil
-	if err != nil {
-		r.Err = err.Error()
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			r.Errno = unix.ErrnoName(errno)
-		}
-	} else {
+	r.setErr(err)
+	if err == nil {
 		r.Answer = strings.TrimSpace(string(buf[:n]))
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(r)

@@ -46,7 +46,7 @@ func TestPlanServiceProbes(t *testing.T) {
 	}
 	// per pod: ClusterIP 2 addrs + NodePort 2 nodes × 2 addrs + externalIP 2 + LB 2 = 10, × tcp/udp
 	// per node: the same + 2 loopback addresses
-	// HostPort (issue 7): node1's 2 addresses from every source, + 2 loopback from node1
+	// HostPort: node1's 2 addresses from every source, + 2 loopback from node1
 	const total = 3*10*2 + 2*12*2 + 5*2*2 + 2*2
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,7 +67,7 @@ func TestPlanServiceProbes(t *testing.T) {
 					if tc.kubeProxy == kubeproxy.None || !strings.Contains(p.NA, "kube-proxy does not implement hostPort") {
 						t.Errorf("HostPort n/a %q with kube-proxy %q", p.NA, tc.kubeProxy)
 					}
-					continue // issue 7: kube-proxy serves no hostPort (check_external_hostport_test.go)
+					continue // kube-proxy serves no hostPort (check_external_hostport_test.go)
 				}
 				for r := range tc.wantNA {
 					if strings.Contains(p.NA, r) {

@@ -111,8 +111,8 @@ type State struct {
 	Datapath     string            `json:"datapath"`               // datapath of `up`
 	KubeProxy    string            `json:"kubeProxy,omitempty"`    // none|iptables|nftables ("" = none)
 	DemoServices bool              `json:"demoServices,omitempty"` // `up` created the demo Services
-	Device       string            `json:"device,omitempty"`       // issue 5: agents' --device-mode (auto|veth|netkit; "" = veth)
-	BigTCP       bool              `json:"bigTCP,omitempty"`       // issue 5: BIG TCP on wire, uplinks and pod devices
+	Device       string            `json:"device,omitempty"`       // agents' --device-mode (auto|veth|netkit; "" = veth)
+	BigTCP       bool              `json:"bigTCP,omitempty"`       // BIG TCP on wire, uplinks and pod devices
 	NoFibCache   bool              `json:"noFibCache,omitempty"`   // agents' --fib-cache=false
 	PodsPerNode  int               `json:"podsPerNode"`
 	Ready        bool              `json:"ready"` // up finished
@@ -123,10 +123,10 @@ type State struct {
 	Pods         []Pod             `json:"pods"`
 	External     External          `json:"external"`
 
-	// issue 6: agents' --bandwidth-manager (on|off; "" = off)
+	// agents' --bandwidth-manager (on|off; "" = off)
 	BandwidthManager string `json:"bandwidthManager,omitempty"`
 
-	// issue 7: agents' --lb-acceleration and --nodeport-mode ("" = agent default; check_external.go)
+	// north-south LB: agents' --lb-acceleration and --nodeport-mode ("" = agent default; check_external.go)
 	LBAcceleration string `json:"lbAcceleration,omitempty"`
 	NodePortMode   string `json:"nodePortMode,omitempty"`
 }

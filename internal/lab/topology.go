@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/brnf"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Addressing plan (docs/lab.md "Lab topology"). Indices are written
@@ -79,7 +79,7 @@ func createWire() error {
 	// A switch runs no netfilter: br_netfilter would cost every packet on
 	// the wire CPU time (both sides of a lab benchmark) and, on some
 	// kernels, drop IPv6 BIG TCP packets (package brnf).
-	if err := brnf.Disable(labns.Path(WireNetns)); err != nil {
+	if err := brnf.Disable(netnsutil.Path(WireNetns)); err != nil {
 		return err
 	}
 	nl, h, err := netlinkAt(WireNetns)

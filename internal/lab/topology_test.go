@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/brnf"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestAddressPlan(t *testing.T) {
@@ -46,9 +47,7 @@ func TestAddressPlan(t *testing.T) {
 // routes, the external's lack of pod routes and the SNMP reader; then
 // removes everything by name.
 func TestTopology(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	testutil.RequireRoot(t, "creates network namespaces")
 	if names, _ := labNetns(); len(names) > 0 {
 		t.Skipf("lab namespaces exist (%v): run `axon lab down` to let the test run", names)
 	}
@@ -88,7 +87,7 @@ func TestTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(ns string, argv ...string) (string, error) {
-		out, err := exec.Command("nsenter", append([]string{"--net=" + labns.Path(ns), "--"}, argv...)...).CombinedOutput()
+		out, err := exec.Command("nsenter", append([]string{"--net=" + netnsutil.Path(ns), "--"}, argv...)...).CombinedOutput()
 		return string(out), err
 	}
 	for _, tc := range []struct{ from, to string }{
@@ -97,7 +96,7 @@ func TestTopology(t *testing.T) {
 		{"axonlab-external", "198.18.0.12"},
 	} {
 		var sent, recv int
-		err := labns.Do(tc.from, func() (err error) {
+		err := netnsutil.Do(tc.from, func() (err error) {
 			sent, recv, err = probe.Ping(t.Context(), netip.MustParseAddr(tc.to), 3, 100*time.Millisecond, 2*time.Second, false)
 			return err
 		})
@@ -144,10 +143,10 @@ func TestTopology(t *testing.T) {
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "ForwDatagrams"); err != nil {
 		t.Error(err)
 	}
-	if _, err := ReadNetCounter(labns.Path("axonlab-node1"), "netstat", "TcpExt", "TCPDSACKRecvSegs"); err != nil {
+	if _, err := ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "TCPDSACKRecvSegs"); err != nil {
 		t.Error(err)
 	}
-	if _, err := ReadNetCounter(labns.Path("axonlab-node1"), "netstat", "TcpExt", "NoSuchCounter"); err == nil {
+	if _, err := ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "NoSuchCounter"); err == nil {
 		t.Error("ReadNetCounter of an unknown counter: want an error")
 	}
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "NoSuchCounter"); err == nil {
@@ -159,9 +158,7 @@ func TestTopology(t *testing.T) {
 // (as iproute2 makes it), so a later `ip netns add` does not bind the
 // directory over our namespace files and deleteNetns can still remove them.
 func TestNetnsDirShared(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	testutil.RequireRoot(t, "creates network namespaces")
 	a, b := "axt-nsdir-a", "axt-nsdir-b"
 	t.Cleanup(func() {
 		_ = deleteNetns(a)
@@ -176,12 +173,12 @@ func TestNetnsDirShared(t *testing.T) {
 	}
 	shared := false
 	for _, line := range strings.Split(string(mi), "\n") {
-		if f := strings.Fields(line); len(f) > 6 && f[4] == labns.Dir && strings.Contains(line, " shared:") {
+		if f := strings.Fields(line); len(f) > 6 && f[4] == netnsutil.Dir && strings.Contains(line, " shared:") {
 			shared = true
 		}
 	}
 	if !shared {
-		t.Errorf("%s is not a shared mount point after createNetns:\n%s", labns.Dir, mi)
+		t.Errorf("%s is not a shared mount point after createNetns:\n%s", netnsutil.Dir, mi)
 	}
 	if out, err := exec.Command("ip", "netns", "add", b).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v\n%s", b, err, out)
@@ -189,7 +186,7 @@ func TestNetnsDirShared(t *testing.T) {
 	if err := deleteNetns(a); err != nil {
 		t.Fatalf("deleteNetns after `ip netns add`: %v", err)
 	}
-	if _, err := os.Lstat(labns.Path(a)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("%s still there after deleteNetns: %v", labns.Path(a), err)
+	if _, err := os.Lstat(netnsutil.Path(a)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there after deleteNetns: %v", netnsutil.Path(a), err)
 	}
 }

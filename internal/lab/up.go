@@ -17,7 +17,7 @@ import (
 
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -31,18 +31,18 @@ type UpOptions struct {
 	EtcdPort    int    // 0 = 2379
 	KubeProxy   string // none (default), iptables or nftables: real kube-proxy in every node netns
 	NoDemo      bool   // do not create the demo Services (services.go)
-	Device      string // issue 5: pod device of the agents: veth (default), netkit or auto (bigtcp.go)
-	BigTCP      bool   // issue 5: BIG TCP on the wire, the uplinks and (through the agents) the pod devices
+	Device      string // pod device of the agents: veth (default), netkit or auto (bigtcp.go)
+	BigTCP      bool   // BIG TCP on the wire, the uplinks and (through the agents) the pod devices
 	NoFibCache  bool   // agents run with --fib-cache=false (every packet to another node looked up in the FIB)
 	Logger      *slog.Logger
 	// ReadyTimeout bounds each readiness wait (etcd, kube-apiserver, agents); 0 = 90 s.
 	// Raise it where CPU is slow, e.g. under QEMU TCG (the kernel matrix passes 6m).
 	ReadyTimeout time.Duration
 
-	// issue 6: agents' --bandwidth-manager: on or off (bandwidth.go)
+	// agents' --bandwidth-manager: on or off (bandwidth.go)
 	BandwidthManager string
 
-	// issue 7: agents' --lb-acceleration (native|best-effort|disabled) and
+	// north-south LB: agents' --lb-acceleration (native|best-effort|disabled) and
 	// --nodeport-mode (snat|dsr); "" = the agent's default (check_external.go)
 	LBAcceleration string
 	NodePortMode   string
@@ -72,13 +72,13 @@ func (o *UpOptions) validate() error {
 	if !kubeproxy.ValidMode(o.KubeProxy) {
 		return fmt.Errorf("--kube-proxy %q: want one of %s", o.KubeProxy, strings.Join(kubeproxy.Modes, ", "))
 	}
-	if err := validateBandwidthMode(o.BandwidthManager); err != nil { // issue 6: bandwidth.go
+	if err := validateBandwidthMode(o.BandwidthManager); err != nil { // bandwidth.go
 		return err
 	}
-	if err := validateNorthSouth(o.LBAcceleration, o.NodePortMode); err != nil { // issue 7: check_external.go
+	if err := validateNorthSouth(o.LBAcceleration, o.NodePortMode); err != nil { // north-south LB: check_external.go
 		return err
 	}
-	if o.Device == "" { // issue 5: bigtcp.go
+	if o.Device == "" { // BIG TCP and pod devices: bigtcp.go
 		o.Device = DeviceVeth
 	}
 	if err := validateDevice(o.Device); err != nil {
@@ -188,7 +188,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		healthy := labHealthy(ctx, old) == nil
 		same := len(old.Nodes) == o.Nodes && old.PodsPerNode == o.PodsPerNode && old.Datapath == o.Datapath
 		same = same && kubeProxyModeOf(old) == o.KubeProxy
-		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // issue 7
+		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // north-south LB
 		switch {
 		case healthy && same:
 			log.Info("lab already up", "nodes", len(old.Nodes), "pods", len(old.Pods))
@@ -220,10 +220,10 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		Datapath: o.Datapath, PodsPerNode: o.PodsPerNode, KubeProxy: o.KubeProxy,
 		Cgroup:   filepath.Join(cg2, cgroupSubtree),
 		External: newExternal(),
-		Device:   o.Device, BigTCP: o.BigTCP, NoFibCache: o.NoFibCache, // issue 5
-		BandwidthManager: o.BandwidthManager, // issue 6
+		Device:   o.Device, BigTCP: o.BigTCP, NoFibCache: o.NoFibCache, // BIG TCP and pod devices
+		BandwidthManager: o.BandwidthManager, // bandwidth manager
 	}
-	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // issue 7: check_external.go
+	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // north-south LB: check_external.go
 	for i := 1; i <= o.Nodes; i++ {
 		st.Nodes = append(st.Nodes, newNode(stateDir, st.Cgroup, i))
 	}
@@ -246,10 +246,10 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		return nil, err
 	}
 	log.Info("namespaces and wire ready", "nodes", len(st.Nodes), "elapsed", time.Since(t0).Round(time.Millisecond))
-	if err := xdpPassOnWirePorts(st); err != nil { // issue 7: check_external.go
+	if err := xdpPassOnWirePorts(st); err != nil { // check_external.go
 		return nil, err
 	}
-	if st.BigTCP { // issue 5: bigtcp.go
+	if st.BigTCP { // bigtcp.go
 		if err := setWireBigTCP(st); err != nil {
 			return nil, err
 		}
@@ -336,7 +336,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 			return nil, err
 		}
 		log.Info("demo services ready", "elapsed", time.Since(t0).Round(time.Millisecond))
-		if err := upExternalDemo(ctx, st, kube, log); err != nil { // issue 7: check_external.go
+		if err := upExternalDemo(ctx, st, kube, log); err != nil { // check_external.go
 			_ = save()
 			return nil, err
 		}
@@ -429,7 +429,7 @@ func startForwarder(st *State, o UpOptions) (*Proc, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.APIPort))
 	argv := []string{filepath.Join(o.BinDir, "axon"), "lab", "_forward", "--listen", addr, "--target", addr}
 	for _, n := range st.Nodes {
-		argv = append(argv, "--netns", labns.Path(n.Netns))
+		argv = append(argv, "--netns", netnsutil.Path(n.Netns))
 	}
 	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: filepath.Join(st.StateDir, "forwarder.log")})
 	if err != nil {
@@ -447,7 +447,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		return errors.New("apiserver forwarder is not running")
 	}
 	for _, n := range st.Nodes {
-		if _, err := os.Stat(labns.Path(n.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(n.Netns)); err != nil {
 			return fmt.Errorf("netns of %s is gone", n.Name)
 		}
 		if n.Agent != nil && !n.Agent.Alive() {
@@ -458,7 +458,7 @@ func labHealthy(ctx context.Context, st *State) error {
 		}
 	}
 	for _, p := range st.Pods {
-		if _, err := os.Stat(labns.Path(p.Netns)); err != nil {
+		if _, err := os.Stat(netnsutil.Path(p.Netns)); err != nil {
 			return fmt.Errorf("netns of pod %s is gone", p.Name)
 		}
 	}

@@ -25,10 +25,18 @@ func Path(name string) string { return filepath.Join(Dir, name) }
 // there, and /proc/sys/net and /proc/thread-self/net show the namespace's.
 // Goroutines that fn starts do not run on that thread: they are in the
 // process's own namespace. fn must not call runtime.UnlockOSThread.
-func Do(name string, fn func() error) error {
-	n, err := ns.GetNS(Path(name))
+func Do(name string, fn func() error) error { return do(name, Path(name), fn) }
+
+// DoAt is Do for the network namespace bind-mounted or found at path (a
+// /run/netns file, or /proc/<pid>/ns/net), for callers that are handed a
+// path rather than a name.
+func DoAt(path string, fn func() error) error { return do(path, path, fn) }
+
+// do runs fn in the network namespace at path; label names it in errors.
+func do(label, path string, fn func() error) error {
+	n, err := ns.GetNS(path)
 	if err != nil {
-		return fmt.Errorf("netns %s: %w", name, err)
+		return fmt.Errorf("netns %s: %w", label, err)
 	}
 	defer n.Close()
 	return n.Do(func(ns.NetNS) error { return fn() })

@@ -42,3 +42,18 @@ func NearestRank(xs []float64, q float64) float64 {
 	i := int(math.Ceil(min(max(q, 0), 1)*float64(len(s)))) - 1
 	return s[max(i, 0)]
 }
+
+// MedianCI is the distribution-free 95 % confidence interval of the median
+// of xs: the k-th smallest and k-th largest value, k = ⌊(n − 1.96·√n) / 2⌋
+// (the sign test's order statistics; no assumption about the values'
+// distribution). NaN below 8 values (k < 1).
+func MedianCI(xs []float64) (lo, hi float64) {
+	n := len(xs)
+	k := int(math.Floor((float64(n) - 1.96*math.Sqrt(float64(n))) / 2))
+	if n < 6 || k < 1 {
+		return math.NaN(), math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[k-1], s[n-k]
+}

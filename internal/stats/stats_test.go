@@ -45,6 +45,8 @@ func TestQuantile(t *testing.T) {
 		{"p99 of ten: h = 8.91", ten, 0.99, 9.91},
 		{"p25 of 1..5 (R type 7: 2)", []float64{1, 2, 3, 4, 5}, 0.25, 2},
 		{"p75 of 1,2,4,8 (R type 7: 5)", []float64{8, 4, 2, 1}, 0.75, 5},
+		{"p75 of two", []float64{1, 2}, 0.75, 1.75},
+		{"median of three", []float64{3, 1, 2}, 0.5, 2},
 		{"q below 0 clamps", ten, -1, 1},
 		{"q above 1 clamps", ten, 2, 10},
 	} {
@@ -85,6 +87,34 @@ func TestNearestRank(t *testing.T) {
 	}
 }
 
+func TestMedianCI(t *testing.T) {
+	desc := func(n int) []float64 { // n, n−1, …, 1: not sorted for MedianCI
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[n-1-i] = float64(i + 1)
+		}
+		return xs
+	}
+	for _, tc := range []struct {
+		name   string
+		xs     []float64
+		lo, hi float64
+	}{
+		// n = 230: k = ⌊(230 − 1.96·√230) / 2⌋ = 100, so the 100th and 131st values
+		{"1..230", desc(230), 100, 131},
+		{"7 values: too few for an interval", desc(7), math.NaN(), math.NaN()},
+		// the smallest count with an interval: k = ⌊(8 − 1.96·√8) / 2⌋ = 1
+		{"8 values: the extremes", desc(8), 1, 8},
+		{"empty", nil, math.NaN(), math.NaN()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if lo, hi := MedianCI(tc.xs); !same(lo, tc.lo) || !same(hi, tc.hi) {
+				t.Errorf("MedianCI = %v..%v, want %v..%v", lo, hi, tc.lo, tc.hi)
+			}
+		})
+	}
+}
+
 // TestInputUnchanged: callers keep their samples in the order measured.
 func TestInputUnchanged(t *testing.T) {
 	xs := []float64{3, 1, 2}
@@ -94,6 +124,11 @@ func TestInputUnchanged(t *testing.T) {
 	NearestRank(xs, 0.9)
 	if !slices.Equal(xs, orig) {
 		t.Errorf("input changed to %v, want %v", xs, orig)
+	}
+	ci := []float64{8, 7, 6, 5, 4, 3, 2, 1} // enough values for MedianCI to sort a copy
+	MedianCI(ci)
+	if want := []float64{8, 7, 6, 5, 4, 3, 2, 1}; !slices.Equal(ci, want) {
+		t.Errorf("MedianCI changed its input to %v", ci)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // LabSetup checks what the lab benchmarks' end-to-end tests need
@@ -18,9 +19,7 @@ import (
 // with axon, axon-agent and axon-cni: AXON_TEST_BIN_DIR, or a fresh build.
 func LabSetup(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, bpffs, cgroups, kube-proxy")
-	}
+	testutil.RequireRoot(t, "network namespaces, bpffs, cgroups, kube-proxy")
 	for _, d := range []string{"etcd", "kube-apiserver", "kubectl", "kube-proxy", "ptp", "host-local"} {
 		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
 			t.Skipf("cached dependency missing (%v): run `make deps`", err)

@@ -26,7 +26,7 @@ import (
 
 	"github.com/axonhq/axon/internal/bench/clip"
 	"github.com/axonhq/axon/internal/bench/jsonnum"
-	"github.com/axonhq/axon/internal/bench/quantile"
+	"github.com/axonhq/axon/internal/stats"
 )
 
 // Config describes one client run.
@@ -222,7 +222,7 @@ type PairedResult struct {
 	RatioP25    float64 `json:"ratioP25"`
 	RatioP75    float64 `json:"ratioP75"`
 	// RatioCILo..RatioCIHi is the 95 % confidence interval of the median
-	// ratio (quantile.MedianCI; NaN below 8 pairs): how precisely the run pins it.
+	// ratio (stats.MedianCI; NaN below 8 pairs): how precisely the run pins it.
 	RatioCILo float64   `json:"ratioCI95Lo"`
 	RatioCIHi float64   `json:"ratioCI95Hi"`
 	Ratios    []float64 `json:"ratios,omitempty"` // every pair's ratio, in pair order
@@ -297,8 +297,8 @@ func RunPaired(ctx context.Context, cfg Config, versus netip.AddrPort, slice tim
 	}
 	res = PairedResult{A: acc[0].result(spent[0]), B: acc[1].result(spent[1]), SliceSec: slice.Seconds(), Pairs: len(ratios)}
 	res.Ratios = slices.Clone(ratios)
-	res.RatioMedian, res.RatioP25, res.RatioP75 = quantile.Median(ratios), quantile.Of(ratios, 0.25), quantile.Of(ratios, 0.75)
-	res.RatioCILo, res.RatioCIHi = quantile.MedianCI(ratios)
+	res.RatioMedian, res.RatioP25, res.RatioP75 = stats.Median(ratios), stats.Quantile(ratios, 0.25), stats.Quantile(ratios, 0.75)
+	res.RatioCILo, res.RatioCIHi = stats.MedianCI(ratios)
 	return res, nil
 }
 
@@ -330,14 +330,14 @@ func awaitConnect(fd int, timeout time.Duration) error {
 	}
 }
 
-// percentileUs returns the p-th percentile (quantile.Of: linear between
+// percentileUs returns the p-th percentile (stats.Quantile: linear between
 // order statistics) of ns in µs, NaN when empty.
 func percentileUs(ns []int64, p float64) float64 {
 	us := make([]float64, len(ns))
 	for i, n := range ns {
 		us[i] = float64(n) / 1e3
 	}
-	return quantile.Of(us, p/100)
+	return stats.Quantile(us, p/100)
 }
 
 // MarshalJSON writes NaN percentiles (no connection succeeded) as null.

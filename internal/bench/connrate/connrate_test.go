@@ -78,7 +78,7 @@ func TestPercentileUs(t *testing.T) {
 	}{
 		{nil, 50, math.NaN()},
 		{[]int64{5000}, 99, 5},
-		// linear between order statistics (quantile.Of), no longer nearest rank
+		// linear between order statistics (stats.Quantile), no longer nearest rank
 		{[]int64{4000, 1000, 3000, 2000}, 50, 2.5},
 		{[]int64{4000, 1000, 3000, 2000}, 99, 3.97},
 		{[]int64{1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000}, 90, 9.1},

@@ -21,6 +21,9 @@ type Place struct {
 // slice. A socket belongs to the netns of the thread and the cgroup of the
 // process that made it, so every connection of a slice starts from its
 // side's pod. The moves happen between slices, outside the timed loops.
+// It sets the thread's netns itself rather than through netnsutil.Do: the
+// timed loops stay in a namespace across many slices, and a switch per call
+// would be timed with them.
 type placer struct {
 	ns   [2]netns.NsHandle // -1: the side has none (it runs in home)
 	home netns.NsHandle    // the thread's netns at the start; -1 when no side has one

@@ -1,8 +1,8 @@
 package northsouth
 
 // The forwarding-rate part of the north-south benchmark: the measurement
-// behind Cilium's "XDP ≈ 5× kube-proxy iptables" (the pktgen hairpin test of
-// seed 004: inbound pps to a NodePort whose backend is on another node, and
+// behind Cilium's "XDP ≈ 5× kube-proxy iptables" (a pktgen hairpin test:
+// inbound pps to a NodePort whose backend is on another node, and
 // the forwarding node's CPU per packet), made on the lab's veth wire.
 //
 //	generator (wire netns, CPU 0) ──XDP frames──▶ w-node2 ─▶ node2 eth0 ring

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -275,10 +274,8 @@ func (r *Report) WriteFiles(dir string) error {
 	if err != nil {
 		return fmt.Errorf("encode results.json: %w", err)
 	}
-	for name, data := range map[string][]byte{"results.json": j, "results.csv": r.CSV(), "results.md": []byte(r.Markdown())} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", name, err)
-		}
-	}
-	return nil
+	return bench.WriteResultFiles(dir,
+		bench.ResultFile{Name: "results.json", Data: j},
+		bench.ResultFile{Name: "results.csv", Data: r.CSV()},
+		bench.ResultFile{Name: "results.md", Data: []byte(r.Markdown())})
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/bench/clip"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
-	"github.com/axonhq/axon/internal/lab/labns"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -222,10 +221,10 @@ func (k *KubeProxy) WaitSynced(ctx context.Context, t time.Time, timeout, poll t
 }
 
 // httpGetInNetns GETs http://addr/path with a socket created inside the
-// netns at path nsPath (labns.HTTPGet, 5s at most); anything but 200
+// netns at path nsPath (kubeproxy.HTTPGet, 5s at most); anything but 200
 // is an error.
 func httpGetInNetns(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
-	body, status, err := labns.HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
+	body, status, err := kubeproxy.HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}

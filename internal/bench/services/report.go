@@ -12,7 +12,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +21,6 @@ import (
 	"github.com/axonhq/axon/internal/bench/clip"
 	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/bench/jsonnum"
-	"github.com/axonhq/axon/internal/bench/quantile"
 )
 
 // PathInfo describes a measured path.
@@ -365,7 +363,7 @@ func msStats(xs []float64) string {
 	if s.N == 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", bench.FormatNum(quantile.Percentile(xs, 50), 1), bench.FormatNum(quantile.Percentile(xs, 99), 1), bench.FormatNum(s.Max, 1), s.N)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", bench.FormatNum(bench.Percentile(xs, 50), 1), bench.FormatNum(bench.Percentile(xs, 99), 1), bench.FormatNum(s.Max, 1), s.N)
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
@@ -681,9 +679,7 @@ func (r *Report) SVG() []byte {
 				bench.FormatNum(s.Median, 0), bench.FormatRatio(r.Ratio(l.Services, p.Name, MetricRate)))
 		}
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" fill="#555">%s</text>`+"\n", pad, height-6,
-		esc(fmt.Sprintf("kernel %s, %d CPUs; client CPU %d, server CPU %d; numbers in results.csv / results.md", r.Host.Kernel, r.Host.NumCPU, r.ClientCPU, r.ServerCPU)))
-	b.WriteString("</svg>\n")
+	bench.SVGEnd(&b, pad, height-6, r.Host, r.ClientCPU, r.ServerCPU)
 	return b.Bytes()
 }
 
@@ -696,19 +692,11 @@ func (r *Report) WriteFiles(dir string) error {
 	if err != nil {
 		return fmt.Errorf("encode results.json: %w", err)
 	}
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{"results.csv", r.CSV()}, {"results.md", []byte(r.Markdown())}, {"chart.svg", r.SVG()}, {"results.json", append(js, '\n')}} {
-		p := filepath.Join(dir, f.name)
-		if err := os.WriteFile(p+".tmp", f.data, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", p, err)
-		}
-		if err := os.Rename(p+".tmp", p); err != nil {
-			return fmt.Errorf("write %s: %w", p, err)
-		}
-	}
-	return nil
+	return bench.WriteResultFiles(dir,
+		bench.ResultFile{Name: "results.csv", Data: r.CSV()},
+		bench.ResultFile{Name: "results.md", Data: []byte(r.Markdown())},
+		bench.ResultFile{Name: "chart.svg", Data: r.SVG()},
+		bench.ResultFile{Name: "results.json", Data: append(js, '\n')})
 }
 
 // MarshalJSON writes NaN (unavailable pressure) as null.
@@ -948,19 +936,19 @@ func (r *Report) Targets() []Target {
 		}
 		out = append(out, t)
 		t = Target{Target: "one EndpointSlice change in the BPF maps, p99 ≤ 50 ms", Met: "n/a"}
-		if p99 := quantile.Percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
+		if p99 := bench.Percentile(cp.AxonChangeIdle, 99); !math.IsNaN(p99) {
 			t.Got = fmt.Sprintf("kube-proxies idle: p99 %.1f ms (p50 %.1f ms, n=%d); while they sync the same change: p99 %.1f ms",
-				p99, quantile.Percentile(cp.AxonChangeIdle, 50), bench.Summarize(cp.AxonChangeIdle).N, quantile.Percentile(cp.AxonChange, 99))
+				p99, bench.Percentile(cp.AxonChangeIdle, 50), bench.Summarize(cp.AxonChangeIdle).N, bench.Percentile(cp.AxonChange, 99))
 			if len(cp.ChangeIdleWrite) > 0 {
-				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", quantile.Percentile(cp.ChangeIdleWrite, 50), quantile.Percentile(cp.ChangeIdleWrite, 99))
+				t.Got += fmt.Sprintf(" (the API write alone, idle: p50 %.1f, p99 %.1f ms)", bench.Percentile(cp.ChangeIdleWrite, 50), bench.Percentile(cp.ChangeIdleWrite, 99))
 			}
 			if len(cp.AgentChangeIdle) > 0 {
 				t.Got += fmt.Sprintf("; by the agent's own clock, as kube-proxy's: idle p99 %.1f ms, syncing p99 %.1f ms",
-					quantile.Percentile(cp.AgentChangeIdle, 99), quantile.Percentile(cp.AgentChange, 99))
+					bench.Percentile(cp.AgentChangeIdle, 99), bench.Percentile(cp.AgentChange, 99))
 			}
 			t.Met = yesNo(p99 <= 50)
-		} else if p99 := quantile.Percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
-			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, quantile.Percentile(cp.AxonChange, 50), bench.Summarize(cp.AxonChange).N)
+		} else if p99 := bench.Percentile(cp.AxonChange, 99); !math.IsNaN(p99) {
+			t.Got = fmt.Sprintf("p99 %.1f ms (p50 %.1f ms, n=%d)", p99, bench.Percentile(cp.AxonChange, 50), bench.Summarize(cp.AxonChange).N)
 			t.Met = yesNo(p99 <= 50)
 		}
 		out = append(out, t)
@@ -981,7 +969,7 @@ func (r *Report) Targets() []Target {
 // TargetsTable renders Targets as Markdown.
 func (r *Report) TargetsTable() string {
 	var b strings.Builder
-	b.WriteString("| target (issue 4) | this run | met |\n|---|---|---|\n")
+	b.WriteString("| target | this run | met |\n|---|---|---|\n")
 	for _, t := range r.Targets() {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", bench.MarkdownEscape(t.Target), bench.MarkdownEscape(bench.OrNA(t.Got)), t.Met)
 	}

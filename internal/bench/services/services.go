@@ -56,7 +56,6 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/bench/clip"
 	"github.com/axonhq/axon/internal/bench/connrate"
-	"github.com/axonhq/axon/internal/bench/quantile"
 	labpkg "github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/proc"
@@ -984,8 +983,8 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 	}
 	cp.AxonChangeIdlePSI[1] = bench.ReadPressure().Avg10
 	resume()
-	r.progress("  axon alone: p50 %.1f ms, p99 %.1f ms (n=%d); kube-proxies resumed", quantile.Percentile(cp.AxonChangeIdle, 50),
-		quantile.Percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
+	r.progress("  axon alone: p50 %.1f ms, p99 %.1f ms (n=%d); kube-proxies resumed", bench.Percentile(cp.AxonChangeIdle, 50),
+		bench.Percentile(cp.AxonChangeIdle, 99), len(cp.AxonChangeIdle))
 	r.waitKubeProxiesIdle(ctx)
 	return nil
 }

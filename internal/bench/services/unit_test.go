@@ -204,7 +204,7 @@ func TestSvcReportRendering(t *testing.T) {
 		"skipped: kube-proxy iptables has not applied this level",
 		"| cip | 9900 (0.99×) | 10100 (1.01×) | +2.0 % |",
 		"| ipt | 8000 (0.80×) | n/a | n/a |",
-		// percentiles interpolate between order statistics (quantile.Of): of {500, 700}, p50 600 and p99 698
+		// percentiles interpolate between order statistics (stats.Quantile): of {500, 700}, p50 600 and p99 698
 		"p50 600.0, p99 698.0, max 700.0 (n=2)",
 		// the failed change (NaN) has no "after the write" sample
 		"| … of which the API write (EndpointSlice update acknowledged), ms | p50 1.5, p99 3.0, max 3.0 (n=3) |",
@@ -317,7 +317,7 @@ func TestSvcTargetsAndRoundTrip(t *testing.T) {
 		}
 	}
 	md := r.Markdown()
-	for _, w := range []string{"| 10 | 100 × 0 ms | 0.995 [0.985–1.005] (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 [0.975–0.995] (0.965–1.005) |",
+	for _, w := range []string{"| target | this run | met |\n", "| 10 | 100 × 0 ms | 0.995 [0.985–1.005] (0.975–1.015) |", "| 10000 | 100 × 0 ms | 0.985 [0.975–0.995] (0.965–1.005) |",
 		"| 10 | 100 × 0 ms | 1.002 [CI n/a] (0.982–1.022) |",
 		"iptables-rules node / rules-free node per pair", "## axon pod → pod IP: a node with kube-proxy's iptables rules vs a rules-free node, paired"} {
 		if !strings.Contains(md, w) {

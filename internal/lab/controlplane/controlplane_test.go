@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/axonhq/axon/internal/proc"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // labBinaries returns the cached etcd and kube-apiserver built by hack/deps.sh, or skips.
@@ -72,7 +73,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // agent least privilege, idempotent Start, the node-netns forwarder, Stop, and a restart that
 // keeps the PKI and etcd data.
 func TestControlPlane(t *testing.T) {
-	needRoot(t)
+	testutil.RequireRoot(t, "creates network namespaces")
 	etcdBin, apiBin := labBinaries(t)
 	dir := t.TempDir()
 	apiPort, etcdPort := freeControlPlanePorts(t)

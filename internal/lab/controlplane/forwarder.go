@@ -4,16 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io"
 	"log/slog"
 	"net"
-	"runtime"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Forwarder proxies TCP connections accepted inside other network namespaces to a target
@@ -54,9 +55,8 @@ func ListenForwarder(netnsPaths []string, listen, target string, log *slog.Logge
 	return f, nil
 }
 
-// listenInNetns creates the listening socket from an OS thread switched into the target netns,
-// then switches the thread back. If switching back fails the thread stays locked, so the Go
-// runtime discards it instead of reusing a thread in the wrong namespace.
+// listenInNetns brings lo up in the netns at path and creates the listening socket there
+// (netnsutil.DoAt: on a thread of its own, switched in and back; the socket keeps the netns).
 func listenInNetns(path, listen string) (net.Listener, error) {
 	target, err := netns.GetFromPath(path)
 	if err != nil {
@@ -66,43 +66,15 @@ func listenInNetns(path, listen string) (net.Listener, error) {
 	if err := ensureLoopbackUp(target); err != nil {
 		return nil, fmt.Errorf("netns %s: %w", path, err)
 	}
-
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
+	var l net.Listener
+	err = netnsutil.DoAt(path, func() (err error) {
+		l, err = net.Listen("tcp", listen)
 		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("get current netns: %w", err)}
-			return
+			return fmt.Errorf("listen on %s in netns %s: %w", listen, path, err)
 		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", path, err)}
-			return
-		}
-		l, lerr := net.Listen("tcp", listen)
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: it exits with this goroutine.
-			if l != nil {
-				l.Close()
-			}
-			ch <- result{err: fmt.Errorf("return from netns %s: %w", path, err)}
-			return
-		}
-		runtime.UnlockOSThread()
-		if lerr != nil {
-			lerr = fmt.Errorf("listen on %s in netns %s: %w", listen, path, lerr)
-		}
-		ch <- result{l: l, err: lerr}
-	}()
-	r := <-ch
-	return r.l, r.err
+		return nil
+	})
+	return l, err
 }
 
 // ensureLoopbackUp sets `lo` up in the given netns (a fresh netns has it down).

@@ -3,34 +3,27 @@ package controlplane
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-}
-
-// testNetns creates a named netns (lo down, as the kernel makes it) and deletes it on cleanup.
+// testNetns creates a named netns with lo down, as the kernel makes it (testutil.NewNetns sets
+// lo up, and the forwarder must do that itself), and deletes it on cleanup.
 func testNetns(t *testing.T, suffix string) string {
 	t.Helper()
-	name := fmt.Sprintf("axt-cp-%d-%s", os.Getpid(), suffix)
-	_ = exec.Command("ip", "netns", "del", name).Run() // leftover of a killed run
+	name := "axt-cp-" + suffix + "-" + testutil.RandSuffix(t)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
@@ -44,44 +37,13 @@ func testNetns(t *testing.T, suffix string) string {
 
 // dialInNetns opens a TCP connection from inside the netns at path.
 func dialInNetns(ctx context.Context, path, addr string) (net.Conn, error) {
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: err}
-			return
-		}
+	var c net.Conn
+	err := netnsutil.DoAt(path, func() (err error) {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if serr := netns.Set(orig); serr != nil {
-			// Stay locked: the runtime discards this thread instead of reusing it.
-			ch <- res{c, err}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- res{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
+		c, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 func loUp(t *testing.T, path string) bool {
@@ -127,7 +89,7 @@ func echoServer(t *testing.T) string {
 }
 
 func TestForwarderProxiesFromEachNetns(t *testing.T) {
-	needRoot(t)
+	testutil.RequireRoot(t, "creates network namespaces")
 	target := echoServer(t)
 	paths := []string{testNetns(t, "fa"), testNetns(t, "fb")}
 	for _, p := range paths {
@@ -188,7 +150,7 @@ func TestForwarderProxiesFromEachNetns(t *testing.T) {
 }
 
 func TestForwarderErrors(t *testing.T) {
-	needRoot(t)
+	testutil.RequireRoot(t, "creates network namespaces")
 	ok := testNetns(t, "fe")
 	for _, tc := range []struct {
 		name    string

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Modes of `axon lab up --kube-proxy`.
@@ -102,7 +102,7 @@ type Health struct {
 
 // Healthz asks the kube-proxy in the named lab namespace for /healthz (3 s at most).
 func Healthz(ctx context.Context, nsName string) (Health, error) {
-	body, status, err := labns.HTTPGet(ctx, labns.Path(nsName), HealthzAddr, "/healthz", 3*time.Second)
+	body, status, err := HTTPGet(ctx, netnsutil.Path(nsName), HealthzAddr, "/healthz", 3*time.Second)
 	if err != nil {
 		return Health{Status: err.Error()}, err
 	}

@@ -20,7 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/axonhq/axon/internal/lab/labns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Want is what one Service port must look like in a kube-proxy's
@@ -218,7 +218,7 @@ func readRules(ctx context.Context, netns, mode string, v6 bool) (rules, error) 
 		argv = []string{"iptables-save", "-t", "nat"}
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + labns.Path(netns), "--"}, argv...)...)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netnsutil.Path(netns), "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return rules{}, fmt.Errorf("%s in %s: %w: %s", strings.Join(argv, " "), netns, err, strings.TrimSpace(stderr.String()))

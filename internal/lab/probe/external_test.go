@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-	"github.com/vishvananda/netlink"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestParseExternal(t *testing.T) {
@@ -29,30 +28,15 @@ func TestParseExternal(t *testing.T) {
 // TestPeerEchoAndExternal runs the peer-echo server and the prober over real
 // sockets in a private network namespace.
 func TestPeerEchoAndExternal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: a private network namespace")
-	}
-	tns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tns.Close(); _ = testutils.UnmountNS(tns) })
-	if err := tns.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireRoot(t, "a private network namespace")
+	tns := testutil.NewNetns(t, "axt-probe-")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	readyR, readyW, _ := os.Pipe()
 	defer readyR.Close()
 	done := make(chan error, 1)
 	go func() {
-		done <- tns.Do(func(ns.NetNS) error { return ServePeerEcho(ctx, PeerEchoPort, readyW, nil) })
+		done <- netnsutil.Do(tns, func() error { return ServePeerEcho(ctx, PeerEchoPort, readyW, nil) })
 	}()
 	if err := ReadReady(readyR); err != nil {
 		t.Fatal(err)
@@ -60,7 +44,7 @@ func TestPeerEchoAndExternal(t *testing.T) {
 	for _, spec := range []string{"tcp/127.0.0.1:5658", "tcp/[::1]:5658", "udp/127.0.0.1:5658", "udp/[::1]:5658"} {
 		p, _ := ParseExternal(spec)
 		var r ExternalResult
-		_ = tns.Do(func(ns.NetNS) error {
+		_ = netnsutil.Do(tns, func() error {
 			pctx, c := context.WithTimeout(ctx, 2*time.Second)
 			defer c()
 			r = exchange(pctx, p)
@@ -76,7 +60,7 @@ func TestPeerEchoAndExternal(t *testing.T) {
 	}
 	// Nothing listens on 5659: a fast failure, not a pass.
 	p, _ := ParseExternal("tcp/127.0.0.1:5659")
-	_ = tns.Do(func(ns.NetNS) error {
+	_ = netnsutil.Do(tns, func() error {
 		if r := exchange(ctx, p); r.OK {
 			t.Errorf("probe to a closed port passed: %+v", r)
 		}

@@ -97,7 +97,7 @@ func (p Pod) Run(ctx context.Context, timeout time.Duration) error {
 }
 
 func probeTCP(ctx context.Context, a netip.Addr) error {
-	_, err := echoTCP(ctx, netip.AddrPortFrom(a, EchoPort))
+	_, err := EchoTCP(ctx, netip.AddrPortFrom(a, EchoPort))
 	return err
 }
 

@@ -57,9 +57,9 @@ func RunServices(ctx context.Context, probes []Service, timeout time.Duration, o
 		var peer netip.AddrPort
 		var err error
 		if p.Proto == "tcp" {
-			peer, err = echoTCP(ctx, p.Addr)
+			peer, err = EchoTCP(ctx, p.Addr)
 		} else {
-			peer, err = serviceUDP(ctx, p.Addr)
+			peer, err = EchoUDP(ctx, p.Addr)
 		}
 		if err == nil && peer != p.Addr {
 			err = fmt.Errorf("echo came back but the peer is %s, not the service address", peer)
@@ -75,9 +75,9 @@ func RunServices(ctx context.Context, probes []Service, timeout time.Duration, o
 	})
 }
 
-// echoTCP connects to a, sends a token and waits for it to come back; peer
+// EchoTCP connects to a, sends a token and waits for it to come back; peer
 // is the address the socket reports (getpeername).
-func echoTCP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
+func EchoTCP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", a.String())
 	if err != nil {
@@ -121,9 +121,11 @@ func echoTCP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
 	return peer, nil
 }
 
-// serviceUDP uses an unconnected socket (sendmsg + recvmsg, as a DNS
-// resolver does) and resends every 300 ms until the echo comes back.
-func serviceUDP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
+// EchoUDP sends a token to a and waits for it to come back; peer is the
+// source of the reply (recvmsg). It uses an unconnected socket (sendmsg +
+// recvmsg, as a DNS resolver does) and resends every 300 ms until the echo
+// comes back or ctx ends.
+func EchoUDP(ctx context.Context, a netip.AddrPort) (netip.AddrPort, error) {
 	network := "udp4"
 	if a.Addr().Is6() {
 		network = "udp6"

@@ -1,6 +1,4 @@
-// Package labns names the lab's network namespaces (/run/netns/<name>, as
-// `ip netns` does) and runs code inside one.
-package labns
+package kubeproxy
 
 import (
 	"bufio"
@@ -8,31 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
-
-// Dir holds the named network namespaces.
-const Dir = "/run/netns"
-
-// Path is the file of the named network namespace.
-func Path(name string) string { return filepath.Join(Dir, name) }
-
-// Do runs fn inside the named network namespace: see DoAt.
-func Do(name string, fn func() error) error { return DoAt(Path(name), fn) }
-
-// DoAt runs fn inside the network namespace at nsPath, on a goroutine of its
-// own whose OS thread is locked and switched into that namespace for the
-// call (ns.WithNetNSPath); the caller's threads never change namespace.
-// Sockets that fn creates keep the namespace after it returns; goroutines
-// that fn starts do NOT run in it, and neither does anything after fn. If
-// switching back fails, the thread stays locked and ends with the goroutine.
-func DoAt(nsPath string, fn func() error) error {
-	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return fn() })
-}
 
 // HTTPGet does a plain HTTP/1.0 GET of addr+path with a socket
 // created inside the netns at nsPath (sockets keep the netns they were made
@@ -41,7 +19,7 @@ func DoAt(nsPath string, fn func() error) error {
 // the Service benchmark read kube-proxy's /healthz and /metrics with it.
 func HTTPGet(ctx context.Context, nsPath, addr, path string, timeout time.Duration) (body []byte, status string, err error) {
 	var c net.Conn
-	if err := DoAt(nsPath, func() (err error) {
+	if err := netnsutil.DoAt(nsPath, func() (err error) {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err = d.DialContext(ctx, "tcp", addr)
 		return err
