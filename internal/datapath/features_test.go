@@ -2,10 +2,12 @@ package datapath
 
 import (
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 func TestProbe(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	list := Probe().List()
 	want := []string{"tcx", "bpf_redirect_peer", "bpf_redirect_neigh", "bpf_fib_lookup", "netkit", "sch_fq", "bpffs", "big_tcp", "bpf_sock_destroy", "fib_cache"}
 	if len(list) != len(want) {

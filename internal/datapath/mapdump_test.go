@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/cilium/ebpf"
 )
 
@@ -11,7 +12,7 @@ import (
 // of a hash map exactly once, for an empty map, one below a chunk and
 // several chunks.
 func TestDumpMap(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	for _, n := range []int{0, 1, dumpChunk - 1, 3*dumpChunk + 17} {
 		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: uint32(max(n, 1))})
 		if err != nil {
@@ -53,7 +54,7 @@ func TestDumpMap(t *testing.T) {
 // TestReplaceKeys: the set map ends up holding exactly the wanted keys,
 // from empty, across an overlap, and down to nothing.
 func TestReplaceKeys(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 1, MaxEntries: 16})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package datapath
 import (
 	"testing"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/vishvananda/netlink"
 )
 
@@ -15,12 +16,12 @@ import (
 // blackholes by default, as a pod device would), reads both ends back and
 // deletes the pair.
 func TestNetkitPairProbe(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	feats := Probe()
 	if !feats.Netkit.Available {
 		t.Skip(feats.Netkit.Reason)
 	}
-	c := nsConf(t, newNetns(t, "nk"))
+	c := dptest.NSConf(t, dptest.NewNetns(t, "nk"))
 	nk := &netlink.Netkit{
 		LinkAttrs:  netlink.LinkAttrs{Name: "nk0"},
 		Mode:       netlink.NETKIT_MODE_L3,
@@ -70,12 +71,12 @@ func TestNetkitPairProbe(t *testing.T) {
 // TestFQQdiscProbe adds an fq qdisc (the EDT scheduler) as root qdisc of a
 // veth, reads its options back and deletes it.
 func TestFQQdiscProbe(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	feats := Probe()
 	if !feats.SchFQ.Available {
 		t.Skip(feats.SchFQ.Reason)
 	}
-	c := nsConf(t, newNetns(t, "fq"))
+	c := dptest.NSConf(t, dptest.NewNetns(t, "fq"))
 	c.Veth("veth0", "", "veth1", "", "")
 	c.Up("veth0", "veth1")
 	dev := c.Link("veth0")

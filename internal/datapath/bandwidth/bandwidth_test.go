@@ -5,16 +5,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"golang.org/x/sys/unix"
 )
 
 func newBWMFixture(t *testing.T, pin string) *Manager {
 	t.Helper()
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	if pin == "" {
 		pin = newPinDir(t)
 	}
-	b, err := loadObjects(Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)})
+	b, err := loadObjects(Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,14 +51,14 @@ func TestEDTProgram(t *testing.T) {
 	b := newBWMFixture(t, "")
 	b.SetEgressSlack(0) // strict: exact stamps (the catch-up window has its own subtest)
 	prog := b.Program()
-	mac1, mac2 := mustMAC(t, "02:00:00:00:00:01"), mustMAC(t, "02:00:00:00:00:02")
+	mac1, mac2 := dptest.MustMAC(t, "02:00:00:00:00:01"), dptest.MustMAC(t, "02:00:00:00:00:02")
 	pod := netip.MustParseAddr("10.244.1.5")
 	pod6 := netip.MustParseAddr("fd00:10:244:1::5")
 	other := netip.MustParseAddr("10.244.1.6")
 	dst := netip.MustParseAddr("198.18.0.250")
 	dst6 := netip.MustParseAddr("fd00:198:18::250")
-	pkt := ipv4Packet(mac2, mac1, pod, dst, 64, nil)
-	pkt6 := ipv6Packet(mac2, mac1, pod6, dst6, 64)
+	pkt := dptest.IPv4Packet(mac2, mac1, pod, dst, 64, nil)
+	pkt6 := dptest.IPv6Packet(mac2, mac1, pod6, dst6, 64)
 	const horizon = 2 * time.Second
 	apply := func(bits uint64) {
 		t.Helper()
@@ -71,12 +72,12 @@ func TestEDTProgram(t *testing.T) {
 
 	t.Run("timestamps advance by len*8/rate", func(t *testing.T) {
 		const wire = 1514
-		before := monoNow(t)
-		r1 := runEDT(t, prog, pkt, 0, wire)
-		if r1.Verdict != tcActOK {
+		before := dptest.MonoNow(t)
+		r1 := dptest.RunEDT(t, prog, pkt, 0, wire)
+		if r1.Verdict != dptest.TCActOK {
 			t.Fatalf("verdict %d, want TC_ACT_OK", r1.Verdict)
 		}
-		after := monoNow(t)
+		after := dptest.MonoNow(t)
 		d := delay(10_000_000, wire) // 1.2112 ms
 		// an idle pod's first packet leaves now; it books the link for d
 		if r1.Tstamp < before || r1.Tstamp > after {
@@ -84,20 +85,20 @@ func TestEDTProgram(t *testing.T) {
 		}
 		prev := r1.Tstamp
 		for i := range 5 {
-			r := runEDT(t, prog, pkt, 0, wire)
-			if r.Verdict != tcActOK || !r.DepartsAfter(prev, d) {
+			r := dptest.RunEDT(t, prog, pkt, 0, wire)
+			if r.Verdict != dptest.TCActOK || !r.DepartsAfter(prev, d) {
 				t.Fatalf("packet %d: verdict %d, departure +%d ns after the previous one, want +%d", i+2, r.Verdict, r.Tstamp-prev, d)
 			}
 			prev = r.Tstamp
 		}
 		// a GSO packet is charged every segment's headers (wire_len), and
 		// the pod's IPv6 address shares the IPv4 address's clock
-		r := runEDT(t, prog, pkt6, 0, 64000)
+		r := dptest.RunEDT(t, prog, pkt6, 0, 64000)
 		if !r.DepartsAfter(prev, d) || !bytesEqual(r.Out, pkt6) {
 			t.Fatalf("IPv6 packet: +%d ns, want +%d (shared clock); bytes changed: %v", r.Tstamp-prev, d, !bytesEqual(r.Out, pkt6))
 		}
 		prev = r.Tstamp
-		r = runEDT(t, prog, pkt, 0, wire)
+		r = dptest.RunEDT(t, prog, pkt, 0, wire)
 		if !r.DepartsAfter(prev, delay(10_000_000, 64000)) {
 			t.Fatalf("after a 64000-byte GSO packet: +%d ns, want +%d", r.Tstamp-prev, delay(10_000_000, 64000))
 		}
@@ -110,18 +111,18 @@ func TestEDTProgram(t *testing.T) {
 		var passed, dropped int
 		var last uint64
 		for range 60 {
-			r := runEDT(t, prog, pkt, 0, wire)
+			r := dptest.RunEDT(t, prog, pkt, 0, wire)
 			switch r.Verdict {
-			case tcActOK:
+			case dptest.TCActOK:
 				passed++
 				last = r.Tstamp
-			case tcActShot:
+			case dptest.TCActShot:
 				dropped++
 			default:
 				t.Fatalf("verdict %d", r.Verdict)
 			}
 		}
-		now := monoNow(t)
+		now := dptest.MonoNow(t)
 		if dropped == 0 || passed < 30 {
 			t.Fatalf("passed %d, dropped %d: want ~39 passed then drops", passed, dropped)
 		}
@@ -138,9 +139,9 @@ func TestEDTProgram(t *testing.T) {
 
 	t.Run("an unlimited pod is untouched", func(t *testing.T) {
 		un0 := b.stat(t, "egress_unlimited")
-		in := ipv4Packet(mac2, mac1, other, dst, 64, nil)
-		r := runEDT(t, prog, in, 777, 0)
-		if r.Verdict != tcActOK || r.Tstamp != 777 || !bytesEqual(r.Out, in) {
+		in := dptest.IPv4Packet(mac2, mac1, other, dst, 64, nil)
+		r := dptest.RunEDT(t, prog, in, 777, 0)
+		if r.Verdict != dptest.TCActOK || r.Tstamp != 777 || !bytesEqual(r.Out, in) {
 			t.Fatalf("verdict %d tstamp %d, want OK and the input stamp 777, bytes unchanged", r.Verdict, r.Tstamp)
 		}
 		if b.stat(t, "egress_unlimited") != un0+1 {
@@ -151,7 +152,7 @@ func TestEDTProgram(t *testing.T) {
 		if err := b.Apply([]Limit{{Addrs: []netip.Addr{pod}, IngressBits: 1_000_000}}, horizon); err != nil {
 			t.Fatal(err)
 		}
-		if r := runEDT(t, prog, pkt, 0, 0); r.Verdict != tcActOK || r.Tstamp != 0 {
+		if r := dptest.RunEDT(t, prog, pkt, 0, 0); r.Verdict != dptest.TCActOK || r.Tstamp != 0 {
 			t.Fatalf("ingress-only pod: verdict %d tstamp %d, want untouched", r.Verdict, r.Tstamp)
 		}
 	})
@@ -164,11 +165,11 @@ func TestEDTProgram(t *testing.T) {
 			t.Fatalf("after removing every limit: %+v", rows)
 		}
 		apply(10_000_000)
-		r1 := runEDT(t, prog, pkt, 0, 1500)
-		r2 := runEDT(t, prog, pkt, 0, 1500)
+		r1 := dptest.RunEDT(t, prog, pkt, 0, 1500)
+		r2 := dptest.RunEDT(t, prog, pkt, 0, 1500)
 		apply(100_000_000) // r2 booked the link at 10 Mbit/s; the next charge is at 100
-		r3 := runEDT(t, prog, pkt, 0, 1500)
-		r4 := runEDT(t, prog, pkt, 0, 1500)
+		r3 := dptest.RunEDT(t, prog, pkt, 0, 1500)
+		r4 := dptest.RunEDT(t, prog, pkt, 0, 1500)
 		if got, want := r2.Tstamp-r1.Tstamp, delay(10_000_000, 1500); !r2.DepartsAfter(r1.Tstamp, want) {
 			t.Fatalf("at 10 Mbit/s: +%d ns, want +%d", got, want)
 		}
@@ -176,8 +177,8 @@ func TestEDTProgram(t *testing.T) {
 			t.Fatalf("after 10 -> 100 Mbit/s: +%d ns, want +%d", got, want)
 		}
 		apply(1_000_000)
-		r5 := runEDT(t, prog, pkt, 0, 1500)
-		r6 := runEDT(t, prog, pkt, 0, 1500)
+		r5 := dptest.RunEDT(t, prog, pkt, 0, 1500)
+		r6 := dptest.RunEDT(t, prog, pkt, 0, 1500)
 		if got, want := r6.Tstamp-r5.Tstamp, delay(1_000_000, 1500); !r6.DepartsAfter(r5.Tstamp, want) {
 			t.Fatalf("after 100 -> 1 Mbit/s: +%d ns, want +%d", got, want)
 		}
@@ -200,17 +201,17 @@ func TestEDTProgram(t *testing.T) {
 		// each one spends d of the catch-up while the clock moves on by the
 		// time a run takes, so send until a departure is ahead of its run's
 		// "after".
-		now := monoNow(t)
+		now := dptest.MonoNow(t)
 		var ts []uint64
-		var last edtRun
+		var last dptest.EDTRun
 		for len(ts) < 64 {
-			last = runEDT(t, prog, pkt, 0, 1500)
+			last = dptest.RunEDT(t, prog, pkt, 0, 1500)
 			ts = append(ts, last.Tstamp)
 			if last.Tstamp > last.After {
 				break
 			}
 		}
-		end := monoNow(t)
+		end := dptest.MonoNow(t)
 		if last.Tstamp <= last.After {
 			t.Fatalf("64 packets of 12 ms each never got ahead of now: the catch-up is unbounded: %v", ts)
 		}
@@ -223,7 +224,7 @@ func TestEDTProgram(t *testing.T) {
 			}
 		}
 		// once ahead, strict pacing again: one booking of d per packet
-		next := runEDT(t, prog, pkt, 0, 1500)
+		next := dptest.RunEDT(t, prog, pkt, 0, 1500)
 		if !next.DepartsAfter(last.Tstamp, d) {
 			t.Fatalf("after catching up: +%d ns, want +%d", next.Tstamp-last.Tstamp, d)
 		}
@@ -246,15 +247,15 @@ func TestEDTProgram(t *testing.T) {
 		}
 		k := bwStateKey{Id: id, Dir: Egress}
 		st := b.egressState(t, pod)
-		st.T_last = monoNow(t) + uint64(time.Hour) // state from a clock that ran ahead
+		st.T_last = dptest.MonoNow(t) + uint64(time.Hour) // state from a clock that ran ahead
 		if err := b.objs.AxonBwState.Put(k, st); err != nil {
 			t.Fatal(err)
 		}
 		resets := b.stat(t, "egress_clock_reset")
-		before := monoNow(t)
-		r := runEDT(t, prog, pkt, 0, 1500)
-		after := monoNow(t)
-		if r.Verdict != tcActOK || r.Tstamp < before || r.Tstamp > after {
+		before := dptest.MonoNow(t)
+		r := dptest.RunEDT(t, prog, pkt, 0, 1500)
+		after := dptest.MonoNow(t)
+		if r.Verdict != dptest.TCActOK || r.Tstamp < before || r.Tstamp > after {
 			t.Fatalf("verdict %d departure %d, want OK at now (%d..%d)", r.Verdict, r.Tstamp, before, after)
 		}
 		if b.stat(t, "egress_clock_reset") != resets+1 {
@@ -262,7 +263,7 @@ func TestEDTProgram(t *testing.T) {
 		}
 		// a stamp in the past (the pod's clock is behind) never moves the
 		// departure before now
-		r = runEDT(t, prog, pkt, 1, 1500)
+		r = dptest.RunEDT(t, prog, pkt, 1, 1500)
 		if r.Tstamp < after {
 			t.Fatalf("departure %d before now %d", r.Tstamp, after)
 		}
@@ -276,10 +277,10 @@ func TestEDTProgram(t *testing.T) {
 		apply(10_000_000)
 		// tstamp_type 0 (not mono delivery time): a far-future value in
 		// another clock must be ignored, not honoured or dropped
-		rx := monoNow(t) + uint64(50*365*24*time.Hour)
-		before := monoNow(t)
-		r := runEDT(t, prog, pkt, rx, 1500)
-		if r.Verdict != tcActOK || r.Tstamp > before+uint64(time.Second) {
+		rx := dptest.MonoNow(t) + uint64(50*365*24*time.Hour)
+		before := dptest.MonoNow(t)
+		r := dptest.RunEDT(t, prog, pkt, rx, 1500)
+		if r.Verdict != dptest.TCActOK || r.Tstamp > before+uint64(time.Second) {
 			t.Fatalf("verdict %d departure %d, want OK near now %d", r.Verdict, r.Tstamp, before)
 		}
 	})
@@ -291,12 +292,12 @@ func TestEDTProgram(t *testing.T) {
 			t.Fatal(err)
 		}
 		apply(100_000_000)
-		big := bigTCP4(pkt, unix.IPPROTO_TCP)
+		big := dptest.BigTCP4(pkt, unix.IPPROTO_TCP)
 		const wire = 60_000 // 4.8 ms at 100 Mbit/s; PROG_TEST_RUN refuses wire_len > 64 KiB
 		un0 := b.stat(t, "egress_unlimited")
-		r1 := runEDTCtx(t, prog, big, skbFields{WireLen: wire, GSOSize: 1448}.Ctx())
-		r2 := runEDTCtx(t, prog, big, skbFields{WireLen: wire, GSOSize: 1448}.Ctx())
-		if r1.Verdict != tcActOK || r2.Verdict != tcActOK || r1.Tstamp == 0 {
+		r1 := dptest.RunEDTCtx(t, prog, big, dptest.SKBFields{WireLen: wire, GSOSize: 1448}.Ctx())
+		r2 := dptest.RunEDTCtx(t, prog, big, dptest.SKBFields{WireLen: wire, GSOSize: 1448}.Ctx())
+		if r1.Verdict != dptest.TCActOK || r2.Verdict != dptest.TCActOK || r1.Tstamp == 0 {
 			t.Fatalf("verdicts %d %d, first departure %d: want OK and a stamp", r1.Verdict, r2.Verdict, r1.Tstamp)
 		}
 		if d := delay(100_000_000, wire); !r2.DepartsAfter(r1.Tstamp, d) {

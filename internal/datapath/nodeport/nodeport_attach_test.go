@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // TestNodePortAttach: the tc ingress program goes first in the uplink's
@@ -22,7 +23,7 @@ func TestNodePortAttach(t *testing.T) {
 		t.Run("xdp="+mode, func(t *testing.T) {
 			var a Attachment
 			var err error
-			inNetns(t, f.ns, func() {
+			dptest.InNetns(t, f.ns, func() {
 				if tcx {
 					// stand-in for axon_uplink_ingress, attached before the LB
 					l, lerr := link.AttachTCX(link.TCXOptions{Interface: f.upIf, Program: f.n.tc.AxonLbEgress, Attach: ebpf.AttachTCXIngress})
@@ -68,7 +69,7 @@ func TestNodePortAttach(t *testing.T) {
 		})
 	}
 	// XDP removed when re-attached without it
-	inNetns(t, f.ns, func() {
+	dptest.InNetns(t, f.ns, func() {
 		if _, err := f.n.Attach("eth0", XDPGeneric); err != nil {
 			t.Error(err)
 			return
@@ -95,7 +96,7 @@ func TestNodePortAttach(t *testing.T) {
 // (= run order).
 func TestNodePortLegacyOrder(t *testing.T) {
 	f := newNPFix(t, nil)
-	inNetns(t, f.ns, func() {
+	dptest.InNetns(t, f.ns, func() {
 		dev, err := netlink.LinkByName("eth0")
 		if err != nil {
 			t.Error(err)

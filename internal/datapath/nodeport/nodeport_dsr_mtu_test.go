@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -167,7 +168,7 @@ func TestNodePortDSRBigTCP(t *testing.T) {
 	big := func(fl Tuple) []byte {
 		b := f.wirePkt(fl, npACK)
 		if fl.Src.Addr().Is4() {
-			return bigTCP4(b, unix.IPPROTO_TCP)
+			return dptest.BigTCP4(b, unix.IPPROTO_TCP)
 		}
 		b[14+4], b[14+5] = 0, 0
 		return b
@@ -292,7 +293,7 @@ func TestNodePortDSRBackendFragmentsAndErrors(t *testing.T) {
 // np_reason rows) is unpinned so that the LB loads; one of the right size
 // is kept with its counts.
 func TestNPMetricsMigration(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	spec, err := loadLbTC()
 	if err != nil {
 		t.Fatal(err)
@@ -323,7 +324,7 @@ func TestNPMetricsMigration(t *testing.T) {
 				t.Fatal(err)
 			}
 			m.Close()
-			if err := npMetricsMigration(pin, ms, testLogger(t)); err != nil {
+			if err := npMetricsMigration(pin, ms, dptest.Logger(t)); err != nil {
 				t.Fatal(err)
 			}
 			_, err = os.Stat(path)

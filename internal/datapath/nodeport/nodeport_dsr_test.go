@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -34,7 +35,7 @@ func TestNodePortDSRBackend(t *testing.T) {
 	f.upsert(t, npVIP("192.0.2.20:80", lb.TCP, npBE("10.244.1.8:80", "node1")), FrontendOptions{})
 
 	// DSR entries: one per local backend of each frontend
-	if n := mapLen(t, f.n.tc.AxonNpDsr); n != 4 {
+	if n := dptest.MapLen(t, f.n.tc.AxonNpDsr); n != 4 {
 		t.Fatalf("axon_np_dsr holds %d entries, want 4 (the local backends)", n)
 	}
 
@@ -190,7 +191,7 @@ func TestNodePortDSRBackend(t *testing.T) {
 		if err := f.n.DeleteFrontend(npVIP("[2001:db8::10]:80", lb.TCP).Key); err != nil {
 			t.Fatal(err)
 		}
-		if n := mapLen(t, f.n.tc.AxonNpDsr); n != 2 {
+		if n := dptest.MapLen(t, f.n.tc.AxonNpDsr); n != 2 {
 			t.Errorf("axon_np_dsr holds %d entries, want 2", n)
 		}
 	})
@@ -264,7 +265,7 @@ func TestNodePortDSRClusterClients(t *testing.T) {
 		if err := f.n.SetClusterPrefixes(ps); err != nil {
 			t.Fatal(err)
 		}
-		if n := mapLen(t, f.n.tc.AxonNpCluster); n != len(ps) {
+		if n := dptest.MapLen(t, f.n.tc.AxonNpCluster); n != len(ps) {
 			t.Fatalf("axon_np_cluster holds %d entries, want %d", n, len(ps))
 		}
 		for _, hook := range npHooks {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -126,7 +127,7 @@ func TestNodePortReverse(t *testing.T) {
 					return
 				}
 				copy(want[0:12], pkt[0:12])
-				want = forwarded(want, f.cliMAC, f.upMAC)
+				want = dptest.Forwarded(want, f.cliMAC, f.upMAC)
 				if v != npFwd || !bytes.Equal(out, want) {
 					t.Fatalf("reply: verdict %s\n got %x\nwant %x", v, out, want)
 				}
@@ -183,7 +184,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 				in := icmpErr(router, npNode, sent, 1400)
 				orig := frame(npTCP("198.18.0.250:40000", "198.18.0.11:30080"))
 				want := icmpErr(npNode, npClient, orig, 1400)
-				return in, forwarded(want, f.cliMAC, f.upMAC)
+				return in, dptest.Forwarded(want, f.cliMAC, f.upMAC)
 			}, npFwd},
 		{"v4 frag needed about a reply sent to the client (SNAT): to the backend as if about what it sent",
 			npTCP("198.18.0.250:40000", "198.18.0.11:30080"), func(e CTEntry) ([]byte, []byte) {
@@ -191,7 +192,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 				in := icmpErr(router, npNode, reply, 1280)
 				backendSent := frame(Tuple{Proto: lb.TCP, Src: npAP("10.244.2.5:8080"), Dst: netip.AddrPortFrom(npNode, e.NATPort)})
 				want := icmpErr(npNode, netip.MustParseAddr("10.244.2.5"), backendSent, 1280)
-				return in, forwarded(want, f.gwMAC, f.upMAC)
+				return in, dptest.Forwarded(want, f.gwMAC, f.upMAC)
 			}, npFwd},
 		{"v6 packet too big about a reply (SNAT): to the backend",
 			npTCP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30080"), func(e CTEntry) ([]byte, []byte) {
@@ -199,7 +200,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 				in := icmpErr(router6, npNode6, reply, 1280)
 				backendSent := frame(Tuple{Proto: lb.TCP, Src: npAP("[fd00:10:244:2::5]:8080"), Dst: netip.AddrPortFrom(npNode6, e.NATPort)})
 				want := icmpErr(npNode6, netip.MustParseAddr("fd00:10:244:2::5"), backendSent, 1280)
-				return in, forwarded(want, f.gwMAC, f.upMAC)
+				return in, dptest.Forwarded(want, f.gwMAC, f.upMAC)
 			}, npFwd},
 		{"v4 frag needed about a local backend's reply: to the pod, continue to uplink_ingress",
 			npTCP("198.18.0.250:40000", "198.18.0.11:30081"), func(e CTEntry) ([]byte, []byte) {
@@ -421,7 +422,7 @@ func TestNodePortExplain(t *testing.T) {
 	// an existing flow is reported as such
 	flow := npTCP("203.0.113.9:40000", "198.18.0.11:30080")
 	if v, _ := f.run(t, "tc", f.wirePkt(flow, npSYN)); v != npFwd {
-		t.Fatal("SYN not forwarded")
+		t.Fatal("SYN not dptest.Forwarded")
 	}
 	ex, err := f.n.Explain(flow)
 	if err != nil || !ex.Existing || ex.Backend != npAP("10.244.2.5:8080") {

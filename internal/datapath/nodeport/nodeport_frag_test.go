@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -247,7 +248,7 @@ func TestNodePortFragments(t *testing.T) {
 				expect: func(t *testing.T, in [][]byte) [][]byte {
 					exp := npWithMACs(npFrags(npPacketPayload(snatOut(t), 0, npFragPayload), id, npFragChunk), f.upMAC, f.cliMAC)
 					for i := range exp {
-						exp[i] = forwarded(exp[i], f.gwMAC, f.upMAC)
+						exp[i] = dptest.Forwarded(exp[i], f.gwMAC, f.upMAC)
 					}
 					return exp
 				},
@@ -276,7 +277,7 @@ func TestNodePortFragments(t *testing.T) {
 				expect: func(t *testing.T, in [][]byte) [][]byte {
 					exp := npWithMACs(npFrags(npPacketPayload(back(snat)(t), 0, npFragPayload), id+1, npFragChunk), f.upMAC, f.gwMAC)
 					for i := range exp {
-						exp[i] = forwarded(exp[i], f.cliMAC, f.upMAC)
+						exp[i] = dptest.Forwarded(exp[i], f.cliMAC, f.upMAC)
 					}
 					return exp
 				},
@@ -455,7 +456,7 @@ func TestNodePortFragmentsGarbage(t *testing.T) {
 			natB := f.natPort(t, b)
 			exp := npWithMACs(npFrags(npPacketPayload(Tuple{Proto: lb.UDP, Src: netip.AddrPortFrom(npNode, natB), Dst: npAP("10.244.2.6:5353")}, 0, npFragPayload), 6, npFragChunk), f.upMAC, f.cliMAC)
 			// only the IP header is compared: the payload is a's
-			if w := forwarded(exp[1], f.gwMAC, f.upMAC); !bytes.Equal(o[:34], w[:34]) {
+			if w := dptest.Forwarded(exp[1], f.gwMAC, f.upMAC); !bytes.Equal(o[:34], w[:34]) {
 				t.Errorf("a's middle fragment:\n got %x\nwant %x (b's translation)", o[:34], w[:34])
 			}
 		})

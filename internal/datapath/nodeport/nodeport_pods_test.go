@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -149,13 +150,13 @@ func (l *logBuf) String() string {
 // TestLBPodDeliveryMaps: DeliverPods needs the pod datapath's maps pinned in
 // the same dir and says so; without it the LB leaves no pod map behind.
 func TestLBPodDeliveryMaps(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	pin := newPinDir(t)
-	_, err := Load(Options{PinDir: pin, DeliverPods: true, Logger: testLogger(t)})
+	_, err := Load(Options{PinDir: pin, DeliverPods: true, Logger: dptest.Logger(t)})
 	if err == nil || !strings.Contains(err.Error(), "load the pod datapath first") {
 		t.Fatalf("DeliverPods without a pod datapath: err = %v, want one that says to load the pod datapath first", err)
 	}
-	np, err := Load(Options{PinDir: pin, Logger: testLogger(t)})
+	np, err := Load(Options{PinDir: pin, Logger: dptest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -94,7 +95,7 @@ func npConnLoop(dst netip.AddrPort, d time.Duration) (conns, fails, stalls int, 
 }
 
 // npNstat reads TcpExt counters of netns c.
-func npNstat(c *nsCfg, names ...string) map[string]int64 {
+func npNstat(c *dptest.NSCfg, names ...string) map[string]int64 {
 	out := map[string]int64{}
 	lines := strings.Split(c.ProcNet("netstat"), "\n")
 	for i := 0; i+1 < len(lines); i += 2 {
@@ -131,11 +132,11 @@ func TestNodePortSNATConnectLoop(t *testing.T) {
 		}
 	}
 	names := []string{"TW", "TWRecycled", "PAWSEstabRejected", "PAWSActiveRejected", "TCPChallengeACK", "TCPACKSkippedTimeWait"}
-	bc := nsConf(t, f.backend)
+	bc := dptest.NSConf(t, f.backend)
 	for _, xdp := range []string{XDPNone, XDPGeneric} {
 		t.Run("xdp="+xdp, func(t *testing.T) {
 			var err error
-			inNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", xdp) })
+			dptest.InNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", xdp) })
 			if err != nil {
 				t.Fatal(err)
 			}

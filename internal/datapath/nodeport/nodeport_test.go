@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -61,11 +62,11 @@ func npVerdictOf(hook string, ret uint32) (npVerdict, error) {
 		switch ret {
 		case npTCUnspec:
 			return npNext, nil
-		case tcActOK:
+		case dptest.TCActOK:
 			return npPass, nil
 		case npTCShot:
 			return npDrop, nil
-		case tcActRedirect:
+		case dptest.TCActRedirect:
 			return npFwd, nil
 		}
 	}
@@ -95,10 +96,10 @@ var (
 
 func newNPFix(t testing.TB, mod func(*Options)) *npFix {
 	t.Helper()
-	requireRoot(t)
-	f := &npFix{gwMAC: mustMAC(t, "02:00:00:00:00:12"), cliMAC: mustMAC(t, "02:00:00:00:00:fa")}
-	f.ns = newNetns(t, "np")
-	c := nsConf(t, f.ns)
+	dptest.RequireRoot(t)
+	f := &npFix{gwMAC: dptest.MustMAC(t, "02:00:00:00:00:12"), cliMAC: dptest.MustMAC(t, "02:00:00:00:00:fa")}
+	f.ns = dptest.NewNetns(t, "np")
+	c := dptest.NSConf(t, f.ns)
 	c.Veth("eth0", "", "wire", "", "")
 	c.Up("eth0", "wire")
 	c.Addr("eth0", "198.18.0.11/24")
@@ -116,7 +117,7 @@ func newNPFix(t testing.TB, mod func(*Options)) *npFix {
 	l := c.Link("eth0")
 	f.upIf, f.upMAC = l.Attrs().Index, l.Attrs().HardwareAddr
 	f.pin = newPinDir(t)
-	o := Options{PinDir: f.pin, NodeName: "node1", NodeAddrs: []netip.Addr{npNode, npNode6}, Logger: testLogger(t)}
+	o := Options{PinDir: f.pin, NodeName: "node1", NodeAddrs: []netip.Addr{npNode, npNode6}, Logger: dptest.Logger(t)}
 	if mod != nil {
 		mod(&o)
 	}
@@ -152,17 +153,17 @@ func (f *npFix) run(t testing.TB, hook string, pkt []byte) (npVerdict, []byte) {
 }
 
 // runErr is run without failing the test (t.Fatal must not be called on
-// the netns goroutine: inNetns would never return).
+// the netns goroutine: dptest.InNetns would never return).
 func (f *npFix) runErr(hook string, pkt []byte) (npVerdict, []byte, error) {
 	var prog *ebpf.Program
 	var ctx []byte
 	switch hook {
 	case "tc":
-		prog, ctx = f.n.tc.AxonLbIngress, skbCtx(f.upIf)
+		prog, ctx = f.n.tc.AxonLbIngress, dptest.SKBCtx(f.upIf)
 	case "egress":
-		prog, ctx = f.n.tc.AxonLbEgress, skbCtx(f.upIf)
+		prog, ctx = f.n.tc.AxonLbEgress, dptest.SKBCtx(f.upIf)
 	case "decap":
-		prog, ctx = f.n.tc.AxonLbDecap, skbCtx(f.upIf)
+		prog, ctx = f.n.tc.AxonLbDecap, dptest.SKBCtx(f.upIf)
 	case "xdp":
 		prog, ctx = f.n.xdp.AxonLbXdp, npXDPCtx(f.upIf, len(pkt))
 	}
@@ -256,7 +257,7 @@ func npTranslated(pkt []byte, nt Tuple, flags uint8, dstMAC, srcMAC net.Hardware
 	b := npPacket(nt, flags)
 	copy(b[0:12], pkt[0:12])
 	if dstMAC != nil {
-		b = forwarded(b, dstMAC, srcMAC)
+		b = dptest.Forwarded(b, dstMAC, srcMAC)
 	}
 	return b
 }
@@ -367,7 +368,7 @@ func TestNodePortPrograms(t *testing.T) {
 	ttl1[14+8] = 1
 	ttl1[14+10], ttl1[14+11] = 0, 0
 	binary.BigEndian.PutUint16(ttl1[14+10:], inetcsum.Checksum(ttl1[14:34], 0))
-	arp := arpPacket(f.cliMAC)
+	arp := dptest.ARPPacket(f.cliMAC)
 
 	// SNAT's source port is picked in BPF: read it from the CT entry
 	snat := func(flow Tuple, be string, v6 bool) func(string) []byte {

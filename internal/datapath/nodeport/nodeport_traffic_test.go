@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
 )
@@ -30,12 +31,12 @@ type npTrafficFix struct {
 }
 
 func newNPTrafficFix(t *testing.T) *npTrafficFix {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	f := &npTrafficFix{}
-	f.wire = newNetns(t, "npw")
+	f.wire = dptest.NewNetns(t, "npw")
 	wire := f.wire
-	f.client, f.node, f.backend = newNetns(t, "npc"), newNetns(t, "npn"), newNetns(t, "npb")
-	w := nsConf(t, wire)
+	f.client, f.node, f.backend = dptest.NewNetns(t, "npc"), dptest.NewNetns(t, "npn"), dptest.NewNetns(t, "npb")
+	w := dptest.NSConf(t, wire)
 	w.NoBridgeNetfilter()
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
 	if err := w.H.LinkAdd(br); err != nil {
@@ -47,7 +48,7 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 		{f.client, "c0", "c1", "198.18.0.250/24", "fd00:198:18::250/64"},
 		{f.backend, "b0", "b1", "198.18.0.12/24", "fd00:198:18::12/64"},
 	} {
-		c := nsConf(t, e.ns)
+		c := dptest.NSConf(t, e.ns)
 		c.Veth(e.dev, "", e.peer, "", wire)
 		c.Addr(e.dev, e.cidr)
 		c.Addr(e.dev, e.cidr6)
@@ -57,39 +58,39 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 		}
 		w.Up(e.peer)
 	}
-	n := nsConf(t, f.node)
+	n := dptest.NSConf(t, f.node)
 	n.Sysctl("net.ipv4.ip_forward", "1")
 	n.Sysctl("net.ipv6.conf.all.forwarding", "1")
-	nsConf(t, f.client).Route("192.0.2.0/24", "198.18.0.11", "c0")
-	b := nsConf(t, f.backend)
+	dptest.NSConf(t, f.client).Route("192.0.2.0/24", "198.18.0.11", "c0")
+	b := dptest.NSConf(t, f.backend)
 	b.Addr("lo", "192.0.2.10/32") // the DSR service address, owned by the backend
 	// a local pod behind the node (kernel-routed: no axon host routing here)
-	f.pod = newNetns(t, "npp")
+	f.pod = dptest.NewNetns(t, "npp")
 	n.Veth("lxc0", "", "p0", "", f.pod)
 	n.Addr("lxc0", "10.244.1.1/24")
 	n.Addr("lxc0", "fd00:10:244:1::1/64")
 	n.Up("lxc0")
-	p := nsConf(t, f.pod)
+	p := dptest.NSConf(t, f.pod)
 	p.Addr("p0", "10.244.1.5/24")
 	p.Addr("p0", "fd00:10:244:1::5/64")
 	p.Up("p0")
 	p.Route("default", "10.244.1.1", "p0")
 	p.Route("default", "fd00:10:244:1::1", "p0")
 	var err error
-	inNetns(t, f.node, func() {
+	dptest.InNetns(t, f.node, func() {
 		// UplinkMTU as the agent sets it (the uplink's MTU): a full-size
 		// segment that no longer fits once encapsulated gets "fragmentation
 		// needed" and the client's PMTU shrinks; without it such a segment
 		// is dropped at the veth, and a DSR bulk flow stalls on it
 		f.nodeLB, err = Load(Options{PinDir: newPinDir(t), NodeName: "node1",
-			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: testLogger(t)})
+			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: dptest.Logger(t)})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.nodeLB.Close() })
-	inNetns(t, f.backend, func() {
-		f.backendLB, err = Load(Options{PinDir: newPinDir(t), Logger: testLogger(t)})
+	dptest.InNetns(t, f.backend, func() {
+		f.backendLB, err = Load(Options{PinDir: newPinDir(t), Logger: dptest.Logger(t)})
 		if err == nil {
 			_, err = f.backendLB.AttachDecap("b0")
 		}
@@ -174,7 +175,7 @@ func TestNodePortTraffic(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			var err error
-			inNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", c.xdp) })
+			dptest.InNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", c.xdp) })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -209,7 +210,7 @@ func TestNodePortTraffic(t *testing.T) {
 	if bm["egress"]["dsr_decap"] == 0 {
 		t.Errorf("the backend decapsulated nothing: %v", bm["egress"])
 	}
-	inNetns(t, f.node, func() {
+	dptest.InNetns(t, f.node, func() {
 		if err := f.nodeLB.Detach("eth0"); err != nil {
 			t.Error(err)
 		}
@@ -232,18 +233,18 @@ type ipipLengths struct {
 func capture(t *testing.T, ns, dev string, seen func(frame []byte, n int)) (stop func()) {
 	t.Helper()
 	fd := -1
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(dptest.Htons(unix.ETH_P_ALL)))
 		if err != nil {
 			t.Errorf("packet socket: %v", err)
 			return
 		}
-		if err := unix.Bind(s, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
+		if err := unix.Bind(s, &unix.SockaddrLinklayer{Protocol: dptest.Htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
 			unix.Close(s)
 			t.Errorf("bind packet socket to %s: %v", dev, err)
 			return
@@ -337,10 +338,10 @@ func captureJumbo6(t *testing.T, ns, dev string) (stop func() int) {
 // to). A transfer in which TCP sent no big packet measures nothing; up to
 // three are made (in the TCG VM, one lost ~20 big packets at the wire's
 // bridge port and shrank its window for the rest of the transfer). In the
-// VM each transfer also logs the kernel's own drop records (traceDrops:
+// VM each transfer also logs the kernel's own drop records (dptest.TraceDrops:
 // where and why), so that loss can be placed when it comes back.
 func TestNodePortTrafficBigTCP(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	if c := datapath.Probe().BigTCP; !c.Available {
 		t.Skipf("no BIG TCP on this kernel: %s", c.Reason)
 	}
@@ -350,7 +351,7 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 		{f.client, "c0"}, {f.node, "eth0"}, {f.backend, "b0"},
 		{f.wire, "br0"}, {f.wire, "c1"}, {f.wire, "n1"}, {f.wire, "b1"},
 	} {
-		v4 = setBigTCP(t, d.ns, d.dev) && v4
+		v4 = dptest.SetBigTCP(t, d.ns, d.dev) && v4
 	}
 	if err := f.nodeLB.UpsertFrontendWith(npVIP("192.0.2.10:5201", lb.TCP, npBE("198.18.0.12:5201", "node2")), FrontendOptions{Mode: ModeDSR}); err != nil {
 		t.Fatal(err)
@@ -364,11 +365,11 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 		}
 	}
 	var err error
-	inNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", XDPNone) })
+	dptest.InNetns(t, f.node, func() { _, err = f.nodeLB.Attach("eth0", XDPNone) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { inNetns(t, f.node, func() { _ = f.nodeLB.Detach("eth0") }) })
+	t.Cleanup(func() { dptest.InNetns(t, f.node, func() { _ = f.nodeLB.Detach("eth0") }) })
 	ap := netip.MustParseAddrPort
 	const n = 32 << 20
 	for _, c := range []struct {
@@ -385,34 +386,34 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 				t.Skip("no IPv4 BIG TCP here (gso_ipv4_max_size, kernel >= 6.3)")
 			}
 			// one bulk transfer: every check but whether TCP sent big
-			// packets at all, which it reports (why not: see tcpBulkVia)
+			// packets at all, which it reports (why not: see dptest.TCPBulkVia)
 			transfer := func() (why string) {
 				before, _ := f.nodeLB.Metrics()
-				p0, b0 := linkRx(t, f.node, "eth0")
+				p0, b0 := dptest.LinkRx(t, f.node, "eth0")
 				stop := captureIPIP(t, f.backend, "b0")
 				stop6 := captureJumbo6(t, f.node, "eth0")
 				nss := []string{f.client, f.wire, f.node, f.backend}
 				var st0 []map[string]uint64
 				for _, ns := range nss {
-					st0 = append(st0, netStats(t, ns))
+					st0 = append(st0, dptest.NetStats(t, ns))
 				}
 				proto := uint16(unix.ETH_P_IP)
 				if c.dial.Addr().Is6() {
 					proto = unix.ETH_P_IPV6
 				}
-				stopTrace := traceDrops(t, proto)
-				bulkErr := tcpBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
+				stopTrace := dptest.TraceDrops(t, proto)
+				bulkErr := dptest.TCPBulkVia(t, f.client, f.backend, c.listen, c.dial, n)
 				drops := stopTrace()
 				ipip, jumbo := stop(), stop6()
 				if drops != "" {
 					t.Logf("kernel drops: %s", drops)
 				}
 				for i, ns := range nss {
-					if d := lossDelta(st0[i], netStats(t, ns)); d != "" {
+					if d := dptest.LossDelta(st0[i], dptest.NetStats(t, ns)); d != "" {
 						t.Logf("%s: %s", ns, d)
 					}
 				}
-				p1, b1 := linkRx(t, f.node, "eth0")
+				p1, b1 := dptest.LinkRx(t, f.node, "eth0")
 				after, _ := f.nodeLB.Metrics()
 				// eth0 also receives the backend's ACKs in SNAT; in DSR they go
 				// straight to the client and the client's data alone counts
@@ -438,7 +439,7 @@ func TestNodePortTrafficBigTCP(t *testing.T) {
 			}
 			// TCP alone decides its packet sizes: where one transfer sent
 			// no big packet, try again (each transfer is checked in full)
-			untilMeasured(t, transfer)
+			dptest.UntilMeasured(t, transfer)
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // pinnedProgID returns the ID of the program pinned at path (legacy marker).
@@ -33,7 +34,7 @@ func pinnedProgID(t *testing.T, path string) int {
 // through netlink, adopted by filter replace, removed by Uninstall) before.
 // The same test runs on the host and in the kernel-matrix VMs.
 func TestAttachAutoFollowsProbe(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	feats := datapath.Probe()
 	t.Logf("tcx probe: available=%v, %s", feats.TCX.Available, feats.TCX.Reason)
 	cases := []struct {
@@ -48,8 +49,8 @@ func TestAttachAutoFollowsProbe(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			ns := attachNetns(t)
 			pin := newPinDir(t)
-			cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: c.mode, Logger: testLogger(t)}
-			inNetns(t, ns, func() {
+			cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: c.mode, Logger: dptest.Logger(t)}
+			dptest.InNetns(t, ns, func() {
 				d, err := Load(cfg)
 				if err != nil {
 					t.Fatal(err)

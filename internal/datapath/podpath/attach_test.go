@@ -10,13 +10,14 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // attachNetns makes a node netns with an uplink eth0 and two pod devices.
 func attachNetns(t *testing.T) string {
 	t.Helper()
-	ns := newNetns(t, "att")
-	c := nsConf(t, ns)
+	ns := dptest.NewNetns(t, "att")
+	c := dptest.NSConf(t, ns)
 	c.Veth("eth0", "", "wire", "", "")
 	c.Veth("lxc1", "", "p1", "", "")
 	c.Veth("lxc2", "", "p2", "", "")
@@ -96,18 +97,18 @@ func decision(d *Datapath, name string) string {
 }
 
 func TestAttachTCXAdoptAndUninstall(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	feats := datapath.Probe()
 	if !feats.TCX.Available {
 		t.Skip(feats.TCX.Reason)
 	}
 	ns := attachNetns(t)
 	pin := newPinDir(t)
-	cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
+	cfg := Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)}
 	podPin := datapath.PinPath(pin, datapath.PinTCX, rolePod, "lxc1")
 	upPin := datapath.PinPath(pin, datapath.PinTCX, roleUplink, "eth0")
 
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		d, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -220,13 +221,13 @@ func TestAttachTCXAdoptAndUninstall(t *testing.T) {
 }
 
 func TestAttachLegacyAndModeSwitch(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	feats := datapath.Probe()
 	ns := attachNetns(t)
 	pin := newPinDir(t)
-	cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: datapath.ModeLegacy, Logger: testLogger(t)}
+	cfg := Config{PinDir: pin, Uplink: "eth0", AttachMode: datapath.ModeLegacy, Logger: dptest.Logger(t)}
 
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		d, err := Load(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -329,7 +330,7 @@ func TestAttachLegacyAndModeSwitch(t *testing.T) {
 }
 
 func TestLoadBadConfig(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	cases := []struct {
@@ -343,7 +344,7 @@ func TestLoadBadConfig(t *testing.T) {
 		{"missing uplink device", Config{PinDir: pin, Uplink: "nosuch0"}},
 		{"no uplink with bpf host routing", Config{PinDir: pin}},
 	}
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		for _, c := range cases {
 			if d, err := Load(c.cfg); err == nil {
 				d.Close()

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // TestAttachUnderTraffic attaches and detaches the pod program while UDP
@@ -20,21 +22,21 @@ import (
 // __netif_receive_skb_core or __dev_queue_xmit within a second of this
 // load (hack/vm/README.md §10).
 func TestAttachUnderTraffic(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	const duration = 3 * time.Second
 
 	// Traffic: an echo over a veth pair between two netns of its own.
-	cli, srv := newNetns(t, "atc"), newNetns(t, "ats")
-	c := nsConf(t, cli)
+	cli, srv := dptest.NewNetns(t, "atc"), dptest.NewNetns(t, "ats")
+	c := dptest.NSConf(t, cli)
 	c.Veth("a0", "", "b0", "", srv)
 	c.Up("a0")
 	c.Addr("a0", "10.250.7.1/24")
-	s := nsConf(t, srv)
+	s := dptest.NSConf(t, srv)
 	s.Up("b0")
 	s.Addr("b0", "10.250.7.2/24")
 	var echo, client *net.UDPConn
-	inNetns(t, srv, func() { echo = listenUDP(t, "10.250.7.2:7777") })
-	inNetns(t, cli, func() { client = listenUDP(t, "10.250.7.1:0") })
+	dptest.InNetns(t, srv, func() { echo = listenUDP(t, "10.250.7.2:7777") })
+	dptest.InNetns(t, cli, func() { client = listenUDP(t, "10.250.7.1:0") })
 	t.Cleanup(func() { echo.Close(); client.Close() })
 
 	// The toggled node: its uplink program is taken off so that the pod
@@ -43,9 +45,9 @@ func TestAttachUnderTraffic(t *testing.T) {
 	ns := attachNetns(t)
 	pin := newPinDir(t)
 	var d *Datapath
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		var err error
-		if d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}); err != nil {
+		if d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)}); err != nil {
 			t.Fatal(err)
 		}
 		d.mu.Lock()
@@ -68,7 +70,7 @@ func TestAttachUnderTraffic(t *testing.T) {
 	var echoErr error
 	wg.Go(func() { // the echo: CPU 0, like the client
 		if twoCPUs {
-			if echoErr = pinOneCPU(0); echoErr != nil {
+			if echoErr = dptest.PinOneCPU(0); echoErr != nil {
 				return
 			}
 		}
@@ -93,7 +95,7 @@ func TestAttachUnderTraffic(t *testing.T) {
 	go func() { // the client: one datagram at a time, so no buffer can overflow
 		defer close(clientDone)
 		if twoCPUs {
-			if clientErr = pinOneCPU(0); clientErr != nil {
+			if clientErr = dptest.PinOneCPU(0); clientErr != nil {
 				return
 			}
 		}
@@ -124,11 +126,11 @@ func TestAttachUnderTraffic(t *testing.T) {
 	}()
 
 	toggles := 0
-	inNetns(t, ns, func() { // the toggler: CPU 1 while the traffic runs on CPU 0
+	dptest.InNetns(t, ns, func() { // the toggler: CPU 1 while the traffic runs on CPU 0
 		if twoCPUs {
-			// pinOneCPU locks the thread once more than inNetns unlocks it:
-			// the pinned thread ends with inNetns's goroutine
-			if err := pinOneCPU(1); err != nil {
+			// dptest.PinOneCPU locks the thread once more than dptest.InNetns unlocks it:
+			// the pinned thread ends with dptest.InNetns's goroutine
+			if err := dptest.PinOneCPU(1); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,6 +3,8 @@ package podpath
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // BenchmarkPrograms reports ns/run of each program (BPF_PROG_TEST_RUN) on a
@@ -26,13 +28,13 @@ func BenchmarkPrograms(b *testing.B) {
 		want    map[string]uint32 // program -> verdict of the path measured
 		noCache bool              // run in the fixture loaded with NoFibCache
 	}{
-		{"local_pod_v4", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), f.ep.IP, 255, nil), f.podIf,
+		{"local_pod_v4", dptest.IPv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), f.ep.IP, 255, nil), f.podIf,
 			map[string]uint32{"pod_egress": redirect, "uplink_ingress": redirect}, false},
-		{"local_pod_v6", ipv6Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("fd00:10:244:1::7"), f.ep6.IP, 255), f.podIf,
+		{"local_pod_v6", dptest.IPv6Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("fd00:10:244:1::7"), f.ep6.IP, 255), f.podIf,
 			map[string]uint32{"pod_egress": redirect, "uplink_ingress": redirect}, false},
-		{"remote_pod_v4_fib", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 255, nil), f.podIf,
+		{"remote_pod_v4_fib", dptest.IPv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 255, nil), f.podIf,
 			map[string]uint32{"pod_egress": redirect, "uplink_ingress": pass}, false},
-		{"remote_pod_v4_fib_nocache", ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 255, nil), off.podIf,
+		{"remote_pod_v4_fib_nocache", dptest.IPv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 255, nil), off.podIf,
 			map[string]uint32{"pod_egress": redirect}, true},
 	}
 	for _, c := range cases {
@@ -53,7 +55,7 @@ func BenchmarkPrograms(b *testing.B) {
 					ret uint32
 					err error
 				)
-				inNetns(b, fx.ns, func() {
+				dptest.InNetns(b, fx.ns, func() {
 					b.ResetTimer()
 					_, ret, err = benchProgram(p, c.pkt, c.ifindex, b.N)
 				})

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // TestTrafficBigTCP: with BIG TCP on every device, bulk TCP between pods,
@@ -14,7 +15,7 @@ import (
 // packets carry tot_len 0, which the parser once took for malformed and
 // handed to the stack (ip_forward, one more veth crossing per packet).
 func TestTrafficBigTCP(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	if c := datapath.Probe().BigTCP; !c.Available {
 		t.Skipf("no BIG TCP on this kernel: %s", c.Reason)
 	}
@@ -25,7 +26,7 @@ func TestTrafficBigTCP(t *testing.T) {
 	for _, d := range []struct{ ns, dev string }{
 		{node, "eth0"}, {ext, "wire"}, {node, a.hostIf}, {node, b.hostIf}, {a.ns, "eth0"}, {b.ns, "eth0"},
 	} {
-		v4 = setBigTCP(t, d.ns, d.dev) && v4
+		v4 = dptest.SetBigTCP(t, d.ns, d.dev) && v4
 	}
 	d := loadWithPods(t, node, a, b)
 
@@ -49,15 +50,15 @@ func TestTrafficBigTCP(t *testing.T) {
 			// one bulk transfer with every check but whether TCP sent big
 			// packets, which it reports
 			transfer := func() (why string) {
-				fwd4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
-				fwd6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
+				fwd4 := dptest.SNMPCounter(t, node, "Ip", "ForwDatagrams")
+				fwd6 := dptest.SNMPCounter(t, node, "", "Ip6OutForwDatagrams")
 				m0, err := d.MetricsByDirection()
 				if err != nil {
 					t.Fatal(err)
 				}
-				p0, b0 := linkRx(t, node, f.rxDev)
-				tcpBulk(t, f.client, f.srv, f.addr, n)
-				p1, b1 := linkRx(t, node, f.rxDev)
+				p0, b0 := dptest.LinkRx(t, node, f.rxDev)
+				dptest.TCPBulk(t, f.client, f.srv, f.addr, n)
+				p1, b1 := dptest.LinkRx(t, node, f.rxDev)
 				m1, err := d.MetricsByDirection()
 				if err != nil {
 					t.Fatal(err)
@@ -74,8 +75,8 @@ func TestTrafficBigTCP(t *testing.T) {
 				if fwd < pkts/2 {
 					t.Errorf("%s/%s +%d for %d packets: the programs did not forward them", f.fwd[0], f.fwd[1], fwd, pkts)
 				}
-				if g4, g6 := snmpCounter(t, node, "Ip", "ForwDatagrams")-fwd4, snmpCounter(t, node, "", "Ip6OutForwDatagrams")-fwd6; g4+g6 != 0 {
-					t.Errorf("the node's stack forwarded %d IPv4 and %d IPv6 packets, want 0", g4, g6)
+				if g4, g6 := dptest.SNMPCounter(t, node, "Ip", "ForwDatagrams")-fwd4, dptest.SNMPCounter(t, node, "", "Ip6OutForwDatagrams")-fwd6; g4+g6 != 0 {
+					t.Errorf("the node's stack dptest.Forwarded %d IPv4 and %d IPv6 packets, want 0", g4, g6)
 				}
 				// an average over 64 KiB means BIG TCP is on along this path;
 				// IPv4 has it only where the kernel takes gso_ipv4_max_size
@@ -88,7 +89,7 @@ func TestTrafficBigTCP(t *testing.T) {
 			// its frames can stay under 64 KiB for a whole transfer, 6.1
 			// VM 2026-11-26: 59 637 bytes on average): where one transfer
 			// sent too few big packets, try again, each checked in full
-			untilMeasured(t, transfer)
+			dptest.UntilMeasured(t, transfer)
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/inetcsum"
 )
 
@@ -44,7 +45,7 @@ func (r pinnedRunner) run(pkt []byte) runResult {
 		r.t.Fatal(err)
 	}
 	res := runResult{out: make([]byte, len(pkt)+256)}
-	inNetns(r.t, r.f.ns, func() {
+	dptest.InNetns(r.t, r.f.ns, func() {
 		var old, one unix.CPUSet
 		if err := unix.SchedGetaffinity(0, &old); err != nil {
 			r.t.Fatal(err)
@@ -55,7 +56,7 @@ func (r pinnedRunner) run(pkt []byte) runResult {
 		}
 		defer func() { _ = unix.SchedSetaffinity(0, &old) }()
 		runtime.Gosched()
-		opts := &ebpf.RunOptions{Data: pkt, DataOut: res.out, Context: skbCtx(r.f.podIf)}
+		opts := &ebpf.RunOptions{Data: pkt, DataOut: res.out, Context: dptest.SKBCtx(r.f.podIf)}
 		res.verdict, err = r.f.d.podProg.Run(opts)
 		res.out = opts.DataOut
 	})
@@ -102,12 +103,12 @@ func TestFibCacheRoutes(t *testing.T) {
 	requireFibCache(t, f.d)
 	r := pinnedRunner{t: t, f: f}
 	src, dst := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9")
-	pkt := ipv4Packet(f.hostMAC, f.podMAC, src, dst, 64, nil)
-	viaGW := forwarded(pkt, f.gwMAC, f.upMAC)      // looked up: MACs from the FIB's neighbour
-	ttlOnly := forwarded(pkt, f.hostMAC, f.podMAC) // from the cache: TTL-1, MACs left to the kernel
-	c := nsConf(t, f.ns)
-	gw13MAC := mustMAC(t, "02:00:00:00:00:13")
-	via13 := forwarded(pkt, gw13MAC, f.upMAC)
+	pkt := dptest.IPv4Packet(f.hostMAC, f.podMAC, src, dst, 64, nil)
+	viaGW := dptest.Forwarded(pkt, f.gwMAC, f.upMAC)      // looked up: MACs from the FIB's neighbour
+	ttlOnly := dptest.Forwarded(pkt, f.hostMAC, f.podMAC) // from the cache: TTL-1, MACs left to the kernel
+	c := dptest.NSConf(t, f.ns)
+	gw13MAC := dptest.MustMAC(t, "02:00:00:00:00:13")
+	via13 := dptest.Forwarded(pkt, gw13MAC, f.upMAC)
 
 	steps := []struct {
 		desc    string
@@ -117,35 +118,35 @@ func TestFibCacheRoutes(t *testing.T) {
 		want    []byte
 		nh      string // cached next hop afterwards ("" = no entry)
 	}{
-		{desc: "first packet: looked up (fib MACs), cached", verdict: tcActRedirect, reason: "redirect_fib", want: viaGW, nh: "198.18.0.12"},
-		{desc: "second packet: from the cache", verdict: tcActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.12"},
-		{desc: "third packet: still cached", verdict: tcActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.12"},
+		{desc: "first packet: looked up (fib MACs), cached", verdict: dptest.TCActRedirect, reason: "redirect_fib", want: viaGW, nh: "198.18.0.12"},
+		{desc: "second packet: from the cache", verdict: dptest.TCActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.12"},
+		{desc: "third packet: still cached", verdict: dptest.TCActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.12"},
 		{desc: "route replaced by one via .13 (no neighbour): looked up again, NO_NEIGH",
 			change: func() {
-				rt := &netlink.Route{Dst: ipNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.13"), LinkIndex: f.upIf}
+				rt := &netlink.Route{Dst: dptest.IPNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.13"), LinkIndex: f.upIf}
 				if err := c.H.RouteReplace(rt); err != nil {
 					t.Fatal(err)
 				}
 			},
-			verdict: tcActRedirect, reason: "redirect_neigh", want: ttlOnly, nh: "198.18.0.13"},
+			verdict: dptest.TCActRedirect, reason: "redirect_neigh", want: ttlOnly, nh: "198.18.0.13"},
 		{desc: "NO_NEIGH route: its MTU is unknown, so a non-GSO packet is looked up again",
-			verdict: tcActRedirect, reason: "redirect_neigh", want: ttlOnly, nh: "198.18.0.13"},
+			verdict: dptest.TCActRedirect, reason: "redirect_neigh", want: ttlOnly, nh: "198.18.0.13"},
 		{desc: "neighbour .13 known (no route change): looked up, SUCCESS, cached with the MTU",
 			change:  func() { c.Neigh("eth0", "198.18.0.13", gw13MAC.String()) },
-			verdict: tcActRedirect, reason: "redirect_fib", want: via13, nh: "198.18.0.13"},
-		{desc: "new route from the cache", verdict: tcActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.13"},
+			verdict: dptest.TCActRedirect, reason: "redirect_fib", want: via13, nh: "198.18.0.13"},
+		{desc: "new route from the cache", verdict: dptest.TCActRedirect, reason: "redirect_fib", want: ttlOnly, nh: "198.18.0.13"},
 		{desc: "forwarding off: the lookup refuses, the stack decides",
 			change:  func() { c.Sysctl("net.ipv4.conf.all.forwarding", "0") },
-			verdict: tcActOK, reason: "pass_no_route", want: pkt, nh: "198.18.0.13"},
+			verdict: dptest.TCActOK, reason: "pass_no_route", want: pkt, nh: "198.18.0.13"},
 		{desc: "forwarding on, route back via .12: looked up again",
 			change: func() {
 				c.Sysctl("net.ipv4.conf.all.forwarding", "1")
-				rt := &netlink.Route{Dst: ipNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.12"), LinkIndex: f.upIf}
+				rt := &netlink.Route{Dst: dptest.IPNet(t, "10.244.2.0/24"), Gw: net.ParseIP("198.18.0.12"), LinkIndex: f.upIf}
 				if err := c.H.RouteReplace(rt); err != nil {
 					t.Fatal(err)
 				}
 			},
-			verdict: tcActRedirect, reason: "redirect_fib", want: viaGW, nh: "198.18.0.12"},
+			verdict: dptest.TCActRedirect, reason: "redirect_fib", want: viaGW, nh: "198.18.0.12"},
 	}
 	var genids []uint32
 	for _, s := range steps {
@@ -174,9 +175,9 @@ func TestFibCacheRoutes(t *testing.T) {
 	// A non-GSO packet over the egress MTU (1500) is looked up, and the
 	// lookup says FRAG_NEEDED (the stack sends the ICMP), cached or not.
 	big := oversizedIPv4(pkt, 1600)
-	if got := r.run(big); got.verdict != tcActOK || got.reason != "pass_no_route" {
+	if got := r.run(big); got.verdict != dptest.TCActOK || got.reason != "pass_no_route" {
 		t.Errorf("1600-byte packet on a cached 1500-MTU route: verdict %d reason %q, want %d pass_no_route",
-			got.verdict, got.reason, tcActOK)
+			got.verdict, got.reason, dptest.TCActOK)
 	}
 	if got := r.run(pkt); got.reason != "redirect_fib" || !bytes.Equal(got.out, ttlOnly) {
 		t.Errorf("after the oversized packet: reason %q, cached path %v", got.reason, bytes.Equal(got.out, ttlOnly))
@@ -188,8 +189,8 @@ func TestFibCacheRoutes(t *testing.T) {
 func TestFibCacheOff(t *testing.T) {
 	f := newProgFixtureWith(t, func(c *Config) { c.NoFibCache = true })
 	r := pinnedRunner{t: t, f: f}
-	pkt := ipv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 64, nil)
-	want := forwarded(pkt, f.gwMAC, f.upMAC)
+	pkt := dptest.IPv4Packet(f.hostMAC, f.podMAC, netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.9"), 64, nil)
+	want := dptest.Forwarded(pkt, f.gwMAC, f.upMAC)
 	for i := 0; i < 3; i++ {
 		if got := r.run(pkt); got.reason != "redirect_fib" || !bytes.Equal(got.out, want) {
 			t.Errorf("packet %d: reason %q, output %x, want redirect_fib with the FIB's MACs %x", i, got.reason, got.out, want)
@@ -227,7 +228,7 @@ func oversizedIPv4(frame []byte, n int) []byte {
 // cache holds routes, not MACs.
 //
 // The cache is per CPU, so every check is made on the CPU the echoes ran
-// on. The client sends from one CPU (pinOneCPU): a veth queues a packet on
+// on. The client sends from one CPU (dptest.PinOneCPU): a veth queues a packet on
 // the backlog of the CPU that sent it, and axon_pod_egress runs there; the
 // program's per-CPU counters confirm it for every batch, and no other CPU
 // may hold a route of the flow. Unpinned, batches may run on different
@@ -238,15 +239,15 @@ func oversizedIPv4(frame []byte, n int) []byte {
 // generation change the neighbour change caused, and a blackhole batch on a
 // CPU without an entry does not test the cache at all.
 func TestTrafficFibCache(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	node, ext := newTrafficNode(t)
 	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	d := loadWithPods(t, node, a)
 	requireFibCache(t, d)
 	wire := netip.MustParseAddr("198.18.0.250")
-	nc := nsConf(t, node)
+	nc := dptest.NSConf(t, node)
 	eth0, podIf := nc.Index("eth0"), nc.Index(a.hostIf)
-	cpu, err := firstCPU()
+	cpu, err := dptest.FirstCPU()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,11 +264,11 @@ func TestTrafficFibCache(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if err := pinOneCPU(cpu); err != nil {
+			if err := dptest.PinOneCPU(cpu); err != nil {
 				t.Error(err)
 				return
 			}
-			got = udpEcho(t, a.ns, ext, wire, k)
+			got = dptest.UDPEcho(t, a.ns, ext, wire, k)
 		}()
 		<-done
 		after := podEgressByCPU(t, d, reasons...)
@@ -300,7 +301,7 @@ func TestTrafficFibCache(t *testing.T) {
 		t.Fatalf("pod -> wire: %d of %d echoes came back", got, n)
 	}
 
-	blackhole := &netlink.Route{Dst: ipNet(t, "198.18.0.250/32"), Type: unix.RTN_BLACKHOLE}
+	blackhole := &netlink.Route{Dst: dptest.IPNet(t, "198.18.0.250/32"), Type: unix.RTN_BLACKHOLE}
 	if err := nc.H.RouteAdd(blackhole); err != nil {
 		t.Fatal(err)
 	}
@@ -323,8 +324,8 @@ func TestTrafficFibCache(t *testing.T) {
 	}
 
 	newMAC := "02:00:00:00:aa:50"
-	ec := nsConf(t, ext)
-	if err := ec.H.LinkSetHardwareAddr(ec.Link("wire"), mustMAC(t, newMAC)); err != nil {
+	ec := dptest.NSConf(t, ext)
+	if err := ec.H.LinkSetHardwareAddr(ec.Link("wire"), dptest.MustMAC(t, newMAC)); err != nil {
 		t.Fatal(err)
 	}
 	nc.Neigh("eth0", wire.String(), newMAC)

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/inetcsum"
@@ -43,7 +44,7 @@ func progRuns(t *testing.T, prog *ebpf.Program) uint64 {
 // Delivery is counted in the uplink_ingress row either way, and real UDP
 // echoes from the wire are answered.
 func TestTrafficLBDeliversPods(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		t.Skipf("BPF run-time statistics unavailable (Linux >= 5.8): %v", err)
@@ -53,10 +54,10 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 	node, ext := newTrafficNode(t)
 	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	d := loadWithPods(t, node, a)
-	nodeMAC, wireMAC := linkMAC(t, node, "eth0"), linkMAC(t, ext, "wire")
+	nodeMAC, wireMAC := dptest.LinkMAC(t, node, "eth0"), dptest.LinkMAC(t, ext, "wire")
 	src4, src6 := netip.MustParseAddr("198.18.0.250"), netip.MustParseAddr("fd00:198:18::250")
 
-	icmp4 := ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)
+	icmp4 := dptest.IPv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)
 	icmp4[14+9] = 1 // protocol ICMP (the payload is not parsed on the way)
 	binary.BigEndian.PutUint16(icmp4[14+10:], 0)
 	binary.BigEndian.PutUint16(icmp4[14+10:], inetcsum.Checksum(icmp4[14:14+20], 0))
@@ -76,10 +77,10 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var np *nodeport.LB
 			var err error
-			inNetns(t, node, func() {
+			dptest.InNetns(t, node, func() {
 				np, err = nodeport.Load(nodeport.Options{PinDir: podpath.PinDirOf(d), NodeName: "node1",
 					NodeAddrs:   []netip.Addr{netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("fd00:198:18::11")},
-					DeliverPods: tc.deliver, Logger: testLogger(t)})
+					DeliverPods: tc.deliver, Logger: dptest.Logger(t)})
 				if err == nil {
 					err = np.SetPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")})
 				}
@@ -92,7 +93,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 			}
 			defer func() {
 				np.Close()
-				inNetns(t, node, func() {
+				dptest.InNetns(t, node, func() {
 					if err := nodeport.Uninstall(podpath.PinDirOf(d)); err != nil {
 						t.Errorf("uninstall LB: %v", err)
 					}
@@ -105,9 +106,9 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 				reason string // uplink_ingress counter that must grow by k
 				upRuns bool   // axon_uplink_ingress must run for them
 			}{
-				{"UDP, IPv4", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)), "redirect_peer_local", !tc.deliver},
-				{"UDP, IPv6", frames(ipv6Packet(nodeMAC, wireMAC, src6, a.IP6(), 64)), "redirect_peer_local", !tc.deliver},
-				{"UDP, IPv4, TTL 1", frames(ipv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 1, nil)), "pass_ttl", true},
+				{"UDP, IPv4", frames(dptest.IPv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 64, nil)), "redirect_peer_local", !tc.deliver},
+				{"UDP, IPv6", frames(dptest.IPv6Packet(nodeMAC, wireMAC, src6, a.IP6(), 64)), "redirect_peer_local", !tc.deliver},
+				{"UDP, IPv4, TTL 1", frames(dptest.IPv4Packet(nodeMAC, wireMAC, src4, a.IP4(), 1, nil)), "pass_ttl", true},
 				{"ICMP, IPv4", frames(icmp4), "redirect_peer_local", true},
 			}
 			for _, s := range steps {
@@ -116,7 +117,7 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 					t.Fatal(err)
 				}
 				up0, lb0 := progRuns(t, podpath.UplinkProgram(d)), progRuns(t, np.Program(nodeport.HookTC))
-				sendRaw(t, ext, "wire", s.frames)
+				dptest.SendRaw(t, ext, "wire", s.frames)
 				time.Sleep(50 * time.Millisecond) // frames are handled in the receiver's softirq
 				m1, err := d.MetricsByDirection()
 				if err != nil {
@@ -136,10 +137,10 @@ func TestTrafficLBDeliversPods(t *testing.T) {
 					t.Errorf("%s: axon_uplink_ingress ran %d times for %d frames the LB should have delivered", s.desc, up, k)
 				}
 			}
-			if got := udpEcho(t, ext, a.NS(), a.IP4(), 5); got != 5 {
+			if got := dptest.UDPEcho(t, ext, a.NS(), a.IP4(), 5); got != 5 {
 				t.Errorf("wire -> pod UDP echo, IPv4: %d of 5 came back", got)
 			}
-			if got := udpEcho(t, ext, a.NS(), a.IP6(), 5); got != 5 {
+			if got := dptest.UDPEcho(t, ext, a.NS(), a.IP6(), 5); got != 5 {
 				t.Errorf("wire -> pod UDP echo, IPv6: %d of 5 came back", got)
 			}
 		})

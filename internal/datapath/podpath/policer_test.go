@@ -58,9 +58,9 @@ func TestIngressPolicer(t *testing.T) {
 	frame := func(dst netip.Addr) []byte {
 		var p []byte
 		if dst.Is4() {
-			p = ipv4Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("10.244.2.9"), dst, 64, nil)
+			p = dptest.IPv4Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("10.244.2.9"), dst, 64, nil)
 		} else {
-			p = ipv6Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("fd00:10:244:2::9"), dst, 64)
+			p = dptest.IPv6Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("fd00:10:244:2::9"), dst, 64)
 		}
 		return append(p, payload...)
 	}
@@ -81,28 +81,28 @@ func TestIngressPolicer(t *testing.T) {
 			if err := b.Apply([]bandwidth.Limit{{Addrs: []netip.Addr{f.EP.IP, f.EP6.IP}, IngressBits: bits}}, 2*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			pkt, ctx := frame(c.dst), skbFields{}.Ctx()
+			pkt, ctx := frame(c.dst), dptest.SKBFields{}.Ctx()
 			if c.big {
-				pkt, ctx = bigTCP4(pkt, unix.IPPROTO_TCP), skbFields{GSOSize: 1448}.Ctx()
+				pkt, ctx = dptest.BigTCP4(pkt, unix.IPPROTO_TCP), dptest.SKBFields{GSOSize: 1448}.Ctx()
 			}
 			drop0 := bwStat(t, b, "ingress_drop")
 			var passed, dropped int
-			start := monoNow(t)
+			start := dptest.MonoNow(t)
 			for range 200 {
-				r := runEDTCtx(t, c.prog, pkt, ctx)
+				r := dptest.RunEDTCtx(t, c.prog, pkt, ctx)
 				switch r.Verdict {
-				case tcActRedirect:
+				case dptest.TCActRedirect:
 					if dropped > 0 {
 						continue // refilled meanwhile; fine
 					}
 					passed++
-				case tcActShot:
+				case dptest.TCActShot:
 					dropped++
 				default:
 					t.Fatalf("verdict %d", r.Verdict)
 				}
 			}
-			elapsed := monoNow(t) - start
+			elapsed := dptest.MonoNow(t) - start
 			burst := bandwidth.IngressBurst(bits)
 			refill := elapsed * (bits / 8) / 1e9
 			maxPass := (burst+refill)/uint64(len(pkt)) + 1 // one packet of debt
@@ -118,7 +118,7 @@ func TestIngressPolicer(t *testing.T) {
 			if err := f.D.UpsertEndpoint(other); err != nil {
 				t.Fatal(err)
 			}
-			if r := runEDT(t, c.prog, frame(other.IP), 0, 0); r.Verdict != tcActRedirect {
+			if r := dptest.RunEDT(t, c.prog, frame(other.IP), 0, 0); r.Verdict != dptest.TCActRedirect {
 				t.Fatalf("unlimited pod: verdict %d, want redirect", r.Verdict)
 			}
 		})
@@ -168,10 +168,10 @@ func TestIngressGate(t *testing.T) {
 
 	// the limit (128 KiB bucket) drops a burst of 200 × 1.4 kB with the gate
 	// open; with the gate closed by hand the same burst all passes
-	pkt := append(ipv4Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("10.244.2.9"), f.EP.IP, 64, nil), make([]byte, 1400)...)
+	pkt := append(dptest.IPv4Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("10.244.2.9"), f.EP.IP, 64, nil), make([]byte, 1400)...)
 	burst := func() (dropped int) {
 		for range 200 {
-			if r := runEDT(t, f.Up, pkt, 0, 0); r.Verdict == tcActShot {
+			if r := dptest.RunEDT(t, f.Up, pkt, 0, 0); r.Verdict == dptest.TCActShot {
 				dropped++
 			}
 		}

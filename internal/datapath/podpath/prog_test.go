@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // progFixture is a scratch node netns with a pod device, an uplink with
@@ -21,7 +22,7 @@ type progFixture struct {
 	d       *Datapath
 	podIf   int              // ifindex of the pod host-side veth (ctx of pod_egress)
 	upIf    int              // ifindex of eth0
-	upMAC   net.HardwareAddr // eth0's MAC: source of fib-forwarded frames
+	upMAC   net.HardwareAddr // eth0's MAC: source of fib-dptest.Forwarded frames
 	ep      Endpoint         // local pod (v4)
 	ep6     Endpoint         // local pod (v6)
 	gwMAC   net.HardwareAddr // neighbour of the reachable remote node
@@ -38,14 +39,14 @@ func newProgFixture(t testing.TB) *progFixture {
 // mod (may be nil) before the programs load.
 func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 	t.Helper()
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	f := &progFixture{
-		gwMAC:   mustMAC(t, "02:00:00:00:00:12"),
-		podMAC:  mustMAC(t, "02:00:00:00:01:01"),
-		hostMAC: mustMAC(t, "02:00:00:00:02:01"),
+		gwMAC:   dptest.MustMAC(t, "02:00:00:00:00:12"),
+		podMAC:  dptest.MustMAC(t, "02:00:00:00:01:01"),
+		hostMAC: dptest.MustMAC(t, "02:00:00:00:02:01"),
 	}
-	f.ns = newNetns(t, "prog")
-	c := nsConf(t, f.ns)
+	f.ns = dptest.NewNetns(t, "prog")
+	c := dptest.NSConf(t, f.ns)
 	c.Veth("lxcA", f.hostMAC.String(), "peerA", f.podMAC.String(), "")
 	c.Veth("eth0", "", "wire", "", "")
 	c.Up("lxcA", "peerA", "eth0", "wire")
@@ -61,7 +62,7 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 	c.Sysctl("net.ipv4.ip_forward", "1")
 	c.Sysctl("net.ipv6.conf.all.forwarding", "1")
 	pin := newPinDir(t)
-	inNetns(t, f.ns, func() {
+	dptest.InNetns(t, f.ns, func() {
 		for name, dst := range map[string]*int{"lxcA": &f.podIf, "eth0": &f.upIf} {
 			l, err := netlink.LinkByName(name)
 			if err != nil {
@@ -72,7 +73,7 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 				f.upMAC = l.Attrs().HardwareAddr
 			}
 		}
-		cfg := Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)}
+		cfg := Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)}
 		if mod != nil {
 			mod(&cfg)
 		}
@@ -97,7 +98,7 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 	t.Cleanup(func() { f.d.Close() })
 
 	f.ep = Endpoint{IP: netip.MustParseAddr("10.244.1.5"), IfIndex: 4242,
-		PodMAC: mustMAC(t, "02:00:00:00:01:05"), HostMAC: mustMAC(t, "02:00:00:00:02:05")}
+		PodMAC: dptest.MustMAC(t, "02:00:00:00:01:05"), HostMAC: dptest.MustMAC(t, "02:00:00:00:02:05")}
 	f.ep6 = f.ep
 	f.ep6.IP = netip.MustParseAddr("fd00:10:244:1::5")
 	for _, ep := range []Endpoint{f.ep, f.ep6} {
@@ -128,17 +129,17 @@ func TestPrograms(t *testing.T) {
 	remote6 := v4("fd00:10:244:2::9")
 	fromPod := func(dst netip.Addr, ttl uint8) []byte {
 		if dst.Is4() {
-			return ipv4Packet(f.hostMAC, f.podMAC, srcPod, dst, ttl, nil)
+			return dptest.IPv4Packet(f.hostMAC, f.podMAC, srcPod, dst, ttl, nil)
 		}
-		return ipv6Packet(f.hostMAC, f.podMAC, srcPod6, dst, ttl)
+		return dptest.IPv6Packet(f.hostMAC, f.podMAC, srcPod6, dst, ttl)
 	}
 	fromWire := func(dst netip.Addr, ttl uint8) []byte {
 		if dst.Is4() {
-			return ipv4Packet(f.upMAC, f.gwMAC, remote, dst, ttl, nil)
+			return dptest.IPv4Packet(f.upMAC, f.gwMAC, remote, dst, ttl, nil)
 		}
-		return ipv6Packet(f.upMAC, f.gwMAC, remote6, dst, ttl)
+		return dptest.IPv6Packet(f.upMAC, f.gwMAC, remote6, dst, ttl)
 	}
-	withOpts := ipv4Packet(f.hostMAC, f.podMAC, srcPod, f.ep.IP, 64, []byte{0x01, 0x01, 0x01, 0x00}) // NOP NOP NOP EOL
+	withOpts := dptest.IPv4Packet(f.hostMAC, f.podMAC, srcPod, f.ep.IP, 64, []byte{0x01, 0x01, 0x01, 0x00}) // NOP NOP NOP EOL
 	badIHL := fromPod(f.ep.IP, 64)
 	badIHL[14] = 0x4f
 	shortTotLen := fromPod(f.ep.IP, 64)
@@ -147,83 +148,83 @@ func TestPrograms(t *testing.T) {
 	badVersion[14] = 0x40
 	same := func(b []byte) []byte { return b }
 	const tcp, udp = unix.IPPROTO_TCP, unix.IPPROTO_UDP
-	big := func(b []byte) []byte { return bigTCP4(b, tcp) }
+	big := func(b []byte) []byte { return dptest.BigTCP4(b, tcp) }
 
 	cases := []progCase{
 		{desc: "local pod v4: redirect_peer, pod MACs, TTL-1, valid checksum", prog: "pod_egress",
-			pkt: fromPod(f.ep.IP, 64), verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
-			want: forwarded(fromPod(f.ep.IP, 64), f.ep.PodMAC, f.ep.HostMAC)},
-		{desc: "local pod v4 with IP options: accepted and forwarded", prog: "pod_egress",
-			pkt: withOpts, verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
-			want: forwarded(withOpts, f.ep.PodMAC, f.ep.HostMAC)},
+			pkt: fromPod(f.ep.IP, 64), verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: dptest.Forwarded(fromPod(f.ep.IP, 64), f.ep.PodMAC, f.ep.HostMAC)},
+		{desc: "local pod v4 with IP options: accepted and dptest.Forwarded", prog: "pod_egress",
+			pkt: withOpts, verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: dptest.Forwarded(withOpts, f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "local pod v6: redirect_peer, pod MACs, hop limit-1", prog: "pod_egress",
-			pkt: fromPod(f.ep6.IP, 64), verdict: tcActRedirect, reason: "redirect_peer_local",
-			want: forwarded(fromPod(f.ep6.IP, 64), f.ep6.PodMAC, f.ep6.HostMAC)},
+			pkt: fromPod(f.ep6.IP, 64), verdict: dptest.TCActRedirect, reason: "redirect_peer_local",
+			want: dptest.Forwarded(fromPod(f.ep6.IP, 64), f.ep6.PodMAC, f.ep6.HostMAC)},
 		{desc: "local pod v4 with TTL 1: stack sends time exceeded", prog: "pod_egress",
-			pkt: fromPod(f.ep.IP, 1), verdict: tcActOK, reason: "pass_ttl", want: same(fromPod(f.ep.IP, 1))},
+			pkt: fromPod(f.ep.IP, 1), verdict: dptest.TCActOK, reason: "pass_ttl", want: same(fromPod(f.ep.IP, 1))},
 		{desc: "remote pod v4, neighbour known: fib SUCCESS, bpf_redirect with fib MACs", prog: "pod_egress",
-			pkt: fromPod(remote, 64), verdict: tcActRedirect, reason: "redirect_fib", validIPv4: true,
-			want: forwarded(fromPod(remote, 64), f.gwMAC, f.upMAC)},
+			pkt: fromPod(remote, 64), verdict: dptest.TCActRedirect, reason: "redirect_fib", validIPv4: true,
+			want: dptest.Forwarded(fromPod(remote, 64), f.gwMAC, f.upMAC)},
 		{desc: "remote pod v6, neighbour known: fib SUCCESS", prog: "pod_egress",
-			pkt: fromPod(remote6, 64), verdict: tcActRedirect, reason: "redirect_fib",
-			want: forwarded(fromPod(remote6, 64), f.gwMAC, f.upMAC)},
+			pkt: fromPod(remote6, 64), verdict: dptest.TCActRedirect, reason: "redirect_fib",
+			want: dptest.Forwarded(fromPod(remote6, 64), f.gwMAC, f.upMAC)},
 		{desc: "remote pod v4, no neighbour: fib NO_NEIGH, bpf_redirect_neigh, MACs left to the kernel", prog: "pod_egress",
-			pkt: fromPod(v4("10.244.3.9"), 64), verdict: tcActRedirect, reason: "redirect_neigh", validIPv4: true,
-			want: forwarded(fromPod(v4("10.244.3.9"), 64), f.hostMAC, f.podMAC)},
+			pkt: fromPod(v4("10.244.3.9"), 64), verdict: dptest.TCActRedirect, reason: "redirect_neigh", validIPv4: true,
+			want: dptest.Forwarded(fromPod(v4("10.244.3.9"), 64), f.hostMAC, f.podMAC)},
 		{desc: "remote pod v6, no neighbour: fib NO_NEIGH", prog: "pod_egress",
-			pkt: fromPod(v4("fd00:10:244:3::9"), 64), verdict: tcActRedirect, reason: "redirect_neigh",
-			want: forwarded(fromPod(v4("fd00:10:244:3::9"), 64), f.hostMAC, f.podMAC)},
+			pkt: fromPod(v4("fd00:10:244:3::9"), 64), verdict: dptest.TCActRedirect, reason: "redirect_neigh",
+			want: dptest.Forwarded(fromPod(v4("fd00:10:244:3::9"), 64), f.hostMAC, f.podMAC)},
 		{desc: "host-bound v4 (node address): fib NOT_FWDED, stack", prog: "pod_egress",
-			pkt: fromPod(v4("198.18.0.11"), 64), verdict: tcActOK, reason: "pass_host_bound", want: same(fromPod(v4("198.18.0.11"), 64))},
+			pkt: fromPod(v4("198.18.0.11"), 64), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("198.18.0.11"), 64))},
 		{desc: "host-bound v6 (node address): stack", prog: "pod_egress",
-			pkt: fromPod(v4("fd00:198:18::11"), 64), verdict: tcActOK, reason: "pass_host_bound", want: same(fromPod(v4("fd00:198:18::11"), 64))},
+			pkt: fromPod(v4("fd00:198:18::11"), 64), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("fd00:198:18::11"), 64))},
 		{desc: "v6 link-local destination (NDP and friends): stack", prog: "pod_egress",
-			pkt: fromPod(v4("fe80::1"), 255), verdict: tcActOK, reason: "pass_host_bound", want: same(fromPod(v4("fe80::1"), 255))},
+			pkt: fromPod(v4("fe80::1"), 255), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("fe80::1"), 255))},
 		{desc: "unknown destination without route: stack", prog: "pod_egress",
-			pkt: fromPod(v4("192.0.2.1"), 64), verdict: tcActOK, reason: "pass_host_bound", want: same(fromPod(v4("192.0.2.1"), 64))},
+			pkt: fromPod(v4("192.0.2.1"), 64), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("192.0.2.1"), 64))},
 		{desc: "unreachable route: stack answers with ICMP", prog: "pod_egress",
-			pkt: fromPod(v4("10.244.9.1"), 64), verdict: tcActOK, reason: "pass_no_route", want: same(fromPod(v4("10.244.9.1"), 64))},
+			pkt: fromPod(v4("10.244.9.1"), 64), verdict: dptest.TCActOK, reason: "pass_no_route", want: same(fromPod(v4("10.244.9.1"), 64))},
 		{desc: "ARP: stack", prog: "pod_egress",
-			pkt: arpPacket(f.podMAC), verdict: tcActOK, reason: "pass_arp_non_ip", want: arpPacket(f.podMAC)},
+			pkt: dptest.ARPPacket(f.podMAC), verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: dptest.ARPPacket(f.podMAC)},
 		{desc: "IPv4 IHL 15 beyond the end of the frame (options truncated)", prog: "pod_egress",
-			pkt: badIHL, verdict: tcActOK, reason: "pass_malformed", want: same(badIHL)},
+			pkt: badIHL, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(badIHL)},
 		{desc: "IPv4 IHL < 5", prog: "pod_egress",
-			pkt: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }(), verdict: tcActOK, reason: "pass_malformed",
+			pkt: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }(), verdict: dptest.TCActOK, reason: "pass_malformed",
 			want: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }()},
 		{desc: "IPv4 total length shorter than its header", prog: "pod_egress",
-			pkt: shortTotLen, verdict: tcActOK, reason: "pass_malformed", want: same(shortTotLen)},
+			pkt: shortTotLen, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(shortTotLen)},
 		{desc: "BIG TCP v4 to a remote pod (tot_len 0, GSO): fib SUCCESS, not the stack", prog: "pod_egress",
-			pkt: big(fromPod(remote, 64)), gso: true, verdict: tcActRedirect, reason: "redirect_fib", validIPv4: true,
-			want: forwarded(big(fromPod(remote, 64)), f.gwMAC, f.upMAC)},
+			pkt: big(fromPod(remote, 64)), gso: true, verdict: dptest.TCActRedirect, reason: "redirect_fib", validIPv4: true,
+			want: dptest.Forwarded(big(fromPod(remote, 64)), f.gwMAC, f.upMAC)},
 		{desc: "BIG TCP v4 to a local pod: redirect_peer", prog: "pod_egress",
-			pkt: big(fromPod(f.ep.IP, 64)), gso: true, verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
-			want: forwarded(big(fromPod(f.ep.IP, 64)), f.ep.PodMAC, f.ep.HostMAC)},
+			pkt: big(fromPod(f.ep.IP, 64)), gso: true, verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: dptest.Forwarded(big(fromPod(f.ep.IP, 64)), f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "IPv4 total length 0 without GSO", prog: "pod_egress",
-			pkt: big(fromPod(remote, 64)), verdict: tcActOK, reason: "pass_malformed", want: big(fromPod(remote, 64))},
+			pkt: big(fromPod(remote, 64)), verdict: dptest.TCActOK, reason: "pass_malformed", want: big(fromPod(remote, 64))},
 		{desc: "IPv4 total length 0 with GSO but UDP (BIG TCP is TCP only)", prog: "pod_egress",
-			pkt: bigTCP4(fromPod(remote, 64), udp), gso: true, verdict: tcActOK, reason: "pass_malformed",
-			want: bigTCP4(fromPod(remote, 64), udp)},
+			pkt: dptest.BigTCP4(fromPod(remote, 64), udp), gso: true, verdict: dptest.TCActOK, reason: "pass_malformed",
+			want: dptest.BigTCP4(fromPod(remote, 64), udp)},
 		{desc: "IPv6 ethertype with version 4", prog: "pod_egress",
-			pkt: badVersion, verdict: tcActOK, reason: "pass_malformed", want: same(badVersion)},
+			pkt: badVersion, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(badVersion)},
 		{desc: "uplink: local pod v4: redirect_peer", prog: "uplink_ingress",
-			pkt: fromWire(f.ep.IP, 63), verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
-			want: forwarded(fromWire(f.ep.IP, 63), f.ep.PodMAC, f.ep.HostMAC)},
+			pkt: fromWire(f.ep.IP, 63), verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: dptest.Forwarded(fromWire(f.ep.IP, 63), f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "uplink: local pod v6: redirect_peer", prog: "uplink_ingress",
-			pkt: fromWire(f.ep6.IP, 63), verdict: tcActRedirect, reason: "redirect_peer_local",
-			want: forwarded(fromWire(f.ep6.IP, 63), f.ep6.PodMAC, f.ep6.HostMAC)},
+			pkt: fromWire(f.ep6.IP, 63), verdict: dptest.TCActRedirect, reason: "redirect_peer_local",
+			want: dptest.Forwarded(fromWire(f.ep6.IP, 63), f.ep6.PodMAC, f.ep6.HostMAC)},
 		{desc: "uplink: BIG TCP v4 to a local pod (tot_len 0, GSO): redirect_peer", prog: "uplink_ingress",
-			pkt: big(fromWire(f.ep.IP, 63)), gso: true, verdict: tcActRedirect, reason: "redirect_peer_local", validIPv4: true,
-			want: forwarded(big(fromWire(f.ep.IP, 63)), f.ep.PodMAC, f.ep.HostMAC)},
+			pkt: big(fromWire(f.ep.IP, 63)), gso: true, verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
+			want: dptest.Forwarded(big(fromWire(f.ep.IP, 63)), f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "uplink: not a local pod (node address): stack untouched", prog: "uplink_ingress",
-			pkt: fromWire(v4("198.18.0.11"), 64), verdict: tcActOK, reason: "pass_not_local", want: fromWire(v4("198.18.0.11"), 64)},
+			pkt: fromWire(v4("198.18.0.11"), 64), verdict: dptest.TCActOK, reason: "pass_not_local", want: fromWire(v4("198.18.0.11"), 64)},
 		{desc: "uplink: unknown pod of this node's range: stack", prog: "uplink_ingress",
-			pkt: fromWire(v4("10.244.1.99"), 64), verdict: tcActOK, reason: "pass_not_local", want: fromWire(v4("10.244.1.99"), 64)},
+			pkt: fromWire(v4("10.244.1.99"), 64), verdict: dptest.TCActOK, reason: "pass_not_local", want: fromWire(v4("10.244.1.99"), 64)},
 		{desc: "uplink: local pod with TTL 1", prog: "uplink_ingress",
-			pkt: fromWire(f.ep.IP, 1), verdict: tcActOK, reason: "pass_ttl", want: fromWire(f.ep.IP, 1)},
+			pkt: fromWire(f.ep.IP, 1), verdict: dptest.TCActOK, reason: "pass_ttl", want: fromWire(f.ep.IP, 1)},
 		{desc: "uplink: ARP", prog: "uplink_ingress",
-			pkt: arpPacket(f.gwMAC), verdict: tcActOK, reason: "pass_arp_non_ip", want: arpPacket(f.gwMAC)},
+			pkt: dptest.ARPPacket(f.gwMAC), verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: dptest.ARPPacket(f.gwMAC)},
 		{desc: "uplink: IPv4 IHL < 5", prog: "uplink_ingress",
-			pkt: func() []byte { b := fromWire(f.ep.IP, 64); b[14] = 0x42; return b }(), verdict: tcActOK, reason: "pass_malformed",
+			pkt: func() []byte { b := fromWire(f.ep.IP, 64); b[14] = 0x42; return b }(), verdict: dptest.TCActOK, reason: "pass_malformed",
 			want: func() []byte { b := fromWire(f.ep.IP, 64); b[14] = 0x42; return b }()},
 	}
 
@@ -242,10 +243,10 @@ func TestPrograms(t *testing.T) {
 			}
 			out := make([]byte, len(tc.pkt)+256)
 			var verdict uint32
-			inNetns(t, f.ns, func() {
-				ctx := skbCtx(ifindex)
+			dptest.InNetns(t, f.ns, func() {
+				ctx := dptest.SKBCtx(ifindex)
 				if tc.gso {
-					ctx = skbFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
+					ctx = dptest.SKBFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
 				}
 				opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: ctx}
 				verdict, err = prog.Run(opts)
@@ -260,7 +261,7 @@ func TestPrograms(t *testing.T) {
 			if !bytes.Equal(out, tc.want) {
 				t.Errorf("output frame differs\n got %x\nwant %x", out, tc.want)
 			}
-			if tc.validIPv4 && !ipv4HeaderValid(out) {
+			if tc.validIPv4 && !dptest.IPv4HeaderValid(out) {
 				t.Errorf("output IPv4 header checksum is invalid: %x", out[14:34])
 			}
 			after, err := f.d.MetricsByDirection()

@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 type pod struct {
@@ -15,13 +17,13 @@ type pod struct {
 // addPod wires a pod netns to the node netns the way axon-cni does.
 func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	t.Helper()
-	p := pod{ns: newNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
-	nc := nsConf(t, node)
+	p := pod{ns: dptest.NewNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
+	nc := dptest.NSConf(t, node)
 	nc.Veth(hostIf, "", "eth0", "", p.ns)
 	nc.Up(hostIf)
-	p.hmac = linkMAC(t, node, hostIf)
-	p.mac = linkMAC(t, p.ns, "eth0")
-	pc := nsConf(t, p.ns)
+	p.hmac = dptest.LinkMAC(t, node, hostIf)
+	p.mac = dptest.LinkMAC(t, p.ns, "eth0")
+	pc := dptest.NSConf(t, p.ns)
 	pc.Addr("eth0", ip4+"/32")
 	pc.Addr("eth0", ip6+"/128")
 	pc.Up("eth0")
@@ -41,15 +43,15 @@ func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 // fd00:10:244:1::/64 to the node.
 func newTrafficNode(t *testing.T) (node, ext string) {
 	t.Helper()
-	node, ext = newNetns(t, "node"), newNetns(t, "ext")
-	nc := nsConf(t, node)
+	node, ext = dptest.NewNetns(t, "node"), dptest.NewNetns(t, "ext")
+	nc := dptest.NSConf(t, node)
 	nc.Veth("eth0", "", "wire", "", ext)
 	nc.Addr("eth0", "198.18.0.11/24")
 	nc.Addr("eth0", "fd00:198:18::11/64")
 	nc.Up("eth0")
 	nc.Sysctl("net.ipv4.ip_forward", "1")
 	nc.Sysctl("net.ipv6.conf.all.forwarding", "1")
-	ec := nsConf(t, ext)
+	ec := dptest.NSConf(t, ext)
 	ec.Addr("wire", "198.18.0.250/24")
 	ec.Addr("wire", "fd00:198:18::250/64")
 	ec.Up("wire")
@@ -64,9 +66,9 @@ func loadWithPods(t *testing.T, node string, pods ...pod) *Datapath {
 	t.Helper()
 	pin := newPinDir(t)
 	var d *Datapath
-	inNetns(t, node, func() {
+	dptest.InNetns(t, node, func() {
 		var err error
-		d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: testLogger(t)})
+		d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,14 +92,14 @@ func loadWithPods(t *testing.T, node string, pods ...pod) *Datapath {
 // from an external host on the wire to a pod, go through the BPF programs
 // (redirect_peer / fib) without the node's IP forwarding.
 func TestTrafficRedirectPeer(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	node, ext := newTrafficNode(t)
 	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	b := addPod(t, node, "lxcB", "10.244.1.3", "fd00:10:244:1::3")
 	d := loadWithPods(t, node, a, b)
 
-	before4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
-	before6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
+	before4 := dptest.SNMPCounter(t, node, "Ip", "ForwDatagrams")
+	before6 := dptest.SNMPCounter(t, node, "", "Ip6OutForwDatagrams")
 	m0, err := d.MetricsByDirection()
 	if err != nil {
 		t.Fatal(err)
@@ -113,14 +115,14 @@ func TestTrafficRedirectPeer(t *testing.T) {
 		{"external -> pod A, IPv4 (uplink ingress, fib on the way back)", ext, a.ns, a.ip4},
 	}
 	for _, e := range echoes {
-		if got := udpEcho(t, e.client, e.srv, e.addr, n); got != n {
+		if got := dptest.UDPEcho(t, e.client, e.srv, e.addr, n); got != n {
 			t.Errorf("%s: %d of %d echoes came back", e.desc, got, n)
 		}
 	}
-	after4 := snmpCounter(t, node, "Ip", "ForwDatagrams")
-	after6 := snmpCounter(t, node, "", "Ip6OutForwDatagrams")
+	after4 := dptest.SNMPCounter(t, node, "Ip", "ForwDatagrams")
+	after6 := dptest.SNMPCounter(t, node, "", "Ip6OutForwDatagrams")
 	if after4 != before4 || after6 != before6 {
-		t.Errorf("node forwarded packets itself: IpForwDatagrams +%d, Ip6OutForwDatagrams +%d (want 0)", after4-before4, after6-before6)
+		t.Errorf("node dptest.Forwarded packets itself: IpForwDatagrams +%d, Ip6OutForwDatagrams +%d (want 0)", after4-before4, after6-before6)
 	}
 	m1, err := d.MetricsByDirection()
 	if err != nil {
@@ -142,12 +144,12 @@ func TestTrafficRedirectPeer(t *testing.T) {
 	// Truncated frames on a real veth reach the program (PROG_TEST_RUN
 	// refuses them) and are counted, never redirected.
 	truncated := [][]byte{
-		ipv4Packet(a.hmac, a.mac, a.ip4, b.ip4, 64, nil)[:14+10], // IPv4 header cut at 10 bytes
-		ipv6Packet(a.hmac, a.mac, a.ip6, b.ip6, 64)[:14+30],      // IPv6 header cut at 30 bytes
-		ipv4Packet(a.hmac, a.mac, a.ip4, b.ip4, 64, nil)[:14],    // ethertype IPv4, no header at all
+		dptest.IPv4Packet(a.hmac, a.mac, a.ip4, b.ip4, 64, nil)[:14+10], // IPv4 header cut at 10 bytes
+		dptest.IPv6Packet(a.hmac, a.mac, a.ip6, b.ip6, 64)[:14+30],      // IPv6 header cut at 30 bytes
+		dptest.IPv4Packet(a.hmac, a.mac, a.ip4, b.ip4, 64, nil)[:14],    // ethertype IPv4, no header at all
 	}
 	m2, _ := d.MetricsByDirection()
-	sendRaw(t, a.ns, "eth0", truncated)
+	dptest.SendRaw(t, a.ns, "eth0", truncated)
 	m3, err := d.MetricsByDirection()
 	if err != nil {
 		t.Fatal(err)
@@ -159,19 +161,19 @@ func TestTrafficRedirectPeer(t *testing.T) {
 		t.Errorf("a truncated frame was redirected")
 	}
 
-	// Control: without the programs the same ping is forwarded by the
+	// Control: without the programs the same ping is dptest.Forwarded by the
 	// node's stack, so the counter above is really measuring something.
-	inNetns(t, node, func() {
+	dptest.InNetns(t, node, func() {
 		for _, p := range []pod{a, b} {
 			if err := d.DetachPod(p.hostIf); err != nil {
 				t.Fatal(err)
 			}
 		}
 	})
-	if got := udpEcho(t, a.ns, b.ns, b.ip4, 2); got != 2 {
+	if got := dptest.UDPEcho(t, a.ns, b.ns, b.ip4, 2); got != 2 {
 		t.Errorf("stack path: %d of 2 echoes came back", got)
 	}
-	if got := snmpCounter(t, node, "Ip", "ForwDatagrams") - after4; got < 4 {
+	if got := dptest.SNMPCounter(t, node, "Ip", "ForwDatagrams") - after4; got < 4 {
 		t.Errorf("stack path: IpForwDatagrams +%d, want >= 4 (measurement broken?)", got)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -198,7 +199,7 @@ func holdClient(t *testing.T, ns string, cgFD int, socks ...holdSock) (before []
 }
 
 func TestSockDestroyProbe(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	c := ProbeSockDestroy()
 	t.Logf("bpf_sock_destroy: %+v", c)
 	var u unix.Utsname
@@ -223,13 +224,13 @@ func TestSockDestroyProbe(t *testing.T) {
 // that leaves its frontend get ECONNABORTED; a socket connected to the same
 // backend directly (not translated) and one still on a live backend stay.
 func TestSockDestroy(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	if c := ProbeSockDestroy(); !c.Available {
 		t.Skipf("kernel without bpf_sock_destroy: %s", c.Reason)
 	}
 	const sockTable = 1024 // axon_lb_sock, small so that the churn below overruns it
 	e := newSockLBEnv(t, sockLBOptions{maxEntries: map[string]uint32{MapLBSock: sockTable}})
-	ns := newNetns(t, "sockdestroy")
+	ns := dptest.NewNetns(t, "sockdestroy")
 	addLoopbackAddrs(t, ns, "198.18.97.1/24", "198.18.97.2/24")
 	echoServers(t, ns, "198.18.97.1:5353", "198.18.97.2:5353")
 	lineEchoServers(t, ns, "198.18.97.1:8081", "198.18.97.2:8081")
@@ -261,7 +262,7 @@ func TestSockDestroy(t *testing.T) {
 	if churn.Fails > 0 {
 		t.Fatalf("churn: %d of %d connects failed: %s", churn.Fails, 4*sockTable, churn.Err)
 	}
-	if n := mapLen(t, e.s.objs.AxonLbSock); n != 4 {
+	if n := dptest.MapLen(t, e.s.objs.AxonLbSock); n != 4 {
 		t.Errorf("axon_lb_sock holds %d entries after the churn, want 4 (the held translated sockets)", n)
 	}
 	// .1 leaves both frontends, .2 takes over
@@ -383,7 +384,7 @@ func waitDestroyed(t *testing.T, s *LB, n uint64) {
 // every line with its own address, keeping the connection open.
 func lineEchoServers(t *testing.T, ns string, addrs ...string) {
 	t.Helper()
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		for _, a := range addrs {
 			ln, err := net.Listen("tcp", a)
 			if err != nil {

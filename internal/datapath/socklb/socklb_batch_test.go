@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -60,10 +61,10 @@ func TestSockLBBatch(t *testing.T) {
 			t.Errorf("frontend %d read back:\n got %+v\nwant %+v", i, f, want)
 		}
 	}
-	if n := mapLen(t, s.objs.AxonLbSvc); n != 8*4 {
+	if n := dptest.MapLen(t, s.objs.AxonLbSvc); n != 8*4 {
 		t.Errorf("service map holds %d entries, want 8 × (master + 3 slots)", n)
 	}
-	if n := mapLen(t, s.objs.AxonLbBe); n != 8*3 {
+	if n := dptest.MapLen(t, s.objs.AxonLbBe); n != 8*3 {
 		t.Errorf("backend map holds %d entries, want 24", n)
 	}
 	// a batched frontend behaves like any other afterwards
@@ -73,11 +74,11 @@ func TestSockLBBatch(t *testing.T) {
 	if err := s.DeleteFrontend(fs[1].Key); err != nil {
 		t.Fatal(err)
 	}
-	if n := mapLen(t, s.objs.AxonLbSvc); n != 8*4-2-4 {
+	if n := dptest.MapLen(t, s.objs.AxonLbSvc); n != 8*4-2-4 {
 		t.Errorf("service map holds %d entries after shrink + delete, want %d", n, 8*4-2-4)
 	}
 	// does not fit (26 free service entries, 10 × 4 needed): refused whole
-	before := mapLen(t, s.objs.AxonLbSvc)
+	before := dptest.MapLen(t, s.objs.AxonLbSvc)
 	var big []lb.Frontend
 	for i := range 10 {
 		big = append(big, mk(50+i, 3))
@@ -102,13 +103,13 @@ func TestSockLBBatch(t *testing.T) {
 			t.Errorf("frontend %v programmed without backends", f.Key)
 		}
 	}
-	if after := mapLen(t, s.objs.AxonLbSvc); after > 64 || (after-before)%4 != 0 {
+	if after := dptest.MapLen(t, s.objs.AxonLbSvc); after > 64 || (after-before)%4 != 0 {
 		t.Errorf("service map holds %d entries (before %d): a partial frontend was left", after, before)
 	}
 	// restart: the batched frontends are read back from the pins
 	want, _ := s.Frontends()
 	s.Close()
-	s2, err := loadSockLBWith(e.pinDir, e.cgroup, testLogger(t), sockLBOptions{maxEntries: map[string]uint32{MapLBService: 64, MapLBBackend: 64}})
+	s2, err := loadSockLBWith(e.pinDir, e.cgroup, dptest.Logger(t), sockLBOptions{maxEntries: map[string]uint32{MapLBService: 64, MapLBBackend: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/stats"
 )
@@ -44,7 +45,7 @@ func sockLBConnectCost(b *testing.B, extra int, kind string) {
 	if len(fill) > 0 {
 		e.upsert(b, fill...)
 	}
-	ns := newNetns(b, "lbcost")
+	ns := dptest.NewNetns(b, "lbcost")
 	addLoopbackAddrs(b, ns, "198.18.97.1/24")
 	var ten []string
 	for i := range 10 {

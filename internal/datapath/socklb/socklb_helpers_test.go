@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -286,7 +287,7 @@ func cgroup2Mount(t testing.TB) string {
 // and returns its path and an open directory fd for CLONE_INTO_CGROUP.
 func newTestCgroup(t testing.TB) (string, int) {
 	t.Helper()
-	dir := filepath.Join(cgroup2Mount(t), fmt.Sprintf("axt-socklb-%d-%s", os.Getpid(), randSuffix(t)))
+	dir := filepath.Join(cgroup2Mount(t), fmt.Sprintf("axt-socklb-%d-%s", os.Getpid(), testutil.RandSuffix(t)))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatalf("create test cgroup: %v", err)
 	}
@@ -318,7 +319,7 @@ func echoServers(t *testing.T, ns string, addrs ...string) {
 			_ = c()
 		}
 	})
-	inNetns(t, ns, func() {
+	dptest.InNetns(t, ns, func() {
 		for _, a := range addrs {
 			ln, err := net.Listen("tcp", a)
 			if err != nil {
@@ -375,7 +376,7 @@ func serveUDP(pc net.PacketConn) {
 // missing from the kernel).
 func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 	t.Helper()
-	c := nsConf(t, ns)
+	c := dptest.NSConf(t, ns)
 	for _, cidr := range cidrs {
 		c.Addr("lo", cidr)
 	}
@@ -393,7 +394,7 @@ func addLoopbackAddrs(t testing.TB, ns string, cidrs ...string) {
 // a reject route, and a connect() to it fails with ENETUNREACH.
 func waitLocalRoutes(t testing.TB, ns string, cidrs ...string) {
 	t.Helper()
-	h := nsConf(t, ns).H
+	h := dptest.NSConf(t, ns).H
 	bound := testutil.Stretch(t, 10*time.Second)
 	deadline := time.Now().Add(bound)
 	for _, cidr := range cidrs {

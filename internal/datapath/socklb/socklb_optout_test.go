@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -19,7 +20,7 @@ import (
 // removing the cookie translates it again.
 func TestSockLBSkipNetns(t *testing.T) {
 	e := newSockLBEnv(t, sockLBOptions{})
-	nsA, nsB := newNetns(t, "optin"), newNetns(t, "optout")
+	nsA, nsB := dptest.NewNetns(t, "optin"), dptest.NewNetns(t, "optout")
 	for _, ns := range []string{nsA, nsB} {
 		addLoopbackAddrs(t, ns, "198.18.96.1/24")
 		echoServers(t, ns, "198.18.96.1:8080")
@@ -77,7 +78,7 @@ func TestSockLBSkipNetns(t *testing.T) {
 // translated; a pod netns reaches the service address untranslated.
 func TestSockLBHostNetnsOnly(t *testing.T) {
 	e := newSockLBEnv(t, sockLBOptions{cfg: Config{HostNetnsOnly: true}})
-	pod := newNetns(t, "hostonly")
+	pod := dptest.NewNetns(t, "hostonly")
 	addLoopbackAddrs(t, pod, "198.18.95.1/24")
 	echoServers(t, pod, "198.18.95.1:8080")
 	// a backend on loopback of the test's own netns (the "host")
@@ -130,7 +131,7 @@ func TestSockLBResizeAndFits(t *testing.T) {
 	}
 	want, _ := e.s.Frontends()
 	e.s.Close()
-	s2, err := LoadWithConfig(e.pinDir, e.cgroup, Config{ServiceMapSize: 64, BackendMapSize: 32}, testLogger(t))
+	s2, err := LoadWithConfig(e.pinDir, e.cgroup, Config{ServiceMapSize: 64, BackendMapSize: 32}, dptest.Logger(t))
 	if err != nil {
 		t.Fatalf("reload with larger maps: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -45,10 +46,10 @@ type sockLBEnv struct {
 
 func newSockLBEnv(t testing.TB, o sockLBOptions) *sockLBEnv {
 	t.Helper()
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	cg, fd := newTestCgroup(t)
 	pin := newPinDir(t)
-	s, err := loadSockLBWith(pin, cg, testLogger(t), o)
+	s, err := loadSockLBWith(pin, cg, dptest.Logger(t), o)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -75,7 +76,7 @@ func (e *sockLBEnv) upsert(t testing.TB, fs ...lb.Frontend) {
 // service address as their peer, and are refused fast without backends.
 func TestSockLBTraffic(t *testing.T) {
 	e := newSockLBEnv(t, sockLBOptions{})
-	ns := newNetns(t, "socklb")
+	ns := dptest.NewNetns(t, "socklb")
 	addLoopbackAddrs(t, ns, "198.18.98.1/24", "198.18.98.2/24", "fd00:198:98::1/64", "fd00:198:98::2/64")
 	echoServers(t, ns, "198.18.98.1:8080", "198.18.98.2:8080", "[fd00:198:98::1]:8080", "[fd00:198:98::2]:8080",
 		"198.18.98.1:5353", "198.18.98.2:5353", "[fd00:198:98::1]:5353")
@@ -317,7 +318,7 @@ func TestSockLBTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.s.Close()
-		s2, err := Load(e.pinDir, e.cgroup, testLogger(t))
+		s2, err := Load(e.pinDir, e.cgroup, dptest.Logger(t))
 		if err != nil {
 			t.Fatalf("reload: %v", err)
 		}
@@ -391,7 +392,7 @@ func TestSockLBWriter(t *testing.T) {
 	if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 		t.Fatalf("read back:\n got %+v\nwant %+v", got, want)
 	}
-	if n := mapLen(t, s.objs.AxonLbSvc); n != 4 {
+	if n := dptest.MapLen(t, s.objs.AxonLbSvc); n != 4 {
 		t.Errorf("service map holds %d entries, want master + 3 slots", n)
 	}
 
@@ -431,7 +432,7 @@ func TestSockLBWriter(t *testing.T) {
 			if !reflect.DeepEqual(after, before) {
 				t.Errorf("state changed by a rejected upsert:\n got %+v\nwant %+v", after, before)
 			}
-			if n := mapLen(t, s.objs.AxonLbBe); n != 3 {
+			if n := dptest.MapLen(t, s.objs.AxonLbBe); n != 3 {
 				t.Errorf("backend map holds %d entries after a rejected upsert, want 3", n)
 			}
 		})
@@ -441,10 +442,10 @@ func TestSockLBWriter(t *testing.T) {
 		web2 := web
 		web2.Backends = backends(lb.Active, "10.244.1.3:8080") // was terminating: same id, new state
 		e.upsert(t, web2)
-		if n := mapLen(t, s.objs.AxonLbSvc); n != 2 {
+		if n := dptest.MapLen(t, s.objs.AxonLbSvc); n != 2 {
 			t.Errorf("service map holds %d entries, want 2", n)
 		}
-		if n := mapLen(t, s.objs.AxonLbBe); n != 1 {
+		if n := dptest.MapLen(t, s.objs.AxonLbBe); n != 1 {
 			t.Errorf("backend map holds %d entries, want 1", n)
 		}
 		got, _ := s.Frontends()
@@ -479,7 +480,7 @@ func TestSockLBWriter(t *testing.T) {
 				}
 			}
 		}
-		if n, b := mapLen(t, s.objs.AxonLbSvc), mapLen(t, s.objs.AxonLbBe); n != 0 || b != 0 {
+		if n, b := dptest.MapLen(t, s.objs.AxonLbSvc), dptest.MapLen(t, s.objs.AxonLbBe); n != 0 || b != 0 {
 			t.Errorf("after deleting all: %d service and %d backend entries left", n, b)
 		}
 	})
@@ -511,17 +512,17 @@ func TestSockLBWriter(t *testing.T) {
 // TestSockLBUninstall: the hooks leave the cgroup and the pins go away, the
 // rest of the pin dir stays; a second run is a no-op.
 func TestSockLBUninstall(t *testing.T) {
-	requireRoot(t)
+	dptest.RequireRoot(t)
 	cg, _ := newTestCgroup(t)
 	pin := newPinDir(t)
-	s, err := Load(pin, cg, testLogger(t))
+	s, err := Load(pin, cg, dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	// the cgroup root changes: the pinned links move, nothing stays behind
 	cg2, _ := newTestCgroup(t)
-	s, err = Load(pin, cg2, testLogger(t))
+	s, err = Load(pin, cg2, dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,7 +554,7 @@ func TestSockLBUninstall(t *testing.T) {
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("uninstall removed something else in the pin dir: %v", err)
 	}
-	if _, err := Load(pin, "/proc", testLogger(t)); err == nil || !strings.Contains(err.Error(), "cgroup v2") {
+	if _, err := Load(pin, "/proc", dptest.Logger(t)); err == nil || !strings.Contains(err.Error(), "cgroup v2") {
 		t.Errorf("loading on a non-cgroup2 path: %v, want a clear error", err)
 	}
 }
@@ -589,7 +590,7 @@ func TestSockLBRestartRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.s.Close()
-	s, err := Load(e.pinDir, e.cgroup, testLogger(t))
+	s, err := Load(e.pinDir, e.cgroup, dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +602,7 @@ func TestSockLBRestartRepairs(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("frontends after repair:\n got %+v\nwant %+v", got, want)
 	}
-	if n, b := mapLen(t, s.objs.AxonLbSvc), mapLen(t, s.objs.AxonLbBe); n != 6 || b != 4 {
+	if n, b := dptest.MapLen(t, s.objs.AxonLbSvc), dptest.MapLen(t, s.objs.AxonLbBe); n != 6 || b != 4 {
 		t.Errorf("after repair: %d service entries (want 3+3), %d backends (want 2+2)", n, b)
 	}
 	if err := s.DeleteFrontend(holed); err != nil {
@@ -609,7 +610,7 @@ func TestSockLBRestartRepairs(t *testing.T) {
 	}
 	// the reloaded writer reuses the programmed ids: a shrink leaves nothing behind
 	e.upsert(t, lb.Frontend{Key: key, Backends: backends(lb.Active, "10.244.1.3:80")})
-	if n, b := mapLen(t, s.objs.AxonLbSvc), mapLen(t, s.objs.AxonLbBe); n != 2 || b != 1 {
+	if n, b := dptest.MapLen(t, s.objs.AxonLbSvc), dptest.MapLen(t, s.objs.AxonLbBe); n != 2 || b != 1 {
 		t.Errorf("after shrink: %d service entries (want 2), %d backends (want 1)", n, b)
 	}
 }
