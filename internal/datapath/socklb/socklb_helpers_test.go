@@ -178,7 +178,7 @@ func runOp(op clientOp) clientResult {
 		if err := unix.Bind(fd, sa); err != nil {
 			return fail(err)
 		}
-	case "tcp":
+	case "tcp", "udpc": // udpc is connected UDP: connect, getpeername, send, recvfrom
 		if err := unix.Connect(fd, sa); err != nil {
 			return fail(err)
 		}
@@ -190,31 +190,20 @@ func runOp(op clientOp) clientResult {
 		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
 			return fail(err)
 		}
-		n, err := unix.Read(fd, buf)
+		var n int
+		if op.Kind == "tcp" {
+			n, err = unix.Read(fd, buf)
+		} else {
+			var from unix.Sockaddr
+			n, from, err = unix.Recvfrom(fd, buf, 0)
+			r.From = sockaddrString(from)
+		}
 		if err != nil {
 			return fail(err)
 		}
 		r.Reply = strings.TrimSpace(string(buf[:n]))
 	case "udp":
 		if err := unix.Sendto(fd, []byte("ping\n"), 0, sa); err != nil {
-			return fail(err)
-		}
-		n, from, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			return fail(err)
-		}
-		r.From = sockaddrString(from)
-		r.Reply = strings.TrimSpace(string(buf[:n]))
-	case "udpc": // connected UDP: connect, getpeername, send, recvfrom
-		if err := unix.Connect(fd, sa); err != nil {
-			return fail(err)
-		}
-		peer, err := unix.Getpeername(fd)
-		if err != nil {
-			return fail(err)
-		}
-		r.Peer = sockaddrString(peer)
-		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
 			return fail(err)
 		}
 		n, from, err := unix.Recvfrom(fd, buf, 0)
