@@ -92,14 +92,7 @@ func TestNodePortReverse(t *testing.T) {
 	for _, c := range cases {
 		for _, hook := range npHooks {
 			t.Run(hook+"/"+c.desc, func(t *testing.T) {
-				f.resetFlows(t)
-				if v, _ := f.run(t, hook, f.wirePkt(c.flow, npSYN)); v == npDrop {
-					t.Fatal("SYN dropped")
-				}
-				e, ok := f.ctFor(t, c.flow)
-				if !ok {
-					t.Fatal("no CT entry")
-				}
+				e := f.openFlow(t, hook, c.flow)
 				var reply Tuple
 				var want []byte
 				rh := hook
@@ -227,14 +220,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 	for _, c := range cases {
 		for _, hook := range npHooks {
 			t.Run(hook+"/"+c.desc, func(t *testing.T) {
-				f.resetFlows(t)
-				if v, _ := f.run(t, hook, f.wirePkt(c.flow, npSYN)); v == npDrop {
-					t.Fatal("SYN dropped")
-				}
-				e, ok := f.ctFor(t, c.flow)
-				if !ok {
-					t.Fatal("no CT entry")
-				}
+				e := f.openFlow(t, hook, c.flow)
 				in, want := c.build(e)
 				v, out := f.run(t, hook, in)
 				if v != c.want {
@@ -583,4 +569,20 @@ func mustCT(t *testing.T, n *LB) []CTEntry {
 		t.Fatal(err)
 	}
 	return es
+}
+
+// openFlow starts from an empty connection table, sends the SYN of flow
+// through hook and returns the CT entry it created; a dropped SYN or a
+// missing entry fails the test.
+func (f *npFix) openFlow(t *testing.T, hook string, flow Tuple) CTEntry {
+	t.Helper()
+	f.resetFlows(t)
+	if v, _ := f.run(t, hook, f.wirePkt(flow, npSYN)); v == npDrop {
+		t.Fatal("SYN dropped")
+	}
+	e, ok := f.ctFor(t, flow)
+	if !ok {
+		t.Fatal("no CT entry")
+	}
+	return e
 }
