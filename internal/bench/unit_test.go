@@ -22,6 +22,23 @@ func readTestdata(t *testing.T, name string) []byte {
 	return b
 }
 
+// parsed checks the error of parsing a testdata file and reports whether the
+// result is there to check: with wantError set, err must contain it (and
+// there is no result); without, err must be nil.
+func parsed(t *testing.T, err error, wantError string) bool {
+	t.Helper()
+	if wantError != "" {
+		if err == nil || !strings.Contains(err.Error(), wantError) {
+			t.Fatalf("err = %v, want %q", err, wantError)
+		}
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
 func TestParseIperfJSON(t *testing.T) {
 	tests := []struct {
 		file      string
@@ -37,14 +54,8 @@ func TestParseIperfJSON(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
 			r, err := ParseIperfJSON(readTestdata(t, tc.file))
-			if tc.wantError != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantError) {
-					t.Fatalf("err = %v, want %q", err, tc.wantError)
-				}
+			if !parsed(t, err, tc.wantError) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if r.BitsPerSecond != tc.bps || r.Retransmits != tc.retr || r.Congestion != tc.cong {
 				t.Errorf("got %+v, want bps %v retr %d cong %s", r, tc.bps, tc.retr, tc.cong)
@@ -74,14 +85,8 @@ func TestParseSockperf(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
 			r, err := ParseSockperf(readTestdata(t, tc.file))
-			if tc.wantError != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantError) {
-					t.Fatalf("err = %v, want %q", err, tc.wantError)
-				}
+			if !parsed(t, err, tc.wantError) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			p50, err := r.P(50)
 			if err != nil {

@@ -131,21 +131,12 @@ func podEcho(t *testing.T, pod, ip string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 4)
-				if _, err := c.Read(buf); err == nil {
-					_, _ = c.Write(buf)
-				}
-			}()
+	testutil.ServeConns(ln, func(c net.Conn) {
+		buf := make([]byte, 4)
+		if _, err := c.Read(buf); err == nil {
+			_, _ = c.Write(buf)
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 

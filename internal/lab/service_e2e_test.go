@@ -30,6 +30,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/probe"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // svcProbeEnv makes the test binary a one-shot prober ("tcp|udp addr:port")
@@ -152,27 +153,7 @@ func svcServe(spec string) int {
 		fmt.Println("error:", err)
 		return 1
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				rd := bufio.NewReader(c)
-				for {
-					_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-					if _, err := rd.ReadString('\n'); err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(name + "\n")); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	testutil.ServeConns(ln, func(c net.Conn) { testutil.AnswerLines(c, 30*time.Second, name) })
 	pc, err := net.ListenPacket("udp", ":"+port)
 	if err != nil {
 		fmt.Println("error:", err)

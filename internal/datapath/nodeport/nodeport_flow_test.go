@@ -92,14 +92,7 @@ func TestNodePortReverse(t *testing.T) {
 	for _, c := range cases {
 		for _, hook := range npHooks {
 			t.Run(hook+"/"+c.desc, func(t *testing.T) {
-				f.resetFlows(t)
-				if v, _ := f.run(t, hook, f.wirePkt(c.flow, npSYN)); v == npDrop {
-					t.Fatal("SYN dropped")
-				}
-				e, ok := f.ctFor(t, c.flow)
-				if !ok {
-					t.Fatal("no CT entry")
-				}
+				e := f.openFlow(t, hook, c.flow)
 				var reply Tuple
 				var want []byte
 				rh := hook
@@ -177,6 +170,19 @@ func TestNodePortICMPErrors(t *testing.T) {
 		want  npVerdict
 	}
 	frame := func(tup Tuple) []byte { return npPacket(tup, npACK) }
+	// aboutSNATReply builds the case of an ICMP error (from router, 1280
+	// bytes) about the node's reply front -> client of a SNAT flow: it must
+	// reach backend as an error about the packet the backend sent.
+	aboutSNATReply := func(router, node netip.Addr, front, client, backend string) func(e CTEntry) ([]byte, []byte) {
+		return func(e CTEntry) ([]byte, []byte) {
+			be := npAP(backend)
+			reply := frame(npTCP(front, client))
+			in := icmpErr(router, node, reply, 1280)
+			backendSent := frame(Tuple{Proto: lb.TCP, Src: be, Dst: netip.AddrPortFrom(node, e.NATPort)})
+			want := icmpErr(node, be.Addr(), backendSent, 1280)
+			return in, dptest.Forwarded(want, f.gwMAC, f.upMAC)
+		}
+	}
 	cases := []icase{
 		{"v4 frag needed about a packet sent to the backend (SNAT): inner back to client -> frontend, outer frontend -> client",
 			npTCP("198.18.0.250:40000", "198.18.0.11:30080"), func(e CTEntry) ([]byte, []byte) {
@@ -187,21 +193,9 @@ func TestNodePortICMPErrors(t *testing.T) {
 				return in, dptest.Forwarded(want, f.cliMAC, f.upMAC)
 			}, npFwd},
 		{"v4 frag needed about a reply sent to the client (SNAT): to the backend as if about what it sent",
-			npTCP("198.18.0.250:40000", "198.18.0.11:30080"), func(e CTEntry) ([]byte, []byte) {
-				reply := frame(npTCP("198.18.0.11:30080", "198.18.0.250:40000"))
-				in := icmpErr(router, npNode, reply, 1280)
-				backendSent := frame(Tuple{Proto: lb.TCP, Src: npAP("10.244.2.5:8080"), Dst: netip.AddrPortFrom(npNode, e.NATPort)})
-				want := icmpErr(npNode, netip.MustParseAddr("10.244.2.5"), backendSent, 1280)
-				return in, dptest.Forwarded(want, f.gwMAC, f.upMAC)
-			}, npFwd},
+			npTCP("198.18.0.250:40000", "198.18.0.11:30080"), aboutSNATReply(router, npNode, "198.18.0.11:30080", "198.18.0.250:40000", "10.244.2.5:8080"), npFwd},
 		{"v6 packet too big about a reply (SNAT): to the backend",
-			npTCP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30080"), func(e CTEntry) ([]byte, []byte) {
-				reply := frame(npTCP("[fd00:198:18::11]:30080", "[fd00:198:18::250]:40000"))
-				in := icmpErr(router6, npNode6, reply, 1280)
-				backendSent := frame(Tuple{Proto: lb.TCP, Src: npAP("[fd00:10:244:2::5]:8080"), Dst: netip.AddrPortFrom(npNode6, e.NATPort)})
-				want := icmpErr(npNode6, netip.MustParseAddr("fd00:10:244:2::5"), backendSent, 1280)
-				return in, dptest.Forwarded(want, f.gwMAC, f.upMAC)
-			}, npFwd},
+			npTCP("[fd00:198:18::250]:40000", "[fd00:198:18::11]:30080"), aboutSNATReply(router6, npNode6, "[fd00:198:18::11]:30080", "[fd00:198:18::250]:40000", "[fd00:10:244:2::5]:8080"), npFwd},
 		{"v4 frag needed about a local backend's reply: to the pod, continue to uplink_ingress",
 			npTCP("198.18.0.250:40000", "198.18.0.11:30081"), func(e CTEntry) ([]byte, []byte) {
 				reply := frame(npTCP("198.18.0.11:30081", "198.18.0.250:40000"))
@@ -226,14 +220,7 @@ func TestNodePortICMPErrors(t *testing.T) {
 	for _, c := range cases {
 		for _, hook := range npHooks {
 			t.Run(hook+"/"+c.desc, func(t *testing.T) {
-				f.resetFlows(t)
-				if v, _ := f.run(t, hook, f.wirePkt(c.flow, npSYN)); v == npDrop {
-					t.Fatal("SYN dropped")
-				}
-				e, ok := f.ctFor(t, c.flow)
-				if !ok {
-					t.Fatal("no CT entry")
-				}
+				e := f.openFlow(t, hook, c.flow)
 				in, want := c.build(e)
 				v, out := f.run(t, hook, in)
 				if v != c.want {
@@ -582,4 +569,20 @@ func mustCT(t *testing.T, n *LB) []CTEntry {
 		t.Fatal(err)
 	}
 	return es
+}
+
+// openFlow starts from an empty connection table, sends the SYN of flow
+// through hook and returns the CT entry it created; a dropped SYN or a
+// missing entry fails the test.
+func (f *npFix) openFlow(t *testing.T, hook string, flow Tuple) CTEntry {
+	t.Helper()
+	f.resetFlows(t)
+	if v, _ := f.run(t, hook, f.wirePkt(flow, npSYN)); v == npDrop {
+		t.Fatal("SYN dropped")
+	}
+	e, ok := f.ctFor(t, flow)
+	if !ok {
+		t.Fatal("no CT entry")
+	}
+	return e
 }

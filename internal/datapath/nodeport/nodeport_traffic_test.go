@@ -17,6 +17,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // Real traffic through the attached LB: a client, the LB node and a backend
@@ -107,23 +108,13 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					r := bufio.NewReader(c)
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
-				}()
+		testutil.ServeConns(ln, func(c net.Conn) {
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
 			}
-		}()
+			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+		})
 	}
 	return f
 }

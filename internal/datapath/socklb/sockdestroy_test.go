@@ -11,17 +11,16 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The socket destruction test needs a client that holds its sockets across
@@ -45,27 +44,11 @@ type holdSock struct {
 // TestSockDestroyHelperProcess is the client of TestSockDestroy; run by
 // itself it only skips.
 func TestSockDestroyHelperProcess(t *testing.T) {
-	req := os.Getenv(sockDestroyHelperEnv)
-	if req == "" {
-		t.Skip("client helper of TestSockDestroy: runs only when re-executed by it")
-	}
 	var in struct {
 		Netns string
 		Socks []holdSock
 	}
-	if err := json.Unmarshal([]byte(req), &in); err != nil {
-		fmt.Fprintln(os.Stderr, "helper: bad request:", err)
-		os.Exit(2)
-	}
-	runtime.LockOSThread()
-	h, err := netns.GetFromName(in.Netns)
-	if err == nil {
-		err = netns.Set(h)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "helper: enter netns:", err)
-		os.Exit(2)
-	}
+	helperStart(t, sockDestroyHelperEnv, "client helper of TestSockDestroy: runs only when re-executed by it", &in)
 	fds := make([]int, len(in.Socks))
 	exchange := func(fd int) (string, error) {
 		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
@@ -392,27 +375,9 @@ func lineEchoServers(t *testing.T, ns string, addrs ...string) {
 				return
 			}
 			t.Cleanup(func() { ln.Close() })
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						rd := bufio.NewReader(c)
-						for {
-							_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-							if _, err := rd.ReadString('\n'); err != nil {
-								return
-							}
-							if _, err := c.Write([]byte(c.LocalAddr().String() + "\n")); err != nil {
-								return
-							}
-						}
-					}()
-				}
-			}()
+			testutil.ServeConns(ln, func(c net.Conn) {
+				testutil.AnswerLines(c, 30*time.Second, c.LocalAddr().String())
+			})
 		}
 	})
 	if t.Failed() {

@@ -53,33 +53,48 @@ type clientResult struct {
 	Seen   map[string]int // answering backends (Count > 1)
 }
 
+// helperStart begins a re-executed helper process (TestSockLBHelperProcess,
+// TestSockDestroyHelperProcess): it skips with skipWhy unless the environment
+// variable env holds a JSON request, decodes the request into in, and locks
+// the goroutine to its OS thread inside the network namespace named by the
+// request's Netns field ("" = stay), so the sockets the helper makes live
+// there. A request that cannot be decoded or a netns that cannot be entered
+// ends the process with status 2.
+func helperStart(t *testing.T, env, skipWhy string, in any) {
+	req := os.Getenv(env)
+	if req == "" {
+		t.Skip(skipWhy)
+	}
+	var where struct{ Netns string }
+	for _, v := range []any{in, &where} {
+		if err := json.Unmarshal([]byte(req), v); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
+			os.Exit(2)
+		}
+	}
+	runtime.LockOSThread()
+	if where.Netns == "" {
+		return
+	}
+	h, err := netns.GetFromName(where.Netns)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: open netns %s: %v\n", where.Netns, err)
+		os.Exit(2)
+	}
+	if err := netns.Set(h); err != nil {
+		fmt.Fprintf(os.Stderr, "helper: enter netns %s: %v\n", where.Netns, err)
+		os.Exit(2)
+	}
+}
+
 // TestSockLBHelperProcess is the client process of the socket LB tests; run
 // by itself it only skips.
 func TestSockLBHelperProcess(t *testing.T) {
-	req := os.Getenv(sockLBHelperEnv)
-	if req == "" {
-		t.Skip("client helper of the socket LB tests: runs only when re-executed by them")
-	}
 	var in struct {
 		Netns string
 		Ops   []clientOp
 	}
-	if err := json.Unmarshal([]byte(req), &in); err != nil {
-		fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
-		os.Exit(2)
-	}
-	runtime.LockOSThread() // sockets are made on this thread, in the test netns ("" = stay)
-	if in.Netns != "" {
-		h, err := netns.GetFromName(in.Netns)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "helper: open netns %s: %v\n", in.Netns, err)
-			os.Exit(2)
-		}
-		if err := netns.Set(h); err != nil {
-			fmt.Fprintf(os.Stderr, "helper: enter netns %s: %v\n", in.Netns, err)
-			os.Exit(2)
-		}
-	}
+	helperStart(t, sockLBHelperEnv, "client helper of the socket LB tests: runs only when re-executed by them", &in)
 	out := make([]clientResult, len(in.Ops))
 	for i, op := range in.Ops {
 		start := time.Now()
@@ -163,7 +178,7 @@ func runOp(op clientOp) clientResult {
 		if err := unix.Bind(fd, sa); err != nil {
 			return fail(err)
 		}
-	case "tcp":
+	case "tcp", "udpc": // udpc is connected UDP: connect, getpeername, send, recvfrom
 		if err := unix.Connect(fd, sa); err != nil {
 			return fail(err)
 		}
@@ -175,31 +190,20 @@ func runOp(op clientOp) clientResult {
 		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
 			return fail(err)
 		}
-		n, err := unix.Read(fd, buf)
+		var n int
+		if op.Kind == "tcp" {
+			n, err = unix.Read(fd, buf)
+		} else {
+			var from unix.Sockaddr
+			n, from, err = unix.Recvfrom(fd, buf, 0)
+			r.From = sockaddrString(from)
+		}
 		if err != nil {
 			return fail(err)
 		}
 		r.Reply = strings.TrimSpace(string(buf[:n]))
 	case "udp":
 		if err := unix.Sendto(fd, []byte("ping\n"), 0, sa); err != nil {
-			return fail(err)
-		}
-		n, from, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			return fail(err)
-		}
-		r.From = sockaddrString(from)
-		r.Reply = strings.TrimSpace(string(buf[:n]))
-	case "udpc": // connected UDP: connect, getpeername, send, recvfrom
-		if err := unix.Connect(fd, sa); err != nil {
-			return fail(err)
-		}
-		peer, err := unix.Getpeername(fd)
-		if err != nil {
-			return fail(err)
-		}
-		r.Peer = sockaddrString(peer)
-		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
 			return fail(err)
 		}
 		n, from, err := unix.Recvfrom(fd, buf, 0)
