@@ -464,8 +464,7 @@ static __noinline int np_parse_ip(axon_ctx_t *ctx, struct np_pkt *p, __u32 off, 
 AXON_INLINE int np_parse_l3(axon_ctx_t *ctx, struct np_pkt *p)
 {
 	struct packet l3;
-	struct ethhdr buf;
-	enum parse_result r = parse_eth(ctx, NP_PARSE, &l3, &buf);
+	enum parse_result r = parse_eth(ctx, &l3);
 
 	if (r == PARSE_IPV4)
 		return np_parse_ip(ctx, p, ETH_HLEN, 0);
