@@ -70,11 +70,13 @@ enum parse_result {
 #define AXON_FRAG_FIRST 1 /* offset 0: has the L4 header */
 #define AXON_FRAG_LATER 2 /* offset > 0: no L4 header (the LB takes the ports from axon_np_frag, frag.h) */
 
-/* union parse_buf: where PARSE_COPY puts the IP header (the caller's stack). */
+/* union parse_buf: where PARSE_COPY puts the IP header (the caller's
+ * stack). 8-byte aligned: the LB reads IPv6 addresses as 64-bit words
+ * (np_addr6), and the verifier refuses a misaligned stack access. */
 union parse_buf {
 	struct iphdr ip4;
 	struct ipv6hdr ip6;
-};
+} __attribute__((aligned(8)));
 
 /* struct packet: what the parser found. eth points into the packet, ip4
  * and ip6 too (in place) or to the caller's copy (PARSE_COPY); a pointer
