@@ -42,6 +42,7 @@
 #include "common.h"
 #include "ctx.h"
 #include "eth_ip.h"
+#include "backend.h"
 #include "ct.h"
 #include "nat.h"
 #include "maglev.h"
@@ -707,13 +708,10 @@ AXON_INLINE struct np_svc_val *np_lookup_svc(const struct np_tuple *t, int v6, s
 	return bpf_map_lookup_elem(&axon_np_svc, key);
 }
 
+/* np_usable: backend b may take a new flow of frontend svc (backend.h). */
 AXON_INLINE int np_usable(const struct np_backend *b, const struct np_svc_val *svc)
 {
-	if (b->frontend_id != svc->id)
-		return 0;
-	if (b->state == AXON_LB_ACTIVE)
-		return 1;
-	return b->state == AXON_LB_TERMINATING && svc->active == 0;
+	return backend_usable(b, svc);
 }
 
 /* np_random picks a random Active backend, else a random Terminating one. */
