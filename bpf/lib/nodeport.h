@@ -437,7 +437,8 @@ AXON_INLINE int np_addr_eq(const __u8 *x, const __u8 *y)
 
 /* np_parse_ip reads the IPv4 (v6 = 0) or IPv6 header at packet offset off
  * into p (not the ports): the packet's own header (np_parse_l3) or the
- * inner header of a DSR request (np_dsr_accept). 0: ok; -1: malformed. Not
+ * inner header of a DSR request (np_dsr_accept). p must be zeroed: frag
+ * and frag_id are written for a fragment only. 0: ok; -1: malformed. Not
  * inlined: its header copies (tc) stay off the callers' frames (the stack limit
  * counts the whole call chain). One parse_ip call per family: a common
  * tail testing v6 again costs the verifier more than it saves. */
