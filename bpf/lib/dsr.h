@@ -97,10 +97,9 @@ static __noinline int dsr_decap(axon_ctx_t *ctx)
 {
 	struct packet outer = {}, inner = {};
 	union parse_buf outer_buf, inner_buf;
-	struct ethhdr eth;
 	__u32 hlen;
 
-	switch (parse_eth(ctx, PARSE_COPY, &outer, &eth)) {
+	switch (parse_eth(ctx, &outer)) {
 	case PARSE_IPV4:
 		if (parse_ip(ctx, ETH_HLEN, 0, PARSE_COPY, &outer, &outer_buf) != PARSE_IPV4 ||
 		    outer.ip4->protocol != AXON_IPPROTO_IPIP || outer.ip4->ihl != 5 ||

@@ -18,9 +18,15 @@
  *   north-south LB (nodeport.h; the packet's own header and the inner
  *   header of a DSR request): np_parse_l3 / np_parse_ip, PARSE_L4 for the
  *   transport header behind fragments and IPv6 extension headers; at tc
- *   PARSE_COPY (copies through ctx_load, which also reads headers in paged
- *   data), at XDP in place (the frame is linear: the same bounds as
- *   ctx_load, without the copy).
+ *   PARSE_COPY (IP headers copied through ctx_load, which also reads
+ *   headers in paged data), at XDP in place (the frame is linear: the same
+ *   bounds as ctx_load, without the copy).
+ *
+ * The Ethernet header is always read in place, PARSE_COPY or not: a tc
+ * program sees it in the linear area (the stack pulled it at ingress,
+ * built it in the headroom at egress), an XDP frame is linear. A copy
+ * through ctx_load would add its bpf_skb_load_bytes fallback, a second
+ * version of every state after the parse for the verifier to walk.
  *
  * Checks, for everyone: a whole Ethernet header; a whole fixed IPv4/IPv6
  * header; IPv4 version 4 and IHL >= 5 (options accepted); IPv6 version 6.
@@ -50,7 +56,7 @@ enum parse_result {
 };
 
 /* How the parser reads the headers and how far it goes (constants). */
-#define PARSE_COPY 0x1    /* copy the headers through ctx_load into the caller's buffers; else in place */
+#define PARSE_COPY 0x1    /* copy the IP headers through ctx_load into the caller's buffer; else in place */
 #define PARSE_STRICT 0x2  /* in place only. IPv4: options in the linear area, a total length at least the header (BIG TCP excepted) */
 #define PARSE_L4 0x4      /* find the transport header (IPv4 fragment fields, IPv6 extension headers) */
 #define PARSE_ETH_ONLY 0x8 /* parse_eth: stop at the ethertype */
@@ -64,15 +70,18 @@ enum parse_result {
 #define AXON_FRAG_FIRST 1 /* offset 0: has the L4 header */
 #define AXON_FRAG_LATER 2 /* offset > 0: no L4 header (the LB takes the ports from axon_np_frag, frag.h) */
 
-/* union parse_buf: where PARSE_COPY puts the IP header (the caller's stack). */
+/* union parse_buf: where PARSE_COPY puts the IP header (the caller's
+ * stack). 8-byte aligned: the LB reads IPv6 addresses as 64-bit words
+ * (np_addr6), and the verifier refuses a misaligned stack access. */
 union parse_buf {
 	struct iphdr ip4;
 	struct ipv6hdr ip6;
-};
+} __attribute__((aligned(8)));
 
-/* struct packet: what the parser found. eth, ip4 and ip6 point into the
- * packet (in place: valid until the next helper that may change packet
- * data) or to the caller's copies (PARSE_COPY). */
+/* struct packet: what the parser found. eth points into the packet, ip4
+ * and ip6 too (in place) or to the caller's copy (PARSE_COPY); a pointer
+ * into the packet is valid until the next helper that may change packet
+ * data. */
 struct packet {
 	struct ethhdr *eth;  /* parse_eth */
 	struct iphdr *ip4;   /* set for PARSE_IPV4 */
@@ -191,13 +200,14 @@ AXON_INLINE enum parse_result parse_ip(axon_ctx_t *ctx, __u32 off, int v6, int h
 	}
 }
 
-/* parse_eth_ip parses the Ethernet header into pkt->eth and the IP header
- * behind it (parse_ip); with PARSE_ETH_ONLY it stops at the ethertype
- * (parse_eth). In place, or copied into eth_buf and ip_buf (PARSE_COPY). */
+/* parse_eth_ip parses the Ethernet header into pkt->eth (in place, above)
+ * and the IP header behind it (parse_ip); with PARSE_ETH_ONLY it stops at
+ * the ethertype (parse_eth). The IP header in place, or copied into ip_buf
+ * (PARSE_COPY). */
 AXON_INLINE enum parse_result parse_eth_ip(axon_ctx_t *ctx, int how, struct packet *pkt,
-					   struct ethhdr *eth_buf, union parse_buf *ip_buf)
+					   union parse_buf *ip_buf)
 {
-	if (parse_hdr(ctx, 0, eth_buf, sizeof(struct ethhdr), how, (void **)&pkt->eth))
+	if (parse_hdr(ctx, 0, NULL, sizeof(struct ethhdr), how & ~PARSE_COPY, (void **)&pkt->eth))
 		return PARSE_MALFORMED;
 	if (pkt->eth->h_proto == bpf_htons(ETH_P_IP))
 		return (how & PARSE_ETH_ONLY) ? PARSE_IPV4 : parse_ip(ctx, ETH_HLEN, 0, how, pkt, ip_buf);
@@ -206,20 +216,19 @@ AXON_INLINE enum parse_result parse_eth_ip(axon_ctx_t *ctx, int how, struct pack
 	return PARSE_NON_IP;
 }
 
-/* parse_eth reads the Ethernet header into pkt->eth: PARSE_IPV4 /
- * PARSE_IPV6 by its ethertype, PARSE_NON_IP, or PARSE_MALFORMED when it is
- * cut short. */
-AXON_INLINE enum parse_result parse_eth(axon_ctx_t *ctx, int how, struct packet *pkt,
-					struct ethhdr *buf)
+/* parse_eth points pkt->eth at the Ethernet header (in place): PARSE_IPV4
+ * / PARSE_IPV6 by its ethertype, PARSE_NON_IP, or PARSE_MALFORMED when it
+ * is cut short. */
+AXON_INLINE enum parse_result parse_eth(axon_ctx_t *ctx, struct packet *pkt)
 {
-	return parse_eth_ip(ctx, how | PARSE_ETH_ONLY, pkt, buf, NULL);
+	return parse_eth_ip(ctx, PARSE_ETH_ONLY, pkt, NULL);
 }
 
 /* parse_packet is the pod path's parse of pkt (zeroed by the caller):
  * Ethernet and IP header in place, PARSE_STRICT. */
 AXON_INLINE enum parse_result parse_packet(axon_ctx_t *ctx, struct packet *pkt)
 {
-	return parse_eth_ip(ctx, PARSE_STRICT, pkt, NULL, NULL);
+	return parse_eth_ip(ctx, PARSE_STRICT, pkt, NULL);
 }
 
 /* ipv6_is_local_scope: link-local (fe80::/10) and multicast (ff00::/8)

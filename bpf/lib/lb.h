@@ -14,6 +14,7 @@
 #define AXON_LB_H
 
 #include "common.h"
+#include "backend.h"
 
 /* Sizes. The service map holds one master + one entry per backend slot. */
 #define AXON_LB_SVC_MAX 262144
@@ -280,14 +281,11 @@ AXON_INLINE struct lb_svc_val *lb_lookup(struct lb_svc_key *key)
 	return NULL;
 }
 
-/* lb_usable says whether backend b may take a new connection of frontend svc. */
+/* lb_usable says whether backend b may take a new connection of frontend
+ * svc (backend.h). */
 AXON_INLINE int lb_usable(const struct lb_backend *b, const struct lb_svc_val *svc)
 {
-	if (b->frontend_id != svc->id)
-		return 0;
-	if (b->state == AXON_LB_ACTIVE)
-		return 1;
-	return b->state == AXON_LB_TERMINATING && svc->active == 0;
+	return backend_usable(b, svc);
 }
 
 /* How often lb_select re-reads the master entry after a failed pick. */
