@@ -101,6 +101,33 @@ enum axon_lb_state {
 	AXON_LB_QUARANTINED = 2, /* never picked for a new flow */
 };
 
+/* Counters of the same-node TCP bypass (sockops.c, sk_msg.c), the index of
+ * axon_sockmap_metrics (lib/sockmap.h). Names: the members' without AXON_SM_,
+ * lower case (metricNames in internal/datapath/sockmap, the metric and status
+ * names). */
+enum axon_sockmap_counter {
+	AXON_SM_ADMIT_POD = 0,           /* sockops: pod <-> pod socket entered axon_sock_hash */
+	AXON_SM_ADMIT_LOOPBACK = 1,      /* sockops: loopback socket of an enabled pod netns entered */
+	AXON_SM_SKIP_NOT_POD = 2,        /* sockops: local or remote address is not an admitted pod */
+	AXON_SM_SKIP_NETNS_MISMATCH = 3, /* sockops: local address is a pod's, the socket's netns is not that pod's */
+	AXON_SM_SKIP_NOT_ENABLED = 4,    /* sockops: loopback socket of a netns not in axon_sockmap_netns */
+	AXON_SM_INSERT_FAILED = 5,       /* sockops: admitted, but the map update failed (map full, key taken) */
+	AXON_SM_REDIRECT_MSGS = 6,       /* sk_msg: writes moved into the peer socket */
+	AXON_SM_REDIRECT_BYTES = 7,      /* sk_msg: bytes of those writes */
+	AXON_SM_PASS_NO_PEER = 8,        /* sk_msg: peer not in the map: this write and all later ones go through TCP */
+	AXON_SM_PASS_STICKY = 9,         /* sk_msg: the socket is in stack mode: through TCP */
+	AXON_SM_PASS_BYTES = 10,         /* sk_msg: bytes of writes passed to TCP (both reasons) */
+	AXON_SM_SWITCH_STACK = 11,       /* sk_msg: a bypassed socket switched to the stack (small-write rule) */
+	AXON_SM_MAX = 12,
+};
+
+/* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */
+enum axon_sockmap_mode {
+	AXON_SM_MODE_UNDECIDED = 0, /* no write yet */
+	AXON_SM_MODE_BYPASS = 1,    /* the first write was redirected: later writes try the redirect too */
+	AXON_SM_MODE_STACK = 2,     /* a write went through TCP: never redirect again (ordering) */
+};
+
 /* endpoint_info.flags bits (reserved; none defined yet). */
 #define AXON_EP_F_NONE 0
 

@@ -12,17 +12,24 @@ func TestObjects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"podegress": "axon_pod_egress", "uplinkingress": "axon_uplink_ingress"}
+	type prog struct {
+		name string
+		typ  ebpf.ProgramType
+	}
+	want := map[string]prog{
+		"podegress": {"axon_pod_egress", ebpf.SchedCLS}, "uplinkingress": {"axon_uplink_ingress", ebpf.SchedCLS},
+		"sockops": {"axon_sockops", ebpf.SockOps}, "skmsg": {"axon_sk_msg", ebpf.SkMsg},
+	}
 	seen := map[string]bool{}
 	for _, o := range objs {
 		seen[o.Name] = true
-		prog, ok := want[o.Name]
+		p, ok := want[o.Name]
 		if !ok {
 			continue // a new object: fine, the verifier report picks it up
 		}
-		ps := o.Spec.Programs[prog]
-		if ps == nil || ps.Type != ebpf.SchedCLS {
-			t.Errorf("object %s: program %s missing or not sched_cls: %+v", o.Name, prog, ps)
+		ps := o.Spec.Programs[p.name]
+		if ps == nil || ps.Type != p.typ {
+			t.Errorf("object %s: program %s missing or not %s: %+v", o.Name, p.name, p.typ, ps)
 		}
 	}
 	for name := range want {

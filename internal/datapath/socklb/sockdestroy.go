@@ -19,6 +19,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Socket destruction (bpf/sock_destroy.c): when backends leave a frontend,
@@ -245,28 +246,6 @@ func inNetnsPath(path string, fn func() error) error {
 }
 
 // NetnsCookie returns the netns cookie (what bpf_get_netns_cookie gives the
-// socket LB hooks) of the network namespace at path ("" = the caller's).
-// Needs kernel >= 5.14 (SO_NETNS_COOKIE).
-func NetnsCookie(path string) (uint64, error) {
-	var cookie uint64
-	err := inNetnsPath(path, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		}
-		if err != nil {
-			return fmt.Errorf("socket: %w", err)
-		}
-		defer unix.Close(fd)
-		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		if err != nil {
-			return fmt.Errorf("getsockopt SO_NETNS_COOKIE (kernel >= 5.14): %w", err)
-		}
-		cookie = v
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie of %q: %w", path, err)
-	}
-	return cookie, nil
-}
+// socket LB hooks) of the network namespace at path ("" = the caller's):
+// netnsutil.Cookie.
+func NetnsCookie(path string) (uint64, error) { return netnsutil.Cookie(path) }

@@ -10,9 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -48,7 +46,7 @@ func TestSockDestroyHelperProcess(t *testing.T) {
 		Netns string
 		Socks []holdSock
 	}
-	helperStart(t, sockDestroyHelperEnv, "client helper of TestSockDestroy: runs only when re-executed by it", &in)
+	testutil.HelperStart(t, sockDestroyHelperEnv, "client helper of TestSockDestroy: runs only when re-executed by it", &in)
 	fds := make([]int, len(in.Socks))
 	exchange := func(fd int) (string, error) {
 		if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
@@ -135,11 +133,7 @@ func holdClient(t *testing.T, ns string, cgFD int, socks ...holdSock) (before []
 		Socks []holdSock
 	}{ns, socks})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSockDestroyHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), sockDestroyHelperEnv+"="+string(req), "GODEBUG=asyncpreemptoff=1")
-	if cgFD >= 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgFD}
-	}
+	cmd := testutil.HelperCommand(ctx, "TestSockDestroyHelperProcess", sockDestroyHelperEnv, req, cgFD)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
@@ -145,7 +144,7 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 	if pinDir == "" {
 		return nil, errors.New("load socket LB: pin dir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
 	}
-	cgID, err := cgroupID(cgroupPath)
+	cgID, err := datapath.CgroupID(cgroupPath)
 	if err != nil {
 		return nil, fmt.Errorf("load socket LB: %w", err)
 	}
@@ -197,7 +196,7 @@ func loadSockLBWith(pinDir, cgroupPath string, log *slog.Logger, o sockLBOptions
 	}
 	for _, h := range sockHooks {
 		pin := filepath.Join(datapath.LinksDir(pinDir), sockHookPrefix+h.name)
-		if err := attachCgroupLink(pin, cgroupPath, cgID, h.attach, h.prog(&s.objs.sockLBPrograms)); err != nil {
+		if err := datapath.AttachCgroupLink(pin, cgroupPath, cgID, h.attach, h.prog(&s.objs.sockLBPrograms)); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("load socket LB: hook %s: %w", h.name, err)
 		}
@@ -397,63 +396,6 @@ func (s *LB) SkipNetns() ([]uint64, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-// cgroupID checks that path is a cgroup v2 directory and returns its id.
-func cgroupID(path string) (uint64, error) {
-	if path == "" {
-		return 0, errors.New("cgroup path is empty: pass a cgroup v2 directory (the cgroup2 mount or a subtree of it, see /proc/mounts)")
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return 0, fmt.Errorf("cgroup %s: %w", path, err)
-	}
-	if fs.Type != unix.CGROUP2_SUPER_MAGIC {
-		return 0, fmt.Errorf("cgroup %s is not on a cgroup v2 filesystem: pass a directory under the cgroup2 mount (see /proc/mounts)", path)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("cgroup %s: %w", path, err)
-	}
-	return st.Ino, nil // a cgroup2 directory's inode number is the cgroup id
-}
-
-// attachCgroupLink updates the link pinned at pin when it is attached to
-// cgroup cgID, otherwise (missing, or left on another cgroup) attaches a new
-// link and pins it.
-func attachCgroupLink(pin, cgroupPath string, cgID uint64, attach ebpf.AttachType, prog *ebpf.Program) error {
-	if prog == nil {
-		return errors.New("program not loaded")
-	}
-	old, err := link.LoadPinnedLink(pin, nil)
-	switch {
-	case err == nil:
-		defer old.Close()
-		info, ierr := old.Info()
-		if ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgID {
-			if err := old.Update(prog); err != nil {
-				return fmt.Errorf("update pinned cgroup link %s: %w", pin, err)
-			}
-			return nil
-		}
-		// attached elsewhere (the cgroup root changed) or defunct: replace it
-		_ = old.Detach()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin stale cgroup link %s: %w", pin, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("load pinned cgroup link %s: %w", pin, err)
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: attach, Program: prog})
-	if err != nil {
-		return fmt.Errorf("attach to cgroup %s: %w", cgroupPath, err)
-	}
-	defer l.Close()
-	if err := l.Pin(pin); err != nil {
-		_ = l.Close()
-		return fmt.Errorf("pin cgroup link at %s (kernel without bpf_link for cgroups?): %w", pin, err)
-	}
-	return nil
 }
 
 // Close releases file descriptors. Pinned maps and links stay: services keep

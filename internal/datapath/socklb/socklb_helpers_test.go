@@ -10,15 +10,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
@@ -53,40 +48,6 @@ type clientResult struct {
 	Seen   map[string]int // answering backends (Count > 1)
 }
 
-// helperStart begins a re-executed helper process (TestSockLBHelperProcess,
-// TestSockDestroyHelperProcess): it skips with skipWhy unless the environment
-// variable env holds a JSON request, decodes the request into in, and locks
-// the goroutine to its OS thread inside the network namespace named by the
-// request's Netns field ("" = stay), so the sockets the helper makes live
-// there. A request that cannot be decoded or a netns that cannot be entered
-// ends the process with status 2.
-func helperStart(t *testing.T, env, skipWhy string, in any) {
-	req := os.Getenv(env)
-	if req == "" {
-		t.Skip(skipWhy)
-	}
-	var where struct{ Netns string }
-	for _, v := range []any{in, &where} {
-		if err := json.Unmarshal([]byte(req), v); err != nil {
-			fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
-			os.Exit(2)
-		}
-	}
-	runtime.LockOSThread()
-	if where.Netns == "" {
-		return
-	}
-	h, err := netns.GetFromName(where.Netns)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper: open netns %s: %v\n", where.Netns, err)
-		os.Exit(2)
-	}
-	if err := netns.Set(h); err != nil {
-		fmt.Fprintf(os.Stderr, "helper: enter netns %s: %v\n", where.Netns, err)
-		os.Exit(2)
-	}
-}
-
 // TestSockLBHelperProcess is the client process of the socket LB tests; run
 // by itself it only skips.
 func TestSockLBHelperProcess(t *testing.T) {
@@ -94,7 +55,7 @@ func TestSockLBHelperProcess(t *testing.T) {
 		Netns string
 		Ops   []clientOp
 	}
-	helperStart(t, sockLBHelperEnv, "client helper of the socket LB tests: runs only when re-executed by them", &in)
+	testutil.HelperStart(t, sockLBHelperEnv, "client helper of the socket LB tests: runs only when re-executed by them", &in)
 	out := make([]clientResult, len(in.Ops))
 	for i, op := range in.Ops {
 		start := time.Now()
@@ -241,12 +202,7 @@ func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResu
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Stretch(t, 30*time.Second))
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSockLBHelperProcess$", "-test.count=1")
-	// no SIGURG preemption: the client's raw blocking syscalls would see EINTR
-	cmd.Env = append(os.Environ(), sockLBHelperEnv+"="+string(req), "GODEBUG=asyncpreemptoff=1")
-	if cgFD >= 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgFD}
-	}
+	cmd := testutil.HelperCommand(ctx, "TestSockLBHelperProcess", sockLBHelperEnv, req, cgFD)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -269,48 +225,11 @@ func runClients(t testing.TB, ns string, cgFD int, ops ...clientOp) []clientResu
 	return nil
 }
 
-// cgroup2Mount finds the cgroup v2 mount point in /proc/mounts.
-func cgroup2Mount(t testing.TB) string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/mounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && f[2] == "cgroup2" {
-			return f[1]
-		}
-	}
-	t.Skip("no cgroup v2 mount in /proc/mounts: socket LB needs cgroup v2")
-	return ""
-}
-
-// newTestCgroup makes <cgroup2>/axt-socklb-<pid>-<rand> (removed at cleanup,
-// after the clients, which run to completion inside runClients, are gone)
-// and returns its path and an open directory fd for CLONE_INTO_CGROUP.
+// newTestCgroup makes a test cgroup <cgroup2>/axt-socklb-<pid>-<rand> (see
+// testutil.NewCgroup) and returns its path and directory fd.
 func newTestCgroup(t testing.TB) (string, int) {
 	t.Helper()
-	dir := filepath.Join(cgroup2Mount(t), fmt.Sprintf("axt-socklb-%d-%s", os.Getpid(), testutil.RandSuffix(t)))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("create test cgroup: %v", err)
-	}
-	f, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		var err error
-		for i := 0; i < 50; i++ { // a just-exited child may still be accounted for a moment
-			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Errorf("remove test cgroup %s: %v", dir, err)
-	})
-	return dir, int(f.Fd())
+	return testutil.NewCgroup(t, "axt-socklb-")
 }
 
 // echoServers listens on TCP and UDP at every addr inside netns ns and

@@ -1,0 +1,402 @@
+package sockmap
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/axonhq/axon/internal/datapath"
+)
+
+// Map names, pinned by name under the node's pin dir (axon_sockmap_state is
+// socket storage and not pinned).
+const (
+	MapSockHash = "axon_sock_hash"
+	MapPods     = "axon_sockmap_pods"
+	MapNetns    = "axon_sockmap_netns"
+	MapState    = "axon_sockmap_state"
+	MapMetrics  = "axon_sockmap_metrics"
+)
+
+// LinkPin is the name of the sock_ops cgroup link's pin under
+// <pinDir>/links (the socket LB's cgroup links are cgroup-<hook> too).
+const LinkPin = "cgroup-sockops"
+
+// DefaultMaxEntries is max_entries of axon_sock_hash when Config leaves it
+// 0: one entry per bypassed socket, two per connection.
+const DefaultMaxEntries = 65536
+
+// pinnedMaps are the maps Uninstall removes.
+var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapMetrics}
+
+// metricNames are the counters of axon_sockmap_metrics, index = enum
+// axon_sockmap_counter (bpf/lib/common.h; TestEnumsMatchBTF keeps them equal).
+var metricNames = []string{
+	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
+	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
+	"switch_stack",
+}
+
+// Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
+const (
+	modeUndecided = 0
+	modeBypass    = 1
+	modeStack     = 2
+)
+
+// Config is the load-time configuration of the bypass.
+type Config struct {
+	// MaxEntries is max_entries of axon_sock_hash (0: DefaultMaxEntries).
+	// A socket that finds the map full stays on the TCP stack (counted as
+	// insert_failed). A pinned map of another size is not adopted: Load
+	// fails and says to Uninstall (bypassed connections then fall back).
+	MaxEntries uint32
+}
+
+// Bypass is the loaded same-node TCP bypass of one node. Methods are safe
+// for concurrent use.
+type Bypass struct {
+	log        *slog.Logger
+	pinDir     string
+	cgroupPath string
+
+	mu  sync.Mutex
+	ops sockOpsObjects
+	msg skMsgObjects
+}
+
+// Conn is one socket in axon_sock_hash: its local and remote address as the
+// socket sees them (IPv4 unmapped) and, for a loopback pair, its netns
+// cookie (0 for pod <-> pod).
+type Conn struct {
+	Local, Remote netip.AddrPort
+	Netns         uint64
+}
+
+// Load loads both programs, pins the maps under pinDir (adopting pinned maps
+// of the same layout, so a restarted or upgraded agent keeps every bypassed
+// connection flowing), attaches axon_sk_msg to axon_sock_hash
+// (BPF_SK_MSG_VERDICT; sockets already in the map keep the program they were
+// linked with) and axon_sockops to the cgroup v2 directory cgroupPath through
+// a link pinned at <pinDir>/links/cgroup-sockops (updated in place when it
+// is on the same cgroup).
+func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if pinDir == "" {
+		return nil, errors.New("load sockmap bypass: pin dir is empty: set a bpffs directory such as /sys/fs/bpf/axon")
+	}
+	cgID, err := datapath.CgroupID(cgroupPath)
+	if err != nil {
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
+	if err := datapath.EnsurePinDir(pinDir); err != nil {
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
+	spec, err := loadSockOps()
+	if err != nil {
+		return nil, fmt.Errorf("load sockmap bypass: parse sockops object: %w", err)
+	}
+	max := cfg.MaxEntries
+	if max == 0 {
+		max = DefaultMaxEntries
+	}
+	spec.Maps[MapSockHash].MaxEntries = max
+	b := &Bypass{log: log, pinDir: pinDir, cgroupPath: cgroupPath}
+	if err := spec.LoadAndAssign(&b.ops, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
+		err = datapath.IncompatibleHint(err, pinDir)
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			err = fmt.Errorf("%w (a pinned %s of another size is not resized: run sockmap.Uninstall first; bypassed connections then continue on the TCP stack)", err, MapSockHash)
+		}
+		return nil, fmt.Errorf("load sockmap bypass: sockops program: %w", datapath.VerifierDetail(err))
+	}
+	msgSpec, err := loadSkMsg()
+	if err != nil {
+		b.ops.Close()
+		return nil, fmt.Errorf("load sockmap bypass: parse sk_msg object: %w", err)
+	}
+	have := map[string]*ebpf.Map{
+		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
+		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range msgSpec.Maps {
+		m, ok := have[name]
+		if !ok {
+			continue // .rodata and friends: the object's own
+		}
+		ms.MaxEntries = m.MaxEntries()
+		repl[name] = m
+	}
+	if err := msgSpec.LoadAndAssign(&b.msg, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		b.ops.Close()
+		return nil, fmt.Errorf("load sockmap bypass: sk_msg program: %w", datapath.VerifierDetail(err))
+	}
+	// sk_msg first: a socket that sockops inserts must find the verdict
+	// program on the map (a socket is linked with the program the map has
+	// when it enters).
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+		Target: b.ops.AxonSockHash.FD(), Program: b.msg.AxonSkMsg, Attach: ebpf.AttachSkMsgVerdict,
+	}); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("load sockmap bypass: attach axon_sk_msg to %s: %w", MapSockHash, err)
+	}
+	pin := filepath.Join(datapath.LinksDir(pinDir), LinkPin)
+	if err := os.MkdirAll(datapath.LinksDir(pinDir), 0o700); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
+	if err := datapath.AttachCgroupLink(pin, cgroupPath, cgID, ebpf.AttachCGroupSockOps, b.ops.AxonSockops); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("load sockmap bypass: sock_ops: %w", err)
+	}
+	log.Info("sockmap bypass loaded", "pinDir", pinDir, "cgroup", cgroupPath, "maxEntries", max)
+	return b, nil
+}
+
+// Close releases file descriptors. Pinned maps and the link stay: bypassed
+// connections keep flowing and new ones keep entering while the agent is
+// down; the next Load adopts them.
+func (b *Bypass) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return errors.Join(b.msg.Close(), b.ops.Close())
+}
+
+// Uninstall detaches axon_sockops (the link pinned under pinDir) and removes
+// the bypass's pins. The SOCKHASH goes with its last reference: sockets in
+// it return to the plain TCP stack (bytes redirected but not yet read by the
+// peer are lost, so uninstall with connections idle). Missing pins are no
+// error; the rest of pinDir is left alone.
+func Uninstall(pinDir string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	ok, err := datapath.IsBPFFS(pinDir)
+	if err != nil {
+		return fmt.Errorf("uninstall sockmap bypass: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("uninstall sockmap bypass: %s is not on a bpf filesystem, refusing to remove pins there", pinDir)
+	}
+	var errs []error
+	pin := filepath.Join(datapath.LinksDir(pinDir), LinkPin)
+	l, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", pin, err))
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		}
+		l.Close()
+	case !errors.Is(err, os.ErrNotExist):
+		errs = append(errs, fmt.Errorf("load pinned link %s: %w", pin, err))
+	}
+	for _, m := range pinnedMaps {
+		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("uninstall sockmap bypass under %s: %w", pinDir, errors.Join(errs...))
+	}
+	return nil
+}
+
+// addrKey is the 16-byte key of an address (IPv4 as ::ffff:a.b.c.d) after
+// checking that it can be a pod's.
+func addrKey(ip netip.Addr) ([16]byte, error) {
+	switch {
+	case !ip.IsValid():
+		return [16]byte{}, errors.New("no address")
+	case ip.Zone() != "":
+		return [16]byte{}, fmt.Errorf("address %s has a zone: pod addresses have none", ip)
+	case ip.IsUnspecified(), ip.IsLoopback(), ip.IsMulticast(), ip.IsLinkLocalUnicast():
+		return [16]byte{}, fmt.Errorf("address %s cannot be a pod's (unspecified, loopback, multicast or link-local)", ip)
+	}
+	return ip.Unmap().As16(), nil
+}
+
+// SetPod admits the local pod address ip, owned by the network namespace
+// with cookie netns, to the bypass (added or updated). Its new connections
+// to other admitted pods enter the bypass.
+func (b *Bypass) SetPod(ip netip.Addr, netns uint64) error {
+	k, err := addrKey(ip)
+	if err != nil {
+		return fmt.Errorf("sockmap: set pod: %w", err)
+	}
+	if netns == 0 {
+		return fmt.Errorf("sockmap: set pod %s: netns cookie 0: pass the pod netns' cookie (netnsutil.Cookie)", ip)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.ops.AxonSockmapPods.Put(k, sockOpsSockmapPod{Netns: netns}); err != nil {
+		return fmt.Errorf("sockmap: set pod %s in %s (holds %d pods): %w", ip, MapPods, b.ops.AxonSockmapPods.MaxEntries(), err)
+	}
+	return nil
+}
+
+// DeletePod withdraws ip: its new connections stay on the TCP stack; the
+// ones already bypassed continue (their keys are never deleted, that would
+// drop queued data) until they close. A missing address is no error.
+func (b *Bypass) DeletePod(ip netip.Addr) error {
+	if !ip.IsValid() {
+		return errors.New("sockmap: delete pod: no address")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.ops.AxonSockmapPods.Delete(ip.Unmap().As16()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("sockmap: delete pod %s: %w", ip, err)
+	}
+	return nil
+}
+
+// SetNetns admits loopback connections inside the pod netns with cookie
+// netns (app <-> sidecar).
+func (b *Bypass) SetNetns(netns uint64) error {
+	if netns == 0 {
+		return errors.New("sockmap: set netns: cookie 0: pass the pod netns' cookie (netnsutil.Cookie)")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.ops.AxonSockmapNetns.Put(netns, uint32(0)); err != nil {
+		return fmt.Errorf("sockmap: set netns %d in %s (holds %d): %w", netns, MapNetns, b.ops.AxonSockmapNetns.MaxEntries(), err)
+	}
+	return nil
+}
+
+// DeleteNetns withdraws the loopback admission of netns (bypassed
+// connections continue until they close). A missing cookie is no error.
+func (b *Bypass) DeleteNetns(netns uint64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.ops.AxonSockmapNetns.Delete(netns); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("sockmap: delete netns %d: %w", netns, err)
+	}
+	return nil
+}
+
+// Pods lists the admitted pod addresses and their netns cookies.
+func (b *Bypass) Pods() (map[netip.Addr]uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[netip.Addr]uint64{}
+	var (
+		k [16]byte
+		v sockOpsSockmapPod
+	)
+	it := b.ops.AxonSockmapPods.Iterate()
+	for it.Next(&k, &v) {
+		out[netip.AddrFrom16(k).Unmap()] = v.Netns
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("sockmap: read %s: %w", MapPods, err)
+	}
+	return out, nil
+}
+
+// Netns lists the netns cookies whose loopback connections are admitted,
+// sorted.
+func (b *Bypass) Netns() ([]uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var (
+		k   uint64
+		v   uint32
+		out []uint64
+	)
+	it := b.ops.AxonSockmapNetns.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("sockmap: read %s: %w", MapNetns, err)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Metrics returns the counters of axon_sockmap_metrics summed over CPUs,
+// by name (the members of enum axon_sockmap_counter without AXON_SM_, lower
+// case).
+func (b *Bypass) Metrics() (map[string]uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]uint64, len(metricNames))
+	for i, name := range metricNames {
+		var per []uint64
+		if err := b.ops.AxonSockmapMetrics.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("sockmap: read %s[%s]: %w", MapMetrics, name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Conns lists the sockets in axon_sock_hash (two per bypassed connection:
+// one per end).
+func (b *Bypass) Conns() ([]Conn, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var (
+		out  []Conn
+		k    sockOpsSockmapKey
+		next sockOpsSockmapKey
+		cur  any // nil: the first key
+	)
+	m := b.ops.AxonSockHash
+	seen := map[sockOpsSockmapKey]bool{}
+	// a key deleted under the walk (a socket closed) restarts it at the
+	// first key: skip what was seen, and stop after a bounded number of steps
+	for steps := 2*int(m.MaxEntries()) + 1; steps > 0; steps-- {
+		err := m.NextKey(cur, &next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sockmap: read %s: %w", MapSockHash, err)
+		}
+		if !seen[next] {
+			seen[next] = true
+			out = append(out, connOf(next))
+		}
+		k = next
+		cur = &k
+	}
+	return out, nil
+}
+
+// connOf turns a key of axon_sock_hash into a Conn.
+func connOf(k sockOpsSockmapKey) Conn {
+	return Conn{
+		Local:  netip.AddrPortFrom(addrOf(k.Local), uint16(k.Lport)),
+		Remote: netip.AddrPortFrom(addrOf(k.Remote), uint16(k.Rport)),
+		Netns:  k.Netns,
+	}
+}
+
+// addrOf is the address of a key's four words (network order bytes as the
+// kernel keeps them), IPv4 unmapped.
+func addrOf(w [4]uint32) netip.Addr {
+	var b [16]byte
+	for i, v := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], v)
+	}
+	return netip.AddrFrom16(b).Unmap()
+}
