@@ -1,0 +1,269 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/sockmap"
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
+)
+
+// Ports of the sockmap tests' control plane.
+const (
+	smTestAPIPort  = 16733
+	smTestEtcdPort = 12669
+)
+
+// TestSockmapAgainstKernelAndAPIServer: two pods of one node (network
+// namespaces joined by a veth pair, their processes in a scratch cgroup the
+// real programs are attached to) are admitted from their Pod objects (real
+// kube-apiserver); their connection is bypassed (both ends in the SOCKHASH,
+// the bytes echoed intact, the redirected bytes counted). Annotating one
+// pod "disabled" takes it out: its next connection takes the stack (counted
+// not admitted, absent from the SOCKHASH) while the open one keeps flowing
+// through the bypass. A pod with a bandwidth limit is never admitted; an
+// invalid value gets an Event and changes nothing.
+func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
+	testutil.RequireRoot(t, "loads BPF programs, creates network namespaces and cgroups")
+	cgroup, cgroupFD := testutil.NewCgroup(t, "axt-sockmap-")
+	pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
+	cp := startControlPlaneOn(t, smTestAPIPort, smTestEtcdPort)
+	cs, err := cp.Client()
+	must(t, err)
+	ctx := t.Context()
+	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}, metav1.CreateOptions{})
+	must(t, err)
+
+	// pods a and b talk; c has an egress limit
+	nsA, nsB, nsC := testutil.NewNetns(t, "axt-sm-a-"), testutil.NewNetns(t, "axt-sm-b-"), testutil.NewNetns(t, "axt-sm-c-")
+	a := dptest.NSConf(t, nsA)
+	a.Veth("eth0", "", "eth0b", "", nsB)
+	b := dptest.NSConf(t, nsB)
+	if err := b.H.LinkSetName(b.Link("eth0b"), "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	a.Addr("eth0", "10.244.1.10/24")
+	b.Addr("eth0", "10.244.1.11/24")
+	a.Up("eth0")
+	b.Up("eth0")
+	ipA, ipB, ipC := netip.MustParseAddr("10.244.1.10"), netip.MustParseAddr("10.244.1.11"), netip.MustParseAddr("10.244.1.12")
+
+	log := testLogger(t)
+	reg, err := openRegistry(t.TempDir(), log)
+	must(t, err)
+	for i, p := range []struct {
+		name, netns string
+		ip          netip.Addr
+		ann         map[string]string
+	}{
+		{"a", nsA, ipA, nil},
+		{"b", nsB, ipB, nil},
+		{"c", nsC, ipC, map[string]string{"kubernetes.io/egress-bandwidth": "10M"}},
+	} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: p.name, Annotations: p.ann},
+			Spec: corev1.PodSpec{NodeName: "node1", Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+		_, err := cs.CoreV1().Pods("apps").Create(ctx, pod, metav1.CreateOptions{})
+		must(t, err)
+		must(t, reg.Put(api.Endpoint{ContainerID: fmt.Sprintf("ctr%d", i), IfName: "eth0", Netns: netnsutil.Path(p.netns),
+			PodName: p.name, PodNamespace: "apps", IPs: []netip.Addr{p.ip}, HostIfName: fmt.Sprintf("lxc%d", i),
+			PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}))
+	}
+
+	rc := agentRESTConfig(t, cp, "node1")
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	k, err := newKube(rc, "node1", log, func() {})
+	must(t, err)
+	wg.Go(func() { k.run(runCtx, func() {}) })
+	svc, err := newServiceSync(rc, "node1", log)
+	must(t, err)
+	wg.Go(func() { svc.run(runCtx) })
+
+	cfg := Config{NodeName: "node1", BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: SockmapEnabled}
+	s := newSockBypass(cfg, log, reg, func() *kube { return k })
+	s.svc = svc
+	// the kernel self-test has its own tests (internal/datapath/sockmap);
+	// here it only has to let the bypass load, and status must show it
+	s.selfTest = func(context.Context) (bool, string) { return true, "" }
+	t.Cleanup(s.close)
+
+	admitted := func(what string, want ...netip.Addr) {
+		t.Helper()
+		slices.SortFunc(want, netip.Addr.Compare)
+		eventually(t, what, 20*time.Second, func() error {
+			s.ensure(ctx)
+			st := s.status()
+			if !st.Enabled {
+				return fmt.Errorf("bypass off: %s", st.Reason)
+			}
+			pods, err := s.bp.Pods()
+			if err != nil {
+				return err
+			}
+			var got []netip.Addr
+			for ip := range pods {
+				got = append(got, ip)
+			}
+			slices.SortFunc(got, netip.Addr.Compare)
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("admitted pod addresses %v, want %v", got, want)
+			}
+			return nil
+		})
+	}
+	admitted("pods a and b admitted, c (egress limit) not", ipA, ipB)
+	st := s.status()
+	if st.PodsAdmitted != 2 || len(st.NotAdmitted) != 1 || !strings.Contains(st.NotAdmitted[0], "apps/c: bandwidth limit (kubernetes.io/egress-bandwidth)") {
+		t.Errorf("status %+v: want 2 pods admitted and apps/c not, for its bandwidth limit", st)
+	}
+	netns, err := s.bp.Netns()
+	must(t, err)
+	if len(netns) != 2 {
+		t.Errorf("admitted netns %v, want the two of pods a and b", netns)
+	}
+
+	peers := startPeers(t, peersConfig{ServerNetns: netnsutil.Path(nsB), Listen: "10.244.1.11:7000", ClientNetns: netnsutil.Path(nsA)}, cgroupFD)
+	m0 := sockmapCounters(t, s)
+	c1, local1, remote1 := peers.dial()
+	peers.echo(c1, 256<<10)
+	conn1 := connKeys(local1, remote1)
+	requireConns(t, s, conn1, true)
+	m1 := sockmapCounters(t, s)
+	if d := m1[counterRedirectedBytes] - m0[counterRedirectedBytes]; d < 2*(256<<10) {
+		t.Errorf("redirected bytes moved by %d, want at least %d (the 256 KiB both ways)", d, 2*(256<<10))
+	}
+	if d := m1[counterAdmittedPod] - m0[counterAdmittedPod]; d != 2 {
+		t.Errorf("admitted pod-to-pod sockets moved by %d, want 2 (both ends)", d)
+	}
+	rep, err := s.conns()
+	must(t, err)
+	if !hasConnRow(rep, local1, remote1, "apps/a", "apps/b") || !hasConnRow(rep, remote1, local1, "apps/b", "apps/a") {
+		t.Errorf("axon bpf sockmap list rows %+v: want both ends of %s -> %s with their pods", rep.Conns, local1, remote1)
+	}
+
+	// take pod a out: the next connection takes the stack, the open one flows
+	patchAnnotation(t, cs, k, "apps", "a", AnnotationSockmap, SockmapDisabled)
+	admitted("pod a opted out", ipB)
+	c2, local2, remote2 := peers.dial()
+	peers.echo(c2, 256<<10)
+	requireConns(t, s, connKeys(local2, remote2), false)
+	m2 := sockmapCounters(t, s)
+	if d := m2[counterNotAdmitted] - m1[counterNotAdmitted]; d < 2 {
+		t.Errorf("not-admitted sockets moved by %d, want at least 2 (both ends of the new connection)", d)
+	}
+	if d := m2[counterRedirectedBytes] - m1[counterRedirectedBytes]; d != 0 {
+		t.Errorf("redirected bytes moved by %d while only the stack connection carried data", d)
+	}
+	peers.echo(c1, 256<<10)
+	requireConns(t, s, conn1, true)
+	m3 := sockmapCounters(t, s)
+	if d := m3[counterRedirectedBytes] - m2[counterRedirectedBytes]; d < 2*(256<<10) {
+		t.Errorf("the connection opened before the opt-out: redirected bytes moved by %d, want at least %d (it stays bypassed)", d, 2*(256<<10))
+	}
+	if st := s.status(); !strings.Contains(strings.Join(st.NotAdmitted, "\n"), "apps/a: pod annotation axon.io/sockmap=disabled") {
+		t.Errorf("status does not say why apps/a is out: %v", st.NotAdmitted)
+	}
+
+	// an invalid value on pod b: an Event, b stays admitted
+	patchAnnotation(t, cs, k, "apps", "b", AnnotationSockmap, "sometimes")
+	s.ensure(ctx)
+	if msg := waitEvent(t, cs, "apps", "Pod", "b", ReasonInvalidAnnotation); !strings.Contains(msg, `"sometimes"`) || !strings.Contains(msg, "changes nothing") {
+		t.Errorf("event %q does not name the bad value and what happens", msg)
+	}
+	admitted("pod b keeps its decision", ipB)
+}
+
+// Counter names of the bypass programs (the C enum, read through BTF).
+const (
+	counterAdmittedPod     = "admit_pod"
+	counterNotAdmitted     = "skip_not_pod"
+	counterRedirectedBytes = "redirect_bytes"
+)
+
+func sockmapCounters(t *testing.T, s *sockBypass) map[string]uint64 {
+	t.Helper()
+	m, err := s.bp.Metrics()
+	must(t, err)
+	for _, n := range []string{counterAdmittedPod, counterNotAdmitted, counterRedirectedBytes} {
+		if _, ok := m[n]; !ok {
+			t.Fatalf("the bypass has no counter %q: %v", n, m)
+		}
+	}
+	return m
+}
+
+// connKeys are the two SOCKHASH entries of a connection (one per end).
+func connKeys(local, remote string) [2][2]netip.AddrPort {
+	l, r := netip.MustParseAddrPort(local), netip.MustParseAddrPort(remote)
+	return [2][2]netip.AddrPort{{l, r}, {r, l}}
+}
+
+// requireConns checks that both ends of a connection are (or are not) in
+// the SOCKHASH.
+func requireConns(t *testing.T, s *sockBypass, keys [2][2]netip.AddrPort, in bool) {
+	t.Helper()
+	conns, err := s.bp.Conns()
+	must(t, err)
+	for _, k := range keys {
+		found := false
+		for _, c := range conns {
+			if unmapAddrPort(c.Local) == k[0] && unmapAddrPort(c.Remote) == k[1] {
+				found = true
+			}
+		}
+		if found != in {
+			t.Errorf("socket %s -> %s in the SOCKHASH: %v, want %v (entries: %v)", k[0], k[1], found, in, conns)
+		}
+	}
+}
+
+func hasConnRow(rep api.SockmapReply, local, remote, localPod, remotePod string) bool {
+	for _, c := range rep.Conns {
+		if c.Local.String() == local && c.Remote.String() == remote && c.LocalPod == localPod && c.RemotePod == remotePod {
+			return true
+		}
+	}
+	return false
+}
+
+// patchAnnotation sets (value != "") or removes an annotation on a Pod and
+// waits until the agent's cache has it (a step whose expected state equals
+// the previous one must not pass on stale data).
+func patchAnnotation(t *testing.T, cs kubernetes.Interface, k *kube, ns, name, key, value string) {
+	t.Helper()
+	v := "null"
+	if value != "" {
+		v = `"` + value + `"`
+	}
+	body := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, key, v))
+	_, err := cs.CoreV1().Pods(ns).Patch(t.Context(), name, types.MergePatchType, body, metav1.PatchOptions{})
+	must(t, err)
+	eventually(t, "pod "+name+" in the agent's cache", 10*time.Second, func() error {
+		p, err := k.pods.Pods(ns).Get(name)
+		if err != nil {
+			return err
+		}
+		if got := p.Annotations[key]; got != value {
+			return fmt.Errorf("annotation %q, want %q", got, value)
+		}
+		return nil
+	})
+}
