@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -15,6 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
@@ -153,6 +157,11 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 	if d := m1[counterAdmittedPod] - m0[counterAdmittedPod]; d != 2 {
 		t.Errorf("admitted pod-to-pod sockets moved by %d, want 2 (both ends)", d)
 	}
+	requireSockmapMetrics(t, s, m1)
+	if d := s.decision(s.status()); d.Value != "enabled" || !strings.Contains(d.Reason, "2 pods admitted, 2 sockets bypassed") ||
+		!strings.Contains(d.Reason, "not admitted: apps/c: bandwidth limit") {
+		t.Errorf("status line %+v: want enabled, 2 pods, 2 sockets, and apps/c not admitted for its bandwidth limit", d)
+	}
 	rep, err := s.conns()
 	must(t, err)
 	if !hasConnRow(rep, local1, remote1, "apps/a", "apps/b") || !hasConnRow(rep, remote1, local1, "apps/b", "apps/a") {
@@ -266,4 +275,38 @@ func patchAnnotation(t *testing.T, cs kubernetes.Interface, k *kube, ns, name, k
 		}
 		return nil
 	})
+}
+
+// requireSockmapMetrics checks /metrics against the counters read
+// directly: every counter exported as axon_sockmap_<name>_total with its
+// own HELP, and the gauges.
+func requireSockmapMetrics(t *testing.T, s *sockBypass, want map[string]uint64) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(sockmapCollector{s: s})
+	fams, err := reg.Gather()
+	must(t, err)
+	got := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		got[f.GetName()] = f
+	}
+	for name, v := range want {
+		f := got["axon_sockmap_"+name+"_total"]
+		if f == nil {
+			t.Errorf("no metric axon_sockmap_%s_total (have %v)", name, slices.Collect(maps.Keys(got)))
+			continue
+		}
+		if strings.HasPrefix(f.GetHelp(), "Counter ") {
+			t.Errorf("axon_sockmap_%s_total has the generic HELP %q", name, f.GetHelp())
+		}
+		// counters only grow: the scrape is at least what was read before it
+		if g := f.GetMetric()[0].GetCounter().GetValue(); g < float64(v) {
+			t.Errorf("axon_sockmap_%s_total = %v, below the %d read before", name, g, v)
+		}
+	}
+	for name, v := range map[string]float64{"axon_sockmap_enabled": 1, "axon_sockmap_pods_admitted": 2, "axon_sockmap_sockets": 2, "axon_sockmap_metrics_read_errors": 0} {
+		if f := got[name]; f == nil || f.GetMetric()[0].GetGauge().GetValue() != v {
+			t.Errorf("%s = %v, want %v", name, f, v)
+		}
+	}
 }

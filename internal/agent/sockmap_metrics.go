@@ -18,7 +18,20 @@ var (
 
 // sockmapCounterHelp is the HELP of the BPF counters the agent knows; a
 // counter the programs add later is exported with a generic HELP.
-var sockmapCounterHelp = map[string]string{}
+var sockmapCounterHelp = map[string]string{
+	"admit_pod":           "Pod-to-pod sockets that entered the bypass (sock_ops, both ends counted).",
+	"admit_loopback":      "Loopback sockets inside an admitted pod that entered the bypass.",
+	"skip_not_pod":        "Established sockets left on the TCP/IP stack: an end is not an admitted pod's address (opted out, bandwidth limit, host, other node).",
+	"skip_netns_mismatch": "Sockets left on the stack: the local address is a pod's but the socket is in another netns.",
+	"skip_not_enabled":    "Loopback sockets left on the stack: their netns is not an admitted pod's.",
+	"insert_failed":       "Admitted sockets that could not enter the SOCKHASH (full: raise its size); they use the stack.",
+	"redirect_msgs":       "Writes moved straight into the peer socket (sk_msg).",
+	"redirect_bytes":      "Bytes of the writes moved straight into the peer socket.",
+	"pass_no_peer":        "Writes of bypassed sockets whose peer was not in the map: sent through TCP, and the socket stays on TCP.",
+	"pass_sticky":         "Writes of sockets in stack mode, sent through TCP (a socket that used TCP never switches back: ordering).",
+	"pass_bytes":          "Bytes of writes of sockets in the map that went through TCP.",
+	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack.",
+}
 
 type sockmapCollector struct{ s *sockBypass }
 
