@@ -144,9 +144,10 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 		t.Errorf("admitted netns %v, want the two of pods a and b", netns)
 	}
 
-	peers := startPeers(t, peersConfig{ServerNetns: netnsutil.Path(nsB), Listen: "10.244.1.11:7000", ClientNetns: netnsutil.Path(nsA)}, cgroupFD)
+	peers := startPeers(t, peersConfig{ServerNetns: netnsutil.Path(nsB), Listen: "10.244.1.11:7000",
+		ClientNetns: netnsutil.Path(nsA), Loopback: "127.0.0.1:7001"}, cgroupFD)
 	m0 := sockmapCounters(t, s)
-	c1, local1, remote1 := peers.dial()
+	c1, local1, remote1 := peers.dial("pod")
 	peers.echo(c1, 256<<10)
 	conn1 := connKeys(local1, remote1)
 	requireConns(t, s, conn1, true)
@@ -157,7 +158,7 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 	if d := m1[counterAdmittedPod] - m0[counterAdmittedPod]; d != 2 {
 		t.Errorf("admitted pod-to-pod sockets moved by %d, want 2 (both ends)", d)
 	}
-	requireSockmapMetrics(t, s, m1)
+	requireSockmapMetrics(t, s, m1, 2)
 	if d := s.decision(s.status()); d.Value != "enabled" || !strings.Contains(d.Reason, "2 pods admitted, 2 sockets bypassed") ||
 		!strings.Contains(d.Reason, "not admitted: apps/c: bandwidth limit") {
 		t.Errorf("status line %+v: want enabled, 2 pods, 2 sockets, and apps/c not admitted for its bandwidth limit", d)
@@ -168,24 +169,52 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 		t.Errorf("axon bpf sockmap list rows %+v: want both ends of %s -> %s with their pods", rep.Conns, local1, remote1)
 	}
 
+	// loopback inside pod a (app <-> sidecar): admitted by its netns
+	cookieA, err := netnsutil.Cookie(netnsutil.Path(nsA))
+	must(t, err)
+	cl, localL, remoteL := peers.dial("loop")
+	peers.echo(cl, 64<<10)
+	requireConns(t, s, connKeys(localL, remoteL), true)
+	ml := sockmapCounters(t, s)
+	if d := ml[counterAdmittedLoopback] - m1[counterAdmittedLoopback]; d != 2 {
+		t.Errorf("admitted loopback sockets moved by %d, want 2 (both ends)", d)
+	}
+	if d := ml[counterRedirectedBytes] - m1[counterRedirectedBytes]; d < 2*(64<<10) {
+		t.Errorf("loopback: redirected bytes moved by %d, want at least %d", d, 2*(64<<10))
+	}
+	rep, err = s.conns()
+	must(t, err)
+	if i := slices.IndexFunc(rep.Conns, func(c api.SockmapConn) bool { return c.Local.String() == localL }); !hasConnRow(rep, localL, remoteL, "apps/a", "apps/a") || rep.Conns[i].Netns != cookieA {
+		t.Errorf("axon bpf sockmap list rows %+v: want %s -> %s in pod a's netns %d", rep.Conns, localL, remoteL, cookieA)
+	}
+	m1 = ml
+
 	// take pod a out: the next connection takes the stack, the open one flows
 	patchAnnotation(t, cs, k, "apps", "a", AnnotationSockmap, SockmapDisabled)
 	admitted("pod a opted out", ipB)
-	c2, local2, remote2 := peers.dial()
+	c2, local2, remote2 := peers.dial("pod")
 	peers.echo(c2, 256<<10)
 	requireConns(t, s, connKeys(local2, remote2), false)
+	cl2, localL2, remoteL2 := peers.dial("loop")
+	peers.echo(cl2, 64<<10)
+	requireConns(t, s, connKeys(localL2, remoteL2), false)
 	m2 := sockmapCounters(t, s)
 	if d := m2[counterNotAdmitted] - m1[counterNotAdmitted]; d < 2 {
 		t.Errorf("not-admitted sockets moved by %d, want at least 2 (both ends of the new connection)", d)
+	}
+	if d := m2[counterLoopbackNotEnabled] - m1[counterLoopbackNotEnabled]; d != 2 {
+		t.Errorf("loopback sockets of a netns not admitted moved by %d, want 2 (both ends of the new loopback connection)", d)
 	}
 	if d := m2[counterRedirectedBytes] - m1[counterRedirectedBytes]; d != 0 {
 		t.Errorf("redirected bytes moved by %d while only the stack connection carried data", d)
 	}
 	peers.echo(c1, 256<<10)
+	peers.echo(cl, 64<<10)
 	requireConns(t, s, conn1, true)
+	requireConns(t, s, connKeys(localL, remoteL), true)
 	m3 := sockmapCounters(t, s)
-	if d := m3[counterRedirectedBytes] - m2[counterRedirectedBytes]; d < 2*(256<<10) {
-		t.Errorf("the connection opened before the opt-out: redirected bytes moved by %d, want at least %d (it stays bypassed)", d, 2*(256<<10))
+	if d := m3[counterRedirectedBytes] - m2[counterRedirectedBytes]; d < 2*(256<<10)+2*(64<<10) {
+		t.Errorf("the connections opened before the opt-out: redirected bytes moved by %d, want at least %d (they stay bypassed)", d, 2*(256<<10)+2*(64<<10))
 	}
 	if st := s.status(); !strings.Contains(strings.Join(st.NotAdmitted, "\n"), "apps/a: pod annotation axon.io/sockmap=disabled") {
 		t.Errorf("status does not say why apps/a is out: %v", st.NotAdmitted)
@@ -202,16 +231,18 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 
 // Counter names of the bypass programs (the C enum, read through BTF).
 const (
-	counterAdmittedPod     = "admit_pod"
-	counterNotAdmitted     = "skip_not_pod"
-	counterRedirectedBytes = "redirect_bytes"
+	counterAdmittedPod        = "admit_pod"
+	counterAdmittedLoopback   = "admit_loopback"
+	counterNotAdmitted        = "skip_not_pod"
+	counterLoopbackNotEnabled = "skip_not_enabled"
+	counterRedirectedBytes    = "redirect_bytes"
 )
 
 func sockmapCounters(t *testing.T, s *sockBypass) map[string]uint64 {
 	t.Helper()
 	m, err := s.bp.Metrics()
 	must(t, err)
-	for _, n := range []string{counterAdmittedPod, counterNotAdmitted, counterRedirectedBytes} {
+	for _, n := range []string{counterAdmittedPod, counterAdmittedLoopback, counterNotAdmitted, counterLoopbackNotEnabled, counterRedirectedBytes} {
 		if _, ok := m[n]; !ok {
 			t.Fatalf("the bypass has no counter %q: %v", n, m)
 		}
@@ -280,7 +311,7 @@ func patchAnnotation(t *testing.T, cs kubernetes.Interface, k *kube, ns, name, k
 // requireSockmapMetrics checks /metrics against the counters read
 // directly: every counter exported as axon_sockmap_<name>_total with its
 // own HELP, and the gauges.
-func requireSockmapMetrics(t *testing.T, s *sockBypass, want map[string]uint64) {
+func requireSockmapMetrics(t *testing.T, s *sockBypass, want map[string]uint64, sockets int) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(sockmapCollector{s: s})
@@ -304,7 +335,7 @@ func requireSockmapMetrics(t *testing.T, s *sockBypass, want map[string]uint64) 
 			t.Errorf("axon_sockmap_%s_total = %v, below the %d read before", name, g, v)
 		}
 	}
-	for name, v := range map[string]float64{"axon_sockmap_enabled": 1, "axon_sockmap_pods_admitted": 2, "axon_sockmap_sockets": 2, "axon_sockmap_metrics_read_errors": 0} {
+	for name, v := range map[string]float64{"axon_sockmap_enabled": 1, "axon_sockmap_pods_admitted": 2, "axon_sockmap_sockets": float64(sockets), "axon_sockmap_metrics_read_errors": 0} {
 		if f := got[name]; f == nil || f.GetMetric()[0].GetGauge().GetValue() != v {
 			t.Errorf("%s = %v, want %v", name, f, v)
 		}

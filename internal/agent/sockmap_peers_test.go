@@ -3,9 +3,10 @@ package agent
 // The two pods of the same-node TCP bypass test, as one helper process in
 // the test's cgroup (sock_ops sees only sockets made by processes under the
 // cgroup it is attached to; the test process itself stays out of it). The
-// process listens with an echo server in the server pod's netns and, on
-// commands read from stdin, dials from the client pod's netns and checks
-// echoed bytes end to end.
+// process listens with an echo server in the server pod's netns and one on
+// loopback in the client pod's netns (a sidecar) and, on commands read from
+// stdin, dials from the client pod's netns and checks echoed bytes end to
+// end.
 
 import (
 	"bufio"
@@ -33,45 +34,52 @@ type peersConfig struct {
 	ServerNetns string `json:"serverNetns"` // netns path of the server pod
 	Listen      string `json:"listen"`      // ip:port in it
 	ClientNetns string `json:"clientNetns"` // netns path of the client pod
+	Loopback    string `json:"loopback"`    // loopback ip:port in the client pod's netns
 }
 
 // TestSockmapPeersHelper is the helper process (testutil.HelperCommand).
 // Commands (one per line), answers:
 //
-//	dial           → "conn <id> <local> <remote>"
+//	dial pod|loop  → "conn <id> <local> <remote>" (to the server pod, or to loopback)
 //	echo <id> <n>  → "ok <id> <n>" once n random bytes came back intact
 //
 // Any failure answers "fail <reason>". It ends when stdin closes.
 func TestSockmapPeersHelper(t *testing.T) {
 	var cfg peersConfig
 	testutil.HelperStart(t, sockmapPeersEnv, "the helper process of TestSockmapAgainstKernelAndAPIServer", &cfg)
-	var ln net.Listener
-	if err := netnsutil.DoAt(cfg.ServerNetns, func() (err error) {
-		ln, err = net.Listen("tcp", cfg.Listen)
-		return err
-	}); err != nil {
-		fmt.Println("fail listen:", err)
-		return
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go echo(c)
+	for _, l := range [][2]string{{cfg.ServerNetns, cfg.Listen}, {cfg.ClientNetns, cfg.Loopback}} {
+		var ln net.Listener
+		if err := netnsutil.DoAt(l[0], func() (err error) {
+			ln, err = net.Listen("tcp", l[1])
+			return err
+		}); err != nil {
+			fmt.Println("fail listen:", err)
+			return
 		}
-	}()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go echo(c)
+			}
+		}()
+	}
 	fmt.Println("ready")
 	var conns []net.Conn
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		switch {
-		case len(f) == 1 && f[0] == "dial":
+		case len(f) == 2 && f[0] == "dial" && (f[1] == "pod" || f[1] == "loop"):
+			to := cfg.Listen
+			if f[1] == "loop" {
+				to = cfg.Loopback
+			}
 			var c net.Conn
 			err := netnsutil.DoAt(cfg.ClientNetns, func() (err error) {
-				c, err = net.DialTimeout("tcp", cfg.Listen, 5*time.Second)
+				c, err = net.DialTimeout("tcp", to, 5*time.Second)
 				return err
 			})
 			if err != nil {
@@ -220,11 +228,12 @@ func (p *peers) do(cmd string) []string {
 	return strings.Fields(ans)
 }
 
-// dial opens a connection from the client pod; it returns its id and both
+// dial opens a connection from the client pod to the server pod (to =
+// "pod") or to its own loopback (to = "loop"); it returns its id and both
 // ends.
-func (p *peers) dial() (id int, local, remote string) {
+func (p *peers) dial(to string) (id int, local, remote string) {
 	p.t.Helper()
-	f := p.do("dial")
+	f := p.do("dial " + to)
 	if len(f) != 4 || f[0] != "conn" {
 		p.t.Fatalf("peers helper: dial answered %q", f)
 	}
