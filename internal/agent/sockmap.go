@@ -221,6 +221,14 @@ func (s *sockBypass) disableOnceLocked() {
 // sync admits the local pods now: PutEndpoint calls it so that a new pod's
 // first connection is bypassed, not only those after the next reconcile.
 func (s *sockBypass) sync() {
+	// not loaded (yet): return without waiting for mu, which the self-test
+	// and the load may hold for a while
+	s.stMu.Lock()
+	loaded := s.loaded != nil
+	s.stMu.Unlock()
+	if !loaded {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.bp != nil {
@@ -412,6 +420,7 @@ func (s *sockBypass) admitLocked() {
 		s.log.Warn("write the admitted pods", "error", err)
 	}
 	slices.Sort(admitted)
+	admitted = slices.Compact(admitted) // a pod with several interfaces
 	s.stMu.Lock()
 	changed := !slices.Equal(admitted, s.admitted)
 	s.admitted, s.notAdmitted, s.netnsOwner = admitted, notAdmitted, owners
