@@ -141,12 +141,12 @@ func (s *sockBypass) ensure(ctx context.Context) {
 		if ok {
 			s.selfTestMsg = "passed"
 		} else {
-			s.selfTestMsg = "failed: " + reason
-			s.off = "kernel self-test failed, every connection takes the TCP/IP stack: " + reason
+			s.selfTestMsg = "did not pass: " + reason
+			s.off = "the kernel self-test did not pass, every connection takes the TCP/IP stack: " + reason
 		}
 		s.stMu.Unlock()
 		if !ok {
-			s.log.Warn("same-node TCP bypass off: the kernel self-test failed; connections take the TCP/IP stack", "reason", reason)
+			s.log.Warn("same-node TCP bypass off: the kernel self-test did not pass; connections take the TCP/IP stack", "reason", reason)
 			return
 		}
 		s.log.Info("same-node TCP bypass: kernel self-test passed")

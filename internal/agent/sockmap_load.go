@@ -55,5 +55,5 @@ func netnsCookie(path string) (uint64, error) { return netnsutil.Cookie(path) }
 // TCP in ways applications notice (docs/sockmap.md, Limits); turning the
 // bypass on unchecked is not an option.
 func sockmapSelfTest(context.Context) (bool, string) {
-	return false, fmt.Sprintf("the kernel self-test (sockmap.SelfTest) is not in this build of axon-agent %s: the bypass needs it to turn on", Version)
+	return false, fmt.Sprintf("it is not in this build of axon-agent (%s) yet (sockmap.SelfTest), and the bypass turns on only after it passed", Version)
 }

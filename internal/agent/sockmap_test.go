@@ -112,7 +112,7 @@ func TestSockmapGate(t *testing.T) {
 		{name: "flag disabled", flag: SockmapDisabled, wantValue: "off", wantReason: "--sockmap=disabled"},
 		{name: "flag not set", flag: "", wantValue: "off", wantReason: "--sockmap not set"},
 		{name: "self-test fails", flag: SockmapEnabled, selfTest: "FIONREAD of stack bytes is 0", wantTests: 1,
-			wantValue: "off", wantReason: "kernel self-test failed, every connection takes the TCP/IP stack: FIONREAD of stack bytes is 0"},
+			wantValue: "off", wantReason: "the kernel self-test did not pass, every connection takes the TCP/IP stack: FIONREAD of stack bytes is 0"},
 		{name: "load fails", flag: SockmapEnabled, wantTests: 1, wantLoads: 2, wantValue: "off", wantReason: "load failed, every connection takes the TCP/IP stack: attach sock_ops"},
 	}
 	for _, tt := range tests {
