@@ -1,0 +1,377 @@
+package sockmap
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
+)
+
+// The bypass's programs act on sockets made by processes of the cgroup they
+// are attached to, so the tests' sockets live in a helper process started
+// into the test cgroup (testutil.HelperCommand): the test drives it over
+// stdin/stdout, one JSON request and one JSON answer per line, and makes
+// listeners and connections in any network namespace with it.
+
+const sockHelperEnv = "AXON_SOCKMAP_HELPER"
+const sockHelperPrefix = "SOCKMAP-HELPER "
+
+// hreq is one request to the helper process.
+type hreq struct {
+	Op    string // listen | dial | accept | closeln | write | read | close | shutdown
+	Netns string // listen, dial: the named netns of the socket ("" = the helper's)
+	Net   string // listen, dial: tcp, tcp4, tcp6
+	Addr  string // listen: local address; dial: remote address
+	Local string // dial: local address to bind (ip:port, port 0 = any)
+	ID    int    // accept: the listener; write, read, close, shutdown: the connection
+	Data  []byte // write
+	N     int    // read: exactly N bytes
+}
+
+// hresp is the helper's answer.
+type hresp struct {
+	ID            int
+	Local, Remote string // the socket's addresses
+	Family        int    // dial, accept: the socket's family (SO_DOMAIN)
+	N             int
+	Data          []byte
+	Err           string
+	Errno         int
+}
+
+// TestSockmapHelperProcess is the socket process of the bypass tests; run by
+// itself it only skips.
+func TestSockmapHelperProcess(t *testing.T) {
+	var in struct{ Netns string }
+	testutil.HelperStart(t, sockHelperEnv, "socket helper of the sockmap tests: runs only when re-executed by them", &in)
+	lns := map[int]net.Listener{}
+	conns := map[int]net.Conn{}
+	next := 1
+	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var r hreq
+		var a hresp
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
+			os.Exit(2)
+		}
+		fail := func(err error) {
+			a.Err = err.Error()
+			a.Errno = errnoOf(err)
+		}
+		switch r.Op {
+		case "listen":
+			err := inNetns(r.Netns, func() error {
+				ln, err := net.Listen(r.Net, r.Addr)
+				if err != nil {
+					return err
+				}
+				lns[next] = ln
+				a.ID, a.Local = next, ln.Addr().String()
+				next++
+				return nil
+			})
+			if err != nil {
+				fail(err)
+			}
+		case "dial":
+			err := inNetns(r.Netns, func() error {
+				d := net.Dialer{Timeout: 5 * time.Second}
+				if r.Local != "" {
+					la, err := net.ResolveTCPAddr(r.Net, r.Local)
+					if err != nil {
+						return err
+					}
+					d.LocalAddr = la
+				}
+				c, err := d.Dial(r.Net, r.Addr)
+				if err != nil {
+					return err
+				}
+				conns[next] = c
+				a.ID, a.Local, a.Remote, a.Family = next, c.LocalAddr().String(), c.RemoteAddr().String(), domainOf(c)
+				next++
+				return nil
+			})
+			if err != nil {
+				fail(err)
+			}
+		case "accept":
+			ln := lns[r.ID]
+			if ln == nil {
+				fail(fmt.Errorf("no listener %d", r.ID))
+				break
+			}
+			_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+			c, err := ln.Accept()
+			if err != nil {
+				fail(err)
+				break
+			}
+			conns[next] = c
+			a.ID, a.Local, a.Remote, a.Family = next, c.LocalAddr().String(), c.RemoteAddr().String(), domainOf(c)
+			next++
+		case "closeln":
+			if ln := lns[r.ID]; ln != nil {
+				_ = ln.Close()
+				delete(lns, r.ID)
+			}
+		case "write", "read", "close", "shutdown":
+			c := conns[r.ID]
+			if c == nil {
+				fail(fmt.Errorf("no connection %d", r.ID))
+				break
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			var err error
+			switch r.Op {
+			case "write":
+				a.N, err = c.Write(r.Data)
+			case "read":
+				a.Data = make([]byte, r.N)
+				a.N, err = io.ReadFull(c, a.Data)
+				a.Data = a.Data[:a.N]
+			case "close":
+				err = c.Close()
+				delete(conns, r.ID)
+			case "shutdown":
+				err = c.(*net.TCPConn).CloseWrite()
+			}
+			if err != nil {
+				fail(err)
+			}
+		default:
+			fail(fmt.Errorf("unknown op %q", r.Op))
+		}
+		var b bytes.Buffer
+		b.WriteString(sockHelperPrefix)
+		_ = json.NewEncoder(&b).Encode(a)
+		os.Stdout.Write(b.Bytes())
+	}
+	os.Exit(0)
+}
+
+// domainOf is the address family of c's socket (SO_DOMAIN), -1 unknown.
+func domainOf(c net.Conn) int {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return -1
+	}
+	d := -1
+	_ = rc.Control(func(fd uintptr) {
+		if v, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil {
+			d = v
+		}
+	})
+	return d
+}
+
+// inNetns runs fn in the named netns ("" = in place).
+func inNetns(name string, fn func() error) error {
+	if name == "" {
+		return fn()
+	}
+	return netnsutil.Do(name, fn)
+}
+
+// errnoOf is the errno inside err, 0 if none.
+func errnoOf(err error) int {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return int(en)
+	}
+	return 0
+}
+
+// sockProc is a running helper process.
+type sockProc struct {
+	t   testing.TB
+	in  io.WriteCloser
+	out *bufio.Scanner
+	mu  sync.Mutex
+}
+
+// startSockProc starts the helper in the cgroup of directory fd cgFD; it
+// ends at cleanup.
+func startSockProc(t testing.TB, cgFD int) *sockProc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Stretch(t, 120*time.Second))
+	req, _ := json.Marshal(struct{ Netns string }{})
+	cmd := testutil.HelperCommand(ctx, "TestSockmapHelperProcess", sockHelperEnv, req, cgFD)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("start socket helper: %v", err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		err := cmd.Wait()
+		cancel()
+		if err != nil {
+			t.Errorf("socket helper: %v\nstderr: %s", err, stderr.String())
+		}
+	})
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	return &sockProc{t: t, in: in, out: sc}
+}
+
+// try sends r and returns the answer (Err set on failure).
+func (p *sockProc) try(r hreq) hresp {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, _ := json.Marshal(r)
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("socket helper: send %s: %v", r.Op, err)
+	}
+	for p.out.Scan() {
+		line := p.out.Text()
+		rest, ok := strings.CutPrefix(line, sockHelperPrefix)
+		if !ok {
+			continue
+		}
+		var a hresp
+		if err := json.Unmarshal([]byte(rest), &a); err != nil {
+			p.t.Fatalf("socket helper: answer %q: %v", rest, err)
+		}
+		return a
+	}
+	p.t.Fatalf("socket helper ended before answering %s: %v", r.Op, p.out.Err())
+	return hresp{}
+}
+
+// do is try that fails the test on an error.
+func (p *sockProc) do(r hreq) hresp {
+	p.t.Helper()
+	a := p.try(r)
+	if a.Err != "" {
+		p.t.Fatalf("socket helper %s %s %s: %s", r.Op, r.Netns, r.Addr, a.Err)
+	}
+	return a
+}
+
+// conn is one connection made through the helper: both ends.
+type conn struct {
+	client, server             int
+	clientAddr, serverAddr     netip.AddrPort // as the client sees them (local, remote)
+	clientFamily, serverFamily int            // AF_INET or AF_INET6 (SO_DOMAIN)
+}
+
+// connect listens at laddr in netns lns (network lnet), dials it at host
+// dhost (the listener's host when "") from netns dns (network dnet, bound to
+// local when set) and accepts: when connect returns both ends are
+// established (and, when admitted, in the map).
+func (p *sockProc) connect(lns, lnet, laddr, dhost, dns, dnet, local string) conn {
+	p.t.Helper()
+	ln := p.do(hreq{Op: "listen", Netns: lns, Net: lnet, Addr: laddr})
+	port := netip.MustParseAddrPort(ln.Local).Port()
+	if dhost == "" {
+		dhost, _, _ = net.SplitHostPort(laddr)
+	}
+	dst := net.JoinHostPort(dhost, fmt.Sprint(port))
+	c := p.do(hreq{Op: "dial", Netns: dns, Net: dnet, Addr: dst, Local: local})
+	s := p.do(hreq{Op: "accept", ID: ln.ID})
+	p.do(hreq{Op: "closeln", ID: ln.ID})
+	return conn{client: c.ID, server: s.ID, clientAddr: mustAP(p.t, c.Local), serverAddr: mustAP(p.t, c.Remote),
+		clientFamily: c.Family, serverFamily: s.Family}
+}
+
+func mustAP(t testing.TB, s string) netip.AddrPort {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		t.Fatalf("address %q: %v", s, err)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// randBytes returns n random bytes.
+func randBytes(t testing.TB, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// send writes the chunks from connection from and reads them, byte for
+// byte, at connection to; it returns the bytes sent.
+func (p *sockProc) send(from, to int, chunks ...[]byte) uint64 {
+	p.t.Helper()
+	var all []byte
+	for _, c := range chunks {
+		w := p.do(hreq{Op: "write", ID: from, Data: c})
+		if w.N != len(c) {
+			p.t.Fatalf("wrote %d of %d bytes", w.N, len(c))
+		}
+		all = append(all, c...)
+	}
+	r := p.do(hreq{Op: "read", ID: to, N: len(all)})
+	if !bytes.Equal(r.Data, all) {
+		p.t.Fatalf("read %d bytes that differ from the %d written (first difference at %d)", len(r.Data), len(all), firstDiff(r.Data, all))
+	}
+	return uint64(len(all))
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// metricsDelta returns the counters that moved since before.
+func metricsDelta(t testing.TB, b *Bypass, before map[string]uint64) map[string]uint64 {
+	t.Helper()
+	now, err := b.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := map[string]uint64{}
+	for k, v := range now {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+func metrics(t testing.TB, b *Bypass) map[string]uint64 {
+	t.Helper()
+	m, err := b.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
