@@ -131,7 +131,11 @@ func (s *sockBypass) ensure(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.cfg.sockmapOn() {
-		s.disableOnceLocked()
+		if msg := s.disableOnceLocked(); msg != "" {
+			s.stMu.Lock()
+			s.off = msg
+			s.stMu.Unlock()
+		}
 		return
 	}
 	if !s.tested {
@@ -140,13 +144,18 @@ func (s *sockBypass) ensure(ctx context.Context) {
 		s.stMu.Lock()
 		if ok {
 			s.selfTestMsg = "passed"
-		} else {
-			s.selfTestMsg = "did not pass: " + reason
-			s.off = "the kernel self-test did not pass, every connection takes the TCP/IP stack: " + reason
 		}
 		s.stMu.Unlock()
 		if !ok {
 			s.log.Warn("same-node TCP bypass off: the kernel self-test did not pass; connections take the TCP/IP stack", "reason", reason)
+			// a previous run's bypass must not keep admitting on this kernel
+			off := "the kernel self-test did not pass, every connection takes the TCP/IP stack: " + reason
+			if msg := s.disableOnceLocked(); msg != "" {
+				off += "; " + msg
+			}
+			s.stMu.Lock()
+			s.selfTestMsg, s.off = "did not pass: "+reason, off
+			s.stMu.Unlock()
 			return
 		}
 		s.log.Info("same-node TCP bypass: kernel self-test passed")
@@ -177,21 +186,23 @@ func (s *sockBypass) ensure(ctx context.Context) {
 }
 
 // disableOnceLocked withdraws every pod a previous run with the bypass
-// admitted, so that --sockmap=disabled stops new connections from entering.
-// It keeps the SOCKHASH and its sockets: removing them would drop the bytes
-// queued for their readers; they leave as they close.
-func (s *sockBypass) disableOnceLocked() {
+// admitted, so that --sockmap=disabled (or a kernel that fails the
+// self-test) stops new connections from entering. It keeps the SOCKHASH and
+// its sockets: removing them would drop the bytes queued for their readers;
+// they leave as they close. It returns what it did for status, "" when there
+// was nothing to withdraw.
+func (s *sockBypass) disableOnceLocked() string {
 	if s.offDone {
-		return
+		return ""
 	}
 	s.offDone = true
 	if !s.pinned() {
-		return
+		return ""
 	}
 	bp, _, err := s.load()
 	if err != nil {
-		s.log.Warn("--sockmap=disabled: could not open the bypass of a previous run to withdraw its pods; its pods' new connections may still be bypassed", "error", err)
-		return
+		s.log.Warn("bypass off: could not open the bypass of a previous run to withdraw its pods; their new connections may still be bypassed", "error", err)
+		return "the bypass of a previous run could not be opened to withdraw its pods: " + err.Error()
 	}
 	defer bp.Close()
 	var errs []error
@@ -208,14 +219,12 @@ func (s *sockBypass) disableOnceLocked() {
 	conns, err := bp.Conns()
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
-		s.log.Warn("--sockmap=disabled: withdraw the pods of a previous run", "error", err)
-		return
+		s.log.Warn("bypass off: withdraw the pods of a previous run", "error", err)
+		return "withdrawing the pods of a previous run failed: " + err.Error()
 	}
-	msg := fmt.Sprintf("%d pods of a previous run withdrawn: their new connections take the TCP/IP stack; %d sockets already bypassed stay so until they close", len(pods), len(conns))
-	s.stMu.Lock()
-	s.off = msg
-	s.stMu.Unlock()
-	s.log.Info("same-node TCP bypass disabled: " + msg)
+	msg := fmt.Sprintf("%d pod addresses of a previous run withdrawn: their new connections take the TCP/IP stack; %d sockets already bypassed stay so until they close", len(pods), len(conns))
+	s.log.Info("same-node TCP bypass off: " + msg)
+	return msg
 }
 
 // sync admits the local pods now: PutEndpoint calls it so that a new pod's

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -339,5 +341,62 @@ func requireSockmapMetrics(t *testing.T, s *sockBypass, want map[string]uint64, 
 		if f := got[name]; f == nil || f.GetMetric()[0].GetGauge().GetValue() != v {
 			t.Errorf("%s = %v, want %v", name, f, v)
 		}
+	}
+}
+
+// TestSockmapOffWithdrawsPreviousRun: an agent that starts with the bypass
+// off (--sockmap=disabled, or a kernel that does not pass the self-test)
+// where a previous run left it pinned withdraws the admitted pods and netns,
+// so new connections take the stack, and keeps the SOCKHASH pinned (its
+// sockets' queued bytes are not dropped).
+func TestSockmapOffWithdrawsPreviousRun(t *testing.T) {
+	testutil.RequireRoot(t, "loads BPF programs and creates cgroups")
+	for _, tt := range []struct {
+		name     string
+		flag     string
+		selfTest string // "" = passes
+		want     string // in the status reason
+	}{
+		{"flag disabled", SockmapDisabled, "", "--sockmap=disabled; 1 pod addresses of a previous run withdrawn"},
+		{"self-test does not pass", SockmapEnabled, "no splice guard", "did not pass, every connection takes the TCP/IP stack: no splice guard; 1 pod addresses of a previous run withdrawn"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cgroup, _ := testutil.NewCgroup(t, "axt-sockmap-")
+			pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
+			log := testLogger(t)
+			cfg := Config{BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: tt.flag}
+			prev, _, err := loadSockmapFunc(cfg, log)()
+			must(t, err)
+			must(t, prev.SetPod(netip.MustParseAddr("10.244.1.10"), 4242))
+			must(t, prev.SetNetns(4242))
+			must(t, prev.Close())
+
+			s := newSockBypass(cfg, log, nil, func() *kube { return nil })
+			loads := 0
+			load := s.load
+			s.load = func() (bypassMaps, string, error) { loads++; return load() }
+			s.selfTest = func(context.Context) (bool, string) { return tt.selfTest == "", tt.selfTest }
+			s.ensure(t.Context())
+			s.ensure(t.Context()) // once is enough
+			if loads != 1 {
+				t.Errorf("the previous run's bypass was opened %d times, want once", loads)
+			}
+			if st := s.status(); st.Enabled || !strings.Contains(st.Reason, tt.want) {
+				t.Errorf("status %+v, want off with %q", st, tt.want)
+			}
+			check, err := sockmap.Load(pinDir, cgroup, sockmap.Config{}, log)
+			must(t, err)
+			defer check.Close()
+			pods, err := check.Pods()
+			must(t, err)
+			netns, err := check.Netns()
+			must(t, err)
+			if len(pods) != 0 || len(netns) != 0 {
+				t.Errorf("after the start with the bypass off: pods %v, netns %v; want none admitted", pods, netns)
+			}
+			if _, err := os.Stat(filepath.Join(pinDir, sockmap.MapSockHash)); err != nil {
+				t.Errorf("the SOCKHASH pin is gone (its sockets' queued bytes would be dropped): %v", err)
+			}
+		})
 	}
 }
