@@ -14,11 +14,82 @@
  * (the older bytes are in the psock queue, read first).
  * bpf_msg_redirect_hash returns SK_DROP on a miss, which would fail the
  * write with EACCES: it is never returned; a miss is SK_PASS.
+ *
+ * Back-pressure: a psock queue has no limit of its own (tcp_rmem is not
+ * applied to redirected bytes), so a writer whose peer stops reading would
+ * queue kernel memory without end. After each redirect the program reads the
+ * peer's unread bypass bytes (psock->msg_tot_len, CO-RE) and its sk_rcvbuf;
+ * above it the socket switches to the stack for good (ordered, see above)
+ * and TCP's flow control stops the writer. A kernel without msg_tot_len
+ * (before 6.6.128 / 6.12.75 / 6.18.14, e.g. 6.1) cannot tell: the self-test's
+ * back-pressure check fails there and the bypass stays off.
+ *
+ * axon_sk_skb_pass: the no-op stream verdict (SK_PASS) the loader attaches
+ * to axon_sock_hash on kernels whose FIONREAD of a socket in a SOCKHASH
+ * counts only the psock queue (6.6.128+, 6.12.75+, 6.18.14+ until the fix):
+ * without it, bytes that reach such a socket through TCP (its peer is in
+ * stack mode) are readable while FIONREAD says 0. With it those bytes are
+ * moved into the psock queue, where FIONREAD counts them (the self-test
+ * decides, internal/datapath/sockmap/selftest.go).
  */
 #include "lib/common.h"
 #include "lib/sockmap.h"
+#include <bpf/bpf_core_read.h>
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Kernel types, only the members read (CO-RE relocates the offsets against
+ * the running kernel's BTF; the ___axon suffix is dropped for matching). */
+struct sock___axon {
+	int sk_rcvbuf;
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
+
+struct sk_psock___axon {
+	__u32 msg_tot_len;
+} __attribute__((preserve_access_index));
+
+struct sk_msg___axon {
+	struct sock___axon *sk_redir;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
+
+/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
+ * _PSOCK); the rest is the psock. */
+#define AXON_SK_USER_DATA_PTRMASK (~7UL)
+
+/* redirect_target_backlogged: after a successful bpf_msg_redirect_hash, 1
+ * when the target (the peer, msg->sk_redir) holds more unread redirected
+ * bytes than its sk_rcvbuf, else 0. The peer's sock is only reachable here
+ * (a SOCKHASH lookup takes a reference sk_msg cannot release), so the check
+ * follows the redirect: the switch takes effect from the next write, and the
+ * bound is sk_rcvbuf plus one write. 0 on a kernel without msg_tot_len
+ * (the verifier drops the kfunc call with the branch). Reads are probe
+ * reads: the peer cannot go away while this write holds it. */
+AXON_INLINE int redirect_target_backlogged(struct sk_msg_md *msg)
+{
+	struct sk_psock___axon *psock = 0;
+	struct sock___axon *peer = 0;
+	struct sk_msg___axon *km;
+	__u32 queued = 0;
+	int rcvbuf = 0;
+	void *ud = 0;
+
+	if (!bpf_core_field_exists(psock->msg_tot_len))
+		return 0;
+	km = bpf_cast_to_kern_ctx(msg);
+	bpf_core_read(&peer, sizeof(peer), &km->sk_redir);
+	if (!peer)
+		return 0;
+	bpf_core_read(&rcvbuf, sizeof(rcvbuf), &peer->sk_rcvbuf);
+	bpf_core_read(&ud, sizeof(ud), &peer->sk_user_data);
+	psock = (void *)((unsigned long)ud & AXON_SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 0;
+	bpf_core_read(&queued, sizeof(queued), &psock->msg_tot_len);
+	return rcvbuf > 0 && queued > (__u32)rcvbuf;
+}
 
 SEC("sk_msg")
 int axon_sk_msg(struct sk_msg_md *msg)
@@ -44,6 +115,10 @@ int axon_sk_msg(struct sk_msg_md *msg)
 		st->redir_bytes += size;
 		sockmap_count(AXON_SM_REDIRECT_MSGS, 1);
 		sockmap_count(AXON_SM_REDIRECT_BYTES, size);
+		if (redirect_target_backlogged(msg)) {
+			st->mode = AXON_SM_MODE_STACK;
+			sockmap_count(AXON_SM_BACKPRESSURE, 1);
+		}
 		return SK_PASS;
 	}
 	st->mode = AXON_SM_MODE_STACK;
@@ -51,5 +126,11 @@ int axon_sk_msg(struct sk_msg_md *msg)
 pass_no_peer:
 	sockmap_count(AXON_SM_PASS_NO_PEER, 1);
 	sockmap_count(AXON_SM_PASS_BYTES, size);
+	return SK_PASS;
+}
+
+SEC("sk_skb/stream_verdict")
+int axon_sk_skb_pass(struct __sk_buff *skb)
+{
 	return SK_PASS;
 }

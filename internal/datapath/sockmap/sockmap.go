@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/datapath"
 )
@@ -43,7 +44,7 @@ var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapMetrics}
 var metricNames = []string{
 	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
 	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
-	"switch_stack",
+	"switch_stack", "splice_refused", "backpressure",
 }
 
 // Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
@@ -60,6 +61,12 @@ type Config struct {
 	// insert_failed). A pinned map of another size is not adopted: Load
 	// fails and says to Uninstall (bypassed connections then fall back).
 	MaxEntries uint32
+	// StreamVerdict attaches the no-op stream verdict axon_sk_skb_pass to
+	// axon_sock_hash, for kernels whose FIONREAD of a socket in a SOCKHASH
+	// misses bytes that arrived through TCP (SelfTest sets
+	// Result.StreamVerdict there). Sockets take the map's programs when they
+	// enter it: a change applies to new connections only.
+	StreamVerdict bool
 }
 
 // Bypass is the loaded same-node TCP bypass of one node. Methods are safe
@@ -150,6 +157,10 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	}); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("load sockmap bypass: attach axon_sk_msg to %s: %w", MapSockHash, err)
+	}
+	if err := attachStreamVerdict(b.ops.AxonSockHash, b.msg.AxonSkSkbPass, cfg.StreamVerdict); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
 	}
 	pin := filepath.Join(datapath.LinksDir(pinDir), LinkPin)
 	if err := os.MkdirAll(datapath.LinksDir(pinDir), 0o700); err != nil {
@@ -399,4 +410,24 @@ func addrOf(w [4]uint32) netip.Addr {
 		binary.NativeEndian.PutUint32(b[4*i:], v)
 	}
 	return netip.AddrFrom16(b).Unmap()
+}
+
+// attachStreamVerdict attaches (on) or detaches (off, a no-op when it is not
+// attached) the no-op stream verdict prog on the SOCKHASH m.
+func attachStreamVerdict(m *ebpf.Map, prog *ebpf.Program, on bool) error {
+	if on {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+			Target: m.FD(), Program: prog, Attach: ebpf.AttachSkSKBStreamVerdict,
+		}); err != nil {
+			return fmt.Errorf("attach axon_sk_skb_pass to %s: %w", MapSockHash, err)
+		}
+		return nil
+	}
+	err := link.RawDetachProgram(link.RawDetachProgramOptions{
+		Target: m.FD(), Program: prog, Attach: ebpf.AttachSkSKBStreamVerdict,
+	})
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("detach the stream verdict from %s: %w", MapSockHash, err)
+	}
+	return nil
 }
