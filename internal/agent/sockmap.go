@@ -41,6 +41,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
+	"github.com/axonhq/axon/internal/datapath/sockmap"
 )
 
 // DecisionSockmap names the same-node TCP bypass line of `axon status`.
@@ -90,12 +91,12 @@ type sockBypass struct {
 	cfg      Config
 	log      *slog.Logger
 	reg      *registry
-	kube     func() *kube                                   // the agent's kube client, nil until built
-	selfTest func(context.Context) (ok bool, reason string) // the kernel self-test
-	load     func() (bypassMaps, string, error)             // loads and attaches; the cgroup
-	cookie   func(netnsPath string) (uint64, error)         // netns cookie of a pod's netns
-	pinned   func() bool                                    // a previous run's bypass is pinned
-	svc      *serviceSync                                   // Namespaces and Events; nil until the agent runs it
+	kube     func() *kube                                         // the agent's kube client, nil until built
+	selfTest func(context.Context) sockmap.Result                 // the kernel self-test
+	load     func(streamVerdict bool) (bypassMaps, string, error) // loads and attaches; the cgroup
+	cookie   func(netnsPath string) (uint64, error)               // netns cookie of a pod's netns
+	pinned   func() bool                                          // a previous run's bypass is pinned
+	svc      *serviceSync                                         // Namespaces and Events; nil until the agent runs it
 
 	// mu serialises the self-test, the load and the map writes and guards
 	// the fields up to stMu. It is held across BPF calls; status readers do
@@ -104,6 +105,7 @@ type sockBypass struct {
 	offDone bool // --sockmap=disabled: a previous run's pods withdrawn
 	tested  bool // the self-test ran
 	passed  bool // and passed
+	verdict bool // the kernel needs the no-op stream verdict (sockmap.Result.StreamVerdict)
 	bp      bypassMaps
 	cookies map[string]uint64 // cookieKey(endpoint) → netns cookie
 
@@ -114,6 +116,7 @@ type sockBypass struct {
 	off         string     // why the bypass is off ("" = on or pending)
 	cgroup      string
 	selfTestMsg string
+	checks      []string          // the self-test's checks, "name: ok|FAILED: detail"
 	admitted    []string          // admitted pods (namespace/name), sorted
 	notAdmitted map[string]string // pod → why not
 	netnsOwner  map[uint64]string // netns cookie → pod, for the connection list
@@ -139,9 +142,19 @@ func (s *sockBypass) ensure(ctx context.Context) {
 		return
 	}
 	if !s.tested {
-		ok, reason := s.selfTest(ctx)
-		s.tested, s.passed = true, ok
+		res := s.selfTest(ctx)
+		ok, reason := res.OK, res.Reason
+		s.tested, s.passed, s.verdict = true, ok, res.StreamVerdict
+		var checks []string
+		for _, c := range res.Checks {
+			v := "ok"
+			if !c.OK {
+				v = "FAILED"
+			}
+			checks = append(checks, c.Name+": "+v+": "+c.Detail)
+		}
 		s.stMu.Lock()
+		s.checks = checks
 		if ok {
 			s.selfTestMsg = "passed"
 		}
@@ -158,13 +171,13 @@ func (s *sockBypass) ensure(ctx context.Context) {
 			s.stMu.Unlock()
 			return
 		}
-		s.log.Info("same-node TCP bypass: kernel self-test passed")
+		s.log.Info("same-node TCP bypass: kernel self-test passed", "streamVerdict", res.StreamVerdict, "checks", len(res.Checks))
 	}
 	if !s.passed {
 		return
 	}
 	if s.bp == nil {
-		bp, cgroup, err := s.load()
+		bp, cgroup, err := s.load(s.verdict)
 		if err != nil {
 			msg := fmt.Sprintf("load failed, every connection takes the TCP/IP stack: %v", err)
 			s.stMu.Lock()
@@ -199,7 +212,7 @@ func (s *sockBypass) disableOnceLocked() string {
 	if !s.pinned() {
 		return ""
 	}
-	bp, _, err := s.load()
+	bp, _, err := s.load(false) // no socket enters any more: the verdict does not matter
 	if err != nil {
 		s.log.Warn("bypass off: could not open the bypass of a previous run to withdraw its pods; their new connections may still be bypassed", "error", err)
 		return "the bypass of a previous run could not be opened to withdraw its pods: " + err.Error()
@@ -492,6 +505,9 @@ func (s *sockBypass) status() *api.SockmapStatus {
 	}
 	bp, off, cgroup, selfTest, admitted, notAdmitted := s.state()
 	st.SelfTest, st.NotAdmitted = selfTest, notAdmitted
+	s.stMu.Lock()
+	st.SelfTestChecks = slices.Clone(s.checks)
+	s.stMu.Unlock()
 	switch {
 	case bp != nil:
 		st.Enabled, st.Cgroup, st.PodsAdmitted = true, cgroup, len(admitted)

@@ -6,10 +6,10 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/axonhq/axon/internal/datapath/sockmap"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -22,12 +22,12 @@ var _ bypassMaps = (*sockmap.Bypass)(nil)
 
 // loadSockmapFunc returns the loader used by ensure: the programs, pinned
 // under --bpf-root, sock_ops on --cgroup-root (the socket LB's cgroup).
-func loadSockmapFunc(cfg Config, log *slog.Logger) func() (bypassMaps, string, error) {
-	return func() (bypassMaps, string, error) {
+func loadSockmapFunc(cfg Config, log *slog.Logger) func(streamVerdict bool) (bypassMaps, string, error) {
+	return func(streamVerdict bool) (bypassMaps, string, error) {
 		if cfg.CgroupRoot == "" {
 			return nil, "", errors.New("--cgroup-root is empty and no cgroup2 filesystem is mounted (see /proc/mounts): mount one or pass --cgroup-root")
 		}
-		b, err := sockmap.Load(cfg.BPFRoot, cfg.CgroupRoot, sockmap.Config{}, log.With("component", "sockmap"))
+		b, err := sockmap.Load(cfg.BPFRoot, cfg.CgroupRoot, sockmap.Config{StreamVerdict: streamVerdict}, log.With("component", "sockmap"))
 		if err != nil {
 			return nil, "", err
 		}
@@ -48,12 +48,15 @@ func sockmapPinned(cfg Config) func() bool {
 func netnsCookie(path string) (uint64, error) { return netnsutil.Cookie(path) }
 
 // sockmapSelfTest is the kernel self-test that decides whether the bypass
-// may turn on. The self-test (sockmap.SelfTest: real programs, a real socket
-// pair in a private netns, FIONREAD, wake-ups, splice, half-close, MSG_PEEK,
-// large writes, back-pressure) is not in this build yet: until it is, the
-// bypass stays off and status says so. The kernel behaves differently from
-// TCP in ways applications notice (docs/sockmap.md, Limits); turning the
-// bypass on unchecked is not an option.
-func sockmapSelfTest(context.Context) (bool, string) {
-	return false, fmt.Sprintf("it is not in this build of axon-agent (%s) yet (sockmap.SelfTest), and the bypass turns on only after it passed", Version)
+// may turn on (sockmap.SelfTest: the real programs and a real socket pair in
+// a private netns; FIONREAD, wake-ups, splice, half-close, MSG_PEEK, large
+// writes, back-pressure). It is bounded: a kernel that hangs a check must
+// not hold the reconcile.
+func sockmapSelfTest(ctx context.Context) sockmap.Result {
+	ctx, cancel := context.WithTimeout(ctx, sockmapSelfTestTimeout)
+	defer cancel()
+	return sockmap.SelfTest(ctx)
 }
+
+// sockmapSelfTestTimeout bounds the kernel self-test.
+const sockmapSelfTestTimeout = time.Minute

@@ -31,6 +31,8 @@ var sockmapCounterHelp = map[string]string{
 	"pass_sticky":         "Writes of sockets in stack mode, sent through TCP (a socket that used TCP never switches back: ordering).",
 	"pass_bytes":          "Bytes of writes of sockets in the map that went through TCP.",
 	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack.",
+	"splice_refused":      "splice(2) calls refused with EINVAL on a bypassed socket (the application falls back to read/write; splice would lose bytes).",
+	"backpressure":        "Bypassed sockets moved to the TCP/IP stack because their peer's unread bytes exceeded its receive buffer (TCP flow control takes over).",
 }
 
 type sockmapCollector struct{ s *sockBypass }

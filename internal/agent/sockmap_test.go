@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath/sockmap"
 )
 
 // TestDecideSockmap: the admission rule over the Pod's and the Namespace's
@@ -119,8 +121,18 @@ func TestSockmapGate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newSockBypass(Config{Sockmap: tt.flag, BPFRoot: t.TempDir()}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, func() *kube { return nil })
 			tests, loads := 0, 0
-			s.selfTest = func(context.Context) (bool, string) { tests++; return tt.selfTest == "", tt.selfTest }
-			s.load = func() (bypassMaps, string, error) { loads++; return nil, "", loadErr }
+			s.selfTest = func(context.Context) sockmap.Result {
+				tests++
+				r := sockmap.Result{OK: tt.selfTest == "", Reason: tt.selfTest, StreamVerdict: true,
+					Checks: []sockmap.Check{{Name: "fionread", OK: tt.selfTest == "", Detail: "2000 of 2000"}}}
+				return r
+			}
+			var verdicts []bool
+			s.load = func(v bool) (bypassMaps, string, error) {
+				loads++
+				verdicts = append(verdicts, v)
+				return nil, "", loadErr
+			}
 			if d := s.decision(s.status()); d.Value != "pending" && tt.flag == SockmapEnabled {
 				t.Errorf("before the first pass: %+v, want pending", d)
 			}
@@ -133,14 +145,18 @@ func TestSockmapGate(t *testing.T) {
 			if tests != tt.wantTests || loads != tt.wantLoads {
 				t.Errorf("self-test ran %d times, load %d; want %d, %d", tests, loads, tt.wantTests, tt.wantLoads)
 			}
+			for _, v := range verdicts {
+				if !v {
+					t.Errorf("loaded without the stream verdict the self-test asked for")
+				}
+			}
+			if st := s.status(); tt.wantTests == 1 && (len(st.SelfTestChecks) != 1 || !strings.HasPrefix(st.SelfTestChecks[0], "fionread: ")) {
+				t.Errorf("status self-test checks %q, want the one check", st.SelfTestChecks)
+			}
 			rep, err := s.conns()
 			if err != nil || rep.Enabled || rep.Reason == "" || rep.Conns == nil {
 				t.Errorf("connection list while off: %+v, %v; want disabled with a reason", rep, err)
 			}
 		})
-	}
-	// the build's self-test gate says why it keeps the bypass off
-	if ok, why := sockmapSelfTest(t.Context()); ok || !strings.Contains(why, "sockmap.SelfTest") {
-		t.Errorf("sockmapSelfTest = %v, %q", ok, why)
 	}
 }

@@ -23,8 +23,10 @@ type SockmapStatus struct {
 	// Connections counts the sockets in the SOCKHASH (two per bypassed
 	// pod-to-pod or loopback connection); -1 when it could not be read.
 	Connections int `json:"connections"`
-	// SelfTest is the kernel self-test's verdict ("" until it ran).
-	SelfTest string `json:"selfTest,omitempty"`
+	// SelfTest is the kernel self-test's verdict ("" until it ran) and
+	// SelfTestChecks its checks, "name: ok|FAILED: what was measured".
+	SelfTest       string   `json:"selfTest,omitempty"`
+	SelfTestChecks []string `json:"selfTestChecks,omitempty"`
 }
 
 // SockmapConn is one socket in the SOCKHASH.
