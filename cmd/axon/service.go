@@ -121,5 +121,6 @@ func newBPFCmd() *cobra.Command {
 	lbCmd.AddCommand(list)
 	cmd.AddCommand(lbCmd)
 	cmd.AddCommand(newBPFBandwidthCmd()) // bandwidth.go
+	cmd.AddCommand(newBPFSockmapCmd())   // sockmap.go
 	return cmd
 }

@@ -40,6 +40,7 @@ type Agent struct {
 	sock  *socketLB    // socket load balancer (socklb.go, optout.go)
 	nport *nodePort    // north-south LB (nodeport*.go)
 	bw    *bandwidth   // Bandwidth Manager (bandwidth.go)
+	sm    *sockBypass  // same-node TCP bypass (sockmap.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
 }
@@ -89,6 +90,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.st.kubeClient, a.kick)
 	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.st.kubeClient}
 	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
+	a.sm = newSockBypass(cfg, log, a.reg, a.st.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
 	} else {
@@ -108,6 +110,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 func (a *Agent) close() {
 	a.pods.close()
 	a.sock.close()
+	a.sm.close()
 	a.nport.close()
 	a.ipam.Close()
 	a.nl.Close()
@@ -132,6 +135,10 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	a.svc.onSynced = a.kick // the north-south LB waits for it (servicesFirst)
 	a.sock.svc = a.svc
+	a.sm.svc = a.svc
+	// Namespace annotations (the socket LB opt-out, the sockmap opt-out)
+	// take effect at the next reconcile
+	a.svc.setNamespaceHook(a.kick)
 	a.nport.svc, a.nport.started = a.svc, started
 	errc := make(chan error, 2)
 	ln, err := api.Listen(a.cfg.Socket)
@@ -221,7 +228,7 @@ func (a *Agent) reconcileLoop(ctx context.Context, errc chan error) {
 			default:
 			}
 		}
-		err := a.reconcile()
+		err := a.reconcile(ctx)
 		if err != nil {
 			retry.Reset(5 * time.Second)
 		}
@@ -252,7 +259,7 @@ func (a *Agent) logReconcile(err error, lastErr string, lastLog time.Time) (stri
 // reconcile brings this node, the pod datapath and every feature to the
 // desired state, one feature after the other (each takes its own lock). It
 // is idempotent and never removes state that is still desired.
-func (a *Agent) reconcile() error {
+func (a *Agent) reconcile(ctx context.Context) error {
 	var errs []error
 	if k := a.st.kubeClient(); k != nil && k.isSynced() {
 		if err := a.reconcileNodes(k); err != nil {
@@ -270,6 +277,7 @@ func (a *Agent) reconcile() error {
 		a.sock.ensure()
 		a.nport.ensure(uplink, a.sock.writer(), a.pods.routedByBPF())
 		a.bw.reconcile(uplink)
+		a.sm.ensure(ctx)
 	}
 	err := errors.Join(errs...)
 	a.st.countReconcile(err)

@@ -50,6 +50,8 @@ type Config struct {
 	BandwidthManager bool          // enforce kubernetes.io/{egress,ingress}-bandwidth (EDT + fq, ingress token bucket)
 	BandwidthBBR     bool          // set BBR as congestion control in pod netns
 	BandwidthHorizon time.Duration // EDT drop horizon (fq's horizon too)
+	// same-node TCP bypass (sockmap.go)
+	Sockmap string // enabled|disabled; "" (a Config built by hand) = disabled
 
 	ReconcileInterval time.Duration // periodic full reconcile
 }
@@ -76,6 +78,7 @@ func Defaults() Config {
 		FibCache:          true,
 		NodePortLB:        DefaultNodePortConfig(),
 		BandwidthHorizon:  DefaultBandwidthHorizon,
+		Sockmap:           SockmapEnabled,
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
@@ -130,6 +133,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.validateBandwidth(); err != nil { // bandwidth.go
+		errs = append(errs, err)
+	}
+	if err := c.validateSockmap(); err != nil { // sockmap.go
 		errs = append(errs, err)
 	}
 	if c.ReconcileInterval <= 0 {

@@ -30,11 +30,16 @@
 //   - bandwidth (bandwidth.go): the Bandwidth Manager, pod bandwidth
 //     annotations enforced by EDT on the uplink and a token bucket before
 //     the pod, fq on the uplink and BBR in the pods.
+//   - sockBypass (sockmap.go, sockmap_metrics.go): the same-node TCP bypass
+//     (sock_ops + sk_msg on a SOCKHASH), its kernel self-test, and the
+//     admission of local pods by the axon.io/sockmap annotation (Pod or
+//     Namespace) and the bandwidth annotations.
 //
 // # Locks
 //
 // A feature's work lock (podDatapath.mu, socketLB.mu, nodePort.mu,
-// bandwidth.mu, serviceSync.mu) may be held across BPF and netlink calls;
+// bandwidth.mu, sockBypass.mu, serviceSync.mu) may be held across BPF and
+// netlink calls;
 // status readers take only the status locks, which are leaves. No lock is
 // held across a call to the kube-apiserver: Events go through client-go's
 // asynchronous recorder, and the north-south LB creates its annotation
@@ -45,9 +50,10 @@
 //	serviceSync.mu → maglevCache.mu (the north-south LB's frontend options)
 //
 // and any lock → the leaves: nodeStatus.mu, routeTable.mu,
-// podDatapath.stMu, socketLB.stMu, the registry's, the IPAM's and the kube
-// client's. The reconcile takes the feature locks one at a time and passes
-// what a feature needs of another (the uplink, the socket LB's writer, the
-// pod datapath's routing mode) as arguments, so podDatapath.mu,
-// bandwidth.mu and the others never nest.
+// podDatapath.stMu, socketLB.stMu, sockBypass.stMu, the registry's, the
+// IPAM's, the Event recorder's and the kube client's. The reconcile takes the
+// feature locks one at a time and passes what a feature needs of another (the
+// uplink, the socket LB's writer, the pod datapath's routing mode) as
+// arguments, so podDatapath.mu, bandwidth.mu, sockBypass.mu and the others
+// never nest.
 package agent

@@ -68,6 +68,8 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	st.Datapath = append(st.Datapath, a.nport.decision())
 	st.Datapath = append(st.Datapath, a.bw.decision())
 	st.Bandwidth = a.bw.status()
+	st.Sockmap = a.sm.status()
+	st.Datapath = append(st.Datapath, a.sm.decision(st.Sockmap))
 	st.Datapath = append(st.Datapath, a.podDevicesDecision())
 	if st.PodCIDRs == nil {
 		st.PodCIDRs = []netip.Prefix{}
@@ -148,6 +150,9 @@ func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
 	// a pod that opted out of socket LB must be skipped from its first
 	// connect, not from the next reconcile
 	a.sock.syncOptOut()
+	// and a pod admitted to the same-node TCP bypass from its first
+	// connection
+	a.sm.sync()
 	a.log.Info("endpoint registered", "containerID", ep.ContainerID, "ifName", ep.IfName,
 		"pod", ep.PodNamespace+"/"+ep.PodName, "ips", ep.IPs, "device", ep.HostIfName, "ifindex", ifindex)
 	return nil
@@ -156,7 +161,11 @@ func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
 // DeleteEndpoint implements api.Handler: remove map entries, detach, release
 // IPs, remove the record. Deleting an unknown endpoint succeeds.
 func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
-	return a.pods.remove(at)
+	if err := a.pods.remove(at); err != nil {
+		return err
+	}
+	a.sm.sync() // the pod's addresses leave the bypass's admitted pods now
+	return nil
 }
 
 // GC implements api.Handler: everything not in r.Valid is removed.
@@ -166,3 +175,6 @@ func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
 
 // BandwidthMaps implements api.BandwidthHandler.
 func (a *Agent) BandwidthMaps(context.Context) (api.BandwidthReply, error) { return a.bw.maps() }
+
+// SockmapConns implements api.SockmapHandler.
+func (a *Agent) SockmapConns(context.Context) (api.SockmapReply, error) { return a.sm.conns() }

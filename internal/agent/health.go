@@ -19,7 +19,7 @@ import (
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{n: a.nport}, servicesCollector{a: a})
+		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -69,6 +69,7 @@ func NewMux(h Handler, log *slog.Logger) http.Handler {
 	// northsouth.go
 	s.mountNorthSouth(mux)
 	mux.HandleFunc("GET /v1/bpf/bandwidth", optionalRoute(s, "has no Bandwidth Manager", BandwidthHandler.BandwidthMaps))
+	mux.HandleFunc("GET /v1/bpf/sockmap", optionalRoute(s, "has no same-node TCP bypass", SockmapHandler.SockmapConns))
 	return mux
 }
 

@@ -140,4 +140,6 @@ type Status struct {
 
 	// Bandwidth Manager (nil when the agent predates it)
 	Bandwidth *BandwidthStatus `json:"bandwidth,omitempty"`
+	// same-node TCP bypass (nil when the agent predates it)
+	Sockmap *SockmapStatus `json:"sockmap,omitempty"`
 }

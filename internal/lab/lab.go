@@ -368,7 +368,7 @@ func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 		if err := n.Agent.Stop(15 * time.Second); err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}
-		agent, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"), append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...)...)
+		agent, err := startAgent(st.BinDir, *n, filepath.Join(st.StateDir, "nodes", n.Name, "agent.log"), append(append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...), sockmapAgentArgs(st)...)...)
 		if err != nil {
 			return fmt.Errorf("restart agent on %s: %w", node, err)
 		}

@@ -114,6 +114,7 @@ type State struct {
 	Device       string            `json:"device,omitempty"`       // agents' --device-mode (auto|veth|netkit; "" = veth)
 	BigTCP       bool              `json:"bigTCP,omitempty"`       // BIG TCP on wire, uplinks and pod devices
 	NoFibCache   bool              `json:"noFibCache,omitempty"`   // agents' --fib-cache=false
+	NoSockmap    bool              `json:"noSockmap,omitempty"`    // agents' --sockmap=disabled (sockmap.go)
 	PodsPerNode  int               `json:"podsPerNode"`
 	Ready        bool              `json:"ready"` // up finished
 	ControlPlane ControlPlaneState `json:"controlPlane"`

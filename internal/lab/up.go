@@ -34,6 +34,7 @@ type UpOptions struct {
 	Device      string // pod device of the agents: veth (default), netkit or auto (bigtcp.go)
 	BigTCP      bool   // BIG TCP on the wire, the uplinks and (through the agents) the pod devices
 	NoFibCache  bool   // agents run with --fib-cache=false (every packet to another node looked up in the FIB)
+	NoSockmap   bool   // agents run with --sockmap=disabled (no same-node TCP bypass; sockmap.go)
 	Logger      *slog.Logger
 	// ReadyTimeout bounds each readiness wait (etcd, kube-apiserver, agents); 0 = 90 s.
 	// Raise it where CPU is slow, e.g. under QEMU TCG (the kernel matrix passes 6m).
@@ -189,6 +190,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		same := len(old.Nodes) == o.Nodes && old.PodsPerNode == o.PodsPerNode && old.Datapath == o.Datapath
 		same = same && kubeProxyModeOf(old) == o.KubeProxy
 		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // north-south LB
+		same = same && old.NoSockmap == o.NoSockmap                                                 // same-node TCP bypass
 		switch {
 		case healthy && same:
 			log.Info("lab already up", "nodes", len(old.Nodes), "pods", len(old.Pods))
@@ -221,6 +223,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		Cgroup:   filepath.Join(cg2, cgroupSubtree),
 		External: newExternal(),
 		Device:   o.Device, BigTCP: o.BigTCP, NoFibCache: o.NoFibCache, // BIG TCP and pod devices
+		NoSockmap:        o.NoSockmap,        // same-node TCP bypass
 		BandwidthManager: o.BandwidthManager, // bandwidth manager
 	}
 	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // north-south LB: check_external.go
@@ -277,7 +280,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	if o.Datapath == DatapathAxon {
 		for i := range st.Nodes {
 			n := &st.Nodes[i]
-			p, err := startAgent(o.BinDir, *n, filepath.Join(stateDir, "nodes", n.Name, "agent.log"), append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...)...)
+			p, err := startAgent(o.BinDir, *n, filepath.Join(stateDir, "nodes", n.Name, "agent.log"), append(append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...), sockmapAgentArgs(st)...)...)
 			if err != nil {
 				_ = save()
 				return nil, fmt.Errorf("start agent on %s: %w", n.Name, err)
