@@ -118,7 +118,8 @@ enum axon_sockmap_counter {
 	AXON_SM_PASS_STICKY = 9,         /* sk_msg: the socket is in stack mode: through TCP */
 	AXON_SM_PASS_BYTES = 10,         /* sk_msg: bytes of writes passed to TCP (both reasons) */
 	AXON_SM_SWITCH_STACK = 11,       /* sk_msg: a bypassed socket switched to the stack (small-write rule) */
-	AXON_SM_MAX = 12,
+	AXON_SM_SPLICE_REFUSED = 12,     /* sock_splice: splice(2) from a bypassed socket failed with EINVAL (the caller falls back to read/write) */
+	AXON_SM_MAX = 13,
 };
 
 /* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */

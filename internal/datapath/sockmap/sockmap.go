@@ -43,7 +43,7 @@ var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapMetrics}
 var metricNames = []string{
 	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
 	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
-	"switch_stack",
+	"switch_stack", "splice_refused",
 }
 
 // Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
