@@ -60,6 +60,11 @@ type Config struct {
 	// insert_failed). A pinned map of another size is not adopted: Load
 	// fails and says to Uninstall (bypassed connections then fall back).
 	MaxEntries uint32
+	// NoSpliceGuard loads the bypass without its splice guard (splice.go),
+	// on a kernel that cannot run it. splice(2) and sendfile(2) from a
+	// bypassed socket then lose the redirected bytes: for tests of the
+	// admission and the redirect only; the agent never sets it.
+	NoSpliceGuard bool
 }
 
 // Bypass is the loaded same-node TCP bypass of one node. Methods are safe
@@ -69,9 +74,10 @@ type Bypass struct {
 	pinDir     string
 	cgroupPath string
 
-	mu  sync.Mutex
-	ops sockOpsObjects
-	msg skMsgObjects
+	mu     sync.Mutex
+	ops    sockOpsObjects
+	msg    skMsgObjects
+	splice sockSpliceObjects // zero with Config.NoSpliceGuard
 }
 
 // Conn is one socket in axon_sock_hash: its local and remote address as the
@@ -88,7 +94,10 @@ type Conn struct {
 // (BPF_SK_MSG_VERDICT; sockets already in the map keep the program they were
 // linked with) and axon_sockops to the cgroup v2 directory cgroupPath through
 // a link pinned at <pinDir>/links/cgroup-sockops (updated in place when it
-// is on the same cgroup).
+// is on the same cgroup). Before attaching anything it attaches the splice
+// guard (splice.go, link pinned at <pinDir>/links/fmodret-splice); a kernel
+// that cannot run the guard fails Load with ErrNoSpliceGuard (unless
+// Config.NoSpliceGuard).
 func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, error) {
 	if log == nil {
 		log = slog.Default()
@@ -125,22 +134,21 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		b.ops.Close()
 		return nil, fmt.Errorf("load sockmap bypass: parse sk_msg object: %w", err)
 	}
-	have := map[string]*ebpf.Map{
-		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
-		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
-	}
-	repl := map[string]*ebpf.Map{}
-	for name, ms := range msgSpec.Maps {
-		m, ok := have[name]
-		if !ok {
-			continue // .rodata and friends: the object's own
-		}
-		ms.MaxEntries = m.MaxEntries()
-		repl[name] = m
-	}
-	if err := msgSpec.LoadAndAssign(&b.msg, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	if err := msgSpec.LoadAndAssign(&b.msg, &ebpf.CollectionOptions{MapReplacements: b.replacements(msgSpec)}); err != nil {
 		b.ops.Close()
 		return nil, fmt.Errorf("load sockmap bypass: sk_msg program: %w", datapath.VerifierDetail(err))
+	}
+	// the splice guard before anything can enter the map: no bypassed
+	// socket is ever readable with splice(2)
+	if !cfg.NoSpliceGuard {
+		if err := b.loadSpliceGuard(); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("load sockmap bypass: splice guard: %w "+
+				"(the bypass stays off: without the guard splice(2) from a bypassed socket loses data; "+
+				"`axon status` shows the splice_guard probe)", err)
+		}
+	} else {
+		log.Warn("sockmap bypass loaded without its splice guard: splice(2) and sendfile(2) from a bypassed socket lose data")
 	}
 	// sk_msg first: a socket that sockops inserts must find the verdict
 	// program on the map (a socket is linked with the program the map has
@@ -170,11 +178,11 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 func (b *Bypass) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return errors.Join(b.msg.Close(), b.ops.Close())
+	return errors.Join(b.splice.Close(), b.msg.Close(), b.ops.Close())
 }
 
 // Uninstall detaches axon_sockops (the link pinned under pinDir) and removes
-// the bypass's pins. The SOCKHASH goes with its last reference: sockets in
+// the bypass's pins (the splice guard's last). The SOCKHASH goes with its last reference: sockets in
 // it return to the plain TCP stack (bytes redirected but not yet read by the
 // peer are lost, so uninstall with connections idle). Missing pins are no
 // error; the rest of pinDir is left alone.
@@ -208,6 +216,10 @@ func Uninstall(pinDir string) error {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
 		}
+	}
+	// the splice guard last: sockets leave the map with the map
+	if err := removeSplicePin(pinDir); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("uninstall sockmap bypass under %s: %w", pinDir, errors.Join(errs...))
