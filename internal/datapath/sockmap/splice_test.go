@@ -113,17 +113,18 @@ func TestSpliceGuard(t *testing.T) {
 		// the call's byte count and error
 		do      func(t *testing.T, sfd, cfd int) (int, error)
 		wantErr error
+		refused bool // the guard refused it (splice_refused +1); else the kernel did, or it worked
 		// readBack: the bytes must still be readable with read(2) after
 		// the call (it moved none of them)
 		readBack bool
 	}{
-		{name: "splice from a bypassed socket", bypassed: true, wantErr: unix.EINVAL, readBack: true,
+		{name: "splice from a bypassed socket", bypassed: true, wantErr: unix.EINVAL, refused: true, readBack: true,
 			do: func(t *testing.T, sfd, _ int) (int, error) {
 				_, w := newPipe(t)
 				n, err := unix.Splice(sfd, nil, w, nil, 4096, unix.SPLICE_F_NONBLOCK)
 				return int(n), err
 			}},
-		{name: "sendfile from a bypassed socket into a pipe", bypassed: true, wantErr: unix.EINVAL, readBack: true,
+		{name: "sendfile from a bypassed socket into a pipe", bypassed: true, wantErr: unix.EINVAL, refused: true, readBack: true,
 			do: func(t *testing.T, sfd, _ int) (int, error) {
 				_, w := newPipe(t)
 				return unix.Sendfile(w, sfd, nil, 4096)
@@ -142,6 +143,30 @@ func TestSpliceGuard(t *testing.T) {
 				}
 				n, err := unix.Splice(r, nil, cfd, nil, 4096, unix.SPLICE_F_NONBLOCK)
 				return int(n), err
+			}},
+		// what the guard does not need to cover: the kernel refuses these
+		// reads of a socket itself (shown on a socket in no map)
+		{name: "sendfile from a socket into a socket: the kernel refuses", wantErr: unix.EINVAL, readBack: true,
+			do: func(t *testing.T, sfd, cfd int) (int, error) { return unix.Sendfile(cfd, sfd, nil, 4096) }},
+		{name: "copy_file_range from a socket: the kernel refuses", wantErr: unix.EINVAL, readBack: true,
+			do: func(t *testing.T, sfd, _ int) (int, error) {
+				f, err := os.CreateTemp(t.TempDir(), "out")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				return unix.CopyFileRange(sfd, nil, int(f.Fd()), nil, 4096, 0)
+			}},
+		{name: "tee from a socket: the kernel refuses (pipes only)", wantErr: unix.EINVAL, readBack: true,
+			do: func(t *testing.T, sfd, _ int) (int, error) {
+				_, w := newPipe(t)
+				n, err := unix.Tee(sfd, w, 4096, unix.SPLICE_F_NONBLOCK)
+				return int(n), err
+			}},
+		{name: "vmsplice on a socket: the kernel refuses (a pipe only)", wantErr: unix.EBADF, readBack: true,
+			do: func(t *testing.T, sfd, _ int) (int, error) {
+				buf := make([]byte, 4096)
+				return unix.Vmsplice(sfd, []unix.Iovec{{Base: &buf[0], Len: uint64(len(buf))}}, 0)
 			}},
 	}
 	for _, tc := range cases {
@@ -167,8 +192,12 @@ func TestSpliceGuard(t *testing.T) {
 			n, err := tc.do(t, sfd, cfd)
 			d := metricsDelta(t, b, before)
 			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) || d["splice_refused"] != 1 {
-					t.Fatalf("got n=%d err=%v, counters moved %v; want %v and splice_refused 1", n, err, d, tc.wantErr)
+				want := uint64(0)
+				if tc.refused {
+					want = 1
+				}
+				if !errors.Is(err, tc.wantErr) || d["splice_refused"] != want {
+					t.Fatalf("got n=%d err=%v, counters moved %v; want %v and splice_refused %d", n, err, d, tc.wantErr, want)
 				}
 			} else if err != nil || n <= 0 || d["splice_refused"] != 0 {
 				t.Fatalf("got n=%d err=%v, counters moved %v; want it to work and splice_refused unchanged", n, err, d)
