@@ -91,30 +91,13 @@ func (b *Bypass) loadSpliceGuard() error {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	if err := spec.LoadAndAssign(&b.splice, &ebpf.CollectionOptions{MapReplacements: b.replacements(spec)}); err != nil {
+	if err := b.loadOnMaps(spec, &b.splice); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoSpliceGuard, datapath.VerifierDetail(err))
 	}
 	if err := os.MkdirAll(datapath.LinksDir(b.pinDir), 0o700); err != nil {
 		return err
 	}
 	return attachPinnedTracing(filepath.Join(datapath.LinksDir(b.pinDir), SplicePin), b.splice.AxonSockSplice)
-}
-
-// replacements maps every map of spec that the sockops object also has to
-// the sockops object's (loaded, pinned) map, so the objects share them.
-func (b *Bypass) replacements(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
-	have := map[string]*ebpf.Map{
-		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
-		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
-	}
-	repl := map[string]*ebpf.Map{}
-	for name, ms := range spec.Maps {
-		if m, ok := have[name]; ok {
-			ms.MaxEntries = m.MaxEntries()
-			repl[name] = m
-		}
-	}
-	return repl
 }
 
 // attachPinnedTracing attaches prog (fentry/fexit/fmod_ret) and pins the
