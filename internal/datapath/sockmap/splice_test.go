@@ -405,3 +405,54 @@ func TestSpliceLossWithoutGuard(t *testing.T) {
 	}
 	t.Logf("without the guard io.Copy delivered %d of %d bytes (read: %v); counters moved %v", len(got), len(data), err, d)
 }
+
+// The guard's cost for everything else on the node: a 1-byte read(2) of
+// /dev/zero (security_file_permission runs on each) without and with the
+// guard attached (default constants: the same early return as for any read
+// outside splice/sendfile). Runs only when asked (AXON_SPLICE_GUARD_BENCH=1;
+// in a VM: hack/vm -env AXON_SPLICE_GUARD_BENCH=1 -icount, where the guest
+// clock counts instructions).
+func TestSpliceGuardCost(t *testing.T) {
+	if os.Getenv("AXON_SPLICE_GUARD_BENCH") != "1" {
+		t.Skip("benchmark of the guard's cost on read(2): runs with AXON_SPLICE_GUARD_BENCH=1")
+	}
+	dptest.RequireRoot(t)
+	if c := datapath.ProbeFeature("splice_guard"); !c.Available {
+		t.Skip(c.Reason)
+	}
+	f, err := os.Open("/dev/zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1)
+	read := func(b *testing.B) {
+		for b.Loop() {
+			if _, err := unix.Read(int(f.Fd()), buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	without := testing.Benchmark(read)
+	spec, err := loadSockSplice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	var objs sockSpliceObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: objs.AxonSockSplice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := testing.Benchmark(read)
+	l.Close()
+	again := testing.Benchmark(read)
+	t.Logf("read(2) of 1 byte: without the guard %d ns/op, with it %d ns/op, without again %d ns/op (%d, %d, %d reads)",
+		without.NsPerOp(), with.NsPerOp(), again.NsPerOp(), without.N, with.N, again.N)
+}
