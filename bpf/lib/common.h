@@ -118,7 +118,7 @@ enum axon_sockmap_counter {
 	AXON_SM_PASS_STICKY = 9,         /* sk_msg: the socket is in stack mode: through TCP */
 	AXON_SM_PASS_BYTES = 10,         /* sk_msg: bytes of writes passed to TCP (both reasons) */
 	AXON_SM_SWITCH_STACK = 11,       /* sk_msg: a bypassed socket switched to the stack (small-write rule) */
-	AXON_SM_SPLICE_REFUSED = 12,     /* sock_splice.c: splice(2) from a socket in axon_sock_hash refused with EINVAL */
+	AXON_SM_SPLICE_REFUSED = 12,     /* sock_splice: splice(2)/sendfile(2) from a bypassed socket failed with EINVAL (the caller falls back to read/write) */
 	AXON_SM_BACKPRESSURE = 13,       /* sk_msg: the peer's unread bypass bytes exceeded its sk_rcvbuf: the socket switched to the stack */
 	AXON_SM_MAX = 14,
 };

@@ -124,7 +124,7 @@ type sockBypass struct {
 
 func newSockBypass(cfg Config, log *slog.Logger, reg *registry, kube func() *kube) *sockBypass {
 	return &sockBypass{cfg: cfg, log: log.With("component", "sockmap"), reg: reg, kube: kube,
-		selfTest: sockmapSelfTest, load: loadSockmapFunc(cfg, log), cookie: netnsCookie, pinned: sockmapPinned(cfg),
+		selfTest: sockmapSelfTest, load: loadSockmapFunc(cfg, sockmap.Config{}, log), cookie: netnsCookie, pinned: sockmapPinned(cfg),
 		cookies: map[string]uint64{}}
 }
 

@@ -105,6 +105,7 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 
 	cfg := Config{NodeName: "node1", BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: SockmapEnabled}
 	s := newSockBypass(cfg, log, reg, func() *kube { return k })
+	s.load = loadSockmapFunc(cfg, unguardedWhereNeeded(t), log)
 	s.svc = svc
 	// The kernel self-test has its own tests (internal/datapath/sockmap).
 	// Here its verdict is the real one except for the splice check: on a
@@ -381,13 +382,14 @@ func TestSockmapOffWithdrawsPreviousRun(t *testing.T) {
 			pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
 			log := testLogger(t)
 			cfg := Config{BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: tt.flag}
-			prev, _, err := loadSockmapFunc(cfg, log)(false)
+			prev, _, err := loadSockmapFunc(cfg, unguardedWhereNeeded(t), log)(false)
 			must(t, err)
 			must(t, prev.SetPod(netip.MustParseAddr("10.244.1.10"), 4242))
 			must(t, prev.SetNetns(4242))
 			must(t, prev.Close())
 
 			s := newSockBypass(cfg, log, nil, func() *kube { return nil })
+			s.load = loadSockmapFunc(cfg, unguardedWhereNeeded(t), log)
 			loads := 0
 			load := s.load
 			s.load = func(v bool) (bypassMaps, string, error) { loads++; return load(v) }
@@ -402,7 +404,7 @@ func TestSockmapOffWithdrawsPreviousRun(t *testing.T) {
 			if st := s.status(); st.Enabled || !strings.Contains(st.Reason, tt.want) {
 				t.Errorf("status %+v, want off with %q", st, tt.want)
 			}
-			check, err := sockmap.Load(pinDir, cgroup, sockmap.Config{}, log)
+			check, err := sockmap.Load(pinDir, cgroup, unguardedWhereNeeded(t), log)
 			must(t, err)
 			defer check.Close()
 			pods, err := check.Pods()
@@ -416,5 +418,61 @@ func TestSockmapOffWithdrawsPreviousRun(t *testing.T) {
 				t.Errorf("the SOCKHASH pin is gone (its sockets' queued bytes would be dropped): %v", err)
 			}
 		})
+	}
+}
+
+// unguardedWhereNeeded is the load configuration of these tests of the
+// agent's wiring: the product's (the splice guard on) where the kernel can
+// run the guard, and without the guard where it cannot (no BPF trampolines,
+// as on a Firecracker kernel), saying so in the log. The guard itself is
+// tested in internal/datapath/sockmap (in the Debian VMs of the kernel
+// matrix); the agent refusing to turn on without it in
+// TestSockmapOffWithoutSpliceGuard.
+func unguardedWhereNeeded(t *testing.T) sockmap.Config {
+	t.Helper()
+	if c := datapath.ProbeFeature("splice_guard"); !c.Available {
+		t.Logf("loading without the splice guard: %s", c.Reason)
+		return sockmap.Config{NoSpliceGuard: true}
+	}
+	return sockmap.Config{}
+}
+
+// The agent's own loader never turns the bypass on without the splice
+// guard: where the kernel can run the guard, the bypass loads with its link
+// pinned; where it cannot, the feature stays off and says why. The self-test
+// is let through here so that the load decides.
+func TestSockmapSpliceGuardGate(t *testing.T) {
+	dptest.RequireRoot(t)
+	cgroup, _ := testutil.NewCgroup(t, "axt-sockmap-")
+	pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
+	cfg := Config{BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: SockmapEnabled}
+	s := newSockBypass(cfg, testLogger(t), nil, func() *kube { return nil })
+	s.selfTest = func(context.Context) sockmap.Result { return sockmap.Result{OK: true} }
+	t.Cleanup(s.close)
+	s.ensure(t.Context())
+	bp, off, _, _, _, _ := s.state()
+	guardPin := filepath.Join(datapath.LinksDir(pinDir), sockmap.SplicePin)
+	if c := datapath.ProbeFeature("splice_guard"); c.Available {
+		if bp == nil || off != "" {
+			t.Fatalf("the kernel can run the splice guard, but the bypass is off: %s", off)
+		}
+		if _, err := os.Stat(guardPin); err != nil {
+			t.Errorf("the bypass is on without its splice guard pin: %v", err)
+		}
+		return
+	} else {
+		t.Logf("splice_guard probe: %s", c.Reason)
+	}
+	if bp != nil {
+		t.Fatal("the bypass turned on where the kernel cannot run the splice guard")
+	}
+	if !strings.Contains(off, "splice guard") {
+		t.Errorf("off reason %q does not name the splice guard", off)
+	}
+	if _, err := os.Stat(filepath.Join(pinDir, sockmap.MapSockHash)); err == nil {
+		t.Errorf("the SOCKHASH was pinned although the bypass did not load")
+	}
+	if _, err := os.Stat(guardPin); err == nil {
+		t.Errorf("a splice guard pin exists on a kernel that cannot run it")
 	}
 }

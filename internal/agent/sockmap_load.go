@@ -22,12 +22,17 @@ var _ bypassMaps = (*sockmap.Bypass)(nil)
 
 // loadSockmapFunc returns the loader used by ensure: the programs, pinned
 // under --bpf-root, sock_ops on --cgroup-root (the socket LB's cgroup).
-func loadSockmapFunc(cfg Config, log *slog.Logger) func(streamVerdict bool) (bypassMaps, string, error) {
+// base is the rest of the load configuration: the agent passes the zero
+// Config (the splice guard always on); only tests of the wiring on a kernel
+// that cannot run the guard set NoSpliceGuard.
+func loadSockmapFunc(cfg Config, base sockmap.Config, log *slog.Logger) func(streamVerdict bool) (bypassMaps, string, error) {
 	return func(streamVerdict bool) (bypassMaps, string, error) {
 		if cfg.CgroupRoot == "" {
 			return nil, "", errors.New("--cgroup-root is empty and no cgroup2 filesystem is mounted (see /proc/mounts): mount one or pass --cgroup-root")
 		}
-		b, err := sockmap.Load(cfg.BPFRoot, cfg.CgroupRoot, sockmap.Config{StreamVerdict: streamVerdict}, log.With("component", "sockmap"))
+		lc := base
+		lc.StreamVerdict = streamVerdict
+		b, err := sockmap.Load(cfg.BPFRoot, cfg.CgroupRoot, lc, log.With("component", "sockmap"))
 		if err != nil {
 			return nil, "", err
 		}

@@ -34,6 +34,7 @@ type Features struct {
 	BigTCP        Capability // gso_max_size > 64k (BIG TCP)
 	SockDestroy   Capability // bpf_sock_destroy kfunc from tcp/udp socket iterators (the socket LB closes sockets to removed backends)
 	FibCache      Capability // pod_egress loads with the rt_genid-checked IPv4 route cache
+	SpliceGuard   Capability // the same-node TCP bypass's splice guard (fmod_ret on security_file_permission) loads and attaches
 }
 
 // A featureProbe is one row of the probe table: how one kernel feature is
@@ -85,6 +86,12 @@ var probes = []featureProbe{
 		absent: "fib_cache: pod_egress with the route cache does not load " +
 			"(needs the bpf_cast_to_kern_ctx kfunc, Linux 6.3+, and kernel BTF); " +
 			"routes are looked up per packet: %v"},
+	{name: "splice_guard", field: func(f *Features) *Capability { return &f.SpliceGuard },
+		run:     objectLoads(objectProbe{object: "socksplice", tinyMaps: true, tracing: true, verifierLog: true}),
+		present: "splice_guard: fmod_ret on security_file_permission loads and attaches (probed)",
+		absent: "splice_guard: the splice guard (fmod_ret on security_file_permission) does not load or attach " +
+			"(needs kernel BTF and BPF trampolines, x86_64 or arm64); " +
+			"the same-node TCP bypass stays off: without the guard splice(2) from a bypassed socket loses data: %v"},
 }
 
 // helperProbe is the row of a helper that axon's tc programs call.
@@ -273,6 +280,11 @@ type objectProbe struct {
 	tinyMaps    bool
 	iterators   bool
 	verifierLog bool // a load error carries the whole verifier log
+	// tracing: attach each program of the object as a tracing link
+	// (fentry, fexit, fmod_ret: to the function its section names) and
+	// detach it at once. A program that refuses nothing with its load-time
+	// constants left 0 is safe to attach for a moment.
+	tracing bool
 }
 
 // objectLoads is the probe that the object of o loads on this kernel.
@@ -284,7 +296,7 @@ func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
 		}
 		for _, m := range spec.Maps {
 			m.Pinning = ebpf.PinNone
-			if o.tinyMaps {
+			if o.tinyMaps && m.MaxEntries > 0 { // socket storage has none
 				m.MaxEntries = 1
 			}
 		}
@@ -298,9 +310,23 @@ func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
 			if o.verifierLog {
 				err = VerifierDetail(err)
 			}
+			if o.tracing && errors.Is(err, unix.EPERM) {
+				// not a memlock limit (the library's hint): the kernel, or a
+				// policy on it, refuses programs on BPF trampolines
+				err = fmt.Errorf("the kernel refuses to load a tracing program (EPERM before verification: BPF trampolines are not allowed here): %w", err)
+			}
 			return "", err
 		}
 		defer coll.Close()
+		if o.tracing {
+			for name, p := range coll.Programs {
+				l, err := link.AttachTracing(link.TracingOptions{Program: p})
+				if err != nil {
+					return "", fmt.Errorf("attach %s to %s: %w", name, spec.Programs[name].AttachTo, err)
+				}
+				l.Close()
+			}
+		}
 		if !o.iterators {
 			return "", nil
 		}

@@ -9,7 +9,7 @@ import (
 func TestProbe(t *testing.T) {
 	dptest.RequireRoot(t)
 	list := Probe().List()
-	want := []string{"tcx", "bpf_redirect_peer", "bpf_redirect_neigh", "bpf_fib_lookup", "netkit", "sch_fq", "bpffs", "big_tcp", "bpf_sock_destroy", "fib_cache"}
+	want := []string{"tcx", "bpf_redirect_peer", "bpf_redirect_neigh", "bpf_fib_lookup", "netkit", "sch_fq", "bpffs", "big_tcp", "bpf_sock_destroy", "fib_cache", "splice_guard"}
 	if len(list) != len(want) {
 		t.Fatalf("Probe().List() = %+v", list)
 	}

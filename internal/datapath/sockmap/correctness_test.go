@@ -44,7 +44,7 @@ func newCorrEnv(t *testing.T) *corrEnv {
 	}
 	t.Cleanup(ns.close)
 	e := &corrEnv{ns: ns}
-	if e.in, err = loadPrivate(false); err != nil {
+	if e.in, err = loadPrivate(false, false); err != nil {
 		t.Fatal(err)
 	}
 	n, err := fionreadCheck(context.Background(), e.in, ns, false)
@@ -53,7 +53,7 @@ func newCorrEnv(t *testing.T) *corrEnv {
 	}
 	if n != selfTestMsg { // the kernel needs the stream verdict (SelfTest decides the same)
 		e.in.close()
-		if e.in, err = loadPrivate(true); err != nil {
+		if e.in, err = loadPrivate(true, false); err != nil {
 			t.Fatal(err)
 		}
 		e.verdict = true

@@ -6,7 +6,10 @@ package sockmap
 // bpf/sk_msg.c: the redirect of each write (sk_msg verdict on the map). Both
 // include bpf/lib/sockmap.h; the sk_msg object uses the sockops object's maps.
 // bpf/sockmap_iter.c: the connection list (iter/sockmap over the map).
+// bpf/sock_splice.c: the splice guard (fmod_ret on security_file_permission,
+// see splice.go), also on the sockops object's maps.
 
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_key -type sockmap_pod -type sockmap_state sockOps ../../../bpf/sockops.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel skMsg ../../../bpf/sk_msg.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_conn_rec sockmapIter ../../../bpf/sockmap_iter.c
+//go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel sockSplice ../../../bpf/sock_splice.c

@@ -32,7 +32,7 @@ func loadTest(t *testing.T, cfg Config) (*Bypass, string, string, int) {
 	dptest.RequireRoot(t)
 	pin := newPinDir(t)
 	cg, fd := testutil.NewCgroup(t, "axt-sockmap-")
-	b, err := Load(pin, cg, cfg, dptest.Logger(t))
+	b, err := Load(pin, cg, guardCfg(cfg), dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestLoadAdoptUninstall(t *testing.T) {
 	if got := sockOpsOn(t, cg); len(got) != 1 {
 		t.Fatalf("after Close the program must stay attached: %v", got)
 	}
-	b2, err := Load(pin, cg, Config{MaxEntries: 128}, dptest.Logger(t))
+	b2, err := Load(pin, cg, guardCfg(Config{MaxEntries: 128}), dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestLoadAdoptUninstall(t *testing.T) {
 		t.Fatalf("netns after adoption: %v, %v", ns, err)
 	}
 	// another size is not adopted silently
-	_, err = Load(pin, cg, Config{MaxEntries: 256}, dptest.Logger(t))
+	_, err = Load(pin, cg, guardCfg(Config{MaxEntries: 256}), dptest.Logger(t))
 	if err == nil || !errors.Is(err, ebpf.ErrMapIncompatible) || !strings.Contains(err.Error(), "Uninstall") {
 		t.Fatalf("Load with another MaxEntries over pinned maps: %v, want an incompatible-map error that says to uninstall", err)
 	}

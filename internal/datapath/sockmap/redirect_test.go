@@ -146,7 +146,7 @@ func TestRestartKeepsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent += p.send(c.server, c.client, randBytes(t, 5000)) // no agent
-	b2, err := Load(pin, cg, cfg, dptest.Logger(t))
+	b2, err := Load(pin, cg, guardCfg(cfg), dptest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -68,7 +70,7 @@ func SelfTest(ctx context.Context) Result {
 	}
 	defer ns.close()
 
-	plain, err := loadPrivate(false)
+	plain, err := loadPrivate(false, true)
 	if err != nil {
 		return fail("load", err.Error())
 	}
@@ -85,7 +87,7 @@ func SelfTest(ctx context.Context) Result {
 		res.Checks = append(res.Checks, Check{Name: "fionread_stack_bytes", OK: true,
 			Detail: fmt.Sprintf("FIONREAD %d for %d bytes that arrived through TCP", n, selfTestMsg)})
 	default:
-		withVerdict, err := loadPrivate(true)
+		withVerdict, err := loadPrivate(true, true)
 		if err != nil {
 			return fail("load_stream_verdict", err.Error())
 		}
@@ -160,14 +162,19 @@ const selfTestWait = 2 * time.Second
 
 // privateBypass is the bypass's programs with private maps.
 type privateBypass struct {
-	ops sockOpsObjects
-	msg skMsgObjects
+	ops     sockOpsObjects
+	msg     skMsgObjects
+	splice  sockSpliceObjects // the splice guard for the private SOCKHASH, where the kernel can run it
+	guard   link.Link         // its attachment; nil without
+	noGuard string            // why there is no guard
 }
 
 // loadPrivate loads both objects with unpinned maps and attaches
 // axon_sk_msg (and with verdict the no-op stream verdict) to the private
-// SOCKHASH. No cgroup: sockets enter from user space (insert).
-func loadPrivate(verdict bool) (*privateBypass, error) {
+// SOCKHASH, and with guard the splice guard for it where the kernel can run
+// it (noGuard says why not). No cgroup: sockets enter from user space
+// (insert).
+func loadPrivate(verdict, guard bool) (*privateBypass, error) {
 	spec, err := loadSockOps()
 	if err != nil {
 		return nil, fmt.Errorf("parse sockops object: %w", err)
@@ -185,21 +192,19 @@ func loadPrivate(verdict bool) (*privateBypass, error) {
 		p.ops.Close()
 		return nil, fmt.Errorf("parse sk_msg object: %w", err)
 	}
-	have := map[string]*ebpf.Map{
-		MapSockHash: p.ops.AxonSockHash, MapPods: p.ops.AxonSockmapPods, MapNetns: p.ops.AxonSockmapNetns,
-		MapState: p.ops.AxonSockmapState, MapMetrics: p.ops.AxonSockmapMetrics,
-	}
-	repl := map[string]*ebpf.Map{}
-	for name, ms := range msgSpec.Maps {
-		if m, ok := have[name]; ok {
-			ms.MaxEntries = m.MaxEntries()
-			ms.Pinning = ebpf.PinNone
-			repl[name] = m
-		}
-	}
-	if err := msgSpec.LoadAndAssign(&p.msg, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	if err := loadOnMaps(&p.ops, msgSpec, &p.msg); err != nil {
 		p.ops.Close()
 		return nil, fmt.Errorf("load sk_msg object: %w", err)
+	}
+	// the splice guard, as Load attaches it, bound to this private map
+	if !guard {
+		p.noGuard = "not loaded for this run"
+	} else if c := datapath.ProbeFeature("splice_guard"); !c.Available {
+		p.noGuard = c.Reason
+	} else if err := loadGuard(&p.ops, &p.splice); err != nil {
+		p.noGuard = err.Error()
+	} else if p.guard, err = link.AttachTracing(link.TracingOptions{Program: p.splice.AxonSockSplice}); err != nil {
+		p.noGuard = fmt.Sprintf("attach the splice guard: %v", err)
 	}
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 		Target: p.ops.AxonSockHash.FD(), Program: p.msg.AxonSkMsg, Attach: ebpf.AttachSkMsgVerdict,
@@ -218,7 +223,14 @@ func loadPrivate(verdict bool) (*privateBypass, error) {
 
 // close releases the programs and maps; the private SOCKHASH goes with
 // them (the programs detach with it).
-func (p *privateBypass) close() { p.msg.Close(); p.ops.Close() }
+func (p *privateBypass) close() {
+	if p.guard != nil {
+		p.guard.Close()
+	}
+	p.splice.Close()
+	p.msg.Close()
+	p.ops.Close()
+}
 
 // insert puts fd into the private SOCKHASH under k with its peer's key, as
 // sockops does: the socket storage first (sk_msg passes a socket without
@@ -737,10 +749,18 @@ func checkSplice(_ context.Context, in *privateBypass, ns *privateNetns) (string
 	c := <-done
 	if rerr != nil || !bytes.Equal(got, data) {
 		return "", fmt.Errorf("io.Copy from a bypassed TCP connection to another (Go splices) moved %d of %d bytes (copy returned %d, %v; reader: %v): "+
-			"this kernel cannot splice(2) from a socket in a SOCKHASH (no splice_read for redirected bytes): proxies would lose data",
-			len(got), len(data), c.n, c.err, rerr)
+			"this kernel cannot splice(2) from a socket in a SOCKHASH (no splice_read for redirected bytes) and %s: proxies would lose data",
+			len(got), len(data), c.n, c.err, rerr, in.guardState())
 	}
-	return fmt.Sprintf("io.Copy moved %d bytes", c.n), nil
+	return fmt.Sprintf("io.Copy moved %d bytes (%s)", c.n, in.guardState()), nil
+}
+
+// guardState says whether the splice guard was attached for the checks.
+func (p *privateBypass) guardState() string {
+	if p.guard != nil {
+		return "the splice guard refused splice(2), the copy fell back to read/write"
+	}
+	return "the splice guard is not attached: " + p.noGuard
 }
 
 // checkHalfClose: shutdown(SHUT_WR) after a write: the peer reads every

@@ -8,19 +8,24 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
 // selfTestBroken are the checks this kernel really gets wrong, with what
 // the failure must say. splice: no kernel up to 6.18 can splice(2) the bytes
 // redirected into a socket's psock queue (tcp_bpf has no splice_read; Go's
-// io.Copy between TCP connections gets 0 bytes and EOF): the product needs
-// the splice guard, which SelfTest does not load. A kernel without
+// io.Copy between TCP connections gets 0 bytes and EOF): SelfTest attaches
+// the splice guard where the kernel can run it (BPF trampolines), and then
+// the copy falls back to read/write; elsewhere the check fails. A kernel without
 // sk_psock.msg_tot_len (before 6.6.128 / 6.12.75 / 6.18.14, e.g. Debian's
 // 6.1) gives sk_msg nothing to bound a peer's queue with, and its FIONREAD
 // does not count redirected bytes (tcp_bpf has no ioctl there).
 func selfTestBroken(t *testing.T) map[string]string {
-	broken := map[string]string{"splice": "cannot splice(2) from a socket in a SOCKHASH"}
+	broken := map[string]string{}
+	if c := datapath.ProbeFeature("splice_guard"); !c.Available {
+		broken["splice"] = "cannot splice(2) from a socket in a SOCKHASH"
+	}
 	if !kernelHasMsgTotLen(t) {
 		broken["backpressure"] = "no back-pressure"
 		broken["fionread_redirected"] = "FIONREAD 0 for"

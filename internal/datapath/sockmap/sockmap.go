@@ -71,6 +71,11 @@ type Config struct {
 	// Result.StreamVerdict there). Sockets take the map's programs when they
 	// enter it: a change applies to new connections only.
 	StreamVerdict bool
+	// NoSpliceGuard loads the bypass without its splice guard (splice.go),
+	// on a kernel that cannot run it. splice(2) and sendfile(2) from a
+	// bypassed socket then lose the redirected bytes: for tests of the
+	// admission and the redirect only; the agent never sets it.
+	NoSpliceGuard bool
 }
 
 // Bypass is the loaded same-node TCP bypass of one node. Methods are safe
@@ -80,11 +85,12 @@ type Bypass struct {
 	pinDir     string
 	cgroupPath string
 
-	mu   sync.Mutex
-	ops  sockOpsObjects
-	msg  skMsgObjects
-	iter sockmapIterObjects // the connection list; nil program: not loaded (iterErr)
-	it   *link.Iter
+	mu     sync.Mutex
+	ops    sockOpsObjects
+	msg    skMsgObjects
+	splice sockSpliceObjects  // zero with Config.NoSpliceGuard
+	iter   sockmapIterObjects // the connection list; nil program: not loaded (iterErr)
+	it     *link.Iter
 	// iterErr says why the connection list has no per-socket counters.
 	iterErr error
 }
@@ -112,7 +118,10 @@ type Conn struct {
 // (BPF_SK_MSG_VERDICT; sockets already in the map keep the program they were
 // linked with) and axon_sockops to the cgroup v2 directory cgroupPath through
 // a link pinned at <pinDir>/links/cgroup-sockops (updated in place when it
-// is on the same cgroup).
+// is on the same cgroup). Before attaching anything it attaches the splice
+// guard (splice.go, link pinned at <pinDir>/links/fmodret-splice); a kernel
+// that cannot run the guard fails Load with ErrNoSpliceGuard (unless
+// Config.NoSpliceGuard).
 func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, error) {
 	if log == nil {
 		log = slog.Default()
@@ -123,6 +132,14 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	cgID, err := datapath.CgroupID(cgroupPath)
 	if err != nil {
 		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
+	// a kernel that cannot run the splice guard gets nothing pinned: ask
+	// the probe (it loads and attaches a private guard) before the maps
+	if !cfg.NoSpliceGuard {
+		if c := datapath.ProbeFeature("splice_guard"); !c.Available {
+			return nil, fmt.Errorf("load sockmap bypass: %w (the bypass stays off: without the guard "+
+				"splice(2) from a bypassed socket loses data): %s", ErrNoSpliceGuard, c.Reason)
+		}
 	}
 	if err := datapath.EnsurePinDir(pinDir); err != nil {
 		return nil, fmt.Errorf("load sockmap bypass: %w", err)
@@ -154,6 +171,18 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		return nil, fmt.Errorf("load sockmap bypass: sk_msg program: %w", datapath.VerifierDetail(err))
 	}
 	b.loadIter()
+	// the splice guard before anything can enter the map: no bypassed
+	// socket is ever readable with splice(2)
+	if !cfg.NoSpliceGuard {
+		if err := b.loadSpliceGuard(); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("load sockmap bypass: splice guard: %w "+
+				"(the bypass stays off: without the guard splice(2) from a bypassed socket loses data; "+
+				"`axon status` shows the splice_guard probe)", err)
+		}
+	} else {
+		log.Warn("sockmap bypass loaded without its splice guard: splice(2) and sendfile(2) from a bypassed socket lose data")
+	}
 	// sk_msg first: a socket that sockops inserts must find the verdict
 	// program on the map (a socket is linked with the program the map has
 	// when it enters).
@@ -183,9 +212,16 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 // loadOnMaps loads the programs of spec (the sk_msg or iterator object) into
 // dst on the sockops object's maps.
 func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
+	return loadOnMaps(&b.ops, spec, dst)
+}
+
+// loadOnMaps loads spec into dst with ops' maps in place of the object's
+// own copies of them (a private load's unpinned maps, or the adopted pinned
+// ones): every program of the bypass works on one set of maps.
+func loadOnMaps(ops *sockOpsObjects, spec *ebpf.CollectionSpec, dst any) error {
 	have := map[string]*ebpf.Map{
-		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
-		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
+		MapSockHash: ops.AxonSockHash, MapPods: ops.AxonSockmapPods, MapNetns: ops.AxonSockmapNetns,
+		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics,
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
@@ -194,6 +230,7 @@ func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
 			continue // .rodata and friends: the object's own
 		}
 		ms.MaxEntries = m.MaxEntries()
+		ms.Pinning = ebpf.PinNone
 		repl[name] = m
 	}
 	return spec.LoadAndAssign(dst, &ebpf.CollectionOptions{MapReplacements: repl})
@@ -231,12 +268,12 @@ func (b *Bypass) Close() error {
 		errs = append(errs, b.it.Close())
 		b.it = nil
 	}
-	return errors.Join(append(errs, b.iter.Close(), b.msg.Close(), b.ops.Close())...)
+	return errors.Join(append(errs, b.splice.Close(), b.iter.Close(), b.msg.Close(), b.ops.Close())...)
 }
 
 // Uninstall detaches axon_sockops (the link pinned under pinDir) and removes
-// the bypass's pins. The SOCKHASH goes with its last reference: sockets in
-// it return to the plain TCP stack (bytes redirected but not yet read by the
+// the bypass's pins, the splice guard's last. The SOCKHASH goes with its last
+// reference: sockets in it return to the plain TCP stack (bytes redirected but not yet read by the
 // peer are lost, so uninstall with connections idle). Missing pins are no
 // error; the rest of pinDir is left alone.
 func Uninstall(pinDir string) error {
@@ -269,6 +306,10 @@ func Uninstall(pinDir string) error {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin %s: %w", m, err))
 		}
+	}
+	// the splice guard last: sockets leave the map with the map
+	if err := removeSplicePin(pinDir); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("uninstall sockmap bypass under %s: %w", pinDir, errors.Join(errs...))
