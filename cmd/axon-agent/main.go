@@ -53,7 +53,7 @@ func run(args []string) int {
 	fs.BoolVar(&cfg.BandwidthBBR, "bandwidth-manager-bbr", cfg.BandwidthBBR, "set BBR as TCP congestion control in every pod netns (needs --bandwidth-manager and bbr in net.ipv4.tcp_allowed_congestion_control)")
 	fs.DurationVar(&cfg.BandwidthHorizon, "bandwidth-horizon", cfg.BandwidthHorizon, "drop egress packets of a limited pod whose departure time is further ahead than this (also fq's horizon)")
 	// same-node TCP bypass (internal/agent/sockmap.go)
-	fs.StringVar(&cfg.Sockmap, "sockmap", cfg.Sockmap, "same-node TCP bypass: enabled (TCP between two local pods, and loopback inside a pod, skips the TCP/IP stack: sock_ops + sk_msg on --cgroup-root, after a kernel self-test) or disabled. Pods opt out with the annotation axon.io/sockmap=disabled (Pod or Namespace); pods with a bandwidth annotation are never bypassed")
+	fs.StringVar(&cfg.Sockmap, "sockmap", cfg.Sockmap, "same-node TCP bypass (default disabled): enabled (TCP between two local pods, and loopback inside a pod, skips the TCP/IP stack: sock_ops + sk_msg on --cgroup-root, after a kernel self-test) or disabled. Pods opt out with the annotation axon.io/sockmap=disabled (Pod or Namespace); pods with a bandwidth annotation are never bypassed")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
 	// profiling and the Go memory limit (runtime.go)
 	pprofAddr := fs.String("pprof-address", "", "loopback host:port serving net/http/pprof (e.g. 127.0.0.1:6060); empty = off")

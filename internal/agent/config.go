@@ -78,7 +78,7 @@ func Defaults() Config {
 		FibCache:          true,
 		NodePortLB:        DefaultNodePortConfig(),
 		BandwidthHorizon:  DefaultBandwidthHorizon,
-		Sockmap:           SockmapEnabled,
+		Sockmap:           SockmapDisabled, // opt in: see docs/sockmap.md for what it costs the node
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
