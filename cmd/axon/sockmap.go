@@ -54,13 +54,14 @@ func newBPFSockmapCmd() *cobra.Command {
 
 func printSockmap(w io.Writer, rep api.SockmapReply) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LOCAL\tREMOTE\tLOCAL POD\tREMOTE POD\tNETNS")
+	fmt.Fprintln(tw, "LOCAL\tREMOTE\tLOCAL POD\tREMOTE POD\tNETNS\tMODE\tBYPASSED BYTES\tTCP BYTES")
 	for _, c := range rep.Conns {
 		netns := "-"
 		if c.Netns != 0 {
 			netns = fmt.Sprint(c.Netns)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Local, c.Remote, dash(c.LocalPod), dash(c.RemotePod), netns)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Local, c.Remote, dash(c.LocalPod), dash(c.RemotePod), netns,
+			dash(c.Mode), c.RedirectedBytes, c.PassedBytes)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

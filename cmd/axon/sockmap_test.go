@@ -17,14 +17,16 @@ func TestPrintSockmap(t *testing.T) {
 	}{
 		{"empty", api.SockmapReply{Enabled: true}, []string{"LOCAL", "(no bypassed connection)"}},
 		{"pod to pod and loopback", api.SockmapReply{Enabled: true, Conns: []api.SockmapConn{
-			{Local: ap("10.244.1.10:40000"), Remote: ap("10.244.1.11:80"), LocalPod: "apps/a", RemotePod: "apps/b"},
-			{Local: ap("127.0.0.1:15001"), Remote: ap("127.0.0.1:8080"), Netns: 4099, LocalPod: "apps/a", RemotePod: "apps/a"},
+			{Local: ap("10.244.1.10:40000"), Remote: ap("10.244.1.11:80"), LocalPod: "apps/a", RemotePod: "apps/b",
+				Mode: "bypass", RedirectedMsgs: 3, RedirectedBytes: 4096},
+			{Local: ap("127.0.0.1:15001"), Remote: ap("127.0.0.1:8080"), Netns: 4099, LocalPod: "apps/a", RemotePod: "apps/a",
+				Mode: "stack", PassedBytes: 17},
 			{Local: ap("10.244.1.12:1"), Remote: ap("10.244.1.13:2")},
 		}, Counters: map[string]uint64{"redirect_bytes": 512, "admit_pod": 2}}, []string{
 			"LOCAL",
-			"10.244.1.10:40000  10.244.1.11:80  apps/a  apps/b  -",
-			"127.0.0.1:15001  127.0.0.1:8080  apps/a  apps/a  4099",
-			"10.244.1.12:1  10.244.1.13:2  -  -  -",
+			"10.244.1.10:40000  10.244.1.11:80  apps/a  apps/b  -  bypass  4096  0",
+			"127.0.0.1:15001  127.0.0.1:8080  apps/a  apps/a  4099  stack  0  17",
+			"10.244.1.12:1  10.244.1.13:2  -  -  -  -  0  0",
 			"counters: admit_pod=2 redirect_bytes=512",
 		}},
 	} {

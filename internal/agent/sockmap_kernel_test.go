@@ -187,6 +187,20 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 	if !hasConnRow(rep, local1, remote1, "apps/a", "apps/b") || !hasConnRow(rep, remote1, local1, "apps/b", "apps/a") {
 		t.Errorf("axon bpf sockmap list rows %+v: want both ends of %s -> %s with their pods", rep.Conns, local1, remote1)
 	}
+	// each end wrote the 256 KiB once, all of it into its peer
+	ends := 0
+	for _, c := range rep.Conns {
+		if c.Local.String() != local1 && c.Local.String() != remote1 {
+			continue
+		}
+		ends++
+		if c.Mode != "bypass" || c.RedirectedBytes != 256<<10 || c.PassedBytes != 0 {
+			t.Errorf("row %+v: want mode bypass, %d bytes redirected, none through TCP", c, 256<<10)
+		}
+	}
+	if ends != 2 {
+		t.Errorf("%d rows for the ends of %s -> %s, want 2: %+v", ends, local1, remote1, rep.Conns)
+	}
 
 	// loopback inside pod a (app <-> sidecar): admitted by its netns
 	cookieA, err := netnsutil.Cookie(netnsutil.Path(nsA))

@@ -40,6 +40,15 @@ type SockmapConn struct {
 	// endpoint registry, "" when no endpoint owns the address or netns.
 	LocalPod  string `json:"localPod,omitempty"`
 	RemotePod string `json:"remotePod,omitempty"`
+	// Mode is the local socket's: "bypass" (its writes go to the peer
+	// socket), "stack" (they take TCP, for good), "undecided" (nothing
+	// written yet), "" unknown (a kernel without the connection iterator).
+	Mode string `json:"mode,omitempty"`
+	// Counters of the local socket's writes (0 where Mode is ""):
+	// redirected into the peer, and passed to TCP.
+	RedirectedMsgs  uint64 `json:"redirectedMsgs"`
+	RedirectedBytes uint64 `json:"redirectedBytes"`
+	PassedBytes     uint64 `json:"passedBytes"`
 }
 
 // SockmapReply is GET /v1/bpf/sockmap.

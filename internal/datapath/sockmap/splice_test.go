@@ -252,9 +252,14 @@ func TestSpliceIOCopy(t *testing.T) {
 		if !bytes.Equal(got, data) {
 			t.Fatalf("io.Copy delivered %d bytes, want the %d written, byte for byte (counters moved %v)", len(got), len(data), d)
 		}
-		if d["splice_refused"] == 0 || d["redirect_bytes"] < 2*uint64(len(data)) {
-			t.Fatalf("counters moved %v: want splice refused and both hops redirected (redirect_bytes >= %d)", d, 2*len(data))
+		// both hops bypassed (until a writer outran its reader by the
+		// back-pressure bound and moved to TCP, counted as backpressure:
+		// then the rest of its bytes took TCP, still in order)
+		if d["splice_refused"] == 0 || d["redirect_bytes"] == 0 ||
+			d["backpressure"] == 0 && d["redirect_bytes"] < 2*uint64(len(data)) {
+			t.Fatalf("counters moved %v: want splice refused, and both hops redirected (redirect_bytes >= %d) unless a writer hit the back-pressure bound", d, 2*len(data))
 		}
+		t.Logf("counters moved %v", d)
 	})
 	t.Run("in no map", func(t *testing.T) {
 		inC, inS := plainPair(t)
