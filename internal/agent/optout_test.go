@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath/socklb"
+	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/testutil"
 )
 
@@ -111,16 +113,7 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 			PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}))
 	}
 
-	rc := agentRESTConfig(t, cp, "node1")
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	k, err := newKube(rc, "node1", log, func() {})
-	must(t, err)
-	wg.Go(func() { k.run(runCtx, func() {}) })
-	s, err := newServiceSync(rc, "node1", log)
-	must(t, err)
-	wg.Go(func() { s.run(runCtx) })
+	k, s := runKubeAndServices(t, cp, log)
 	rec := &skipRecorder{}
 	sl := &socketLB{cfg: Config{NodeName: "node1", SocketLB: true, SocketLBMode: SocketLBModeAll}, log: log, reg: reg,
 		kube: func() *kube { return k }, svc: s, lb: rec}
@@ -213,4 +206,21 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 	if msg := waitEvent(t, cs, "default", "Namespace", "mesh", ReasonInvalidAnnotation); !strings.Contains(msg, `"sometimes"`) {
 		t.Errorf("namespace event %q does not name the bad value", msg)
 	}
+}
+
+// runKubeAndServices runs node1's kube watch and Service sync against cp
+// until the test ends, as the agent does.
+func runKubeAndServices(t *testing.T, cp *controlplane.ControlPlane, log *slog.Logger) (*kube, *serviceSync) {
+	t.Helper()
+	rc := agentRESTConfig(t, cp, "node1")
+	runCtx, stop := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	k, err := newKube(rc, "node1", log, func() {})
+	must(t, err)
+	wg.Go(func() { k.run(runCtx, func() {}) })
+	s, err := newServiceSync(rc, "node1", log)
+	must(t, err)
+	wg.Go(func() { s.run(runCtx) })
+	return k, s
 }

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -92,16 +91,7 @@ func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
 			PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}))
 	}
 
-	rc := agentRESTConfig(t, cp, "node1")
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	k, err := newKube(rc, "node1", log, func() {})
-	must(t, err)
-	wg.Go(func() { k.run(runCtx, func() {}) })
-	svc, err := newServiceSync(rc, "node1", log)
-	must(t, err)
-	wg.Go(func() { svc.run(runCtx) })
+	k, svc := runKubeAndServices(t, cp, log)
 
 	cfg := Config{NodeName: "node1", BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: SockmapEnabled}
 	s := newSockBypass(cfg, log, reg, func() *kube { return k })
