@@ -19,10 +19,11 @@
  * applied to redirected bytes), so a writer whose peer stops reading would
  * queue kernel memory without end. After each redirect the program reads the
  * peer's unread bypass bytes (psock->msg_tot_len, CO-RE) and its sk_rcvbuf;
- * above it the socket switches to the stack for good (ordered, see above)
- * and TCP's flow control stops the writer. A kernel without msg_tot_len
- * (before 6.6.128 / 6.12.75 / 6.18.14, e.g. 6.1) cannot tell: the self-test's
- * back-pressure check fails there and the bypass stays off.
+ * above both it and cfg_backlog_max the socket switches to the stack for
+ * good (ordered, see above) and TCP's flow control stops the writer. A
+ * kernel without msg_tot_len (before 6.6.128 / 6.12.75 / 6.18.14, e.g. 6.1)
+ * cannot tell: the self-test's back-pressure check fails there and the
+ * bypass stays off.
  *
  * axon_sk_skb_pass: the no-op stream verdict (SK_PASS) the loader attaches
  * to axon_sock_hash on kernels whose FIONREAD of a socket in a SOCKHASH
@@ -59,14 +60,24 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
  * _PSOCK); the rest is the psock. */
 #define AXON_SK_USER_DATA_PTRMASK (~7UL)
 
+/* cfg_backlog_max: the back-pressure bound is the larger of the peer's
+ * sk_rcvbuf and this many unread redirected bytes (load-time constant).
+ * sk_rcvbuf alone (128 KiB by default; nothing autotunes it for the bypass)
+ * is of the order of what TCP allows in flight; 4 MiB is of the order of
+ * TCP's largest autotuned receive buffer (tcp_rmem max, 6 MiB by default).
+ * A writer that outruns its reader for longer reaches it in any case: bulk
+ * transfers then continue on the stack (qperf 16 KB: 0.8x the stack instead
+ * of 1.6x unbounded, on a loaded 2-core host). */
+volatile const __u32 cfg_backlog_max = 4 << 20;
+
 /* redirect_target_backlogged: after a successful bpf_msg_redirect_hash, 1
  * when the target (the peer, msg->sk_redir) holds more unread redirected
- * bytes than its sk_rcvbuf, else 0. The peer's sock is only reachable here
- * (a SOCKHASH lookup takes a reference sk_msg cannot release), so the check
- * follows the redirect: the switch takes effect from the next write, and the
- * bound is sk_rcvbuf plus one write. 0 on a kernel without msg_tot_len
- * (the verifier drops the kfunc call with the branch). Reads are probe
- * reads: the peer cannot go away while this write holds it. */
+ * bytes than its sk_rcvbuf and cfg_backlog_max, else 0. The peer's sock is
+ * only reachable here (a SOCKHASH lookup takes a reference sk_msg cannot
+ * release), so the check follows the redirect: the switch takes effect from
+ * the next write, and the bound holds up to one write. 0 on a kernel without
+ * msg_tot_len (the verifier drops the kfunc call with the branch). Reads are
+ * probe reads: the peer cannot go away while this write holds it. */
 AXON_INLINE int redirect_target_backlogged(struct sk_msg_md *msg)
 {
 	struct sk_psock___axon *psock = 0;
@@ -88,7 +99,7 @@ AXON_INLINE int redirect_target_backlogged(struct sk_msg_md *msg)
 	if (!psock)
 		return 0;
 	bpf_core_read(&queued, sizeof(queued), &psock->msg_tot_len);
-	return rcvbuf > 0 && queued > (__u32)rcvbuf;
+	return queued > cfg_backlog_max && rcvbuf > 0 && queued > (__u32)rcvbuf;
 }
 
 SEC("sk_msg")

@@ -262,10 +262,20 @@ type privateNetns struct {
 	fns    chan func()
 	ln     int // listener on 127.0.0.1
 	cookie uint64
+	lns    map[pairFamily]int // listeners of the other families, opened on demand
 }
 
+// pairFamily is the address family of a loopback pair.
+type pairFamily int
+
+const (
+	pairV4       pairFamily = iota // AF_INET, 127.0.0.1
+	pairV6                         // AF_INET6, ::1
+	pairV4Mapped                   // AF_INET6 sockets, ::ffff:127.0.0.1 (as Go listens on "tcp")
+)
+
 func newPrivateNetns() (*privateNetns, error) {
-	ns := &privateNetns{fns: make(chan func()), ln: -1}
+	ns := &privateNetns{fns: make(chan func()), ln: -1, lns: map[pairFamily]int{}}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -326,7 +336,55 @@ func (ns *privateNetns) close() {
 	if ns.ln >= 0 {
 		unix.Close(ns.ln)
 	}
+	for _, fd := range ns.lns {
+		unix.Close(fd)
+	}
 	close(ns.fns)
+}
+
+// listener is the listening socket for fam (the 127.0.0.1 one for pairV4)
+// and the address to connect to.
+func (ns *privateNetns) listener(fam pairFamily) (int, unix.Sockaddr, error) {
+	if fam == pairV4 {
+		sa, err := unix.Getsockname(ns.ln)
+		return ns.ln, sa, err
+	}
+	fd, ok := ns.lns[fam]
+	if !ok {
+		err := ns.do(func() error {
+			var err error
+			if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			bind := &unix.SockaddrInet6{Addr: netip.IPv6Loopback().As16()}
+			if fam == pairV4Mapped {
+				bind = &unix.SockaddrInet6{} // [::], dual stack
+				if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+					return err
+				}
+			}
+			if err := unix.Bind(fd, bind); err != nil {
+				return err
+			}
+			return unix.Listen(fd, 64)
+		})
+		if err != nil {
+			if fd > 0 {
+				unix.Close(fd)
+			}
+			return -1, nil, fmt.Errorf("listen in the private network namespace: %w", err)
+		}
+		ns.lns[fam] = fd
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return -1, nil, err
+	}
+	if fam == pairV4Mapped {
+		s6 := sa.(*unix.SockaddrInet6)
+		sa = &unix.SockaddrInet6{Port: s6.Port, Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1}).As16()} // As16 maps it
+	}
+	return fd, sa, nil
 }
 
 // sockPair is a connected loopback pair: a connected to the listener, b
@@ -345,21 +403,29 @@ func (sp sockPair) close() {
 	}
 }
 
-// pair opens a loopback pair in the namespace.
-func (ns *privateNetns) pair() (sockPair, error) {
+// pair opens an IPv4 loopback pair in the namespace.
+func (ns *privateNetns) pair() (sockPair, error) { return ns.pairOf(pairV4) }
+
+// pairOf opens a loopback pair of family fam in the namespace.
+func (ns *privateNetns) pairOf(fam pairFamily) (sockPair, error) {
 	sp := sockPair{a: -1, b: -1}
-	err := ns.do(func() error {
-		sa, err := unix.Getsockname(ns.ln)
-		if err != nil {
-			return err
-		}
-		if sp.a, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+	ln, sa, err := ns.listener(fam)
+	if err != nil {
+		return sp, err
+	}
+	domain := unix.AF_INET6
+	if fam == pairV4 {
+		domain = unix.AF_INET
+	}
+	err = ns.do(func() error {
+		var err error
+		if sp.a, err = unix.Socket(domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
 			return err
 		}
 		return unix.Connect(sp.a, sa)
 	})
 	if err == nil {
-		sp.b, _, err = unix.Accept4(ns.ln, unix.SOCK_CLOEXEC)
+		sp.b, _, err = unix.Accept4(ln, unix.SOCK_CLOEXEC)
 	}
 	if err == nil {
 		sp.ka, err = ns.keyOf(sp.a)
