@@ -128,6 +128,7 @@ enum axon_sockmap_mode {
 	AXON_SM_MODE_UNDECIDED = 0, /* no write yet */
 	AXON_SM_MODE_BYPASS = 1,    /* the first write was redirected: later writes try the redirect too */
 	AXON_SM_MODE_STACK = 2,     /* a write went through TCP: never redirect again (ordering) */
+	AXON_SM_MODE_UNKNOWN = 3,   /* sockmap_iter.c: the socket has no state (not a mode of sk_msg) */
 };
 
 /* endpoint_info.flags bits (reserved; none defined yet). */

@@ -91,15 +91,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_sockmap_netns SEC(".maps");
 
-/* axon_sockmap_state: socket storage, struct sockmap_state. Not pinned: it
- * lives with the sockets. A loader's sockops and sk_msg share one (each
- * socket's psock keeps the sk_msg program it was linked with, so sockets of
- * an earlier load keep using the state map of that load). */
+/* axon_sockmap_state: socket storage, struct sockmap_state. Pinned: a
+ * socket's psock keeps the sk_msg program it was linked with, and with it
+ * that program's state map; one pinned map keeps every socket's state in one
+ * place across agent restarts (the connection list reads it, sockets of an
+ * earlier load keep their mode). */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct sockmap_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_sockmap_state SEC(".maps");
 
 /* axon_sockmap_metrics: PERCPU_ARRAY of __u64, index enum

@@ -14,10 +14,12 @@ func TestEnumsMatchBTF(t *testing.T) {
 	dptest.CheckEnums(t, map[string]func() (*ebpf.CollectionSpec, error){
 		"sockops": loadSockOps,
 		"sk_msg":  loadSkMsg,
+		"iter":    loadSockmapIter,
 	}, []dptest.EnumCase{
 		{Enum: "axon_sockmap_counter", Prefix: "AXON_SM_", Max: "AXON_SM_MAX", Names: metricNames},
 		{Enum: "axon_sockmap_mode", Values: map[string]uint64{
 			"AXON_SM_MODE_UNDECIDED": modeUndecided, "AXON_SM_MODE_BYPASS": modeBypass, "AXON_SM_MODE_STACK": modeStack,
+			"AXON_SM_MODE_UNKNOWN": modeUnknown,
 		}},
 	})
 }

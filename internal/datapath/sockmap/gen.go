@@ -5,6 +5,8 @@ package sockmap
 // committed. bpf/sockops.c: admission into axon_sock_hash (cgroup sock_ops);
 // bpf/sk_msg.c: the redirect of each write (sk_msg verdict on the map). Both
 // include bpf/lib/sockmap.h; the sk_msg object uses the sockops object's maps.
+// bpf/sockmap_iter.c: the connection list (iter/sockmap over the map).
 
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_key -type sockmap_pod -type sockmap_state sockOps ../../../bpf/sockops.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel skMsg ../../../bpf/sk_msg.c
+//go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_conn_rec sockmapIter ../../../bpf/sockmap_iter.c

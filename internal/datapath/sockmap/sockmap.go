@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -18,8 +19,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 )
 
-// Map names, pinned by name under the node's pin dir (axon_sockmap_state is
-// socket storage and not pinned).
+// Map names, pinned by name under the node's pin dir.
 const (
 	MapSockHash = "axon_sock_hash"
 	MapPods     = "axon_sockmap_pods"
@@ -37,7 +37,7 @@ const LinkPin = "cgroup-sockops"
 const DefaultMaxEntries = 65536
 
 // pinnedMaps are the maps Uninstall removes.
-var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapMetrics}
+var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics}
 
 // metricNames are the counters of axon_sockmap_metrics, index = enum
 // axon_sockmap_counter (bpf/lib/common.h; TestEnumsMatchBTF keeps them equal).
@@ -52,7 +52,11 @@ const (
 	modeUndecided = 0
 	modeBypass    = 1
 	modeStack     = 2
+	modeUnknown   = 3 // the connection list: the socket has no state
 )
+
+// modeNames are the modes as Conn shows them.
+var modeNames = map[uint32]string{modeUndecided: "undecided", modeBypass: "bypass", modeStack: "stack"}
 
 // Config is the load-time configuration of the bypass.
 type Config struct {
@@ -76,17 +80,30 @@ type Bypass struct {
 	pinDir     string
 	cgroupPath string
 
-	mu  sync.Mutex
-	ops sockOpsObjects
-	msg skMsgObjects
+	mu   sync.Mutex
+	ops  sockOpsObjects
+	msg  skMsgObjects
+	iter sockmapIterObjects // the connection list; nil program: not loaded (iterErr)
+	it   *link.Iter
+	// iterErr says why the connection list has no per-socket counters.
+	iterErr error
 }
 
 // Conn is one socket in axon_sock_hash: its local and remote address as the
 // socket sees them (IPv4 unmapped) and, for a loopback pair, its netns
-// cookie (0 for pod <-> pod).
+// cookie (0 for pod <-> pod); with the connection list's iterator (see
+// Conns) also its cookie, mode and byte counters.
 type Conn struct {
 	Local, Remote netip.AddrPort
 	Netns         uint64
+	Cookie        uint64 // socket cookie (0: unknown)
+	// Mode is "undecided" (nothing written yet), "bypass" (writes go to the
+	// peer socket), "stack" (writes go through TCP, for good), or "" when
+	// unknown.
+	Mode            string
+	RedirectedMsgs  uint64 // writes moved into the peer socket
+	RedirectedBytes uint64 // their bytes
+	PassedBytes     uint64 // bytes written through TCP
 }
 
 // Load loads both programs, pins the maps under pinDir (adopting pinned maps
@@ -123,7 +140,7 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	if err := spec.LoadAndAssign(&b.ops, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		err = datapath.IncompatibleHint(err, pinDir)
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			err = fmt.Errorf("%w (a pinned %s of another size is not resized: run sockmap.Uninstall first; bypassed connections then continue on the TCP stack)", err, MapSockHash)
+			err = fmt.Errorf("%w (a pinned map of another size, e.g. %s with another MaxEntries, is not adopted: run sockmap.Uninstall first; bypassed connections then continue on the TCP stack)", err, MapSockHash)
 		}
 		return nil, fmt.Errorf("load sockmap bypass: sockops program: %w", datapath.VerifierDetail(err))
 	}
@@ -132,23 +149,11 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		b.ops.Close()
 		return nil, fmt.Errorf("load sockmap bypass: parse sk_msg object: %w", err)
 	}
-	have := map[string]*ebpf.Map{
-		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
-		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
-	}
-	repl := map[string]*ebpf.Map{}
-	for name, ms := range msgSpec.Maps {
-		m, ok := have[name]
-		if !ok {
-			continue // .rodata and friends: the object's own
-		}
-		ms.MaxEntries = m.MaxEntries()
-		repl[name] = m
-	}
-	if err := msgSpec.LoadAndAssign(&b.msg, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	if err := b.loadOnMaps(msgSpec, &b.msg); err != nil {
 		b.ops.Close()
 		return nil, fmt.Errorf("load sockmap bypass: sk_msg program: %w", datapath.VerifierDetail(err))
 	}
+	b.loadIter()
 	// sk_msg first: a socket that sockops inserts must find the verdict
 	// program on the map (a socket is linked with the program the map has
 	// when it enters).
@@ -171,8 +176,48 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		b.Close()
 		return nil, fmt.Errorf("load sockmap bypass: sock_ops: %w", err)
 	}
-	log.Info("sockmap bypass loaded", "pinDir", pinDir, "cgroup", cgroupPath, "maxEntries", max)
+	log.Info("sockmap bypass loaded", "pinDir", pinDir, "cgroup", cgroupPath, "maxEntries", max, "connCounters", b.iterErr == nil)
 	return b, nil
+}
+
+// loadOnMaps loads the programs of spec (the sk_msg or iterator object) into
+// dst on the sockops object's maps.
+func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
+	have := map[string]*ebpf.Map{
+		MapSockHash: b.ops.AxonSockHash, MapPods: b.ops.AxonSockmapPods, MapNetns: b.ops.AxonSockmapNetns,
+		MapState: b.ops.AxonSockmapState, MapMetrics: b.ops.AxonSockmapMetrics,
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		m, ok := have[name]
+		if !ok {
+			continue // .rodata and friends: the object's own
+		}
+		ms.MaxEntries = m.MaxEntries()
+		repl[name] = m
+	}
+	return spec.LoadAndAssign(dst, &ebpf.CollectionOptions{MapReplacements: repl})
+}
+
+// loadIter loads and attaches the connection list's iterator; without it
+// (a kernel without BTF or iter/sockmap) Conns lists keys only, and iterErr
+// says why.
+func (b *Bypass) loadIter() {
+	spec, err := loadSockmapIter()
+	if err == nil {
+		err = b.loadOnMaps(spec, &b.iter)
+	}
+	if err == nil {
+		b.it, err = link.AttachIter(link.IterOptions{Program: b.iter.AxonSockmapConns, Map: b.ops.AxonSockHash})
+		if err != nil {
+			b.iter.Close()
+			b.iter = sockmapIterObjects{}
+		}
+	}
+	if err != nil {
+		b.iterErr = fmt.Errorf("connection counters unavailable (iter/sockmap needs kernel BTF, 5.10+): %w", err)
+		b.log.Warn("sockmap: the connection list shows keys only", "error", err)
+	}
 }
 
 // Close releases file descriptors. Pinned maps and the link stay: bypassed
@@ -181,7 +226,12 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 func (b *Bypass) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return errors.Join(b.msg.Close(), b.ops.Close())
+	var errs []error
+	if b.it != nil {
+		errs = append(errs, b.it.Close())
+		b.it = nil
+	}
+	return errors.Join(append(errs, b.iter.Close(), b.msg.Close(), b.ops.Close())...)
 }
 
 // Uninstall detaches axon_sockops (the link pinned under pinDir) and removes
@@ -361,10 +411,81 @@ func (b *Bypass) Metrics() (map[string]uint64, error) {
 }
 
 // Conns lists the sockets in axon_sock_hash (two per bypassed connection:
-// one per end).
+// one per end). With the iterator (bpf/sockmap_iter.c) each comes with its
+// cookie, mode and byte counters, read from the socket's own state; without
+// it (ConnCountersErr says why) with its key only.
 func (b *Bypass) Conns() ([]Conn, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.it != nil {
+		return b.iterConns()
+	}
+	return b.keyConns()
+}
+
+// ConnCountersErr says why Conns shows no cookies, modes and counters (nil:
+// it does).
+func (b *Bypass) ConnCountersErr() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.iterErr
+}
+
+// iterConns runs the iterator once and decodes its records.
+//
+// The kernel's SOCKHASH iterator resumes a read() at the start of the hash
+// bucket it stopped in, so a read that ends inside a bucket makes the next
+// one emit that bucket's first sockets again (and one record per read would
+// never end on a bucket of two). Reads are therefore large (many records
+// each), records are de-duplicated by key (keys are unique in the map), and
+// the walk is bounded.
+func (b *Bypass) iterConns() ([]Conn, error) {
+	rd, err := b.it.Open()
+	if err != nil {
+		return nil, fmt.Errorf("sockmap: open the connection iterator: %w", err)
+	}
+	defer rd.Close()
+	recSize := binary.Size(sockmapIterSockmapConnRec{})
+	limit := (2*int(b.ops.AxonSockHash.MaxEntries()) + 64) * recSize
+	var data []byte
+	buf := make([]byte, 256*recSize)
+	for {
+		n, err := rd.Read(buf)
+		data = append(data, buf[:n]...)
+		if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sockmap: read the connection iterator: %w", err)
+		}
+		if len(data) > limit {
+			return nil, fmt.Errorf("sockmap: the connection iterator gave more than %d bytes for a map of %d sockets: stopped", limit, b.ops.AxonSockHash.MaxEntries())
+		}
+	}
+	if len(data)%recSize != 0 {
+		return nil, fmt.Errorf("sockmap: the connection iterator gave %d bytes, not a whole number of %d-byte records", len(data), recSize)
+	}
+	var out []Conn
+	seen := map[sockmapIterSockmapKey]bool{}
+	for off := 0; off < len(data); off += recSize {
+		var rec sockmapIterSockmapConnRec
+		if _, err := binary.Decode(data[off:off+recSize], binary.NativeEndian, &rec); err != nil {
+			return nil, fmt.Errorf("sockmap: decode a connection record: %w", err)
+		}
+		if seen[rec.Key] {
+			continue
+		}
+		seen[rec.Key] = true
+		c := connOf(sockOpsSockmapKey(rec.Key))
+		c.Cookie, c.Mode = rec.Cookie, modeNames[rec.Mode]
+		c.RedirectedMsgs, c.RedirectedBytes, c.PassedBytes = rec.RedirMsgs, rec.RedirBytes, rec.PassBytes
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// keyConns walks the map's keys.
+func (b *Bypass) keyConns() ([]Conn, error) {
 	var (
 		out  []Conn
 		k    sockOpsSockmapKey
