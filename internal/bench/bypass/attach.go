@@ -59,7 +59,9 @@ func (s *agentSwitch) set(ctx context.Context, arm string) error {
 		}
 	}
 	// Wait until the agent applied it: the pods are listed as not admitted
-	// (stack) or no longer listed (bypass) in its status.
+	// (stack), or no longer listed with at least as many pods admitted
+	// (bypass), in its status. The counters around each measurement show
+	// what the kernel did (the report's redirect_bytes check).
 	deadline := time.Now().Add(s.wait)
 	for {
 		st, err := s.agent.Status(ctx)
@@ -70,7 +72,7 @@ func (s *agentSwitch) set(ctx context.Context, arm string) error {
 					out++
 				}
 			}
-			if (arm == ArmStack && out == len(s.pods)) || (arm == ArmBypass && out == 0) {
+			if (arm == ArmStack && out == len(s.pods)) || (arm == ArmBypass && out == 0 && st.Sockmap.PodsAdmitted >= len(s.pods)) {
 				s.armNow = arm
 				return nil
 			}
