@@ -25,6 +25,7 @@ func newLabBenchSockmapCmd(stateDir *string) *cobra.Command {
 		sizes string
 		tests string
 		out   string
+		from  string
 	)
 	cmd := &cobra.Command{
 		Use:   "sockmap",
@@ -51,9 +52,24 @@ admits exactly the two pods for the bypass arm and withdraws them for the stack 
 and unloads everything at the end. Refused while the agent has the bypass on.
 
 Writes results.md, results.csv and results.json to the output folder, progress on
-stderr. The pods are removed afterwards.`,
+stderr. The pods are removed afterwards. --from DIR renders DIR/results.json's report
+again (results.md and results.csv) without measuring.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if from != "" {
+				rep, err := bypass.ReadReport(filepath.Join(from, "results.json"))
+				if err != nil {
+					return err
+				}
+				if out == "" {
+					out = from
+				}
+				if err := rep.WriteFiles(out); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%sresults: %s (results.md, results.csv, results.json)\n", rep.Table(), out)
+				return nil
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			l, err := lab.Load(*stateDir)
@@ -92,6 +108,7 @@ stderr. The pods are removed afterwards.`,
 	f.StringVar(&tests, "tests", "tcp_lat,tcp_bw", "qperf tests, comma-separated, in order")
 	f.StringVar(&cfg.Node, "node", "", "lab node of the two pods (default: the first)")
 	f.StringVar(&out, "out", "", "results folder (default results/bench-sockmap-<UTC time>)")
+	f.StringVar(&from, "from", "", "render the report of an earlier run from its folder's results.json (into --out, default that folder) without measuring")
 	f.BoolVar(&cfg.KeepPods, "keep-pods", false, "leave the two benchmark pods in the lab afterwards")
 	return cmd
 }

@@ -147,6 +147,12 @@ type Row struct {
 	// which redirect_bytes moved (bypass: all; stack: none).
 	BypassN, BypassRedirected int
 	StackN, StackRedirected   int
+	// RedirectShare: per bypass-arm measurement, the bytes redirected over
+	// all the bytes written (redirect_bytes + pass_bytes); below 1 when a
+	// writer left the bypass (BackpressureN measurements: the peer fell more
+	// than the back-pressure bound behind, and the writer took the stack).
+	RedirectShare bench.Stats
+	BackpressureN int
 }
 
 // Rows summarises every test and size, in the run's order.
@@ -161,6 +167,7 @@ func (r *Report) Rows() []Row {
 				cs, cb := r.CPUPerGB(size, ArmStack), r.CPUPerGB(size, ArmBypass)
 				row.CPUStack, row.CPUBypass, row.CPURatio = bench.Summarize(cs), bench.Summarize(cb), bench.Pair(cb, cs)
 			}
+			var share []float64
 			for _, s := range r.Samples {
 				if s.Test != test || s.Size != size || s.Err != "" {
 					continue
@@ -171,6 +178,12 @@ func (r *Report) Rows() []Row {
 					if moved {
 						row.BypassRedirected++
 					}
+					if all := s.Counters["redirect_bytes"] + s.Counters["pass_bytes"]; all > 0 {
+						share = append(share, float64(s.Counters["redirect_bytes"])/float64(all))
+					}
+					if s.Counters["backpressure"] > 0 {
+						row.BackpressureN++
+					}
 				} else {
 					row.StackN++
 					if moved {
@@ -178,6 +191,7 @@ func (r *Report) Rows() []Row {
 					}
 				}
 			}
+			row.RedirectShare = bench.Summarize(share)
 			rows = append(rows, row)
 		}
 	}
@@ -281,10 +295,13 @@ func (r *Report) Markdown() string {
 	}
 
 	b.WriteString("## Was the bypass arm bypassed?\n\n")
-	b.WriteString("The bypass's `redirect_bytes` counter (bytes moved by `axon_sk_msg` into the peer socket) read before and after every measurement:\n\n")
-	b.WriteString("| test | size | bypass arm: measurements with redirect_bytes moved | stack arm: measurements with redirect_bytes moved |\n|---|---:|---:|---:|\n")
+	b.WriteString("The bypass's counters read before and after every measurement: `redirect_bytes` (bytes `axon_sk_msg` moved into the peer socket), " +
+		"`pass_bytes` (bytes of bypassed sockets' writes that took TCP), `backpressure` (writers moved to the stack because the peer fell behind). " +
+		"Share redirected = redirect_bytes / (redirect_bytes + pass_bytes) per bypass-arm measurement, median (min–max).\n\n")
+	b.WriteString("| test | size | bypass arm: redirect_bytes moved | share redirected | back-pressure switched | stack arm: redirect_bytes moved |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, row := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %d of %d | %d of %d |\n", row.Test, sizeLabel(row.Size), row.BypassRedirected, row.BypassN, row.StackRedirected, row.StackN)
+		fmt.Fprintf(&b, "| %s | %s | %d of %d | %s | %d of %d | %d of %d |\n", row.Test, sizeLabel(row.Size), row.BypassRedirected, row.BypassN,
+			bench.Cell(row.RedirectShare, 1, 2), row.BackpressureN, row.BypassN, row.StackRedirected, row.StackN)
 	}
 	b.WriteString("\n")
 
@@ -356,7 +373,7 @@ func (r *Report) CSV() []byte {
 	var buf bytes.Buffer
 	w := csv.NewWriter(&buf)
 	_ = w.Write([]string{"rep", "test", "size", "arm", "first", "value", "unit", "cpu_s_per_gb", "recv_bytes",
-		"redirect_bytes", "pass_bytes", "admit_pod", "skip_not_pod", "psi_before", "psi_after", "error"})
+		"redirect_bytes", "pass_bytes", "backpressure", "admit_pod", "skip_not_pod", "psi_before", "psi_after", "error"})
 	num := func(v float64, prec int) string {
 		if math.IsNaN(v) {
 			return ""
@@ -370,7 +387,7 @@ func (r *Report) CSV() []byte {
 		}
 		_ = w.Write([]string{strconv.Itoa(s.Rep), s.Test, strconv.Itoa(s.Size), s.Arm, strconv.FormatBool(s.First),
 			num(s.Value, 3), unit, num(s.CPUPerGB, 4), num(s.RecvBytes, 0),
-			strconv.FormatUint(s.Counters["redirect_bytes"], 10), strconv.FormatUint(s.Counters["pass_bytes"], 10),
+			strconv.FormatUint(s.Counters["redirect_bytes"], 10), strconv.FormatUint(s.Counters["pass_bytes"], 10), strconv.FormatUint(s.Counters["backpressure"], 10),
 			strconv.FormatUint(s.Counters["admit_pod"], 10), strconv.FormatUint(s.Counters["skip_not_pod"], 10),
 			num(s.PSIBefore, 2), num(s.PSIAfter, 2), s.Err})
 	}
@@ -430,6 +447,41 @@ func (r *Report) JSON() ([]byte, error) {
 		v.Rows = append(v.Rows, x)
 	}
 	return json.MarshalIndent(v, "", "  ")
+}
+
+// ReadReport reads the results.json that WriteFiles wrote (to render the
+// report again).
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the benchmark's results: %w", err)
+	}
+	var v struct {
+		Report
+		PSIStart *float64 `json:"psiStart"`
+		PSIEnd   *float64 `json:"psiEnd"`
+		Samples  []struct {
+			Sample
+			Value     *float64 `json:"value"`
+			CPUPerGB  *float64 `json:"cpuSecondsPerGB"`
+			PSIBefore *float64 `json:"psiBefore"`
+			PSIAfter  *float64 `json:"psiAfter"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("%s is not a sockmap benchmark's results.json: %w", path, err)
+	}
+	r := v.Report
+	r.PSIStart, r.PSIEnd = jsonnum.To(v.PSIStart), jsonnum.To(v.PSIEnd)
+	for _, s := range v.Samples {
+		x := s.Sample
+		x.Value, x.CPUPerGB, x.PSIBefore, x.PSIAfter = jsonnum.To(s.Value), jsonnum.To(s.CPUPerGB), jsonnum.To(s.PSIBefore), jsonnum.To(s.PSIAfter)
+		r.Samples = append(r.Samples, x)
+	}
+	if r.Reps < 1 || len(r.Tests) == 0 || len(r.Sizes) == 0 {
+		return nil, fmt.Errorf("%s has no repetitions, tests or sizes: not a sockmap benchmark's results.json", path)
+	}
+	return &r, nil
 }
 
 // WriteFiles writes results.csv, results.md and results.json into dir.

@@ -51,6 +51,10 @@ func fakeReport() *Report {
 			} else {
 				add(TestBW, ArmBypass, bwStack*bwRatio, 1, 5000, "")
 			}
+			if size == 16384 { // the writer left the bypass: a quarter redirected
+				last := &r.Samples[len(r.Samples)-1]
+				last.Counters["pass_bytes"], last.Counters["backpressure"] = 15000, 1
+			}
 		}
 	}
 	return r
@@ -139,7 +143,8 @@ func TestReportFiles(t *testing.T) {
 		"| 64 B | 24.50 (21.00–28.00) | 12.88 (7.35–19.60) | 0.53× [0.35–0.70] | ≤ 0.5× | no (CI crosses) |",
 		"| 16 KiB | 4500.0 (1000.0–8000.0) | 13500.0 (3000.0–24000.0) | 3.00× [3.00–3.00] | ≥ 2.5× | yes |",
 		"| 64 B | 2.000 (2.000–2.000) | 1.000 (1.000–1.000) | 0.50× [CI: < 8 pairs] |",
-		"| tcp_bw | 64 B | 7 of 7 | 0 of 8 |",
+		"| tcp_bw | 64 B | 7 of 7 | 1.00 (1.00–1.00) | 0 of 7 | 0 of 8 |",
+		"| tcp_bw | 16 KiB | 8 of 8 | 0.25 (0.25–0.25) | 8 of 8 | 0 of 8 |",
 		"Missed (paired median): tcp_lat 64 B (0.53×, want ≤ 0.5×); tcp_bw 64 B (0.50×, want ≥ 1.0×).",
 		"load average 0.5 0.4 0.3 at the start",
 		"- rep 8 tcp_bw 64 B bypass: qperf: failed to connect",
@@ -199,6 +204,16 @@ func TestReportFiles(t *testing.T) {
 				t.Error("a sample without value has no error")
 			}
 		}
+	}
+	back, err := ReadReport(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Markdown(); got != md {
+		t.Errorf("results.md rendered from results.json differs:\n%s\nwant:\n%s", got, md)
+	}
+	if _, err := ReadReport(filepath.Join(dir, "results.csv")); err == nil || !strings.Contains(err.Error(), "not a sockmap benchmark's results.json") {
+		t.Errorf("ReadReport(results.csv) = %v", err)
 	}
 	if nulls != 1 || js.Rows[2].Test != TestBW || js.Rows[2].Ratio.N != 7 || js.Rows[2].Ratio.Lo != nil || js.Rows[2].Met {
 		t.Errorf("results.json: %d null values (want 1), row 3 %+v", nulls, js.Rows[2])
