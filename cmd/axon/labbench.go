@@ -123,6 +123,7 @@ The pods are removed afterwards.`,
 	cmd.Flags().BoolVar(&cmpBig, "compare-big-tcp", false, "also measure a cross-node axon pod pair whose devices keep GSO/GRO at 64 KiB (BIG TCP off), next to the lab's pods (use with axon lab up --big-tcp on)")
 	cmd.AddCommand(newLabBenchServicesCmd(stateDir), newConnRateCmd()) // labbench_svc.go
 	cmd.AddCommand(newLabBenchNorthSouthCmd(stateDir))                 // labbench_ns.go
+	cmd.AddCommand(newLabBenchSockmapCmd(stateDir))                    // labbench_sockmap.go
 	return cmd
 }
 

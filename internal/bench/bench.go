@@ -449,14 +449,29 @@ func (r *runner) serverCPU() int { return r.cfg.ServerCPU }
 
 // measuredCPUs are the CPUs whose time MetricCPUPerGB counts: the client's
 // and the server's, or all (nil) when the tools are not pinned.
-func (r *runner) measuredCPUs() []int {
-	if r.clientCPU() < 0 {
+func (r *runner) measuredCPUs() []int { return MeasuredCPUs(r.clientCPU(), r.serverCPU()) }
+
+// MeasuredCPUs are the CPUs whose busy time MetricCPUPerGB counts for a
+// client pinned to client and a server pinned to server (-1: not pinned):
+// both, one when they are the same, all (nil) when the client is not pinned.
+func MeasuredCPUs(client, server int) []int {
+	if client < 0 {
 		return nil
 	}
-	if r.serverCPU() < 0 || r.serverCPU() == r.clientCPU() {
-		return []int{r.clientCPU()}
+	if server < 0 || server == client {
+		return []int{client}
 	}
-	return []int{r.clientCPU(), r.serverCPU()}
+	return []int{client, server}
+}
+
+// CPUSecondsPerGB is MetricCPUPerGB: busy ticks (cpustat, USER_HZ) of the
+// measured CPUs over the bytes received, in seconds per GB (1e9 bytes); NaN
+// without bytes.
+func CPUSecondsPerGB(busyTicks uint64, bytes float64) float64 {
+	if !(bytes > 0) {
+		return math.NaN()
+	}
+	return float64(busyTicks) / cpustat.TicksPerSecond / (bytes / 1e9)
 }
 
 func (r *runner) iperfServerArgv(i int, p Path) []string {
@@ -535,7 +550,7 @@ func (r *runner) throughput(ctx context.Context, n, i int, p Path, res *Result) 
 	}
 	cpu := "n/a"
 	if busyErr == nil && ir.Bytes > 0 && busy1 >= busy0 {
-		res.CPUPerGB[n-1] = float64(busy1-busy0) / cpustat.TicksPerSecond / (ir.Bytes / 1e9)
+		res.CPUPerGB[n-1] = CPUSecondsPerGB(busy1-busy0, ir.Bytes)
 		cpu = strconv.FormatFloat(res.CPUPerGB[n-1], 'f', 3, 64)
 	} else if busyErr != nil {
 		r.log.Debug("no CPU time for this run", "path", p.Name, "error", busyErr)

@@ -168,3 +168,103 @@ func ParsePressure(data []byte) (avg10 float64, total uint64, err error) {
 	}
 	return 0, 0, errors.New("parse pressure: no \"some\" line")
 }
+
+// QperfResult is one test of a `qperf -uu -v -vvs <server> tcp_bw|tcp_lat`
+// run. -uu (unified units) prints plain numbers in bytes, bytes/sec and ns.
+type QperfResult struct {
+	Test        string  // "tcp_bw", "tcp_lat", ...
+	BytesPerSec float64 // tcp_bw: bw, what the receiver got per second
+	LatencyNs   float64 // tcp_lat: latency, one way (half the round trip)
+	MsgSize     int     // msg_size, bytes
+	MsgRate     float64 // msg_rate, messages per second
+	Seconds     float64 // time
+	RecvBytes   float64 // tcp_bw: recv_bytes; tcp_lat: loc_recv_bytes (0 when not printed)
+}
+
+// qperfUnits are the units `qperf -uu` prints, per field; a value in another
+// unit means qperf ran without -uu (e.g. "1.27 GB/sec").
+var qperfUnits = map[string]string{
+	"bw": "bytes/sec", "latency": "ns", "msg_size": "bytes", "msg_rate": "/sec", "time": "ns",
+	"recv_bytes": "bytes", "loc_recv_bytes": "bytes",
+}
+
+// ParseQperf parses what qperf prints for one or more tests: a line "test:"
+// followed by indented "name = value unit" lines. A test without its result
+// line (bw for *_bw tests, latency for *_lat tests), or qperf's own error
+// ("failed to connect"), is an error.
+func ParseQperf(out []byte) ([]QperfResult, error) {
+	var res []QperfResult
+	var cur *QperfResult
+	var seen map[string]bool
+	finish := func() error {
+		if cur == nil {
+			return nil
+		}
+		want := "bw"
+		if strings.HasSuffix(cur.Test, "_lat") {
+			want = "latency"
+		}
+		if !seen[want] {
+			return fmt.Errorf("parse qperf output: test %s printed no %s", cur.Test, want)
+		}
+		res = append(res, *cur)
+		return nil
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "":
+			continue
+		case !strings.HasPrefix(line, " ") && strings.HasSuffix(trimmed, ":") && !strings.Contains(trimmed, " "):
+			if err := finish(); err != nil {
+				return nil, err
+			}
+			cur, seen = &QperfResult{Test: strings.TrimSuffix(trimmed, ":")}, map[string]bool{}
+			continue
+		}
+		name, rest, ok := strings.Cut(trimmed, "=")
+		if !ok || cur == nil {
+			return nil, fmt.Errorf("parse qperf output: %s", trimmed) // qperf's own error, e.g. "host: failed to connect"
+		}
+		name = strings.TrimSpace(name)
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return nil, fmt.Errorf("parse qperf output: %q has no value", trimmed)
+		}
+		unit, known := qperfUnits[name]
+		if !known {
+			continue // costs, CPU use, message counts: not used
+		}
+		if got := strings.Join(f[1:], " "); got != unit {
+			return nil, fmt.Errorf("parse qperf output: %s is in %q, want %q: run qperf with -uu (unified units)", name, got, unit)
+		}
+		v, err := strconv.ParseFloat(strings.ReplaceAll(f[0], ",", ""), 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse qperf output: %s = %q: %w", name, f[0], err)
+		}
+		seen[name] = true
+		switch name {
+		case "bw":
+			cur.BytesPerSec = v
+		case "latency":
+			cur.LatencyNs = v
+		case "msg_size":
+			cur.MsgSize = int(v)
+		case "msg_rate":
+			cur.MsgRate = v
+		case "time":
+			cur.Seconds = v / 1e9
+		case "recv_bytes", "loc_recv_bytes":
+			cur.RecvBytes = v
+		}
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	if len(res) == 0 {
+		return nil, errors.New("parse qperf output: no test result (empty output)")
+	}
+	return res, sc.Err()
+}

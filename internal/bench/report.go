@@ -65,15 +65,21 @@ func (r *Report) Paired(path, metric string) PairedRatio {
 // every repetition, so each ratio is of two back-to-back measurements).
 func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 	res, rr := r.Result(path), r.Result(ref)
+	if res == nil || rr == nil {
+		return Pair(nil, nil)
+	}
+	return Pair(res.Values(metric), rr.Values(metric))
+}
+
+// Pair is the per-repetition ratios vs[i]/refs[i] summarised: the pairs
+// where both were measured (finite and refs[i] not 0), the median ratio and
+// its 95 % interval (stats.MedianCI), the range and how many are above 1.
+func Pair(vs, refs []float64) PairedRatio {
 	nan := math.NaN()
 	out := PairedRatio{Median: nan, Lo: nan, Hi: nan, Min: nan, Max: nan}
-	if res == nil || rr == nil {
-		return out
-	}
-	vs, rs := res.Values(metric), rr.Values(metric)
 	var ratios []float64
-	for i := range min(len(vs), len(rs)) {
-		if q := Ratio(vs[i], rs[i]); !math.IsNaN(q) && !math.IsInf(q, 0) {
+	for i := range min(len(vs), len(refs)) {
+		if q := Ratio(vs[i], refs[i]); !math.IsNaN(q) && !math.IsInf(q, 0) {
 			ratios = append(ratios, q)
 			if q > 1 {
 				out.Above++

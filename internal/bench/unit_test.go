@@ -433,3 +433,74 @@ func TestPercentile(t *testing.T) {
 		t.Error("the percentile of no finite value is not NaN")
 	}
 }
+
+func TestParseQperf(t *testing.T) {
+	tests := []struct {
+		file      string
+		want      QperfResult
+		wantError string
+	}{
+		{file: "qperf-tcp_bw-64.txt", want: QperfResult{Test: "tcp_bw", BytesPerSec: 26172992, MsgSize: 64, MsgRate: 408953, Seconds: 1, RecvBytes: 26172992}},
+		{file: "qperf-tcp_bw-16k.txt", want: QperfResult{Test: "tcp_bw", BytesPerSec: 1248788480, MsgSize: 16384, MsgRate: 76220, Seconds: 1, RecvBytes: 1248788480}},
+		{file: "qperf-tcp_lat-1.txt", want: QperfResult{Test: "tcp_lat", LatencyNs: 8672, MsgSize: 1, MsgRate: 115320, Seconds: 1, RecvBytes: 57660}},
+		{file: "qperf-refused.txt", wantError: "127.0.0.1: failed to connect"},
+		{file: "qperf-not-unified.txt", wantError: `bw is in "GB/sec", want "bytes/sec": run qperf with -uu`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			rs, err := ParseQperf(readTestdata(t, tc.file))
+			if !parsed(t, err, tc.wantError) {
+				return
+			}
+			if len(rs) != 1 || rs[0] != tc.want {
+				t.Errorf("got %+v, want [%+v]", rs, tc.want)
+			}
+		})
+	}
+	for _, bad := range []struct{ out, wantError string }{
+		{"", "no test result"},
+		{"tcp_bw:\n    msg_size = 64 bytes\n", "test tcp_bw printed no bw"},
+		{"tcp_lat:\n    bw = 10 bytes/sec\n", "test tcp_lat printed no latency"},
+		{"tcp_lat:\n    latency = 1x2 ns\n", `latency = "1x2"`},
+		{"tcp_lat:\n    latency =\n", "has no value"},
+	} {
+		if _, err := ParseQperf([]byte(bad.out)); err == nil || !strings.Contains(err.Error(), bad.wantError) {
+			t.Errorf("ParseQperf(%q) = %v, want an error with %q", bad.out, err, bad.wantError)
+		}
+	}
+	// two tests in one run, in order
+	rs, err := ParseQperf([]byte("tcp_bw:\n    bw = 1,000 bytes/sec\ntcp_lat:\n    latency = 2000 ns\n"))
+	if err != nil || len(rs) != 2 || rs[0].Test != "tcp_bw" || rs[0].BytesPerSec != 1000 || rs[1].Test != "tcp_lat" || rs[1].LatencyNs != 2000 {
+		t.Errorf("two tests: %+v, %v", rs, err)
+	}
+}
+
+func TestPairAndCPUPerGB(t *testing.T) {
+	nan := math.NaN()
+	p := Pair([]float64{2, 3, nan, 4, 1}, []float64{1, 2, 5, 0, 2})
+	// pairs: 2/1, 3/2, (NaN skipped), (ref 0 skipped), 1/2
+	if p.N != 3 || p.Above != 2 || p.Median != 1.5 || p.Min != 0.5 || p.Max != 2 || !math.IsNaN(p.Lo) {
+		t.Errorf("Pair = %+v", p)
+	}
+	eight := Pair([]float64{1, 2, 3, 4, 5, 6, 7, 8}, []float64{1, 1, 1, 1, 1, 1, 1, 1})
+	if eight.N != 8 || eight.Lo != 1 || eight.Hi != 8 || eight.Median != 4.5 {
+		t.Errorf("Pair of 8 = %+v, want CI 1–8 (k = 1), median 4.5", eight)
+	}
+	if e := Pair(nil, nil); e.N != 0 || !math.IsNaN(e.Median) {
+		t.Errorf("Pair(nil) = %+v", e)
+	}
+	if v := CPUSecondsPerGB(250, 5e9); v != 0.5 { // 2.5 s of CPU for 5 GB
+		t.Errorf("CPUSecondsPerGB(250 ticks, 5 GB) = %v, want 0.5", v)
+	}
+	if v := CPUSecondsPerGB(250, 0); !math.IsNaN(v) {
+		t.Errorf("CPUSecondsPerGB without bytes = %v, want NaN", v)
+	}
+	for _, tc := range []struct {
+		c, s int
+		want []int
+	}{{0, 1, []int{0, 1}}, {1, 1, []int{1}}, {0, -1, []int{0}}, {-1, 1, nil}} {
+		if got := MeasuredCPUs(tc.c, tc.s); !slices.Equal(got, tc.want) {
+			t.Errorf("MeasuredCPUs(%d, %d) = %v, want %v", tc.c, tc.s, got, tc.want)
+		}
+	}
+}
