@@ -68,6 +68,14 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		ks := k.status()
 		st.APIServer = api.APIServerStatus{Connected: ks.Connected, Synced: ks.Synced, Message: ks.Message}
 	}
+	if a.cfg.bypassOnly() {
+		st.Sockmap = a.sm.status()
+		st.Datapath = []api.Decision{{Name: DecisionMode, Value: ModeBypassOnly,
+			Reason: "another CNI plugin networks this node's pods: the agent runs only the same-node TCP bypass (no tc/XDP programs, socket LB, IPAM or routes)"},
+			a.sm.decision(st.Sockmap)}
+		st.PodCIDRs = []netip.Prefix{}
+		return st, nil
+	}
 	if dp := a.pods.snapshot(); dp != nil {
 		st.Datapath = dp.Decisions()
 		st.Features = dp.Features()

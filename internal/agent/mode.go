@@ -26,6 +26,9 @@ const (
 	ModeBypassOnly = "bypass-only"
 )
 
+// DecisionMode names the `axon status` line of --mode=bypass-only.
+const DecisionMode = "mode"
+
 // validateMode checks --mode (and that bypass-only has a bypass to run).
 func (c Config) validateMode() error {
 	switch c.Mode {
