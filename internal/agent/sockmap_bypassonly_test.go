@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
@@ -233,6 +236,33 @@ func TestValidateMode(t *testing.T) {
 			t.Errorf("mode %q sockmap %q: %v, want valid", tt.mode, tt.sockmap, err)
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("mode %q sockmap %q: %v, want an error with %q", tt.mode, tt.sockmap, err, tt.want)
+		}
+	}
+}
+
+// TestBypassOnlyRefusesCNI: in bypass-only mode another CNI plugin owns the
+// pods: every CNI call of the local API is refused (409, saying what to do)
+// before it reaches IPAM, the registry or the datapath (none is built here:
+// a call that went further would panic on the nil fields).
+func TestBypassOnlyRefusesCNI(t *testing.T) {
+	a := &Agent{cfg: Config{Mode: ModeBypassOnly, Sockmap: SockmapEnabled}}
+	ctx := t.Context()
+	ep := api.Endpoint{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/x", PodName: "p", PodNamespace: "default",
+		IPs: []netip.Addr{netip.MustParseAddr("10.213.177.20")}}
+	for name, call := range map[string]func() error{
+		"Allocate": func() error {
+			_, err := a.Allocate(ctx, api.AllocateRequest{ContainerID: "c1", IfName: "eth0"})
+			return err
+		},
+		"Release":        func() error { return a.Release(ctx, api.ReleaseRequest{ContainerID: "c1", IfName: "eth0"}) },
+		"PutEndpoint":    func() error { return a.PutEndpoint(ctx, ep) },
+		"DeleteEndpoint": func() error { return a.DeleteEndpoint(ctx, api.Attachment{ContainerID: "c1", IfName: "eth0"}) },
+		"GC":             func() error { _, err := a.GC(ctx, api.GCRequest{}); return err },
+	} {
+		err := call()
+		var se *api.StatusError
+		if !errors.As(err, &se) || se.Code != http.StatusConflict || !strings.Contains(se.Message, "--mode=bypass-only") || !strings.Contains(se.Message, "remove axon-cni") {
+			t.Errorf("%s: %v, want 409 naming the mode and what to do", name, err)
 		}
 	}
 }
