@@ -54,6 +54,7 @@ func run(args []string) int {
 	fs.DurationVar(&cfg.BandwidthHorizon, "bandwidth-horizon", cfg.BandwidthHorizon, "drop egress packets of a limited pod whose departure time is further ahead than this (also fq's horizon)")
 	// same-node TCP bypass (internal/agent/sockmap.go)
 	fs.StringVar(&cfg.Sockmap, "sockmap", cfg.Sockmap, "same-node TCP bypass (default disabled): enabled (TCP between two local pods, and loopback inside a pod, skips the TCP/IP stack: sock_ops + sk_msg on --cgroup-root, after a kernel self-test) or disabled. Pods opt out with the annotation axon.io/sockmap=disabled (Pod or Namespace); pods with a bandwidth annotation are never bypassed")
+	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "what the agent runs: full (axon networks the node's pods: datapath, routes, IPAM, socket LB, ...) or bypass-only (another CNI plugin networks them, e.g. ptp or any plugin giving each pod its own netns; the agent runs only the same-node TCP bypass, turns --sockmap on, finds pods from the kube-apiserver and their netns by address, and changes nothing else on the node)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "period of the full reconcile of routes and BPF maps")
 	// profiling and the Go memory limit (runtime.go)
 	pprofAddr := fs.String("pprof-address", "", "loopback host:port serving net/http/pprof (e.g. 127.0.0.1:6060); empty = off")
@@ -67,6 +68,9 @@ func run(args []string) int {
 			return 0
 		}
 		return 2
+	}
+	if cfg.Mode == agent.ModeBypassOnly && !fs.Changed("sockmap") {
+		cfg.Sockmap = agent.SockmapEnabled // the one feature of the mode
 	}
 	if *version {
 		fmt.Println("axon-agent", agent.Version)

@@ -27,6 +27,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"pprof not on loopback", []string{"--node-name", "n1", "--pprof-address", "0.0.0.0:6060"}, 2},
 		{"bad memory limit", []string{"--node-name", "n1", "--memory-limit", "lots"}, 2},
 		{"memory limit too small", []string{"--node-name", "n1", "--memory-limit", "1Mi"}, 2},
+		{"bad mode", []string{"--node-name", "n1", "--mode", "accelerate-only"}, 2},
+		{"bypass-only without the bypass", []string{"--node-name", "n1", "--mode", "bypass-only", "--sockmap", "disabled"}, 2},
 		{"cgroup root not cgroup2", []string{"--node-name", "n1", "--cgroup-root", "/proc"}, 2},
 	}
 	for _, tt := range tests {

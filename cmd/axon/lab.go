@@ -120,7 +120,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	// pod device and BIG TCP
 	cmd.Flags().StringVar(&o.Device, "device", lab.DeviceVeth, "pod device of the axon agents (--device-mode): veth, netkit, or auto (netkit where the kernel has it, else veth)")
 	cmd.Flags().Var(&onOff{&o.BigTCP}, "big-tcp", "BIG TCP (192 KiB GSO/GRO) on the wire, node uplinks and pod devices: on or off")
-	cmd.Flags().Var(&onOff{&sockmap}, "sockmap", "axon agents' --sockmap: TCP between two pods of a node (and loopback inside a pod) skips the TCP/IP stack (on), or takes it (off, the default)")
+	cmd.Flags().Var(&onOff{&sockmap}, "sockmap", "axon agents' --sockmap: TCP between two pods of a node (and loopback inside a pod) skips the TCP/IP stack (on), or takes it (off, the default). With --datapath baseline, on starts an agent per node in --mode=bypass-only (the bypass alone; the pods stay ptp's)")
 	cmd.Flags().Var(&onOff{&fibCache}, "fib-cache", "axon agents' --fib-cache: IPv4 routes to other nodes cached in the pod egress program (on), or looked up per packet (off)")
 	cmd.Flags().StringVar(&o.BandwidthManager, "bandwidth-manager", lab.BandwidthOff, "Pod annotations kubernetes.io/{egress,ingress}-bandwidth: on (axon agents: EDT + fq, ingress token bucket), off, or cni-plugin (baseline: the reference bandwidth plugin's TBF chained after axon-cni, pods kernel-routed)")
 	// north-south LB of the axon agents (check_external.go)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,13 +65,16 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		log = slog.Default()
 	}
 	a := &Agent{cfg: cfg, log: log, st: &nodeStatus{}, trigger: make(chan struct{}, 1)}
-	warns, err := ensureForwarding()
-	if err != nil {
-		return nil, err
+	if !cfg.bypassOnly() { // bypass-only: the node's CNI owns forwarding
+		warns, err := ensureForwarding()
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range warns {
+			log.Warn(w)
+		}
 	}
-	for _, w := range warns {
-		log.Warn(w)
-	}
+	var err error
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create --state-dir %s: %w", cfg.StateDir, err)
 	}
@@ -170,17 +174,21 @@ func (a *Agent) run(ctx context.Context) error {
 		cancel()
 		return err
 	}
-	if err := a.svc.watchHostPorts(k); err != nil { // Pod hostPorts (hostport.go)
-		cancel()
-		return err
+	if !a.cfg.bypassOnly() {
+		if err := a.svc.watchHostPorts(k); err != nil { // Pod hostPorts (hostport.go)
+			cancel()
+			return err
+		}
 	}
 	a.st.setKube(k)
 	wg.Go(func() { k.run(ctx, a.kick) })
-	wg.Go(func() { a.svc.run(ctx) })
-	wg.Go(func() { a.nport.run(ctx) }) // health checks, Events, conntrack GC
-	wg.Go(func() { a.bw.loop(ctx) })   // keeps fq on the uplink
+	wg.Go(func() { a.svc.run(ctx) }) // Namespaces (opt-outs) and Events; Services are only watched until a writer attaches
+	if !a.cfg.bypassOnly() {
+		wg.Go(func() { a.nport.run(ctx) }) // health checks, Events, conntrack GC
+		wg.Go(func() { a.bw.loop(ctx) })   // keeps fq on the uplink
+	}
 
-	a.log.Info("axon-agent started", "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
+	a.log.Info("axon-agent started", "mode", cmp.Or(a.cfg.Mode, ModeFull), "node", a.cfg.NodeName, "version", Version, "socket", a.cfg.Socket,
 		"state", a.cfg.StateDir, "bpf", a.cfg.BPFRoot, "kube-apiserver", rc.Host)
 	a.reconcileLoop(ctx, errc)
 	cancel()
@@ -260,6 +268,13 @@ func (a *Agent) logReconcile(err error, lastErr string, lastLog time.Time) (stri
 // desired state, one feature after the other (each takes its own lock). It
 // is idempotent and never removes state that is still desired.
 func (a *Agent) reconcile(ctx context.Context) error {
+	if a.cfg.bypassOnly() {
+		// another CNI networks the pods: no routes, no pod datapath, no
+		// other feature; the bypass never fails the pass (see status)
+		a.sm.ensure(ctx)
+		a.st.countReconcile(nil)
+		return nil
+	}
 	var errs []error
 	if k := a.st.kubeClient(); k != nil && k.isSynced() {
 		if err := a.reconcileNodes(k); err != nil {

@@ -52,6 +52,9 @@ type Config struct {
 	BandwidthHorizon time.Duration // EDT drop horizon (fq's horizon too)
 	// same-node TCP bypass (sockmap.go)
 	Sockmap string // enabled|disabled; "" (a Config built by hand) = disabled
+	// what the agent runs (mode.go): full, or only the same-node TCP bypass
+	// on a node whose pods another CNI plugin networks
+	Mode string // full|bypass-only; "" = full
 
 	ReconcileInterval time.Duration // periodic full reconcile
 }
@@ -79,6 +82,7 @@ func Defaults() Config {
 		NodePortLB:        DefaultNodePortConfig(),
 		BandwidthHorizon:  DefaultBandwidthHorizon,
 		Sockmap:           SockmapDisabled, // opt in: see docs/sockmap.md for what it costs the node
+		Mode:              ModeFull,
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
 	}
@@ -136,6 +140,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.validateSockmap(); err != nil { // sockmap.go
+		errs = append(errs, err)
+	}
+	if err := c.validateMode(); err != nil { // mode.go
 		errs = append(errs, err)
 	}
 	if c.ReconcileInterval <= 0 {

@@ -17,6 +17,14 @@ var _ api.Handler = (*Agent)(nil)
 // notReady returns why the agent is not ready, "" when it is.
 func (a *Agent) notReady() string {
 	var why []string
+	if a.cfg.bypassOnly() { // no pod datapath, no podCIDRs: the bypass reports its own state
+		if k := a.st.kubeClient(); k == nil {
+			return "kube-apiserver client not started"
+		} else if st := k.status(); !st.Synced {
+			return st.Message
+		}
+		return ""
+	}
 	if dpErr, loaded := a.pods.state(); dpErr != "" {
 		why = append(why, "datapath not loaded: "+dpErr)
 	} else if !loaded {
@@ -59,6 +67,14 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	if k := a.st.kubeClient(); k != nil {
 		ks := k.status()
 		st.APIServer = api.APIServerStatus{Connected: ks.Connected, Synced: ks.Synced, Message: ks.Message}
+	}
+	if a.cfg.bypassOnly() {
+		st.Sockmap = a.sm.status()
+		st.Datapath = []api.Decision{{Name: DecisionMode, Value: ModeBypassOnly,
+			Reason: "another CNI plugin networks this node's pods: the agent runs only the same-node TCP bypass (no tc/XDP programs, socket LB, IPAM or routes)"},
+			a.sm.decision(st.Sockmap)}
+		st.PodCIDRs = []netip.Prefix{}
+		return st, nil
 	}
 	if dp := a.pods.snapshot(); dp != nil {
 		st.Datapath = dp.Decisions()
@@ -103,6 +119,9 @@ func (a *Agent) endpointState(k *kube, ep api.Endpoint) string {
 
 // Allocate implements api.Handler.
 func (a *Agent) Allocate(_ context.Context, r api.AllocateRequest) (api.AllocateResponse, error) {
+	if a.cfg.bypassOnly() {
+		return api.AllocateResponse{}, api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
 	pools, why := a.st.cidrs()
 	known := len(pools) > 0
 	if why != "" {
@@ -128,6 +147,9 @@ func (a *Agent) Allocate(_ context.Context, r api.AllocateRequest) (api.Allocate
 
 // Release implements api.Handler. Idempotent.
 func (a *Agent) Release(_ context.Context, r api.ReleaseRequest) error {
+	if a.cfg.bypassOnly() {
+		return api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
 	if err := a.ipam.Release(ipam.Owner{ContainerID: r.ContainerID, IfName: r.IfName}); err != nil {
 		return fmt.Errorf("release %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
@@ -137,6 +159,9 @@ func (a *Agent) Release(_ context.Context, r api.ReleaseRequest) error {
 // PutEndpoint implements api.Handler: persist first, then attach the pod
 // program and write one map entry per IP.
 func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
+	if a.cfg.bypassOnly() {
+		return api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
 	if err := validateEndpoint(ep); err != nil {
 		return api.Errorf(http.StatusBadRequest, "invalid endpoint: %v", err)
 	}
@@ -161,6 +186,9 @@ func (a *Agent) PutEndpoint(_ context.Context, ep api.Endpoint) error {
 // DeleteEndpoint implements api.Handler: remove map entries, detach, release
 // IPs, remove the record. Deleting an unknown endpoint succeeds.
 func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
+	if a.cfg.bypassOnly() {
+		return api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
 	if err := a.pods.remove(at); err != nil {
 		return err
 	}
@@ -170,6 +198,9 @@ func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
 
 // GC implements api.Handler: everything not in r.Valid is removed.
 func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
+	if a.cfg.bypassOnly() {
+		return api.GCResponse{}, api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
 	return a.pods.gc(r)
 }
 

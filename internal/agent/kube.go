@@ -108,7 +108,9 @@ func slimPod(obj any) (any, error) {
 	slim := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		Annotations: p.Annotations, // axon.io/socket-lb opt-out (optout.go)
-	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}
+	}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}}
+	// the same-node TCP bypass without axon-cni learns pods' addresses here (sockmap_discover.go)
+	slim.Status.Phase, slim.Status.PodIPs = p.Status.Phase, p.Status.PodIPs
 	slimHostPorts(p, slim) // hostPorts, phase and pod IPs (hostport.go)
 	return slim, nil
 }

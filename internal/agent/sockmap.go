@@ -42,6 +42,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/bwm"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // DecisionSockmap names the same-node TCP bypass line of `axon status`.
@@ -96,18 +97,21 @@ type sockBypass struct {
 	load     func(streamVerdict bool) (bypassMaps, string, error) // loads and attaches; the cgroup
 	cookie   func(netnsPath string) (uint64, error)               // netns cookie of a pod's netns
 	pinned   func() bool                                          // a previous run's bypass is pinned
+	scan     func() ([]netnsutil.Namespace, error)                // the node's netns and their addresses (bypass-only)
 	svc      *serviceSync                                         // Namespaces and Events; nil until the agent runs it
 
 	// mu serialises the self-test, the load and the map writes and guards
 	// the fields up to stMu. It is held across BPF calls; status readers do
 	// not take it. It is taken after no other lock of the agent.
-	mu      sync.Mutex
-	offDone bool // --sockmap=disabled: a previous run's pods withdrawn
-	tested  bool // the self-test ran
-	passed  bool // and passed
-	verdict bool // the kernel needs the no-op stream verdict (sockmap.Result.StreamVerdict)
-	bp      bypassMaps
-	cookies map[string]uint64 // cookieKey(endpoint) → netns cookie
+	mu        sync.Mutex
+	offDone   bool // --sockmap=disabled: a previous run's pods withdrawn
+	tested    bool // the self-test ran
+	passed    bool // and passed
+	verdict   bool // the kernel needs the no-op stream verdict (sockmap.Result.StreamVerdict)
+	bp        bypassMaps
+	cookies   map[string]uint64 // cookieKey(endpoint) → netns cookie
+	scanErr   string            // the last error of scan, logged once
+	conflicts map[string]string // pod → its address conflict, logged once
 
 	// stMu guards the fields below, what status and the API read. Nothing
 	// is called with it held.
@@ -116,15 +120,16 @@ type sockBypass struct {
 	off         string     // why the bypass is off ("" = on or pending)
 	cgroup      string
 	selfTestMsg string
-	checks      []string          // the self-test's checks, "name: ok|FAILED: detail"
-	admitted    []string          // admitted pods (namespace/name), sorted
-	notAdmitted map[string]string // pod → why not
-	netnsOwner  map[uint64]string // netns cookie → pod, for the connection list
+	checks      []string              // the self-test's checks, "name: ok|FAILED: detail"
+	admitted    []string              // admitted pods (namespace/name), sorted
+	notAdmitted map[string]string     // pod → why not
+	netnsOwner  map[uint64]string     // netns cookie → pod, for the connection list
+	ipOwner     map[netip.Addr]string // pod address → pod, for the connection list
 }
 
 func newSockBypass(cfg Config, log *slog.Logger, reg *registry, kube func() *kube) *sockBypass {
 	return &sockBypass{cfg: cfg, log: log.With("component", "sockmap"), reg: reg, kube: kube,
-		selfTest: sockmapSelfTest, load: loadSockmapFunc(cfg, sockmap.Config{}, log), cookie: netnsCookie, pinned: sockmapPinned(cfg),
+		selfTest: sockmapSelfTest, load: loadSockmapFunc(cfg, sockmap.Config{}, log), cookie: netnsCookie, pinned: sockmapPinned(cfg), scan: scanNetns,
 		cookies: map[string]uint64{}}
 }
 
@@ -351,16 +356,17 @@ func (s *sockBypass) admitLocked() {
 	var admitted []string
 	notAdmitted := map[string]string{}
 	owners := map[uint64]string{}
-	live := map[string]bool{}
-	for _, ep := range s.reg.List() {
-		if ep.PodName == "" || ep.PodNamespace == "" || ep.Netns == "" {
-			continue
-		}
-		name := ep.PodNamespace + "/" + ep.PodName
-		pod, err := k.pods.Pods(ep.PodNamespace).Get(ep.PodName)
-		if err != nil {
-			notAdmitted[name] = "Pod not in the agent's cache"
-			continue
+	var local []localPod
+	if s.cfg.bypassOnly() {
+		local = s.discoverPodsLocked(k, svc, notAdmitted)
+	} else {
+		local = s.registryPodsLocked(k, notAdmitted)
+	}
+	ipOwners := map[netip.Addr]string{}
+	for _, lp := range local {
+		name, pod := lp.name, lp.pod
+		for _, ip := range lp.ips {
+			ipOwners[ip.Unmap()] = name
 		}
 		var nsAnn map[string]string
 		ns, err := svc.namespaces.Get(pod.Namespace)
@@ -375,21 +381,11 @@ func (s *sockBypass) admitLocked() {
 				svc.ev.emit(pod, "pod "+name, corev1.EventTypeWarning, ReasonInvalidAnnotation, e.err.Error())
 			}
 		}
-		ck := cookieKey(ep)
-		live[ck] = true
-		c, ok := s.cookies[ck]
-		if !ok {
-			if c, err = s.cookie(ep.Netns); err != nil {
-				s.log.Warn("cannot read the pod's netns cookie; its connections take the TCP/IP stack", "pod", name, "error", err)
-				notAdmitted[name] = "netns cookie unreadable: " + err.Error()
-				continue
-			}
-			s.cookies[ck] = c
-		}
+		c := lp.cookie
 		owners[c] = name
 		if v == verdictKeep {
 			v = verdictDeny
-			if len(ep.IPs) > 0 && allAdmitted(havePods, ep.IPs, c) {
+			if len(lp.ips) > 0 && allAdmitted(havePods, lp.ips, c) {
 				v = verdictAdmit
 			}
 			why += ", previous decision kept"
@@ -398,16 +394,11 @@ func (s *sockBypass) admitLocked() {
 			notAdmitted[name] = why
 			continue
 		}
-		for _, ip := range ep.IPs {
+		for _, ip := range lp.ips {
 			wantPods[ip.Unmap()] = c
 		}
 		wantNetns[c] = true
 		admitted = append(admitted, name)
-	}
-	for ck := range s.cookies {
-		if !live[ck] {
-			delete(s.cookies, ck)
-		}
 	}
 	var errs []error
 	for ip, c := range wantPods {
@@ -445,11 +436,57 @@ func (s *sockBypass) admitLocked() {
 	admitted = slices.Compact(admitted) // a pod with several interfaces
 	s.stMu.Lock()
 	changed := !slices.Equal(admitted, s.admitted)
-	s.admitted, s.notAdmitted, s.netnsOwner = admitted, notAdmitted, owners
+	s.admitted, s.notAdmitted, s.netnsOwner, s.ipOwner = admitted, notAdmitted, owners, ipOwners
 	s.stMu.Unlock()
 	if changed {
 		s.log.Info("same-node TCP bypass: admitted pods", "pods", admitted)
 	}
+}
+
+// localPod is one local pod the bypass decides about: its addresses and
+// the netns (cookie) that holds them.
+type localPod struct {
+	name   string // namespace/name
+	pod    *corev1.Pod
+	ips    []netip.Addr
+	cookie uint64
+}
+
+// registryPodsLocked lists the local pods axon-cni registered (the endpoint
+// registry: addresses and netns path); those it cannot use go to
+// notAdmitted with the reason.
+func (s *sockBypass) registryPodsLocked(k *kube, notAdmitted map[string]string) []localPod {
+	var out []localPod
+	live := map[string]bool{}
+	for _, ep := range s.reg.List() {
+		if ep.PodName == "" || ep.PodNamespace == "" || ep.Netns == "" {
+			continue
+		}
+		name := ep.PodNamespace + "/" + ep.PodName
+		pod, err := k.pods.Pods(ep.PodNamespace).Get(ep.PodName)
+		if err != nil {
+			notAdmitted[name] = "Pod not in the agent's cache"
+			continue
+		}
+		ck := cookieKey(ep)
+		live[ck] = true
+		c, ok := s.cookies[ck]
+		if !ok {
+			if c, err = s.cookie(ep.Netns); err != nil {
+				s.log.Warn("cannot read the pod's netns cookie; its connections take the TCP/IP stack", "pod", name, "error", err)
+				notAdmitted[name] = "netns cookie unreadable: " + err.Error()
+				continue
+			}
+			s.cookies[ck] = c
+		}
+		out = append(out, localPod{name: name, pod: pod, ips: ep.IPs, cookie: c})
+	}
+	for ck := range s.cookies {
+		if !live[ck] {
+			delete(s.cookies, ck)
+		}
+	}
+	return out
 }
 
 // allAdmitted reports whether every address is admitted with netns c.
@@ -554,7 +591,7 @@ func (s *sockBypass) conns() (api.SockmapReply, error) {
 		return rep, nil
 	}
 	s.stMu.Lock()
-	bp, off, byNetns := s.loaded, s.off, maps.Clone(s.netnsOwner)
+	bp, off, byNetns, byIP := s.loaded, s.off, maps.Clone(s.netnsOwner), maps.Clone(s.ipOwner)
 	s.stMu.Unlock()
 	if bp == nil {
 		rep.Reason = cmp.Or(off, sockmapPending)
@@ -564,15 +601,6 @@ func (s *sockBypass) conns() (api.SockmapReply, error) {
 	conns, err := bp.Conns()
 	if err != nil {
 		return rep, fmt.Errorf("read the bypassed connections: %w", err)
-	}
-	byIP := map[netip.Addr]string{}
-	for _, ep := range s.reg.List() {
-		if ep.PodName == "" {
-			continue
-		}
-		for _, ip := range ep.IPs {
-			byIP[ip.Unmap()] = ep.PodNamespace + "/" + ep.PodName
-		}
 	}
 	for _, c := range conns {
 		row := api.SockmapConn{Local: unmapAddrPort(c.Local), Remote: unmapAddrPort(c.Remote), Netns: c.Netns,

@@ -3,7 +3,14 @@ package lab
 // sockmapAgentArgs is the agents' --sockmap for `axon lab up --sockmap
 // on|off` (the same-node TCP bypass; on is the agent's default, so a lab.json
 // written before the switch existed keeps it on).
+//
+// On a baseline lab (pods wired by the reference ptp plugin, Services by
+// kube-proxy) the agents run only the bypass (--mode=bypass-only): they
+// find the pods' netns by address, with no axon-cni on the node.
 func sockmapAgentArgs(st *State) []string {
+	if st.Datapath == DatapathBaseline {
+		return []string{"--mode=bypass-only", "--sockmap=enabled"}
+	}
 	if st.NoSockmap {
 		return []string{"--sockmap=disabled"}
 	}
@@ -17,4 +24,11 @@ func (st *State) SockmapMode() string {
 		return "off"
 	}
 	return "on"
+}
+
+// runsAgents reports whether a lab of this datapath runs an axon-agent on
+// each node: always with the axon datapath; with the baseline only for the
+// same-node TCP bypass (--sockmap on), in bypass-only mode.
+func runsAgents(datapath string, noSockmap bool) bool {
+	return datapath == DatapathAxon || (datapath == DatapathBaseline && !noSockmap)
 }

@@ -25,7 +25,7 @@ import (
 type UpOptions struct {
 	Nodes       int    // 1..50
 	PodsPerNode int    // 0..50
-	Datapath    string // axon (agents + axon-cni) or baseline (ptp + host-local, no agents)
+	Datapath    string // axon (agents + axon-cni) or baseline (ptp + host-local; agents only with the bypass, --mode=bypass-only)
 	BinDir      string // holds axon, axon-agent, axon-cni
 	APIPort     int    // kube-apiserver port on 127.0.0.1 (root netns and, forwarded, every node netns); 0 = 6443
 	EtcdPort    int    // 0 = 2379
@@ -115,7 +115,10 @@ func preflight(o UpOptions) error {
 	}
 	bins := []string{"axon"}
 	if o.Datapath == DatapathAxon {
-		bins = append(bins, "axon-agent", "axon-cni")
+		bins = append(bins, "axon-cni")
+	}
+	if runsAgents(o.Datapath, o.NoSockmap) {
+		bins = append(bins, "axon-agent")
 	}
 	for _, b := range bins {
 		p := filepath.Join(o.BinDir, b)
@@ -277,7 +280,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		}
 	}
 
-	if o.Datapath == DatapathAxon {
+	if runsAgents(o.Datapath, o.NoSockmap) {
 		for i := range st.Nodes {
 			n := &st.Nodes[i]
 			p, err := startAgent(o.BinDir, *n, filepath.Join(stateDir, "nodes", n.Name, "agent.log"), append(append(append(append(agentExtraArgs(st), deviceAgentArgs(st)...), bandwidthAgentArgs(st)...), northSouthAgentArgs(st)...), sockmapAgentArgs(st)...)...)

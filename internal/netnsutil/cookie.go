@@ -16,21 +16,9 @@ import (
 // error that matches os.ErrNotExist. Needs kernel >= 5.14.
 func Cookie(path string) (uint64, error) {
 	var cookie uint64
-	get := func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		}
-		if err != nil {
-			return fmt.Errorf("socket: %w", err)
-		}
-		defer unix.Close(fd)
-		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		if err != nil {
-			return fmt.Errorf("getsockopt SO_NETNS_COOKIE (kernel >= 5.14): %w", err)
-		}
-		cookie = v
-		return nil
+	get := func() (err error) {
+		cookie, err = ownCookie()
+		return err
 	}
 	var err error
 	if path == "" {
@@ -45,4 +33,21 @@ func Cookie(path string) (uint64, error) {
 		return 0, fmt.Errorf("netns cookie of %q: %w", path, err)
 	}
 	return cookie, nil
+}
+
+// ownCookie is the netns cookie of the calling thread's network namespace.
+func ownCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("getsockopt SO_NETNS_COOKIE (kernel >= 5.14): %w", err)
+	}
+	return v, nil
 }
