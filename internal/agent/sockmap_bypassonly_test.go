@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/axonhq/axon/internal/api"
-	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -42,31 +40,12 @@ const (
 // the stack: counted not admitted, absent from the SOCKHASH); when the
 // impostor's address goes, pod a is admitted again.
 func TestSockmapBypassOnly(t *testing.T) {
-	testutil.RequireRoot(t, "loads BPF programs, creates network namespaces and cgroups")
-	cgroup, cgroupFD := testutil.NewCgroup(t, "axt-smonly-")
-	pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
-	cp := startControlPlaneOn(t, smOnlyTestAPIPort, smOnlyTestEtcdPort)
-	cs, err := cp.Client()
-	must(t, err)
-	ctx := t.Context()
-	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.213.177.0/24"))
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}, metav1.CreateOptions{})
-	must(t, err)
-
 	// addresses no other test or lab of this host uses: the walk sees
 	// every namespace of the node
-	nsA, nsB, nsX := testutil.NewNetns(t, "axt-smo-a-"), testutil.NewNetns(t, "axt-smo-b-"), testutil.NewNetns(t, "axt-smo-x-")
-	a := dptest.NSConf(t, nsA)
-	a.Veth("eth0", "", "eth0b", "", nsB)
-	b := dptest.NSConf(t, nsB)
-	if err := b.H.LinkSetName(b.Link("eth0b"), "eth0"); err != nil {
-		t.Fatal(err)
-	}
-	a.Addr("eth0", "10.213.177.10/24")
-	b.Addr("eth0", "10.213.177.11/24")
-	a.Up("eth0")
-	b.Up("eth0")
-	ipA, ipB := netip.MustParseAddr("10.213.177.10"), netip.MustParseAddr("10.213.177.11")
+	f := newSockmapPodPair(t, "axt-smo-", smOnlyTestAPIPort, smOnlyTestEtcdPort, "10.213.177.0/24", "10.213.177.10", "10.213.177.11")
+	cgroup, cgroupFD, pinDir, cp, cs, ctx := f.cgroup, f.cgroupFD, f.pinDir, f.cp, f.cs, t.Context()
+	nsA, nsB, nsX := f.nsA, f.nsB, testutil.NewNetns(t, "axt-smo-x-")
+	ipA, ipB := f.ipA, f.ipB
 	for _, p := range []struct {
 		name string
 		ip   netip.Addr
@@ -85,16 +64,7 @@ func TestSockmapBypassOnly(t *testing.T) {
 	log := testLogger(t)
 	reg, err := openRegistry(t.TempDir(), log) // empty: no axon-cni on this node
 	must(t, err)
-	rc := agentRESTConfig(t, cp, "node1")
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	k, err := newKube(rc, "node1", log, func() {})
-	must(t, err)
-	wg.Go(func() { k.run(runCtx, func() {}) })
-	svc, err := newServiceSync(rc, "node1", log)
-	must(t, err)
-	wg.Go(func() { svc.run(runCtx) })
+	k, svc := runKubeAndServices(t, cp, log)
 
 	cfg := Config{NodeName: "node1", BPFRoot: pinDir, CgroupRoot: cgroup, Sockmap: SockmapEnabled, Mode: ModeBypassOnly}
 	must(t, cfg.validateMode())

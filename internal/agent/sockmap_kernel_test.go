@@ -25,6 +25,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
+	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
 )
@@ -45,30 +46,11 @@ const (
 // through the bypass. A pod with a bandwidth limit is never admitted; an
 // invalid value gets an Event and changes nothing.
 func TestSockmapAgainstKernelAndAPIServer(t *testing.T) {
-	testutil.RequireRoot(t, "loads BPF programs, creates network namespaces and cgroups")
-	cgroup, cgroupFD := testutil.NewCgroup(t, "axt-sockmap-")
-	pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
-	cp := startControlPlaneOn(t, smTestAPIPort, smTestEtcdPort)
-	cs, err := cp.Client()
-	must(t, err)
-	ctx := t.Context()
-	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}, metav1.CreateOptions{})
-	must(t, err)
-
 	// pods a and b talk; c has an egress limit
-	nsA, nsB, nsC := testutil.NewNetns(t, "axt-sm-a-"), testutil.NewNetns(t, "axt-sm-b-"), testutil.NewNetns(t, "axt-sm-c-")
-	a := dptest.NSConf(t, nsA)
-	a.Veth("eth0", "", "eth0b", "", nsB)
-	b := dptest.NSConf(t, nsB)
-	if err := b.H.LinkSetName(b.Link("eth0b"), "eth0"); err != nil {
-		t.Fatal(err)
-	}
-	a.Addr("eth0", "10.244.1.10/24")
-	b.Addr("eth0", "10.244.1.11/24")
-	a.Up("eth0")
-	b.Up("eth0")
-	ipA, ipB, ipC := netip.MustParseAddr("10.244.1.10"), netip.MustParseAddr("10.244.1.11"), netip.MustParseAddr("10.244.1.12")
+	f := newSockmapPodPair(t, "axt-sm-", smTestAPIPort, smTestEtcdPort, "10.244.1.0/24", "10.244.1.10", "10.244.1.11")
+	cgroup, cgroupFD, pinDir, cp, cs, ctx := f.cgroup, f.cgroupFD, f.pinDir, f.cp, f.cs, t.Context()
+	nsA, nsB, nsC := f.nsA, f.nsB, testutil.NewNetns(t, "axt-sm-c-")
+	ipA, ipB, ipC := f.ipA, f.ipB, netip.MustParseAddr("10.244.1.12")
 
 	log := testLogger(t)
 	reg, err := openRegistry(t.TempDir(), log)
@@ -479,4 +461,46 @@ func TestSockmapSpliceGuardGate(t *testing.T) {
 	if _, err := os.Stat(guardPin); err == nil {
 		t.Errorf("a splice guard pin exists on a kernel that cannot run it")
 	}
+}
+
+// sockmapPodPair is the setup of the agent's bypass tests: a scratch cgroup
+// and pin dir, a control plane with node1 and Namespace apps, and two pod
+// network namespaces joined by a veth pair (eth0 in both) with addresses
+// ipA and ipB of cidr.
+type sockmapPodPair struct {
+	cgroup   string
+	cgroupFD int
+	pinDir   string
+	cp       *controlplane.ControlPlane
+	cs       kubernetes.Interface
+	nsA, nsB string
+	ipA, ipB netip.Addr
+}
+
+func newSockmapPodPair(t *testing.T, prefix string, apiPort, etcdPort int, cidr, ipA, ipB string) sockmapPodPair {
+	t.Helper()
+	testutil.RequireRoot(t, "loads BPF programs, creates network namespaces and cgroups")
+	f := sockmapPodPair{ipA: netip.MustParseAddr(ipA), ipB: netip.MustParseAddr(ipB)}
+	f.cgroup, f.cgroupFD = testutil.NewCgroup(t, prefix)
+	f.pinDir = dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, sockmap.Uninstall)
+	f.cp = startControlPlaneOn(t, apiPort, etcdPort)
+	cs, err := f.cp.Client()
+	must(t, err)
+	f.cs = cs
+	createNode(t, cs, node("node1", []string{"198.18.0.11"}, cidr))
+	_, err = cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}, metav1.CreateOptions{})
+	must(t, err)
+	f.nsA, f.nsB = testutil.NewNetns(t, prefix+"a-"), testutil.NewNetns(t, prefix+"b-")
+	a := dptest.NSConf(t, f.nsA)
+	a.Veth("eth0", "", "eth0b", "", f.nsB)
+	b := dptest.NSConf(t, f.nsB)
+	if err := b.H.LinkSetName(b.Link("eth0b"), "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	bits := netip.MustParsePrefix(cidr).Bits()
+	a.Addr("eth0", netip.PrefixFrom(f.ipA, bits).String())
+	b.Addr("eth0", netip.PrefixFrom(f.ipB, bits).String())
+	a.Up("eth0")
+	b.Up("eth0")
+	return f
 }
