@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -313,7 +314,8 @@ func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
 			if o.tracing && errors.Is(err, unix.EPERM) {
 				// not a memlock limit (the library's hint): the kernel, or a
 				// policy on it, refuses programs on BPF trampolines
-				err = fmt.Errorf("the kernel refuses to load a tracing program (EPERM before verification: BPF trampolines are not allowed here): %w", err)
+				err = fmt.Errorf("the kernel refuses to load a tracing program (EPERM before verification: BPF trampolines are not allowed here): %s",
+					strings.ReplaceAll(err.Error(), memlockHint, ""))
 			}
 			return "", err
 		}
@@ -340,3 +342,7 @@ func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
 		return "", nil
 	}
 }
+
+// memlockHint is what cilium/ebpf appends to every EPERM of a load; for a
+// tracing program refused by the kernel it points the wrong way.
+const memlockHint = " (MEMLOCK may be too low, consider rlimit.RemoveMemlock)"
