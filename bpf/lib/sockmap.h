@@ -83,10 +83,13 @@
 #define AXON_SM_ROLE_CLIENT 1 /* the active opener (connect) */
 #define AXON_SM_ROLE_SERVER 2 /* the passive side (accept) */
 
-/* struct sockmap_state.flags bits. */
-#define AXON_SM_F_CLIENT 0x1     /* sockops: the socket is the active opener (alias role client) */
-#define AXON_SM_F_SERVER 0x2     /* sockops: the socket is the passive side (alias role server) */
-#define AXON_SM_F_PEER_ALIAS 0x4 /* sk_msg: peer is an alias key of axon_sock_alias, not an exact key */
+/* struct sockmap_state.flags bits (an enum for BTF: internal/datapath/sockmap
+ * mirrors them, TestEnumsMatchBTF). */
+enum axon_sockmap_flag {
+	AXON_SM_F_CLIENT = 0x1,     /* sockops: the socket is the active opener (alias role client) */
+	AXON_SM_F_SERVER = 0x2,     /* sockops: the socket is the passive side (alias role server) */
+	AXON_SM_F_PEER_ALIAS = 0x4, /* sk_msg: peer is an alias key of axon_sock_alias, not an exact key */
+};
 
 /* -EEXIST of a BPF_NOEXIST update whose key is taken. */
 #define AXON_SM_EEXIST 17
@@ -211,6 +214,7 @@ struct {
 AXON_BTF_ANCHOR(axon_sockmap_btf, {
 	enum axon_sockmap_counter counter;
 	enum axon_sockmap_mode mode;
+	enum axon_sockmap_flag flag;
 });
 
 /* sockmap_count adds n to counter c. Atomic: sk_msg runs in process context

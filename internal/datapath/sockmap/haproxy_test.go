@@ -229,18 +229,19 @@ func checkChain(t *testing.T, b *Bypass, n sidecarNet, client, appB, proxyB neti
 	inConn := find("hop 3, the inbound proxy's connection", func(c Conn) bool { return c.Local == proxyB && c.Remote == appB && c.Netns == n.cb })
 	app := find("hop 3, the application in B", func(c Conn) bool { return c.Local == appB && c.Remote == proxyB && c.Netns == n.cb })
 	for _, x := range []struct {
-		hop  string
-		c    Conn
-		sent uint64
+		hop   string
+		c     Conn
+		sent  uint64
+		alias bool // hops 1 and 2 pair by alias key, hop 3 by the reversed tuple
 	}{
-		{"hop 1, application A", appA, up}, {"hop 1, outbound proxy (accepted)", outAcc, down},
-		{"hop 2, outbound proxy (connected)", outConn, up}, {"hop 2, inbound proxy (accepted)", inAcc, down},
-		{"hop 3, inbound proxy (connected)", inConn, up}, {"hop 3, application B", app, down},
+		{"hop 1, application A", appA, up, true}, {"hop 1, outbound proxy (accepted)", outAcc, down, true},
+		{"hop 2, outbound proxy (connected)", outConn, up, true}, {"hop 2, inbound proxy (accepted)", inAcc, down, true},
+		{"hop 3, inbound proxy (connected)", inConn, up, false}, {"hop 3, application B", app, down, false},
 	} {
-		t.Logf("%-34s %s -> %s netns %d: %s, %d bytes redirected", x.hop, x.c.Local, x.c.Remote, x.c.Netns, x.c.Mode, x.c.RedirectedBytes)
-		if x.c.Mode != "bypass" || x.c.RedirectedBytes != x.sent || x.c.PassedBytes != 0 {
-			t.Errorf("%s %s -> %s: mode %q, redirected %d, passed %d bytes; want bypass, %d redirected, none passed",
-				x.hop, x.c.Local, x.c.Remote, x.c.Mode, x.c.RedirectedBytes, x.c.PassedBytes, x.sent)
+		t.Logf("%-34s %s -> %s netns %d: %s alias=%v, %d bytes redirected", x.hop, x.c.Local, x.c.Remote, x.c.Netns, x.c.Mode, x.c.Alias, x.c.RedirectedBytes)
+		if x.c.Mode != "bypass" || x.c.Alias != x.alias || x.c.RedirectedBytes != x.sent || x.c.PassedBytes != 0 {
+			t.Errorf("%s %s -> %s: mode %q, alias %v, redirected %d, passed %d bytes; want bypass, alias %v, %d redirected, none passed",
+				x.hop, x.c.Local, x.c.Remote, x.c.Mode, x.c.Alias, x.c.RedirectedBytes, x.c.PassedBytes, x.alias, x.sent)
 		}
 	}
 	// hops 1 and 2 pair by alias (both ends), hop 3 by its exact keys

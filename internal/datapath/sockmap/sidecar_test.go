@@ -220,8 +220,8 @@ func TestSidecarRedirectPairs(t *testing.T) {
 			}
 			for i, local := range []netip.AddrPort{client, mustAP(t, sv.Local)} {
 				c, ok := connByEnds(t, b, local, netip.AddrPort{})
-				if !ok || c.Mode != "bypass" || c.RedirectedBytes != sent[i] || c.PassedBytes != 0 {
-					t.Errorf("socket %s: %+v (in map %v); want mode bypass, %d bytes redirected", local, c, ok, sent[i])
+				if !ok || c.Mode != "bypass" || !c.Alias || c.RedirectedBytes != sent[i] || c.PassedBytes != 0 {
+					t.Errorf("socket %s: %+v (in map %v); want mode bypass paired by alias, %d bytes redirected", local, c, ok, sent[i])
 				}
 			}
 			p.do(hreq{Op: "close", ID: cl.ID})

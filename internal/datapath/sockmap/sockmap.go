@@ -63,6 +63,14 @@ const (
 	modeUnknown   = 3 // the connection list: the socket has no state
 )
 
+// Bits of axon_sockmap_state's flags (enum axon_sockmap_flag): the socket's
+// role in its connection, and that its peer was found by alias key.
+const (
+	flagClient    = 0x1
+	flagServer    = 0x2
+	flagPeerAlias = 0x4
+)
+
 // modeNames are the modes as Conn shows them.
 var modeNames = map[uint32]string{modeUndecided: "undecided", modeBypass: "bypass", modeStack: "stack"}
 
@@ -115,7 +123,10 @@ type Conn struct {
 	// Mode is "undecided" (nothing written yet), "bypass" (writes go to the
 	// peer socket), "stack" (writes go through TCP, for good), or "" when
 	// unknown.
-	Mode            string
+	Mode string
+	// Alias: the socket found its peer by the client endpoint of its
+	// connection (a sidecar's netfilter REDIRECT), not by the reversed tuple.
+	Alias           bool
 	RedirectedMsgs  uint64 // writes moved into the peer socket
 	RedirectedBytes uint64 // their bytes
 	PassedBytes     uint64 // bytes written through TCP
@@ -559,7 +570,7 @@ func (b *Bypass) iterConns() ([]Conn, error) {
 		}
 		seen[rec.Key] = true
 		c := connOf(sockOpsSockmapKey(rec.Key))
-		c.Cookie, c.Mode = rec.Cookie, modeNames[rec.Mode]
+		c.Cookie, c.Mode, c.Alias = rec.Cookie, modeNames[rec.Mode], rec.Flags&flagPeerAlias != 0
 		c.RedirectedMsgs, c.RedirectedBytes, c.PassedBytes = rec.RedirMsgs, rec.RedirBytes, rec.PassBytes
 		out = append(out, c)
 	}
