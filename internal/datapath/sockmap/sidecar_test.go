@@ -25,6 +25,7 @@ type sidecarNet struct {
 	a, b, d          string
 	ca, cb, cd       uint64
 	podA, podB, podD netip.Addr
+	a6, b6           netip.Addr // A's and B's IPv6 pod addresses
 }
 
 func newSidecarNet(t *testing.T, b *Bypass) sidecarNet {
@@ -32,6 +33,7 @@ func newSidecarNet(t *testing.T, b *Bypass) sidecarNet {
 	n := sidecarNet{
 		a: dptest.NewNetns(t, "sca"), b: dptest.NewNetns(t, "scb"), d: dptest.NewNetns(t, "scd"),
 		podA: netip.MustParseAddr("10.78.0.1"), podB: netip.MustParseAddr("10.78.0.2"), podD: netip.MustParseAddr("10.78.0.3"),
+		a6: netip.MustParseAddr("fd00:78::1"), b6: netip.MustParseAddr("fd00:78::2"),
 	}
 	ca := dptest.NSConf(t, n.a)
 	ca.Veth("a0", "", "b0", "", n.b)
@@ -40,12 +42,16 @@ func newSidecarNet(t *testing.T, b *Bypass) sidecarNet {
 	cb.Up("b0")
 	ca.Addr("a0", "10.78.0.1/24")
 	cb.Addr("b0", "10.78.0.2/24")
+	ca.Addr("a0", "fd00:78::1/64")
+	cb.Addr("b0", "fd00:78::2/64")
+	waitRoutable(t, n.a, n.b6)
+	waitRoutable(t, n.b, n.a6)
 	dptest.NSConf(t, n.d).Addr("lo", "10.78.0.3/32")
 	for _, x := range []struct {
 		ns string
 		c  *uint64
 		ip netip.Addr
-	}{{n.a, &n.ca, n.podA}, {n.b, &n.cb, n.podB}, {n.d, &n.cd, n.podD}} {
+	}{{n.a, &n.ca, n.podA}, {n.b, &n.cb, n.podB}, {n.d, &n.cd, n.podD}, {n.a, &n.ca, n.a6}, {n.b, &n.cb, n.b6}} {
 		c, err := netnsutil.Cookie(netnsutil.Path(x.ns))
 		if err != nil {
 			t.Fatal(err)
@@ -71,12 +77,14 @@ func nsRun(t *testing.T, ns string, args ...string) {
 	}
 }
 
-// requireIptables skips when iptables (with the nat table's REDIRECT) is not
-// installed.
+// requireIptables skips when iptables or ip6tables (the nat table's
+// REDIRECT) is not installed.
 func requireIptables(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("iptables"); err != nil {
-		t.Skipf("iptables is not installed (the sidecar tests redirect with netfilter): %v", err)
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			t.Skipf("%s is not installed (the sidecar tests redirect with netfilter; apt-get install iptables): %v", cmd, err)
+		}
 	}
 }
 
@@ -170,32 +178,39 @@ func TestSidecarRedirectPairs(t *testing.T) {
 	b, _, _, cgFD := loadTest(t, Config{})
 	n := newSidecarNet(t, b)
 	p := startSockProc(t, cgFD)
-	nsRun(t, n.b, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
-	nsRun(t, n.a, "iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "9090", "-j", "REDIRECT", "--to-ports", "15001")
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		nsRun(t, n.b, ipt, "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
+		nsRun(t, n.a, ipt, "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "9090", "-j", "REDIRECT", "--to-ports", "15001")
+	}
 
 	for _, tc := range []struct {
 		name           string
+		net            string
 		lns, laddr     string // the proxy's listener
-		dial           string // the address the application dials from A
+		dial, local    string // the address the application dials from A, and binds
 		serverNetns    uint64
 		serverAdmitted string
 	}{
-		{name: "inbound: PREROUTING REDIRECT to podB:15006", lns: n.b, laddr: "10.78.0.2:15006", dial: "10.78.0.2:8080",
-			serverNetns: n.cb, serverAdmitted: "admit_pod"},
-		{name: "outbound: OUTPUT REDIRECT to 127.0.0.1:15001", lns: n.a, laddr: "127.0.0.1:15001", dial: "10.78.0.2:9090",
-			serverNetns: n.ca, serverAdmitted: "admit_intrapod"},
+		{name: "inbound: PREROUTING REDIRECT to podB:15006", net: "tcp4", lns: n.b, laddr: "10.78.0.2:15006",
+			dial: "10.78.0.2:8080", local: "10.78.0.1:0", serverNetns: n.cb, serverAdmitted: "admit_pod"},
+		{name: "outbound: OUTPUT REDIRECT to 127.0.0.1:15001", net: "tcp4", lns: n.a, laddr: "127.0.0.1:15001",
+			dial: "10.78.0.2:9090", local: "10.78.0.1:0", serverNetns: n.ca, serverAdmitted: "admit_intrapod"},
+		{name: "inbound v6: PREROUTING REDIRECT to [podB]:15006", net: "tcp6", lns: n.b, laddr: "[fd00:78::2]:15006",
+			dial: "[fd00:78::2]:8080", local: "[fd00:78::1]:0", serverNetns: n.cb, serverAdmitted: "admit_pod"},
+		{name: "outbound v6: OUTPUT REDIRECT to [::1]:15001", net: "tcp6", lns: n.a, laddr: "[::1]:15001",
+			dial: "[fd00:78::2]:9090", local: "[fd00:78::1]:0", serverNetns: n.ca, serverAdmitted: "admit_intrapod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := metrics(t, b)
-			ln := p.do(hreq{Op: "listen", Netns: tc.lns, Net: "tcp4", Addr: tc.laddr})
-			cl := p.do(hreq{Op: "dial", Netns: n.a, Net: "tcp4", Addr: tc.dial, Local: "10.78.0.1:0"})
+			ln := p.do(hreq{Op: "listen", Netns: tc.lns, Net: tc.net, Addr: tc.laddr})
+			cl := p.do(hreq{Op: "dial", Netns: n.a, Net: tc.net, Addr: tc.dial, Local: tc.local})
 			sv := p.do(hreq{Op: "accept", ID: ln.ID})
 			p.do(hreq{Op: "closeln", ID: ln.ID})
 			client := mustAP(t, cl.Local)
 			if got := mustAP(t, sv.Remote); got != client {
 				t.Fatalf("the proxy accepted %s, want the client %s: the REDIRECT did not happen as the row says", got, client)
 			}
-			if got, want := mustAP(t, cl.Remote).String(), tc.dial; got != want {
+			if got, want := mustAP(t, cl.Remote), netip.MustParseAddrPort(tc.dial); got != want {
 				t.Fatalf("client's remote %s, want %s", got, want)
 			}
 			// every socket's alias keys
