@@ -121,27 +121,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Duration < time.Second {
 		return c, fmt.Errorf("duration must be at least 1s (qperf -t takes whole seconds), got %s", c.Duration)
 	}
-	if len(c.Sizes) == 0 {
-		c.Sizes = DefaultSizes
-		if c.Chain {
-			c.Sizes = DefaultChainSizes
-		}
-	}
-	if len(c.BWSizes) == 0 {
-		c.BWSizes = c.Sizes
-		if c.Chain && slices.Equal(c.Sizes, DefaultChainSizes) {
-			c.BWSizes = DefaultChainBWSizes
-		}
-	}
-	for _, s := range c.BWSizes {
-		if !slices.Contains(c.Sizes, s) {
-			return c, fmt.Errorf("throughput size %d is not one of the message sizes %v", s, c.Sizes)
-		}
-	}
-	for _, s := range c.Sizes {
-		if s < 1 || s > 1<<20 {
-			return c, fmt.Errorf("message size %d: want 1 B..1 MiB", s)
-		}
+	if err := c.sizeDefaults(); err != nil {
+		return c, err
 	}
 	if len(c.Tests) == 0 {
 		c.Tests = DefaultTests
@@ -164,6 +145,33 @@ func (c Config) withDefaults() (Config, error) {
 		c.AgentWait = 30 * time.Second
 	}
 	return c, nil
+}
+
+// sizeDefaults fills in and checks Sizes and BWSizes.
+func (c *Config) sizeDefaults() error {
+	if len(c.Sizes) == 0 {
+		c.Sizes = DefaultSizes
+		if c.Chain {
+			c.Sizes = DefaultChainSizes
+		}
+	}
+	if len(c.BWSizes) == 0 {
+		c.BWSizes = c.Sizes
+		if c.Chain && slices.Equal(c.Sizes, DefaultChainSizes) {
+			c.BWSizes = DefaultChainBWSizes
+		}
+	}
+	for _, s := range c.BWSizes {
+		if !slices.Contains(c.Sizes, s) {
+			return fmt.Errorf("throughput size %d is not one of the message sizes %v", s, c.Sizes)
+		}
+	}
+	for _, s := range c.Sizes {
+		if s < 1 || s > 1<<20 {
+			return fmt.Errorf("message size %d: want 1 B..1 MiB", s)
+		}
+	}
+	return nil
 }
 
 // Sample is one qperf measurement of one arm.
