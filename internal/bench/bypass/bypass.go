@@ -23,13 +23,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/axonhq/axon/internal/bench"
@@ -306,12 +306,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			OutboundPort, InboundPort, len(ch.info.OrigDst))
 	}
 
-	srv, err := startServer(ctx, cfg, tools, server)
+	srv, srvArgv, err := startServer(ctx, cfg, tools, server)
 	if err != nil {
 		return nil, fmt.Errorf("sockmap bench: %w", err)
 	}
-	defer srv.stop()
-	rep.ServerCmd = bench.ShellQuote(srv.argv)
+	defer srv.Stop()
+	rep.ServerCmd = bench.ShellQuote(srvArgv)
 
 	r := &runner{cfg: cfg, tools: tools, sw: sw, client: client, server: server, chain: ch}
 	var errs []error
@@ -402,41 +402,19 @@ func addPods(ctx context.Context, l *lab.Lab, node string, keep bool) ([]lab.Pod
 	return pods, cleanup, nil
 }
 
-// qperfServer is the long-lived qperf server in the server pod (it forks a
-// child per client run).
-type qperfServer struct {
-	argv []string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startServer(ctx context.Context, cfg Config, tools map[string]string, pod lab.Pod) (*qperfServer, error) {
+// startServer starts the long-lived qperf server in the server pod (it
+// forks a child per client run) and waits until it listens (qperf binds the
+// dual-stack wildcard): through the sidecar chain a client that comes too
+// early is not refused but cut by the server proxy, which qperf does not
+// retry.
+func startServer(ctx context.Context, cfg Config, tools map[string]string, pod lab.Pod) (*bench.Server, []string, error) {
 	argv := []string{tools["nsenter"], "--net=" + netnsutil.Path(pod.Netns), tools["taskset"], "-c", strconv.Itoa(cfg.ServerCPU),
 		tools["qperf"], "--listen_port", strconv.Itoa(qperfPort)}
-	cmd, cleanup, err := bench.Command(context.WithoutCancel(ctx), pod.Cgroup, argv)
+	srv, err := bench.StartServer(context.WithoutCancel(ctx), pod.Cgroup, argv, netip.IPv6Unspecified(), qperfPort, 10*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("the qperf server: %w", err)
 	}
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		cleanup()
-		return nil, fmt.Errorf("start the qperf server %s: %w", bench.ShellQuote(argv), err)
-	}
-	cleanup()
-	s := &qperfServer{argv: argv, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	return s, nil
-}
-
-// stop ends the server by its PID (SIGTERM, then SIGKILL).
-func (s *qperfServer) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(2 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
+	return srv, argv, nil
 }
 
 type runner struct {
