@@ -5,7 +5,9 @@
  * Runs on every write (sendmsg, sendfile/splice) of a socket in
  * axon_sock_hash. Each socket has a sticky mode (axon_sockmap_state):
  *  undecided  try bpf_msg_redirect_hash(BPF_F_INGRESS) to the peer's key
- *             (computed by sockops.c): success -> bypass, miss -> stack.
+ *             (computed by sockops.c), then to its alias keys (a sidecar's
+ *             REDIRECTed connection, lib/sockmap.h): success -> bypass (the
+ *             key that worked is the peer key from then on), miss -> stack.
  *  bypass     keep redirecting; a miss (the peer closed) -> stack.
  *  stack      SK_PASS: the bytes go through TCP, always.
  * A socket that ever sent through TCP never redirects again: redirected bytes
@@ -120,7 +122,10 @@ int axon_sk_msg(struct sk_msg_md *msg)
 		sockmap_count(AXON_SM_PASS_BYTES, size);
 		return SK_PASS;
 	}
-	if (bpf_msg_redirect_hash(msg, &axon_sock_hash, &st->peer, BPF_F_INGRESS) == SK_PASS) {
+	/* the peer key (exact, or the alias key that worked); on the first
+	 * write a miss of the exact key tries the alias keys (sidecars) */
+	if (sockmap_redirect_peer(msg, st) == SK_PASS ||
+	    (st->mode == AXON_SM_MODE_UNDECIDED && sockmap_alias_redirect(msg, st) == SK_PASS)) {
 		st->mode = AXON_SM_MODE_BYPASS;
 		st->redir_msgs++;
 		st->redir_bytes += size;
