@@ -211,7 +211,7 @@ func (s *directSwitch) conns(context.Context) ([]api.SockmapConn, error) {
 	}
 	out := make([]api.SockmapConn, 0, len(cs))
 	for _, c := range cs {
-		out = append(out, api.SockmapConn{Local: c.Local, Remote: c.Remote, Netns: c.Netns, Mode: c.Mode,
+		out = append(out, api.SockmapConn{Local: c.Local, Remote: c.Remote, Netns: c.Netns, Mode: c.Mode, Alias: c.Alias,
 			RedirectedMsgs: c.RedirectedMsgs, RedirectedBytes: c.RedirectedBytes, PassedBytes: c.PassedBytes})
 	}
 	return out, nil

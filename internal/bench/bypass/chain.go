@@ -341,8 +341,11 @@ type HopSocket struct {
 	Remote netip.AddrPort `json:"remote"`
 	// InMap: the socket is in the SOCKHASH; Mode and the byte counters are
 	// its (see api.SockmapConn).
-	InMap           bool   `json:"inMap"`
-	Mode            string `json:"mode,omitempty"`
+	InMap bool   `json:"inMap"`
+	Mode  string `json:"mode,omitempty"`
+	// Alias: it found its peer by its connection's client endpoint (the
+	// pairing across a REDIRECT), not by the reversed tuple.
+	Alias           bool   `json:"alias,omitempty"`
 	RedirectedBytes uint64 `json:"redirectedBytes,omitempty"`
 	PassedBytes     uint64 `json:"passedBytes,omitempty"`
 }
@@ -401,7 +404,7 @@ func classify(client, server chainPod, clientSocks, serverSocks []diagSocket, co
 				c, ok = inMap[key{s.local, s.remote, side.pod.cookie}]
 			}
 			if ok {
-				h.InMap, h.Mode, h.RedirectedBytes, h.PassedBytes = true, c.Mode, c.RedirectedBytes, c.PassedBytes
+				h.InMap, h.Mode, h.Alias, h.RedirectedBytes, h.PassedBytes = true, c.Mode, c.Alias, c.RedirectedBytes, c.PassedBytes
 			}
 			out = append(out, h)
 		}

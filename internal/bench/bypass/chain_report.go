@@ -117,7 +117,8 @@ func (r *Report) hopsMarkdown() string {
 	b.WriteString("Halfway through every measurement the bench lists the two pods' established TCP sockets (sock_diag: addresses and owner; " +
 		"the proxies run as uid " + fmt.Sprint(ProxyUID) + ") and looks each up in the SOCKHASH (its mode and bytes). " +
 		"Summed over the bypass arm's snapshots; mode \"stack\": in the map, but its writes take TCP for good " +
-		"(its first write found no peer socket in the map); \"undecided\": it wrote nothing yet (a receiver). " +
+		"(its first write found no peer socket in the map, or its peer fell behind: back-pressure); \"(by alias)\": it found its peer by its " +
+		"connection's client endpoint, the pairing across a REDIRECT; \"undecided\": it wrote nothing yet (a receiver). " +
 		"A hop is bypassed when all its sockets are in the map and none writes through TCP.\n\n")
 	b.WriteString("| hop | snapshots | sockets | in SOCKHASH | bypass | stack | undecided | bytes redirected | bytes through TCP | verdict | stack arm: in SOCKHASH |\n" +
 		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
@@ -150,6 +151,8 @@ func (r *Report) hopsMarkdown() string {
 			mode := h.Mode
 			if !h.InMap {
 				mode = "—"
+			} else if h.Alias {
+				mode += " (by alias)"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d | %d |\n", h.Hop, h.Pod, owner, h.Local, h.Remote, yesNo(h.InMap), mode,
 				h.RedirectedBytes, h.PassedBytes)
