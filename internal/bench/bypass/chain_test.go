@@ -2,6 +2,7 @@ package bypass
 
 import (
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -122,7 +123,8 @@ func TestClassify(t *testing.T) {
 	// The report: hop 3 bypassed (the receiver undecided), hop 2 not, hop 1
 	// not (the proxy's end not in the map); the stack arm's sockets counted
 	// apart.
-	r := &Report{Reps: 1, Chain: &ChainInfo{}, Samples: []Sample{
+	r := &Report{Reps: 1, Tests: []string{TestLat}, Sizes: []int{1}, Chain: &ChainInfo{OrigDst: []OrigDstCheck{
+		{Dial: ap("10.0.0.2:19801"), Reply: "port 19801", Peer: ap("127.0.0.1:5000")}}}, Samples: []Sample{
 		{Rep: 1, Test: TestLat, Size: 1, Arm: ArmBypass, Hops: got},
 		{Rep: 1, Test: TestLat, Size: 1, Arm: ArmStack, Hops: []HopSocket{{Hop: HopProxyApp}, {Hop: HopProxyApp, InMap: true}}},
 	}}
@@ -162,6 +164,18 @@ func TestClassify(t *testing.T) {
 		if !strings.Contains(md, w) {
 			t.Errorf("results.md lacks %q:\n%s", w, md)
 		}
+	}
+	// results.json keeps the chain: the report renders the same from it
+	dir := t.TempDir()
+	if err := r.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadReport(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Markdown(); got != md {
+		t.Errorf("results.md rendered from results.json differs:\n%s\nwant:\n%s", got, md)
 	}
 }
 
