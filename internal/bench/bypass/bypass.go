@@ -296,7 +296,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sockmap bench: %w", err)
 		}
-		defer ch.stop()
+		defer func() {
+			if err := ch.stop(); err != nil {
+				progress("sockmap bench: undo the sidecar chain: %v", err)
+			}
+		}()
 		rep.Chain = &ch.info
 		ch.info.OrigDst, err = ch.checkOrigDst(ctx)
 		if err != nil {

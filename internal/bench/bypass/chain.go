@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -161,9 +162,12 @@ var origDstPorts = []uint16{19801, 19802}
 type chain struct {
 	dir     string
 	proxies []*bench.Server
-	info    ChainInfo
-	client  chainPod
-	server  chainPod
+	// undo deletes the nat rules added so far (argv each), so that pods kept
+	// after the run (--keep-pods) are not left redirecting to no proxy
+	undo   [][]string
+	info   ChainInfo
+	client chainPod
+	server chainPod
 }
 
 // chainPod is a bench pod with its netns cookie (loopback keys carry it).
@@ -206,6 +210,9 @@ func startChain(ctx context.Context, tools map[string]string, client, server lab
 					side.pod.Name, bench.ShellQuote(argv), err, strings.TrimSpace(string(out)))
 			}
 			rules = append(rules, "iptables -t nat "+strings.Join(r, " "))
+			del := slices.Clone(argv)
+			del[slices.Index(del, "-A")] = "-D"
+			c.undo = append(c.undo, del)
 		}
 		cfg := haproxyConfig(side.outbound)
 		name := "inbound.cfg"
@@ -238,13 +245,21 @@ func startChain(ctx context.Context, tools map[string]string, client, server lab
 	return c, nil
 }
 
-// stop ends the proxies by PID and removes the configuration.
-func (c *chain) stop() {
+// stop ends the proxies by PID, deletes the nat rules (the pods may be
+// kept) and removes the configuration. It returns what it could not undo.
+func (c *chain) stop() error {
 	for _, p := range c.proxies {
 		p.Stop()
 	}
 	c.proxies = nil
-	_ = os.RemoveAll(c.dir)
+	var errs []error
+	for _, argv := range c.undo {
+		if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w: %s", bench.ShellQuote(argv), err, strings.TrimSpace(string(out))))
+		}
+	}
+	c.undo = nil
+	return errors.Join(append(errs, os.RemoveAll(c.dir))...)
 }
 
 // alive reports a proxy that exited.

@@ -247,6 +247,9 @@ func TestSockmapChainBenchTiny(t *testing.T) {
 			t.Errorf("bench pod %s left in the lab", p.Name)
 		}
 	}
+	if strings.Contains(progress.String(), "undo the") { // the proxies, nat rules, the direct attach
+		t.Errorf("the bench could not undo all it set up:\n%s", progress.String())
+	}
 	if after, _ := filepath.Glob(filepath.Join(os.TempDir(), "axon-bench-chain-*")); len(after) > len(before) {
 		t.Errorf("the sidecars' configuration left behind: %v", after)
 	}
