@@ -380,12 +380,18 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 	var timeout time.Duration
 	var services bool
 	var external bool
+	var sockmap bool
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Connectivity matrix: every pod to every pod and node, IPv4+IPv6, TCP/UDP/ICMP",
 		Long: "Probe every pod to every other pod and every node over IPv4 and IPv6 with TCP and UDP\n" +
 			"(a built-in echo on port 5657) and ICMP (ping). Probes run in the source pod's namespace\n" +
-			"and cgroup. Prints the matrix (ok = all 6 probes passed) and exits non-zero on any failure.",
+			"and cgroup. Prints the matrix (ok = all 6 probes passed) and exits non-zero on any failure.\n" +
+			"With --sockmap (default): on each node whose agent has the same-node TCP bypass on (its kernel\n" +
+			"self-test passed; with --datapath baseline --sockmap on, in bypass-only mode) one connection\n" +
+			"between two of its pods must echo 256 KiB intact with both sockets in the SOCKHASH (the agent's\n" +
+			"connection list) and bytes redirected; where the agent keeps the bypass off: n/a and its reason.\n" +
+			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := f.load()
@@ -422,6 +428,17 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 					return fmt.Errorf("lab check (external): %w", err)
 				}
 			}
+			if sockmap { // check_sockmap.go
+				fmt.Fprintln(cmd.OutOrStdout())
+				mres, err := l.CheckSockmap(cmd.Context(), timeout)
+				if mres != nil {
+					mres.Print(cmd.OutOrStdout())
+					failed += len(mres.Failed())
+				}
+				if err != nil {
+					return fmt.Errorf("lab check (sockmap): %w", err)
+				}
+			}
 			if failed > 0 {
 				return fmt.Errorf("lab check: %d probes failed", failed)
 			}
@@ -430,6 +447,7 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-probe timeout")
 	cmd.Flags().BoolVar(&external, "external", true, "also probe NodePort, LoadBalancer, externalIP, HostPort and externalTrafficPolicy Local from the external namespace (n/a with the reason when nothing serves north-south traffic)")
+	cmd.Flags().BoolVar(&sockmap, "sockmap", true, "also check the same-node TCP bypass on each node whose agent has it on: a pod-to-pod connection echoes 256 KiB intact with both sockets in the agent's SOCKHASH list (n/a with the agent's reason where it is off)")
 	cmd.Flags().BoolVar(&services, "services", true, "also probe every demo Service type from every pod and node (labs brought up without --no-demo)")
 	return cmd
 }
@@ -536,7 +554,25 @@ func newLabEchoCmd() *cobra.Command {
 	ping.Flags().IntVarP(&count, "count", "c", 1, "echo requests to send")
 	ping.Flags().DurationVarP(&interval, "interval", "i", 200*time.Millisecond, "time between requests")
 	ping.Flags().DurationVarP(&wait, "wait", "W", time.Second, "how long to wait for the last reply")
-	cmd.AddCommand(serve, probeCmd, ping)
+	var streamBytes int
+	stream := &cobra.Command{
+		Use:   "stream addr:port",
+		Short: "write random bytes, check their echo, print the connection as JSON, hold it open until stdin closes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := netip.ParseAddrPort(args[0])
+			if err != nil {
+				return err
+			}
+			if streamBytes < 1 || streamBytes > 64<<20 {
+				return fmt.Errorf("--bytes %d: want 1..64 MiB", streamBytes)
+			}
+			return probe.Stream(cmd.Context(), a, streamBytes, timeout, os.Stdout, os.Stdin)
+		},
+	}
+	stream.Flags().IntVar(&streamBytes, "bytes", 256<<10, "bytes to send and check")
+	stream.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "bound of the exchange")
+	cmd.AddCommand(serve, probeCmd, ping, stream)
 	return cmd
 }
 

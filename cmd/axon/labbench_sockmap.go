@@ -23,6 +23,7 @@ func newLabBenchSockmapCmd(stateDir *string) *cobra.Command {
 	var (
 		cfg   bypass.Config
 		sizes string
+		bwSz  string
 		tests string
 		out   string
 		from  string
@@ -51,6 +52,21 @@ axon status says why), the benchmark loads the same programs
 admits exactly the two pods for the bypass arm and withdraws them for the stack arm,
 and unloads everything at the end. Refused while the agent has the bypass on.
 
+--chain: the sidecar chain app → proxy → proxy → app. Each pod gets an HAProxy
+sidecar (/usr/sbin/haproxy, TCP mode, uid 1337) wired as a service mesh wires its proxy:
+the client pod's outgoing TCP is redirected (nat OUTPUT REDIRECT, the proxy's uid
+exempt by -m owner) to its proxy on 127.0.0.1:15001, which connects to the original
+destination (SO_ORIGINAL_DST); TCP arriving at the server pod is redirected (nat
+PREROUTING REDIRECT) to its proxy on :15006, which connects to the same port on
+127.0.0.1. qperf's control and data connections both take the chain. Before measuring,
+a connection to each of two server ports must reach that port's listener through both
+proxies. The arms are the chain with the bypass and without; target: latency ≤ 0.6×.
+Defaults with --chain: --sizes 1,64,1K,16K (tcp_lat) and --bw-sizes 64,16K (tcp_bw,
+with CPU seconds per GB). Halfway through each measurement the pods' sockets are listed
+(sock_diag) and looked up in the SOCKHASH: the report says which hops were bypassed.
+iptables rules live in the pods' network namespaces only and go with the pods; the
+proxies are stopped by PID.
+
 Writes results.md, results.csv and results.json to the output folder, progress on
 stderr. The pods are removed afterwards. --from DIR renders DIR/results.json's report
 again (results.md and results.csv) without measuring.`,
@@ -77,14 +93,25 @@ again (results.md and results.csv) without measuring.`,
 				return fmt.Errorf("%w (bring a lab up first: axon lab up --nodes 1 --no-demo)", err)
 			}
 			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-			if cfg.Sizes, err = parseSizes(sizes); err != nil {
-				return err
+			if !cfg.Chain || cmd.Flags().Changed("sizes") {
+				if cfg.Sizes, err = parseSizes(sizes); err != nil {
+					return err
+				}
+			}
+			if bwSz != "" {
+				if cfg.BWSizes, err = parseSizes(bwSz); err != nil {
+					return fmt.Errorf("--bw-sizes: %w", err)
+				}
 			}
 			if tests != "" {
 				cfg.Tests = strings.Split(tests, ",")
 			}
 			if out == "" {
-				out = filepath.Join("results", "bench-sockmap-"+time.Now().UTC().Format("20060102T150405Z"))
+				kind := "bench-sockmap-"
+				if cfg.Chain {
+					kind = "bench-sockmap-chain-"
+				}
+				out = filepath.Join("results", kind+time.Now().UTC().Format("20060102T150405Z"))
 			}
 			cfg.Lab, cfg.OutDir, cfg.Progress = l, out, cmd.ErrOrStderr()
 			cfg.Command = "axon " + strings.Join(os.Args[1:], " ")
@@ -105,6 +132,8 @@ again (results.md and results.csv) without measuring.`,
 	f.IntVar(&cfg.Reps, "reps", 8, "repetitions (each measures both arms of every test and size; 8 or more give the paired ratios an interval)")
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "qperf -t of each measurement (whole seconds)")
 	f.StringVar(&sizes, "sizes", "1,4,16,64,256,1K,4K,16K", "message sizes, comma-separated (bytes; K = 1024)")
+	f.BoolVar(&cfg.Chain, "chain", false, "the sidecar chain: an HAProxy sidecar in each pod, traffic redirected through both (see above)")
+	f.StringVar(&bwSz, "bw-sizes", "", "message sizes of tcp_bw, a subset of --sizes (default: all of --sizes; with --chain 64,16K)")
 	f.StringVar(&tests, "tests", "tcp_lat,tcp_bw", "qperf tests, comma-separated, in order")
 	f.StringVar(&cfg.Node, "node", "", "lab node of the two pods (default: the first)")
 	f.StringVar(&out, "out", "", "results folder (default results/bench-sockmap-<UTC time>)")

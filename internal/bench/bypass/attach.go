@@ -30,6 +30,8 @@ type switcher interface {
 	set(ctx context.Context, arm string) error
 	// counters are the bypass's BPF counters (summed over CPUs).
 	counters(ctx context.Context) (map[string]uint64, error)
+	// conns are the sockets in the SOCKHASH with their modes and bytes.
+	conns(ctx context.Context) ([]api.SockmapConn, error)
 	// close undoes what the switcher set up.
 	close(ctx context.Context) error
 }
@@ -97,6 +99,14 @@ func (s *agentSwitch) counters(ctx context.Context) (map[string]uint64, error) {
 		return nil, fmt.Errorf("the agent's bypass turned off during the benchmark: %s", rep.Reason)
 	}
 	return rep.Counters, nil
+}
+
+func (s *agentSwitch) conns(ctx context.Context) ([]api.SockmapConn, error) {
+	rep, err := s.agent.SockmapConns(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the agent's bypassed connections: %w", err)
+	}
+	return rep.Conns, nil
 }
 
 func (s *agentSwitch) close(context.Context) error { return nil } // the pods go with the benchmark
@@ -193,6 +203,19 @@ func (s *directSwitch) set(_ context.Context, arm string) error {
 }
 
 func (s *directSwitch) counters(context.Context) (map[string]uint64, error) { return s.b.Metrics() }
+
+func (s *directSwitch) conns(context.Context) ([]api.SockmapConn, error) {
+	cs, err := s.b.Conns()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.SockmapConn, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, api.SockmapConn{Local: c.Local, Remote: c.Remote, Netns: c.Netns, Mode: c.Mode, Alias: c.Alias,
+			RedirectedMsgs: c.RedirectedMsgs, RedirectedBytes: c.RedirectedBytes, PassedBytes: c.PassedBytes})
+	}
+	return out, nil
+}
 
 // close withdraws the pods, unloads the programs and removes the pins.
 func (s *directSwitch) close(ctx context.Context) error {

@@ -23,11 +23,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/axonhq/axon/internal/bench"
@@ -70,8 +72,14 @@ type Config struct {
 	Attach   string        // AttachAgent (default) or AttachDirect
 	Reps     int           // repetitions; default 8
 	Duration time.Duration // qperf -t per measurement, whole seconds; default 3s
-	Sizes    []int         // message sizes, bytes; default DefaultSizes
-	Tests    []string      // default DefaultTests
+	Sizes    []int         // message sizes, bytes; default DefaultSizes (DefaultChainSizes with Chain)
+	// BWSizes are the sizes tcp_bw is measured at (tcp_lat: Sizes); default
+	// Sizes (DefaultChainBWSizes with Chain). Each must be one of Sizes.
+	BWSizes []int
+	Tests   []string // default DefaultTests
+	// Chain puts an HAProxy sidecar in each pod, wired as a mesh wires its
+	// proxy (chain.go): the arms are the chain with the bypass and without.
+	Chain bool
 	// ClientCPU and ServerCPU are the CPUs the qperf client and server are
 	// pinned to; both 0 means 0 and 1.
 	ClientCPU, ServerCPU int
@@ -113,13 +121,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Duration < time.Second {
 		return c, fmt.Errorf("duration must be at least 1s (qperf -t takes whole seconds), got %s", c.Duration)
 	}
-	if len(c.Sizes) == 0 {
-		c.Sizes = DefaultSizes
-	}
-	for _, s := range c.Sizes {
-		if s < 1 || s > 1<<20 {
-			return c, fmt.Errorf("message size %d: want 1 B..1 MiB", s)
-		}
+	if err := c.sizeDefaults(); err != nil {
+		return c, err
 	}
 	if len(c.Tests) == 0 {
 		c.Tests = DefaultTests
@@ -144,6 +147,33 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
+// sizeDefaults fills in and checks Sizes and BWSizes.
+func (c *Config) sizeDefaults() error {
+	if len(c.Sizes) == 0 {
+		c.Sizes = DefaultSizes
+		if c.Chain {
+			c.Sizes = DefaultChainSizes
+		}
+	}
+	if len(c.BWSizes) == 0 {
+		c.BWSizes = c.Sizes
+		if c.Chain && slices.Equal(c.Sizes, DefaultChainSizes) {
+			c.BWSizes = DefaultChainBWSizes
+		}
+	}
+	for _, s := range c.BWSizes {
+		if !slices.Contains(c.Sizes, s) {
+			return fmt.Errorf("throughput size %d is not one of the message sizes %v", s, c.Sizes)
+		}
+	}
+	for _, s := range c.Sizes {
+		if s < 1 || s > 1<<20 {
+			return fmt.Errorf("message size %d: want 1 B..1 MiB", s)
+		}
+	}
+	return nil
+}
+
 // Sample is one qperf measurement of one arm.
 type Sample struct {
 	Rep   int    `json:"rep"`
@@ -163,7 +193,12 @@ type Sample struct {
 	Counters  map[string]uint64 `json:"counters,omitempty"`
 	PSIBefore float64           `json:"-"`
 	PSIAfter  float64           `json:"-"`
-	Err       string            `json:"error,omitempty"`
+	// Hops (Chain): the pods' established sockets halfway through the
+	// measurement, by hop, with what the SOCKHASH held of them.
+	Hops []HopSocket `json:"hops,omitempty"`
+	// HopsErr says why Hops is missing.
+	HopsErr string `json:"hopsError,omitempty"`
+	Err     string `json:"error,omitempty"`
 }
 
 // Run measures. It returns the report also when measurements failed (their
@@ -175,8 +210,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("sockmap bench: %w", err)
 	}
 	tools := map[string]string{}
-	for _, t := range []string{"qperf", "nsenter", "taskset"} {
-		p, err := exec.LookPath(t)
+	need := []string{"qperf", "nsenter", "taskset"}
+	if cfg.Chain {
+		need = append(need, "haproxy", "iptables")
+	}
+	for _, t := range need {
+		p, err := lookPath(t)
 		if err != nil {
 			return nil, fmt.Errorf("sockmap bench: %s not found: run `make deps` (hack/install-packages.sh): %w", t, err)
 		}
@@ -209,7 +248,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	rep := &Report{Started: time.Now().UTC(), Command: cfg.Command, Node: node.Name, Attach: cfg.Attach,
-		Reps: cfg.Reps, Duration: cfg.Duration, Sizes: cfg.Sizes, Tests: cfg.Tests,
+		Reps: cfg.Reps, Duration: cfg.Duration, Sizes: cfg.Sizes, BWSizes: cfg.BWSizes, Tests: cfg.Tests,
 		ClientCPU: cfg.ClientCPU, ServerCPU: cfg.ServerCPU, Host: bench.HostInfo(ctx, bench.ToolPaths{}),
 		Qperf: qperfVersion(ctx, tools["qperf"]), LoadStart: loadAvg(), PSIStart: bench.ReadPressure().Avg10}
 	if cfg.Attach == AttachDirect {
@@ -251,19 +290,42 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	progress("sockmap bench: %s ↔ %s on %s, bypass attached by %s; %d reps × %d sizes × %v × 2 arms × %s",
 		client.Name, server.Name, node.Name, cfg.Attach, cfg.Reps, len(cfg.Sizes), cfg.Tests, cfg.Duration)
 
-	srv, err := startServer(ctx, cfg, tools, server)
+	var ch *chain
+	if cfg.Chain {
+		ch, err = startChain(ctx, tools, client, server, cfg.ClientCPU, cfg.ServerCPU)
+		if err != nil {
+			return nil, fmt.Errorf("sockmap bench: %w", err)
+		}
+		defer func() {
+			if err := ch.stop(); err != nil {
+				progress("sockmap bench: undo the sidecar chain: %v", err)
+			}
+		}()
+		rep.Chain = &ch.info
+		ch.info.OrigDst, err = ch.checkOrigDst(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sockmap bench: %w", err)
+		}
+		progress("sockmap bench: sidecar chain up (HAProxy in both pods, nat REDIRECT to %d and %d); original destination kept: %d ports checked",
+			OutboundPort, InboundPort, len(ch.info.OrigDst))
+	}
+
+	srv, srvArgv, err := startServer(ctx, cfg, tools, server)
 	if err != nil {
 		return nil, fmt.Errorf("sockmap bench: %w", err)
 	}
-	defer srv.stop()
-	rep.ServerCmd = bench.ShellQuote(srv.argv)
+	defer srv.Stop()
+	rep.ServerCmd = bench.ShellQuote(srvArgv)
 
-	r := &runner{cfg: cfg, tools: tools, sw: sw, client: client, server: server}
+	r := &runner{cfg: cfg, tools: tools, sw: sw, client: client, server: server, chain: ch}
 	var errs []error
 	pair := 0
 	for n := 1; n <= cfg.Reps; n++ {
 		for _, size := range cfg.Sizes {
 			for _, test := range cfg.Tests {
+				if test == TestBW && !slices.Contains(cfg.BWSizes, size) {
+					continue
+				}
 				arms := []string{ArmStack, ArmBypass}
 				if (n+pair)%2 == 0 { // alternate per pair and per repetition
 					arms[0], arms[1] = arms[1], arms[0]
@@ -344,41 +406,19 @@ func addPods(ctx context.Context, l *lab.Lab, node string, keep bool) ([]lab.Pod
 	return pods, cleanup, nil
 }
 
-// qperfServer is the long-lived qperf server in the server pod (it forks a
-// child per client run).
-type qperfServer struct {
-	argv []string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startServer(ctx context.Context, cfg Config, tools map[string]string, pod lab.Pod) (*qperfServer, error) {
+// startServer starts the long-lived qperf server in the server pod (it
+// forks a child per client run) and waits until it listens (qperf binds the
+// dual-stack wildcard): through the sidecar chain a client that comes too
+// early is not refused but cut by the server proxy, which qperf does not
+// retry.
+func startServer(ctx context.Context, cfg Config, tools map[string]string, pod lab.Pod) (*bench.Server, []string, error) {
 	argv := []string{tools["nsenter"], "--net=" + netnsutil.Path(pod.Netns), tools["taskset"], "-c", strconv.Itoa(cfg.ServerCPU),
 		tools["qperf"], "--listen_port", strconv.Itoa(qperfPort)}
-	cmd, cleanup, err := bench.Command(context.WithoutCancel(ctx), pod.Cgroup, argv)
+	srv, err := bench.StartServer(context.WithoutCancel(ctx), pod.Cgroup, argv, netip.IPv6Unspecified(), qperfPort, 10*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("the qperf server: %w", err)
 	}
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		cleanup()
-		return nil, fmt.Errorf("start the qperf server %s: %w", bench.ShellQuote(argv), err)
-	}
-	cleanup()
-	s := &qperfServer{argv: argv, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	return s, nil
-}
-
-// stop ends the server by its PID (SIGTERM, then SIGKILL).
-func (s *qperfServer) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(2 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
+	return srv, argv, nil
 }
 
 type runner struct {
@@ -386,6 +426,7 @@ type runner struct {
 	tools          map[string]string
 	sw             switcher
 	client, server lab.Pod
+	chain          *chain // nil without Chain
 }
 
 func (r *runner) clientArgv(test string, size int) []string {
@@ -401,9 +442,15 @@ func (r *runner) clientArgvOf(test, size string) []string {
 }
 
 // measure switches to arm and runs one qperf client.
-func (r *runner) measure(ctx context.Context, n int, test string, size int, arm string, first bool) Sample {
-	s := Sample{Rep: n, Test: test, Size: size, Arm: arm, First: first, Value: math.NaN(), CPUPerGB: math.NaN(),
+func (r *runner) measure(ctx context.Context, n int, test string, size int, arm string, first bool) (s Sample) {
+	s = Sample{Rep: n, Test: test, Size: size, Arm: arm, First: first, Value: math.NaN(), CPUPerGB: math.NaN(),
 		PSIBefore: math.NaN(), PSIAfter: math.NaN()}
+	if r.chain != nil {
+		if err := r.chain.quiesce(ctx, 5*time.Second); err != nil {
+			s.Err = err.Error()
+			return s
+		}
+	}
 	if err := r.sw.set(ctx, arm); err != nil {
 		s.Err = err.Error()
 		return s
@@ -412,6 +459,38 @@ func (r *runner) measure(ctx context.Context, n int, test string, size int, arm 
 	if err != nil {
 		s.Err = err.Error()
 		return s
+	}
+	if r.chain != nil {
+		if err := r.chain.alive(); err != nil {
+			s.Err = err.Error()
+			return s
+		}
+		// halfway through, the chain's sockets and what the SOCKHASH holds
+		// of them (they leave the map when qperf closes them)
+		type snap struct {
+			hops []HopSocket
+			err  error
+		}
+		snapc := make(chan snap, 1)
+		sctx, cancel := context.WithCancel(ctx)
+		defer func() {
+			cancel()
+			if x := <-snapc; x.err != nil {
+				s.HopsErr = x.err.Error()
+			} else {
+				s.Hops = x.hops
+			}
+		}()
+		go func() {
+			select {
+			case <-sctx.Done():
+				snapc <- snap{err: errors.New("the measurement ended before it was taken")}
+				return
+			case <-time.After(r.cfg.Duration / 2):
+			}
+			h, err := r.chain.snapshot(sctx, r.sw)
+			snapc <- snap{h, err}
+		}()
 	}
 	cpus := bench.MeasuredCPUs(r.cfg.ClientCPU, r.cfg.ServerCPU)
 	before := bench.ReadPressure()
@@ -464,6 +543,24 @@ func (r *runner) measure(ctx context.Context, n int, test string, size int, arm 
 		}
 	}
 	return s
+}
+
+// lookPath finds a tool in PATH, or in /usr/sbin (haproxy, iptables) when
+// PATH lacks it.
+func lookPath(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p, nil
+	}
+	if p := filepath.Join("/usr/sbin", name); isExecutable(p) {
+		return p, nil
+	}
+	return "", err
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
 // counterDeltas are the counters that moved from before to after.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,7 @@ type Report struct {
 	Reps         int           `json:"reps"`
 	Duration     time.Duration `json:"duration"`
 	Sizes        []int         `json:"sizes"`
+	BWSizes      []int         `json:"bwSizes,omitempty"` // tcp_bw's sizes; none: Sizes
 	Tests        []string      `json:"tests"`
 	ClientCPU    int           `json:"clientCPU"`
 	ServerCPU    int           `json:"serverCPU"`
@@ -43,22 +45,28 @@ type Report struct {
 	Qperf        string        `json:"qperf"`
 	// Machine load: /proc/loadavg and CPU pressure (some avg10, %) at the
 	// start and at the end.
-	LoadStart string   `json:"loadavgStart"`
-	LoadEnd   string   `json:"loadavgEnd"`
-	PSIStart  float64  `json:"-"`
-	PSIEnd    float64  `json:"-"`
-	Client    PodRef   `json:"client"`
-	Server    PodRef   `json:"server"`
-	ServerCmd string   `json:"serverCommand"`
-	ClientCmd string   `json:"clientCommand"`
-	Samples   []Sample `json:"-"` // in results.json through JSON()
+	LoadStart string  `json:"loadavgStart"`
+	LoadEnd   string  `json:"loadavgEnd"`
+	PSIStart  float64 `json:"-"`
+	PSIEnd    float64 `json:"-"`
+	Client    PodRef  `json:"client"`
+	Server    PodRef  `json:"server"`
+	ServerCmd string  `json:"serverCommand"`
+	ClientCmd string  `json:"clientCommand"`
+	// Chain is the sidecar chain's setup (nil: the pods talk directly).
+	Chain   *ChainInfo `json:"chain,omitempty"`
+	Samples []Sample   `json:"-"` // in results.json through JSON()
 }
 
-// Target is a feature target for the ratio bypass/stack.
+// Target is a feature target for the ratio bypass/stack; the zero Target
+// is none.
 type Target struct {
 	AtMost bool    // ratio ≤ Bound (latency); otherwise ratio ≥ Bound
-	Bound  float64 //
+	Bound  float64 // 0: no target
 }
+
+// None reports whether there is no target.
+func (t Target) None() bool { return t.Bound == 0 }
 
 // TargetFor is the same-node TCP bypass's target for test at size: latency
 // ≤ 0.5× the stack at every size; throughput ≥ 1.0× at every size and
@@ -73,8 +81,36 @@ func TargetFor(test string, size int) Target {
 	return Target{Bound: 1.0}
 }
 
-// Met reports whether ratio meets the target (false for NaN).
+// ChainTargetFor is the sidecar chain's target: request/response latency
+// ≤ 0.6× the chain without the bypass; throughput has none (its CPU per GB
+// is reported).
+func ChainTargetFor(test string, _ int) Target {
+	if test == TestLat {
+		return Target{AtMost: true, Bound: 0.6}
+	}
+	return Target{}
+}
+
+// target is the run's target for test at size.
+func (r *Report) target(test string, size int) Target {
+	if r.Chain != nil {
+		return ChainTargetFor(test, size)
+	}
+	return TargetFor(test, size)
+}
+
+// measured reports whether the run measures test at size (tcp_bw only at
+// BWSizes when set).
+func (r *Report) measured(test string, size int) bool {
+	return test != TestBW || len(r.BWSizes) == 0 || slices.Contains(r.BWSizes, size)
+}
+
+// Met reports whether ratio meets the target (false for NaN; true when
+// there is none).
 func (t Target) Met(ratio float64) bool {
+	if t.None() {
+		return true
+	}
 	if math.IsNaN(ratio) {
 		return false
 	}
@@ -85,6 +121,9 @@ func (t Target) Met(ratio float64) bool {
 }
 
 func (t Target) String() string {
+	if t.None() {
+		return "—"
+	}
 	op := "≥"
 	if t.AtMost {
 		op = "≤"
@@ -96,6 +135,9 @@ func (t Target) String() string {
 // "n/a", with "(CI crosses)" when the 95 % interval lies on both sides of
 // the bound.
 func (t Target) Verdict(p bench.PairedRatio) string {
+	if t.None() {
+		return "—"
+	}
 	if p.N == 0 {
 		return "n/a"
 	}
@@ -160,9 +202,12 @@ func (r *Report) Rows() []Row {
 	var rows []Row
 	for _, test := range r.Tests {
 		for _, size := range r.Sizes {
+			if !r.measured(test, size) {
+				continue
+			}
 			st, by := r.Values(test, size, ArmStack), r.Values(test, size, ArmBypass)
 			row := Row{Test: test, Size: size, Stack: bench.Summarize(st), Bypass: bench.Summarize(by),
-				Ratio: bench.Pair(by, st), Target: TargetFor(test, size)}
+				Ratio: bench.Pair(by, st), Target: r.target(test, size)}
 			if test == TestBW {
 				cs, cb := r.CPUPerGB(size, ArmStack), r.CPUPerGB(size, ArmBypass)
 				row.CPUStack, row.CPUBypass, row.CPURatio = bench.Summarize(cs), bench.Summarize(cb), bench.Pair(cb, cs)
@@ -203,7 +248,7 @@ func (r *Report) Rows() []Row {
 func (r *Report) Missed() []string {
 	var out []string
 	for _, row := range r.Rows() {
-		if !row.Target.Met(row.Ratio.Median) {
+		if !row.Target.None() && !row.Target.Met(row.Ratio.Median) {
 			out = append(out, fmt.Sprintf("%s %s (%s, want %s)", row.Test, sizeLabel(row.Size), bench.FormatRatio(row.Ratio.Median), row.Target))
 		}
 	}
@@ -241,7 +286,7 @@ func (r *Report) Table() string {
 			unit, scale, prec = "throughput Mbit/s", 1e6, 1
 		}
 		fmt.Fprintf(&b, "**%s**, %s, median (min–max) of %s\n\n", test, unit, plural(r.Reps, "repetition"))
-		b.WriteString("| size | stack | bypass | bypass/stack, paired median [95 % CI] | target | met? |\n|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(&b, "| size | %s | %s | bypass/stack, paired median [95 %% CI] | target | met? |\n|---:|---:|---:|---:|---:|---|\n", r.armLabel(ArmStack), r.armLabel(ArmBypass))
 		for _, row := range rows {
 			if row.Test != test {
 				continue
@@ -259,7 +304,12 @@ func (r *Report) Table() string {
 // missed, the machine's load, the commands and any failures.
 func (r *Report) Markdown() string {
 	var b strings.Builder
-	b.WriteString("# Same-node TCP bypass benchmark\n\n")
+	if r.Chain != nil {
+		b.WriteString("# Same-node TCP bypass benchmark: sidecar chain\n\n")
+		b.WriteString(r.chainIntro())
+	} else {
+		b.WriteString("# Same-node TCP bypass benchmark\n\n")
+	}
 	fmt.Fprintf(&b, "Run %s → %s UTC on %s (kernel %s, %d CPUs). qperf (%s) between two pods of %s, "+
 		"%s (%s) → %s (%s), client pinned to CPU %d and server to CPU %d; `-t %s` per measurement, %s. "+
 		"In every repetition each test and size is measured with the bypass and without it (the TCP stack) back to back, "+
@@ -285,7 +335,7 @@ func (r *Report) Markdown() string {
 		b.WriteString("## CPU per byte (tcp_bw)\n\n")
 		b.WriteString("Busy time (user, system, irq, softirq) of the client's and the server's CPUs during the run, " +
 			"over the bytes received: CPU seconds per GB, median (min–max).\n\n")
-		b.WriteString("| size | stack | bypass | bypass/stack, paired median [95 % CI] |\n|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| size | %s | %s | bypass/stack, paired median [95 %% CI] |\n|---:|---:|---:|---:|\n", r.armLabel(ArmStack), r.armLabel(ArmBypass))
 		for _, row := range rows {
 			if row.Test == TestBW {
 				fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", sizeLabel(row.Size), bench.Cell(row.CPUStack, 1, 3), bench.Cell(row.CPUBypass, 1, 3), formatCI(row.CPURatio))
@@ -305,6 +355,10 @@ func (r *Report) Markdown() string {
 	}
 	b.WriteString("\n")
 
+	if r.Chain != nil {
+		b.WriteString(r.hopsMarkdown())
+	}
+
 	b.WriteString("## Targets\n\n")
 	if missed := r.Missed(); len(missed) > 0 {
 		fmt.Fprintf(&b, "Missed (paired median): %s.\n\n", strings.Join(missed, "; "))
@@ -318,6 +372,9 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "# server, in pod %s's cgroup:\n%s\n# client, in pod %s's cgroup, per test (tcp_lat|tcp_bw) and size:\n%s\n```\n",
 		r.Server.Name, r.ServerCmd, r.Client.Name, r.ClientCmd)
+	if r.Chain != nil {
+		b.WriteString(r.chainSetup())
+	}
 
 	var fails []string
 	for _, s := range r.Samples {
@@ -497,4 +554,13 @@ func (r *Report) WriteFiles(dir string) error {
 		bench.ResultFile{Name: "results.csv", Data: r.CSV()},
 		bench.ResultFile{Name: "results.md", Data: []byte(r.Markdown())},
 		bench.ResultFile{Name: "results.json", Data: append(js, '\n')})
+}
+
+// armLabel is the tables' name of arm: "stack"/"bypass", or for the chain
+// "chain, stack"/"chain, bypass".
+func (r *Report) armLabel(arm string) string {
+	if r.Chain != nil {
+		return "chain, " + arm
+	}
+	return arm
 }
