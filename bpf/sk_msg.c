@@ -39,27 +39,6 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* Kernel types, only the members read (CO-RE relocates the offsets against
- * the running kernel's BTF; the ___axon suffix is dropped for matching). */
-struct sock___axon {
-	int sk_rcvbuf;
-	void *sk_user_data;
-} __attribute__((preserve_access_index));
-
-struct sk_psock___axon {
-	__u32 msg_tot_len;
-} __attribute__((preserve_access_index));
-
-struct sk_msg___axon {
-	struct sock___axon *sk_redir;
-} __attribute__((preserve_access_index));
-
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
-
-/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
- * _PSOCK); the rest is the psock. */
-#define AXON_SK_USER_DATA_PTRMASK (~7UL)
-
 /* cfg_backlog_max: the back-pressure bound is the larger of the peer's
  * sk_rcvbuf and this many unread redirected bytes (load-time constant).
  * sk_rcvbuf alone (128 KiB by default; nothing autotunes it for the bypass)
@@ -70,36 +49,52 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
  * of 1.6x unbounded, on a loaded 2-core host). */
 volatile const __u32 cfg_backlog_max = 4 << 20;
 
-/* redirect_target_backlogged: after a successful bpf_msg_redirect_hash, 1
- * when the target (the peer, msg->sk_redir) holds more unread redirected
- * bytes than its sk_rcvbuf and cfg_backlog_max, else 0. The peer's sock is
- * only reachable here (a SOCKHASH lookup takes a reference sk_msg cannot
- * release), so the check follows the redirect: the switch takes effect from
- * the next write, and the bound holds up to one write. 0 on a kernel without
- * msg_tot_len (the verifier drops the kfunc call with the branch). Reads are
- * probe reads: the peer cannot go away while this write holds it. */
-AXON_INLINE int redirect_target_backlogged(struct sk_msg_md *msg)
+/* sockmap_writer_refs: the reference count of the writing socket's psock
+ * (the map's link and this sendmsg: 2 when nothing else holds it), 0 when
+ * it cannot be read. */
+AXON_INLINE int sockmap_writer_refs(struct sk_msg_md *msg)
 {
-	struct sk_psock___axon *psock = 0;
-	struct sock___axon *peer = 0;
-	struct sk_msg___axon *km;
-	__u32 queued = 0;
-	int rcvbuf = 0;
-	void *ud = 0;
+	struct sk_msg___sm *km = bpf_cast_to_kern_ctx(msg);
+	struct sk_psock___sm *psock;
+	struct sock___sm *sk = 0;
+
+	bpf_core_read(&sk, sizeof(sk), &km->sk);
+	psock = sockmap_psock(sk);
+	return psock ? sockmap_psock_refs(psock) : 0;
+}
+
+/* redirect_target: after a successful bpf_msg_redirect_hash, the target's
+ * (the peer's, msg->sk_redir) unread redirected bytes (psock->msg_tot_len,
+ * before this write lands) and sk_rcvbuf. The peer's sock is only reachable
+ * here (a SOCKHASH lookup takes a reference sk_msg cannot release), so the
+ * checks follow the redirect and take effect from the next write. Returns 0,
+ * or -1 on a kernel without msg_tot_len (the verifier drops the kfunc call
+ * with the branch) or without a peer psock. Reads are probe reads: the peer
+ * cannot go away while this write holds it. */
+AXON_INLINE int redirect_target(struct sk_msg_md *msg, __u32 *unread, int *rcvbuf)
+{
+	struct sk_psock___sm *psock = 0;
+	struct sock___sm *peer = 0;
+	struct sk_msg___sm *km;
 
 	if (!bpf_core_field_exists(psock->msg_tot_len))
-		return 0;
+		return -1;
 	km = bpf_cast_to_kern_ctx(msg);
 	bpf_core_read(&peer, sizeof(peer), &km->sk_redir);
-	if (!peer)
-		return 0;
-	bpf_core_read(&rcvbuf, sizeof(rcvbuf), &peer->sk_rcvbuf);
-	bpf_core_read(&ud, sizeof(ud), &peer->sk_user_data);
-	psock = (void *)((unsigned long)ud & AXON_SK_USER_DATA_PTRMASK);
+	psock = sockmap_psock(peer);
 	if (!psock)
-		return 0;
-	bpf_core_read(&queued, sizeof(queued), &psock->msg_tot_len);
-	return queued > cfg_backlog_max && rcvbuf > 0 && queued > (__u32)rcvbuf;
+		return -1;
+	bpf_core_read(rcvbuf, sizeof(*rcvbuf), &peer->sk_rcvbuf);
+	bpf_core_read(unread, sizeof(*unread), &psock->msg_tot_len);
+	return 0;
+}
+
+/* redirect_target_backlogged: 1 when the peer holds more unread redirected
+ * bytes than its sk_rcvbuf and cfg_backlog_max (the back-pressure bound;
+ * it holds up to one write). */
+AXON_INLINE int redirect_target_backlogged(__u32 unread, int rcvbuf)
+{
+	return unread > cfg_backlog_max && rcvbuf > 0 && unread > (__u32)rcvbuf;
 }
 
 SEC("sk_msg")
@@ -108,6 +103,8 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	struct sockmap_state *st;
 	struct bpf_sock *sk = msg->sk;
 	__u64 size = msg->size;
+	__u32 unread = 0;
+	int rcvbuf = 0;
 
 	if (!sk)
 		goto pass_no_peer;
@@ -115,6 +112,7 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	if (!st)
 		goto pass_no_peer; /* inserted by a loader whose state map is gone: stay on TCP */
 	if (st->mode == AXON_SM_MODE_STACK) {
+		sockmap_note_stack(st, sockmap_writer_refs(msg));
 		st->pass_bytes += size;
 		sockmap_count(AXON_SM_PASS_STICKY, 1);
 		sockmap_count(AXON_SM_PASS_BYTES, size);
@@ -126,7 +124,9 @@ int axon_sk_msg(struct sk_msg_md *msg)
 		st->redir_bytes += size;
 		sockmap_count(AXON_SM_REDIRECT_MSGS, 1);
 		sockmap_count(AXON_SM_REDIRECT_BYTES, size);
-		if (redirect_target_backlogged(msg)) {
+		if (redirect_target(msg, &unread, &rcvbuf) != 0)
+			return SK_PASS;
+		if (redirect_target_backlogged(unread, rcvbuf)) {
 			st->mode = AXON_SM_MODE_STACK;
 			sockmap_count(AXON_SM_BACKPRESSURE, 1);
 		}
@@ -134,6 +134,7 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	}
 	st->mode = AXON_SM_MODE_STACK;
 	st->pass_bytes += size;
+	sockmap_note_stack(st, sockmap_writer_refs(msg)); /* this write redirected nothing */
 pass_no_peer:
 	sockmap_count(AXON_SM_PASS_NO_PEER, 1);
 	sockmap_count(AXON_SM_PASS_BYTES, size);

@@ -6,14 +6,47 @@
  * BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB on the accepted side) the admission
  * rule of lib/sockmap.h decides whether it enters axon_sock_hash; an admitted
  * socket gets its state (the peer's key, mode undecided) in
- * axon_sockmap_state first, then is inserted with BPF_NOEXIST. From then on
- * sk_msg.c sees its writes. Every outcome is counted. Returns 1 always and
- * touches nothing else (no callback flags, no socket options).
+ * axon_sockmap_state and its entry in axon_sockmap_quiet first, then is
+ * inserted with BPF_NOEXIST. From then on sk_msg.c sees its writes. Every
+ * outcome is counted.
+ *
+ * An inserted socket gets two callbacks (its only callback flags; no socket
+ * options are touched): BPF_SOCK_OPS_HDR_OPT_LEN_CB on every segment it
+ * transmits, where it may leave the map (sockmap_try_leave, lib/sockmap.h),
+ * and BPF_SOCK_OPS_STATE_CB, where TCP_CLOSE removes its axon_sockmap_quiet
+ * entry. Returns 1 always.
  */
 #include "lib/common.h"
 #include "lib/sockmap.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* sockmap_closed: STATE_CB to TCP_CLOSE of a socket inserted here: it can
+ * no longer write, so its axon_sockmap_quiet entry goes (its peer reads it
+ * as gone), with its peer's placeholder if the peer never entered, and its
+ * mode becomes stack (a write after a reset never redirects). */
+AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
+{
+	struct sockmap_key self = {};
+	struct sockmap_quiet *q;
+	struct sockmap_state *st;
+	struct bpf_sock *sk = skops->sk;
+
+	if (!sk)
+		return;
+	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);
+	if (!st)
+		return;
+	st->mode = AXON_SM_MODE_STACK;
+	if (sockmap_self_key(&self, st) != 0)
+		return;
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &self);
+	if (q && q->cookie == bpf_get_socket_cookie(skops))
+		bpf_map_delete_elem(&axon_sockmap_quiet, &self);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
+	if (q && q->cookie == 0) /* the placeholder of a peer that never entered */
+		bpf_map_delete_elem(&axon_sockmap_quiet, &st->peer);
+}
 
 SEC("sockops")
 int axon_sockops(struct bpf_sock_ops *skops)
@@ -21,9 +54,19 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	struct sockmap_key key = {};
 	struct sockmap_state *st;
 	enum axon_sockmap_counter verdict;
+	struct sockmap_quiet live = {.state = AXON_SM_LIVE};
 	struct bpf_sock *sk;
 	__u32 op = skops->op;
 
+	if (op == BPF_SOCK_OPS_HDR_OPT_LEN_CB) {
+		sockmap_try_leave(skops); /* reserves no option space */
+		return 1;
+	}
+	if (op == BPF_SOCK_OPS_STATE_CB) {
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			sockmap_closed(skops);
+		return 1;
+	}
 	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
 	if (sockmap_key_of(&key, skops) < 0)
@@ -42,11 +85,30 @@ int axon_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	}
 	st->mode = AXON_SM_MODE_UNDECIDED;
+	st->flags = 0;
 	sockmap_peer_key(&st->peer, &key);
-	if (bpf_sock_hash_update(skops, &axon_sock_hash, &key, BPF_NOEXIST) != 0) {
+	/* the entries first: a socket in the map without one would read as
+	 * gone to its peer, which could then leave while this one redirects;
+	 * and the peer's placeholder (cookie 0, live) until the peer enters
+	 * itself, so that this socket does not leave before it could use the
+	 * bypass (its first segments go out before the peer is established) */
+	if (bpf_map_update_elem(&axon_sockmap_quiet, &st->peer, &live, BPF_NOEXIST) != 0) {
+		/* the peer's entry exists (it entered first), or the map is full:
+		 * then this socket may leave before its peer enters, which is
+		 * safe (nothing can redirect into a socket that is not in the
+		 * map) but gives the connection no bypass */
+	}
+	live.cookie = bpf_get_socket_cookie(skops);
+	if (bpf_map_update_elem(&axon_sockmap_quiet, &key, &live, BPF_ANY) != 0) {
 		sockmap_count(AXON_SM_INSERT_FAILED, 1);
 		return 1;
 	}
+	if (bpf_sock_hash_update(skops, &axon_sock_hash, &key, BPF_NOEXIST) != 0) {
+		bpf_map_delete_elem(&axon_sockmap_quiet, &key);
+		sockmap_count(AXON_SM_INSERT_FAILED, 1);
+		return 1;
+	}
+	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(verdict, 1);
 	return 1;
 }

@@ -30,9 +30,10 @@ var sockmapCounterHelp = map[string]string{
 	"pass_no_peer":        "Writes of bypassed sockets whose peer was not in the map: sent through TCP, and the socket stays on TCP.",
 	"pass_sticky":         "Writes of sockets in stack mode, sent through TCP (a socket that used TCP never switches back: ordering).",
 	"pass_bytes":          "Bytes of writes of sockets in the map that went through TCP.",
-	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack.",
+	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack by the small-write rule (a stream of small writes its peer does not keep up with is faster on TCP).",
 	"splice_refused":      "splice(2) calls refused with EINVAL on a bypassed socket (the application falls back to read/write; splice would lose bytes).",
 	"backpressure":        "Bypassed sockets moved to the TCP/IP stack because their peer's unread bytes exceeded its receive buffer (TCP flow control takes over).",
+	"left":                "Sockets that left the bypass's map once they and their peer used the TCP/IP stack and their queue was empty: plain TCP from then on.",
 }
 
 type sockmapCollector struct{ s *sockBypass }

@@ -26,6 +26,7 @@ const (
 	MapNetns    = "axon_sockmap_netns"
 	MapState    = "axon_sockmap_state"
 	MapMetrics  = "axon_sockmap_metrics"
+	MapQuiet    = "axon_sockmap_quiet"
 )
 
 // LinkPin is the name of the sock_ops cgroup link's pin under
@@ -37,14 +38,14 @@ const LinkPin = "cgroup-sockops"
 const DefaultMaxEntries = 65536
 
 // pinnedMaps are the maps Uninstall removes.
-var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics}
+var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics, MapQuiet}
 
 // metricNames are the counters of axon_sockmap_metrics, index = enum
 // axon_sockmap_counter (bpf/lib/common.h; TestEnumsMatchBTF keeps them equal).
 var metricNames = []string{
 	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
 	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
-	"switch_stack", "splice_refused", "backpressure",
+	"switch_stack", "splice_refused", "backpressure", "left",
 }
 
 // Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
@@ -153,6 +154,7 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		max = DefaultMaxEntries
 	}
 	spec.Maps[MapSockHash].MaxEntries = max
+	spec.Maps[MapQuiet].MaxEntries = max // one entry per socket in axon_sock_hash
 	b := &Bypass{log: log, pinDir: pinDir, cgroupPath: cgroupPath}
 	if err := spec.LoadAndAssign(&b.ops, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		err = datapath.IncompatibleHint(err, pinDir)
@@ -205,8 +207,42 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		b.Close()
 		return nil, fmt.Errorf("load sockmap bypass: sock_ops: %w", err)
 	}
+	// after the attach no socket enters through an earlier sockops program
+	if n, err := b.markLive(); err != nil {
+		log.Warn("sockmap: sockets of an earlier load not marked live in "+MapQuiet+
+			": their peers may leave the map while they still redirect", "marked", n, "error", err)
+	}
 	log.Info("sockmap bypass loaded", "pinDir", pinDir, "cgroup", cgroupPath, "maxEntries", max, "connCounters", b.iterErr == nil)
 	return b, nil
+}
+
+// markLive gives every socket already in axon_sock_hash that has no entry
+// in axon_sockmap_quiet (inserted by a loader without the mode machine) a
+// live one, so that its peer, if a newer sockops inserted it, never reads
+// it as gone and leaves while it still redirects. Such sockets themselves
+// never leave (an earlier sockops set no callbacks on them). It returns how
+// many it marked.
+func (b *Bypass) markLive() (int, error) {
+	var (
+		k      sockOpsSockmapKey
+		cookie uint64
+		n      int
+		errs   []error
+	)
+	it := b.ops.AxonSockHash.Iterate()
+	for it.Next(&k, &cookie) {
+		err := b.ops.AxonSockmapQuiet.Update(k, sockOpsSockmapQuiet{State: 0, Cookie: cookie}, ebpf.UpdateNoExist)
+		switch {
+		case err == nil:
+			n++
+		case !errors.Is(err, ebpf.ErrKeyExist):
+			errs = append(errs, err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", MapSockHash, err))
+	}
+	return n, errors.Join(errs...)
 }
 
 // loadOnMaps loads the programs of spec (the sk_msg or iterator object) into
@@ -221,7 +257,7 @@ func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
 func loadOnMaps(ops *sockOpsObjects, spec *ebpf.CollectionSpec, dst any) error {
 	have := map[string]*ebpf.Map{
 		MapSockHash: ops.AxonSockHash, MapPods: ops.AxonSockmapPods, MapNetns: ops.AxonSockmapNetns,
-		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics,
+		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics, MapQuiet: ops.AxonSockmapQuiet,
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {

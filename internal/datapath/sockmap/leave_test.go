@@ -1,0 +1,96 @@
+package sockmap
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+)
+
+// The mode machine on real sockets of two pod namespaces joined by a veth
+// pair, inserted by the real sockops program: sockets that went to the
+// stack leave axon_sock_hash (counter left, gone from the map) while both
+// ends keep writing and reading, and not one byte is lost, duplicated or
+// reordered across the switch and the leave (the helper checks every byte of
+// both directions against the stream written). Each case runs with and
+// without the stream verdict (the agent attaches it where FIONREAD needs it).
+func TestLeave(t *testing.T) {
+	for _, verdict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream verdict %v", verdict), func(t *testing.T) {
+			testLeave(t, verdict)
+		})
+	}
+}
+
+func testLeave(t *testing.T, verdict bool) {
+	b, _, _, cgFD := loadTest(t, Config{StreamVerdict: verdict})
+	n := newPodNet(t)
+	n.register(t, b)
+	p := startSockProc(t, cgFD)
+	ap := func(ip netip.Addr) string { return netip.AddrPortFrom(ip, 0).String() }
+	podPair := func(t *testing.T) conn {
+		t.Helper()
+		c := p.connect(n.a, "tcp4", ap(n.podA), "", n.b, "tcp4", ap(n.podB))
+		if got := connsOf(t, b, c); len(got) != 2 {
+			t.Fatalf("pod pair not in the map: %v", got)
+		}
+		return c
+	}
+	// stream runs the helper's two-way stream and returns the counters
+	// that moved
+	stream := func(t *testing.T, c conn, bytes, chunk, delayMS int) map[string]uint64 {
+		t.Helper()
+		before := metrics(t, b)
+		a := p.try(hreq{Op: "stream", ID: c.client, Peer: c.server, Bytes: bytes, Chunk: chunk, DelayMS: delayMS})
+		d := metricsDelta(t, b, before)
+		if a.Err != "" {
+			t.Fatalf("stream of %d bytes each way in %d-byte writes: %s (counters moved: %v)", bytes, chunk, a.Err, d)
+		}
+		t.Logf("%d bytes each way in %d-byte writes, intact; counters moved: %v", bytes, chunk, d)
+		return d
+	}
+	// left checks that both ends left: counted, gone from the map, and
+	// that the sk_msg program saw fewer bytes than were written (the rest
+	// went through plain TCP after the leave)
+	left := func(t *testing.T, c conn, d map[string]uint64, written uint64) {
+		t.Helper()
+		if d["left"] != 2 {
+			t.Errorf("left moved by %d, want 2 (both ends quiet, queues drained)", d["left"])
+		}
+		if got := connsOf(t, b, c); len(got) != 0 {
+			t.Errorf("after the leave the map still holds %v", got)
+		}
+		if seen := d["redirect_bytes"] + d["pass_bytes"]; seen >= written {
+			t.Errorf("sk_msg saw %d of the %d bytes written: none went through plain TCP after the leave", seen, written)
+		}
+	}
+
+	t.Run("bulk both ways past the back-pressure bound: stack, then out of the map", func(t *testing.T) {
+		c := podPair(t)
+		const bytes = 24 << 20
+		// the readers start late: each writer queues more than the 4 MiB
+		// bound into its peer, moves to the stack, and the pair leaves once
+		// the readers drained the redirected bytes
+		d := stream(t, c, bytes, 16<<10, 300)
+		if d["backpressure"] != 2 {
+			t.Errorf("backpressure moved by %d, want 2 (each writer outran its reader)", d["backpressure"])
+		}
+		left(t, c, d, 2*bytes)
+	})
+
+	t.Run("request/response stays bypassed: nobody leaves", func(t *testing.T) {
+		c := podPair(t)
+		before := metrics(t, b)
+		var sent uint64
+		for range 200 {
+			sent += p.send(c.client, c.server, randBytes(t, 100))
+			sent += p.send(c.server, c.client, randBytes(t, 100))
+		}
+		d := metricsDelta(t, b, before)
+		if d["redirect_bytes"] != sent || d["left"] != 0 || d["switch_stack"] != 0 || d["pass_bytes"] != 0 {
+			t.Fatalf("400 alternating 100-byte writes: counters moved by %v; want redirect_bytes %d and no switch, pass or leave", d, sent)
+		}
+		if got := connsOf(t, b, c); len(got) != 2 {
+			t.Fatalf("a bypassed pair must stay in the map: %v", got)
+		}
+	})
+}
