@@ -77,6 +77,17 @@ func testLeave(t *testing.T, verdict bool) {
 		left(t, c, d, 2*bytes)
 	})
 
+	t.Run("small streaming writes both ways: small-write rule, then out of the map", func(t *testing.T) {
+		c := podPair(t)
+		const bytes = 2 << 20
+		d := stream(t, c, bytes, 64, 20)
+		if d["switch_stack"] < 1 || d["redirect_msgs"] == 0 {
+			t.Errorf("switch_stack moved by %d, redirect_msgs by %d: want the writes redirected first, then at least one writer switched by the small-write rule",
+				d["switch_stack"], d["redirect_msgs"])
+		}
+		left(t, c, d, 2*bytes)
+	})
+
 	t.Run("request/response stays bypassed: nobody leaves", func(t *testing.T) {
 		c := podPair(t)
 		before := metrics(t, b)
