@@ -239,10 +239,16 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
  *  - its peer is quiet, or not in the map (its axon_sockmap_quiet entry is
  *    absent): nothing can be redirected into S any more;
  *  - its psock queues are empty (ingress_skb, read first, then ingress_msg);
- *  - nothing else holds its psock (refcount 1: the map's link; 2 when the
- *    sk_msg program vouched for the sendmsg that runs the callback): a
- *    reader inside tcp_bpf_recvmsg would otherwise keep the psock, wake up
- *    with the bytes in the TCP queue and return EAGAIN.
+ *  - nothing else holds its psock: refcount 1 (the map's link), or 2 when
+ *    the sk_msg program vouched for the sendmsg that runs the callback, or
+ *    2 while a syscall owns the socket (the owner is the holder: a reader
+ *    in tcp_bpf_recvmsg sending its window update, which returns what it
+ *    read and does not wait again). A reader waiting inside
+ *    tcp_bpf_recvmsg would otherwise keep the psock, wake up with the
+ *    bytes in the TCP queue and return EAGAIN. Residual race: a reader
+ *    that enters recvmsg during the check, or waits in it while another
+ *    thread's setsockopt-like syscall owns the socket and sends a segment,
+ *    gets one EAGAIN (no byte is lost: they are in the TCP queue).
  * Quiet: mode stack (sticky, so no later run redirects) and either it never
  * redirected (a run that redirects sets bypass first, under the lock) or
  * nothing else holds its psock (every sendmsg holds it, across the redirect
@@ -295,7 +301,12 @@ struct {
 /* Kernel types, only the members read (CO-RE relocates the offsets against
  * the running kernel's BTF; the ___sm suffix is dropped for matching;
  * sock_splice.c declares its own ___axon ones). */
+struct socket_lock___sm {
+	int owned; /* a syscall owns the socket (lock_sock) */
+} __attribute__((preserve_access_index));
+
 struct sock___sm {
+	struct socket_lock___sm sk_lock;
 	int sk_rcvbuf;
 	void *sk_user_data;
 } __attribute__((preserve_access_index));
@@ -437,7 +448,7 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	struct sock___sm *ksk = 0;
 	struct sockmap_state *st;
 	struct bpf_sock *sk = skops->sk;
-	int holders = 1, refs, done;
+	int holders = 1, refs, done, owned = 0;
 
 	if (!sk)
 		return;
@@ -455,13 +466,18 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 		return;
 	refs = sockmap_psock_refs(psock);
 	done = sockmap_peer_done(st);
+	/* quiet needs the strict count: a sendmsg that released its lock to
+	 * redirect holds the psock while another syscall owns the socket */
 	if (!(st->flags & AXON_SM_F_QUIET)) {
 		if (st->mode == AXON_SM_MODE_UNDECIDED && done)
 			st->mode = AXON_SM_MODE_STACK; /* never wrote: no redirect of it anywhere */
 		if (st->mode == AXON_SM_MODE_STACK && (st->redir_msgs == 0 || refs <= holders))
 			sockmap_set_quiet(st);
 	}
-	if (!(st->flags & AXON_SM_F_QUIET) || !done || refs > holders || !sockmap_psock_idle(psock))
+	if (!(st->flags & AXON_SM_F_QUIET) || !done || !sockmap_psock_idle(psock))
+		return;
+	bpf_core_read(&owned, sizeof(owned), &ksk->sk_lock.owned);
+	if (refs > holders && !(refs == 2 && owned))
 		return;
 	if (sockmap_self_key(&self, st) != 0)
 		return;

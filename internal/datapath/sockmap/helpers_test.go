@@ -46,8 +46,11 @@ type hreq struct {
 	N     int    // read: exactly N bytes
 	// stream: connections ID and Peer (the two ends of one connection) each
 	// write Bytes in writes of Chunk bytes while the other end reads and
-	// checks them; the readers start DelayMS after the writers.
+	// checks them; the readers start DelayMS after the writers. OneWay: only
+	// ID writes; Blocking: Peer reads with blocking read(2) calls (an
+	// EAGAIN fails the stream).
 	Peer, Bytes, Chunk, DelayMS int
+	OneWay, Blocking            bool
 }
 
 // hresp is the helper's answer.
@@ -221,8 +224,29 @@ func stream(a, b net.Conn, r hreq) (int, error) {
 		g := streamBytes(dir)
 		buf := make([]byte, 256<<10)
 		want := make([]byte, len(buf))
+		readFn := c.Read
+		if r.Blocking {
+			fd, err := blockingFD(c)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer unix.Close(fd)
+			readFn = func(b []byte) (int, error) {
+				for {
+					n, err := unix.Read(fd, b)
+					if errors.Is(err, unix.EINTR) {
+						continue
+					}
+					if n < 0 {
+						n = 0
+					}
+					return n, err
+				}
+			}
+		}
 		for off := 0; off < r.Bytes; {
-			n, err := c.Read(buf[:min(len(buf), r.Bytes-off)])
+			n, err := readFn(buf[:min(len(buf), r.Bytes-off)])
 			if n > 0 {
 				g.Read(want[:n])
 				if i := firstDiff(buf[:n], want[:n]); i < n {
@@ -237,11 +261,14 @@ func stream(a, b net.Conn, r hreq) (int, error) {
 			}
 		}
 	}
-	wg.Add(4)
+	wg.Add(2)
 	go write(a, "a->b")
-	go write(b, "b->a")
 	go read(b, "a->b")
-	go read(a, "b->a")
+	if !r.OneWay {
+		wg.Add(2)
+		go write(b, "b->a")
+		go read(a, "b->a")
+	}
 	wg.Wait()
 	close(errs)
 	var all []error
@@ -249,6 +276,28 @@ func stream(a, b net.Conn, r hreq) (int, error) {
 		all = append(all, err)
 	}
 	return r.Bytes, errors.Join(all...)
+}
+
+// blockingFD is a duplicate of c's socket switched to blocking mode (the
+// flag is the socket's: c blocks too, which its reader, this, wants).
+func blockingFD(c net.Conn) (int, error) {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.Dup(int(f)) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // domainOf is the address family of c's socket (SO_DOMAIN), -1 unknown.

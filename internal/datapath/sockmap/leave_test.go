@@ -35,17 +35,23 @@ func testLeave(t *testing.T, verdict bool) {
 		}
 		return c
 	}
-	// stream runs the helper's two-way stream and returns the counters
-	// that moved
-	stream := func(t *testing.T, c conn, bytes, chunk, delayMS int) map[string]uint64 {
+	// stream runs the helper's stream (r's connections and sizes), then
+	// one more byte each way: a socket leaves on a segment it sends, and
+	// the last bytes of a stream may be read after its last segment went
+	// out (a later write, or ACK, is when it leaves). It returns the
+	// counters that moved.
+	stream := func(t *testing.T, c conn, r hreq) map[string]uint64 {
 		t.Helper()
+		r.Op, r.ID, r.Peer = "stream", c.client, c.server
 		before := metrics(t, b)
-		a := p.try(hreq{Op: "stream", ID: c.client, Peer: c.server, Bytes: bytes, Chunk: chunk, DelayMS: delayMS})
-		d := metricsDelta(t, b, before)
+		a := p.try(r)
 		if a.Err != "" {
-			t.Fatalf("stream of %d bytes each way in %d-byte writes: %s (counters moved: %v)", bytes, chunk, a.Err, d)
+			t.Fatalf("stream of %d bytes in %d-byte writes: %s (counters moved: %v)", r.Bytes, r.Chunk, a.Err, metricsDelta(t, b, before))
 		}
-		t.Logf("%d bytes each way in %d-byte writes, intact; counters moved: %v", bytes, chunk, d)
+		p.send(c.client, c.server, []byte("x"))
+		p.send(c.server, c.client, []byte("y"))
+		d := metricsDelta(t, b, before)
+		t.Logf("%d bytes in %d-byte writes (one way: %v, blocking reader: %v), intact; counters moved: %v", r.Bytes, r.Chunk, r.OneWay, r.Blocking, d)
 		return d
 	}
 	// left checks that both ends left: counted, gone from the map, and
@@ -70,7 +76,7 @@ func testLeave(t *testing.T, verdict bool) {
 		// the readers start late: each writer queues more than the 4 MiB
 		// bound into its peer, moves to the stack, and the pair leaves once
 		// the readers drained the redirected bytes
-		d := stream(t, c, bytes, 16<<10, 300)
+		d := stream(t, c, hreq{Bytes: bytes, Chunk: 16 << 10, DelayMS: 300})
 		if d["backpressure"] != 2 {
 			t.Errorf("backpressure moved by %d, want 2 (each writer outran its reader)", d["backpressure"])
 		}
@@ -80,12 +86,22 @@ func testLeave(t *testing.T, verdict bool) {
 	t.Run("small streaming writes both ways: small-write rule, then out of the map", func(t *testing.T) {
 		c := podPair(t)
 		const bytes = 2 << 20
-		d := stream(t, c, bytes, 64, 20)
+		d := stream(t, c, hreq{Bytes: bytes, Chunk: 64, DelayMS: 20})
 		if d["switch_stack"] < 1 || d["redirect_msgs"] == 0 {
 			t.Errorf("switch_stack moved by %d, redirect_msgs by %d: want the writes redirected first, then at least one writer switched by the small-write rule",
 				d["switch_stack"], d["redirect_msgs"])
 		}
 		left(t, c, d, 2*bytes)
+	})
+
+	t.Run("one-way small writes to a blocking reader: both leave, no EAGAIN", func(t *testing.T) {
+		c := podPair(t)
+		const bytes = 2 << 20
+		d := stream(t, c, hreq{Bytes: bytes, Chunk: 64, OneWay: true, Blocking: true})
+		if d["switch_stack"] != 1 {
+			t.Errorf("switch_stack moved by %d, want 1 (the writer)", d["switch_stack"])
+		}
+		left(t, c, d, bytes)
 	})
 
 	t.Run("request/response stays bypassed: nobody leaves", func(t *testing.T) {
