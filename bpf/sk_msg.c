@@ -6,7 +6,8 @@
  * axon_sock_hash. Each socket has a sticky mode (axon_sockmap_state):
  *  undecided  try bpf_msg_redirect_hash(BPF_F_INGRESS) to the peer's key
  *             (computed by sockops.c): success -> bypass, miss -> stack.
- *  bypass     keep redirecting; a miss (the peer closed) -> stack.
+ *  bypass     keep redirecting; a miss (the peer closed), the back-pressure
+ *             bound or the small-write rule (below) -> stack.
  *  stack      SK_PASS: the bytes go through TCP, always.
  * A socket that ever sent through TCP never redirects again: redirected bytes
  * land in the peer's psock queue, which tcp_bpf_recvmsg reads before the TCP
@@ -14,6 +15,9 @@
  * (the older bytes are in the psock queue, read first).
  * bpf_msg_redirect_hash returns SK_DROP on a miss, which would fail the
  * write with EACCES: it is never returned; a miss is SK_PASS.
+ * A socket in stack mode publishes when it is quiet (no redirect of its own
+ * in flight, none to come) and vouches for its sendmsg, so that sockops can
+ * take it out of the map (the mode machine, lib/sockmap.h): plain TCP.
  *
  * Back-pressure: a psock queue has no limit of its own (tcp_rmem is not
  * applied to redirected bytes), so a writer whose peer stops reading would
