@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
 // The mode machine on real sockets of two pod namespaces joined by a veth
@@ -120,4 +122,52 @@ func testLeave(t *testing.T, verdict bool) {
 			t.Fatalf("a bypassed pair must stay in the map: %v", got)
 		}
 	})
+}
+
+// A restarted agent adopts sockets inserted by a loader without the mode
+// machine (no axon_sockmap_quiet entries): Load gives each a live entry
+// with its cookie, so that a peer inserted by the new sockops never reads
+// it as gone and leaves while it still redirects.
+func TestLoadMarksEarlierSocketsLive(t *testing.T) {
+	cfg := Config{MaxEntries: 1024}
+	b, pin, cg, cgFD := loadTest(t, cfg)
+	n := newPodNet(t)
+	n.register(t, b)
+	p := startSockProc(t, cgFD)
+	ap := func(ip netip.Addr) string { return netip.AddrPortFrom(ip, 0).String() }
+	c := p.connect(n.a, "tcp4", ap(n.podA), "", n.b, "tcp4", ap(n.podB))
+	var keys []sockOpsSockmapKey
+	var k sockOpsSockmapKey
+	var cookie uint64
+	cookies := map[sockOpsSockmapKey]uint64{}
+	for it := b.ops.AxonSockHash.Iterate(); it.Next(&k, &cookie); {
+		keys = append(keys, k)
+		cookies[k] = cookie
+	}
+	if len(keys) != 2 {
+		t.Fatalf("want the pair's two keys in %s, got %d", MapSockHash, len(keys))
+	}
+	for _, k := range keys { // what a loader without the mode machine leaves behind
+		if err := b.ops.AxonSockmapQuiet.Delete(k); err != nil {
+			t.Fatalf("sockops made no %s entry for %+v: %v", MapQuiet, k, err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := Load(pin, cg, guardCfg(cfg), dptest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	for _, k := range keys {
+		var q sockOpsSockmapQuiet
+		if err := b2.ops.AxonSockmapQuiet.Lookup(k, &q); err != nil {
+			t.Fatalf("after the reload %+v has no %s entry: %v", k, MapQuiet, err)
+		}
+		if q.State != 0 || q.Cookie != cookies[k] || q.Cookie == 0 {
+			t.Errorf("after the reload %+v: %+v, want live with cookie %d", k, q, cookies[k])
+		}
+	}
+	p.send(c.client, c.server, randBytes(t, 100))
 }
