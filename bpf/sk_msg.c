@@ -5,7 +5,9 @@
  * Runs on every write (sendmsg, sendfile/splice) of a socket in
  * axon_sock_hash. Each socket has a sticky mode (axon_sockmap_state):
  *  undecided  try bpf_msg_redirect_hash(BPF_F_INGRESS) to the peer's key
- *             (computed by sockops.c): success -> bypass, miss -> stack.
+ *             (computed by sockops.c), then to its alias keys (a sidecar's
+ *             REDIRECTed connection, lib/sockmap.h): success -> bypass (the
+ *             key that worked is the peer key from then on), miss -> stack.
  *  bypass     keep redirecting; a miss (the peer closed), the back-pressure
  *             bound or the small-write rule (below) -> stack.
  *  stack      SK_PASS: the bytes go through TCP, always.
@@ -70,10 +72,10 @@ volatile const __u32 cfg_backlog_max = 4 << 20;
 volatile const __u32 cfg_small_write = 256;
 volatile const __u32 cfg_small_streak = 64;
 
-/* sockmap_writer_refs: the reference count of the writing socket's psock
- * (the map's link and this sendmsg: 2 when nothing else holds it), 0 when
- * it cannot be read. */
-AXON_INLINE int sockmap_writer_refs(struct sk_msg_md *msg)
+/* sockmap_writer_holders: sockmap_psock_holders of the writing socket's
+ * psock (1 when only this sendmsg holds it besides the map links), many
+ * when it cannot be read. */
+AXON_INLINE int sockmap_writer_holders(struct sk_msg_md *msg)
 {
 	struct sk_msg___sm *km = bpf_cast_to_kern_ctx(msg);
 	struct sk_psock___sm *psock;
@@ -81,7 +83,7 @@ AXON_INLINE int sockmap_writer_refs(struct sk_msg_md *msg)
 
 	bpf_core_read(&sk, sizeof(sk), &km->sk);
 	psock = sockmap_psock(sk);
-	return psock ? sockmap_psock_refs(psock) : 0;
+	return psock ? sockmap_psock_holders(psock) : 1 << 20;
 }
 
 /* redirect_target: after a successful bpf_msg_redirect_hash, the target's
@@ -123,13 +125,13 @@ AXON_INLINE int redirect_target_backlogged(__u32 unread, int rcvbuf)
  * cfg_small_streak. */
 AXON_INLINE int small_write_streak(struct sockmap_state *st, __u64 size, __u32 unread)
 {
-	__u32 n = (st->flags & AXON_SM_STREAK_MASK) >> AXON_SM_STREAK_SHIFT;
+	__u32 n = (st->flags & AXON_SM_F_STREAK) >> AXON_SM_STREAK_SHIFT;
 
 	if (cfg_small_streak == 0 || size >= cfg_small_write || unread == 0)
 		n = 0;
 	else if (n < 0xff)
 		n++;
-	st->flags = (st->flags & ~AXON_SM_STREAK_MASK) | (n << AXON_SM_STREAK_SHIFT);
+	st->flags = (st->flags & ~AXON_SM_F_STREAK) | (n << AXON_SM_STREAK_SHIFT);
 	return cfg_small_streak && n >= cfg_small_streak;
 }
 
@@ -148,13 +150,16 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	if (!st)
 		goto pass_no_peer; /* inserted by a loader whose state map is gone: stay on TCP */
 	if (st->mode == AXON_SM_MODE_STACK) {
-		sockmap_note_stack(st, sockmap_writer_refs(msg));
+		sockmap_note_stack(st, sockmap_writer_holders(msg));
 		st->pass_bytes += size;
 		sockmap_count(AXON_SM_PASS_STICKY, 1);
 		sockmap_count(AXON_SM_PASS_BYTES, size);
 		return SK_PASS;
 	}
-	if (bpf_msg_redirect_hash(msg, &axon_sock_hash, &st->peer, BPF_F_INGRESS) == SK_PASS) {
+	/* the peer key (exact, or the alias key that worked); on the first
+	 * write a miss of the exact key tries the alias keys (sidecars) */
+	if (sockmap_redirect_peer(msg, st) == SK_PASS ||
+	    (st->mode == AXON_SM_MODE_UNDECIDED && sockmap_alias_redirect(msg, st) == SK_PASS)) {
 		st->mode = AXON_SM_MODE_BYPASS;
 		st->redir_msgs++;
 		st->redir_bytes += size;
@@ -173,7 +178,7 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	}
 	st->mode = AXON_SM_MODE_STACK;
 	st->pass_bytes += size;
-	sockmap_note_stack(st, sockmap_writer_refs(msg)); /* this write redirected nothing */
+	sockmap_note_stack(st, sockmap_writer_holders(msg)); /* this write redirected nothing */
 pass_no_peer:
 	sockmap_count(AXON_SM_PASS_NO_PEER, 1);
 	sockmap_count(AXON_SM_PASS_BYTES, size);

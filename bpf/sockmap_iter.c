@@ -23,7 +23,7 @@ struct sockmap_conn_rec {
 	struct sockmap_key key;
 	__u64 cookie;      /* socket cookie */
 	__u32 mode;        /* enum axon_sockmap_mode; AXON_SM_MODE_UNKNOWN: no state */
-	__u32 _pad;
+	__u32 flags;       /* struct sockmap_state's flags (enum axon_sockmap_flag) */
 	__u64 redir_msgs;  /* struct sockmap_state's counters */
 	__u64 redir_bytes;
 	__u64 pass_bytes;
@@ -64,6 +64,7 @@ int axon_sockmap_conns(struct bpf_iter__sockmap *ctx)
 	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);
 	if (st) {
 		rec.mode = st->mode;
+		rec.flags = st->flags;
 		rec.redir_msgs = st->redir_msgs;
 		rec.redir_bytes = st->redir_bytes;
 		rec.pass_bytes = st->pass_bytes;

@@ -7,8 +7,11 @@
  * rule of lib/sockmap.h decides whether it enters axon_sock_hash; an admitted
  * socket gets its state (the peer's key, mode undecided) in
  * axon_sockmap_state and its entry in axon_sockmap_quiet first, then is
- * inserted with BPF_NOEXIST. From then on sk_msg.c sees its writes. Every
- * outcome is counted.
+ * inserted with BPF_NOEXIST, then into axon_sock_alias under its alias keys
+ * (lib/sockmap.h: how a netfilter REDIRECTed connection's two sockets find
+ * each other); its role (client: connected, server: accepted) goes into the
+ * state's flags. From then on sk_msg.c sees its writes. Every outcome is
+ * counted.
  *
  * An inserted socket gets two callbacks (its only callback flags; no socket
  * options are touched): BPF_SOCK_OPS_HDR_OPT_LEN_CB on every segment it
@@ -57,6 +60,7 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	struct sockmap_quiet live = {.state = AXON_SM_LIVE};
 	struct bpf_sock *sk;
 	__u32 op = skops->op;
+	__u64 netns;
 
 	if (op == BPF_SOCK_OPS_HDR_OPT_LEN_CB) {
 		sockmap_try_leave(skops); /* reserves no option space */
@@ -71,8 +75,10 @@ int axon_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	if (sockmap_key_of(&key, skops) < 0)
 		return 1;
-	verdict = sockmap_admit(&key, bpf_get_netns_cookie(skops));
-	if (verdict != AXON_SM_ADMIT_POD && verdict != AXON_SM_ADMIT_LOOPBACK) {
+	netns = bpf_get_netns_cookie(skops);
+	verdict = sockmap_admit(&key, netns);
+	if (verdict != AXON_SM_ADMIT_POD && verdict != AXON_SM_ADMIT_LOOPBACK &&
+	    verdict != AXON_SM_ADMIT_INTRAPOD) {
 		sockmap_count(verdict, 1);
 		return 1;
 	}
@@ -110,5 +116,7 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	}
 	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(verdict, 1);
+	/* then the alias keys (sidecar pairing), with the role they record */
+	st->flags = sockmap_alias_insert_all(skops, &key, netns, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);
 	return 1;
 }

@@ -13,8 +13,53 @@
  *  loopback      both addresses loopback (127/8, ::1, ::ffff:127/8) and the
  *                socket's netns is in axon_sockmap_netns. Key netns = the
  *                socket's netns cookie (both ends share it).
+ *  intra-pod     one address loopback, the other an address of the pod that
+ *                owns this netns (axon_sockmap_pods entry whose netns is the
+ *                socket's), the netns in axon_sockmap_netns: a sidecar's
+ *                127.0.0.6 -> podIP:8080, or the socket a netfilter REDIRECT
+ *                in the pod's OUTPUT chain hands a local proxy
+ *                (127.0.0.1:15001 <- podIP:x). Key netns = the netns cookie.
  * Nothing else: host sockets, sockets to other nodes, pods the agent did not
  * admit (opted out, bandwidth limited).
+ *
+ * Sidecars (netfilter REDIRECT): a REDIRECTed connection's two sockets do
+ * not carry reversed tuples (the client sees podA:x -> podB:8080, the proxy
+ * 127.0.0.1:15001 <- podA:x or podB:15006 <- podA:x), so the exact peer key
+ * misses. Every admitted socket is therefore also inserted into
+ * axon_sock_alias under ALIAS KEYS naming its connection's client endpoint,
+ * and a socket whose first write misses the exact key redirects to the alias
+ * key of the opposite role (sockmap_alias_redirect). An alias key is a
+ * struct sockmap_key:
+ *   local      the client's address      lport   the client's port
+ *   netns      the client's netns cookie rport   AXON_SM_ALIAS_PORT | role
+ *   remote[0], remote[1]  the SERVER's netns cookie (low, high 32 bits)
+ *   remote[2], remote[3]  0
+ * (rport > 65535 never names a real port: an alias key is never an exact one.)
+ * Who may claim which key, and why a pod cannot take another pod's
+ * connection:
+ *  client role  inserted by the active opener for its own local endpoint and
+ *               its own netns cookie (bpf_get_netns_cookie: not forgeable),
+ *               with server netns = its own netns (a proxy in the same pod:
+ *               the outbound sidecar) and, when its destination address is an
+ *               admitted pod's, that pod's netns (the destination's inbound
+ *               sidecar). Only sockets of netns N hold client keys of N, and
+ *               admission already requires their local address to be
+ *               loopback or N's own pod address.
+ *  server role  inserted by the passive side for its remote endpoint: client
+ *               netns = its own when the remote is loopback, else the netns
+ *               owning the remote address (axon_sockmap_pods); server netns =
+ *               its own cookie. A pod D that forges pod A's address in its
+ *               own netns to accept a connection "from podA:x" claims
+ *               (podA:x, A, server, D); A's sockets only ever look up server
+ *               netns A or the netns of the pod they connect to, so D gets
+ *               A's bytes only from a connection A opened to D itself.
+ * Collisions: two sockets claiming one alias key (port reuse to two
+ * destinations) are never paired with either peer: the second insert
+ * (BPF_NOEXIST) fails, the key is poisoned in axon_sockmap_alias_poison, the
+ * first socket's alias entry is deleted (its exact entry stays, so no queued
+ * byte is lost), and no write ever redirects through a poisoned key
+ * (counters alias_collision, alias_poisoned). The kernel removes a socket's
+ * alias keys with its other entries when it closes.
  */
 #ifndef AXON_SOCKMAP_H
 #define AXON_SOCKMAP_H
@@ -27,6 +72,33 @@
 #define AXON_SOCKMAP_MAX 65536
 /* Capacity of axon_sockmap_pods and axon_sockmap_netns. */
 #define AXON_SOCKMAP_PODS_MAX AXON_MAX_ENDPOINTS
+/* Default max_entries of axon_sock_alias (Config sets it at load time to
+ * twice axon_sock_hash's): up to two alias keys per bypassed socket. */
+#define AXON_SOCKMAP_ALIAS_MAX (2 * AXON_SOCKMAP_MAX)
+/* Capacity of axon_sockmap_alias_poison (LRU: the oldest poisoned keys are
+ * forgotten first; a forgotten key only lets a later connection pair again). */
+#define AXON_SOCKMAP_POISON_MAX 4096
+
+/* Alias keys (see the header comment): rport = AXON_SM_ALIAS_PORT | role. */
+#define AXON_SM_ALIAS_PORT 0x10000
+#define AXON_SM_ROLE_CLIENT 1 /* the active opener (connect) */
+#define AXON_SM_ROLE_SERVER 2 /* the passive side (accept) */
+
+/* struct sockmap_state.flags bits (an enum for BTF: internal/datapath/sockmap
+ * mirrors them, TestEnumsMatchBTF). */
+enum axon_sockmap_flag {
+	AXON_SM_F_CLIENT = 0x1,     /* sockops: the socket is the active opener (alias role client) */
+	AXON_SM_F_SERVER = 0x2,     /* sockops: the socket is the passive side (alias role server) */
+	AXON_SM_F_PEER_ALIAS = 0x4, /* sk_msg: peer is an alias key of axon_sock_alias, not an exact key */
+	/* the mode machine (below) */
+	AXON_SM_F_QUIET = 0x100,    /* never redirects again, none in flight; published in axon_sockmap_quiet */
+	AXON_SM_F_LEFT = 0x200,     /* sockops: deleted from axon_sock_hash (sockmap_try_leave) */
+	AXON_SM_F_VOUCH = 0x400,    /* sk_msg: this sendmsg is the only other psock holder; consumed by the next sockops callback */
+	AXON_SM_F_STREAK = 0xff0000, /* sk_msg: the small-write streak, a count in these bits (sk_msg.c) */
+};
+
+/* -EEXIST of a BPF_NOEXIST update whose key is taken. */
+#define AXON_SM_EEXIST 17
 
 /* sockmap_key: one socket of axon_sock_hash. Addresses as IPv6, IPv4 as
  * ::ffff:a.b.c.d (network byte order), so an AF_INET socket and an AF_INET6
@@ -51,11 +123,12 @@ struct sockmap_pod {
  * sockops' leave check (both under the socket lock: no atomics needed). */
 struct sockmap_state {
 	__u32 mode;       /* enum axon_sockmap_mode */
-	__u32 flags;      /* AXON_SM_F_* (the mode machine's bits: see below) */
+	__u32 flags;      /* AXON_SM_F_* (0 in state written before flags existed) */
 	__u64 redir_msgs;  /* writes redirected into the peer */
 	__u64 redir_bytes; /* their bytes */
 	__u64 pass_bytes;  /* bytes of writes that went through TCP */
-	struct sockmap_key peer; /* the peer socket's key, computed once by sockops */
+	struct sockmap_key peer; /* the peer's key: computed by sockops (exact), replaced
+				  * by the alias key that worked (AXON_SM_F_PEER_ALIAS) */
 };
 
 /* axon_sock_hash: the bypassed sockets, key -> socket (the value written is
@@ -71,6 +144,33 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_sock_hash SEC(".maps");
+
+/* axon_sock_alias: the bypassed sockets again, under their alias keys (see
+ * the header comment), key -> socket. No program is attached to it: the
+ * kernel refuses a socket in a second map with an sk_msg program (EBUSY),
+ * and a socket cannot enter axon_sock_hash twice for the same reason.
+ * Inserted by sockops after the exact key, read by sk_msg's redirect only;
+ * the kernel removes a socket's keys when it closes; sockops deletes a key
+ * that two sockets claim (the socket stays in axon_sock_hash). max_entries
+ * set at load time. Pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, AXON_SOCKMAP_ALIAS_MAX);
+	__type(key, struct sockmap_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_sock_alias SEC(".maps");
+
+/* axon_sockmap_alias_poison: alias key -> 1: keys two sockets claimed at
+ * once. Never inserted into axon_sock_alias again, never redirected
+ * through. Written by sockops only. Pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AXON_SOCKMAP_POISON_MAX);
+	__type(key, struct sockmap_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_sockmap_alias_poison SEC(".maps");
 
 /* axon_sockmap_pods: 16-byte pod address (IPv4 v4-mapped) -> struct
  * sockmap_pod: the local pods admitted to the bypass and the netns that owns
@@ -122,6 +222,7 @@ struct {
 AXON_BTF_ANCHOR(axon_sockmap_btf, {
 	enum axon_sockmap_counter counter;
 	enum axon_sockmap_mode mode;
+	enum axon_sockmap_flag flag;
 });
 
 /* sockmap_count adds n to counter c. Atomic: sk_msg runs in process context
@@ -180,20 +281,41 @@ AXON_INLINE int sockmap_is_loopback(const __u32 *a)
 	return a[2] == 0 && a[3] == bpf_htonl(1);
 }
 
-/* sockmap_admit applies the admission rule to the socket of key living in
- * netns cookie netns. It sets key->netns and returns AXON_SM_ADMIT_POD or
- * AXON_SM_ADMIT_LOOPBACK for a socket that may enter, else the reason it
- * may not (an AXON_SM_SKIP_* counter). */
-AXON_INLINE enum axon_sockmap_counter sockmap_admit(struct sockmap_key *key, __u64 netns)
+/* sockmap_admit_intrapod: the rule for a socket with a loopback end (lo_local,
+ * lo_remote): both loopback, or the other end an address of the pod owning
+ * netns (not merely some admitted pod's: 127.0.0.1 -> another pod's address
+ * configured in this netns is refused), and netns admitted. Key netns =
+ * netns: the pair lives in one netns. */
+AXON_INLINE enum axon_sockmap_counter sockmap_admit_intrapod(struct sockmap_key *key, __u64 netns,
+							     int lo_local, int lo_remote)
 {
 	struct sockmap_pod *pod;
 
-	if (sockmap_is_loopback(key->local) && sockmap_is_loopback(key->remote)) {
-		if (!bpf_map_lookup_elem(&axon_sockmap_netns, &netns))
-			return AXON_SM_SKIP_NOT_ENABLED;
-		key->netns = netns;
+	if (!bpf_map_lookup_elem(&axon_sockmap_netns, &netns))
+		return AXON_SM_SKIP_NOT_ENABLED;
+	key->netns = netns;
+	if (lo_local && lo_remote)
 		return AXON_SM_ADMIT_LOOPBACK;
-	}
+	pod = bpf_map_lookup_elem(&axon_sockmap_pods, lo_local ? key->remote : key->local);
+	if (!pod)
+		return AXON_SM_SKIP_NOT_POD;
+	if (pod->netns != netns)
+		return AXON_SM_SKIP_NETNS_MISMATCH;
+	return AXON_SM_ADMIT_INTRAPOD;
+}
+
+/* sockmap_admit applies the admission rule to the socket of key living in
+ * netns cookie netns. It sets key->netns and returns AXON_SM_ADMIT_POD,
+ * AXON_SM_ADMIT_LOOPBACK or AXON_SM_ADMIT_INTRAPOD for a socket that may
+ * enter, else the reason it may not (an AXON_SM_SKIP_* counter). */
+AXON_INLINE enum axon_sockmap_counter sockmap_admit(struct sockmap_key *key, __u64 netns)
+{
+	int lo_local = sockmap_is_loopback(key->local);
+	int lo_remote = sockmap_is_loopback(key->remote);
+	struct sockmap_pod *pod;
+
+	if (lo_local || lo_remote)
+		return sockmap_admit_intrapod(key, netns, lo_local, lo_remote);
 	pod = bpf_map_lookup_elem(&axon_sockmap_pods, key->local);
 	if (!pod)
 		return AXON_SM_SKIP_NOT_POD;
@@ -222,6 +344,169 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
 	peer->netns = key->netns;
 }
 
+/* sockmap_alias_key fills k with the alias key of the client endpoint
+ * client:cport of netns client_netns, for role (AXON_SM_ROLE_*), as the
+ * socket of server netns server_netns claims it (layout: header comment). */
+AXON_INLINE void sockmap_alias_key(struct sockmap_key *k, const __u32 *client, __u32 cport,
+				   __u64 client_netns, __u32 role, __u64 server_netns)
+{
+	k->local[0] = client[0];
+	k->local[1] = client[1];
+	k->local[2] = client[2];
+	k->local[3] = client[3];
+	k->remote[0] = (__u32)server_netns;
+	k->remote[1] = (__u32)(server_netns >> 32);
+	k->remote[2] = 0;
+	k->remote[3] = 0;
+	k->lport = cport;
+	k->rport = AXON_SM_ALIAS_PORT | role;
+	k->netns = client_netns;
+}
+
+/* sockmap_alias_server_netns sets the server netns of alias key k. */
+AXON_INLINE void sockmap_alias_server_netns(struct sockmap_key *k, __u64 server_netns)
+{
+	k->remote[0] = (__u32)server_netns;
+	k->remote[1] = (__u32)(server_netns >> 32);
+}
+
+/* sockmap_netns_of: the netns cookie that owns address addr as seen from
+ * netns own: own for loopback, else the admitted pod's (axon_sockmap_pods),
+ * 0 when no admitted pod has it. */
+AXON_INLINE __u64 sockmap_netns_of(const __u32 *addr, __u64 own)
+{
+	struct sockmap_pod *pod;
+
+	if (sockmap_is_loopback(addr))
+		return own;
+	pod = bpf_map_lookup_elem(&axon_sockmap_pods, addr);
+	return pod ? pod->netns : 0;
+}
+
+/* sockmap_alias_poisoned: 1 (counted alias_poisoned) when two sockets once
+ * claimed alias key ak at the same time, else 0. */
+AXON_INLINE int sockmap_alias_poisoned(const struct sockmap_key *ak)
+{
+	if (!bpf_map_lookup_elem(&axon_sockmap_alias_poison, ak))
+		return 0;
+	sockmap_count(AXON_SM_ALIAS_POISONED, 1);
+	return 1;
+}
+
+/* sockmap_alias_insert (sockops) puts the socket of skops into
+ * axon_sock_alias under ak with BPF_NOEXIST, unless ak is poisoned. A key
+ * another socket holds is a collision: ak is poisoned and the holder's entry
+ * deleted (it keeps its exact entry and its queued bytes), so neither is
+ * ever paired through ak. */
+AXON_INLINE void sockmap_alias_insert(struct bpf_sock_ops *skops, struct sockmap_key *ak)
+{
+	__u64 one = 1;
+	long err;
+
+	if (sockmap_alias_poisoned(ak))
+		return;
+	/* (int): before 6.4 only the low 32 bits of the result are defined
+	 * (see np_snat_insert in lib/nodeport.h) */
+	err = bpf_sock_hash_update(skops, &axon_sock_alias, ak, BPF_NOEXIST);
+	if ((int)err == 0)
+		return;
+	if ((int)err != -AXON_SM_EEXIST) {
+		sockmap_count(AXON_SM_INSERT_FAILED, 1);
+		return;
+	}
+	bpf_map_update_elem(&axon_sockmap_alias_poison, ak, &one, BPF_ANY);
+	bpf_map_delete_elem(&axon_sock_alias, ak);
+	sockmap_count(AXON_SM_ALIAS_COLLISION, 1);
+}
+
+/* sockmap_alias_insert_all (sockops): the alias keys of an admitted socket
+ * whose exact key is key (already in axon_sock_hash), in netns; active: the
+ * socket connected (client), else it was accepted (server). Returns the
+ * role's AXON_SM_F_* flag for the socket's state. */
+AXON_INLINE __u32 sockmap_alias_insert_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
+					   __u64 netns, int active)
+{
+	struct sockmap_key ak = {};
+	__u64 other = sockmap_netns_of(key->remote, netns);
+
+	if (active) {
+		/* servers in this netns (outbound sidecar) and, for a pod
+		 * destination in another netns, there (inbound sidecar) */
+		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
+		sockmap_alias_insert(skops, &ak);
+		if (other && other != netns) {
+			sockmap_alias_server_netns(&ak, other);
+			sockmap_alias_insert(skops, &ak);
+		}
+		return AXON_SM_F_CLIENT;
+	}
+	if (other) { /* the client's netns: own for loopback, the pod's */
+		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
+		sockmap_alias_insert(skops, &ak);
+	}
+	return AXON_SM_F_SERVER;
+}
+
+/* sockmap_redirect_peer (sk_msg) redirects msg to the socket's peer key
+ * st->peer: in axon_sock_alias when it is an alias key (never through a
+ * poisoned one), else in axon_sock_hash. Returns SK_PASS when redirected
+ * (bpf_msg_redirect_hash's SK_DROP on a miss is for the caller to handle). */
+AXON_INLINE long sockmap_redirect_peer(struct sk_msg_md *msg, struct sockmap_state *st)
+{
+	if (st->flags & AXON_SM_F_PEER_ALIAS) {
+		if (sockmap_alias_poisoned(&st->peer))
+			return SK_DROP;
+		return bpf_msg_redirect_hash(msg, &axon_sock_alias, &st->peer, BPF_F_INGRESS);
+	}
+	return bpf_msg_redirect_hash(msg, &axon_sock_hash, &st->peer, BPF_F_INGRESS);
+}
+
+/* sockmap_alias_try redirects msg to alias key ak unless it is poisoned; on
+ * success ak becomes the socket's peer key (later writes: one lookup). */
+AXON_INLINE long sockmap_alias_try(struct sk_msg_md *msg, struct sockmap_state *st, struct sockmap_key *ak)
+{
+	if (sockmap_alias_poisoned(ak))
+		return SK_DROP;
+	if (bpf_msg_redirect_hash(msg, &axon_sock_alias, ak, BPF_F_INGRESS) != SK_PASS)
+		return SK_DROP;
+	__builtin_memcpy(&st->peer, ak, sizeof(*ak));
+	st->flags |= AXON_SM_F_PEER_ALIAS;
+	sockmap_count(AXON_SM_ALIAS_PAIRED, 1);
+	return SK_PASS;
+}
+
+/* sockmap_alias_redirect (sk_msg): for a socket whose exact peer key missed
+ * on its first write, the redirect to the alias key of the opposite role
+ * (header comment). st->peer is still the exact peer key, the tuple reversed:
+ * peer.remote:rport is this socket's local end, peer.local:lport its remote
+ * end. A client tries the servers of its own netns, then of the netns owning
+ * its destination; a server the client that its remote end names. Returns
+ * SK_PASS when redirected. */
+AXON_INLINE long sockmap_alias_redirect(struct sk_msg_md *msg, struct sockmap_state *st)
+{
+	struct sockmap_key ak = {};
+	__u64 own, other;
+
+	if (st->flags & AXON_SM_F_PEER_ALIAS)
+		return SK_DROP;
+	own = bpf_get_netns_cookie(msg);
+	other = sockmap_netns_of(st->peer.local, own);
+	if (st->flags & AXON_SM_F_CLIENT) {
+		sockmap_alias_key(&ak, st->peer.remote, st->peer.rport, own, AXON_SM_ROLE_SERVER, own);
+		if (sockmap_alias_try(msg, st, &ak) == SK_PASS)
+			return SK_PASS;
+		if (!other || other == own)
+			return SK_DROP;
+		sockmap_alias_server_netns(&ak, other);
+		return sockmap_alias_try(msg, st, &ak);
+	}
+	if ((st->flags & AXON_SM_F_SERVER) && other) {
+		sockmap_alias_key(&ak, st->peer.local, st->peer.lport, other, AXON_SM_ROLE_CLIENT, own);
+		return sockmap_alias_try(msg, st, &ak);
+	}
+	return SK_DROP;
+}
+
 /* ---- The mode machine: leaving the map --------------------------------
  *
  * A socket in stack mode still pays for being in axon_sock_hash: its writes
@@ -239,9 +524,9 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
  *  - its peer is quiet, or not in the map (its axon_sockmap_quiet entry is
  *    absent): nothing can be redirected into S any more;
  *  - its psock queues are empty (ingress_skb, read first, then ingress_msg);
- *  - nothing else holds its psock: refcount 1 (the map's link), or 2 when
- *    the sk_msg program vouched for the sendmsg that runs the callback, or
- *    2 while a syscall owns the socket (the owner is the holder: a reader
+ *  - nothing but its map links holds its psock (sockmap_psock_holders 0),
+ *    or one holder: the sendmsg that runs the callback when the sk_msg
+ *    program vouched for it, or the syscall that owns the socket (a reader
  *    in tcp_bpf_recvmsg sending its window update, which returns what it
  *    read and does not wait again). A reader waiting inside
  *    tcp_bpf_recvmsg would otherwise keep the psock, wake up with the
@@ -251,8 +536,11 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
  *    gets one EAGAIN (no byte is lost: they are in the TCP queue).
  * Quiet: mode stack (sticky, so no later run redirects) and either it never
  * redirected (a run that redirects sets bypass first, under the lock) or
- * nothing else holds its psock (every sendmsg holds it, across the redirect
- * it makes with its own lock released). A socket that never wrote is made
+ * nothing but its links holds its psock, save the sendmsg running sk_msg
+ * (every sendmsg holds it, across the redirect it makes with its own lock
+ * released). Leaving deletes the socket's alias keys (axon_sock_alias) with
+ * its exact key; a socket paired by alias key never leaves (its own key
+ * cannot be told from its state). A socket that never wrote is made
  * stack (and so quiet) once its peer is quiet: the connection leaves whole.
  * The check runs on every segment the socket transmits (sockops'
  * BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
@@ -260,13 +548,9 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
  * cleared when it left.
  */
 
-/* Bits of struct sockmap_state.flags owned by the mode machine (0x1..0xff
- * belong to the sidecar pairing). */
-#define AXON_SM_F_QUIET 0x100      /* quiet (above); published in axon_sockmap_quiet */
-#define AXON_SM_F_LEFT 0x200       /* deleted from axon_sock_hash by sockmap_try_leave */
-#define AXON_SM_F_VOUCH 0x400      /* set by sk_msg: this sendmsg holds the only other psock reference; consumed by the next sockops callback */
-#define AXON_SM_STREAK_SHIFT 16    /* bits 16..23: the small-write streak (sk_msg.c) */
-#define AXON_SM_STREAK_MASK (0xffU << AXON_SM_STREAK_SHIFT)
+/* The small-write streak's place in struct sockmap_state.flags
+ * (AXON_SM_F_STREAK). */
+#define AXON_SM_STREAK_SHIFT 16
 
 /* sockmap_quiet: value of axon_sockmap_quiet. */
 struct sockmap_quiet {
@@ -325,6 +609,7 @@ struct refcount_struct___sm {
 
 struct sk_psock___sm {
 	__u32 msg_tot_len;
+	struct list_head___sm link; /* one sk_psock_link per map the socket is in */
 	struct list_head___sm ingress_msg;
 	struct sk_buff_head___sm ingress_skb;
 	struct refcount_struct___sm refcnt;
@@ -368,6 +653,29 @@ AXON_INLINE int sockmap_psock_refs(struct sk_psock___sm *psock)
 	return r.refs;
 }
 
+/* sockmap_psock_holders: how many references to psock something other
+ * than its map links holds (a syscall inside tcp_bpf_sendmsg/recvmsg, a
+ * redirect into it): the refcount minus the links (one per map entry:
+ * axon_sock_hash and up to two alias keys in axon_sock_alias). The count is
+ * read first, so a link removed meanwhile (an alias collision elsewhere, its
+ * link unlinked before its reference is put) can only make the result too
+ * high; links are added only when the socket enters, before any of this.
+ * More than 4 links read as many holders. */
+AXON_INLINE int sockmap_psock_holders(struct sk_psock___sm *psock)
+{
+	struct list_head___sm *head = &psock->link, *pos = 0;
+	int refs = sockmap_psock_refs(psock), links = 0;
+
+	bpf_core_read(&pos, sizeof(pos), &head->next);
+	for (int i = 0; i < 4 && pos && pos != head; i++) {
+		links++;
+		bpf_core_read(&pos, sizeof(pos), &pos->next);
+	}
+	if (pos != head)
+		return 1 << 20;
+	return refs - links;
+}
+
 /* sockmap_psock_idle: 1 when the psock holds no unread bytes: ingress_skb
  * (the stream verdict's backlog, whose worker dequeues an skb only after
  * queueing its bytes on ingress_msg) read first, then ingress_msg. */
@@ -385,20 +693,52 @@ AXON_INLINE int sockmap_psock_idle(struct sk_psock___sm *psock)
 
 /* sockmap_self_key: the key of the socket whose state is st (its peer's key
  * reversed: both ends' keys are each other's reverse). Returns 0, or -1 when
- * st->peer is not a plain reversed key (then the socket never leaves). */
+ * st->peer is an alias key (then the socket never publishes quiet and never
+ * leaves: its own key is not known here). */
 AXON_INLINE int sockmap_self_key(struct sockmap_key *self, const struct sockmap_state *st)
 {
+	if (st->flags & AXON_SM_F_PEER_ALIAS)
+		return -1;
 	sockmap_peer_key(self, &st->peer);
 	return 0;
 }
 
 /* sockmap_peer_done: 1 when st's peer cannot redirect into this socket any
- * more: its axon_sockmap_quiet entry is absent or QUIET. */
+ * more: its axon_sockmap_quiet entry is absent or QUIET. 0 for a peer paired
+ * by alias key (it has no entry under that key: absent would mean nothing).
+ * A socket whose peer paired with it by alias looks up its exact reversed
+ * key, which holds the placeholder sockops made (live): it never leaves. */
 AXON_INLINE int sockmap_peer_done(struct sockmap_state *st)
 {
-	struct sockmap_quiet *v = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
+	struct sockmap_quiet *v;
 
+	if (st->flags & AXON_SM_F_PEER_ALIAS)
+		return 0;
+	v = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
 	return !v || v->state == AXON_SM_QUIET;
+}
+
+/* sockmap_alias_delete_all (sockops): deletes the alias keys that
+ * sockmap_alias_insert_all gave the socket of exact key key in netns, by its
+ * role in flags (recomputed: a pod withdrawn since then leaves the key to
+ * its destination's netns behind, and the socket in axon_sock_alias, out of
+ * axon_sock_hash but not yet plain TCP, until it closes). */
+AXON_INLINE void sockmap_alias_delete_all(const struct sockmap_key *key, __u64 netns, __u32 flags)
+{
+	struct sockmap_key ak = {};
+	__u64 other = sockmap_netns_of(key->remote, netns);
+
+	if (flags & AXON_SM_F_CLIENT) {
+		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
+		bpf_map_delete_elem(&axon_sock_alias, &ak);
+		if (other && other != netns) {
+			sockmap_alias_server_netns(&ak, other);
+			bpf_map_delete_elem(&axon_sock_alias, &ak);
+		}
+	} else if ((flags & AXON_SM_F_SERVER) && other) {
+		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
+		bpf_map_delete_elem(&axon_sock_alias, &ak);
+	}
 }
 
 /* sockmap_set_quiet marks st's socket quiet, in its state and in
@@ -421,17 +761,16 @@ AXON_INLINE void sockmap_set_quiet(struct sockmap_state *st)
 		v->state = AXON_SM_QUIET;
 }
 
-/* sockmap_note_stack: sk_msg, a write of a socket in stack mode (psock the
- * writer's, refs its reference count: the map's link and this sendmsg hold
- * one each when nothing else does). Marks the socket quiet when it may be,
- * and vouches for this sendmsg (AXON_SM_F_VOUCH) so that the sockops
- * callback of the segment it sends (same lock, same sendmsg) may leave with
- * two references. */
-AXON_INLINE void sockmap_note_stack(struct sockmap_state *st, int refs)
+/* sockmap_note_stack: sk_msg, a write of a socket in stack mode; holders:
+ * sockmap_psock_holders of the writer's psock (1 when only this sendmsg
+ * holds it). Marks the socket quiet when it may be, and vouches for this
+ * sendmsg (AXON_SM_F_VOUCH) so that the sockops callback of the segment it
+ * sends (same lock, same sendmsg) may count it as the one holder. */
+AXON_INLINE void sockmap_note_stack(struct sockmap_state *st, int holders)
 {
-	if (refs == 2)
+	if (holders == 1)
 		st->flags |= AXON_SM_F_VOUCH;
-	if (!(st->flags & AXON_SM_F_QUIET) && (st->redir_msgs == 0 || refs == 2))
+	if (!(st->flags & AXON_SM_F_QUIET) && (st->redir_msgs == 0 || holders == 1))
 		sockmap_set_quiet(st);
 }
 
@@ -448,7 +787,7 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	struct sock___sm *ksk = 0;
 	struct sockmap_state *st;
 	struct bpf_sock *sk = skops->sk;
-	int holders = 1, refs, done, owned = 0;
+	int allowed = 0, holders, done, owned = 0;
 
 	if (!sk)
 		return;
@@ -457,32 +796,34 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 		return;
 	if (st->flags & AXON_SM_F_VOUCH) {
 		st->flags &= ~AXON_SM_F_VOUCH;
-		holders = 2;
+		allowed = 1; /* the vouching sendmsg */
 	}
 	kops = bpf_cast_to_kern_ctx(skops);
 	bpf_core_read(&ksk, sizeof(ksk), &kops->sk);
 	psock = sockmap_psock(ksk);
 	if (!psock)
 		return;
-	refs = sockmap_psock_refs(psock);
+	holders = sockmap_psock_holders(psock);
 	done = sockmap_peer_done(st);
 	/* quiet needs the strict count: a sendmsg that released its lock to
 	 * redirect holds the psock while another syscall owns the socket */
 	if (!(st->flags & AXON_SM_F_QUIET)) {
 		if (st->mode == AXON_SM_MODE_UNDECIDED && done)
 			st->mode = AXON_SM_MODE_STACK; /* never wrote: no redirect of it anywhere */
-		if (st->mode == AXON_SM_MODE_STACK && (st->redir_msgs == 0 || refs <= holders))
+		if (st->mode == AXON_SM_MODE_STACK && (st->redir_msgs == 0 || holders <= allowed))
 			sockmap_set_quiet(st);
 	}
 	if (!(st->flags & AXON_SM_F_QUIET) || !done || !sockmap_psock_idle(psock))
 		return;
 	bpf_core_read(&owned, sizeof(owned), &ksk->sk_lock.owned);
-	if (refs > holders && !(refs == 2 && owned))
+	if (holders > allowed && !(holders == 1 && owned))
 		return;
 	if (sockmap_self_key(&self, st) != 0)
 		return;
 	if (bpf_map_delete_elem(&axon_sock_hash, &self) != 0)
 		return;
+	/* and out of axon_sock_alias, whose links keep the psock too */
+	sockmap_alias_delete_all(&self, bpf_get_netns_cookie(skops), st->flags);
 	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
 	st->mode = AXON_SM_MODE_STACK;
 	st->flags |= AXON_SM_F_LEFT;

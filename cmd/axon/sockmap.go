@@ -60,8 +60,12 @@ func printSockmap(w io.Writer, rep api.SockmapReply) error {
 		if c.Netns != 0 {
 			netns = fmt.Sprint(c.Netns)
 		}
+		mode := dash(c.Mode)
+		if c.Alias {
+			mode += "(alias)" // paired through a sidecar's REDIRECT
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Local, c.Remote, dash(c.LocalPod), dash(c.RemotePod), netns,
-			dash(c.Mode), c.RedirectedBytes, c.PassedBytes)
+			mode, c.RedirectedBytes, c.PassedBytes)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

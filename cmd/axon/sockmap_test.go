@@ -22,11 +22,14 @@ func TestPrintSockmap(t *testing.T) {
 			{Local: ap("127.0.0.1:15001"), Remote: ap("127.0.0.1:8080"), Netns: 4099, LocalPod: "apps/a", RemotePod: "apps/a",
 				Mode: "stack", PassedBytes: 17},
 			{Local: ap("10.244.1.12:1"), Remote: ap("10.244.1.13:2")},
+			{Local: ap("127.0.0.1:15001"), Remote: ap("10.244.1.10:40001"), Netns: 4099, LocalPod: "apps/a", RemotePod: "apps/a",
+				Mode: "bypass", Alias: true, RedirectedBytes: 9},
 		}, Counters: map[string]uint64{"redirect_bytes": 512, "admit_pod": 2}}, []string{
 			"LOCAL",
 			"10.244.1.10:40000  10.244.1.11:80  apps/a  apps/b  -  bypass  4096  0",
 			"127.0.0.1:15001  127.0.0.1:8080  apps/a  apps/a  4099  stack  0  17",
 			"10.244.1.12:1  10.244.1.13:2  -  -  -  -  0  0",
+			"127.0.0.1:15001  10.244.1.10:40001  apps/a  apps/a  4099  bypass(alias)  9  0",
 			"counters: admit_pod=2 redirect_bytes=512",
 		}},
 	} {

@@ -604,7 +604,7 @@ func (s *sockBypass) conns() (api.SockmapReply, error) {
 	}
 	for _, c := range conns {
 		row := api.SockmapConn{Local: unmapAddrPort(c.Local), Remote: unmapAddrPort(c.Remote), Netns: c.Netns,
-			Mode: c.Mode, RedirectedMsgs: c.RedirectedMsgs, RedirectedBytes: c.RedirectedBytes, PassedBytes: c.PassedBytes}
+			Mode: c.Mode, Alias: c.Alias, RedirectedMsgs: c.RedirectedMsgs, RedirectedBytes: c.RedirectedBytes, PassedBytes: c.PassedBytes}
 		if c.Netns != 0 {
 			row.LocalPod, row.RemotePod = byNetns[c.Netns], byNetns[c.Netns]
 		} else {

@@ -33,6 +33,10 @@ var sockmapCounterHelp = map[string]string{
 	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack by the small-write rule (a stream of small writes its peer does not keep up with is faster on TCP).",
 	"splice_refused":      "splice(2) calls refused with EINVAL on a bypassed socket (the application falls back to read/write; splice would lose bytes).",
 	"backpressure":        "Bypassed sockets moved to the TCP/IP stack because their peer's unread bytes exceeded its receive buffer (TCP flow control takes over).",
+	"admit_intrapod":      "Sockets inside an admitted pod with one end loopback and the other the pod's own address (a sidecar's) that entered the bypass.",
+	"alias_paired":        "Sockets whose peer was found by the client endpoint of their connection (a sidecar's netfilter REDIRECT) instead of the reversed tuple.",
+	"alias_collision":     "Client endpoints claimed by two sockets at once (port reuse): poisoned, never paired through, the sockets use the stack unless their exact peer is found.",
+	"alias_poisoned":      "Alias inserts or redirects refused because the client endpoint was poisoned by a collision.",
 	"left":                "Sockets that left the bypass's map once they and their peer used the TCP/IP stack and their queue was empty: plain TCP from then on.",
 }
 

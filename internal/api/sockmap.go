@@ -44,6 +44,10 @@ type SockmapConn struct {
 	// socket), "stack" (they take TCP, for good), "undecided" (nothing
 	// written yet), "" unknown (a kernel without the connection iterator).
 	Mode string `json:"mode,omitempty"`
+	// Alias: the socket found its peer by its connection's client endpoint
+	// (a sidecar's netfilter REDIRECT rewrote the tuple), not by the
+	// reversed tuple.
+	Alias bool `json:"alias,omitempty"`
 	// Counters of the local socket's writes (0 where Mode is ""):
 	// redirected into the peer, and passed to TCP.
 	RedirectedMsgs  uint64 `json:"redirectedMsgs"`

@@ -139,6 +139,17 @@ func TestAdmission(t *testing.T) {
 	n.register(t, b)
 	p := startSockProc(t, cgFD)
 	ap := func(ip netip.Addr) string { return netip.AddrPortFrom(ip, 0).String() }
+	// enableB admits B's loopback and intra-pod connections for one row
+	enableB := func(t *testing.T) {
+		if err := b.SetNetns(n.cb); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := b.DeleteNetns(n.cb); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 
 	for _, tc := range []struct {
 		name             string
@@ -166,6 +177,19 @@ func TestAdmission(t *testing.T) {
 			wantFamily: [2]int{unix.AF_INET, unix.AF_INET6}, inMap: "both", keyNetns: n.ca, admission: map[string]uint64{"admit_loopback": 2}},
 		{name: "loopback in a netns that is not enabled", lns: n.b, lnet: "tcp4", laddr: "127.0.0.1:0", dns: n.b, dnet: "tcp4",
 			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "none", admission: map[string]uint64{"skip_not_enabled": 2}},
+		{name: "intra-pod: 127.0.0.6 to the pod's own address", lns: n.a, lnet: "tcp4", laddr: ap(n.podA), dns: n.a, dnet: "tcp4", local: "127.0.0.6:0",
+			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "both", keyNetns: n.ca, admission: map[string]uint64{"admit_intrapod": 2}},
+		{name: "intra-pod v6: ::1 to the pod's own address", lns: n.a, lnet: "tcp6", laddr: ap(n.a6), dns: n.a, dnet: "tcp6", local: "[::1]:0",
+			wantFamily: [2]int{unix.AF_INET6, unix.AF_INET6}, inMap: "both", keyNetns: n.ca, admission: map[string]uint64{"admit_intrapod": 2}},
+		{name: "intra-pod in a netns that is not enabled", lns: n.b, lnet: "tcp4", laddr: ap(n.podB), dns: n.b, dnet: "tcp4", local: "127.0.0.6:0",
+			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "none", admission: map[string]uint64{"skip_not_enabled": 2}},
+		{name: "hostile intra-pod: loopback to another pod's address configured here", setup: enableB,
+			// B holds C's address: 127.0.0.6 <-> C's address is not B's own pair
+			lns: n.b, lnet: "tcp4", laddr: ap(n.victim), dns: n.b, dnet: "tcp4", local: "127.0.0.6:0",
+			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "none", admission: map[string]uint64{"skip_netns_mismatch": 2}},
+		{name: "intra-pod: loopback to an address that is no pod's", setup: enableB,
+			lns: n.b, lnet: "tcp4", laddr: ap(n.notPod), dns: n.b, dnet: "tcp4", local: "127.0.0.6:0",
+			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "none", admission: map[string]uint64{"skip_not_pod": 2}},
 		{name: "impostor: B configured C's pod address", lns: n.a, lnet: "tcp4", laddr: ap(n.podA), dns: n.b, dnet: "tcp4", local: ap(n.victim),
 			// A's socket qualifies (its peer's address is a pod's), B's never enters
 			wantFamily: [2]int{unix.AF_INET, unix.AF_INET}, inMap: "server", admission: map[string]uint64{"admit_pod": 1, "skip_netns_mismatch": 1}},
@@ -203,7 +227,7 @@ func TestAdmission(t *testing.T) {
 			down := p.send(c.server, c.client, randBytes(t, 7), randBytes(t, 20000))
 			d := metricsDelta(t, b, before)
 			adm := map[string]uint64{}
-			for _, k := range []string{"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled", "insert_failed"} {
+			for _, k := range []string{"admit_pod", "admit_loopback", "admit_intrapod", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled", "insert_failed"} {
 				if d[k] != 0 {
 					adm[k] = d[k]
 				}

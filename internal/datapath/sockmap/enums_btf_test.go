@@ -21,5 +21,10 @@ func TestEnumsMatchBTF(t *testing.T) {
 			"AXON_SM_MODE_UNDECIDED": modeUndecided, "AXON_SM_MODE_BYPASS": modeBypass, "AXON_SM_MODE_STACK": modeStack,
 			"AXON_SM_MODE_UNKNOWN": modeUnknown,
 		}},
+		{Enum: "axon_sockmap_flag", Values: map[string]uint64{
+			"AXON_SM_F_CLIENT": flagClient, "AXON_SM_F_SERVER": flagServer, "AXON_SM_F_PEER_ALIAS": flagPeerAlias,
+			"AXON_SM_F_QUIET": flagQuiet, "AXON_SM_F_LEFT": flagLeft, "AXON_SM_F_VOUCH": flagVouch,
+			"AXON_SM_F_STREAK": flagStreak,
+		}},
 	})
 }

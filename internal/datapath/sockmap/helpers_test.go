@@ -41,6 +41,7 @@ type hreq struct {
 	Net   string // listen, dial: tcp, tcp4, tcp6
 	Addr  string // listen: local address; dial: remote address
 	Local string // dial: local address to bind (ip:port, port 0 = any)
+	Reuse bool   // dial: SO_REUSEADDR before the bind (two sockets on one local endpoint)
 	ID    int    // accept: the listener; write, read, close, shutdown: the connection
 	Data  []byte // write
 	N     int    // read: exactly N bytes
@@ -104,6 +105,17 @@ func TestSockmapHelperProcess(t *testing.T) {
 		case "dial":
 			err := inNetns(r.Netns, func() error {
 				d := net.Dialer{Timeout: 5 * time.Second}
+				if r.Reuse {
+					d.Control = func(_, _ string, rc syscall.RawConn) error {
+						var serr error
+						if err := rc.Control(func(fd uintptr) {
+							serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+						}); err != nil {
+							return err
+						}
+						return serr
+					}
+				}
 				if r.Local != "" {
 					la, err := net.ResolveTCPAddr(r.Net, r.Local)
 					if err != nil {

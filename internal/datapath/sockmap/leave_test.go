@@ -35,6 +35,9 @@ func testLeave(t *testing.T, verdict bool) {
 		if got := connsOf(t, b, c); len(got) != 2 {
 			t.Fatalf("pod pair not in the map: %v", got)
 		}
+		if got := aliasKeys(t, b.ops.AxonSockAlias, c.clientAddr); len(got) == 0 {
+			t.Fatalf("pod pair has no alias keys in %s: the leave's check that they go would prove nothing", MapSockAlias)
+		}
 		return c
 	}
 	// stream runs the helper's stream (r's connections and sizes), then
@@ -66,6 +69,9 @@ func testLeave(t *testing.T, verdict bool) {
 		}
 		if got := connsOf(t, b, c); len(got) != 0 {
 			t.Errorf("after the leave the map still holds %v", got)
+		}
+		if got := aliasKeys(t, b.ops.AxonSockAlias, c.clientAddr); len(got) != 0 {
+			t.Errorf("after the leave %s still holds the pair's alias keys %v (their links keep the psock)", MapSockAlias, got)
 		}
 		if seen := d["redirect_bytes"] + d["pass_bytes"]; seen >= written {
 			t.Errorf("sk_msg saw %d of the %d bytes written: none went through plain TCP after the leave", seen, written)
@@ -170,4 +176,39 @@ func TestLoadMarksEarlierSocketsLive(t *testing.T) {
 		}
 	}
 	p.send(c.client, c.server, randBytes(t, 100))
+}
+
+// Sockets paired by alias key (a sidecar's REDIRECTed connection) never
+// leave: neither end can tell the other's key from its own state, so the
+// exact key's peer entry is a live placeholder. A two-way bulk stream past
+// the back-pressure bound moves both to the stack, every byte intact, and
+// both stay in the map.
+func TestLeaveNotForAliasPairs(t *testing.T) {
+	requireIptables(t)
+	b, _, _, cgFD := loadTest(t, Config{StreamVerdict: true})
+	n := newSidecarNet(t, b)
+	p := startSockProc(t, cgFD)
+	nsRun(t, n.b, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
+	ln := p.do(hreq{Op: "listen", Netns: n.b, Net: "tcp4", Addr: "10.78.0.2:15006"})
+	cl := p.do(hreq{Op: "dial", Netns: n.a, Net: "tcp4", Addr: "10.78.0.2:8080", Local: "10.78.0.1:0"})
+	sv := p.do(hreq{Op: "accept", ID: ln.ID})
+	p.do(hreq{Op: "closeln", ID: ln.ID})
+	before := metrics(t, b)
+	const bytes = 24 << 20
+	if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: 16 << 10, DelayMS: 300}); a.Err != "" {
+		t.Fatalf("stream: %s", a.Err)
+	}
+	p.send(cl.ID, sv.ID, []byte("x"))
+	p.send(sv.ID, cl.ID, []byte("y"))
+	d := metricsDelta(t, b, before)
+	t.Logf("%d bytes each way through the REDIRECTed pair, intact; counters moved: %v", bytes, d)
+	if d["alias_paired"] != 2 || d["backpressure"] != 2 || d["left"] != 0 {
+		t.Errorf("counters moved by %v; want alias_paired 2, backpressure 2 (both on the stack), left 0", d)
+	}
+	for _, local := range []string{cl.Local, sv.Local} {
+		c, ok := connByEnds(t, b, mustAP(t, local), netip.AddrPort{})
+		if !ok || c.Mode != "stack" || !c.Alias {
+			t.Errorf("socket %s: %+v (in map %v); want it still in the map, stack mode, paired by alias", local, c, ok)
+		}
+	}
 }

@@ -179,3 +179,49 @@ func TestSetPodValidates(t *testing.T) {
 		t.Fatalf("after DeletePod: %v", pods)
 	}
 }
+
+// A counter map pinned by an agent with fewer counters (before the sidecar
+// counters) is replaced by Load, counters from 0, instead of failing the
+// adoption of every other map; the pinned pod admissions stay.
+func TestLoadReplacesCounterMapOfAnotherSize(t *testing.T) {
+	b, pin, cg, _ := loadTest(t, Config{MaxEntries: 128})
+	pod := netip.MustParseAddr("10.1.2.4")
+	if err := b.SetPod(pod, 78); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(pin, MapMetrics)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: MapMetrics, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 14})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	b2, err := Load(pin, cg, guardCfg(Config{MaxEntries: 128}), dptest.Logger(t))
+	if err != nil {
+		t.Fatalf("Load over a pinned counter map of 14 counters: %v", err)
+	}
+	defer b2.Close()
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.MaxEntries() != uint32(len(metricNames)) {
+		t.Fatalf("pinned %s holds %d counters, want %d", MapMetrics, m.MaxEntries(), len(metricNames))
+	}
+	got, err := b2.Metrics()
+	if err != nil || len(got) != len(metricNames) {
+		t.Fatalf("Metrics after the replacement: %v, %v", got, err)
+	}
+	if pods, err := b2.Pods(); err != nil || pods[pod] != 78 {
+		t.Fatalf("pods after the replacement: %v, %v; want %s -> 78 adopted", pods, err, pod)
+	}
+}

@@ -183,6 +183,7 @@ func loadPrivate(verdict, guard bool) (*privateBypass, error) {
 		m.Pinning = ebpf.PinNone
 	}
 	spec.Maps[MapSockHash].MaxEntries = 64
+	spec.Maps[MapSockAlias].MaxEntries = 128
 	p := &privateBypass{}
 	if err := spec.LoadAndAssign(&p.ops, nil); err != nil {
 		return nil, fmt.Errorf("load sockops object: %w", err)

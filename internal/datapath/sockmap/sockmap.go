@@ -26,7 +26,17 @@ const (
 	MapNetns    = "axon_sockmap_netns"
 	MapState    = "axon_sockmap_state"
 	MapMetrics  = "axon_sockmap_metrics"
-	MapQuiet    = "axon_sockmap_quiet"
+	// MapSockAlias holds the bypassed sockets again under their alias keys
+	// (the client endpoint of their connection): how the two sockets of a
+	// connection a sidecar's netfilter REDIRECT rewrote find each other.
+	MapSockAlias = "axon_sock_alias"
+	// MapAliasPoison holds the alias keys two sockets claimed at once: never
+	// paired through.
+	MapAliasPoison = "axon_sockmap_alias_poison"
+	// MapQuiet holds, for each socket in axon_sock_hash, whether it may
+	// still redirect into its peer (live) or never will (quiet): what its
+	// peer reads to decide whether it may leave the map.
+	MapQuiet = "axon_sockmap_quiet"
 )
 
 // LinkPin is the name of the sock_ops cgroup link's pin under
@@ -38,14 +48,15 @@ const LinkPin = "cgroup-sockops"
 const DefaultMaxEntries = 65536
 
 // pinnedMaps are the maps Uninstall removes.
-var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics, MapQuiet}
+var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics, MapSockAlias, MapAliasPoison, MapQuiet}
 
 // metricNames are the counters of axon_sockmap_metrics, index = enum
 // axon_sockmap_counter (bpf/lib/common.h; TestEnumsMatchBTF keeps them equal).
 var metricNames = []string{
 	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
 	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
-	"switch_stack", "splice_refused", "backpressure", "left",
+	"switch_stack", "splice_refused", "backpressure", "admit_intrapod", "alias_paired", "alias_collision",
+	"alias_poisoned", "left",
 }
 
 // Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
@@ -56,12 +67,27 @@ const (
 	modeUnknown   = 3 // the connection list: the socket has no state
 )
 
+// Bits of axon_sockmap_state's flags (enum axon_sockmap_flag): the socket's
+// role in its connection, and that its peer was found by alias key; the
+// mode machine's: quiet (never redirects again), left the map, the sk_msg
+// program's vouch for its sendmsg, and the small-write streak (a count).
+const (
+	flagClient    = 0x1
+	flagServer    = 0x2
+	flagPeerAlias = 0x4
+	flagQuiet     = 0x100
+	flagLeft      = 0x200
+	flagVouch     = 0x400
+	flagStreak    = 0xff0000
+)
+
 // modeNames are the modes as Conn shows them.
 var modeNames = map[uint32]string{modeUndecided: "undecided", modeBypass: "bypass", modeStack: "stack"}
 
 // Config is the load-time configuration of the bypass.
 type Config struct {
-	// MaxEntries is max_entries of axon_sock_hash (0: DefaultMaxEntries).
+	// MaxEntries is max_entries of axon_sock_hash (0: DefaultMaxEntries),
+	// and half of axon_sock_alias's (a socket has up to two alias keys).
 	// A socket that finds the map full stays on the TCP stack (counted as
 	// insert_failed). A pinned map of another size is not adopted: Load
 	// fails and says to Uninstall (bypassed connections then fall back).
@@ -107,7 +133,10 @@ type Conn struct {
 	// Mode is "undecided" (nothing written yet), "bypass" (writes go to the
 	// peer socket), "stack" (writes go through TCP, for good), or "" when
 	// unknown.
-	Mode            string
+	Mode string
+	// Alias: the socket found its peer by the client endpoint of its
+	// connection (a sidecar's netfilter REDIRECT), not by the reversed tuple.
+	Alias           bool
 	RedirectedMsgs  uint64 // writes moved into the peer socket
 	RedirectedBytes uint64 // their bytes
 	PassedBytes     uint64 // bytes written through TCP
@@ -154,7 +183,11 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		max = DefaultMaxEntries
 	}
 	spec.Maps[MapSockHash].MaxEntries = max
+	spec.Maps[MapSockAlias].MaxEntries = 2 * max
 	spec.Maps[MapQuiet].MaxEntries = max // one entry per socket in axon_sock_hash
+	if err := replaceSmallerMetrics(pinDir, spec.Maps[MapMetrics].MaxEntries, log); err != nil {
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
 	b := &Bypass{log: log, pinDir: pinDir, cgroupPath: cgroupPath}
 	if err := spec.LoadAndAssign(&b.ops, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		err = datapath.IncompatibleHint(err, pinDir)
@@ -245,6 +278,33 @@ func (b *Bypass) markLive() (int, error) {
 	return n, errors.Join(errs...)
 }
 
+// replaceSmallerMetrics removes a pinned axon_sockmap_metrics whose size is
+// not want (an agent of another version, with fewer counters), so that Load
+// pins a new one instead of refusing the adoption: counters restart from 0,
+// and the sockets of the older programs keep counting into the old map
+// until they close. The other maps are adopted or refused as they are.
+func replaceSmallerMetrics(pinDir string, want uint32, log *slog.Logger) error {
+	path := filepath.Join(pinDir, MapMetrics)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned %s: %w", path, err)
+	}
+	have := m.MaxEntries()
+	m.Close()
+	if have == want {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("replace pinned %s of %d counters (this version has %d): %w", path, have, want, err)
+	}
+	log.Info("sockmap: counters restart from 0: the pinned counter map had another number of counters",
+		"map", MapMetrics, "had", have, "now", want)
+	return nil
+}
+
 // loadOnMaps loads the programs of spec (the sk_msg or iterator object) into
 // dst on the sockops object's maps.
 func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
@@ -257,7 +317,8 @@ func (b *Bypass) loadOnMaps(spec *ebpf.CollectionSpec, dst any) error {
 func loadOnMaps(ops *sockOpsObjects, spec *ebpf.CollectionSpec, dst any) error {
 	have := map[string]*ebpf.Map{
 		MapSockHash: ops.AxonSockHash, MapPods: ops.AxonSockmapPods, MapNetns: ops.AxonSockmapNetns,
-		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics, MapQuiet: ops.AxonSockmapQuiet,
+		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics,
+		MapSockAlias: ops.AxonSockAlias, MapAliasPoison: ops.AxonSockmapAliasPoison, MapQuiet: ops.AxonSockmapQuiet,
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
@@ -554,7 +615,7 @@ func (b *Bypass) iterConns() ([]Conn, error) {
 		}
 		seen[rec.Key] = true
 		c := connOf(sockOpsSockmapKey(rec.Key))
-		c.Cookie, c.Mode = rec.Cookie, modeNames[rec.Mode]
+		c.Cookie, c.Mode, c.Alias = rec.Cookie, modeNames[rec.Mode], rec.Flags&flagPeerAlias != 0
 		c.RedirectedMsgs, c.RedirectedBytes, c.PassedBytes = rec.RedirMsgs, rec.RedirBytes, rec.PassBytes
 		out = append(out, c)
 	}
