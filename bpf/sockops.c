@@ -24,13 +24,37 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* sockmap_own_key: the key sockops gave this socket, told by its
+ * axon_sockmap_quiet entry's cookie: the tuple with netns 0 (pod <-> pod) or
+ * with the socket's netns cookie (loopback, intra-pod). Not from the state's
+ * peer key, which an alias pairing replaces. Returns 0, or -1 when neither
+ * holds its entry. */
+AXON_INLINE int sockmap_own_key(struct bpf_sock_ops *skops, struct sockmap_key *self)
+{
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct sockmap_quiet *q;
+
+	if (sockmap_key_of(self, skops) < 0)
+		return -1;
+	self->netns = 0;
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
+		return 0;
+	self->netns = bpf_get_netns_cookie(skops);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
+		return 0;
+	return -1;
+}
+
 /* sockmap_closed: STATE_CB to TCP_CLOSE of a socket inserted here: it can
  * no longer write, so its axon_sockmap_quiet entry goes (its peer reads it
- * as gone), with its peer's placeholder if the peer never entered, and its
- * mode becomes stack (a write after a reset never redirects). */
+ * as gone), with the placeholder under its peer's key if the peer never
+ * entered (or paired by alias key), and its mode becomes stack (a write
+ * after a reset never redirects). */
 AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
 {
-	struct sockmap_key self = {};
+	struct sockmap_key self = {}, peer = {};
 	struct sockmap_quiet *q;
 	struct sockmap_state *st;
 	struct bpf_sock *sk = skops->sk;
@@ -41,14 +65,13 @@ AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
 	if (!st)
 		return;
 	st->mode = AXON_SM_MODE_STACK;
-	if (sockmap_self_key(&self, st) != 0)
+	if (sockmap_own_key(skops, &self) != 0)
 		return;
-	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &self);
-	if (q && q->cookie == bpf_get_socket_cookie(skops))
-		bpf_map_delete_elem(&axon_sockmap_quiet, &self);
-	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
-	if (q && q->cookie == 0) /* the placeholder of a peer that never entered */
-		bpf_map_delete_elem(&axon_sockmap_quiet, &st->peer);
+	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
+	sockmap_peer_key(&peer, &self);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &peer);
+	if (q && q->cookie == 0)
+		bpf_map_delete_elem(&axon_sockmap_quiet, &peer);
 }
 
 SEC("sockops")

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The mode machine on real sockets of two pod namespaces joined by a veth
@@ -127,6 +129,14 @@ func testLeave(t *testing.T, verdict bool) {
 		if got := connsOf(t, b, c); len(got) != 2 {
 			t.Fatalf("a bypassed pair must stay in the map: %v", got)
 		}
+		// every socket of this test either left (taking its entry along)
+		// or closes now: no axon_sockmap_quiet entry may stay behind
+		if got := quietEntries(t, b); got != 2 {
+			t.Errorf("%s holds %d entries, want the 2 of this open pair", MapQuiet, got)
+		}
+		p.do(hreq{Op: "close", ID: c.client})
+		p.do(hreq{Op: "close", ID: c.server})
+		waitQuietEmpty(t, b)
 	})
 }
 
@@ -210,5 +220,44 @@ func TestLeaveNotForAliasPairs(t *testing.T) {
 		if !ok || c.Mode != "stack" || !c.Alias {
 			t.Errorf("socket %s: %+v (in map %v); want it still in the map, stack mode, paired by alias", local, c, ok)
 		}
+	}
+	// closed, they take their axon_sockmap_quiet entries and the live
+	// placeholders under their exact peer keys along (no leak)
+	if got := quietEntries(t, b); got == 0 {
+		t.Fatalf("%s is empty before the close: the check below would prove nothing", MapQuiet)
+	}
+	p.do(hreq{Op: "close", ID: cl.ID})
+	p.do(hreq{Op: "close", ID: sv.ID})
+	waitQuietEmpty(t, b)
+}
+
+// quietEntries counts the entries of axon_sockmap_quiet.
+func quietEntries(t *testing.T, b *Bypass) int {
+	t.Helper()
+	var (
+		k sockOpsSockmapKey
+		v sockOpsSockmapQuiet
+		n int
+	)
+	it := b.ops.AxonSockmapQuiet.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitQuietEmpty waits until every socket of the test reached TCP_CLOSE and
+// took its axon_sockmap_quiet entries along.
+func waitQuietEmpty(t *testing.T, b *Bypass) {
+	t.Helper()
+	deadline := time.Now().Add(testutil.Stretch(t, 5*time.Second))
+	for quietEntries(t, b) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still holds %d entries after every socket closed: they leak", MapQuiet, quietEntries(t, b))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
