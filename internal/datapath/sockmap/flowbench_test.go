@@ -29,7 +29,8 @@ import (
 // per-round ratios, with the counters the bypass arm moved. A benchmark for
 // a quiet machine: runs with AXON_SOCKMAP_FLOW_BENCH=1;
 // AXON_SOCKMAP_FLOW_BENCH_ROUNDS (default 5), _SECONDS (qperf -t, default
-// 1), _SIZES (comma-separated bytes) and _TESTS (tcp_bw,tcp_lat) change it.
+// 1), _SIZES (comma-separated bytes), _TESTS (tcp_bw,tcp_lat) and _VERDICT
+// (0: without the stream verdict) change it.
 func TestFlowBench(t *testing.T) {
 	if os.Getenv("AXON_SOCKMAP_FLOW_BENCH") != "1" {
 		t.Skip("qperf benchmark of the bypass against the stack: runs with AXON_SOCKMAP_FLOW_BENCH=1")
@@ -56,7 +57,8 @@ func TestFlowBench(t *testing.T) {
 		t.Skip(err)
 	}
 
-	b, _, cg, _ := loadTest(t, Config{StreamVerdict: true})
+	verdict := os.Getenv("AXON_SOCKMAP_FLOW_BENCH_VERDICT") != "0"
+	b, _, cg, _ := loadTest(t, Config{StreamVerdict: verdict})
 	n := newPodNet(t)
 	arm := func(bypass bool) {
 		for ip, ns := range map[netip.Addr]uint64{n.podA: n.ca, n.podB: n.cb} {
@@ -149,8 +151,8 @@ func TestFlowBench(t *testing.T) {
 		}
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%d rounds, qperf -t %d, load %s\n| test | size | stack | bypass | bypass/stack (median of rounds) | min–max | bypass arm's counters |\n|---|---:|---:|---:|---:|---|---|\n",
-		rounds, secs, loadavg())
+	fmt.Fprintf(&sb, "\n%d rounds, qperf -t %d, stream verdict %v, load %s\n| test | size | stack | bypass | bypass/stack (median of rounds) | min–max | bypass arm's counters |\n|---|---:|---:|---:|---:|---|---|\n",
+		rounds, secs, verdict, loadavg())
 	for _, test := range tests {
 		unit := "Gb/s"
 		if strings.HasSuffix(test, "_lat") {
