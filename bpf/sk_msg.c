@@ -8,7 +8,8 @@
  *             (computed by sockops.c), then to its alias keys (a sidecar's
  *             REDIRECTed connection, lib/sockmap.h): success -> bypass (the
  *             key that worked is the peer key from then on), miss -> stack.
- *  bypass     keep redirecting; a miss (the peer closed) -> stack.
+ *  bypass     keep redirecting; a miss (the peer closed), the back-pressure
+ *             bound or the small-write rule (below) -> stack.
  *  stack      SK_PASS: the bytes go through TCP, always.
  * A socket that ever sent through TCP never redirects again: redirected bytes
  * land in the peer's psock queue, which tcp_bpf_recvmsg reads before the TCP
@@ -16,6 +17,9 @@
  * (the older bytes are in the psock queue, read first).
  * bpf_msg_redirect_hash returns SK_DROP on a miss, which would fail the
  * write with EACCES: it is never returned; a miss is SK_PASS.
+ * A socket in stack mode publishes when it is quiet (no redirect of its own
+ * in flight, none to come) and vouches for its sendmsg, so that sockops can
+ * take it out of the map (the mode machine, lib/sockmap.h): plain TCP.
  *
  * Back-pressure: a psock queue has no limit of its own (tcp_rmem is not
  * applied to redirected bytes), so a writer whose peer stops reading would
@@ -41,27 +45,6 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* Kernel types, only the members read (CO-RE relocates the offsets against
- * the running kernel's BTF; the ___axon suffix is dropped for matching). */
-struct sock___axon {
-	int sk_rcvbuf;
-	void *sk_user_data;
-} __attribute__((preserve_access_index));
-
-struct sk_psock___axon {
-	__u32 msg_tot_len;
-} __attribute__((preserve_access_index));
-
-struct sk_msg___axon {
-	struct sock___axon *sk_redir;
-} __attribute__((preserve_access_index));
-
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
-
-/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
- * _PSOCK); the rest is the psock. */
-#define AXON_SK_USER_DATA_PTRMASK (~7UL)
-
 /* cfg_backlog_max: the back-pressure bound is the larger of the peer's
  * sk_rcvbuf and this many unread redirected bytes (load-time constant).
  * sk_rcvbuf alone (128 KiB by default; nothing autotunes it for the bypass)
@@ -72,36 +55,84 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
  * of 1.6x unbounded, on a loaded 2-core host). */
 volatile const __u32 cfg_backlog_max = 4 << 20;
 
-/* redirect_target_backlogged: after a successful bpf_msg_redirect_hash, 1
- * when the target (the peer, msg->sk_redir) holds more unread redirected
- * bytes than its sk_rcvbuf and cfg_backlog_max, else 0. The peer's sock is
- * only reachable here (a SOCKHASH lookup takes a reference sk_msg cannot
- * release), so the check follows the redirect: the switch takes effect from
- * the next write, and the bound holds up to one write. 0 on a kernel without
- * msg_tot_len (the verifier drops the kfunc call with the branch). Reads are
- * probe reads: the peer cannot go away while this write holds it. */
-AXON_INLINE int redirect_target_backlogged(struct sk_msg_md *msg)
+/* cfg_small_write, cfg_small_streak: the small-write rule (load-time
+ * constants). A bypassed write costs the writer the peer's socket lock, and
+ * it sleeps while the reader holds it; TCP hands the segment to softirq and
+ * never waits, so a stream of small writes is faster on TCP (qperf tcp_bw,
+ * 1-64 B: 0.25-0.5x the stack bypassed), while small request/response
+ * writes are faster bypassed (latency). The program tells them apart after
+ * each redirect by what the peer has not read yet: in request/response the
+ * peer has read everything before the next write, in a stream it lags. A
+ * write below cfg_small_write bytes that finds the peer with unread
+ * redirected bytes extends the streak, any other write ends it; at
+ * cfg_small_streak writes in a row the socket moves to the stack for good
+ * (counter switch_stack; ordered, see above), and the mode machine
+ * (lib/sockmap.h) then takes the pair out of the map, back to full TCP
+ * speed. cfg_small_streak 0 turns the rule off. */
+volatile const __u32 cfg_small_write = 256;
+volatile const __u32 cfg_small_streak = 64;
+
+/* sockmap_writer_holders: sockmap_psock_holders of the writing socket's
+ * psock (1 when only this sendmsg holds it besides the map links), many
+ * when it cannot be read. */
+AXON_INLINE int sockmap_writer_holders(struct sk_msg_md *msg)
 {
-	struct sk_psock___axon *psock = 0;
-	struct sock___axon *peer = 0;
-	struct sk_msg___axon *km;
-	__u32 queued = 0;
-	int rcvbuf = 0;
-	void *ud = 0;
+	struct sk_msg___sm *km = bpf_cast_to_kern_ctx(msg);
+	struct sk_psock___sm *psock;
+	struct sock___sm *sk = 0;
+
+	bpf_core_read(&sk, sizeof(sk), &km->sk);
+	psock = sockmap_psock(sk);
+	return psock ? sockmap_psock_holders(psock) : 1 << 20;
+}
+
+/* redirect_target: after a successful bpf_msg_redirect_hash, the target's
+ * (the peer's, msg->sk_redir) unread redirected bytes (psock->msg_tot_len,
+ * before this write lands) and sk_rcvbuf. The peer's sock is only reachable
+ * here (a SOCKHASH lookup takes a reference sk_msg cannot release), so the
+ * checks follow the redirect and take effect from the next write. Returns 0,
+ * or -1 on a kernel without msg_tot_len (the verifier drops the kfunc call
+ * with the branch) or without a peer psock. Reads are probe reads: the peer
+ * cannot go away while this write holds it. */
+AXON_INLINE int redirect_target(struct sk_msg_md *msg, __u32 *unread, int *rcvbuf)
+{
+	struct sk_psock___sm *psock = 0;
+	struct sock___sm *peer = 0;
+	struct sk_msg___sm *km;
 
 	if (!bpf_core_field_exists(psock->msg_tot_len))
-		return 0;
+		return -1;
 	km = bpf_cast_to_kern_ctx(msg);
 	bpf_core_read(&peer, sizeof(peer), &km->sk_redir);
-	if (!peer)
-		return 0;
-	bpf_core_read(&rcvbuf, sizeof(rcvbuf), &peer->sk_rcvbuf);
-	bpf_core_read(&ud, sizeof(ud), &peer->sk_user_data);
-	psock = (void *)((unsigned long)ud & AXON_SK_USER_DATA_PTRMASK);
+	psock = sockmap_psock(peer);
 	if (!psock)
-		return 0;
-	bpf_core_read(&queued, sizeof(queued), &psock->msg_tot_len);
-	return queued > cfg_backlog_max && rcvbuf > 0 && queued > (__u32)rcvbuf;
+		return -1;
+	bpf_core_read(rcvbuf, sizeof(*rcvbuf), &peer->sk_rcvbuf);
+	bpf_core_read(unread, sizeof(*unread), &psock->msg_tot_len);
+	return 0;
+}
+
+/* redirect_target_backlogged: 1 when the peer holds more unread redirected
+ * bytes than its sk_rcvbuf and cfg_backlog_max (the back-pressure bound;
+ * it holds up to one write). */
+AXON_INLINE int redirect_target_backlogged(__u32 unread, int rcvbuf)
+{
+	return unread > cfg_backlog_max && rcvbuf > 0 && unread > (__u32)rcvbuf;
+}
+
+/* small_write_streak: the small-write rule's step for a redirected write of
+ * size bytes that found unread bytes at the peer; 1 when the streak reached
+ * cfg_small_streak. */
+AXON_INLINE int small_write_streak(struct sockmap_state *st, __u64 size, __u32 unread)
+{
+	__u32 n = (st->flags & AXON_SM_F_STREAK) >> AXON_SM_STREAK_SHIFT;
+
+	if (cfg_small_streak == 0 || size >= cfg_small_write || unread == 0)
+		n = 0;
+	else if (n < 0xff)
+		n++;
+	st->flags = (st->flags & ~AXON_SM_F_STREAK) | (n << AXON_SM_STREAK_SHIFT);
+	return cfg_small_streak && n >= cfg_small_streak;
 }
 
 SEC("sk_msg")
@@ -110,6 +141,8 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	struct sockmap_state *st;
 	struct bpf_sock *sk = msg->sk;
 	__u64 size = msg->size;
+	__u32 unread = 0;
+	int rcvbuf = 0;
 
 	if (!sk)
 		goto pass_no_peer;
@@ -117,6 +150,7 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	if (!st)
 		goto pass_no_peer; /* inserted by a loader whose state map is gone: stay on TCP */
 	if (st->mode == AXON_SM_MODE_STACK) {
+		sockmap_note_stack(st, sockmap_writer_holders(msg));
 		st->pass_bytes += size;
 		sockmap_count(AXON_SM_PASS_STICKY, 1);
 		sockmap_count(AXON_SM_PASS_BYTES, size);
@@ -131,14 +165,20 @@ int axon_sk_msg(struct sk_msg_md *msg)
 		st->redir_bytes += size;
 		sockmap_count(AXON_SM_REDIRECT_MSGS, 1);
 		sockmap_count(AXON_SM_REDIRECT_BYTES, size);
-		if (redirect_target_backlogged(msg)) {
+		if (redirect_target(msg, &unread, &rcvbuf) != 0)
+			return SK_PASS;
+		if (redirect_target_backlogged(unread, rcvbuf)) {
 			st->mode = AXON_SM_MODE_STACK;
 			sockmap_count(AXON_SM_BACKPRESSURE, 1);
+		} else if (small_write_streak(st, size, unread)) {
+			st->mode = AXON_SM_MODE_STACK;
+			sockmap_count(AXON_SM_SWITCH_STACK, 1);
 		}
 		return SK_PASS;
 	}
 	st->mode = AXON_SM_MODE_STACK;
 	st->pass_bytes += size;
+	sockmap_note_stack(st, sockmap_writer_holders(msg)); /* this write redirected nothing */
 pass_no_peer:
 	sockmap_count(AXON_SM_PASS_NO_PEER, 1);
 	sockmap_count(AXON_SM_PASS_BYTES, size);

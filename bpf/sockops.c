@@ -6,17 +6,73 @@
  * BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB on the accepted side) the admission
  * rule of lib/sockmap.h decides whether it enters axon_sock_hash; an admitted
  * socket gets its state (the peer's key, mode undecided) in
- * axon_sockmap_state first, then is inserted with BPF_NOEXIST, then into
- * axon_sock_alias under its alias keys (lib/sockmap.h: how a netfilter
- * REDIRECTed connection's two sockets find each other); its role (client:
- * connected, server: accepted) goes into the state's flags. From then on
- * sk_msg.c sees its writes. Every outcome is counted. Returns 1 always and
- * touches nothing else (no callback flags, no socket options).
+ * axon_sockmap_state and its entry in axon_sockmap_quiet first, then is
+ * inserted with BPF_NOEXIST, then into axon_sock_alias under its alias keys
+ * (lib/sockmap.h: how a netfilter REDIRECTed connection's two sockets find
+ * each other); its role (client: connected, server: accepted) goes into the
+ * state's flags. From then on sk_msg.c sees its writes. Every outcome is
+ * counted.
+ *
+ * An inserted socket gets two callbacks (its only callback flags; no socket
+ * options are touched): BPF_SOCK_OPS_HDR_OPT_LEN_CB on every segment it
+ * transmits, where it may leave the map (sockmap_try_leave, lib/sockmap.h),
+ * and BPF_SOCK_OPS_STATE_CB, where TCP_CLOSE removes its axon_sockmap_quiet
+ * entry. Returns 1 always.
  */
 #include "lib/common.h"
 #include "lib/sockmap.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* sockmap_own_key: the key sockops gave this socket, told by its
+ * axon_sockmap_quiet entry's cookie: the tuple with netns 0 (pod <-> pod) or
+ * with the socket's netns cookie (loopback, intra-pod). Not from the state's
+ * peer key, which an alias pairing replaces. Returns 0, or -1 when neither
+ * holds its entry. */
+AXON_INLINE int sockmap_own_key(struct bpf_sock_ops *skops, struct sockmap_key *self)
+{
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct sockmap_quiet *q;
+
+	if (sockmap_key_of(self, skops) < 0)
+		return -1;
+	self->netns = 0;
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
+		return 0;
+	self->netns = bpf_get_netns_cookie(skops);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
+		return 0;
+	return -1;
+}
+
+/* sockmap_closed: STATE_CB to TCP_CLOSE of a socket inserted here: it can
+ * no longer write, so its axon_sockmap_quiet entry goes (its peer reads it
+ * as gone), with the placeholder under its peer's key if the peer never
+ * entered (or paired by alias key), and its mode becomes stack (a write
+ * after a reset never redirects). */
+AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
+{
+	struct sockmap_key self = {}, peer = {};
+	struct sockmap_quiet *q;
+	struct sockmap_state *st;
+	struct bpf_sock *sk = skops->sk;
+
+	if (!sk)
+		return;
+	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);
+	if (!st)
+		return;
+	st->mode = AXON_SM_MODE_STACK;
+	if (sockmap_own_key(skops, &self) != 0)
+		return;
+	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
+	sockmap_peer_key(&peer, &self);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &peer);
+	if (q && q->cookie == 0)
+		bpf_map_delete_elem(&axon_sockmap_quiet, &peer);
+}
 
 SEC("sockops")
 int axon_sockops(struct bpf_sock_ops *skops)
@@ -24,10 +80,20 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	struct sockmap_key key = {};
 	struct sockmap_state *st;
 	enum axon_sockmap_counter verdict;
+	struct sockmap_quiet live = {.state = AXON_SM_LIVE};
 	struct bpf_sock *sk;
 	__u32 op = skops->op;
 	__u64 netns;
 
+	if (op == BPF_SOCK_OPS_HDR_OPT_LEN_CB) {
+		sockmap_try_leave(skops); /* reserves no option space */
+		return 1;
+	}
+	if (op == BPF_SOCK_OPS_STATE_CB) {
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			sockmap_closed(skops);
+		return 1;
+	}
 	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
 	if (sockmap_key_of(&key, skops) < 0)
@@ -50,10 +116,28 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	st->mode = AXON_SM_MODE_UNDECIDED;
 	st->flags = 0;
 	sockmap_peer_key(&st->peer, &key);
-	if (bpf_sock_hash_update(skops, &axon_sock_hash, &key, BPF_NOEXIST) != 0) {
+	/* the entries first: a socket in the map without one would read as
+	 * gone to its peer, which could then leave while this one redirects;
+	 * and the peer's placeholder (cookie 0, live) until the peer enters
+	 * itself, so that this socket does not leave before it could use the
+	 * bypass (its first segments go out before the peer is established) */
+	if (bpf_map_update_elem(&axon_sockmap_quiet, &st->peer, &live, BPF_NOEXIST) != 0) {
+		/* the peer's entry exists (it entered first), or the map is full:
+		 * then this socket may leave before its peer enters, which is
+		 * safe (nothing can redirect into a socket that is not in the
+		 * map) but gives the connection no bypass */
+	}
+	live.cookie = bpf_get_socket_cookie(skops);
+	if (bpf_map_update_elem(&axon_sockmap_quiet, &key, &live, BPF_ANY) != 0) {
 		sockmap_count(AXON_SM_INSERT_FAILED, 1);
 		return 1;
 	}
+	if (bpf_sock_hash_update(skops, &axon_sock_hash, &key, BPF_NOEXIST) != 0) {
+		bpf_map_delete_elem(&axon_sockmap_quiet, &key);
+		sockmap_count(AXON_SM_INSERT_FAILED, 1);
+		return 1;
+	}
+	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(verdict, 1);
 	/* then the alias keys (sidecar pairing), with the role they record */
 	st->flags = sockmap_alias_insert_all(skops, &key, netns, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);

@@ -117,14 +117,15 @@ enum axon_sockmap_counter {
 	AXON_SM_PASS_NO_PEER = 8,        /* sk_msg: peer not in the map: this write and all later ones go through TCP */
 	AXON_SM_PASS_STICKY = 9,         /* sk_msg: the socket is in stack mode: through TCP */
 	AXON_SM_PASS_BYTES = 10,         /* sk_msg: bytes of writes passed to TCP (both reasons) */
-	AXON_SM_SWITCH_STACK = 11,       /* sk_msg: a bypassed socket switched to the stack (small-write rule) */
+	AXON_SM_SWITCH_STACK = 11,       /* sk_msg: a bypassed socket switched to the stack (small-write rule: small writes its peer does not keep up with) */
 	AXON_SM_SPLICE_REFUSED = 12,     /* sock_splice: splice(2)/sendfile(2) from a bypassed socket failed with EINVAL (the caller falls back to read/write) */
 	AXON_SM_BACKPRESSURE = 13,       /* sk_msg: the peer's unread bypass bytes exceeded its sk_rcvbuf: the socket switched to the stack */
 	AXON_SM_ADMIT_INTRAPOD = 14,     /* sockops: intra-pod socket (one end loopback, the other the pod's own address) entered */
 	AXON_SM_ALIAS_PAIRED = 15,       /* sk_msg: a socket whose exact peer key missed found its peer by alias key (sidecar REDIRECT) */
 	AXON_SM_ALIAS_COLLISION = 16,    /* sockops: two sockets claimed one alias key: poisoned, neither paired through it */
 	AXON_SM_ALIAS_POISONED = 17,     /* sockops, sk_msg: an alias insert or redirect refused because its key is poisoned */
-	AXON_SM_MAX = 18,
+	AXON_SM_LEFT = 18,               /* sockops: a socket left axon_sock_hash (quiet, peer quiet or gone, queue empty): plain TCP from then on */
+	AXON_SM_MAX = 19,
 };
 
 /* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */

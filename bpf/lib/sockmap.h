@@ -65,6 +65,7 @@
 #define AXON_SOCKMAP_H
 
 #include "common.h"
+#include <bpf/bpf_core_read.h>
 
 /* Default max_entries of axon_sock_hash (internal/datapath/sockmap Config
  * sets it at load time): one entry per bypassed socket, two per connection. */
@@ -89,6 +90,11 @@ enum axon_sockmap_flag {
 	AXON_SM_F_CLIENT = 0x1,     /* sockops: the socket is the active opener (alias role client) */
 	AXON_SM_F_SERVER = 0x2,     /* sockops: the socket is the passive side (alias role server) */
 	AXON_SM_F_PEER_ALIAS = 0x4, /* sk_msg: peer is an alias key of axon_sock_alias, not an exact key */
+	/* the mode machine (below) */
+	AXON_SM_F_QUIET = 0x100,    /* never redirects again, none in flight; published in axon_sockmap_quiet */
+	AXON_SM_F_LEFT = 0x200,     /* sockops: deleted from axon_sock_hash (sockmap_try_leave) */
+	AXON_SM_F_VOUCH = 0x400,    /* sk_msg: this sendmsg is the only other psock holder; consumed by the next sockops callback */
+	AXON_SM_F_STREAK = 0xff0000, /* sk_msg: the small-write streak, a count in these bits (sk_msg.c) */
 };
 
 /* -EEXIST of a BPF_NOEXIST update whose key is taken. */
@@ -113,8 +119,8 @@ struct sockmap_pod {
 };
 
 /* sockmap_state: per-socket state in axon_sockmap_state, created by sockops
- * when the socket enters axon_sock_hash, read and written by sk_msg (under
- * the socket lock: no atomics needed). */
+ * when the socket enters axon_sock_hash, read and written by sk_msg and by
+ * sockops' leave check (both under the socket lock: no atomics needed). */
 struct sockmap_state {
 	__u32 mode;       /* enum axon_sockmap_mode */
 	__u32 flags;      /* AXON_SM_F_* (0 in state written before flags existed) */
@@ -127,8 +133,10 @@ struct sockmap_state {
 
 /* axon_sock_hash: the bypassed sockets, key -> socket (the value written is
  * the socket; a lookup from user space reads its cookie). The kernel removes
- * a socket when it closes; nobody else deletes keys (that would drop data
- * queued on the socket). max_entries set at load time. Pinned. */
+ * a socket when it closes; sockops removes a socket that leaves the bypass
+ * (sockmap_try_leave: only with its queue empty and nothing left that could
+ * redirect into it; any other delete would drop data queued on the socket).
+ * max_entries set at load time. Pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
 	__uint(max_entries, AXON_SOCKMAP_MAX);
@@ -497,6 +505,330 @@ AXON_INLINE long sockmap_alias_redirect(struct sk_msg_md *msg, struct sockmap_st
 		return sockmap_alias_try(msg, st, &ak);
 	}
 	return SK_DROP;
+}
+
+/* ---- The mode machine: leaving the map --------------------------------
+ *
+ * A socket in stack mode still pays for being in axon_sock_hash: its writes
+ * go through tcp_bpf_sendmsg (a copy into an sk_msg, then page frags pushed
+ * into TCP) and, with the stream verdict, every TCP segment it receives is
+ * turned into an sk_msg. Deleting it from the map gives it plain TCP back,
+ * but a delete drops whatever its psock queue holds, and a redirect into it
+ * that is in flight (the writer chose it and released its own lock, and has
+ * not yet queued into it) is lost when the psock goes. A socket S therefore
+ * leaves only when, under its own socket lock (sockops callbacks run with it
+ * held: owned by a syscall, or bh-locked in softirq, so no bpf_tcp_ingress
+ * into S can run meanwhile):
+ *  - S is quiet: it never redirects again and no redirect of its own is in
+ *    flight (so its peer may leave too once S's entry is gone);
+ *  - its peer is quiet, or not in the map (its axon_sockmap_quiet entry is
+ *    absent): nothing can be redirected into S any more;
+ *  - its psock queues are empty (ingress_skb, read first, then ingress_msg);
+ *  - nothing but its map links holds its psock (sockmap_psock_holders 0),
+ *    or one holder: the sendmsg that runs the callback when the sk_msg
+ *    program vouched for it, or the syscall that owns the socket (a reader
+ *    in tcp_bpf_recvmsg sending its window update, which returns what it
+ *    read and does not wait again). A reader waiting inside
+ *    tcp_bpf_recvmsg would otherwise keep the psock, wake up with the
+ *    bytes in the TCP queue and return EAGAIN. Residual race: a reader
+ *    that enters recvmsg during the check, or waits in it while another
+ *    thread's setsockopt-like syscall owns the socket and sends a segment,
+ *    gets one EAGAIN (no byte is lost: they are in the TCP queue).
+ * Quiet: mode stack (sticky, so no later run redirects) and either it never
+ * redirected (a run that redirects sets bypass first, under the lock) or
+ * nothing but its links holds its psock, save the sendmsg running sk_msg
+ * (every sendmsg holds it, across the redirect it makes with its own lock
+ * released). Leaving deletes the socket's alias keys (axon_sock_alias) with
+ * its exact key; a socket paired by alias key never leaves (its own key
+ * cannot be told from its state). A socket that never wrote is made
+ * stack (and so quiet) once its peer is quiet: the connection leaves whole.
+ * The check runs on every segment the socket transmits (sockops'
+ * BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
+ * at insert; a bypassed socket transmits next to nothing), and the flags are
+ * cleared when it left.
+ */
+
+/* The small-write streak's place in struct sockmap_state.flags
+ * (AXON_SM_F_STREAK). */
+#define AXON_SM_STREAK_SHIFT 16
+
+/* sockmap_quiet: value of axon_sockmap_quiet. */
+struct sockmap_quiet {
+	__u32 state;  /* AXON_SM_LIVE or AXON_SM_QUIET */
+	__u32 _pad;
+	__u64 cookie; /* the socket's cookie (0: a placeholder for a peer that has not entered yet): TCP_CLOSE deletes only its own entry */
+};
+#define AXON_SM_LIVE 0  /* may still redirect into its peer */
+#define AXON_SM_QUIET 1 /* never redirects again, no redirect of it in flight */
+
+/* axon_sockmap_quiet: key of a socket in axon_sock_hash -> struct
+ * sockmap_quiet, what its peer reads to decide whether it may leave (a
+ * socket reaches its peer's sk_storage only through a SOCKHASH lookup, whose
+ * reference neither sk_msg nor sockops can release). Absent: the socket is
+ * not in axon_sock_hash (never inserted, left, or closed). sockops creates
+ * the entry (LIVE) before the socket enters axon_sock_hash (no entry, no
+ * insert), and a placeholder (LIVE, cookie 0) for its peer until the peer
+ * enters; it deletes the entry when the socket leaves or reaches TCP_CLOSE
+ * (with the peer's placeholder if the peer never entered); sk_msg
+ * and sockops set QUIET (only ever on an existing entry). A plain HASH, not
+ * an LRU: an evicted live entry would read as absent and let the peer leave
+ * while this socket still redirects. max_entries = axon_sock_hash's (set at
+ * load time). Pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_SOCKMAP_MAX);
+	__type(key, struct sockmap_key);
+	__type(value, struct sockmap_quiet);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_sockmap_quiet SEC(".maps");
+
+/* Kernel types, only the members read (CO-RE relocates the offsets against
+ * the running kernel's BTF; the ___sm suffix is dropped for matching;
+ * sock_splice.c declares its own ___axon ones). */
+struct socket_lock___sm {
+	int owned; /* a syscall owns the socket (lock_sock) */
+} __attribute__((preserve_access_index));
+
+struct sock___sm {
+	struct socket_lock___sm sk_lock;
+	int sk_rcvbuf;
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
+
+struct sk_buff_head___sm {
+	__u32 qlen;
+} __attribute__((preserve_access_index));
+
+struct list_head___sm {
+	struct list_head___sm *next;
+} __attribute__((preserve_access_index));
+
+struct refcount_struct___sm {
+	int refs; /* atomic_t: read whole */
+};
+
+struct sk_psock___sm {
+	__u32 msg_tot_len;
+	struct list_head___sm link; /* one sk_psock_link per map the socket is in */
+	struct list_head___sm ingress_msg;
+	struct sk_buff_head___sm ingress_skb;
+	struct refcount_struct___sm refcnt;
+} __attribute__((preserve_access_index));
+
+struct sk_msg___sm {
+	struct sock___sm *sk;
+	struct sock___sm *sk_redir;
+} __attribute__((preserve_access_index));
+
+struct bpf_sock_ops_kern___sm {
+	struct sock___sm *sk;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
+
+/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
+ * _PSOCK); the rest is the psock. */
+#define AXON_SK_USER_DATA_PTRMASK (~7UL)
+
+/* sockmap_psock: the psock of kernel socket sk, 0 if none. Probe reads:
+ * the caller holds sk (its own socket, or the redirect target this write
+ * holds). */
+AXON_INLINE struct sk_psock___sm *sockmap_psock(struct sock___sm *sk)
+{
+	void *ud = 0;
+
+	if (!sk)
+		return 0;
+	bpf_core_read(&ud, sizeof(ud), &sk->sk_user_data);
+	return (void *)((unsigned long)ud & AXON_SK_USER_DATA_PTRMASK);
+}
+
+/* sockmap_psock_refs: the psock's reference count (one per map link, one
+ * per syscall or redirect using it). */
+AXON_INLINE int sockmap_psock_refs(struct sk_psock___sm *psock)
+{
+	struct refcount_struct___sm r = {};
+
+	bpf_core_read(&r, sizeof(r), &psock->refcnt);
+	return r.refs;
+}
+
+/* sockmap_psock_holders: how many references to psock something other
+ * than its map links holds (a syscall inside tcp_bpf_sendmsg/recvmsg, a
+ * redirect into it): the refcount minus the links (one per map entry:
+ * axon_sock_hash and up to two alias keys in axon_sock_alias). The count is
+ * read first, so a link removed meanwhile (an alias collision elsewhere, its
+ * link unlinked before its reference is put) can only make the result too
+ * high; links are added only when the socket enters, before any of this.
+ * More than 4 links read as many holders. */
+AXON_INLINE int sockmap_psock_holders(struct sk_psock___sm *psock)
+{
+	struct list_head___sm *head = &psock->link, *pos = 0;
+	int refs = sockmap_psock_refs(psock), links = 0;
+
+	bpf_core_read(&pos, sizeof(pos), &head->next);
+	for (int i = 0; i < 4 && pos && pos != head; i++) {
+		links++;
+		bpf_core_read(&pos, sizeof(pos), &pos->next);
+	}
+	if (pos != head)
+		return 1 << 20;
+	return refs - links;
+}
+
+/* sockmap_psock_idle: 1 when the psock holds no unread bytes: ingress_skb
+ * (the stream verdict's backlog, whose worker dequeues an skb only after
+ * queueing its bytes on ingress_msg) read first, then ingress_msg. */
+AXON_INLINE int sockmap_psock_idle(struct sk_psock___sm *psock)
+{
+	struct list_head___sm *next = 0;
+	__u32 qlen = 1;
+
+	bpf_core_read(&qlen, sizeof(qlen), &psock->ingress_skb.qlen);
+	if (qlen)
+		return 0;
+	bpf_core_read(&next, sizeof(next), &psock->ingress_msg.next);
+	return next == (void *)&psock->ingress_msg;
+}
+
+/* sockmap_self_key: the key of the socket whose state is st (its peer's key
+ * reversed: both ends' keys are each other's reverse). Returns 0, or -1 when
+ * st->peer is an alias key (then the socket never publishes quiet and never
+ * leaves: its own key is not known here). */
+AXON_INLINE int sockmap_self_key(struct sockmap_key *self, const struct sockmap_state *st)
+{
+	if (st->flags & AXON_SM_F_PEER_ALIAS)
+		return -1;
+	sockmap_peer_key(self, &st->peer);
+	return 0;
+}
+
+/* sockmap_peer_done: 1 when st's peer cannot redirect into this socket any
+ * more: its axon_sockmap_quiet entry is absent or QUIET. 0 for a peer paired
+ * by alias key (it has no entry under that key: absent would mean nothing).
+ * A socket whose peer paired with it by alias looks up its exact reversed
+ * key, which holds the placeholder sockops made (live): it never leaves. */
+AXON_INLINE int sockmap_peer_done(struct sockmap_state *st)
+{
+	struct sockmap_quiet *v;
+
+	if (st->flags & AXON_SM_F_PEER_ALIAS)
+		return 0;
+	v = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
+	return !v || v->state == AXON_SM_QUIET;
+}
+
+/* sockmap_alias_delete_all (sockops): deletes the alias keys that
+ * sockmap_alias_insert_all gave the socket of exact key key in netns, by its
+ * role in flags (recomputed: a pod withdrawn since then leaves the key to
+ * its destination's netns behind, and the socket in axon_sock_alias, out of
+ * axon_sock_hash but not yet plain TCP, until it closes). */
+AXON_INLINE void sockmap_alias_delete_all(const struct sockmap_key *key, __u64 netns, __u32 flags)
+{
+	struct sockmap_key ak = {};
+	__u64 other = sockmap_netns_of(key->remote, netns);
+
+	if (flags & AXON_SM_F_CLIENT) {
+		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
+		bpf_map_delete_elem(&axon_sock_alias, &ak);
+		if (other && other != netns) {
+			sockmap_alias_server_netns(&ak, other);
+			bpf_map_delete_elem(&axon_sock_alias, &ak);
+		}
+	} else if ((flags & AXON_SM_F_SERVER) && other) {
+		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
+		bpf_map_delete_elem(&axon_sock_alias, &ak);
+	}
+}
+
+/* sockmap_set_quiet marks st's socket quiet, in its state and in
+ * axon_sockmap_quiet (an existing entry only: a socket inserted by a
+ * loader without the mode machine has none, and gets none). A plain store:
+ * the peer reads it under its own lock, and only ever acts on QUIET, which
+ * is final. */
+AXON_INLINE void sockmap_set_quiet(struct sockmap_state *st)
+{
+	struct sockmap_key self = {};
+	struct sockmap_quiet *v;
+
+	st->flags |= AXON_SM_F_QUIET;
+	if (sockmap_self_key(&self, st) != 0)
+		return;
+	/* the entry under a live socket's key is its own (keys are unique
+	 * among live sockets; sockops overwrote any stale one at insert) */
+	v = bpf_map_lookup_elem(&axon_sockmap_quiet, &self);
+	if (v)
+		v->state = AXON_SM_QUIET;
+}
+
+/* sockmap_note_stack: sk_msg, a write of a socket in stack mode; holders:
+ * sockmap_psock_holders of the writer's psock (1 when only this sendmsg
+ * holds it). Marks the socket quiet when it may be, and vouches for this
+ * sendmsg (AXON_SM_F_VOUCH) so that the sockops callback of the segment it
+ * sends (same lock, same sendmsg) may count it as the one holder. */
+AXON_INLINE void sockmap_note_stack(struct sockmap_state *st, int holders)
+{
+	if (holders == 1)
+		st->flags |= AXON_SM_F_VOUCH;
+	if (!(st->flags & AXON_SM_F_QUIET) && (st->redir_msgs == 0 || holders == 1))
+		sockmap_set_quiet(st);
+}
+
+/* sockmap_try_leave: sockops, a callback of a socket of axon_sock_hash with
+ * the socket lock held (BPF_SOCK_OPS_HDR_OPT_LEN_CB). Makes the socket quiet
+ * when it may be, and deletes it from axon_sock_hash when the rule above
+ * holds (counter AXON_SM_LEFT); then it is plain TCP: its mode stays stack,
+ * its axon_sockmap_quiet entry goes and its callbacks are switched off. */
+AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock_ops_kern___sm *kops;
+	struct sk_psock___sm *psock;
+	struct sockmap_key self = {};
+	struct sock___sm *ksk = 0;
+	struct sockmap_state *st;
+	struct bpf_sock *sk = skops->sk;
+	int allowed = 0, holders, done, owned = 0;
+
+	if (!sk)
+		return;
+	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);
+	if (!st || (st->flags & AXON_SM_F_LEFT))
+		return;
+	if (st->flags & AXON_SM_F_VOUCH) {
+		st->flags &= ~AXON_SM_F_VOUCH;
+		allowed = 1; /* the vouching sendmsg */
+	}
+	kops = bpf_cast_to_kern_ctx(skops);
+	bpf_core_read(&ksk, sizeof(ksk), &kops->sk);
+	psock = sockmap_psock(ksk);
+	if (!psock)
+		return;
+	holders = sockmap_psock_holders(psock);
+	done = sockmap_peer_done(st);
+	/* quiet needs the strict count: a sendmsg that released its lock to
+	 * redirect holds the psock while another syscall owns the socket */
+	if (!(st->flags & AXON_SM_F_QUIET)) {
+		if (st->mode == AXON_SM_MODE_UNDECIDED && done)
+			st->mode = AXON_SM_MODE_STACK; /* never wrote: no redirect of it anywhere */
+		if (st->mode == AXON_SM_MODE_STACK && (st->redir_msgs == 0 || holders <= allowed))
+			sockmap_set_quiet(st);
+	}
+	if (!(st->flags & AXON_SM_F_QUIET) || !done || !sockmap_psock_idle(psock))
+		return;
+	bpf_core_read(&owned, sizeof(owned), &ksk->sk_lock.owned);
+	if (holders > allowed && !(holders == 1 && owned))
+		return;
+	if (sockmap_self_key(&self, st) != 0)
+		return;
+	if (bpf_map_delete_elem(&axon_sock_hash, &self) != 0)
+		return;
+	/* and out of axon_sock_alias, whose links keep the psock too */
+	sockmap_alias_delete_all(&self, bpf_get_netns_cookie(skops), st->flags);
+	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
+	st->mode = AXON_SM_MODE_STACK;
+	st->flags |= AXON_SM_F_LEFT;
+	bpf_sock_ops_cb_flags_set(skops, 0);
+	sockmap_count(AXON_SM_LEFT, 1);
 }
 
 #endif /* AXON_SOCKMAP_H */

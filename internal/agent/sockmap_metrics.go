@@ -30,13 +30,14 @@ var sockmapCounterHelp = map[string]string{
 	"pass_no_peer":        "Writes of bypassed sockets whose peer was not in the map: sent through TCP, and the socket stays on TCP.",
 	"pass_sticky":         "Writes of sockets in stack mode, sent through TCP (a socket that used TCP never switches back: ordering).",
 	"pass_bytes":          "Bytes of writes of sockets in the map that went through TCP.",
-	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack.",
+	"switch_stack":        "Bypassed sockets switched to the TCP/IP stack by the small-write rule (a stream of small writes its peer does not keep up with is faster on TCP).",
 	"splice_refused":      "splice(2) calls refused with EINVAL on a bypassed socket (the application falls back to read/write; splice would lose bytes).",
 	"backpressure":        "Bypassed sockets moved to the TCP/IP stack because their peer's unread bytes exceeded its receive buffer (TCP flow control takes over).",
 	"admit_intrapod":      "Sockets inside an admitted pod with one end loopback and the other the pod's own address (a sidecar's) that entered the bypass.",
 	"alias_paired":        "Sockets whose peer was found by the client endpoint of their connection (a sidecar's netfilter REDIRECT) instead of the reversed tuple.",
 	"alias_collision":     "Client endpoints claimed by two sockets at once (port reuse): poisoned, never paired through, the sockets use the stack unless their exact peer is found.",
 	"alias_poisoned":      "Alias inserts or redirects refused because the client endpoint was poisoned by a collision.",
+	"left":                "Sockets that left the bypass's map once they and their peer used the TCP/IP stack and their queue was empty: plain TCP from then on.",
 }
 
 type sockmapCollector struct{ s *sockBypass }

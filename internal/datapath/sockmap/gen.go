@@ -9,7 +9,7 @@ package sockmap
 // bpf/sock_splice.c: the splice guard (fmod_ret on security_file_permission,
 // see splice.go), also on the sockops object's maps.
 
-//go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_key -type sockmap_pod -type sockmap_state sockOps ../../../bpf/sockops.c
+//go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_key -type sockmap_pod -type sockmap_state -type sockmap_quiet sockOps ../../../bpf/sockops.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel skMsg ../../../bpf/sk_msg.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel -type sockmap_conn_rec sockmapIter ../../../bpf/sockmap_iter.c
 //go:generate go tool bpf2go -cc clang-19 -cflags "-g -Wall -I/usr/include/x86_64-linux-gnu -I../../../bpf" -target bpfel sockSplice ../../../bpf/sock_splice.c

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -44,6 +45,13 @@ type hreq struct {
 	ID    int    // accept: the listener; write, read, close, shutdown: the connection
 	Data  []byte // write
 	N     int    // read: exactly N bytes
+	// stream: connections ID and Peer (the two ends of one connection) each
+	// write Bytes in writes of Chunk bytes while the other end reads and
+	// checks them; the readers start DelayMS after the writers. OneWay: only
+	// ID writes; Blocking: Peer reads with blocking read(2) calls (an
+	// EAGAIN fails the stream).
+	Peer, Bytes, Chunk, DelayMS int
+	OneWay, Blocking            bool
 }
 
 // hresp is the helper's answer.
@@ -70,6 +78,7 @@ func TestSockmapHelperProcess(t *testing.T) {
 	for sc.Scan() {
 		var r hreq
 		var a hresp
+		var err0 error
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			fmt.Fprintf(os.Stderr, "helper: bad request: %v\n", err)
 			os.Exit(2)
@@ -146,6 +155,11 @@ func TestSockmapHelperProcess(t *testing.T) {
 				_ = ln.Close()
 				delete(lns, r.ID)
 			}
+		case "stream":
+			a.N, err0 = stream(conns[r.ID], conns[r.Peer], r)
+			if err0 != nil {
+				fail(err0)
+			}
 		case "write", "read", "close", "shutdown":
 			c := conns[r.ID]
 			if c == nil {
@@ -179,6 +193,123 @@ func TestSockmapHelperProcess(t *testing.T) {
 		os.Stdout.Write(b.Bytes())
 	}
 	os.Exit(0)
+}
+
+// streamBytes is the deterministic byte stream of direction dir (the
+// readers regenerate it to check every byte: a lost, duplicated or
+// reordered byte shows as a difference).
+func streamBytes(dir string) *mrand.ChaCha8 {
+	var seed [32]byte
+	copy(seed[:], dir)
+	return mrand.NewChaCha8(seed)
+}
+
+// stream runs the stream op: a and b write r.Bytes each, in r.Chunk-byte
+// writes, and read the other's bytes (starting r.DelayMS late) checking each
+// against streamBytes. It returns the bytes checked per direction.
+func stream(a, b net.Conn, r hreq) (int, error) {
+	if a == nil || b == nil {
+		return 0, fmt.Errorf("stream: no connection %d or %d", r.ID, r.Peer)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	_ = a.SetDeadline(deadline)
+	_ = b.SetDeadline(deadline)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	write := func(c net.Conn, dir string) {
+		defer wg.Done()
+		g := streamBytes(dir)
+		buf := make([]byte, r.Chunk)
+		for left := r.Bytes; left > 0; {
+			n := min(left, r.Chunk)
+			g.Read(buf[:n])
+			if _, err := c.Write(buf[:n]); err != nil {
+				errs <- fmt.Errorf("%s: write after %d bytes: %w", dir, r.Bytes-left, err)
+				return
+			}
+			left -= n
+		}
+	}
+	read := func(c net.Conn, dir string) {
+		defer wg.Done()
+		time.Sleep(time.Duration(r.DelayMS) * time.Millisecond)
+		g := streamBytes(dir)
+		buf := make([]byte, 256<<10)
+		want := make([]byte, len(buf))
+		readFn := c.Read
+		if r.Blocking {
+			fd, err := blockingFD(c)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer unix.Close(fd)
+			readFn = func(b []byte) (int, error) {
+				for {
+					n, err := unix.Read(fd, b)
+					if errors.Is(err, unix.EINTR) {
+						continue
+					}
+					if n < 0 {
+						n = 0
+					}
+					return n, err
+				}
+			}
+		}
+		for off := 0; off < r.Bytes; {
+			n, err := readFn(buf[:min(len(buf), r.Bytes-off)])
+			if n > 0 {
+				g.Read(want[:n])
+				if i := firstDiff(buf[:n], want[:n]); i < n {
+					errs <- fmt.Errorf("%s: byte %d differs from the stream written (lost, duplicated or reordered bytes)", dir, off+i)
+					return
+				}
+				off += n
+			}
+			if err != nil {
+				errs <- fmt.Errorf("%s: read after %d of %d bytes: %w", dir, off, r.Bytes, err)
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go write(a, "a->b")
+	go read(b, "a->b")
+	if !r.OneWay {
+		wg.Add(2)
+		go write(b, "b->a")
+		go read(a, "b->a")
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return r.Bytes, errors.Join(all...)
+}
+
+// blockingFD is a duplicate of c's socket switched to blocking mode (the
+// flag is the socket's: c blocks too, which its reader, this, wants).
+func blockingFD(c net.Conn) (int, error) {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.Dup(int(f)) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // domainOf is the address family of c's socket (SO_DOMAIN), -1 unknown.

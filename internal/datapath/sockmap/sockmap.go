@@ -33,6 +33,10 @@ const (
 	// MapAliasPoison holds the alias keys two sockets claimed at once: never
 	// paired through.
 	MapAliasPoison = "axon_sockmap_alias_poison"
+	// MapQuiet holds, for each socket in axon_sock_hash, whether it may
+	// still redirect into its peer (live) or never will (quiet): what its
+	// peer reads to decide whether it may leave the map.
+	MapQuiet = "axon_sockmap_quiet"
 )
 
 // LinkPin is the name of the sock_ops cgroup link's pin under
@@ -44,7 +48,7 @@ const LinkPin = "cgroup-sockops"
 const DefaultMaxEntries = 65536
 
 // pinnedMaps are the maps Uninstall removes.
-var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics, MapSockAlias, MapAliasPoison}
+var pinnedMaps = []string{MapSockHash, MapPods, MapNetns, MapState, MapMetrics, MapSockAlias, MapAliasPoison, MapQuiet}
 
 // metricNames are the counters of axon_sockmap_metrics, index = enum
 // axon_sockmap_counter (bpf/lib/common.h; TestEnumsMatchBTF keeps them equal).
@@ -52,7 +56,7 @@ var metricNames = []string{
 	"admit_pod", "admit_loopback", "skip_not_pod", "skip_netns_mismatch", "skip_not_enabled",
 	"insert_failed", "redirect_msgs", "redirect_bytes", "pass_no_peer", "pass_sticky", "pass_bytes",
 	"switch_stack", "splice_refused", "backpressure", "admit_intrapod", "alias_paired", "alias_collision",
-	"alias_poisoned",
+	"alias_poisoned", "left",
 }
 
 // Per-socket modes of axon_sockmap_state (enum axon_sockmap_mode).
@@ -64,11 +68,17 @@ const (
 )
 
 // Bits of axon_sockmap_state's flags (enum axon_sockmap_flag): the socket's
-// role in its connection, and that its peer was found by alias key.
+// role in its connection, and that its peer was found by alias key; the
+// mode machine's: quiet (never redirects again), left the map, the sk_msg
+// program's vouch for its sendmsg, and the small-write streak (a count).
 const (
 	flagClient    = 0x1
 	flagServer    = 0x2
 	flagPeerAlias = 0x4
+	flagQuiet     = 0x100
+	flagLeft      = 0x200
+	flagVouch     = 0x400
+	flagStreak    = 0xff0000
 )
 
 // modeNames are the modes as Conn shows them.
@@ -174,6 +184,7 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	}
 	spec.Maps[MapSockHash].MaxEntries = max
 	spec.Maps[MapSockAlias].MaxEntries = 2 * max
+	spec.Maps[MapQuiet].MaxEntries = max // one entry per socket in axon_sock_hash
 	if err := replaceSmallerMetrics(pinDir, spec.Maps[MapMetrics].MaxEntries, log); err != nil {
 		return nil, fmt.Errorf("load sockmap bypass: %w", err)
 	}
@@ -229,8 +240,42 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 		b.Close()
 		return nil, fmt.Errorf("load sockmap bypass: sock_ops: %w", err)
 	}
+	// after the attach no socket enters through an earlier sockops program
+	if n, err := b.markLive(); err != nil {
+		log.Warn("sockmap: sockets of an earlier load not marked live in "+MapQuiet+
+			": their peers may leave the map while they still redirect", "marked", n, "error", err)
+	}
 	log.Info("sockmap bypass loaded", "pinDir", pinDir, "cgroup", cgroupPath, "maxEntries", max, "connCounters", b.iterErr == nil)
 	return b, nil
+}
+
+// markLive gives every socket already in axon_sock_hash that has no entry
+// in axon_sockmap_quiet (inserted by a loader without the mode machine) a
+// live one, so that its peer, if a newer sockops inserted it, never reads
+// it as gone and leaves while it still redirects. Such sockets themselves
+// never leave (an earlier sockops set no callbacks on them). It returns how
+// many it marked.
+func (b *Bypass) markLive() (int, error) {
+	var (
+		k      sockOpsSockmapKey
+		cookie uint64
+		n      int
+		errs   []error
+	)
+	it := b.ops.AxonSockHash.Iterate()
+	for it.Next(&k, &cookie) {
+		err := b.ops.AxonSockmapQuiet.Update(k, sockOpsSockmapQuiet{State: 0, Cookie: cookie}, ebpf.UpdateNoExist)
+		switch {
+		case err == nil:
+			n++
+		case !errors.Is(err, ebpf.ErrKeyExist):
+			errs = append(errs, err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("iterate %s: %w", MapSockHash, err))
+	}
+	return n, errors.Join(errs...)
 }
 
 // replaceSmallerMetrics removes a pinned axon_sockmap_metrics whose size is
@@ -273,7 +318,7 @@ func loadOnMaps(ops *sockOpsObjects, spec *ebpf.CollectionSpec, dst any) error {
 	have := map[string]*ebpf.Map{
 		MapSockHash: ops.AxonSockHash, MapPods: ops.AxonSockmapPods, MapNetns: ops.AxonSockmapNetns,
 		MapState: ops.AxonSockmapState, MapMetrics: ops.AxonSockmapMetrics,
-		MapSockAlias: ops.AxonSockAlias, MapAliasPoison: ops.AxonSockmapAliasPoison,
+		MapSockAlias: ops.AxonSockAlias, MapAliasPoison: ops.AxonSockmapAliasPoison, MapQuiet: ops.AxonSockmapQuiet,
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
