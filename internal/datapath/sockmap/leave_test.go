@@ -261,3 +261,40 @@ func waitQuietEmpty(t *testing.T, b *Bypass) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A stream of small writes through a REDIRECTed (alias-paired) connection
+// stays bypassed: the pair could not leave the map, and on the stack inside
+// the map it would be slower than bypassed. The same stream between an
+// exactly paired pod pair moves to the stack (switch_stack), the control.
+func TestSmallWritesAliasPairStaysBypassed(t *testing.T) {
+	requireIptables(t)
+	b, _, _, cgFD := loadTest(t, Config{StreamVerdict: true})
+	n := newSidecarNet(t, b)
+	p := startSockProc(t, cgFD)
+	nsRun(t, n.b, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
+	const bytes, chunk = 256 << 10, 64
+	stream := func(name, dial string, ln hresp) map[string]uint64 {
+		t.Helper()
+		cl := p.do(hreq{Op: "dial", Netns: n.a, Net: "tcp4", Addr: dial, Local: "10.78.0.1:0"})
+		sv := p.do(hreq{Op: "accept", ID: ln.ID})
+		before := metrics(t, b)
+		if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: chunk, DelayMS: 300}); a.Err != "" {
+			t.Fatalf("%s: stream: %s", name, a.Err)
+		}
+		d := metricsDelta(t, b, before)
+		t.Logf("%s: %d bytes each way in %d-byte writes, intact; counters moved: %v", name, bytes, chunk, d)
+		p.do(hreq{Op: "close", ID: cl.ID})
+		p.do(hreq{Op: "close", ID: sv.ID})
+		return d
+	}
+	redirected := p.do(hreq{Op: "listen", Netns: n.b, Net: "tcp4", Addr: "10.78.0.2:15006"})
+	d := stream("REDIRECTed pair", "10.78.0.2:8080", redirected)
+	if d["alias_paired"] != 2 || d["switch_stack"] != 0 || d["pass_bytes"] != 0 || d["redirect_bytes"] < 2*bytes {
+		t.Errorf("REDIRECTed pair: counters moved by %v; want alias_paired 2, switch_stack 0, nothing through TCP, every byte redirected", d)
+	}
+	exact := p.do(hreq{Op: "listen", Netns: n.b, Net: "tcp4", Addr: "10.78.0.2:9090"})
+	d = stream("exact pair", "10.78.0.2:9090", exact)
+	if d["alias_paired"] != 0 || d["switch_stack"] == 0 {
+		t.Errorf("exact pair: counters moved by %v; want no alias pairing and the small-write rule moving a writer to the stack (switch_stack)", d)
+	}
+}
