@@ -190,11 +190,31 @@ type Row struct {
 	BypassN, BypassRedirected int
 	StackN, StackRedirected   int
 	// RedirectShare: per bypass-arm measurement, the bytes redirected over
-	// all the bytes written (redirect_bytes + pass_bytes); below 1 when a
-	// writer left the bypass (BackpressureN measurements: the peer fell more
-	// than the back-pressure bound behind, and the writer took the stack).
-	RedirectShare bench.Stats
-	BackpressureN int
+	// all the bytes written: for tcp_bw the bytes qperf received (a socket
+	// that left the map writes as plain TCP, which no counter sees), else
+	// redirect_bytes + pass_bytes. Below 1 when a writer took the stack
+	// (BackpressureN: the peer fell more than the back-pressure bound
+	// behind; SwitchedN: the small-write rule) and LeftN: sockets left the
+	// map.
+	RedirectShare                   bench.Stats
+	BackpressureN, SwitchedN, LeftN int
+}
+
+// redirectShare is the share of a bypass-arm measurement's bytes that
+// axon_sk_msg redirected: over the bytes qperf received for tcp_bw (the
+// bytes of a socket that left the map appear in no counter), over
+// redirect_bytes + pass_bytes otherwise; capped at 1 (the tcp_bw count
+// includes qperf's control connection). ok is false without bytes.
+func redirectShare(s Sample) (float64, bool) {
+	red := float64(s.Counters["redirect_bytes"])
+	all := float64(s.Counters["redirect_bytes"] + s.Counters["pass_bytes"])
+	if s.Test == TestBW && s.RecvBytes > 0 {
+		all = s.RecvBytes
+	}
+	if all <= 0 {
+		return 0, false
+	}
+	return min(1, red/all), true
 }
 
 // Rows summarises every test and size, in the run's order.
@@ -223,11 +243,17 @@ func (r *Report) Rows() []Row {
 					if moved {
 						row.BypassRedirected++
 					}
-					if all := s.Counters["redirect_bytes"] + s.Counters["pass_bytes"]; all > 0 {
-						share = append(share, float64(s.Counters["redirect_bytes"])/float64(all))
+					if sh, ok := redirectShare(s); ok {
+						share = append(share, sh)
 					}
 					if s.Counters["backpressure"] > 0 {
 						row.BackpressureN++
+					}
+					if s.Counters["switch_stack"] > 0 {
+						row.SwitchedN++
+					}
+					if s.Counters["left"] > 0 {
+						row.LeftN++
 					}
 				} else {
 					row.StackN++
@@ -346,12 +372,14 @@ func (r *Report) Markdown() string {
 
 	b.WriteString("## Was the bypass arm bypassed?\n\n")
 	b.WriteString("The bypass's counters read before and after every measurement: `redirect_bytes` (bytes `axon_sk_msg` moved into the peer socket), " +
-		"`pass_bytes` (bytes of bypassed sockets' writes that took TCP), `backpressure` (writers moved to the stack because the peer fell behind). " +
-		"Share redirected = redirect_bytes / (redirect_bytes + pass_bytes) per bypass-arm measurement, median (min–max).\n\n")
-	b.WriteString("| test | size | bypass arm: redirect_bytes moved | share redirected | back-pressure switched | stack arm: redirect_bytes moved |\n|---|---:|---:|---:|---:|---:|\n")
+		"`pass_bytes` (bytes of bypassed sockets' writes that took TCP), `backpressure` (writers moved to the stack because the peer fell behind), " +
+		"`switch_stack` (writers moved to the stack by the small-write rule), `left` (sockets that left the map and continued as plain TCP). " +
+		"Share redirected = redirect_bytes over the bytes qperf received (tcp_bw; a socket that left the map is in no counter) " +
+		"or over redirect_bytes + pass_bytes (tcp_lat), per bypass-arm measurement, median (min–max).\n\n")
+	b.WriteString("| test | size | bypass arm: redirect_bytes moved | share redirected | back-pressure switched | small-write rule switched | left the map | stack arm: redirect_bytes moved |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, row := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %d of %d | %s | %d of %d | %d of %d |\n", row.Test, sizeLabel(row.Size), row.BypassRedirected, row.BypassN,
-			bench.Cell(row.RedirectShare, 1, 2), row.BackpressureN, row.BypassN, row.StackRedirected, row.StackN)
+		fmt.Fprintf(&b, "| %s | %s | %d of %d | %s | %d of %d | %d of %d | %d of %d | %d of %d |\n", row.Test, sizeLabel(row.Size), row.BypassRedirected, row.BypassN,
+			bench.Cell(row.RedirectShare, 1, 2), row.BackpressureN, row.BypassN, row.SwitchedN, row.BypassN, row.LeftN, row.BypassN, row.StackRedirected, row.StackN)
 	}
 	b.WriteString("\n")
 

@@ -143,8 +143,8 @@ func TestReportFiles(t *testing.T) {
 		"| 64 B | 24.50 (21.00–28.00) | 12.88 (7.35–19.60) | 0.53× [0.35–0.70] | ≤ 0.5× | no (CI crosses) |",
 		"| 16 KiB | 4500.0 (1000.0–8000.0) | 13500.0 (3000.0–24000.0) | 3.00× [3.00–3.00] | ≥ 2.5× | yes |",
 		"| 64 B | 2.000 (2.000–2.000) | 1.000 (1.000–1.000) | 0.50× [CI: < 8 pairs] |",
-		"| tcp_bw | 64 B | 7 of 7 | 1.00 (1.00–1.00) | 0 of 7 | 0 of 8 |",
-		"| tcp_bw | 16 KiB | 8 of 8 | 0.25 (0.25–0.25) | 8 of 8 | 0 of 8 |",
+		"| tcp_bw | 64 B | 7 of 7 | 1.00 (1.00–1.00) | 0 of 7 | 0 of 7 | 0 of 7 | 0 of 8 |",
+		"| tcp_bw | 16 KiB | 8 of 8 | 0.25 (0.25–0.25) | 8 of 8 | 0 of 8 | 0 of 8 | 0 of 8 |",
 		"Missed (paired median): tcp_lat 64 B (0.53×, want ≤ 0.5×); tcp_bw 64 B (0.50×, want ≥ 1.0×).",
 		"load average 0.5 0.4 0.3 at the start",
 		"- rep 8 tcp_bw 64 B bypass: qperf: failed to connect",
@@ -233,5 +233,29 @@ func TestCounterDeltasAndSizes(t *testing.T) {
 	}
 	if _, err := (Config{}).withDefaults(); err == nil || !strings.Contains(err.Error(), "axon lab up") {
 		t.Errorf("Config without a lab: %v", err)
+	}
+}
+
+// The share of a measurement's bytes that the bypass redirected: over what
+// qperf received for tcp_bw (a socket that left the map is in no counter),
+// over the counters' bytes otherwise.
+func TestRedirectShare(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		s      Sample
+		want   float64
+		wantOK bool
+	}{
+		{"bw, all redirected", Sample{Test: TestBW, RecvBytes: 1000, Counters: map[string]uint64{"redirect_bytes": 1000}}, 1, true},
+		{"bw, left the map after a fifth", Sample{Test: TestBW, RecvBytes: 1000, Counters: map[string]uint64{"redirect_bytes": 200, "pass_bytes": 10}}, 0.2, true},
+		{"bw, control connection counted too", Sample{Test: TestBW, RecvBytes: 1000, Counters: map[string]uint64{"redirect_bytes": 1040}}, 1, true},
+		{"bw without received bytes: the counters", Sample{Test: TestBW, Counters: map[string]uint64{"redirect_bytes": 300, "pass_bytes": 100}}, 0.75, true},
+		{"lat: the counters", Sample{Test: TestLat, RecvBytes: 5, Counters: map[string]uint64{"redirect_bytes": 90, "pass_bytes": 10}}, 0.9, true},
+		{"nothing written", Sample{Test: TestLat, Counters: map[string]uint64{}}, 0, false},
+	} {
+		got, ok := redirectShare(tc.s)
+		if ok != tc.wantOK || math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: redirectShare = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.wantOK)
+		}
 	}
 }
