@@ -78,13 +78,19 @@ volatile const __u32 cfg_small_streak = 64;
 
 /* sockmap_writer_holders: sockmap_psock_holders of the writing socket's
  * psock (1 when only this sendmsg holds it besides the map links), many
- * when it cannot be read. */
+ * when it cannot be read (or on a kernel where nothing leaves the map). */
 AXON_INLINE int sockmap_writer_holders(struct sk_msg_md *msg)
 {
-	struct sk_msg___sm *km = bpf_cast_to_kern_ctx(msg);
-	struct sk_psock___sm *psock;
+	struct sk_psock___sm *psock = 0;
 	struct sock___sm *sk = 0;
+	struct sk_msg___sm *km;
 
+	/* a kernel without msg_tot_len (6.1) never leaves the map (lib/sockmap.h
+	 * sockmap_try_leave), nor has bpf_cast_to_kern_ctx (6.3+): the verifier
+	 * drops the kfunc call with this branch */
+	if (!bpf_core_field_exists(psock->msg_tot_len))
+		return 1 << 20;
+	km = bpf_cast_to_kern_ctx(msg);
 	bpf_core_read(&sk, sizeof(sk), &km->sk);
 	psock = sockmap_psock(sk);
 	return psock ? sockmap_psock_holders(psock) : 1 << 20;

@@ -121,23 +121,27 @@ int axon_sockops(struct bpf_sock_ops *skops)
 	 * and the peer's placeholder (cookie 0, live) until the peer enters
 	 * itself, so that this socket does not leave before it could use the
 	 * bypass (its first segments go out before the peer is established) */
-	if (bpf_map_update_elem(&axon_sockmap_quiet, &st->peer, &live, BPF_NOEXIST) != 0) {
-		/* the peer's entry exists (it entered first), or the map is full:
-		 * then this socket may leave before its peer enters, which is
-		 * safe (nothing can redirect into a socket that is not in the
-		 * map) but gives the connection no bypass */
-	}
-	live.cookie = bpf_get_socket_cookie(skops);
-	if (bpf_map_update_elem(&axon_sockmap_quiet, &key, &live, BPF_ANY) != 0) {
-		sockmap_count(AXON_SM_INSERT_FAILED, 1);
-		return 1;
+	if (sockmap_can_leave()) {
+		if (bpf_map_update_elem(&axon_sockmap_quiet, &st->peer, &live, BPF_NOEXIST) != 0) {
+			/* the peer's entry exists (it entered first), or the map is
+			 * full: then this socket may leave before its peer enters,
+			 * which is safe (nothing can redirect into a socket that is
+			 * not in the map) but gives the connection no bypass */
+		}
+		live.cookie = bpf_get_socket_cookie(skops);
+		if (bpf_map_update_elem(&axon_sockmap_quiet, &key, &live, BPF_ANY) != 0) {
+			sockmap_count(AXON_SM_INSERT_FAILED, 1);
+			return 1;
+		}
 	}
 	if (bpf_sock_hash_update(skops, &axon_sock_hash, &key, BPF_NOEXIST) != 0) {
-		bpf_map_delete_elem(&axon_sockmap_quiet, &key);
+		if (sockmap_can_leave())
+			bpf_map_delete_elem(&axon_sockmap_quiet, &key);
 		sockmap_count(AXON_SM_INSERT_FAILED, 1);
 		return 1;
 	}
-	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
+	if (sockmap_can_leave())
+		bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(verdict, 1);
 	/* then the alias keys (sidecar pairing), with the role they record */
 	st->flags = sockmap_alias_insert_all(skops, &key, netns, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);

@@ -630,6 +630,14 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
  * _PSOCK); the rest is the psock. */
 #define AXON_SK_USER_DATA_PTRMASK (~7UL)
 
+/* sockmap_can_leave: 1 where sockets may leave the map (the mode machine):
+ * the kernel's psock has msg_tot_len (6.6.128+, 6.12.75+, 6.18.14+), which
+ * tells an empty psock queue, and so also bpf_cast_to_kern_ctx (6.3+). A
+ * CO-RE constant: elsewhere (Debian's 6.1) no socket leaves, sockops keeps
+ * no axon_sockmap_quiet entries and asks for no per-segment callbacks, and
+ * the bypass stays off anyway (the self-test's back-pressure check). */
+#define sockmap_can_leave() bpf_core_field_exists(((struct sk_psock___sm *)0)->msg_tot_len)
+
 /* sockmap_psock: the psock of kernel socket sk, 0 if none. Probe reads:
  * the caller holds sk (its own socket, or the redirect target this write
  * holds). */
@@ -789,6 +797,8 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	struct bpf_sock *sk = skops->sk;
 	int allowed = 0, holders, done, owned = 0;
 
+	if (!sockmap_can_leave())
+		return; /* the verifier drops the kfunc call below with this branch */
 	if (!sk)
 		return;
 	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);

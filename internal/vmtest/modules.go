@@ -21,6 +21,10 @@ func DefaultModules() []string {
 		"bridge", "br_netfilter?",
 		// Bandwidth Manager's TBF baseline (the reference bandwidth CNI plugin: ifb + tbf + u32 + mirred)
 		"sch_tbf", "ifb", "cls_u32", "act_mirred",
+		// the same-node TCP bypass's sidecar tests: iptables-nft nat REDIRECT and -m owner in pod namespaces
+		// (libcrc32c, which nf_conntrack and nf_tables need, fails its init without the crc32c algorithm:
+		// a soft dependency, which no modprobe resolves in the VM)
+		"crc32c_generic?", "nf_tables?", "nft_compat?", "nft_chain_nat?", "xt_REDIRECT?", "xt_owner?", "nf_nat?",
 	}
 }
 
