@@ -1,6 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -23,7 +28,7 @@ func TestSummarize(t *testing.T) {
 {"Action":"pass","Package":"p","Elapsed":0.2}
 `,
 			wantOK:   true,
-			wantLine: "1 passed, 0 failed, 1 skipped",
+			wantLine: "2 passed, 0 failed, 1 skipped", // the subtest counts, as in go test -v
 			wantText: []string{"PASS p (0.2s)"},
 		},
 		{
@@ -92,5 +97,82 @@ q/q.go:3:1: syntax error
 				}
 			}
 		})
+	}
+}
+
+// skipModule is a tiny package whose tests skip at every level: a top-level test, parallel
+// subtests of a table (with a two-line reason), and a sub-subtest under a passing subtest.
+// go test -v reports 4 "--- PASS" and 4 "--- SKIP" lines for it.
+var skipModule = map[string]string{
+	"go.mod": "module example.com/skipdemo\n\ngo 1.22\n",
+	"demo_test.go": `package skipdemo
+
+import "testing"
+
+func TestPass(t *testing.T) {}
+
+func TestSkipTop(t *testing.T) { t.Skip("top-level reason") }
+
+func TestTable(t *testing.T) {
+	for _, name := range []string{"runs", "skips", "also skips"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			if name != "runs" {
+				t.Logf("preparing %s", name)
+				t.Skipf("no facility for %s\nsecond line", name)
+			}
+		})
+	}
+	t.Run("nested", func(t *testing.T) {
+		t.Run("deeper", func(t *testing.T) { t.Skip("deep reason") })
+	})
+}
+`,
+}
+
+// TestSummarizeRealSkips feeds the summary the real `go test -json` stream of skipModule, so
+// the test follows whatever test2json really writes for subtests (framing, PAUSE/CONT lines,
+// attribution of output to subtests) rather than a hand-written imitation of it.
+func TestSummarizeRealSkips(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	dir := t.TempDir()
+	for name, text := range skipModule {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(goBin, "test", "-json", "-count=1", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off", "GOTOOLCHAIN=local")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stream, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go test -json in %s: %v\n%s%s", dir, err, stream, stderr.String())
+	}
+	s, err := summarize(bytes.NewReader(stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if !s.report(&out) {
+		t.Errorf("report says the run failed:\n%s", out.String())
+	}
+	const pkg = "example.com/skipdemo"
+	for _, want := range []string{
+		"SKIP " + pkg + ": 4 skipped",
+		"--- SKIP: " + pkg + " TestSkipTop: demo_test.go:7: top-level reason",
+		"--- SKIP: " + pkg + " TestTable/skips: demo_test.go:15: no facility for skips / second line",
+		"--- SKIP: " + pkg + " TestTable/also_skips: demo_test.go:15: no facility for also skips / second line",
+		"--- SKIP: " + pkg + " TestTable/nested/deeper: demo_test.go:20: deep reason",
+		// TestPass, TestTable, TestTable/runs, TestTable/nested: as go test -v counts them.
+		"4 passed, 0 failed, 4 skipped",
+	} {
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("summary lacks the line %q:\n%s\ngo test -json was:\n%s", want, out.String(), stream)
+		}
 	}
 }
