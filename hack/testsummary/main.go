@@ -25,6 +25,10 @@ type event struct {
 	Test    string
 	Elapsed float64
 	Output  string
+	// Since Go 1.24 the compiler's errors arrive as "build-output" events of ImportPath, and the
+	// package's "fail" event names the failed build in FailedBuild.
+	ImportPath  string
+	FailedBuild string
 }
 
 type key struct{ pkg, test string }
@@ -36,11 +40,14 @@ type summary struct {
 	pkgResult               map[string]string // package → pass/fail/skip
 	pkgElapsed              map[string]float64
 	output                  map[key]*strings.Builder
-	nonJSON                 []string // build errors etc. printed by go test outside JSON
+	nonJSON                 []string                    // build errors etc. printed by go test outside JSON
+	buildOutput             map[string]*strings.Builder // build-output by ImportPath
+	failedBuild             map[string]string           // package → the ImportPath of its failed build
 }
 
 func summarize(r io.Reader) (*summary, error) {
-	s := &summary{pkgResult: map[string]string{}, pkgElapsed: map[string]float64{}, output: map[key]*strings.Builder{}}
+	s := &summary{pkgResult: map[string]string{}, pkgElapsed: map[string]float64{}, output: map[key]*strings.Builder{},
+		buildOutput: map[string]*strings.Builder{}, failedBuild: map[string]string{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1024*1024), 64*1024*1024)
 	for sc.Scan() {
@@ -52,6 +59,13 @@ func summarize(r io.Reader) (*summary, error) {
 		}
 		k := key{ev.Package, ev.Test}
 		switch ev.Action {
+		case "build-output":
+			b := s.buildOutput[ev.ImportPath]
+			if b == nil {
+				b = &strings.Builder{}
+				s.buildOutput[ev.ImportPath] = b
+			}
+			b.WriteString(ev.Output)
 		case "output":
 			b := s.output[k]
 			if b == nil {
@@ -61,6 +75,9 @@ func summarize(r io.Reader) (*summary, error) {
 			b.WriteString(ev.Output)
 		case "pass", "fail", "skip":
 			if ev.Test == "" {
+				if ev.FailedBuild != "" {
+					s.failedBuild[ev.Package] = ev.FailedBuild
+				}
 				s.pkgResult[ev.Package] = ev.Action
 				s.pkgElapsed[ev.Package] = ev.Elapsed
 				continue
@@ -132,6 +149,9 @@ func (s *summary) report(w io.Writer) (ok bool) {
 		if s.pkgResult[p] == "fail" {
 			if b := s.output[key{p, ""}]; b != nil && !strings.Contains(b.String(), "--- FAIL") {
 				fmt.Fprintf(w, "\n--- FAIL: package %s\n%s", p, b.String())
+			}
+			if b := s.buildOutput[s.failedBuild[p]]; b != nil {
+				fmt.Fprint(w, b.String())
 			}
 		}
 	}

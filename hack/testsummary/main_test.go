@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,24 +135,9 @@ func TestTable(t *testing.T) {
 // the test follows whatever test2json really writes for subtests (framing, PAUSE/CONT lines,
 // attribution of output to subtests) rather than a hand-written imitation of it.
 func TestSummarizeRealSkips(t *testing.T) {
-	goBin, err := exec.LookPath("go")
+	stream, err := goTestJSON(t, skipModule)
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	dir := t.TempDir()
-	for name, text := range skipModule {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.Command(goBin, "test", "-json", "-count=1", ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off", "GOTOOLCHAIN=local")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stream, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go test -json in %s: %v\n%s%s", dir, err, stream, stderr.String())
+		t.Fatalf("go test -json: %v\n%s", err, stream)
 	}
 	s, err := summarize(bytes.NewReader(stream))
 	if err != nil {
@@ -175,4 +161,53 @@ func TestSummarizeRealSkips(t *testing.T) {
 			t.Errorf("summary lacks the line %q:\n%s\ngo test -json was:\n%s", want, out.String(), stream)
 		}
 	}
+}
+
+// TestSummarizeRealBuildFailure: since Go 1.24 the compiler's errors come as "build-output"
+// events, not as plain lines; the summary must still show them for the failed package.
+func TestSummarizeRealBuildFailure(t *testing.T) {
+	stream, _ := goTestJSON(t, map[string]string{ // fails: that is the point
+		"go.mod":    "module example.com/broken\n\ngo 1.22\n",
+		"broken.go": "package broken\n\nfunc X() { undefinedName() }\n",
+		"x_test.go": "package broken\n\nimport \"testing\"\n\nfunc TestX(t *testing.T) {}\n",
+	})
+	s, err := summarize(bytes.NewReader(stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if s.report(&out) {
+		t.Errorf("report says a run with a build failure passed:\n%s", out.String())
+	}
+	for _, want := range []string{"FAIL example.com/broken", "undefined: undefinedName", "0 passed, 1 failed, 0 skipped"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s\ngo test -json was:\n%s", want, out.String(), stream)
+		}
+	}
+}
+
+// goTestJSON writes files as a module in a temporary directory and returns what
+// `go test -json` prints there (stderr appended), and go test's error.
+func goTestJSON(t *testing.T, files map[string]string) ([]byte, error) {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	dir := t.TempDir()
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(goBin, "test", "-json", "-count=1", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off", "GOTOOLCHAIN=local")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stream, err := cmd.Output()
+	if err != nil {
+		err = fmt.Errorf("go test -json in %s: %w (stderr: %s)", dir, err, stderr.String())
+	}
+	return stream, err
 }
