@@ -120,7 +120,12 @@ func TestCNIConcurrentAddDel(t *testing.T) {
 
 	startAgent(t, t, n, cfg, logFile)
 	c := api.NewClient(cfg.Socket)
-	eventually(t, "agent ready", testutil.Stretch(t, 60*time.Second), func() error {
+	// Ready says the pod datapath is loaded; the socket LB, the north-south LB
+	// and the Bandwidth Manager load after it and pin their own maps and links:
+	// the baseline is taken once they are in and the pin tree holds still.
+	snap := func() nodeSnapshot { return snapshotNode(t, n, pinDir, filepath.Join(cfg.StateDir, "ipam")) }
+	var base nodeSnapshot
+	eventually(t, "agent ready with every component loaded", testutil.Stretch(t, 60*time.Second), func() error {
 		st, err := c.Status(ctx)
 		if err != nil {
 			return err
@@ -128,10 +133,20 @@ func TestCNIConcurrentAddDel(t *testing.T) {
 		if !st.Ready {
 			return errors.New(st.Message)
 		}
+		for _, d := range []api.Decision{findDecision(st.Datapath, DecisionSocketLB), findDecision(st.Datapath, DecisionNodePortLB),
+			findDecision(st.Datapath, DecisionBandwidth)} {
+			if d.Value == "" || d.Value == "disabled" {
+				return fmt.Errorf("decision %s = %q (%s)", d.Name, d.Value, d.Reason)
+			}
+		}
+		prev := snap()
+		time.Sleep(500 * time.Millisecond)
+		base = snap()
+		if !slices.Equal(prev.pins, base.pins) {
+			return fmt.Errorf("pins still changing: %d, then %d", len(prev.pins), len(base.pins))
+		}
 		return nil
 	})
-	snap := func() nodeSnapshot { return snapshotNode(t, n, pinDir, filepath.Join(cfg.StateDir, "ipam")) }
-	base := snap()
 	t.Logf("baseline: %d devices, %d routes, %d pins, %d endpoint entries, %d IPAM files, maps %v",
 		len(base.links), len(base.routes), len(base.pins), len(base.endpoints), len(base.ipam), base.mapSizes())
 
