@@ -260,6 +260,37 @@ func TestCNIConcurrentAddDel(t *testing.T) {
 			}
 		}
 	}
+	// Each pod's own eth0 carries exactly its addresses, and the endpoint map
+	// points at that eth0's MAC: no two pods wired to each other's device.
+	for i, p := range pods {
+		testutil.InNetns(t, p.netns, func() error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+			if err != nil {
+				return err
+			}
+			var have []netip.Addr
+			for _, a := range addrs {
+				if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.Unmap().IsLinkLocalUnicast() {
+					have = append(have, ip.Unmap())
+				}
+			}
+			slices.SortFunc(have, netip.Addr.Compare)
+			want := slices.SortedFunc(slices.Values(got[i].ips), netip.Addr.Compare)
+			if !slices.Equal(have, want) {
+				t.Errorf("pod %s: eth0 has %v, its ADD result says %v", p.name, have, want)
+			}
+			for _, a := range want {
+				if e := during.endpoints[a]; !bytes.Equal(e.PodMAC, l.Attrs().HardwareAddr) {
+					t.Errorf("pod %s: endpoint map entry for %s has pod MAC %s, its eth0 is %s", p.name, a, e.PodMAC, l.Attrs().HardwareAddr)
+				}
+			}
+			return nil
+		})
+	}
 	if d := len(during.endpoints) - len(base.endpoints); d != 2*cniPods {
 		t.Errorf("endpoint map grew by %d entries, want %d", d, 2*cniPods)
 	}
