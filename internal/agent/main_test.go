@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"k8s.io/klog/v2"
+
+	"github.com/axonhq/axon/internal/cni"
 )
 
 // helperEnv carries a JSON Config: the test binary then runs the agent
@@ -20,6 +22,9 @@ import (
 const helperEnv = "AXON_AGENT_TEST_HELPER_CONFIG"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(cniPluginEnv) == "1" {
+		os.Exit(cni.Main())
+	}
 	if raw := os.Getenv(helperEnv); raw != "" {
 		os.Exit(runHelper(raw))
 	}
