@@ -146,6 +146,7 @@ func testLeave(t *testing.T, verdict bool) {
 // with its cookie, so that a peer inserted by the new sockops never reads
 // it as gone and leaves while it still redirects.
 func TestLoadMarksEarlierSocketsLive(t *testing.T) {
+	requireLeave(t) // no axon_sockmap_quiet entries where nothing leaves
 	cfg := Config{MaxEntries: 1024}
 	b, pin, cg, cgFD := loadTest(t, cfg)
 	n := newPodNet(t)
