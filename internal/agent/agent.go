@@ -90,7 +90,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
 	a.rt = &routeTable{h: a.nl, log: log}
-	a.pods = newPodDatapath(load, a.nl, a.reg, a.ipam, log)
+	a.pods = newPodDatapath(load, a.nl, a.reg, a.ipam, a.st.uplinkInUse, log)
 	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.st.kubeClient, a.kick)
 	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.st.kubeClient}
 	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
