@@ -196,10 +196,21 @@ func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
 	return nil
 }
 
-// GC implements api.Handler: everything not in r.Valid is removed.
+// GC implements api.Handler: everything not in r.Valid is removed. An
+// empty r.Valid removes everything only with r.All: a request that lost its
+// list (or a caller that never sent one) must not wipe every pod of the node.
 func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
 	if a.cfg.bypassOnly() {
 		return api.GCResponse{}, api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
+	switch {
+	case len(r.Valid) == 0 && !r.All:
+		a.pods.refused.add(refusedGCEmpty)
+		a.log.Warn("gc refused: empty keep-list without \"all\"", "endpoints", len(a.reg.List()))
+		return api.GCResponse{}, api.Errorf(http.StatusBadRequest,
+			"gc with an empty \"valid\" list would remove all %d endpoints and every allocation: list the valid attachments, or send \"all\": true to remove everything", len(a.reg.List()))
+	case len(r.Valid) > 0 && r.All:
+		return api.GCResponse{}, api.Errorf(http.StatusBadRequest, "gc with \"all\": true and %d valid attachments: send one or the other", len(r.Valid))
 	}
 	return a.pods.gc(r)
 }

@@ -762,6 +762,19 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		// an allocation without endpoint (ADD failed half-way) is also garbage
 		_, err = c.Allocate(ctx, api.AllocateRequest{ContainerID: "c4", IfName: "eth0"})
 		must(t, err)
+		// an empty keep-list without "all" (and "all" with a list) removes nothing
+		before := n.refusedCounts(t)
+		for _, bad := range []api.GCRequest{{}, {Valid: []api.Attachment{}}, {All: true, Valid: []api.Attachment{{ContainerID: "c1", IfName: "eth0"}}}} {
+			if _, err := c.GC(ctx, bad); !api.IsStatus(err, 400) || !strings.Contains(err.Error(), `"all"`) {
+				t.Errorf("GC %+v: %v, want 400 naming \"all\"", bad, err)
+			}
+		}
+		if eps, err := c.Endpoints(ctx); err != nil || len(eps) != 2 {
+			t.Errorf("endpoints after refused GCs: %+v %v, want c1 and c3", eps, err)
+		}
+		if after := n.refusedCounts(t); after["gc_empty_list"] != before["gc_empty_list"]+2 {
+			t.Errorf("axon_api_refused_total{reason=\"gc_empty_list\"} %d -> %d, want +2", before["gc_empty_list"], after["gc_empty_list"])
+		}
 		gc, err := c.GC(ctx, api.GCRequest{Valid: []api.Attachment{{ContainerID: "c1", IfName: "eth0"}}})
 		must(t, err)
 		want := []api.Attachment{{ContainerID: "c3", IfName: "eth0"}, {ContainerID: "c4", IfName: "eth0"}}
@@ -798,6 +811,14 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(cfg.StateDir, "endpoints", "c1_eth0.json")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("endpoint record still on disk: %v", err)
+		}
+		// "all" removes what is left, here an allocation without endpoint
+		_, err = c.Allocate(ctx, api.AllocateRequest{ContainerID: "c8", IfName: "eth0"})
+		must(t, err)
+		gc, err := c.GC(ctx, api.GCRequest{All: true})
+		must(t, err)
+		if want := []api.Attachment{{ContainerID: "c8", IfName: "eth0"}}; !slices.Equal(gc.Removed, want) {
+			t.Errorf("gc all removed %+v, want %+v", gc.Removed, want)
 		}
 		// the addresses went back to the pool: a new owner may get them
 		ips, _ := os.ReadDir(filepath.Join(cfg.StateDir, "ipam"))
