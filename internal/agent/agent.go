@@ -145,13 +145,13 @@ func (a *Agent) run(ctx context.Context) error {
 	a.svc.setNamespaceHook(a.kick)
 	a.nport.svc, a.nport.started = a.svc, started
 	errc := make(chan error, 2)
-	ln, err := api.Listen(a.cfg.Socket)
+	ln, err := api.Listen(a.cfg.Socket, a.cfg.apiAccess())
 	if err != nil {
 		return err
 	}
 	ln.Close() // only to fail fast on a socket in use; Serve listens again
 	wg.Go(func() {
-		if err := api.Serve(ctx, a.cfg.Socket, a, a.log); err != nil {
+		if err := api.Serve(ctx, a.cfg.Socket, a, a.log, a.cfg.apiAccess()); err != nil {
 			errc <- err
 		}
 	})

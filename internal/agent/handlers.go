@@ -10,9 +10,30 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
-var _ api.Handler = (*Agent)(nil)
+var (
+	_ api.Handler              = (*Agent)(nil)
+	_ api.CallerRefusedCounter = (*Agent)(nil)
+)
+
+// CallerRefused implements api.CallerRefusedCounter: a caller that may not
+// change state was refused (counted as axon_api_refused_total{reason="caller"}).
+func (a *Agent) CallerRefused() { a.pods.refused.add(refusedCaller) }
+
+// apiAccess is who may use the local API (Config.APIGroup, Config.APIUser).
+func (c Config) apiAccess() unixsock.Options {
+	o := unixsock.Options{Group: unixsock.NoGroup}
+	if c.APIGroup >= 0 {
+		o.Group = c.APIGroup
+		o.WriterGIDs = []uint32{uint32(c.APIGroup)}
+	}
+	if c.APIUser >= 0 {
+		o.WriterUIDs = []uint32{uint32(c.APIUser)}
+	}
+	return o
+}
 
 // notReady returns why the agent is not ready, "" when it is.
 func (a *Agent) notReady() string {
