@@ -29,6 +29,7 @@ import (
 	"github.com/axonhq/axon/internal/ipam"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // ---- a small in-test agent: the real IPAM allocator behind the real API ----
@@ -218,7 +219,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func (e *env) startAgent() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- api.Serve(ctx, e.sock, e.agent, quiet()) }()
+	go func() { done <- api.Serve(ctx, e.sock, e.agent, quiet(), unixsock.Options{Group: unixsock.NoGroup}) }()
 	e.stop = func() { cancel(); <-done }
 	e.t.Cleanup(func() { cancel() })
 	c := api.NewClient(e.sock)
