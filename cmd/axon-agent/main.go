@@ -33,6 +33,8 @@ func run(args []string) int {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file for the kube-apiserver; empty = in-cluster service account")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for IPAM allocations and the endpoint registry")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket of the local API (axon-cni, axon CLI)")
+	fs.IntVar(&cfg.APIGroup, "api-group", cfg.APIGroup, "gid owning the local API socket, then mode 0660, whose members (primary gid) may also call its mutating routes; -1: the socket is 0600 and only root may use it")
+	fs.IntVar(&cfg.APIUser, "api-user", cfg.APIUser, "one more uid that may call the local API's mutating routes (it must be able to open the socket: see --api-group); -1: none. Root always may")
 	fs.StringVar(&cfg.BPFRoot, "bpf-root", cfg.BPFRoot, "bpffs directory where maps and links are pinned")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "node uplink device; empty = device of the default route, else the one holding the Node's InternalIP")
 	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "BPF attach mode: auto (tcx when the kernel has it), tcx or legacy (clsact + cls_bpf)")

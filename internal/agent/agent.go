@@ -90,7 +90,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
 	a.rt = &routeTable{h: a.nl, log: log}
-	a.pods = newPodDatapath(load, a.nl, a.reg, a.ipam, log)
+	a.pods = newPodDatapath(load, a.nl, a.reg, a.ipam, a.st.uplinkInUse, log)
 	a.sock = newSocketLB(cfg, log, a.nl, a.reg, a.st.kubeClient, a.kick)
 	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.st.kubeClient}
 	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
@@ -145,13 +145,13 @@ func (a *Agent) run(ctx context.Context) error {
 	a.svc.setNamespaceHook(a.kick)
 	a.nport.svc, a.nport.started = a.svc, started
 	errc := make(chan error, 2)
-	ln, err := api.Listen(a.cfg.Socket)
+	ln, err := api.Listen(a.cfg.Socket, a.cfg.apiAccess())
 	if err != nil {
 		return err
 	}
 	ln.Close() // only to fail fast on a socket in use; Serve listens again
 	wg.Go(func() {
-		if err := api.Serve(ctx, a.cfg.Socket, a, a.log); err != nil {
+		if err := api.Serve(ctx, a.cfg.Socket, a, a.log, a.cfg.apiAccess()); err != nil {
 			errc <- err
 		}
 	})

@@ -24,10 +24,16 @@ const (
 // Config is everything Run needs. The zero value is not valid: use Defaults
 // and then override.
 type Config struct {
-	NodeName    string // Kubernetes Node this agent runs for
-	Kubeconfig  string // path; empty = in-cluster config
-	StateDir    string // IPAM allocations and endpoint registry
-	Socket      string // local API unix socket
+	NodeName   string // Kubernetes Node this agent runs for
+	Kubeconfig string // path; empty = in-cluster config
+	StateDir   string // IPAM allocations and endpoint registry
+	Socket     string // local API unix socket
+	// who may use the local API (api.Serve): APIGroup owns the socket, which
+	// is then 0660 (-1: 0600, root only), and its members (primary gid) may
+	// call the mutating routes; APIUser is one more uid that may (-1: none).
+	// Root always may.
+	APIGroup    int
+	APIUser     int
 	BPFRoot     string // bpffs pin directory
 	Uplink      string // node uplink device; empty = auto-detect
 	AttachMode  string // auto|tcx|legacy
@@ -70,6 +76,8 @@ func Defaults() Config {
 		NodeName:          node,
 		StateDir:          DefaultStateDir,
 		Socket:            "/var/run/axon/axon.sock",
+		APIGroup:          -1,
+		APIUser:           -1,
 		BPFRoot:           DefaultBPFRoot,
 		AttachMode:        "auto",
 		HostRouting:       "auto",

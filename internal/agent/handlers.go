@@ -10,9 +10,30 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
-var _ api.Handler = (*Agent)(nil)
+var (
+	_ api.Handler              = (*Agent)(nil)
+	_ api.CallerRefusedCounter = (*Agent)(nil)
+)
+
+// CallerRefused implements api.CallerRefusedCounter: a caller that may not
+// change state was refused (counted as axon_api_refused_total{reason="caller"}).
+func (a *Agent) CallerRefused() { a.pods.refused.add(refusedCaller) }
+
+// apiAccess is who may use the local API (Config.APIGroup, Config.APIUser).
+func (c Config) apiAccess() unixsock.Options {
+	o := unixsock.Options{Group: unixsock.NoGroup}
+	if c.APIGroup >= 0 {
+		o.Group = c.APIGroup
+		o.WriterGIDs = []uint32{uint32(c.APIGroup)}
+	}
+	if c.APIUser >= 0 {
+		o.WriterUIDs = []uint32{uint32(c.APIUser)}
+	}
+	return o
+}
 
 // notReady returns why the agent is not ready, "" when it is.
 func (a *Agent) notReady() string {
@@ -196,10 +217,21 @@ func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
 	return nil
 }
 
-// GC implements api.Handler: everything not in r.Valid is removed.
+// GC implements api.Handler: everything not in r.Valid is removed. An
+// empty r.Valid removes everything only with r.All: a request that lost its
+// list (or a caller that never sent one) must not wipe every pod of the node.
 func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
 	if a.cfg.bypassOnly() {
 		return api.GCResponse{}, api.Errorf(http.StatusConflict, "%v", errBypassOnly)
+	}
+	switch {
+	case len(r.Valid) == 0 && !r.All:
+		a.pods.refused.add(refusedGCEmpty)
+		a.log.Warn("gc refused: empty keep-list without \"all\"", "endpoints", len(a.reg.List()))
+		return api.GCResponse{}, api.Errorf(http.StatusBadRequest,
+			"gc with an empty \"valid\" list would remove all %d endpoints and every allocation: list the valid attachments, or send \"all\": true to remove everything", len(a.reg.List()))
+	case len(r.Valid) > 0 && r.All:
+		return api.GCResponse{}, api.Errorf(http.StatusBadRequest, "gc with \"all\": true and %d valid attachments: send one or the other", len(r.Valid))
 	}
 	return a.pods.gc(r)
 }

@@ -52,7 +52,9 @@ var (
 	descRoutes    = prometheus.NewDesc("axon_agent_routes", "podCIDR routes to other nodes.", nil, nil)
 	descReconcile = prometheus.NewDesc("axon_agent_reconciles_total", "Reconcile passes by result.", []string{"result"}, nil)
 	descDatapath  = prometheus.NewDesc("axon_datapath_packets_total", "Packets counted by the BPF datapath, by program direction and reason (summed over CPUs).", []string{"direction", "reason"}, nil)
-	descDPErr     = prometheus.NewDesc("axon_datapath_metrics_read_errors", "1 when the datapath metrics map could not be read on this scrape.", nil, nil)
+	descRefused   = prometheus.NewDesc("axon_api_refused_total",
+		"Local API calls refused, by reason: address_not_allocated, device_not_pod, device_in_use (endpoint PUTs that fail the ownership checks), gc_empty_list (a GC without keep-list or \"all\"), caller (a caller that may not change state).", []string{"reason"}, nil)
+	descDPErr = prometheus.NewDesc("axon_datapath_metrics_read_errors", "1 when the datapath metrics map could not be read on this scrape.", nil, nil)
 )
 
 var metricName = regexp.MustCompile(`[^a-zA-Z0-9_]`)
@@ -60,7 +62,7 @@ var metricName = regexp.MustCompile(`[^a-zA-Z0-9_]`)
 type agentCollector struct{ a *Agent }
 
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descConnected, descEndpoints, descRoutes, descReconcile, descDatapath, descDPErr} {
+	for _, d := range []*prometheus.Desc{descReady, descConnected, descEndpoints, descRoutes, descReconcile, descDatapath, descDPErr, descRefused} {
 		ch <- d
 	}
 }
@@ -73,6 +75,10 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(st.Routes))
 	for res, n := range c.a.st.reconcileCounts() {
 		ch <- prometheus.MustNewConstMetric(descReconcile, prometheus.CounterValue, float64(n), res)
+	}
+	refused := c.a.pods.refused.counts()
+	for _, r := range []string{refusedAddress, refusedDevice, refusedInUse, refusedGCEmpty, refusedCaller} {
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(refused[r]), r)
 	}
 	dp := c.a.pods.snapshot()
 	if dp == nil {

@@ -129,22 +129,60 @@ func newScratchNode(t *testing.T) *scratchNode {
 	return n
 }
 
-// addVeth creates a veth pair with both ends in the node netns and returns
-// (host index, host MAC, peer MAC).
-func (n *scratchNode) addVeth(t *testing.T, host, peer string) (int, net.HardwareAddr, net.HardwareAddr) {
+// addPod does what axon-cni's ADD does to the devices: a new pod netns, a
+// veth host (marked "axon-cni:<containerID>/<ifName>") in the node netns
+// whose peer is ifName in the pod netns. It returns (host index, host MAC,
+// pod MAC, pod netns path).
+func (n *scratchNode) addPod(t *testing.T, host, containerID, ifName string) (int, net.HardwareAddr, net.HardwareAddr, string) {
 	t.Helper()
-	must(t, n.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: peer}))
+	podPath := netnsutil.Path(testutil.NewNetns(t, "axt-pod-"))
+	podNS, err := netns.GetFromPath(podPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNS.Close()
+	must(t, n.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host, Alias: "axon-cni:" + containerID + "/" + ifName},
+		PeerName: ifName, PeerNamespace: netlink.NsFd(int(podNS))}))
 	h, err := n.nl.LinkByName(host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := n.nl.LinkByName(peer)
+	if h.Attrs().Alias == "" { // kernels that ignore IFLA_IFALIAS on create
+		must(t, n.nl.LinkSetAlias(h, "axon-cni:"+containerID+"/"+ifName))
+	}
+	ph, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ph.Close()
+	p, err := ph.LinkByName(ifName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	must(t, n.nl.LinkSetUp(h))
-	must(t, n.nl.LinkSetUp(p))
-	return h.Attrs().Index, h.Attrs().HardwareAddr, p.Attrs().HardwareAddr
+	must(t, ph.LinkSetUp(p))
+	return h.Attrs().Index, h.Attrs().HardwareAddr, p.Attrs().HardwareAddr, podPath
+}
+
+// refusedCounts reads axon_api_refused_total by reason from /metrics.
+func (n *scratchNode) refusedCounts(t *testing.T) map[string]int {
+	t.Helper()
+	code, body, err := n.httpGet("http://127.0.0.1:19876/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /metrics: %d %v", code, err)
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(body, "\n") {
+		var reason string
+		var v int
+		if _, err := fmt.Sscanf(line, "axon_api_refused_total{reason=%q} %d", &reason, &v); err == nil {
+			out[reason] = v
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no axon_api_refused_total in /metrics:\n%.2000s", body)
+	}
+	return out
 }
 
 // axonRoutes lists the routes with the agent's protocol in the node netns.
@@ -483,8 +521,8 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		t.FailNow()
 	}
 
-	hostIdx, hostMAC, podMAC := n.addVeth(t, "lxcaxt1", "lxcaxt1p")
-	ep := api.Endpoint{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/none", PodName: "pod1", PodNamespace: "default",
+	hostIdx, hostMAC, podMAC, pod1NS := n.addPod(t, "lxcaxt1", "c1", "eth0")
+	ep := api.Endpoint{ContainerID: "c1", IfName: "eth0", Netns: pod1NS, PodName: "pod1", PodNamespace: "default",
 		IPs: []netip.Addr{addrs[0].IP, addrs[1].IP}, HostIfName: "lxcaxt1", HostIfIndex: hostIdx, HostMAC: hostMAC, PodMAC: podMAC}
 	wantEntries := map[netip.Addr]MapEntry{
 		addrs[0].IP: {IP: addrs[0].IP, IfIndex: hostIdx, PodMAC: podMAC, HostMAC: hostMAC},
@@ -514,6 +552,78 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		}
 		if got := pinnedEndpoints(t, pinDir); !entriesEqual(got, wantEntries) {
 			t.Fatalf("endpoint map changed by a refused PUT: %+v", got)
+		}
+	})
+
+	t.Run("put endpoint accepts only what the attachment owns", func(t *testing.T) {
+		// c5/eth0 has a real allocation and a real pod device; each case
+		// changes one field of its correct PUT
+		resp, err := c.Allocate(ctx, api.AllocateRequest{ContainerID: "c5", IfName: "eth0"})
+		must(t, err)
+		ips5 := []netip.Addr{resp.Addresses[0].IP, resp.Addresses[1].IP}
+		idx5, hmac5, pmac5, pod5NS := n.addPod(t, "lxcaxt5", "c5", "eth0")
+		good := api.Endpoint{ContainerID: "c5", IfName: "eth0", Netns: pod5NS, PodName: "pod5", PodNamespace: "default",
+			IPs: ips5, HostIfName: "lxcaxt5", HostIfIndex: idx5, HostMAC: hmac5, PodMAC: pmac5}
+		// a device axon-cni made for another attachment, and one whose peer stayed in the node netns
+		n.addPod(t, "lxcaxt6", "c6", "eth0")
+		must(t, n.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lxcaxt7", Alias: "axon-cni:c5/eth0"}, PeerName: "lxcaxt7p"}))
+		if l, err := n.nl.LinkByName("lxcaxt7"); err == nil && l.Attrs().Alias == "" {
+			must(t, n.nl.LinkSetAlias(l, "axon-cni:c5/eth0"))
+		}
+		for _, tt := range []struct {
+			name   string
+			change func(*api.Endpoint)
+			code   int
+			reason string
+			msg    string
+		}{
+			{"address never allocated", func(e *api.Endpoint) { e.IPs = []netip.Addr{netip.MustParseAddr("10.244.1.200")} },
+				403, "address_not_allocated", "is not allocated to c5/eth0"},
+			{"address of another attachment's allocation", func(e *api.Endpoint) { e.ContainerID = "c4x" },
+				403, "address_not_allocated", "is not allocated to c4x/eth0"},
+			{"the uplink", func(e *api.Endpoint) { e.HostIfName = "eth0" }, 403, "device_not_pod", "it is the node's uplink"},
+			{"lo", func(e *api.Endpoint) { e.HostIfName = "lo" }, 403, "device_not_pod", "not a veth or netkit"},
+			{"another endpoint's device", func(e *api.Endpoint) { e.HostIfName = "lxcaxt1" }, 409, "device_in_use", "already belongs to endpoint c1/eth0"},
+			{"a device made for another attachment", func(e *api.Endpoint) { e.HostIfName = "lxcaxt6" }, 403, "device_not_pod", `not "axon-cni:c5/eth0"`},
+			{"peer in the node netns", func(e *api.Endpoint) { e.HostIfName = "lxcaxt7" }, 403, "device_not_pod", "is not the peer of eth0"},
+			{"another pod's netns", func(e *api.Endpoint) { e.Netns = pod1NS }, 403, "device_not_pod", "not"},
+			{"the node's netns", func(e *api.Endpoint) { e.Netns = n.path }, 403, "device_not_pod", "the node's own network namespace"},
+			{"no netns", func(e *api.Endpoint) { e.Netns = "" }, 403, "device_not_pod", "netns is empty"},
+			{"a netns path that is not one", func(e *api.Endpoint) { e.Netns = "/etc/hostname" }, 403, "device_not_pod", "is not a network namespace"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				before := n.refusedCounts(t)
+				e := good
+				e.IPs = slices.Clone(good.IPs)
+				tt.change(&e)
+				err := c.PutEndpoint(ctx, e)
+				if !api.IsStatus(err, tt.code) || !strings.Contains(err.Error(), tt.msg) {
+					t.Fatalf("PUT: %v, want %d with %q", err, tt.code, tt.msg)
+				}
+				if got := pinnedEndpoints(t, pinDir); !entriesEqual(got, wantEntries) {
+					t.Errorf("endpoint map changed by a refused PUT: %+v", got)
+				}
+				for _, dev := range []string{"lxcaxt5", "lxcaxt6", "lxcaxt7", "lo", "eth0"} {
+					if id := pinnedLinkID(t, filepath.Join(pinDir, "links", "tcx-pod-"+dev)); id != 0 {
+						t.Errorf("a refused PUT attached the pod program to %s (link %d)", dev, id)
+					}
+				}
+				if eps, err := c.Endpoints(ctx); err != nil || len(eps) != 1 {
+					t.Errorf("endpoints after a refused PUT: %+v %v", eps, err)
+				}
+				if after := n.refusedCounts(t); after[tt.reason] != before[tt.reason]+1 {
+					t.Errorf("axon_api_refused_total{reason=%q} %d -> %d, want +1", tt.reason, before[tt.reason], after[tt.reason])
+				}
+			})
+		}
+		// the correct PUT goes through, then leaves again
+		must(t, c.PutEndpoint(ctx, good))
+		if got := pinnedEndpoints(t, pinDir); len(got) != len(wantEntries)+2 {
+			t.Errorf("endpoint map after the correct PUT: %+v", got)
+		}
+		must(t, c.DeleteEndpoint(ctx, api.Attachment{ContainerID: "c5", IfName: "eth0"}))
+		if got := pinnedEndpoints(t, pinDir); !entriesEqual(got, wantEntries) {
+			t.Errorf("endpoint map after deleting c5: %+v", got)
 		}
 	})
 
@@ -646,12 +756,25 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 	t.Run("gc removes what is not valid", func(t *testing.T) {
 		resp, err := c.Allocate(ctx, api.AllocateRequest{ContainerID: "c3", IfName: "eth0"})
 		must(t, err)
-		idx, hmac, pmac := n.addVeth(t, "lxcaxt3", "lxcaxt3p")
-		must(t, c.PutEndpoint(ctx, api.Endpoint{ContainerID: "c3", IfName: "eth0", IPs: []netip.Addr{resp.Addresses[0].IP},
+		idx, hmac, pmac, podNS := n.addPod(t, "lxcaxt3", "c3", "eth0")
+		must(t, c.PutEndpoint(ctx, api.Endpoint{ContainerID: "c3", IfName: "eth0", Netns: podNS, IPs: []netip.Addr{resp.Addresses[0].IP},
 			HostIfName: "lxcaxt3", HostIfIndex: idx, HostMAC: hmac, PodMAC: pmac}))
 		// an allocation without endpoint (ADD failed half-way) is also garbage
 		_, err = c.Allocate(ctx, api.AllocateRequest{ContainerID: "c4", IfName: "eth0"})
 		must(t, err)
+		// an empty keep-list without "all" (and "all" with a list) removes nothing
+		before := n.refusedCounts(t)
+		for _, bad := range []api.GCRequest{{}, {Valid: []api.Attachment{}}, {All: true, Valid: []api.Attachment{{ContainerID: "c1", IfName: "eth0"}}}} {
+			if _, err := c.GC(ctx, bad); !api.IsStatus(err, 400) || !strings.Contains(err.Error(), `"all"`) {
+				t.Errorf("GC %+v: %v, want 400 naming \"all\"", bad, err)
+			}
+		}
+		if eps, err := c.Endpoints(ctx); err != nil || len(eps) != 2 {
+			t.Errorf("endpoints after refused GCs: %+v %v, want c1 and c3", eps, err)
+		}
+		if after := n.refusedCounts(t); after["gc_empty_list"] != before["gc_empty_list"]+2 {
+			t.Errorf("axon_api_refused_total{reason=\"gc_empty_list\"} %d -> %d, want +2", before["gc_empty_list"], after["gc_empty_list"])
+		}
 		gc, err := c.GC(ctx, api.GCRequest{Valid: []api.Attachment{{ContainerID: "c1", IfName: "eth0"}}})
 		must(t, err)
 		want := []api.Attachment{{ContainerID: "c3", IfName: "eth0"}, {ContainerID: "c4", IfName: "eth0"}}
@@ -688,6 +811,14 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(cfg.StateDir, "endpoints", "c1_eth0.json")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("endpoint record still on disk: %v", err)
+		}
+		// "all" removes what is left, here an allocation without endpoint
+		_, err = c.Allocate(ctx, api.AllocateRequest{ContainerID: "c8", IfName: "eth0"})
+		must(t, err)
+		gc, err := c.GC(ctx, api.GCRequest{All: true})
+		must(t, err)
+		if want := []api.Attachment{{ContainerID: "c8", IfName: "eth0"}}; !slices.Equal(gc.Removed, want) {
+			t.Errorf("gc all removed %+v, want %+v", gc.Removed, want)
 		}
 		// the addresses went back to the pool: a new owner may get them
 		ips, _ := os.ReadDir(filepath.Join(cfg.StateDir, "ipam"))

@@ -28,6 +28,11 @@ type podDatapath struct {
 	reg  *registry
 	ipam *ipam.Allocator
 	log  *slog.Logger
+	// uplink is the node's uplink device in use ("" before it is known): an
+	// endpoint may never name it
+	uplink func() string
+	// refused counts endpoint PUTs and GCs refused by the ownership checks
+	refused refusals
 
 	// mu serialises every write to the datapath, the endpoint map, the
 	// registry and the release of a removed endpoint's addresses: the
@@ -48,8 +53,8 @@ type podDatapath struct {
 	err  string     // why the datapath is not loaded
 }
 
-func newPodDatapath(load func(uplink string) (dataplane, error), nl *netlink.Handle, reg *registry, ip *ipam.Allocator, log *slog.Logger) *podDatapath {
-	return &podDatapath{load: load, nl: nl, reg: reg, ipam: ip, log: log, attached: map[string]int{}}
+func newPodDatapath(load func(uplink string) (dataplane, error), nl *netlink.Handle, reg *registry, ip *ipam.Allocator, uplink func() string, log *slog.Logger) *podDatapath {
+	return &podDatapath{load: load, nl: nl, reg: reg, ipam: ip, uplink: uplink, log: log, attached: map[string]int{}}
 }
 
 // ensure loads the datapath once, on the uplink that uplink resolves;
@@ -187,6 +192,9 @@ func (p *podDatapath) put(ep api.Endpoint) (int, error) {
 			}
 		}
 	}
+	if err := p.checkOwner(ep); err != nil {
+		return 0, err
+	}
 	li, ok := lookupLink(p.nl, ep.HostIfName)
 	if !ok {
 		return 0, api.Errorf(http.StatusBadRequest, "host device %s does not exist in the node's network namespace: create the pod veth before registering the endpoint", ep.HostIfName)
@@ -232,6 +240,24 @@ func (p *podDatapath) put(ep api.Endpoint) (int, error) {
 		}
 	}
 	return li.Index, nil
+}
+
+// checkOwner runs the ownership checks of an endpoint PUT (ownership.go)
+// with p.mu held; a refusal is logged and counted.
+func (p *podDatapath) checkOwner(ep api.Endpoint) error {
+	err := checkAddresses(p.ipam, ep)
+	if err == nil {
+		err = checkNotInUse(p.reg.List(), ep)
+	}
+	if err == nil {
+		_, err = checkDevice(p.nl, p.uplink(), ep)
+	}
+	if r := reasonOf(err); r != "" {
+		p.refused.add(r)
+		p.log.Warn("endpoint refused", "reason", r, "containerID", ep.ContainerID, "ifName", ep.IfName,
+			"device", ep.HostIfName, "netns", ep.Netns, "ips", ep.IPs, "error", err)
+	}
+	return err
 }
 
 // remove removes an endpoint's map entries, detaches its program, releases

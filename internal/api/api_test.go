@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // fakeHandler records calls; it stands in for the agent in these pure
@@ -242,7 +244,7 @@ func TestServeLifecycle(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, sock, newFake(), quietLog()) }()
+	go func() { done <- Serve(ctx, sock, newFake(), quietLog(), unixsock.Options{Group: 0}) }()
 	c := NewClient(sock)
 	waitHealthy(t, c)
 
@@ -255,8 +257,8 @@ func TestServeLifecycle(t *testing.T) {
 	}
 
 	// A second server on a live socket refuses instead of stealing it.
-	err = Serve(context.Background(), sock, newFake(), quietLog())
-	if err == nil || !strings.Contains(err.Error(), "already serving") {
+	err = Serve(context.Background(), sock, newFake(), quietLog(), unixsock.Options{Group: 0})
+	if err == nil || !strings.Contains(err.Error(), "is listening on") {
 		t.Fatalf("second Serve: got %v", err)
 	}
 	if err := c.Healthy(context.Background()); err != nil {

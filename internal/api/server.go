@@ -10,10 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // Handler implements the agent side of the local API. Methods may return a
@@ -277,36 +277,48 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	_ = json.NewEncoder(w).Encode(Error{Message: msg})
 }
 
-// Serve listens on socketPath and serves h until ctx is done. It creates the
-// parent directory, replaces a stale socket file (only when nothing answers on
-// it) and makes the socket 0660.
-func Serve(ctx context.Context, socketPath string, h Handler, log *slog.Logger) error {
+// CallerRefusedCounter is implemented by a Handler that counts callers
+// refused by Serve's credentials check.
+type CallerRefusedCounter interface{ CallerRefused() }
+
+// Serve listens on socketPath and serves h until ctx is done. The socket
+// file is made with access's mode and group (unixsock.Listen: a stale socket
+// is replaced, anything else at the path is an error) and removed at the end
+// if it is still the one Serve made. Every route but GET and HEAD is served
+// only to callers access lets write (uid 0 and its WriterUIDs/WriterGIDs, by
+// SO_PEERCRED); the others get 403.
+func Serve(ctx context.Context, socketPath string, h Handler, log *slog.Logger, access unixsock.Options) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	ln, err := Listen(socketPath)
+	ln, err := Listen(socketPath, access)
 	if err != nil {
 		return err
 	}
+	var refused func()
+	if c, ok := h.(CallerRefusedCounter); ok {
+		refused = c.CallerRefused
+	}
 	srv := &http.Server{
-		Handler:           NewMux(h, log),
+		Handler:           unixsock.GuardWrites(NewMux(h, log), access, log, refused),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnContext:       unixsock.ConnContext,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("api listening", "socket", socketPath)
+	log.Info("api listening", "socket", socketPath, "mode", fmt.Sprintf("%04o", access.Mode()), "group", access.Group,
+		"writerUIDs", access.WriterUIDs, "writerGIDs", access.WriterGIDs)
 	select {
 	case err := <-errc:
-		_ = os.Remove(socketPath)
+		_ = ln.Close()
 		return fmt.Errorf("serve api on %s: %w", socketPath, err)
 	case <-ctx.Done():
 	}
 	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	err = srv.Shutdown(shutCtx)
+	err = srv.Shutdown(shutCtx) // closes ln, which removes the socket if it is still ours
 	<-errc
-	// The listener unlinks the socket file on Close (net.UnixListener default).
 	if err != nil {
 		return fmt.Errorf("shut down api on %s: %w", socketPath, err)
 	}
@@ -314,33 +326,13 @@ func Serve(ctx context.Context, socketPath string, h Handler, log *slog.Logger) 
 }
 
 // Listen creates the unix socket listener used by Serve.
-func Listen(socketPath string) (net.Listener, error) {
+func Listen(socketPath string, access unixsock.Options) (*unixsock.Listener, error) {
 	if socketPath == "" {
 		return nil, errors.New("api socket path is empty: pass --socket")
 	}
-	if err := os.MkdirAll(filepath.Dir(socketPath), 0o755); err != nil {
-		return nil, fmt.Errorf("create socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(socketPath); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket: remove it or choose another --socket", socketPath)
-		}
-		c, derr := net.DialTimeout("unix", socketPath, time.Second)
-		if derr == nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("another process is already serving on %s: stop it first (is another axon-agent running?)", socketPath)
-		}
-		if err := os.Remove(socketPath); err != nil {
-			return nil, fmt.Errorf("remove stale socket %s: %w", socketPath, err)
-		}
-	}
-	ln, err := net.Listen("unix", socketPath)
+	ln, err := unixsock.Listen(socketPath, access)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", socketPath, err)
-	}
-	if err := os.Chmod(socketPath, 0o660); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("chmod %s: %w", socketPath, err)
+		return nil, fmt.Errorf("agent api socket: %w", err)
 	}
 	return ln, nil
 }

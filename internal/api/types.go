@@ -92,9 +92,14 @@ type Attachment struct {
 	IfName      string `json:"ifName"`
 }
 
-// GCRequest lists the attachments that are still valid; everything else is removed.
+// GCRequest lists the attachments that are still valid; everything else is
+// removed. An empty Valid list is refused unless All says that removing every
+// endpoint is meant (a CNI GC whose runtime passed an empty
+// cni.dev/valid-attachments: no attachment is valid); All with a non-empty
+// Valid list is refused too.
 type GCRequest struct {
 	Valid []Attachment `json:"valid"`
+	All   bool         `json:"all,omitempty"`
 }
 
 // GCResponse reports what GC removed.

@@ -29,6 +29,7 @@ import (
 	"github.com/axonhq/axon/internal/ipam"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // ---- a small in-test agent: the real IPAM allocator behind the real API ----
@@ -41,6 +42,7 @@ type testAgent struct {
 	failPut error
 	eps     map[api.Attachment]api.Endpoint
 	device  *api.DeviceConfig // the pod device Allocate answers
+	gcs     []api.GCRequest   // every GC request received
 }
 
 func (a *testAgent) Healthy(context.Context) error {
@@ -88,6 +90,12 @@ func (a *testAgent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
 	return a.ipam.Release(ipam.Owner{ContainerID: at.ContainerID, IfName: at.IfName})
 }
 func (a *testAgent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
+	a.mu.Lock()
+	a.gcs = append(a.gcs, r)
+	a.mu.Unlock()
+	if len(r.Valid) == 0 && !r.All { // as the agent: an empty list needs "all"
+		return api.GCResponse{}, api.Errorf(400, "gc with an empty \"valid\" list: list the valid attachments, or send \"all\": true")
+	}
 	valid := map[ipam.Owner]bool{}
 	for _, v := range r.Valid {
 		valid[ipam.Owner{ContainerID: v.ContainerID, IfName: v.IfName}] = true
@@ -211,7 +219,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func (e *env) startAgent() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- api.Serve(ctx, e.sock, e.agent, quiet()) }()
+	go func() { done <- api.Serve(ctx, e.sock, e.agent, quiet(), unixsock.Options{Group: unixsock.NoGroup}) }()
 	e.stop = func() { cancel(); <-done }
 	e.t.Cleanup(func() { cancel() })
 	c := api.NewClient(e.sock)
@@ -626,8 +634,31 @@ func TestGC(t *testing.T) {
 	if f := e.ipFiles(); len(f) != 2 {
 		t.Errorf("IP files after GC: %v (want the 2 of 'keep')", f)
 	}
+	if gcs := e.agent.gcs; len(gcs) != 1 || gcs[0].All || len(gcs[0].Valid) != 1 {
+		t.Errorf("GC requests to the agent %+v, want one with the valid attachment and no \"all\"", gcs)
+	}
+	// a runtime's empty list says no attachment is valid: the plugin says "all"
+	// and everything of axon-cni goes
+	e.mustOK(call{cmd: "GC", stdin: e.conf(`,"cni.dev/valid-attachments":[]`)})
+	if gcs := e.agent.gcs; len(gcs) != 2 || !gcs[1].All || len(gcs[1].Valid) != 0 {
+		t.Errorf("GC requests to the agent %+v, want the second with \"all\"", gcs)
+	}
+	if _, ok := e.agent.endpoint("keep", "eth0"); ok {
+		t.Error("endpoint of 'keep' survived GC with an empty valid-attachments list")
+	}
+	if links := strings.Join(e.hostLinks(), " "); strings.Contains(links, HostVethName("keep", "eth0")) || !strings.Contains(links, "lxcforeign") {
+		t.Errorf("links after GC of everything: %s", links)
+	}
+	// no list at all is not "none valid": the agent refuses, the plugin says why
+	ce := e.invoke(call{cmd: "GC", stdin: e.conf("")}).cniErr(t)
+	if !strings.Contains(ce.Msg, "empty") || !strings.Contains(ce.Msg, "all") {
+		t.Errorf("GC without valid-attachments: %+v, want the agent's refusal", ce)
+	}
+	if gcs := e.agent.gcs; len(gcs) != 3 || gcs[2].All {
+		t.Errorf("GC requests to the agent %+v, want the third without \"all\"", gcs)
+	}
 	// GC before 1.1.0 is refused by the spec.
-	ce := e.invoke(call{cmd: "GC", stdin: strings.Replace(gc, "1.1.0", "1.0.0", 1)}).cniErr(t)
+	ce = e.invoke(call{cmd: "GC", stdin: strings.Replace(gc, "1.1.0", "1.0.0", 1)}).cniErr(t)
 	if ce.Code != types.ErrIncompatibleCNIVersion {
 		t.Errorf("GC with 1.0.0: %+v", ce)
 	}

@@ -450,7 +450,10 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	req := api.GCRequest{Valid: []api.Attachment{}}
+	// An empty cni.dev/valid-attachments is the runtime saying that no
+	// attachment is valid: only then is the agent told to remove everything
+	// (an absent list is not the same and the agent refuses it).
+	req := api.GCRequest{Valid: []api.Attachment{}, All: conf.ValidAttachments != nil && len(conf.ValidAttachments) == 0}
 	keep := map[string]bool{}
 	for _, a := range conf.ValidAttachments {
 		req.Valid = append(req.Valid, api.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})

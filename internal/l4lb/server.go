@@ -8,33 +8,32 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // Serve answers GET /v1/status (Status as JSON) and POST /v1/reload on the
-// unix socket path until ctx is done. A stale socket file is replaced; a
-// live one (another axon lb) is an error.
+// unix socket path until ctx is done. The socket is 0600: only root connects,
+// and POST /v1/reload is refused (403) to any caller but uid 0 should the
+// mode be loosened. A stale socket file is replaced; a live one (another axon
+// lb) or a path that is not a socket is an error, and the path is left as it
+// was. At the end the socket is removed only if it is still the one Serve
+// made.
 func (r *Runner) Serve(ctx context.Context, path string, log *slog.Logger) error {
 	return r.serveMux(ctx, path, log, nil)
 }
+
+// socketAccess is root only, for connecting and for reloading.
+func socketAccess() unixsock.Options { return unixsock.Options{Group: unixsock.NoGroup} }
 
 func (r *Runner) serveMux(ctx context.Context, path string, log *slog.Logger, extra func(*http.ServeMux)) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return fmt.Errorf("another process serves %s (another axon lb?): stop it or set `socket:` in the config", path)
-	}
-	_ = os.Remove(path)
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path, socketAccess())
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", path, err)
+		return fmt.Errorf("axon lb status socket: %w (another axon lb? set `socket:` in the config)", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
@@ -54,18 +53,21 @@ func (r *Runner) serveMux(ctx context.Context, path string, log *slog.Logger, ex
 	if extra != nil {
 		extra(mux)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: unixsock.GuardWrites(mux, socketAccess(), log, nil), ReadHeaderTimeout: 5 * time.Second,
+		ConnContext: unixsock.ConnContext}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("l4lb status socket listening", "socket", path)
 	select {
 	case err := <-errc:
+		_ = ln.Close()
 		return fmt.Errorf("serve %s: %w", path, err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
+	_ = srv.Shutdown(sctx) // closes ln, which removes the socket if it is still ours
+	<-errc
 	return nil
 }
 

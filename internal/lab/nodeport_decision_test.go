@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/unixsock"
 )
 
 // statusSeq answers the agent API's status route with one nodeport_lb value
@@ -31,7 +32,7 @@ func (s *statusSeq) Status(context.Context) (api.Status, error) {
 func serveAPI(t *testing.T, h api.Handler) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := api.Listen(sock)
+	ln, err := api.Listen(sock, unixsock.Options{Group: unixsock.NoGroup})
 	if err != nil {
 		t.Fatal(err)
 	}
