@@ -344,6 +344,13 @@ AXON_INLINE void sockmap_peer_key(struct sockmap_key *peer, const struct sockmap
 	peer->netns = key->netns;
 }
 
+/* sockmap_alias_server_netns sets the server netns of alias key k. */
+AXON_INLINE void sockmap_alias_server_netns(struct sockmap_key *k, __u64 server_netns)
+{
+	k->remote[0] = (__u32)server_netns;
+	k->remote[1] = (__u32)(server_netns >> 32);
+}
+
 /* sockmap_alias_key fills k with the alias key of the client endpoint
  * client:cport of netns client_netns, for role (AXON_SM_ROLE_*), as the
  * socket of server netns server_netns claims it (layout: header comment). */
@@ -354,20 +361,12 @@ AXON_INLINE void sockmap_alias_key(struct sockmap_key *k, const __u32 *client, _
 	k->local[1] = client[1];
 	k->local[2] = client[2];
 	k->local[3] = client[3];
-	k->remote[0] = (__u32)server_netns;
-	k->remote[1] = (__u32)(server_netns >> 32);
+	sockmap_alias_server_netns(k, server_netns);
 	k->remote[2] = 0;
 	k->remote[3] = 0;
 	k->lport = cport;
 	k->rport = AXON_SM_ALIAS_PORT | role;
 	k->netns = client_netns;
-}
-
-/* sockmap_alias_server_netns sets the server netns of alias key k. */
-AXON_INLINE void sockmap_alias_server_netns(struct sockmap_key *k, __u64 server_netns)
-{
-	k->remote[0] = (__u32)server_netns;
-	k->remote[1] = (__u32)(server_netns >> 32);
 }
 
 /* sockmap_netns_of: the netns cookie that owns address addr as seen from
@@ -419,6 +418,40 @@ AXON_INLINE void sockmap_alias_insert(struct bpf_sock_ops *skops, struct sockmap
 	sockmap_count(AXON_SM_ALIAS_COLLISION, 1);
 }
 
+/* sockmap_alias_each (sockops): the alias keys of an admitted socket whose
+ * exact key is key, in netns; client: the socket connected (active opener),
+ * else it was accepted. Each key is inserted (sockmap_alias_insert), or with
+ * del deleted from axon_sock_alias: one list of keys for both, so a socket
+ * that leaves takes exactly the keys it was given (del is a constant at
+ * every call: the branch folds away). */
+AXON_INLINE void sockmap_alias_each(struct bpf_sock_ops *skops, const struct sockmap_key *key,
+				    __u64 netns, int client, int del)
+{
+	struct sockmap_key ak = {};
+	__u64 other = sockmap_netns_of(key->remote, netns);
+
+	if (client) {
+		/* servers in this netns (outbound sidecar) and, for a pod
+		 * destination in another netns, there (inbound sidecar) */
+		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
+		if (del)
+			bpf_map_delete_elem(&axon_sock_alias, &ak);
+		else
+			sockmap_alias_insert(skops, &ak);
+		if (!other || other == netns)
+			return;
+		sockmap_alias_server_netns(&ak, other);
+	} else if (other) { /* the client's netns: own for loopback, the pod's */
+		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
+	} else {
+		return;
+	}
+	if (del)
+		bpf_map_delete_elem(&axon_sock_alias, &ak);
+	else
+		sockmap_alias_insert(skops, &ak);
+}
+
 /* sockmap_alias_insert_all (sockops): the alias keys of an admitted socket
  * whose exact key is key (already in axon_sock_hash), in netns; active: the
  * socket connected (client), else it was accepted (server). Returns the
@@ -426,25 +459,8 @@ AXON_INLINE void sockmap_alias_insert(struct bpf_sock_ops *skops, struct sockmap
 AXON_INLINE __u32 sockmap_alias_insert_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
 					   __u64 netns, int active)
 {
-	struct sockmap_key ak = {};
-	__u64 other = sockmap_netns_of(key->remote, netns);
-
-	if (active) {
-		/* servers in this netns (outbound sidecar) and, for a pod
-		 * destination in another netns, there (inbound sidecar) */
-		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
-		sockmap_alias_insert(skops, &ak);
-		if (other && other != netns) {
-			sockmap_alias_server_netns(&ak, other);
-			sockmap_alias_insert(skops, &ak);
-		}
-		return AXON_SM_F_CLIENT;
-	}
-	if (other) { /* the client's netns: own for loopback, the pod's */
-		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
-		sockmap_alias_insert(skops, &ak);
-	}
-	return AXON_SM_F_SERVER;
+	sockmap_alias_each(skops, key, netns, active, 0);
+	return active ? AXON_SM_F_CLIENT : AXON_SM_F_SERVER;
 }
 
 /* sockmap_redirect_peer (sk_msg) redirects msg to the socket's peer key
@@ -731,22 +747,11 @@ AXON_INLINE int sockmap_peer_done(struct sockmap_state *st)
  * role in flags (recomputed: a pod withdrawn since then leaves the key to
  * its destination's netns behind, and the socket in axon_sock_alias, out of
  * axon_sock_hash but not yet plain TCP, until it closes). */
-AXON_INLINE void sockmap_alias_delete_all(const struct sockmap_key *key, __u64 netns, __u32 flags)
+AXON_INLINE void sockmap_alias_delete_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
+					  __u64 netns, __u32 flags)
 {
-	struct sockmap_key ak = {};
-	__u64 other = sockmap_netns_of(key->remote, netns);
-
-	if (flags & AXON_SM_F_CLIENT) {
-		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
-		bpf_map_delete_elem(&axon_sock_alias, &ak);
-		if (other && other != netns) {
-			sockmap_alias_server_netns(&ak, other);
-			bpf_map_delete_elem(&axon_sock_alias, &ak);
-		}
-	} else if ((flags & AXON_SM_F_SERVER) && other) {
-		sockmap_alias_key(&ak, key->remote, key->rport, other, AXON_SM_ROLE_SERVER, netns);
-		bpf_map_delete_elem(&axon_sock_alias, &ak);
-	}
+	if (flags & (AXON_SM_F_CLIENT | AXON_SM_F_SERVER))
+		sockmap_alias_each(skops, key, netns, flags & AXON_SM_F_CLIENT, 1);
 }
 
 /* sockmap_set_quiet marks st's socket quiet, in its state and in
@@ -833,7 +838,7 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	if (bpf_map_delete_elem(&axon_sock_hash, &self) != 0)
 		return;
 	/* and out of axon_sock_alias, whose links keep the psock too */
-	sockmap_alias_delete_all(&self, bpf_get_netns_cookie(skops), st->flags);
+	sockmap_alias_delete_all(skops, &self, bpf_get_netns_cookie(skops), st->flags);
 	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
 	st->mode = AXON_SM_MODE_STACK;
 	st->flags |= AXON_SM_F_LEFT;
