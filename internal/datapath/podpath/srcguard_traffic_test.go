@@ -3,6 +3,7 @@ package podpath
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -407,4 +408,203 @@ func vlanTag(frame []byte, id uint16) []byte {
 	binary.BigEndian.PutUint16(tag[2:], id)
 	out := append(append([]byte(nil), frame[:12]...), tag...)
 	return append(out, frame[12:]...)
+}
+
+// TestSourceGuardTraffic: what pods legitimately send keeps working with
+// source address validation, through real sockets: TCP and UDP from the
+// pod's own IPv4 and IPv6 addresses to a neighbour pod (redirect_peer) and
+// off-node (FIB), UDP between link-local addresses of the pod and the node
+// after Neighbor Discovery (the pod's solicitation from its link-local
+// address, no static entry), and the ICMP port-unreachable errors a pod's
+// kernel sends. No drop counter may move, and the forwarding counters must.
+func TestSourceGuardTraffic(t *testing.T) {
+	dptest.RequireRoot(t)
+	node, ext := newTrafficNode(t)
+	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
+	c := addPod(t, node, "lxcC", "10.244.1.4", "fd00:10:244:1::4")
+	d := loadWithPods(t, node, a, c)
+	ext4, ext6 := netip.MustParseAddr("198.18.0.250"), netip.MustParseAddr("fd00:198:18::250")
+	m0, err := d.MetricsByDirection()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 3
+	for _, e := range []struct {
+		desc string
+		srv  string
+		addr netip.Addr
+	}{
+		{"to neighbour pod C, IPv4", c.ns, c.ip4},
+		{"to neighbour pod C, IPv6", c.ns, c.ip6},
+		{"off-node, IPv4", ext, ext4},
+		{"off-node, IPv6", ext, ext6},
+	} {
+		if got := dptest.UDPEcho(t, a.ns, e.srv, e.addr, n); got != n {
+			t.Errorf("UDP %s: %d of %d echoes came back", e.desc, got, n)
+		}
+		if err := dptest.TCPBulkVia(t, a.ns, e.srv, netip.AddrPortFrom(e.addr, 5201), netip.AddrPortFrom(e.addr, 5201), 1<<20); err != nil {
+			t.Errorf("TCP %s: %v", e.desc, err)
+		}
+	}
+
+	// link-local: A resolves the node's link-local address of lxcA itself
+	hostLL := linkLocal(t, node, "lxcA")
+	if got := linkLocalEcho(t, a.ns, node, hostLL, "eth0", "lxcA", n); got != n {
+		t.Errorf("UDP between link-local addresses: %d of %d echoes came back", got, n)
+	}
+	if st := neighState(t, a.ns, "eth0", hostLL); st&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE) == 0 {
+		t.Errorf("pod A's neighbour entry of %s is in state %#x: Neighbor Discovery did not complete", hostLL, st)
+	}
+
+	// ICMP errors: C's kernel answers a closed port with port unreachable
+	for _, dst := range []netip.Addr{c.ip4, c.ip6} {
+		if err := closedPortError(t, a.ns, dst); err != nil {
+			t.Errorf("UDP to a closed port of %s: %v", dst, err)
+		}
+	}
+
+	m1, err := d.MetricsByDirection()
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta := func(r string) uint64 { return m1["pod_egress"][r] - m0["pod_egress"][r] }
+	for _, r := range []string{"drop_spoof_src", "drop_spoof_arp", "drop_spoof_nd", "drop_l2", "drop_malformed"} {
+		if got := delta(r); got != 0 {
+			t.Errorf("pod_egress %s +%d during legitimate traffic, want 0", r, got)
+		}
+	}
+	if got := delta("redirect_peer_local"); got < 4*n {
+		t.Errorf("pod_egress redirect_peer_local +%d, want >= %d: the pod-to-pod traffic did not take the BPF path", got, 4*n)
+	}
+	if got := delta("redirect_fib") + delta("redirect_neigh"); got < 2*n {
+		t.Errorf("pod_egress fib redirects +%d, want >= %d: the off-node traffic did not take the BPF path", got, 2*n)
+	}
+	if got := delta("pass_host_bound"); got < 2 {
+		t.Errorf("pod_egress pass_host_bound +%d, want >= 2 (the link-local solicitation and datagrams)", got)
+	}
+	t.Logf("pod_egress counters moved: %v", func() map[string]uint64 {
+		out := map[string]uint64{}
+		for r := range m1["pod_egress"] {
+			if v := delta(r); v != 0 {
+				out[r] = v
+			}
+		}
+		return out
+	}())
+}
+
+// linkLocal is dev's IPv6 link-local address in netns ns.
+func linkLocal(t *testing.T, ns, dev string) netip.Addr {
+	t.Helper()
+	nc := dptest.NSConf(t, ns)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		addrs, err := nc.H.AddrList(nc.Link(dev), netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			ip, _ := netip.AddrFromSlice(a.IP)
+			if ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return ip
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %s: no usable link-local address: %v", ns, dev, addrs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// linkLocalEcho echoes n datagrams from netns client (out of cdev) to a
+// server in netns srv on the link-local address ll of sdev; it returns how
+// many came back.
+func linkLocalEcho(t *testing.T, client, srv string, ll netip.Addr, cdev, sdev string, n int) int {
+	t.Helper()
+	var pc net.PacketConn
+	dptest.InNetns(t, srv, func() {
+		var err error
+		if pc, err = net.ListenPacket("udp6", netip.AddrPortFrom(ll.WithZone(sdev), 7777).String()); err != nil {
+			t.Fatalf("listen on %s%%%s in %s: %v", ll, sdev, srv, err)
+		}
+	})
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:k], from)
+		}
+	}()
+	var conn net.Conn
+	dptest.InNetns(t, client, func() {
+		var err error
+		if conn, err = net.Dial("udp6", netip.AddrPortFrom(ll.WithZone(cdev), 7777).String()); err != nil {
+			t.Fatalf("dial %s%%%s from %s: %v", ll, cdev, client, err)
+		}
+	})
+	defer conn.Close()
+	got := 0
+	buf := make([]byte, 1500)
+	for i := range n {
+		msg := fmt.Sprintf("axon-ll-%d", i)
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			t.Logf("link-local echo write: %v", err)
+			continue
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if k, err := conn.Read(buf); err == nil && string(buf[:k]) == msg {
+			got++
+		}
+	}
+	return got
+}
+
+// neighState is the NUD state of ip's neighbour entry on dev in netns ns
+// (0: none).
+func neighState(t *testing.T, ns, dev string, ip netip.Addr) int {
+	t.Helper()
+	nc := dptest.NSConf(t, ns)
+	neighs, err := nc.H.NeighList(nc.Index(dev), netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if a, _ := netip.AddrFromSlice(n.IP); a == ip {
+			return n.State
+		}
+	}
+	return 0
+}
+
+// closedPortError sends a datagram from netns ns to a port of dst nobody
+// listens on and returns nil when the ICMP port unreachable of dst's kernel
+// came back (the connected socket's read fails with ECONNREFUSED).
+func closedPortError(t *testing.T, ns string, dst netip.Addr) error {
+	t.Helper()
+	var conn *net.UDPConn
+	dptest.InNetns(t, ns, func() {
+		var err error
+		if conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 9))); err != nil {
+			t.Fatalf("dial %s: %v", dst, err)
+		}
+	})
+	defer conn.Close()
+	var last error
+	for range 3 { // the kernel rate-limits the errors it sends
+		if _, err := conn.Write([]byte("anyone?")); err != nil && !errors.Is(err, unix.ECONNREFUSED) {
+			return fmt.Errorf("write: %w", err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		_, err := conn.Read(make([]byte, 64))
+		if errors.Is(err, unix.ECONNREFUSED) {
+			return nil
+		}
+		last = err
+	}
+	return fmt.Errorf("no port unreachable came back (last read: %v)", last)
 }
