@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/inetcsum"
 )
@@ -46,8 +48,22 @@ type guardFrame struct {
 
 func TestSourceGuardFrames(t *testing.T) {
 	dptest.RequireRoot(t)
+	t.Run("veth", func(t *testing.T) { sourceGuardFrames(t, addPod) })
+	// On a netkit pod the program runs on the peer, in the pod's transmit
+	// path, where skb->ifindex is the primary's (L2 mode: ARP and ND exist).
+	t.Run("netkit-l2", func(t *testing.T) {
+		if c := datapath.ProbeNetkit(); !c.Available {
+			t.Skipf("no netkit on this kernel (%s): the kernel-matrix VM (6.12) runs it", c.Reason)
+		}
+		sourceGuardFrames(t, addNetkitPod)
+	})
+}
+
+// sourceGuardFrames is TestSourceGuardFrames with pod A's device made by
+// addA (addPod: veth; addNetkitPod).
+func sourceGuardFrames(t *testing.T, addA func(t *testing.T, node, hostIf, ip4, ip6 string) pod) {
 	node, ext := newTrafficNode(t)
-	a := addPod(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
+	a := addA(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	b := addPod(t, node, "lxcB", "10.244.1.3", "fd00:10:244:1::3")
 	c := addPod(t, node, "lxcC", "10.244.1.4", "fd00:10:244:1::4")
 	d := loadWithPods(t, node, a, b, c)
@@ -180,6 +196,45 @@ func TestSourceGuardFrames(t *testing.T) {
 		}
 	}
 	t.Logf("pod_egress counters after: %v", m1["pod_egress"])
+}
+
+// addNetkitPod is addPod with a netkit pair in L2 mode (as axon-cni makes
+// it for --device-mode=netkit-l2: both policies blackhole until AttachPod
+// opens it) instead of a veth.
+func addNetkitPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
+	t.Helper()
+	p := pod{ns: dptest.NewNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
+	nc := dptest.NSConf(t, node)
+	podNS, err := netns.GetFromName(p.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNS.Close()
+	nk := &netlink.Netkit{
+		LinkAttrs:  netlink.LinkAttrs{Name: hostIf},
+		Mode:       netlink.NETKIT_MODE_L2,
+		Policy:     netlink.NETKIT_POLICY_BLACKHOLE,
+		PeerPolicy: netlink.NETKIT_POLICY_BLACKHOLE,
+	}
+	nk.SetPeerAttrs(&netlink.LinkAttrs{Name: "eth0", Namespace: netlink.NsFd(int(podNS))})
+	if err := nc.H.LinkAdd(nk); err != nil {
+		t.Fatalf("create netkit %s: %v", hostIf, err)
+	}
+	nc.Up(hostIf)
+	p.hmac = dptest.LinkMAC(t, node, hostIf)
+	p.mac = dptest.LinkMAC(t, p.ns, "eth0")
+	pc := dptest.NSConf(t, p.ns)
+	pc.Addr("eth0", ip4+"/32")
+	pc.Addr("eth0", ip6+"/128")
+	pc.Up("eth0")
+	pc.Route("169.254.1.1/32", "", "eth0")
+	pc.Route("default", "169.254.1.1", "eth0")
+	pc.Neigh("eth0", "169.254.1.1", p.hmac.String())
+	pc.Route("default", "fe80::1", "eth0")
+	pc.Neigh("eth0", "fe80::1", p.hmac.String())
+	nc.Route(ip4+"/32", "", hostIf)
+	nc.Route(ip6+"/128", "", hostIf)
+	return p
 }
 
 // ---- receivers ----
