@@ -5,7 +5,9 @@
  * skb->dev already the host-side primary: no backlog queue on the way out.
  * Local pod -> bpf_redirect_peer (veth) / bpf_redirect to the pod's
  * host-side device (netkit: redirect_peer only works at tc ingress);
- * routable -> FIB + bpf_redirect / bpf_redirect_neigh; else -> the stack. */
+ * routable -> FIB + bpf_redirect / bpf_redirect_neigh; else -> the stack.
+ * First of all, a packet whose source the pod does not own is dropped
+ * (source address validation, lib/srcguard.h). */
 #include "lib/common.h"
 #include "lib/eth_ip.h"
 #include "lib/endpoint.h"
@@ -13,6 +15,7 @@
 #include "lib/forward.h"
 #include "lib/fib.h"
 #include "lib/edt.h" /* the Bandwidth Manager's ingress policer */
+#include "lib/srcguard.h"
 
 /* Load-time configuration (set by the loader from feature probes; the
  * verifier prunes the disabled branches, so a kernel without a helper still
@@ -44,9 +47,11 @@ int axon_pod_egress(struct __sk_buff *skb)
 	const enum axon_dir dir = AXON_DIR_POD_EGRESS;
 	struct packet pkt = {};
 	struct endpoint_info *ep;
+	int verdict;
 
-	if (!parse_or_count(skb, &pkt, dir))
-		return TC_ACT_OK;
+	/* only what the pod may send as itself goes on (lib/srcguard.h) */
+	if (!srcguard_parse(skb, &pkt, dir, &verdict))
+		return verdict;
 	if (local_scope(&pkt, dir))
 		return TC_ACT_OK;
 	if (ttl_expired(&pkt, dir))

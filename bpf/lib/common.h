@@ -81,7 +81,13 @@ enum axon_reason {
 	AXON_PASS_TTL = 7,            /* TTL/hop limit <= 1: the stack sends ICMP time exceeded */
 	AXON_PASS_NOT_LOCAL = 8,      /* uplink ingress: destination is not a local pod */
 	AXON_REDIRECT_FAILED = 9,     /* a redirect helper refused the packet (passed to the stack) */
-	AXON_REASON_MAX = 10,
+	/* Source address validation at pod egress (lib/srcguard.h): dropped. */
+	AXON_DROP_SPOOF_SRC = 10,     /* IPv4/IPv6 source the pod does not own (or link-local/:: off its link) */
+	AXON_DROP_SPOOF_ARP = 11,     /* ARP whose sender address the pod does not own, or not Ethernet/IPv4 ARP */
+	AXON_DROP_SPOOF_ND = 12,      /* Neighbor Advertisement for an address the pod does not own; Router Advertisement, Redirect */
+	AXON_DROP_L2 = 13,            /* an ethertype other than IPv4/IPv6/ARP, or a VLAN tag */
+	AXON_DROP_MALFORMED = 14,     /* headers the program cannot check (truncated, or not in the linear area) */
+	AXON_REASON_MAX = 15,
 };
 
 /* Frontend scopes of both Service load balancers (lb_svc_key.scope in

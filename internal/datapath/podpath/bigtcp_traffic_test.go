@@ -68,8 +68,10 @@ func TestTrafficBigTCP(t *testing.T) {
 				fwd := delta(f.fwd[0], f.fwd[1])
 				t.Logf("%d packets on %s, %d bytes each on average; %s/%s +%d", pkts, f.rxDev, avg, f.fwd[0], f.fwd[1], fwd)
 				for _, dir := range []string{"pod_egress", "uplink_ingress"} {
-					if got := delta(dir, "pass_malformed"); got != 0 {
-						t.Errorf("%s pass_malformed +%d: BIG TCP packets taken for malformed", dir, got)
+					for _, r := range []string{"pass_malformed", "drop_malformed"} {
+						if got := delta(dir, r); got != 0 {
+							t.Errorf("%s %s +%d: BIG TCP packets taken for malformed", dir, r, got)
+						}
 					}
 				}
 				if fwd < pkts/2 {

@@ -184,6 +184,9 @@ func (d *Datapath) loadObjects() error {
 	if err != nil {
 		return fmt.Errorf("parse pod_egress object: %w", err)
 	}
+	if err := metricsMigration(d.cfg.PinDir, podSpec.Maps["axon_metrics"], d.log); err != nil {
+		return err
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
 	// The pinned maps the datapath keeps; the programs' private maps (the
 	// route cache) are created with each program.

@@ -19,6 +19,9 @@ type ProgFixture struct {
 	D            *Datapath
 	Up, Pod      *ebpf.Program // axon_uplink_ingress, axon_pod_egress
 	EP, EP6      Endpoint      // the local pod (v4, v6)
+	Sender       Endpoint      // the pod behind PodIf that pod_egress runs for (v4)
+	Sender6      Endpoint      // the same (v6)
+	PodIf        int           // its host-side device: the ctx ifindex of pod_egress runs
 	UpMAC, GwMAC net.HardwareAddr
 }
 
@@ -26,7 +29,7 @@ func NewProgFixture(t testing.TB) *ProgFixture {
 	t.Helper()
 	f := newProgFixture(t)
 	return &ProgFixture{NS: f.ns, PinDir: f.d.cfg.PinDir, D: f.d, Up: f.d.upProg, Pod: f.d.podProg,
-		EP: f.ep, EP6: f.ep6, UpMAC: f.upMAC, GwMAC: f.gwMAC}
+		EP: f.ep, EP6: f.ep6, Sender: f.sender, Sender6: f.sender6, PodIf: f.podIf, UpMAC: f.upMAC, GwMAC: f.gwMAC}
 }
 
 // The traffic fixture (traffic_test.go): a node netns with pods.

@@ -1,7 +1,13 @@
 package podpath
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
 )
 
 // Directions and reasons mirror enum axon_dir / enum axon_reason in
@@ -19,6 +25,12 @@ var (
 		"pass_ttl",            // TTL / hop limit expired
 		"pass_not_local",      // uplink: destination is not a local pod
 		"redirect_failed",     // redirect helper refused the packet
+		// source address validation at pod egress (bpf/lib/srcguard.h): dropped
+		"drop_spoof_src", // IPv4/IPv6 source the pod does not own
+		"drop_spoof_arp", // ARP sender address the pod does not own, or not Ethernet/IPv4 ARP
+		"drop_spoof_nd",  // Neighbor Advertisement for an address not the pod's; Router Advertisement, Redirect
+		"drop_l2",        // ethertype other than IPv4/IPv6/ARP, or a VLAN tag
+		"drop_malformed", // headers the program cannot check (truncated, not linear)
 	}
 )
 
@@ -91,4 +103,30 @@ func readMetricsPerCPU(m lookuper) (map[string]map[string][]uint64, error) {
 		out[dn] = row
 	}
 	return out, nil
+}
+
+// metricsMigration unpins an axon_metrics of another size than spec (an
+// older object with fewer reasons; the source address validation added
+// five): counters are not worth an agent that cannot start. They restart
+// from zero, which Prometheus counters handle as a reset; programs still
+// attached keep counting into the old map until the agent replaces them.
+func metricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) error {
+	path := filepath.Join(pinDir, "axon_metrics")
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned axon_metrics: %w", err)
+	}
+	size := old.MaxEntries()
+	old.Close()
+	if size == spec.MaxEntries {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("migrate axon_metrics: unpin the old counters: %w", err)
+	}
+	log.Info("pod datapath: packet counters restart from zero (their layout changed)", "map", "axon_metrics", "old_entries", size, "entries", spec.MaxEntries)
+	return nil
 }

@@ -55,24 +55,26 @@ func TestIngressPolicer(t *testing.T) {
 		t.Fatal(err)
 	}
 	payload := make([]byte, 1400)
-	frame := func(dst netip.Addr) []byte {
+	frame := func(src, dst netip.Addr) []byte {
 		var p []byte
 		if dst.Is4() {
-			p = dptest.IPv4Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("10.244.2.9"), dst, 64, nil)
+			p = dptest.IPv4Packet(f.UpMAC, f.GwMAC, src, dst, 64, nil)
 		} else {
-			p = dptest.IPv6Packet(f.UpMAC, f.GwMAC, netip.MustParseAddr("fd00:10:244:2::9"), dst, 64)
+			p = dptest.IPv6Packet(f.UpMAC, f.GwMAC, src, dst, 64)
 		}
 		return append(p, payload...)
 	}
+	remote4 := netip.MustParseAddr("10.244.2.9")
 	for _, c := range []struct {
-		desc string
-		prog *ebpf.Program
-		dst  netip.Addr
-		big  bool // IPv4 BIG TCP: tot_len 0 on a GSO skb
+		desc     string
+		prog     *ebpf.Program
+		src, dst netip.Addr
+		ifindex  int  // the device it comes from (pod_egress: the sender's, whose address it must be)
+		big      bool // IPv4 BIG TCP: tot_len 0 on a GSO skb
 	}{
-		{"uplink_ingress IPv4", f.Up, f.EP.IP, false},
-		{"pod_egress (same node) IPv6", f.Pod, f.EP6.IP, false},
-		{"uplink_ingress IPv4 BIG TCP", f.Up, f.EP.IP, true},
+		{"uplink_ingress IPv4", f.Up, remote4, f.EP.IP, 0, false},
+		{"pod_egress (same node) IPv6", f.Pod, f.Sender6.IP, f.EP6.IP, f.PodIf, false},
+		{"uplink_ingress IPv4 BIG TCP", f.Up, remote4, f.EP.IP, 0, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			if err := b.Apply(nil, time.Second); err != nil { // fresh, full bucket
@@ -81,9 +83,9 @@ func TestIngressPolicer(t *testing.T) {
 			if err := b.Apply([]bandwidth.Limit{{Addrs: []netip.Addr{f.EP.IP, f.EP6.IP}, IngressBits: bits}}, 2*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			pkt, ctx := frame(c.dst), dptest.SKBFields{}.Ctx()
+			pkt, ctx := frame(c.src, c.dst), dptest.SKBFields{Ifindex: c.ifindex}.Ctx()
 			if c.big {
-				pkt, ctx = dptest.BigTCP4(pkt, unix.IPPROTO_TCP), dptest.SKBFields{GSOSize: 1448}.Ctx()
+				pkt, ctx = dptest.BigTCP4(pkt, unix.IPPROTO_TCP), dptest.SKBFields{Ifindex: c.ifindex, GSOSize: 1448}.Ctx()
 			}
 			drop0 := bwStat(t, b, "ingress_drop")
 			var passed, dropped int
@@ -118,7 +120,11 @@ func TestIngressPolicer(t *testing.T) {
 			if err := f.D.UpsertEndpoint(other); err != nil {
 				t.Fatal(err)
 			}
-			if r := dptest.RunEDT(t, c.prog, frame(other.IP), 0, 0); r.Verdict != dptest.TCActRedirect {
+			src := remote4
+			if c.prog == f.Pod {
+				src = f.Sender.IP
+			}
+			if r := dptest.RunEDTCtx(t, c.prog, frame(src, other.IP), dptest.SKBFields{Ifindex: c.ifindex}.Ctx()); r.Verdict != dptest.TCActRedirect {
 				t.Fatalf("unlimited pod: verdict %d, want redirect", r.Verdict)
 			}
 		})

@@ -25,6 +25,8 @@ type progFixture struct {
 	upMAC   net.HardwareAddr // eth0's MAC: source of fib-dptest.Forwarded frames
 	ep      Endpoint         // local pod (v4)
 	ep6     Endpoint         // local pod (v6)
+	sender  Endpoint         // the pod behind lxcA, which sends the pod_egress fixtures (v4)
+	sender6 Endpoint         // the same (v6)
 	gwMAC   net.HardwareAddr // neighbour of the reachable remote node
 	podMAC  net.HardwareAddr // MAC of the sending pod
 	hostMAC net.HardwareAddr // MAC of the sending pod's host-side veth
@@ -101,7 +103,12 @@ func newProgFixtureWith(t testing.TB, mod func(*Config)) *progFixture {
 		PodMAC: dptest.MustMAC(t, "02:00:00:00:01:05"), HostMAC: dptest.MustMAC(t, "02:00:00:00:02:05")}
 	f.ep6 = f.ep
 	f.ep6.IP = netip.MustParseAddr("fd00:10:244:1::5")
-	for _, ep := range []Endpoint{f.ep, f.ep6} {
+	// the sending pod behind lxcA: pod_egress forwards only what it sends
+	// as itself (source address validation, bpf/lib/srcguard.h)
+	f.sender = Endpoint{IP: netip.MustParseAddr("10.244.1.7"), IfIndex: f.podIf, PodMAC: f.podMAC, HostMAC: f.hostMAC}
+	f.sender6 = f.sender
+	f.sender6.IP = netip.MustParseAddr("fd00:10:244:1::7")
+	for _, ep := range []Endpoint{f.ep, f.ep6, f.sender, f.sender6} {
 		if err := f.d.UpsertEndpoint(ep); err != nil {
 			t.Fatal(err)
 		}
@@ -118,13 +125,13 @@ type progCase struct {
 	reason    string // the one counter of the direction that must move by 1
 	validIPv4 bool   // output must carry a valid IPv4 header checksum
 	gso       bool   // run as a GSO skb (gso_size 1448), as BIG TCP sends it
+	ifindex   int    // the device it comes from, when not the program's own (lxcA / eth0)
 }
 
 func TestPrograms(t *testing.T) {
 	f := newProgFixture(t)
 	v4 := netip.MustParseAddr
-	srcPod := v4("10.244.1.7")
-	srcPod6 := v4("fd00:10:244:1::7")
+	srcPod, srcPod6 := f.sender.IP, f.sender6.IP
 	remote := v4("10.244.2.9")
 	remote6 := v4("fd00:10:244:2::9")
 	fromPod := func(dst netip.Addr, ttl uint8) []byte {
@@ -147,6 +154,22 @@ func TestPrograms(t *testing.T) {
 	badVersion := fromPod(f.ep6.IP, 64)
 	badVersion[14] = 0x40
 	same := func(b []byte) []byte { return b }
+	from4 := func(src, dst netip.Addr) []byte { return dptest.IPv4Packet(f.hostMAC, f.podMAC, src, dst, 64, nil) }
+	from6 := func(src, dst netip.Addr) []byte { return dptest.IPv6Packet(f.hostMAC, f.podMAC, src, dst, 255) }
+	gw := v4("169.254.1.1")
+	arpGW := arpFrame(bcastMAC, f.podMAC, 1, f.podMAC, srcPod, nil, gw)
+	arpProbe := arpFrame(bcastMAC, f.podMAC, 1, f.podMAC, netip.IPv4Unspecified(), nil, srcPod)
+	arpSpoof := arpFrame(f.hostMAC, f.podMAC, 2, f.podMAC, f.ep.IP, f.hostMAC, gw)
+	arpBadType := arpFrame(bcastMAC, f.podMAC, 1, f.podMAC, srcPod, nil, gw)
+	arpBadType[14+3] = 0x06 // protocol type 0x0806
+	arpShort := arpGW[: 14+20 : 14+20]
+	lldp := append(dptest.EthHdr(net.HardwareAddr{0x01, 0x80, 0xc2, 0, 0, 0x0e}, f.podMAC, 0x88cc), make([]byte, 46)...)
+	spoof4, spoof6 := from4(f.ep.IP, remote), from6(f.ep6.IP, remote6)
+	ll := v4("fe80::7")
+	naOwn := icmp6Frame(f.podMAC, ll, allNodes, ndNA(srcPod6, f.podMAC), false)
+	naSpoof := icmp6Frame(f.podMAC, ll, allNodes, ndNA(f.ep6.IP, f.podMAC), true)
+	naShort := icmp6Frame(f.podMAC, ll, allNodes, ndNA(f.ep6.IP, f.podMAC)[:16], false)
+	redirect := icmp6Frame(f.podMAC, ll, allNodes, append([]byte{137, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 32)...), false)
 	const tcp, udp = unix.IPPROTO_TCP, unix.IPPROTO_UDP
 	big := func(b []byte) []byte { return dptest.BigTCP4(b, tcp) }
 
@@ -184,15 +207,52 @@ func TestPrograms(t *testing.T) {
 			pkt: fromPod(v4("192.0.2.1"), 64), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("192.0.2.1"), 64))},
 		{desc: "unreachable route: stack answers with ICMP", prog: "pod_egress",
 			pkt: fromPod(v4("10.244.9.1"), 64), verdict: dptest.TCActOK, reason: "pass_no_route", want: same(fromPod(v4("10.244.9.1"), 64))},
-		{desc: "ARP: stack", prog: "pod_egress",
-			pkt: dptest.ARPPacket(f.podMAC), verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: dptest.ARPPacket(f.podMAC)},
+		{desc: "ARP request of the pod for its gateway: stack", prog: "pod_egress",
+			pkt: arpGW, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: arpGW},
+		{desc: "ARP probe (sender 0.0.0.0): stack", prog: "pod_egress",
+			pkt: arpProbe, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: arpProbe},
+		{desc: "ARP claiming another pod's address: dropped", prog: "pod_egress",
+			pkt: arpSpoof, verdict: dptest.TCActShot, reason: "drop_spoof_arp", want: arpSpoof},
+		{desc: "ARP of another protocol type: dropped", prog: "pod_egress",
+			pkt: arpBadType, verdict: dptest.TCActShot, reason: "drop_spoof_arp", want: arpBadType},
+		{desc: "ARP cut short: dropped", prog: "pod_egress",
+			pkt: arpShort, verdict: dptest.TCActShot, reason: "drop_spoof_arp", want: arpShort},
+		{desc: "LLDP (neither IP nor ARP): dropped", prog: "pod_egress",
+			pkt: lldp, verdict: dptest.TCActShot, reason: "drop_l2", want: lldp},
+		{desc: "v4 from another local pod's address: dropped", prog: "pod_egress",
+			pkt: spoof4, verdict: dptest.TCActShot, reason: "drop_spoof_src", want: spoof4},
+		{desc: "v4 from the pod's address on another device (ifindex mismatch): dropped", prog: "pod_egress",
+			pkt: fromPod(remote, 64), ifindex: f.upIf, verdict: dptest.TCActShot, reason: "drop_spoof_src", want: fromPod(remote, 64)},
+		{desc: "v4 from 0.0.0.0: dropped", prog: "pod_egress",
+			pkt: from4(v4("0.0.0.0"), remote), verdict: dptest.TCActShot, reason: "drop_spoof_src", want: from4(v4("0.0.0.0"), remote)},
+		{desc: "v4 from an outside address to the node: dropped", prog: "pod_egress",
+			pkt: from4(v4("203.0.113.9"), v4("198.18.0.11")), verdict: dptest.TCActShot, reason: "drop_spoof_src",
+			want: from4(v4("203.0.113.9"), v4("198.18.0.11"))},
+		{desc: "v6 from another local pod's address: dropped", prog: "pod_egress",
+			pkt: spoof6, verdict: dptest.TCActShot, reason: "drop_spoof_src", want: spoof6},
+		{desc: "v6 link-local source to a link-local destination: stack", prog: "pod_egress",
+			pkt: from6(ll, v4("fe80::1")), verdict: dptest.TCActOK, reason: "pass_host_bound", want: from6(ll, v4("fe80::1"))},
+		{desc: "v6 link-local source to a remote pod: dropped", prog: "pod_egress",
+			pkt: from6(ll, remote6), verdict: dptest.TCActShot, reason: "drop_spoof_src", want: from6(ll, remote6)},
+		{desc: "v6 unspecified source to multicast (DAD, MLD): stack", prog: "pod_egress",
+			pkt: from6(v4("::"), v4("ff02::16")), verdict: dptest.TCActOK, reason: "pass_host_bound", want: from6(v4("::"), v4("ff02::16"))},
+		{desc: "v6 unspecified source to a unicast address: dropped", prog: "pod_egress",
+			pkt: from6(v4("::"), f.ep6.IP), verdict: dptest.TCActShot, reason: "drop_spoof_src", want: from6(v4("::"), f.ep6.IP)},
+		{desc: "NA for the pod's own address: stack", prog: "pod_egress",
+			pkt: naOwn, verdict: dptest.TCActOK, reason: "pass_host_bound", want: naOwn},
+		{desc: "NA for another pod's address, behind a hop-by-hop header: dropped", prog: "pod_egress",
+			pkt: naSpoof, verdict: dptest.TCActShot, reason: "drop_spoof_nd", want: naSpoof},
+		{desc: "NA cut short before its target: dropped", prog: "pod_egress",
+			pkt: naShort, verdict: dptest.TCActShot, reason: "drop_spoof_nd", want: naShort},
+		{desc: "redirect from the pod: dropped", prog: "pod_egress",
+			pkt: redirect, verdict: dptest.TCActShot, reason: "drop_spoof_nd", want: redirect},
 		{desc: "IPv4 IHL 15 beyond the end of the frame (options truncated)", prog: "pod_egress",
-			pkt: badIHL, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(badIHL)},
+			pkt: badIHL, verdict: dptest.TCActShot, reason: "drop_malformed", want: same(badIHL)},
 		{desc: "IPv4 IHL < 5", prog: "pod_egress",
-			pkt: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }(), verdict: dptest.TCActOK, reason: "pass_malformed",
+			pkt: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }(), verdict: dptest.TCActShot, reason: "drop_malformed",
 			want: func() []byte { b := fromPod(f.ep.IP, 64); b[14] = 0x43; return b }()},
 		{desc: "IPv4 total length shorter than its header", prog: "pod_egress",
-			pkt: shortTotLen, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(shortTotLen)},
+			pkt: shortTotLen, verdict: dptest.TCActShot, reason: "drop_malformed", want: same(shortTotLen)},
 		{desc: "BIG TCP v4 to a remote pod (tot_len 0, GSO): fib SUCCESS, not the stack", prog: "pod_egress",
 			pkt: big(fromPod(remote, 64)), gso: true, verdict: dptest.TCActRedirect, reason: "redirect_fib", validIPv4: true,
 			want: dptest.Forwarded(big(fromPod(remote, 64)), f.gwMAC, f.upMAC)},
@@ -200,12 +260,12 @@ func TestPrograms(t *testing.T) {
 			pkt: big(fromPod(f.ep.IP, 64)), gso: true, verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
 			want: dptest.Forwarded(big(fromPod(f.ep.IP, 64)), f.ep.PodMAC, f.ep.HostMAC)},
 		{desc: "IPv4 total length 0 without GSO", prog: "pod_egress",
-			pkt: big(fromPod(remote, 64)), verdict: dptest.TCActOK, reason: "pass_malformed", want: big(fromPod(remote, 64))},
+			pkt: big(fromPod(remote, 64)), verdict: dptest.TCActShot, reason: "drop_malformed", want: big(fromPod(remote, 64))},
 		{desc: "IPv4 total length 0 with GSO but UDP (BIG TCP is TCP only)", prog: "pod_egress",
-			pkt: dptest.BigTCP4(fromPod(remote, 64), udp), gso: true, verdict: dptest.TCActOK, reason: "pass_malformed",
+			pkt: dptest.BigTCP4(fromPod(remote, 64), udp), gso: true, verdict: dptest.TCActShot, reason: "drop_malformed",
 			want: dptest.BigTCP4(fromPod(remote, 64), udp)},
 		{desc: "IPv6 ethertype with version 4", prog: "pod_egress",
-			pkt: badVersion, verdict: dptest.TCActOK, reason: "pass_malformed", want: same(badVersion)},
+			pkt: badVersion, verdict: dptest.TCActShot, reason: "drop_malformed", want: same(badVersion)},
 		{desc: "uplink: local pod v4: redirect_peer", prog: "uplink_ingress",
 			pkt: fromWire(f.ep.IP, 63), verdict: dptest.TCActRedirect, reason: "redirect_peer_local", validIPv4: true,
 			want: dptest.Forwarded(fromWire(f.ep.IP, 63), f.ep.PodMAC, f.ep.HostMAC)},
@@ -230,7 +290,9 @@ func TestPrograms(t *testing.T) {
 
 	// Frames shorter than their L2/L3 headers cannot be fed through
 	// PROG_TEST_RUN (the kernel answers EINVAL before the program runs);
-	// TestTrafficRedirectPeer sends them through a real veth instead.
+	// TestTrafficRedirectPeer sends them through a real veth instead. Nor
+	// can a VLAN tag in the skb's metadata: TestSourceGuardFrames sends
+	// one.
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			prog, ifindex := f.d.podProg, f.podIf
@@ -244,6 +306,9 @@ func TestPrograms(t *testing.T) {
 			out := make([]byte, len(tc.pkt)+256)
 			var verdict uint32
 			dptest.InNetns(t, f.ns, func() {
+				if tc.ifindex != 0 {
+					ifindex = tc.ifindex
+				}
 				ctx := dptest.SKBCtx(ifindex)
 				if tc.gso {
 					ctx = dptest.SKBFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
@@ -284,8 +349,8 @@ func TestPrograms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m["pass_malformed"] < 5 {
-		t.Errorf("summed pass_malformed = %d, want >= 5", m["pass_malformed"])
+	if m["drop_malformed"] < 6 || m["pass_malformed"] < 1 {
+		t.Errorf("summed drop_malformed = %d, pass_malformed = %d, want >= 6 (pod egress) and >= 1 (uplink)", m["drop_malformed"], m["pass_malformed"])
 	}
 }
 
@@ -305,6 +370,11 @@ func TestVerifiedInstructions(t *testing.T) {
 
 func TestEndpointsMap(t *testing.T) {
 	f := newProgFixture(t)
+	for _, ip := range []netip.Addr{f.sender.IP, f.sender6.IP} { // this test counts the entries
+		if err := f.d.DeleteEndpoint(ip); err != nil {
+			t.Fatal(err)
+		}
+	}
 	got, err := f.d.Endpoints()
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,7 @@ func TestTrafficRedirectPeer(t *testing.T) {
 	t.Logf("IpForwDatagrams %d -> %d; metrics delta pod_egress %v", before4, after4, m1["pod_egress"])
 
 	// Truncated frames on a real veth reach the program (PROG_TEST_RUN
-	// refuses them) and are counted, never redirected.
+	// refuses them) and are counted and dropped, never redirected.
 	truncated := [][]byte{
 		dptest.IPv4Packet(a.hmac, a.mac, a.ip4, b.ip4, 64, nil)[:14+10], // IPv4 header cut at 10 bytes
 		dptest.IPv6Packet(a.hmac, a.mac, a.ip6, b.ip6, 64)[:14+30],      // IPv6 header cut at 30 bytes
@@ -154,8 +154,8 @@ func TestTrafficRedirectPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m3["pod_egress"]["pass_malformed"] - m2["pod_egress"]["pass_malformed"]; got != uint64(len(truncated)) {
-		t.Errorf("pass_malformed +%d after %d truncated frames", got, len(truncated))
+	if got := m3["pod_egress"]["drop_malformed"] - m2["pod_egress"]["drop_malformed"]; got != uint64(len(truncated)) {
+		t.Errorf("drop_malformed +%d after %d truncated frames", got, len(truncated))
 	}
 	if m3["pod_egress"]["redirect_peer_local"] != m2["pod_egress"]["redirect_peer_local"] {
 		t.Errorf("a truncated frame was redirected")
