@@ -37,6 +37,12 @@ import (
 //	bare       the least a bypass can be: sockops as in bypass, but on the
 //	           map a five-instruction sk_msg (bareSkMsg: the state's peer
 //	           key, one redirect, SK_PASS) and no stream verdict
+//	pipe       no TCP at all (tcp_lat only): perf bench sched pipe, two
+//	           processes passing a word through two pipes, half its round
+//	           trip: the cost of waking a blocked process and the syscalls,
+//	           the floor of any hand-off between two blocking processes
+//	           (on the client's CPU when client and server share one, else
+//	           on both CPUs, unpinned)
 //
 // The arms switch by admitting or withdrawing the two pods and by attaching
 // the arm's sk_msg program and stream verdict to the SOCKHASH (qperf
@@ -50,7 +56,7 @@ import (
 // A benchmark for a quiet machine: runs with AXON_SOCKMAP_FLOW_BENCH=1;
 // AXON_SOCKMAP_FLOW_BENCH_ROUNDS (default 5), _SECONDS (qperf -t, default
 // 1), _SIZES (comma-separated bytes), _TESTS (tcp_bw,tcp_lat), _ARMS
-// (default stack,bypass; any of the four), _CPUS (client,server CPUs,
+// (default stack,bypass; any of the others), _CPUS (client,server CPUs,
 // default 0,1; 0,0 puts both on one CPU) change it. _VERDICT=0 drops the
 // stream verdict from the bypass arm (as noverdict).
 func TestFlowBench(t *testing.T) {
@@ -80,10 +86,10 @@ func TestFlowBench(t *testing.T) {
 		for _, a := range strings.Split(v, ",") {
 			switch a = strings.TrimSpace(a); a {
 			case "stack":
-			case "bypass", "noverdict", "bare":
+			case "bypass", "noverdict", "bare", "pipe":
 				arms = append(arms, a)
 			default:
-				t.Fatalf("AXON_SOCKMAP_FLOW_BENCH_ARMS: %q is not an arm (stack, bypass, noverdict, bare)", a)
+				t.Fatalf("AXON_SOCKMAP_FLOW_BENCH_ARMS: %q is not an arm (stack, bypass, noverdict, bare, pipe)", a)
 			}
 		}
 	}
@@ -152,6 +158,23 @@ func TestFlowBench(t *testing.T) {
 	cleanup()
 	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
 
+	pipeFloor := func() (float64, error) {
+		pin := cpus[0]
+		if cpus[0] != cpus[1] {
+			pin = cpus[0] + "," + cpus[1]
+		}
+		out, err := exec.Command(qperf["taskset"], "-c", pin, "perf", "bench", "sched", "pipe", "-l", strconv.Itoa(20000*secs)).CombinedOutput()
+		if err != nil {
+			return math.NaN(), fmt.Errorf("perf bench sched pipe (apt-get install linux-perf): %v: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[1] == "usecs/op" {
+				v, err := strconv.ParseFloat(f[0], 64)
+				return v / 2, err
+			}
+		}
+		return math.NaN(), fmt.Errorf("perf bench sched pipe: no usecs/op in %q", out)
+	}
 	run := func(test string, size int) (float64, error) {
 		argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.a), qperf["taskset"], "-c", cpus[0],
 			qperf["qperf"], n.podB.String(), "--listen_port", "19765", "-t", strconv.Itoa(secs), "-m", strconv.Itoa(size),
@@ -192,6 +215,18 @@ func TestFlowBench(t *testing.T) {
 				for i := range arms {
 					arm := arms[(i+r)%len(arms)]
 					k := key{test, size, arm}
+					if arm == "pipe" {
+						if !strings.HasSuffix(test, "_lat") {
+							continue
+						}
+						v, err := pipeFloor()
+						if err != nil {
+							t.Fatal(err)
+						}
+						got[arm] = v
+						vals[k] = append(vals[k], v)
+						continue
+					}
 					setArm(arm)
 					before := metrics(t, b)
 					s0 := tcpOutSegs(t, n.a) + tcpOutSegs(t, n.b)
@@ -212,8 +247,10 @@ func TestFlowBench(t *testing.T) {
 					vals[k] = append(vals[k], v)
 				}
 				for _, arm := range arms[1:] {
-					k := key{test, size, arm}
-					ratios[k] = append(ratios[k], got[arm]/got["stack"])
+					if v, ok := got[arm]; ok {
+						k := key{test, size, arm}
+						ratios[k] = append(ratios[k], v/got["stack"])
+					}
 				}
 			}
 		}
@@ -230,6 +267,9 @@ func TestFlowBench(t *testing.T) {
 		for _, size := range sizes {
 			for _, arm := range arms {
 				k := key{test, size, arm}
+				if len(vals[k]) == 0 {
+					continue
+				}
 				ratio, ci := "", ""
 				if arm != "stack" {
 					lo, hi := stats.MedianCI(ratios[k])
