@@ -709,13 +709,16 @@ AXON_INLINE long sockmap_alias_redirect(struct sk_msg_md *msg, struct sockmap_st
  * nothing but its links holds its psock, save the sendmsg running sk_msg
  * (every sendmsg holds it, across the redirect it makes with its own lock
  * released). Leaving deletes the socket's alias keys (axon_sock_alias) with
- * its exact key; a socket paired by alias key never leaves (its own key
- * cannot be told from its state). A socket that never wrote is made
- * stack (and so quiet) once its peer is quiet: the connection leaves whole.
- * The check runs on every segment the socket transmits (sockops'
- * BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
- * at insert; a bypassed socket transmits next to nothing), and the flags are
- * cleared when it left.
+ * its exact key. A socket paired by alias key (a sidecar's REDIRECTed
+ * connection) finds its peer's state under that alias key: every socket
+ * keeps an axon_sockmap_quiet entry under each of its keys, exact and alias,
+ * until it closes; one that never paired adopts the alias peer its first
+ * write would have found (sockmap_adopt_alias_peer). A socket that never
+ * wrote is made stack (and so quiet) once its peer is quiet: the connection
+ * leaves whole. The check runs on every segment the socket transmits
+ * (sockops' BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by
+ * BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG at insert; a bypassed socket transmits
+ * next to nothing), and that callback is switched off when it left.
  */
 
 /* The small-write streak's place in struct sockmap_state.flags
