@@ -35,7 +35,7 @@ import (
 //	           stream verdict attached, the mode machine's callbacks)
 //	noverdict  the same without the stream verdict
 //	bare       the least a bypass can be: sockops as in bypass, but on the
-//	           map a five-instruction sk_msg (bareSkMsg: the state's peer
+//	           map a 16-instruction sk_msg (bareSkMsg: the state's peer
 //	           key, one redirect, SK_PASS) and no stream verdict
 //	pipe       no TCP at all (tcp_lat only): perf bench sched pipe, two
 //	           processes passing a word through two pipes, half its round
