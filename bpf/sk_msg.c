@@ -69,10 +69,11 @@ volatile const __u32 cfg_backlog_max = 4 << 20;
  * (counter switch_stack; ordered, see above), and the mode machine
  * (lib/sockmap.h) then takes the pair out of the map, back to full TCP
  * speed. Not for a socket paired by alias key (a sidecar's REDIRECTed
- * connection, AXON_SM_F_PEER_ALIAS): such a pair never leaves the map, and a
- * socket in the map on the stack is slower than bypassed (the sidecar chain,
- * 64 B tcp_bw: 0.64x the chain without the bypass when switched, 1.1x
- * bypassed). cfg_small_streak 0 turns the rule off. */
+ * connection, AXON_SM_F_PEER_ALIAS): through the sidecar chain a bypassed
+ * small-write stream was faster than the chain without the bypass (64 B
+ * tcp_bw: 1.1x bypassed; 0.64x switched, when such pairs could not leave the
+ * map yet; switched and left is not measured). cfg_small_streak 0 turns the
+ * rule off. */
 volatile const __u32 cfg_small_write = 256;
 volatile const __u32 cfg_small_streak = 64;
 
@@ -132,8 +133,8 @@ AXON_INLINE int redirect_target_backlogged(__u32 unread, int rcvbuf)
 
 /* small_write_streak: the small-write rule's step for a redirected write of
  * size bytes that found unread bytes at the peer; 1 when the streak reached
- * cfg_small_streak. Always 0 for a socket paired by alias key (it could not
- * leave the map). */
+ * cfg_small_streak. Always 0 for a socket paired by alias key (see
+ * cfg_small_streak). */
 AXON_INLINE int small_write_streak(struct sockmap_state *st, __u64 size, __u32 unread)
 {
 	__u32 n = (st->flags & AXON_SM_F_STREAK) >> AXON_SM_STREAK_SHIFT;

@@ -15,49 +15,28 @@
  *
  * An inserted socket gets two callbacks (its only callback flags; no socket
  * options are touched): BPF_SOCK_OPS_HDR_OPT_LEN_CB on every segment it
- * transmits, where it may leave the map (sockmap_try_leave, lib/sockmap.h),
- * and BPF_SOCK_OPS_STATE_CB, where TCP_CLOSE removes its axon_sockmap_quiet
- * entry. Returns 1 always.
+ * transmits, where it may leave the map (sockmap_try_leave, lib/sockmap.h;
+ * this one is switched off when it left), and BPF_SOCK_OPS_STATE_CB, where
+ * TCP_CLOSE removes its axon_sockmap_quiet entries. Returns 1 always.
  */
 #include "lib/common.h"
 #include "lib/sockmap.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* sockmap_own_key: the key sockops gave this socket, told by its
- * axon_sockmap_quiet entry's cookie: the tuple with netns 0 (pod <-> pod) or
- * with the socket's netns cookie (loopback, intra-pod). Not from the state's
- * peer key, which an alias pairing replaces. Returns 0, or -1 when neither
- * holds its entry. */
-AXON_INLINE int sockmap_own_key(struct bpf_sock_ops *skops, struct sockmap_key *self)
-{
-	__u64 cookie = bpf_get_socket_cookie(skops);
-	struct sockmap_quiet *q;
-
-	if (sockmap_key_of(self, skops) < 0)
-		return -1;
-	self->netns = 0;
-	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
-	if (q && q->cookie == cookie)
-		return 0;
-	self->netns = bpf_get_netns_cookie(skops);
-	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
-	if (q && q->cookie == cookie)
-		return 0;
-	return -1;
-}
-
-/* sockmap_closed: STATE_CB to TCP_CLOSE of a socket inserted here: it can
- * no longer write, so its axon_sockmap_quiet entry goes (its peer reads it
- * as gone), with the placeholder under its peer's key if the peer never
- * entered (or paired by alias key), and its mode becomes stack (a write
- * after a reset never redirects). */
+/* sockmap_closed: STATE_CB to TCP_CLOSE of a socket inserted here (in the
+ * map, or left it): it can no longer write, so its axon_sockmap_quiet
+ * entries go (its exact key's and its alias keys', by its cookie: its peer
+ * reads them as gone), with the placeholder under its exact peer's key if
+ * that peer never entered, and its mode becomes stack (a write after a reset
+ * never redirects). */
 AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
 {
 	struct sockmap_key self = {}, peer = {};
 	struct sockmap_quiet *q;
 	struct sockmap_state *st;
 	struct bpf_sock *sk = skops->sk;
+	__u64 cookie;
 
 	if (!sk)
 		return;
@@ -65,8 +44,10 @@ AXON_INLINE void sockmap_closed(struct bpf_sock_ops *skops)
 	if (!st)
 		return;
 	st->mode = AXON_SM_MODE_STACK;
-	if (sockmap_own_key(skops, &self) != 0)
+	cookie = bpf_get_socket_cookie(skops);
+	if (sockmap_own_key(skops, &self, cookie) != 0)
 		return;
+	sockmap_alias_all(skops, &self, bpf_get_netns_cookie(skops), st->flags, AXON_SM_ALIAS_FORGET, cookie);
 	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
 	sockmap_peer_key(&peer, &self);
 	q = bpf_map_lookup_elem(&axon_sockmap_quiet, &peer);
@@ -144,6 +125,6 @@ int axon_sockops(struct bpf_sock_ops *skops)
 		bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(verdict, 1);
 	/* then the alias keys (sidecar pairing), with the role they record */
-	st->flags = sockmap_alias_insert_all(skops, &key, netns, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);
+	st->flags = sockmap_alias_insert_all(skops, &key, netns, op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, live.cookie);
 	return 1;
 }

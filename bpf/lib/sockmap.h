@@ -94,6 +94,7 @@ enum axon_sockmap_flag {
 	AXON_SM_F_QUIET = 0x100,    /* never redirects again, none in flight; published in axon_sockmap_quiet */
 	AXON_SM_F_LEFT = 0x200,     /* sockops: deleted from axon_sock_hash (sockmap_try_leave) */
 	AXON_SM_F_VOUCH = 0x400,    /* sk_msg: this sendmsg is the only other psock holder; consumed by the next sockops callback */
+	AXON_SM_F_PUBLISHED = 0x800, /* sockops: QUIET is in every axon_sockmap_quiet entry of the socket (exact and alias keys) */
 	AXON_SM_F_STREAK = 0xff0000, /* sk_msg: the small-write streak, a count in these bits (sk_msg.c) */
 };
 
@@ -382,6 +383,96 @@ AXON_INLINE __u64 sockmap_netns_of(const __u32 *addr, __u64 own)
 	return pod ? pod->netns : 0;
 }
 
+/* sockmap_quiet: value of axon_sockmap_quiet. */
+struct sockmap_quiet {
+	__u32 state;  /* AXON_SM_LIVE or AXON_SM_QUIET */
+	__u32 _pad;
+	__u64 cookie; /* the socket's cookie (0: a placeholder for a peer that has not entered yet): TCP_CLOSE deletes only its own entries */
+};
+#define AXON_SM_LIVE 0  /* may still redirect into its peer */
+#define AXON_SM_QUIET 1 /* never redirects again, no redirect of it in flight */
+
+/* axon_sockmap_quiet: each key of a socket that entered axon_sock_hash (its
+ * exact key, and each alias key it holds in axon_sock_alias) -> struct
+ * sockmap_quiet, what its peer reads to decide whether it may leave (a
+ * socket reaches its peer's sk_storage only through a SOCKHASH lookup, whose
+ * reference neither sk_msg nor sockops can release). Absent: no socket with
+ * that key ever entered, or it closed. sockops creates the exact entry
+ * (LIVE) before the socket enters axon_sock_hash (no entry, no insert), each
+ * alias entry before the alias key enters axon_sock_alias (no entry, no alias
+ * key), and a placeholder (LIVE, cookie 0) for its exact peer until the peer
+ * enters; the entries stay when the socket leaves the map (QUIET) and go at
+ * TCP_CLOSE (with the peer's placeholder if the peer never entered); sk_msg
+ * (the exact entry) and sockops (every entry, sockmap_publish_quiet) set
+ * QUIET, only ever on an existing entry of the socket's own cookie. A plain
+ * HASH, not an LRU: an evicted live entry would read as absent and let the
+ * peer leave while this socket still redirects. max_entries: four per
+ * socket of axon_sock_hash (its exact key, two alias keys, a placeholder;
+ * set at load time, or the pinned map's). Pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AXON_SOCKMAP_MAX);
+	__type(key, struct sockmap_key);
+	__type(value, struct sockmap_quiet);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_sockmap_quiet SEC(".maps");
+
+/* Kernel types, only the members read (CO-RE relocates the offsets against
+ * the running kernel's BTF; the ___sm suffix is dropped for matching;
+ * sock_splice.c declares its own ___axon ones). */
+struct socket_lock___sm {
+	int owned; /* a syscall owns the socket (lock_sock) */
+} __attribute__((preserve_access_index));
+
+struct sock___sm {
+	struct socket_lock___sm sk_lock;
+	int sk_rcvbuf;
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
+
+struct sk_buff_head___sm {
+	__u32 qlen;
+} __attribute__((preserve_access_index));
+
+struct list_head___sm {
+	struct list_head___sm *next;
+} __attribute__((preserve_access_index));
+
+struct refcount_struct___sm {
+	int refs; /* atomic_t: read whole */
+};
+
+struct sk_psock___sm {
+	__u32 msg_tot_len;
+	struct list_head___sm link; /* one sk_psock_link per map the socket is in */
+	struct list_head___sm ingress_msg;
+	struct sk_buff_head___sm ingress_skb;
+	struct refcount_struct___sm refcnt;
+} __attribute__((preserve_access_index));
+
+struct sk_msg___sm {
+	struct sock___sm *sk;
+	struct sock___sm *sk_redir;
+} __attribute__((preserve_access_index));
+
+struct bpf_sock_ops_kern___sm {
+	struct sock___sm *sk;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
+
+/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
+ * _PSOCK); the rest is the psock. */
+#define AXON_SK_USER_DATA_PTRMASK (~7UL)
+
+/* sockmap_can_leave: 1 where sockets may leave the map (the mode machine):
+ * the kernel's psock has msg_tot_len (6.6.128+, 6.12.75+, 6.18.14+), which
+ * tells an empty psock queue, and so also bpf_cast_to_kern_ctx (6.3+). A
+ * CO-RE constant: elsewhere (Debian's 6.1) no socket leaves, sockops keeps
+ * no axon_sockmap_quiet entries and asks for no per-segment callbacks, and
+ * the bypass stays off anyway (the self-test's back-pressure check). */
+#define sockmap_can_leave() bpf_core_field_exists(((struct sk_psock___sm *)0)->msg_tot_len)
+
 /* sockmap_alias_poisoned: 1 (counted alias_poisoned) when two sockets once
  * claimed alias key ak at the same time, else 0. */
 AXON_INLINE int sockmap_alias_poisoned(const struct sockmap_key *ak)
@@ -392,40 +483,95 @@ AXON_INLINE int sockmap_alias_poisoned(const struct sockmap_key *ak)
 	return 1;
 }
 
-/* sockmap_alias_insert (sockops) puts the socket of skops into
- * axon_sock_alias under ak with BPF_NOEXIST, unless ak is poisoned. A key
- * another socket holds is a collision: ak is poisoned and the holder's entry
- * deleted (it keeps its exact entry and its queued bytes), so neither is
- * ever paired through ak. */
-AXON_INLINE void sockmap_alias_insert(struct bpf_sock_ops *skops, struct sockmap_key *ak)
+/* sockmap_alias_poison (sockops): two sockets claimed alias key ak: it is
+ * poisoned and the holder's axon_sock_alias entry deleted (the holder keeps
+ * its exact entry, its queued bytes and its axon_sockmap_quiet entry under
+ * ak, which a socket that paired with it through ak before still reads), so
+ * no one is paired through ak again. */
+AXON_INLINE void sockmap_alias_poison(struct sockmap_key *ak)
 {
 	__u64 one = 1;
-	long err;
 
-	if (sockmap_alias_poisoned(ak))
-		return;
-	/* (int): before 6.4 only the low 32 bits of the result are defined
-	 * (see np_snat_insert in lib/nodeport.h) */
-	err = bpf_sock_hash_update(skops, &axon_sock_alias, ak, BPF_NOEXIST);
-	if ((int)err == 0)
-		return;
-	if ((int)err != -AXON_SM_EEXIST) {
-		sockmap_count(AXON_SM_INSERT_FAILED, 1);
-		return;
-	}
 	bpf_map_update_elem(&axon_sockmap_alias_poison, ak, &one, BPF_ANY);
 	bpf_map_delete_elem(&axon_sock_alias, ak);
 	sockmap_count(AXON_SM_ALIAS_COLLISION, 1);
 }
 
+/* sockmap_alias_insert (sockops) puts the socket of skops (cookie) into
+ * axon_sock_alias under ak with BPF_NOEXIST, unless ak is poisoned; where
+ * sockets may leave the map, its axon_sockmap_quiet entry under ak (live)
+ * first: a socket that pairs with it through ak reads that entry to know
+ * when nothing comes from it any more. A key another socket holds (in
+ * axon_sock_alias, or its quiet entry) is a collision: sockmap_alias_poison. */
+AXON_INLINE void sockmap_alias_insert(struct bpf_sock_ops *skops, struct sockmap_key *ak, __u64 cookie)
+{
+	struct sockmap_quiet live = {.state = AXON_SM_LIVE, .cookie = cookie};
+	long err;
+
+	if (sockmap_alias_poisoned(ak))
+		return;
+	if (sockmap_can_leave()) {
+		err = bpf_map_update_elem(&axon_sockmap_quiet, ak, &live, BPF_NOEXIST);
+		if ((int)err == -AXON_SM_EEXIST) {
+			sockmap_alias_poison(ak);
+			return;
+		}
+		if (err != 0) {
+			sockmap_count(AXON_SM_INSERT_FAILED, 1);
+			return;
+		}
+	}
+	/* (int): before 6.4 only the low 32 bits of the result are defined
+	 * (see np_snat_insert in lib/nodeport.h) */
+	err = bpf_sock_hash_update(skops, &axon_sock_alias, ak, BPF_NOEXIST);
+	if ((int)err == 0)
+		return;
+	if (sockmap_can_leave())
+		bpf_map_delete_elem(&axon_sockmap_quiet, ak);
+	if ((int)err != -AXON_SM_EEXIST) {
+		sockmap_count(AXON_SM_INSERT_FAILED, 1);
+		return;
+	}
+	sockmap_alias_poison(ak);
+}
+
+/* What sockmap_alias_each does with each alias key of a socket (a constant
+ * at every call: the other branches fold away). */
+#define AXON_SM_ALIAS_INSERT 0 /* sockmap_alias_insert */
+#define AXON_SM_ALIAS_UNLINK 1 /* delete it from axon_sock_alias */
+#define AXON_SM_ALIAS_QUIET 2  /* its axon_sockmap_quiet entry, if the socket's own: QUIET */
+#define AXON_SM_ALIAS_FORGET 3 /* its axon_sockmap_quiet entry, if the socket's own: deleted */
+
+/* sockmap_alias_apply (sockops): op on alias key ak of the socket of skops
+ * (cookie). */
+AXON_INLINE void sockmap_alias_apply(struct bpf_sock_ops *skops, struct sockmap_key *ak, int op, __u64 cookie)
+{
+	struct sockmap_quiet *v;
+
+	if (op == AXON_SM_ALIAS_INSERT) {
+		sockmap_alias_insert(skops, ak, cookie);
+		return;
+	}
+	if (op == AXON_SM_ALIAS_UNLINK) {
+		bpf_map_delete_elem(&axon_sock_alias, ak);
+		return;
+	}
+	v = bpf_map_lookup_elem(&axon_sockmap_quiet, ak);
+	if (!v || v->cookie != cookie)
+		return;
+	if (op == AXON_SM_ALIAS_QUIET)
+		v->state = AXON_SM_QUIET;
+	else
+		bpf_map_delete_elem(&axon_sockmap_quiet, ak);
+}
+
 /* sockmap_alias_each (sockops): the alias keys of an admitted socket whose
  * exact key is key, in netns; client: the socket connected (active opener),
- * else it was accepted. Each key is inserted (sockmap_alias_insert), or with
- * del deleted from axon_sock_alias: one list of keys for both, so a socket
- * that leaves takes exactly the keys it was given (del is a constant at
- * every call: the branch folds away). */
+ * else it was accepted. Each key gets op (AXON_SM_ALIAS_*): one list of keys
+ * for inserting them, unlinking them when the socket leaves and its quiet
+ * entries, so each step takes exactly the keys it was given. */
 AXON_INLINE void sockmap_alias_each(struct bpf_sock_ops *skops, const struct sockmap_key *key,
-				    __u64 netns, int client, int del)
+				    __u64 netns, int client, int op, __u64 cookie)
 {
 	struct sockmap_key ak = {};
 	__u64 other = sockmap_netns_of(key->remote, netns);
@@ -434,10 +580,7 @@ AXON_INLINE void sockmap_alias_each(struct bpf_sock_ops *skops, const struct soc
 		/* servers in this netns (outbound sidecar) and, for a pod
 		 * destination in another netns, there (inbound sidecar) */
 		sockmap_alias_key(&ak, key->local, key->lport, netns, AXON_SM_ROLE_CLIENT, netns);
-		if (del)
-			bpf_map_delete_elem(&axon_sock_alias, &ak);
-		else
-			sockmap_alias_insert(skops, &ak);
+		sockmap_alias_apply(skops, &ak, op, cookie);
 		if (!other || other == netns)
 			return;
 		sockmap_alias_server_netns(&ak, other);
@@ -446,10 +589,7 @@ AXON_INLINE void sockmap_alias_each(struct bpf_sock_ops *skops, const struct soc
 	} else {
 		return;
 	}
-	if (del)
-		bpf_map_delete_elem(&axon_sock_alias, &ak);
-	else
-		sockmap_alias_insert(skops, &ak);
+	sockmap_alias_apply(skops, &ak, op, cookie);
 }
 
 /* sockmap_alias_insert_all (sockops): the alias keys of an admitted socket
@@ -457,10 +597,24 @@ AXON_INLINE void sockmap_alias_each(struct bpf_sock_ops *skops, const struct soc
  * socket connected (client), else it was accepted (server). Returns the
  * role's AXON_SM_F_* flag for the socket's state. */
 AXON_INLINE __u32 sockmap_alias_insert_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
-					   __u64 netns, int active)
+					   __u64 netns, int active, __u64 cookie)
 {
-	sockmap_alias_each(skops, key, netns, active, 0);
+	sockmap_alias_each(skops, key, netns, active, AXON_SM_ALIAS_INSERT, cookie);
 	return active ? AXON_SM_F_CLIENT : AXON_SM_F_SERVER;
+}
+
+/* sockmap_alias_all (sockops): op (AXON_SM_ALIAS_UNLINK, _QUIET, _FORGET) on
+ * the alias keys that sockmap_alias_insert_all gave the socket of exact key
+ * key in netns, by its role in flags (recomputed: a pod withdrawn since then
+ * leaves the key to its destination's netns behind: the socket stays in
+ * axon_sock_alias, out of axon_sock_hash but not plain TCP, until it closes,
+ * and that key's quiet entry stays, so the key is poisoned for the next
+ * socket that claims it). */
+AXON_INLINE void sockmap_alias_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
+				   __u64 netns, __u32 flags, int op, __u64 cookie)
+{
+	if (flags & (AXON_SM_F_CLIENT | AXON_SM_F_SERVER))
+		sockmap_alias_each(skops, key, netns, flags & AXON_SM_F_CLIENT, op, cookie);
 }
 
 /* sockmap_redirect_peer (sk_msg) redirects msg to the socket's peer key
@@ -555,104 +709,21 @@ AXON_INLINE long sockmap_alias_redirect(struct sk_msg_md *msg, struct sockmap_st
  * nothing but its links holds its psock, save the sendmsg running sk_msg
  * (every sendmsg holds it, across the redirect it makes with its own lock
  * released). Leaving deletes the socket's alias keys (axon_sock_alias) with
- * its exact key; a socket paired by alias key never leaves (its own key
- * cannot be told from its state). A socket that never wrote is made
- * stack (and so quiet) once its peer is quiet: the connection leaves whole.
- * The check runs on every segment the socket transmits (sockops'
- * BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
- * at insert; a bypassed socket transmits next to nothing), and the flags are
- * cleared when it left.
+ * its exact key. A socket paired by alias key (a sidecar's REDIRECTed
+ * connection) finds its peer's state under that alias key: every socket
+ * keeps an axon_sockmap_quiet entry under each of its keys, exact and alias,
+ * until it closes; one that never paired adopts the alias peer its first
+ * write would have found (sockmap_adopt_alias_peer). A socket that never
+ * wrote is made stack (and so quiet) once its peer is quiet: the connection
+ * leaves whole. The check runs on every segment the socket transmits
+ * (sockops' BPF_SOCK_OPS_HDR_OPT_LEN_CB, enabled by
+ * BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG at insert; a bypassed socket transmits
+ * next to nothing), and that callback is switched off when it left.
  */
 
 /* The small-write streak's place in struct sockmap_state.flags
  * (AXON_SM_F_STREAK). */
 #define AXON_SM_STREAK_SHIFT 16
-
-/* sockmap_quiet: value of axon_sockmap_quiet. */
-struct sockmap_quiet {
-	__u32 state;  /* AXON_SM_LIVE or AXON_SM_QUIET */
-	__u32 _pad;
-	__u64 cookie; /* the socket's cookie (0: a placeholder for a peer that has not entered yet): TCP_CLOSE deletes only its own entry */
-};
-#define AXON_SM_LIVE 0  /* may still redirect into its peer */
-#define AXON_SM_QUIET 1 /* never redirects again, no redirect of it in flight */
-
-/* axon_sockmap_quiet: key of a socket in axon_sock_hash -> struct
- * sockmap_quiet, what its peer reads to decide whether it may leave (a
- * socket reaches its peer's sk_storage only through a SOCKHASH lookup, whose
- * reference neither sk_msg nor sockops can release). Absent: the socket is
- * not in axon_sock_hash (never inserted, left, or closed). sockops creates
- * the entry (LIVE) before the socket enters axon_sock_hash (no entry, no
- * insert), and a placeholder (LIVE, cookie 0) for its peer until the peer
- * enters; it deletes the entry when the socket leaves or reaches TCP_CLOSE
- * (with the peer's placeholder if the peer never entered); sk_msg
- * and sockops set QUIET (only ever on an existing entry). A plain HASH, not
- * an LRU: an evicted live entry would read as absent and let the peer leave
- * while this socket still redirects. max_entries = axon_sock_hash's (set at
- * load time). Pinned. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, AXON_SOCKMAP_MAX);
-	__type(key, struct sockmap_key);
-	__type(value, struct sockmap_quiet);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} axon_sockmap_quiet SEC(".maps");
-
-/* Kernel types, only the members read (CO-RE relocates the offsets against
- * the running kernel's BTF; the ___sm suffix is dropped for matching;
- * sock_splice.c declares its own ___axon ones). */
-struct socket_lock___sm {
-	int owned; /* a syscall owns the socket (lock_sock) */
-} __attribute__((preserve_access_index));
-
-struct sock___sm {
-	struct socket_lock___sm sk_lock;
-	int sk_rcvbuf;
-	void *sk_user_data;
-} __attribute__((preserve_access_index));
-
-struct sk_buff_head___sm {
-	__u32 qlen;
-} __attribute__((preserve_access_index));
-
-struct list_head___sm {
-	struct list_head___sm *next;
-} __attribute__((preserve_access_index));
-
-struct refcount_struct___sm {
-	int refs; /* atomic_t: read whole */
-};
-
-struct sk_psock___sm {
-	__u32 msg_tot_len;
-	struct list_head___sm link; /* one sk_psock_link per map the socket is in */
-	struct list_head___sm ingress_msg;
-	struct sk_buff_head___sm ingress_skb;
-	struct refcount_struct___sm refcnt;
-} __attribute__((preserve_access_index));
-
-struct sk_msg___sm {
-	struct sock___sm *sk;
-	struct sock___sm *sk_redir;
-} __attribute__((preserve_access_index));
-
-struct bpf_sock_ops_kern___sm {
-	struct sock___sm *sk;
-} __attribute__((preserve_access_index));
-
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
-
-/* The low bits of sk_user_data are flags (SK_USER_DATA_NOCOPY, _BPF,
- * _PSOCK); the rest is the psock. */
-#define AXON_SK_USER_DATA_PTRMASK (~7UL)
-
-/* sockmap_can_leave: 1 where sockets may leave the map (the mode machine):
- * the kernel's psock has msg_tot_len (6.6.128+, 6.12.75+, 6.18.14+), which
- * tells an empty psock queue, and so also bpf_cast_to_kern_ctx (6.3+). A
- * CO-RE constant: elsewhere (Debian's 6.1) no socket leaves, sockops keeps
- * no axon_sockmap_quiet entries and asks for no per-segment callbacks, and
- * the bypass stays off anyway (the self-test's back-pressure check). */
-#define sockmap_can_leave() bpf_core_field_exists(((struct sk_psock___sm *)0)->msg_tot_len)
 
 /* sockmap_psock: the psock of kernel socket sk, 0 if none. Probe reads:
  * the caller holds sk (its own socket, or the redirect target this write
@@ -717,8 +788,8 @@ AXON_INLINE int sockmap_psock_idle(struct sk_psock___sm *psock)
 
 /* sockmap_self_key: the key of the socket whose state is st (its peer's key
  * reversed: both ends' keys are each other's reverse). Returns 0, or -1 when
- * st->peer is an alias key (then the socket never publishes quiet and never
- * leaves: its own key is not known here). */
+ * st->peer is an alias key (its own exact key is not known from st then:
+ * sockops finds it with sockmap_own_key). */
 AXON_INLINE int sockmap_self_key(struct sockmap_key *self, const struct sockmap_state *st)
 {
 	if (st->flags & AXON_SM_F_PEER_ALIAS)
@@ -727,38 +798,121 @@ AXON_INLINE int sockmap_self_key(struct sockmap_key *self, const struct sockmap_
 	return 0;
 }
 
-/* sockmap_peer_done: 1 when st's peer cannot redirect into this socket any
- * more: its axon_sockmap_quiet entry is absent or QUIET. 0 for a peer paired
- * by alias key (it has no entry under that key: absent would mean nothing).
- * A socket whose peer paired with it by alias looks up its exact reversed
- * key, which holds the placeholder sockops made (live): it never leaves. */
-AXON_INLINE int sockmap_peer_done(struct sockmap_state *st)
+/* sockmap_own_key (sockops): the exact key sockops gave this socket, told by
+ * its axon_sockmap_quiet entry's cookie: the tuple with netns 0 (pod <->
+ * pod) or with the socket's netns cookie (loopback, intra-pod). Not from the
+ * state's peer key, which an alias pairing replaces. Returns 0, or -1 when
+ * neither holds its entry. */
+AXON_INLINE int sockmap_own_key(struct bpf_sock_ops *skops, struct sockmap_key *self, __u64 cookie)
 {
-	struct sockmap_quiet *v;
+	struct sockmap_quiet *q;
 
-	if (st->flags & AXON_SM_F_PEER_ALIAS)
+	if (sockmap_key_of(self, skops) < 0)
+		return -1;
+	self->netns = 0;
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
 		return 0;
-	v = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
-	return !v || v->state == AXON_SM_QUIET;
+	self->netns = bpf_get_netns_cookie(skops);
+	q = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (q && q->cookie == cookie)
+		return 0;
+	return -1;
 }
 
-/* sockmap_alias_delete_all (sockops): deletes the alias keys that
- * sockmap_alias_insert_all gave the socket of exact key key in netns, by its
- * role in flags (recomputed: a pod withdrawn since then leaves the key to
- * its destination's netns behind, and the socket in axon_sock_alias, out of
- * axon_sock_hash but not yet plain TCP, until it closes). */
-AXON_INLINE void sockmap_alias_delete_all(struct bpf_sock_ops *skops, const struct sockmap_key *key,
-					  __u64 netns, __u32 flags)
+/* sockmap_alias_candidate: what the axon_sockmap_quiet entry under alias key
+ * ak says of the socket that holds it: 0 none (no socket claimed ak, or it
+ * closed), 1 quiet, -1 live or unusable (a placeholder, or ak poisoned: two
+ * sockets claimed it, so its entry may not be the peer's). */
+AXON_INLINE int sockmap_alias_candidate(const struct sockmap_key *ak)
 {
-	if (flags & (AXON_SM_F_CLIENT | AXON_SM_F_SERVER))
-		sockmap_alias_each(skops, key, netns, flags & AXON_SM_F_CLIENT, 1);
+	struct sockmap_quiet *v = bpf_map_lookup_elem(&axon_sockmap_quiet, ak);
+
+	if (!v)
+		return 0;
+	if (bpf_map_lookup_elem(&axon_sockmap_alias_poison, ak))
+		return -1;
+	return v->cookie != 0 && v->state == AXON_SM_QUIET ? 1 : -1;
 }
 
-/* sockmap_set_quiet marks st's socket quiet, in its state and in
- * axon_sockmap_quiet (an existing entry only: a socket inserted by a
- * loader without the mode machine has none, and gets none). A plain store:
- * the peer reads it under its own lock, and only ever acts on QUIET, which
- * is final. */
+/* sockmap_adopt_alias_peer (sockops): for a socket that never paired (its
+ * exact peer never entered: the placeholder), the alias keys its own first
+ * write would have redirected to (sockmap_alias_redirect's; st->peer is
+ * still the exact peer key). When exactly one of them is held, by a quiet
+ * socket, and none by a live one, that socket is its peer (a REDIRECTed
+ * connection whose other end paired with this one through its alias key, or
+ * went to the stack), and nothing else can redirect into this socket: the
+ * exact peer key names the tuple reversed, which TCP does not let a second
+ * socket establish while this connection lives, and an alias key only the
+ * one socket that claimed it first can be reached through (a second claim
+ * poisons it). It becomes the peer key (AXON_SM_F_PEER_ALIAS), so that
+ * later checks read that socket's entry. Returns 1 when adopted. */
+AXON_INLINE int sockmap_adopt_alias_peer(struct bpf_sock_ops *skops, struct sockmap_state *st)
+{
+	struct sockmap_key ak = {}, found = {};
+	__u64 own = bpf_get_netns_cookie(skops);
+	__u64 other = sockmap_netns_of(st->peer.local, own);
+	int n = 0, r;
+
+	if (st->flags & AXON_SM_F_CLIENT) {
+		sockmap_alias_key(&ak, st->peer.remote, st->peer.rport, own, AXON_SM_ROLE_SERVER, own);
+		r = sockmap_alias_candidate(&ak);
+		if (r < 0)
+			return 0;
+		if (r > 0) {
+			__builtin_memcpy(&found, &ak, sizeof(ak));
+			n++;
+		}
+		if (other && other != own) {
+			sockmap_alias_server_netns(&ak, other);
+			r = sockmap_alias_candidate(&ak);
+			if (r < 0)
+				return 0;
+			if (r > 0) {
+				__builtin_memcpy(&found, &ak, sizeof(ak));
+				n++;
+			}
+		}
+	} else if ((st->flags & AXON_SM_F_SERVER) && other) {
+		sockmap_alias_key(&ak, st->peer.local, st->peer.lport, other, AXON_SM_ROLE_CLIENT, own);
+		r = sockmap_alias_candidate(&ak);
+		if (r < 0)
+			return 0;
+		if (r > 0) {
+			__builtin_memcpy(&found, &ak, sizeof(ak));
+			n++;
+		}
+	}
+	if (n != 1)
+		return 0;
+	__builtin_memcpy(&st->peer, &found, sizeof(found));
+	st->flags |= AXON_SM_F_PEER_ALIAS;
+	return 1;
+}
+
+/* sockmap_peer_done (sockops): 1 when st's peer cannot redirect into this
+ * socket any more: its axon_sockmap_quiet entry under st->peer is QUIET, or
+ * absent (the peer closed: a socket's entries are made before it can be
+ * redirected to and stay until it closes). A live placeholder there means
+ * the exact peer never entered: then the socket's alias peer, if one is
+ * quiet, is adopted (sockmap_adopt_alias_peer). */
+AXON_INLINE int sockmap_peer_done(struct bpf_sock_ops *skops, struct sockmap_state *st)
+{
+	struct sockmap_quiet *v = bpf_map_lookup_elem(&axon_sockmap_quiet, &st->peer);
+
+	if (!v || v->state == AXON_SM_QUIET)
+		return 1;
+	if (v->cookie != 0 || (st->flags & AXON_SM_F_PEER_ALIAS))
+		return 0;
+	return sockmap_adopt_alias_peer(skops, st);
+}
+
+/* sockmap_set_quiet marks st's socket quiet, in its state and, when st->peer
+ * is an exact key, in its exact axon_sockmap_quiet entry (an existing entry
+ * only: a socket inserted by a loader without the mode machine has none, and
+ * gets none); sockops publishes every entry (sockmap_publish_quiet). A plain
+ * store: the peer reads it under its own lock, and only ever acts on QUIET,
+ * which is final. */
 AXON_INLINE void sockmap_set_quiet(struct sockmap_state *st)
 {
 	struct sockmap_key self = {};
@@ -772,6 +926,21 @@ AXON_INLINE void sockmap_set_quiet(struct sockmap_state *st)
 	v = bpf_map_lookup_elem(&axon_sockmap_quiet, &self);
 	if (v)
 		v->state = AXON_SM_QUIET;
+}
+
+/* sockmap_publish_quiet (sockops): once per quiet socket, QUIET into each of
+ * its own axon_sockmap_quiet entries (exact key self, and its alias keys),
+ * which its peer may read under either (AXON_SM_F_PUBLISHED). */
+AXON_INLINE void sockmap_publish_quiet(struct bpf_sock_ops *skops, struct sockmap_state *st,
+				       const struct sockmap_key *self, __u64 cookie)
+{
+	struct sockmap_quiet *v;
+
+	v = bpf_map_lookup_elem(&axon_sockmap_quiet, self);
+	if (v && v->cookie == cookie)
+		v->state = AXON_SM_QUIET;
+	sockmap_alias_all(skops, self, bpf_get_netns_cookie(skops), st->flags, AXON_SM_ALIAS_QUIET, cookie);
+	st->flags |= AXON_SM_F_PUBLISHED;
 }
 
 /* sockmap_note_stack: sk_msg, a write of a socket in stack mode; holders:
@@ -789,9 +958,11 @@ AXON_INLINE void sockmap_note_stack(struct sockmap_state *st, int holders)
 
 /* sockmap_try_leave: sockops, a callback of a socket of axon_sock_hash with
  * the socket lock held (BPF_SOCK_OPS_HDR_OPT_LEN_CB). Makes the socket quiet
- * when it may be, and deletes it from axon_sock_hash when the rule above
- * holds (counter AXON_SM_LEFT); then it is plain TCP: its mode stays stack,
- * its axon_sockmap_quiet entry goes and its callbacks are switched off. */
+ * when it may be (and publishes it under all its keys), and deletes it from
+ * axon_sock_hash and axon_sock_alias when the rule above holds (counter
+ * AXON_SM_LEFT); then it is plain TCP: its mode stays stack, its
+ * axon_sockmap_quiet entries stay (QUIET) until it closes, and only its
+ * state callback stays on (TCP_CLOSE deletes those entries). */
 AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock_ops_kern___sm *kops;
@@ -801,6 +972,7 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	struct sockmap_state *st;
 	struct bpf_sock *sk = skops->sk;
 	int allowed = 0, holders, done, owned = 0;
+	__u64 cookie;
 
 	if (!sockmap_can_leave())
 		return; /* the verifier drops the kfunc call below with this branch */
@@ -819,7 +991,7 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	if (!psock)
 		return;
 	holders = sockmap_psock_holders(psock);
-	done = sockmap_peer_done(st);
+	done = sockmap_peer_done(skops, st);
 	/* quiet needs the strict count: a sendmsg that released its lock to
 	 * redirect holds the psock while another syscall owns the socket */
 	if (!(st->flags & AXON_SM_F_QUIET)) {
@@ -828,21 +1000,25 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 		if (st->mode == AXON_SM_MODE_STACK && (st->redir_msgs == 0 || holders <= allowed))
 			sockmap_set_quiet(st);
 	}
-	if (!(st->flags & AXON_SM_F_QUIET) || !done || !sockmap_psock_idle(psock))
+	if (!(st->flags & AXON_SM_F_QUIET))
+		return;
+	cookie = bpf_get_socket_cookie(skops);
+	if (sockmap_own_key(skops, &self, cookie) != 0)
+		return; /* inserted by a loader without the mode machine's entries */
+	if (!(st->flags & AXON_SM_F_PUBLISHED))
+		sockmap_publish_quiet(skops, st, &self, cookie);
+	if (!done || !sockmap_psock_idle(psock))
 		return;
 	bpf_core_read(&owned, sizeof(owned), &ksk->sk_lock.owned);
 	if (holders > allowed && !(holders == 1 && owned))
 		return;
-	if (sockmap_self_key(&self, st) != 0)
-		return;
 	if (bpf_map_delete_elem(&axon_sock_hash, &self) != 0)
 		return;
 	/* and out of axon_sock_alias, whose links keep the psock too */
-	sockmap_alias_delete_all(skops, &self, bpf_get_netns_cookie(skops), st->flags);
-	bpf_map_delete_elem(&axon_sockmap_quiet, &self);
+	sockmap_alias_all(skops, &self, bpf_get_netns_cookie(skops), st->flags, AXON_SM_ALIAS_UNLINK, cookie);
 	st->mode = AXON_SM_MODE_STACK;
 	st->flags |= AXON_SM_F_LEFT;
-	bpf_sock_ops_cb_flags_set(skops, 0);
+	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_STATE_CB_FLAG);
 	sockmap_count(AXON_SM_LEFT, 1);
 }
 

@@ -79,6 +79,14 @@ func testLeave(t *testing.T, verdict bool) {
 		if seen := d["redirect_bytes"] + d["pass_bytes"]; seen >= written {
 			t.Errorf("sk_msg saw %d of the %d bytes written: none went through plain TCP after the leave", seen, written)
 		}
+		// sockets that left keep their axon_sockmap_quiet entries (QUIET)
+		// until they close, then take them along
+		if got := quietEntries(t, b); got == 0 {
+			t.Errorf("%s is empty while the pair that left is open: its peer could not tell it from a closed one", MapQuiet)
+		}
+		p.do(hreq{Op: "close", ID: c.client})
+		p.do(hreq{Op: "close", ID: c.server})
+		waitQuietEmpty(t, b)
 	}
 
 	t.Run("bulk both ways past the back-pressure bound: stack, then out of the map", func(t *testing.T) {
@@ -130,10 +138,11 @@ func testLeave(t *testing.T, verdict bool) {
 		if got := connsOf(t, b, c); len(got) != 2 {
 			t.Fatalf("a bypassed pair must stay in the map: %v", got)
 		}
-		// every socket of this test either left (taking its entry along)
-		// or closes now: no axon_sockmap_quiet entry may stay behind
-		if got := quietEntries(t, b); got != 2 {
-			t.Errorf("%s holds %d entries, want the 2 of this open pair", MapQuiet, got)
+		// every other socket of this test closed, this pair closes now: no
+		// axon_sockmap_quiet entry may stay behind (a socket that left keeps
+		// its entries until it closes)
+		if got, want := quietEntries(t, b), 2+len(aliasKeys(t, b.ops.AxonSockAlias, c.clientAddr)); got != want {
+			t.Errorf("%s holds %d entries, want the %d of this open pair (2 exact keys, the rest alias keys)", MapQuiet, got, want)
 		}
 		p.do(hreq{Op: "close", ID: c.client})
 		p.do(hreq{Op: "close", ID: c.server})
@@ -142,8 +151,9 @@ func testLeave(t *testing.T, verdict bool) {
 }
 
 // A restarted agent adopts sockets inserted by a loader without the mode
-// machine (no axon_sockmap_quiet entries): Load gives each a live entry
-// with its cookie, so that a peer inserted by the new sockops never reads
+// machine (no axon_sockmap_quiet entries), or without the alias pairs'
+// leave (none under alias keys): Load gives each key a live entry with its
+// cookie, so that a peer inserted by the new sockops never reads
 // it as gone and leaves while it still redirects.
 func TestLoadMarksEarlierSocketsLive(t *testing.T) {
 	requireLeave(t) // no axon_sockmap_quiet entries where nothing leaves
@@ -164,6 +174,15 @@ func TestLoadMarksEarlierSocketsLive(t *testing.T) {
 	}
 	if len(keys) != 2 {
 		t.Fatalf("want the pair's two keys in %s, got %d", MapSockHash, len(keys))
+	}
+	// and the alias keys, whose entries a loader before the alias pairs'
+	// leave did not make
+	for it := b.ops.AxonSockAlias.Iterate(); it.Next(&k, &cookie); {
+		keys = append(keys, k)
+		cookies[k] = cookie
+	}
+	if len(keys) < 3 {
+		t.Fatalf("want the pair's alias keys in %s too, got %d keys in all", MapSockAlias, len(keys))
 	}
 	for _, k := range keys { // what a loader without the mode machine leaves behind
 		if err := b.ops.AxonSockmapQuiet.Delete(k); err != nil {
@@ -190,48 +209,73 @@ func TestLoadMarksEarlierSocketsLive(t *testing.T) {
 	p.send(c.client, c.server, randBytes(t, 100))
 }
 
-// Sockets paired by alias key (a sidecar's REDIRECTed connection) never
-// leave: neither end can tell the other's key from its own state, so the
-// exact key's peer entry is a live placeholder. A two-way bulk stream past
-// the back-pressure bound moves both to the stack, every byte intact, and
-// both stay in the map.
-func TestLeaveNotForAliasPairs(t *testing.T) {
+// Sockets paired by alias key (a sidecar's REDIRECTed connection) leave the
+// map like a pod pair: each publishes its quiet state under its alias keys
+// too, so the other end, which knows it only by an alias key, can tell when
+// nothing more comes from it. A two-way bulk stream past the back-pressure
+// bound through a real iptables-nft REDIRECT moves both writers to the
+// stack; both ends leave (left 2, gone from both SOCKHASHes) while the
+// stream goes on, every byte intact both ways; closed, they take every
+// axon_sockmap_quiet entry along. With one way only (the reader never
+// writes, so it never paired), the reader finds its peer by the alias keys
+// its own first write would have tried, and both leave too.
+func TestLeaveAliasPairs(t *testing.T) {
 	requireLeave(t)
 	requireIptables(t)
-	b, _, _, cgFD := loadTest(t, Config{StreamVerdict: true})
-	n := newSidecarNet(t, b)
-	p := startSockProc(t, cgFD)
-	nsRun(t, n.b, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
-	ln := p.do(hreq{Op: "listen", Netns: n.b, Net: "tcp4", Addr: "10.78.0.2:15006"})
-	cl := p.do(hreq{Op: "dial", Netns: n.a, Net: "tcp4", Addr: "10.78.0.2:8080", Local: "10.78.0.1:0"})
-	sv := p.do(hreq{Op: "accept", ID: ln.ID})
-	p.do(hreq{Op: "closeln", ID: ln.ID})
-	before := metrics(t, b)
-	const bytes = 24 << 20
-	if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: 16 << 10, DelayMS: 300}); a.Err != "" {
-		t.Fatalf("stream: %s", a.Err)
+	for _, oneWay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one way %v", oneWay), func(t *testing.T) {
+			b, _, _, cgFD := loadTest(t, Config{StreamVerdict: true})
+			n := newSidecarNet(t, b)
+			p := startSockProc(t, cgFD)
+			nsRun(t, n.b, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006")
+			ln := p.do(hreq{Op: "listen", Netns: n.b, Net: "tcp4", Addr: "10.78.0.2:15006"})
+			cl := p.do(hreq{Op: "dial", Netns: n.a, Net: "tcp4", Addr: "10.78.0.2:8080", Local: "10.78.0.1:0"})
+			sv := p.do(hreq{Op: "accept", ID: ln.ID})
+			p.do(hreq{Op: "closeln", ID: ln.ID})
+			clientAddr := mustAP(t, cl.Local)
+			if got := aliasKeys(t, b.ops.AxonSockAlias, clientAddr); len(got) < 2 {
+				t.Fatalf("the REDIRECTed pair has alias keys %v, want the client's and the server's: the check that they go would prove nothing", got)
+			}
+			before := metrics(t, b)
+			const bytes = 24 << 20
+			if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: 16 << 10, DelayMS: 300, OneWay: oneWay}); a.Err != "" {
+				t.Fatalf("stream: %s", a.Err)
+			}
+			// a socket leaves on a segment it sends: one more byte each way
+			p.send(cl.ID, sv.ID, []byte("x"))
+			p.send(sv.ID, cl.ID, []byte("y"))
+			d := metricsDelta(t, b, before)
+			t.Logf("%d bytes (one way: %v) through the REDIRECTed pair, intact; counters moved: %v", bytes, oneWay, d)
+			wantPaired, wantBP := uint64(2), uint64(2)
+			if oneWay {
+				wantPaired, wantBP = 1, 1
+			}
+			written := uint64(bytes)
+			if !oneWay {
+				written *= 2
+			}
+			if d["alias_paired"] < wantPaired || d["backpressure"] != wantBP || d["left"] != 2 {
+				t.Errorf("counters moved by %v; want alias_paired >= %d, backpressure %d (the writers on the stack), left 2", d, wantPaired, wantBP)
+			}
+			if seen := d["redirect_bytes"] + d["pass_bytes"]; seen >= written {
+				t.Errorf("sk_msg saw %d of the %d bytes written: none went through plain TCP after the leave", seen, written)
+			}
+			for _, local := range []string{cl.Local, sv.Local} {
+				if c, ok := connByEnds(t, b, mustAP(t, local), netip.AddrPort{}); ok {
+					t.Errorf("socket %s is still in %s after the leave: %+v", local, MapSockHash, c)
+				}
+			}
+			if got := aliasKeys(t, b.ops.AxonSockAlias, clientAddr); len(got) != 0 {
+				t.Errorf("after the leave %s still holds the pair's alias keys %v", MapSockAlias, got)
+			}
+			if got := quietEntries(t, b); got == 0 {
+				t.Fatalf("%s is empty before the close: the check below would prove nothing", MapQuiet)
+			}
+			p.do(hreq{Op: "close", ID: cl.ID})
+			p.do(hreq{Op: "close", ID: sv.ID})
+			waitQuietEmpty(t, b)
+		})
 	}
-	p.send(cl.ID, sv.ID, []byte("x"))
-	p.send(sv.ID, cl.ID, []byte("y"))
-	d := metricsDelta(t, b, before)
-	t.Logf("%d bytes each way through the REDIRECTed pair, intact; counters moved: %v", bytes, d)
-	if d["alias_paired"] != 2 || d["backpressure"] != 2 || d["left"] != 0 {
-		t.Errorf("counters moved by %v; want alias_paired 2, backpressure 2 (both on the stack), left 0", d)
-	}
-	for _, local := range []string{cl.Local, sv.Local} {
-		c, ok := connByEnds(t, b, mustAP(t, local), netip.AddrPort{})
-		if !ok || c.Mode != "stack" || !c.Alias {
-			t.Errorf("socket %s: %+v (in map %v); want it still in the map, stack mode, paired by alias", local, c, ok)
-		}
-	}
-	// closed, they take their axon_sockmap_quiet entries and the live
-	// placeholders under their exact peer keys along (no leak)
-	if got := quietEntries(t, b); got == 0 {
-		t.Fatalf("%s is empty before the close: the check below would prove nothing", MapQuiet)
-	}
-	p.do(hreq{Op: "close", ID: cl.ID})
-	p.do(hreq{Op: "close", ID: sv.ID})
-	waitQuietEmpty(t, b)
 }
 
 // quietEntries counts the entries of axon_sockmap_quiet.
@@ -266,9 +310,10 @@ func waitQuietEmpty(t *testing.T, b *Bypass) {
 }
 
 // A stream of small writes through a REDIRECTed (alias-paired) connection
-// stays bypassed: the pair could not leave the map, and on the stack inside
-// the map it would be slower than bypassed. The same stream between an
-// exactly paired pod pair moves to the stack (switch_stack), the control.
+// stays bypassed: through the sidecar chain that was faster than the chain
+// without the bypass (the small-write rule spares such pairs). The same
+// stream between an exactly paired pod pair moves to the stack
+// (switch_stack), the control.
 func TestSmallWritesAliasPairStaysBypassed(t *testing.T) {
 	requireLeave(t) // the small-write rule reads the peer's queue too
 	requireIptables(t)

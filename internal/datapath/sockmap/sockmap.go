@@ -33,9 +33,11 @@ const (
 	// MapAliasPoison holds the alias keys two sockets claimed at once: never
 	// paired through.
 	MapAliasPoison = "axon_sockmap_alias_poison"
-	// MapQuiet holds, for each socket in axon_sock_hash, whether it may
+	// MapQuiet holds, under each key of a socket that entered
+	// axon_sock_hash (its exact key and its alias keys), whether it may
 	// still redirect into its peer (live) or never will (quiet): what its
-	// peer reads to decide whether it may leave the map.
+	// peer reads to decide whether it may leave the map. Entries stay until
+	// the socket closes.
 	MapQuiet = "axon_sockmap_quiet"
 )
 
@@ -70,7 +72,8 @@ const (
 // Bits of axon_sockmap_state's flags (enum axon_sockmap_flag): the socket's
 // role in its connection, and that its peer was found by alias key; the
 // mode machine's: quiet (never redirects again), left the map, the sk_msg
-// program's vouch for its sendmsg, and the small-write streak (a count).
+// program's vouch for its sendmsg, quiet written under all its keys, and the
+// small-write streak (a count).
 const (
 	flagClient    = 0x1
 	flagServer    = 0x2
@@ -78,6 +81,7 @@ const (
 	flagQuiet     = 0x100
 	flagLeft      = 0x200
 	flagVouch     = 0x400
+	flagPublished = 0x800
 	flagStreak    = 0xff0000
 )
 
@@ -184,7 +188,11 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	}
 	spec.Maps[MapSockHash].MaxEntries = max
 	spec.Maps[MapSockAlias].MaxEntries = 2 * max
-	spec.Maps[MapQuiet].MaxEntries = max // one entry per socket in axon_sock_hash
+	quietMax, err := quietMaxEntries(pinDir, max, log)
+	if err != nil {
+		return nil, fmt.Errorf("load sockmap bypass: %w", err)
+	}
+	spec.Maps[MapQuiet].MaxEntries = quietMax
 	if err := replaceSmallerMetrics(pinDir, spec.Maps[MapMetrics].MaxEntries, log); err != nil {
 		return nil, fmt.Errorf("load sockmap bypass: %w", err)
 	}
@@ -249,33 +257,68 @@ func Load(pinDir, cgroupPath string, cfg Config, log *slog.Logger) (*Bypass, err
 	return b, nil
 }
 
-// markLive gives every socket already in axon_sock_hash that has no entry
-// in axon_sockmap_quiet (inserted by a loader without the mode machine) a
-// live one, so that its peer, if a newer sockops inserted it, never reads
-// it as gone and leaves while it still redirects. Such sockets themselves
-// never leave (an earlier sockops set no callbacks on them). It returns how
-// many it marked.
+// markLive gives every socket already in axon_sock_hash or axon_sock_alias
+// that has no entry in axon_sockmap_quiet under that key (inserted by a
+// loader without the mode machine, or, for alias keys, without the alias
+// pairs' leave) a live one, so that its peer, if a newer sockops inserted
+// it, never reads it as gone and leaves while it still redirects. Such
+// sockets themselves never leave (an earlier sockops set no callbacks on
+// them, or one that never publishes under alias keys), and their entries
+// stay after they close (an earlier sockops does not delete them): one per
+// key of the sockets open at the upgrade. It returns how many it marked.
 func (b *Bypass) markLive() (int, error) {
 	var (
-		k      sockOpsSockmapKey
-		cookie uint64
-		n      int
-		errs   []error
+		n    int
+		errs []error
 	)
-	it := b.ops.AxonSockHash.Iterate()
-	for it.Next(&k, &cookie) {
-		err := b.ops.AxonSockmapQuiet.Update(k, sockOpsSockmapQuiet{State: 0, Cookie: cookie}, ebpf.UpdateNoExist)
-		switch {
-		case err == nil:
-			n++
-		case !errors.Is(err, ebpf.ErrKeyExist):
-			errs = append(errs, err)
+	for name, m := range map[string]*ebpf.Map{MapSockHash: b.ops.AxonSockHash, MapSockAlias: b.ops.AxonSockAlias} {
+		var (
+			k      sockOpsSockmapKey
+			cookie uint64
+		)
+		it := m.Iterate()
+		for it.Next(&k, &cookie) {
+			err := b.ops.AxonSockmapQuiet.Update(k, sockOpsSockmapQuiet{State: 0, Cookie: cookie}, ebpf.UpdateNoExist)
+			switch {
+			case err == nil:
+				n++
+			case !errors.Is(err, ebpf.ErrKeyExist):
+				errs = append(errs, err)
+			}
+		}
+		if err := it.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("iterate %s: %w", name, err))
 		}
 	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("iterate %s: %w", MapSockHash, err))
-	}
 	return n, errors.Join(errs...)
+}
+
+// quietMaxEntries is max_entries for axon_sockmap_quiet: four per socket of
+// axon_sock_hash (max sockets: the exact key, two alias keys, a placeholder
+// for a peer that never enters), or the pinned map's size when one is
+// pinned, so that the entries of open connections are adopted rather than
+// dropped (a pinned map of an older agent, one entry per socket, then
+// bounds how many sockets enter: a socket without room for its entries takes
+// the stack, counted insert_failed; sockmap.Uninstall with the connections
+// idle gives the new size).
+func quietMaxEntries(pinDir string, max uint32, log *slog.Logger) (uint32, error) {
+	want := 4 * max
+	path := filepath.Join(pinDir, MapQuiet)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return want, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("open pinned %s: %w", path, err)
+	}
+	defer m.Close()
+	if have := m.MaxEntries(); have != want {
+		log.Warn("sockmap: adopting the pinned "+MapQuiet+" of another size: fewer sockets may enter the bypass than "+
+			"max entries allow (insert_failed counts them); run sockmap.Uninstall with the connections idle to resize it",
+			"have", have, "want", want)
+		return have, nil
+	}
+	return want, nil
 }
 
 // replaceSmallerMetrics removes a pinned axon_sockmap_metrics whose size is
