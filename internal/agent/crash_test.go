@@ -45,8 +45,8 @@ import (
 
 // Ports of this file's control planes (each test file has its own).
 const (
-	crashAPIPort   = 16813
-	crashEtcdPort  = 12749
+	crashAPIPort   = 16873
+	crashEtcdPort  = 12809
 	crashHealthURL = "http://127.0.0.1:19878"
 )
 
