@@ -139,8 +139,13 @@ func (c *crashNode) createServices(t *testing.T, ns string, first, n int) {
 // parallel runs f(first..first+n-1) on 16 workers; the first error fails t.
 func (c *crashNode) parallel(t *testing.T, first, n int, f func(i int) error) {
 	t.Helper()
+	must(t, parallelErr(first, n, f))
+}
+
+// parallelErr runs f(first..first+n-1) on 16 workers and returns the first error.
+func parallelErr(first, n int, f func(i int) error) error {
 	idx := make(chan int)
-	errc := make(chan error, 16)
+	errc := make(chan error, 1)
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
@@ -161,8 +166,9 @@ func (c *crashNode) parallel(t *testing.T, first, n int, f func(i int) error) {
 	wg.Wait()
 	select {
 	case err := <-errc:
-		t.Fatal(err)
+		return err
 	default:
+		return nil
 	}
 }
 
@@ -789,4 +795,56 @@ func TestLivenessIsNotReadiness(t *testing.T) {
 	np.finish(t)
 	cip.finish(t)
 	c.converge(t, "after the outage", 30*time.Second)
+}
+
+// TestCrashDuringUpgrade is a DaemonSet-style upgrade: while Services
+// change, the old agent gets SIGTERM, the new one starts at once, and the
+// old one gets SIGKILL 100 ms later (its grace period ending). Only one
+// agent may own a node: the new one either finds --state-dir locked by the
+// old one and exits saying so (the kubelet starts it again: here the test
+// does) or starts after the old one died; then it adopts the pinned maps,
+// and they must end up exactly as the apiserver says.
+func TestCrashDuringUpgrade(t *testing.T) {
+	c := newCrashNode(t, crashAPIPort, crashEtcdPort)
+	const ns = "upgrade"
+	c.createServices(t, ns, 0, 200)
+	old := c.start(t)
+	c.waitProbe(t, "/readyz", 200, "ok", 60*time.Second)
+	c.waitAttached(t)
+	c.converge(t, "first start", 30*time.Second)
+
+	ctx := t.Context()
+	churn := make(chan error, 1)
+	go func() { // 40 Services go, 40 new ones come, while the agents change
+		churn <- parallelErr(0, 40, func(i int) error {
+			return c.cs.CoreV1().Services(ns).Delete(ctx, fmt.Sprintf("crash-%04d", i*5), metav1.DeleteOptions{})
+		})
+	}()
+	c.createServices(t, ns, 200, 40)
+	must(t, old.cmd.Process.Signal(syscall.SIGTERM))
+	next := c.start(t)
+	time.Sleep(100 * time.Millisecond)
+	old.sigkill(t)
+	must(t, <-churn)
+	lockMsg := "is locked by another process (is another axon-agent running for this node?)"
+	select {
+	case err := <-next.done:
+		next.done <- err
+		b, _ := os.ReadFile(c.logFile)
+		if !strings.Contains(string(b), lockMsg) {
+			t.Fatalf("the new agent exited (%v) without saying another agent holds the node: want %q in its log", err, lockMsg)
+		}
+		t.Logf("the new agent found the old one still holding --state-dir and exited (%v) saying so; started again", err)
+		next = c.start(t)
+	case <-time.After(testutil.Stretch(t, 3*time.Second)):
+		t.Log("the new agent started after the old one died")
+	}
+	c.waitProbe(t, "/readyz", 200, "ok", 60*time.Second)
+	c.waitAttached(t)
+	c.converge(t, "after the upgrade", 30*time.Second)
+	select {
+	case err := <-next.done:
+		t.Fatalf("the new agent exited: %v", err)
+	default:
+	}
 }
