@@ -192,6 +192,37 @@ func TestManifestAgentFlags(t *testing.T) {
 	}
 }
 
+// TestManifestProbes: the kubelet probes liveness on /livez and readiness
+// on /readyz of the agent's --health-addr (the agent serves both, see
+// internal/agent/health.go); liveness on /healthz or /readyz would restart
+// the agent in a loop while the apiserver is down.
+func TestManifestProbes(t *testing.T) {
+	c := agentContainer(t, find[*appsv1.DaemonSet](t, decodeManifest(t)))
+	var health string
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--health-addr="); ok {
+			health = v
+		}
+	}
+	if health == "" {
+		t.Fatal("the agent container passes no --health-addr: the probes have nothing to ask")
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"livenessProbe", c.LivenessProbe, "/livez"}, {"readinessProbe", c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("%s: want an httpGet probe of %s", p.name, p.path)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if got := g.Host + ":" + g.Port.String(); got != health || g.Path != p.path {
+			t.Errorf("%s: GET %s%s, want %s%s (--health-addr=%s)", p.name, got, g.Path, health, p.path, health)
+		}
+	}
+}
+
 // TestManifestServerDryRun: a real kube-apiserver (v1.36, the version the
 // lab runs) validates and admits every object in the manifest.
 func TestManifestServerDryRun(t *testing.T) {

@@ -39,7 +39,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.Uplink, "uplink", "", "node uplink device; empty = device of the default route, else the one holding the Node's InternalIP")
 	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "BPF attach mode: auto (tcx when the kernel has it), tcx or legacy (clsact + cls_bpf)")
 	fs.StringVar(&cfg.HostRouting, "host-routing", cfg.HostRouting, "host routing: auto, bpf (redirect in BPF) or legacy (kernel routing)")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "host:port serving /healthz and Prometheus /metrics, e.g. 127.0.0.1:9876; empty = off")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "host:port serving /livez (liveness), /readyz (readiness), /healthz and Prometheus /metrics, e.g. 127.0.0.1:9876; empty = off")
 	fs.BoolVar(&cfg.SocketLB, "socket-lb", cfg.SocketLB, "translate Service addresses at the socket (cgroup connect/sendmsg/recvmsg hooks on --cgroup-root)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", cfg.CgroupRoot, "cgroup v2 directory whose processes get socket load balancing (default: the cgroup2 mount in /proc/mounts)")
 	fs.StringVar(&cfg.SocketLBMode, "socket-lb-mode", cfg.SocketLBMode, "all: translate every socket under --cgroup-root; hostns-only: only the node's own netns (pods reach Services per packet: kube-proxy or the stack). Pods opt out with the annotation axon.io/socket-lb=disabled (Pod or Namespace)")

@@ -44,6 +44,7 @@ type Agent struct {
 	sm    *sockBypass  // same-node TCP bypass (sockmap.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
+	started time.Time     // when run started (liveness before the first pass)
 }
 
 // Run starts the agent and blocks until ctx is done. On return pinned BPF
@@ -122,6 +123,7 @@ func (a *Agent) close() {
 
 func (a *Agent) run(ctx context.Context) error {
 	started := time.Now()
+	a.started = started
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup

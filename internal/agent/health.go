@@ -2,11 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,22 +18,41 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// healthServer starts the --health-addr listener: GET /healthz (200 ok /
-// 503 reason) and GET /metrics (Prometheus, datapath counters included).
+// healthServer starts the --health-addr listener:
+//
+//   - GET /livez (liveness): 200 while the agent's reconcile loop runs and
+//     what it loaded is still pinned, 503 with the reason otherwise. It stays
+//     200 while the kube-apiserver is unreachable: a restart would not bring
+//     the apiserver back, and the agent keeps forwarding and collecting
+//     conntrack and NAT entries meanwhile (only it removes them).
+//   - GET /readyz (readiness): 200 when the agent serves the node from
+//     current information: datapath loaded, podCIDR known, caches and the
+//     Service watch synced, and the apiserver reachable now; 503 with the
+//     reasons otherwise.
+//   - GET /healthz: the first readiness of earlier releases (datapath loaded,
+//     podCIDR known, caches synced once; stays 200 through a later apiserver
+//     outage), kept for probes and scripts that use it; the local API's
+//     /healthz is the same.
+//   - GET /metrics (Prometheus, datapath counters included).
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
 		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm})
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := a.Healthy(r.Context()); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, err.Error()+"\n")
-			return
+	probe := func(check func() error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			if err := check(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				io.WriteString(w, err.Error()+"\n")
+				return
+			}
+			io.WriteString(w, "ok\n")
 		}
-		io.WriteString(w, "ok\n")
-	})
+	}
+	mux.HandleFunc("GET /healthz", probe(func() error { return a.Healthy(context.Background()) }))
+	mux.HandleFunc("GET /livez", probe(a.Live))
+	mux.HandleFunc("GET /readyz", probe(a.Ready))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	ln, err := net.Listen("tcp", a.cfg.HealthAddr)
 	if err != nil {
@@ -43,6 +66,62 @@ func (a *Agent) healthServer() (*http.Server, error) {
 	}()
 	a.log.Info("health and metrics listening", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// livenessStale is how long the reconcile loop may go without finishing a
+// pass before /livez fails: three periodic passes and a slow one's margin.
+func (a *Agent) livenessStale() time.Duration {
+	return 3*a.cfg.ReconcileInterval + 30*time.Second
+}
+
+// Live reports whether the agent works, whatever the kube-apiserver does:
+// nil while the reconcile loop finishes passes (failed ones count: they
+// retry) and, once the pod datapath is loaded, its maps are still pinned
+// under --bpf-root. An error means a restart helps.
+func (a *Agent) Live() error {
+	var why []string
+	last := a.st.lastReconcile()
+	if last.IsZero() {
+		last = a.started
+	}
+	if stale := a.livenessStale(); !last.IsZero() && time.Since(last) > stale {
+		why = append(why, fmt.Sprintf("the reconcile loop has not finished a pass for %s (limit %s): it is stuck; a restart adopts the pinned datapath",
+			time.Since(last).Round(time.Second), stale))
+	}
+	if !a.cfg.bypassOnly() {
+		if _, loaded := a.pods.state(); loaded {
+			pin := filepath.Join(a.cfg.BPFRoot, "axon_ep_v4")
+			if _, err := os.Stat(pin); err != nil {
+				why = append(why, fmt.Sprintf("the datapath's pinned maps are gone (%v): bpffs unmounted or the pins removed; a restart pins them again", err))
+			}
+		}
+	}
+	if len(why) > 0 {
+		return errors.New(strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// Ready reports whether the agent serves this node from current
+// information: Healthy (datapath loaded, podCIDR known, caches synced),
+// the Service watch synced, and the kube-apiserver reachable right now.
+func (a *Agent) Ready() error {
+	var why []string
+	if r := a.notReady(); r != "" {
+		why = append(why, r)
+	}
+	if k := a.st.kubeClient(); k != nil {
+		if r := k.unreachable(); r != "" && !strings.Contains(strings.Join(why, "; "), r) {
+			why = append(why, r)
+		}
+	}
+	if a.svc != nil && !a.svc.initialSynced() {
+		why = append(why, "the Service watch has not synced yet")
+	}
+	if len(why) > 0 {
+		return errors.New(strings.Join(why, "; "))
+	}
+	return nil
 }
 
 var (

@@ -220,6 +220,17 @@ func (k *kube) isSynced() bool {
 	return k.synced
 }
 
+// unreachable says why the kube-apiserver cannot be reached right now ("" when
+// the last probe or watch got through), for readiness.
+func (k *kube) unreachable() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lastErr == "" {
+		return ""
+	}
+	return fmt.Sprintf("kube-apiserver %s unreachable: %s; retrying", k.host, k.lastErr)
+}
+
 // status is the APIServerStatus shown by `axon status`.
 func (k *kube) status() (st struct {
 	Connected, Synced bool

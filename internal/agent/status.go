@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 )
 
 // nodeStatus is what the reconcile learns about this node and the status
@@ -19,6 +20,7 @@ type nodeStatus struct {
 	podCIDRs    []netip.Prefix    // this node's pools
 	cidrErr     string            // why podCIDRs are unknown
 	reconciles  map[string]uint64 // result → count
+	lastPass    time.Time         // end of the last reconcile pass, failed or not (liveness)
 }
 
 func (s *nodeStatus) kubeClient() *kube {
@@ -89,11 +91,19 @@ func (s *nodeStatus) countReconcile(err error) {
 	if s.reconciles == nil {
 		s.reconciles = map[string]uint64{}
 	}
+	s.lastPass = time.Now()
 	if err == nil {
 		s.reconciles["ok"]++
 	} else {
 		s.reconciles["error"]++
 	}
+}
+
+// lastReconcile is when the last reconcile pass ended (zero before the first).
+func (s *nodeStatus) lastReconcile() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastPass
 }
 
 // reconcileCounts returns a copy of the pass counts by result.

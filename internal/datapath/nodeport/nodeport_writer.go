@@ -446,43 +446,6 @@ func (n *LB) readMaps() (map[lb.FrontendKey]*npFrontend, error) {
 	return out, nil
 }
 
-// rebuild adopts what the pinned maps hold after a restart.
-func (n *LB) rebuild() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	fes, err := n.readMaps()
-	if err != nil {
-		return err
-	}
-	// source ranges are keyed by frontend id: collect them per id
-	byID := map[uint32][]netip.Prefix{}
-	var rk lbTCNpSrcrangeKey
-	var rv uint8
-	it := n.tc.AxonNpSrcrange.Iterate()
-	for it.Next(&rk, &rv) {
-		a := netip.AddrFrom16(rk.Addr)
-		bits := int(rk.Prefixlen) - 32
-		if a.Is4In6() {
-			a, bits = a.Unmap(), bits-96
-		}
-		if p, err := a.Prefix(bits); err == nil {
-			byID[rk.FrontendId] = append(byID[rk.FrontendId], p)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", MapSrcRange, err)
-	}
-	n.fe = fes
-	for _, st := range fes {
-		n.feIDs.Mark(st.id)
-		for _, be := range st.backends {
-			n.beIDs.Mark(be.ID)
-		}
-		st.ranges = byID[st.id]
-	}
-	return nil
-}
-
 // MaglevTable returns the backend of every slot of frontend k's Maglev
 // table as programmed (nil, nil when the frontend picks at random).
 func (n *LB) MaglevTable(k lb.FrontendKey) ([]netip.AddrPort, error) {
