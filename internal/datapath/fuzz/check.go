@@ -44,8 +44,10 @@ func (p *ipInfo) fixedLenOff() int {
 }
 
 // parseIP reads the IP packet at the start of b (up to the frame's end);
-// nil when b does not start with an IPv4 or IPv6 header.
-func parseIP(b []byte, depth int) *ipInfo {
+// nil when b does not start with an IPv4 or IPv6 header. gso: the packet
+// is a GSO skb, whose length may be its frame's (BIG TCP: IPv4 total
+// length 0, or an IPv6 jumbo payload option and payload length 0).
+func parseIP(b []byte, depth int, gso bool) *ipInfo {
 	if len(b) < 1 || depth > 2 {
 		return nil
 	}
@@ -59,6 +61,9 @@ func parseIP(b []byte, depth int) *ipInfo {
 			return nil
 		}
 		tot := int(binary.BigEndian.Uint16(b[2:]))
+		if tot == 0 && gso && depth == 0 && b[9] == ProtoTCP {
+			tot = len(b) // iph_totlen()
+		}
 		p.tot, p.hlen = tot, 20
 		if ihl > len(b) { // options cut short: no checksum to check, nothing behind
 			p.proto = b[9]
@@ -81,6 +86,9 @@ func parseIP(b []byte, depth int) *ipInfo {
 		}
 		p.v6, p.hdrOK = true, true
 		tot := 40 + int(binary.BigEndian.Uint16(b[4:]))
+		if tot == 40 && gso && depth == 0 && b[6] == ProtoHop && len(b) >= 48 && b[42] == 0xc2 && b[43] == 4 {
+			tot = 40 + int(binary.BigEndian.Uint32(b[44:])) // the jumbo payload option
+		}
 		p.tot, p.hlen = tot, 40
 		p.lenOK = tot <= len(b)
 		end := len(b)
@@ -121,7 +129,7 @@ func parseIP(b []byte, depth int) *ipInfo {
 	if (p.proto == ProtoIPIP || p.proto == ProtoIPv6) && !p.frag {
 		// what an IP-in-IP header carries, to the frame's end: taking the
 		// outer header away leaves it there whatever the outer length said
-		p.inner = parseIP(rest, depth+1)
+		p.inner = parseIP(rest, depth+1, false)
 		return &p
 	}
 	if !p.lenOK || p.frag {
@@ -156,7 +164,7 @@ func parseIP(b []byte, depth int) *ipInfo {
 		}
 		p.l4OK = boolp(len(l4) >= 8 && inetcsum.Checksum(l4, init) == 0)
 		if len(l4) >= 8 && isICMPError(p.v6, l4[0]) {
-			p.inner, p.quoted = parseIP(l4[8:], depth+1), true
+			p.inner, p.quoted = parseIP(l4[8:], depth+1, false), true
 		}
 	}
 	return &p
@@ -183,9 +191,9 @@ func l3Start(frame []byte) (int, bool) {
 }
 
 // CheckRewrite says what is wrong with out, the frame a program let through
-// after it was given in; nil when nothing is. An unchanged frame is always
-// fine.
-func CheckRewrite(in, out []byte) error {
+// after it was given in (gso: as a GSO skb); nil when nothing is. An
+// unchanged frame is always fine.
+func CheckRewrite(in, out []byte, gso bool) error {
 	if bytes.Equal(in, out) {
 		return nil
 	}
@@ -200,13 +208,13 @@ func CheckRewrite(in, out []byte) error {
 		}
 		return fmt.Errorf("a non-IP frame (EtherType %#04x) was rewritten", binary.BigEndian.Uint16(in[12:]))
 	}
-	o := parseIP(out[ooff:], 0)
+	o := parseIP(out[ooff:], 0, gso)
 	if o == nil {
 		return fmt.Errorf("the output's IP header does not parse (version/IHL)")
 	}
 	var i *ipInfo
 	if iip {
-		i = parseIP(in[ioff:], 0)
+		i = parseIP(in[ioff:], 0, gso)
 	}
 	switch {
 	case o.inner != nil && !o.quoted && (i == nil || i.proto != o.proto || i.inner == nil):

@@ -59,30 +59,35 @@ func TestCheckRewrite(t *testing.T) {
 		name    string
 		in, out []byte
 		want    string // "" = accepted
+		gso     bool
 	}{
-		{"unchanged", syn, syn, ""},
-		{"DNAT with both checksums fixed", syn, dnat, ""},
-		{"DNAT without the IPv4 header checksum", syn, withIP(dnat, func(b []byte) { copy(b[24:26], syn[24:26]) }), "IPv4 header checksum was valid"},
-		{"DNAT without the TCP checksum", syn, withIP(dnat, func(b []byte) { copy(b[14+20+16:], syn[14+20+16:14+20+18]) }), "TCP checksum"},
-		{"an invalid TCP checksum stays invalid", withIP(syn, func(b []byte) { b[14+20+16] ^= 1 }), withIP(dnat, func(b []byte) { b[14+20+16] ^= 1 }), ""},
-		{"UDP without checksum keeps none", udp, udp, ""},
-		{"UDP without checksum gets a wrong one", udp, withIP(udp, func(b []byte) { b[14+20+6] = 0x12 }), "UDP checksum"},
-		{"bytes appended behind the packet", syn, rebuilt(append(append([]byte(nil), dnat...), 0, 0, 0, 0)), "follow the IP packet's declared end"},
-		{"IP length grown past the frame", syn, rebuilt(withIP(dnat, func(b []byte) { b[17] += 8 })), "IP length fitted the frame"},
-		{"ARP rewritten", ARP(tMAC1, c.Addr(), fe.Addr()), withIP(ARP(tMAC1, c.Addr(), fe.Addr()), func(b []byte) { b[20] = 9 }), "non-IP frame"},
-		{"IP turned into another EtherType", syn, withIP(syn, func(b []byte) { b[12] = 0x88 }), "came out as EtherType"},
-		{"IPIP with a valid outer header", syn, encap(syn, true), ""},
-		{"IPIP with a wrong outer checksum", syn, encap(syn, false), "outer IPv4 header checksum"},
-		{"decapsulated", encap(syn, true), syn, ""},
-		{"decapsulated with the inner checksum broken", encap(syn, true), withIP(syn, func(b []byte) { b[24] ^= 1 }), "decapsulated IPv4 header checksum"},
-		{"ICMP error quote changed without checksums", icmpIn, icmpBad, "ICMP checksum"},
-		{"IPv6 DNAT with the TCP checksum fixed", tFrame(tcpPkt(c6, fe6, SYN, nil, nil)), tFrame(tcpPkt(c6, be6, SYN, nil, nil)), ""},
+		{"unchanged", syn, syn, "", false},
+		{"DNAT with both checksums fixed", syn, dnat, "", false},
+		{"DNAT without the IPv4 header checksum", syn, withIP(dnat, func(b []byte) { copy(b[24:26], syn[24:26]) }), "IPv4 header checksum was valid", false},
+		{"DNAT without the TCP checksum", syn, withIP(dnat, func(b []byte) { copy(b[14+20+16:], syn[14+20+16:14+20+18]) }), "TCP checksum", false},
+		{"an invalid TCP checksum stays invalid", withIP(syn, func(b []byte) { b[14+20+16] ^= 1 }), withIP(dnat, func(b []byte) { b[14+20+16] ^= 1 }), "", false},
+		{"UDP without checksum keeps none", udp, udp, "", false},
+		{"UDP without checksum gets a wrong one", udp, withIP(udp, func(b []byte) { b[14+20+6] = 0x12 }), "UDP checksum", false},
+		{"bytes appended behind the packet", syn, rebuilt(append(append([]byte(nil), dnat...), 0, 0, 0, 0)), "follow the IP packet's declared end", false},
+		{"IP length grown past the frame", syn, rebuilt(withIP(dnat, func(b []byte) { b[17] += 8 })), "IP length fitted the frame", false},
+		{"ARP rewritten", ARP(tMAC1, c.Addr(), fe.Addr()), withIP(ARP(tMAC1, c.Addr(), fe.Addr()), func(b []byte) { b[20] = 9 }), "non-IP frame", false},
+		{"IP turned into another EtherType", syn, withIP(syn, func(b []byte) { b[12] = 0x88 }), "came out as EtherType", false},
+		{"IPIP with a valid outer header", syn, encap(syn, true), "", false},
+		{"IPIP with a wrong outer checksum", syn, encap(syn, false), "outer IPv4 header checksum", false},
+		{"decapsulated", encap(syn, true), syn, "", false},
+		{"decapsulated with the inner checksum broken", encap(syn, true), withIP(syn, func(b []byte) { b[24] ^= 1 }), "decapsulated IPv4 header checksum", false},
+		{"ICMP error quote changed without checksums", icmpIn, icmpBad, "ICMP checksum", false},
+		{"IPv6 DNAT with the TCP checksum fixed", tFrame(tcpPkt(c6, fe6, SYN, nil, nil)), tFrame(tcpPkt(c6, be6, SYN, nil, nil)), "", false},
 		{"IPv6 DNAT without the TCP checksum", tFrame(tcpPkt(c6, fe6, SYN, nil, nil)),
-			withIP(tFrame(tcpPkt(c6, be6, SYN, nil, nil)), func(b []byte) { copy(b[14+40+16:], tFrame(tcpPkt(c6, fe6, SYN, nil, nil))[14+40+16:14+40+18]) }), "TCP checksum"},
-		{"output cut below an Ethernet header", syn, syn[:10], "shorter than an Ethernet header"},
+			withIP(tFrame(tcpPkt(c6, be6, SYN, nil, nil)), func(b []byte) { copy(b[14+40+16:], tFrame(tcpPkt(c6, fe6, SYN, nil, nil))[14+40+16:14+40+18]) }), "TCP checksum", false},
+		{"output cut below an Ethernet header", syn, syn[:10], "shorter than an Ethernet header", false},
+		{"IPv4 BIG TCP DNAT, checksums fixed", bigTCP4(syn), bigTCP4(dnat), "", true},
+		{"IPv4 BIG TCP DNAT without the TCP checksum", bigTCP4(syn), withIP(bigTCP4(dnat), func(b []byte) { b[14+20+16] ^= 1 }), "TCP checksum", true},
+		{"IPv6 BIG TCP (jumbo) DNAT without the TCP checksum", bigTCP6(tFrame(tcpPkt(c6, fe6, ACK, nil, payload(100)))),
+			withIP(bigTCP6(tFrame(tcpPkt(c6, be6, ACK, nil, payload(100)))), func(b []byte) { b[14+48+16] ^= 1 }), "TCP checksum", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := CheckRewrite(tc.in, tc.out)
+			err := CheckRewrite(tc.in, tc.out, tc.gso)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("rejected: %v", err)
@@ -107,13 +112,13 @@ func TestBuildersValid(t *testing.T) {
 		"ext6":  IP(c6.Addr(), s6.Addr(), ProtoUDP, 64, nil, []Ext{{ProtoHop, []byte{1, 4, 0, 0, 0, 0}}, {ProtoDstOpt, nil}}, UDP(c6, s6, payload(5))),
 		"opts4": IP(c.Addr(), s.Addr(), ProtoTCP, 64, []byte{148, 4, 0, 0}, nil, TCP(c, s, SYN, nil, nil)),
 	} {
-		p := parseIP(ip, 0)
+		p := parseIP(ip, 0, false)
 		if p == nil || !p.hdrOK || !p.lenOK || p.slack != 0 || p.l4OK == nil || !*p.l4OK {
 			t.Errorf("%s: %+v", name, p)
 		}
 	}
 	for _, f := range Fragments(udpPkt(c, s, payload(64)), 24, 7) {
-		if p := parseIP(f, 0); p == nil || !p.frag || !p.hdrOK || !p.lenOK {
+		if p := parseIP(f, 0, false); p == nil || !p.frag || !p.hdrOK || !p.lenOK {
 			t.Errorf("fragment %x: %+v", f, p)
 		}
 	}

@@ -31,14 +31,21 @@ const (
 const (
 	skbOffIfindex = 40
 	skbOffTstamp  = 152
+	skbOffGSOSegs = 164
+	skbOffGSOSize = 176
 	skbCtxLen     = 184 // up to hwtstamp: tstamp_type must stay 0 in ctx_in
 	skbCtxOutLen  = 192 // sizeof(struct __sk_buff)
 	xdpCtxLen     = 24
 )
 
+// gsoSize is the gso_size of runs as a GSO packet (Run.GSO): what a GRO
+// aggregate or a BIG TCP packet of a 1500-byte MTU carries.
+const gsoSize = 1448
+
 // Run is one BPF_PROG_TEST_RUN of a packet.
 type Run struct {
 	In, Out       []byte
+	GSO           bool // tc: run as a GSO skb (gso_size set), as GRO and BIG TCP hand them over
 	Verdict       uint32
 	Tstamp        uint64 // skb->tstamp after the run (tc)
 	Before, After uint64 // CLOCK_MONOTONIC just before and after the run
@@ -95,6 +102,7 @@ type Failure struct {
 	Seed   uint64
 	Stream uint64
 	Packet []byte
+	GSO    bool // run as a GSO skb
 	Err    error
 }
 
@@ -102,11 +110,15 @@ func (f *Failure) Error() string {
 	if f.Packet == nil {
 		return fmt.Sprintf("%s: after packet %d (seed %d): %v", f.Target, f.Index, f.Seed, f.Err)
 	}
-	return fmt.Sprintf("%s: packet %d (%s, seed %d) broke a rule: %v\npacket: %s\n"+
-		"replay it alone: AXON_FUZZ_REPLAY=%s:%s go test -count=1 -run TestFuzzReplay ./internal/datapath/fuzz\n"+
-		"replay the pass up to it: AXON_FUZZ_SEED=%d AXON_FUZZ_PACKETS=%d AXON_FUZZ_ONLY=%s go test -count=1 -run TestFuzzDatapath ./internal/datapath/fuzz",
-		f.Target, f.Index, f.Kind, f.Seed, f.Err, hex.EncodeToString(f.Packet),
-		f.Target, hex.EncodeToString(f.Packet), f.Seed, f.Index+1, f.Target)
+	gso, spec := "", f.Target+":"+hex.EncodeToString(f.Packet)
+	if f.GSO {
+		gso, spec = ", as a GSO skb", spec+":gso"
+	}
+	return fmt.Sprintf("%s: packet %d (%s%s, seed %d) broke a rule: %v\npacket: %s\n"+
+		"replay it alone: AXON_FUZZ_REPLAY=%s go test -count=1 -run '^TestFuzzDatapath$' ./internal/datapath/fuzz\n"+
+		"replay the pass up to it: AXON_FUZZ_SEED=%d AXON_FUZZ_PACKETS=%d AXON_FUZZ_ONLY=%s go test -count=1 -run '^TestFuzzDatapath$' ./internal/datapath/fuzz",
+		f.Target, f.Index, f.Kind, gso, f.Seed, f.Err, hex.EncodeToString(f.Packet),
+		spec, f.Seed, f.Index+1, f.Target)
 }
 
 func (f *Failure) Unwrap() error { return f.Err }
@@ -164,13 +176,22 @@ func refusable(xdp bool, pkt []byte, err error) bool {
 	return false
 }
 
-// Once runs pkt through the program and checks the rules of one run.
-func (r *runner) once(pkt []byte) (*Run, error) {
+// Once runs pkt through the program (a tc program with gso: as a GSO skb)
+// and checks the rules of one run.
+func (r *runner) once(pkt []byte, gso bool) (*Run, error) {
+	gso = gso && !r.t.XDP
 	if r.t.XDP {
 		binary.LittleEndian.PutUint32(r.ctx[4:], uint32(len(pkt))) // data_end
+	} else {
+		size, segs := uint32(0), uint32(0)
+		if gso {
+			size, segs = gsoSize, uint32(max(1, (len(pkt)+gsoSize-1)/gsoSize))
+		}
+		binary.LittleEndian.PutUint32(r.ctx[skbOffGSOSize:], size)
+		binary.LittleEndian.PutUint32(r.ctx[skbOffGSOSegs:], segs)
 	}
 	r.opts = ebpf.RunOptions{Data: pkt, DataOut: r.out, Context: r.ctx, ContextOut: r.ctxOut}
-	run := &Run{In: pkt, Before: monoNow()}
+	run := &Run{In: pkt, GSO: gso, Before: monoNow()}
 	v, err := r.t.Prog.Run(&r.opts)
 	run.After = monoNow()
 	if err != nil {
@@ -187,7 +208,7 @@ func (r *runner) once(pkt []byte) (*Run, error) {
 		return run, fmt.Errorf("returned %d (%#x), not one of the documented verdicts %s", int32(v), v, verdictList(r.t.Verdicts))
 	}
 	if !r.drop[v] {
-		if err := CheckRewrite(pkt, run.Out); err != nil {
+		if err := CheckRewrite(pkt, run.Out, gso); err != nil {
 			return run, fmt.Errorf("verdict %s: %w\noutput: %s", r.t.Verdicts[v], err, hex.EncodeToString(run.Out))
 		}
 	}
@@ -208,8 +229,8 @@ func verdictList(v map[uint32]string) string {
 }
 
 // RunOne runs one packet through t with all per-packet rules (a replay).
-func RunOne(t *Target, pkt []byte) (*Run, error) {
-	return newRunner(t).once(pkt)
+func RunOne(t *Target, pkt []byte, gso bool) (*Run, error) {
+	return newRunner(t).once(pkt, gso)
 }
 
 // Execute runs cfg.Packets generated packets through t in the calling
@@ -225,8 +246,8 @@ func Execute(t *Target, cfg Config) (*Stats, error) {
 	defer func() { st.Elapsed = time.Since(start) }()
 	r := newRunner(t)
 	m := NewMutator(t.Seeds, cfg.Seed, cfg.Stream)
-	fail := func(i int, kind string, pkt []byte, err error) error {
-		return &Failure{Target: t.Name, Index: i, Kind: kind, Seed: cfg.Seed, Stream: cfg.Stream, Packet: pkt, Err: err}
+	fail := func(i int, kind string, pkt []byte, gso bool, err error) error {
+		return &Failure{Target: t.Name, Index: i, Kind: kind, Seed: cfg.Seed, Stream: cfg.Stream, Packet: pkt, GSO: gso, Err: err}
 	}
 	first, err := readCounters(t)
 	if err != nil {
@@ -237,7 +258,8 @@ func Execute(t *Target, cfg Config) (*Stats, error) {
 		end := min(i+cfg.Batch, cfg.Packets)
 		for ; i < end; i++ {
 			pkt, kind := m.Next()
-			run, err := r.once(pkt)
+			gso := m.GSO()
+			run, err := r.once(pkt, gso)
 			st.Packets++
 			st.Kinds[kind]++
 			if errors.Is(err, errRefused) {
@@ -245,7 +267,7 @@ func Execute(t *Target, cfg Config) (*Stats, error) {
 				continue
 			}
 			if err != nil {
-				return st, fail(i, kind, pkt, err)
+				return st, fail(i, kind, pkt, gso, err)
 			}
 			st.Verdicts[t.Verdicts[run.Verdict]]++
 			if !r.drop[run.Verdict] && string(run.Out) != string(pkt) {

@@ -62,6 +62,10 @@ func (m *Mutator) Next() ([]byte, string) {
 	return pkt, kind
 }
 
+// GSO says whether the next run is one of a GSO skb (one in eight), as GRO
+// aggregates and BIG TCP packets arrive.
+func (m *Mutator) GSO() bool { return m.rng.IntN(8) == 0 }
+
 func clone(b []byte) []byte { return append([]byte(nil), b...) }
 
 func (m *Mutator) random() []byte {
@@ -113,7 +117,7 @@ func (m *Mutator) length(b []byte) []byte {
 		return m.flip(b)
 	}
 	if r.IntN(4) == 0 { // the inner packet of IPIP / an ICMP quote, where there is one
-		if p := parseIP(b[off:], 0); p != nil && p.inner != nil && off+40 < len(b) {
+		if p := parseIP(b[off:], 0, false); p != nil && p.inner != nil && off+40 < len(b) {
 			if b[off]>>4 == 4 {
 				off += int(b[off]&0x0f) * 4
 			} else {

@@ -1,10 +1,12 @@
 package fuzz
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
 	"github.com/axonhq/axon/internal/datapath/nodeport"
+	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -62,6 +64,34 @@ func payload(n int) []byte {
 		b[i] = byte('a' + i%26)
 	}
 	return b
+}
+
+// bigTCP4 is an IPv4 frame as IPv4 BIG TCP hands a GSO packet over 64 KiB
+// to a device: total length 0 (the length is the skb's), header checksum
+// valid.
+func bigTCP4(frame []byte) []byte {
+	b := append([]byte(nil), frame...)
+	b[16], b[17], b[24], b[25] = 0, 0, 0, 0
+	binary.BigEndian.PutUint16(b[24:], inetcsum.Checksum(b[14:34], 0))
+	return b
+}
+
+// bigTCP6 is an IPv6 frame as IPv6 BIG TCP sends it: a hop-by-hop header
+// with a jumbo payload option holding the length, payload length 0.
+func bigTCP6(frame []byte) []byte {
+	ip, rest := frame[14:14+40], frame[14+40:]
+	hbh := []byte{ip[6], 0, 0xc2, 4, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(hbh[4:], uint32(len(hbh)+len(rest)))
+	out := append([]byte(nil), frame[:14+40]...)
+	out[14+4], out[14+5], out[14+6] = 0, 0, ProtoHop
+	return append(append(out, hbh...), rest...)
+}
+
+func bigTCP4or6(frame []byte) []byte {
+	if frame[14]>>4 == 4 {
+		return bigTCP4(frame)
+	}
+	return bigTCP6(frame)
 }
 
 // wire is an IP packet as it arrives on the uplink from the client's router.
@@ -128,6 +158,10 @@ func (n *node) ingressSeeds(t testing.TB) [][]byte {
 		n.wire(tcpPkt(ap(client4, 40001), ap(node4, npTCP), FIN|ACK, nil, nil)),
 		n.wire(tcpPkt(ap(client4, 40002), ap(node4, npTCP), RST, nil, nil)),
 		n.wire(tcpPkt(c4, ap(vip4, vipPort), ACK, nil, payload(40))),
+		// BIG TCP (GRO aggregates of the established flows, run as GSO skbs)
+		bigTCP4(n.wire(tcpPkt(c4, ap(node4, npTCP), ACK|PSH, nil, payload(2800)))),
+		bigTCP6(n.wire(tcpPkt(c6, ap(node6, npTCP), ACK|PSH, nil, payload(2800)))),
+		bigTCP4(n.wire(tcpPkt(c4, ap(vip4, vipPort), ACK, nil, payload(2800)))),
 		// externalTrafficPolicy Local without a local backend, no backends,
 		// a client outside the source ranges, the node's own port
 		n.wire(tcpPkt(c4, ap(node4, npLocal), SYN, nil, nil)),
@@ -221,6 +255,7 @@ func (n *node) egressSeeds(t testing.TB) [][]byte {
 			s = append(s,
 				n.out(tcpPkt(r.Src, r.Dst, SYN|ACK, MSS(1460), nil)),
 				n.out(tcpPkt(r.Src, r.Dst, ACK|PSH, nil, payload(200))),
+				bigTCP4or6(n.out(tcpPkt(r.Src, r.Dst, ACK|PSH, nil, payload(2800)))),
 				n.out(tcpPkt(r.Src, r.Dst, FIN|ACK, nil, nil)))
 		} else {
 			s = append(s, n.out(udpPkt(r.Src, r.Dst, payload(24))))
@@ -237,6 +272,7 @@ func (n *node) edtSeeds() [][]byte {
 	return [][]byte{
 		n.out(tcpPkt(ap(podA4, 40000), ap(remote4, 80), ACK|PSH, nil, payload(1400))),
 		n.out(tcpPkt(ap(podA4, 40000), ap(remote4, 80), ACK, nil, nil)),
+		bigTCP4(n.out(tcpPkt(ap(podA4, 40000), ap(remote4, 80), ACK|PSH, nil, payload(2800)))),
 		n.out(tcpPkt(ap(podA6, 40000), ap(remote6, 80), ACK|PSH, nil, payload(1400))),
 		n.out(udpPkt(ap(podB4, 5000), ap(remote4, 53), payload(512))),
 		n.out(udpPkt(ap(podB6, 5000), ap(remote6, 53), payload(100))),
@@ -257,6 +293,8 @@ func (n *node) podSeeds() [][]byte {
 		n.fromPod(echo(podA6, podB6, 64)),
 		n.fromPod(tcpPkt(a4, ap(remote4, 8080), SYN, MSS(1460), nil)),
 		n.fromPod(tcpPkt(a6, ap(remote6, 8080), ACK|PSH, nil, payload(1400))),
+		bigTCP4(n.fromPod(tcpPkt(a4, ap(remote4, 8080), ACK|PSH, nil, payload(2800)))),
+		bigTCP6(n.fromPod(tcpPkt(a6, ap(podB6, 80), ACK|PSH, nil, payload(2800)))),
 		n.fromPod(udpPkt(a4, ap(noNeigh4, 53), payload(20))),
 		n.fromPod(udpPkt(a4, ap(unreach4, 53), payload(20))),
 		n.fromPod(udpPkt(a4, ap(netip.MustParseAddr("8.8.8.8"), 53), payload(20))),
