@@ -273,12 +273,7 @@ func TestFuzzDatapath(t *testing.T) {
 		packets = defaultPackets / int(envInt(t, "AXON_TEST_SLOWDOWN", 1)) // the kernel matrix's VMs under TCG
 	}
 	seed := envInt(t, envSeed, 1)
-	only := map[string]bool{}
-	for _, s := range strings.Split(os.Getenv(envOnly), ",") {
-		if s != "" {
-			only[s] = true
-		}
-	}
+	only := onlyTargets()
 	t.Logf("seed %d, %d packets per program (%s, %s)", seed, packets, envSeed, envPackets)
 	for _, tg := range targets {
 		if len(only) > 0 && !only[tg.Name] {
@@ -306,6 +301,17 @@ func TestFuzzDatapath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onlyTargets: the programs AXON_FUZZ_ONLY names (empty: all).
+func onlyTargets() map[string]bool {
+	only := map[string]bool{}
+	for _, s := range strings.Split(os.Getenv(envOnly), ",") {
+		if s != "" {
+			only[s] = true
+		}
+	}
+	return only
 }
 
 func replay(t *testing.T, n *node, targets []*Target, spec string) {
@@ -339,29 +345,37 @@ func replay(t *testing.T, n *node, targets []*Target, spec string) {
 	t.Fatalf("%s: no program %q", envReplay, name)
 }
 
-// nativeFuzz is a go test -fuzz target over one program: the corpus is its
-// seeds, every input gets the per-packet rules and the map invariants.
-func nativeFuzz(f *testing.F, name string) {
+// FuzzDatapath is the go test -fuzz target over every program: an input
+// is the program (its index in the node's list; AXON_FUZZ_ONLY keeps the
+// named ones), a frame and whether it runs as a GSO skb; every run gets the
+// per-packet rules and the map invariants. The corpus is every program's
+// seeds. Without -fuzz it runs the corpus as a test. Build the test binary
+// once (go test -c: -fuzz instruments every dependency, minutes of
+// compiling) and run it in the package dir:
+//
+//	go test -c -o /tmp/fuzz.test ./internal/datapath/fuzz
+//	cd internal/datapath/fuzz && /tmp/fuzz.test -test.run '^$' -test.fuzz FuzzDatapath -test.fuzztime 60s -test.parallel 1
+func FuzzDatapath(f *testing.F) {
 	n := newNode(f)
-	var tg *Target
+	var targets []*Target
 	if err := n.inNetns(f, func() error {
 		if err := n.openFlows(); err != nil {
 			return err
 		}
-		for _, x := range n.targets(f) {
-			if x.Name == name {
-				tg = x
-			}
-		}
+		targets = n.targets(f)
 		return nil
 	}); err != nil {
 		f.Fatal(err)
 	}
-	for i, s := range tg.Seeds {
-		f.Add(s, i%8 == 0)
+	only := onlyTargets()
+	for i, tg := range targets {
+		for j, s := range tg.Seeds {
+			f.Add(uint8(i), s, j%8 == 0)
+		}
 	}
-	f.Fuzz(func(t *testing.T, pkt []byte, gso bool) {
-		if len(pkt) < minFrame {
+	f.Fuzz(func(t *testing.T, prog uint8, pkt []byte, gso bool) {
+		tg := targets[int(prog)%len(targets)]
+		if len(pkt) < minFrame || (len(only) > 0 && !only[tg.Name]) {
 			return // BPF_PROG_TEST_RUN refuses frames without an Ethernet header
 		}
 		err := n.inNetns(t, func() error {
@@ -375,22 +389,7 @@ func nativeFuzz(f *testing.F, name string) {
 			return // a frame the kernel's test run does not take (refusable)
 		}
 		if err != nil {
-			var fl *Failure
-			if !errors.As(err, &fl) {
-				err = &Failure{Target: name, Packet: pkt, GSO: gso, Err: err}
-			}
-			t.Fatal(err)
+			t.Fatal(&Failure{Target: tg.Name, Packet: pkt, GSO: gso, Err: err})
 		}
 	})
 }
-
-// Native fuzz targets, one per program: go test -fuzz FuzzLBIngress
-// -fuzztime 60s ./internal/datapath/fuzz (without -fuzz they run their
-// seeds as tests).
-func FuzzPodEgress(f *testing.F)     { nativeFuzz(f, "pod_egress") }
-func FuzzUplinkIngress(f *testing.F) { nativeFuzz(f, "uplink_ingress") }
-func FuzzUplinkEgress(f *testing.F)  { nativeFuzz(f, "uplink_egress") }
-func FuzzLBIngress(f *testing.F)     { nativeFuzz(f, "lb_ingress") }
-func FuzzLBXDP(f *testing.F)         { nativeFuzz(f, "lb_xdp") }
-func FuzzLBEgress(f *testing.F)      { nativeFuzz(f, "lb_egress") }
-func FuzzLBDecap(f *testing.F)       { nativeFuzz(f, "lb_decap") }
