@@ -131,12 +131,11 @@ func monoNow() uint64 {
 
 // runner runs packets through one program, reusing its buffers.
 type runner struct {
-	t             *Target
-	ctx, ctxOut   []byte
-	out           []byte
-	opts          ebpf.RunOptions
-	drop          map[uint32]bool
-	wantTimestamp bool
+	t           *Target
+	ctx, ctxOut []byte
+	out         []byte
+	opts        ebpf.RunOptions
+	drop        map[uint32]bool
 }
 
 func newRunner(t *Target) *runner {
