@@ -17,6 +17,7 @@ const (
 	HookTC     = "tc"     // tc ingress program
 	HookXDP    = "xdp"    // XDP program
 	HookEgress = "egress" // tc egress program
+	HookDecap  = "decap"  // tc program of a DSR backend without an ipip device (axon_lb_decap)
 )
 
 // npTestRunAttr is the BPF_PROG_TEST_RUN part of union bpf_attr.
@@ -51,7 +52,8 @@ func (n *LB) TestRun(hook string, pkt []byte, ifindex int) (uint32, time.Duratio
 }
 
 // Program is the loaded program of hook (HookTC: axon_lb_ingress,
-// HookEgress: axon_lb_egress, HookXDP: axon_lb_xdp), for tests and tools;
+// HookEgress: axon_lb_egress, HookDecap: axon_lb_decap, HookXDP:
+// axon_lb_xdp), for tests and tools (the fuzzer, internal/datapath/fuzz);
 // nil for another hook.
 func (n *LB) Program(hook string) *ebpf.Program {
 	switch hook {
@@ -59,6 +61,8 @@ func (n *LB) Program(hook string) *ebpf.Program {
 		return n.tc.AxonLbIngress
 	case HookEgress:
 		return n.tc.AxonLbEgress
+	case HookDecap:
+		return n.tc.AxonLbDecap
 	case HookXDP:
 		return n.xdp.AxonLbXdp
 	}
@@ -71,10 +75,10 @@ func (n *LB) TestRunProgram(p *ebpf.Program, hook string, pkt []byte, ifindex in
 	var fd int
 	var ctx []byte
 	if p == nil {
-		return 0, 0, fmt.Errorf("test run: unknown hook %q (tc, xdp, egress)", hook)
+		return 0, 0, fmt.Errorf("test run: unknown hook %q (tc, xdp, egress, decap)", hook)
 	}
 	switch hook {
-	case HookTC, HookEgress:
+	case HookTC, HookEgress, HookDecap:
 		fd = p.FD()
 		if ifindex > 0 {
 			ctx = make([]byte, 44) // struct __sk_buff up to ifindex
@@ -88,7 +92,7 @@ func (n *LB) TestRunProgram(p *ebpf.Program, hook string, pkt []byte, ifindex in
 			binary.LittleEndian.PutUint32(ctx[12:], uint32(ifindex))
 		}
 	default:
-		return 0, 0, fmt.Errorf("test run: unknown hook %q (tc, xdp, egress)", hook)
+		return 0, 0, fmt.Errorf("test run: unknown hook %q (tc, xdp, egress, decap)", hook)
 	}
 	if len(pkt) == 0 {
 		return 0, 0, errors.New("test run: empty packet")

@@ -338,3 +338,23 @@ func Uninstall(pinDir string) error {
 	}
 	return nil
 }
+
+// Program names of Datapath.Program (also BenchmarkPrograms' keys).
+const (
+	ProgPodEgress     = "pod_egress"     // axon_pod_egress
+	ProgUplinkIngress = "uplink_ingress" // axon_uplink_ingress
+)
+
+// Program is the loaded program named name (ProgPodEgress,
+// ProgUplinkIngress), for tests and tools that run it with
+// BPF_PROG_TEST_RUN (the fuzzer, internal/datapath/fuzz); nil with legacy
+// host routing or for another name.
+func (d *Datapath) Program(name string) *ebpf.Program {
+	switch name {
+	case ProgPodEgress:
+		return d.podProg
+	case ProgUplinkIngress:
+		return d.upProg
+	}
+	return nil
+}
