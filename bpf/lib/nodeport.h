@@ -104,7 +104,9 @@ enum np_reason {
 	NP_FRAG_TRACKED = 22,    /* frag.h: first fragment, its ports recorded in axon_np_frag */
 	NP_FRAG_NOT_FOUND = 23,  /* frag.h: later fragment whose first was not seen: untouched */
 	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
-	NP_REASON_MAX = 25,
+	/* conntrack of handshake-less and unanswered flows (ct.h) */
+	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
+	NP_REASON_MAX = 26,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -370,6 +372,15 @@ struct np_pkt {
 #define NP_TCP_FIN 0x01
 #define NP_TCP_SYN 0x02
 #define NP_TCP_RST 0x04
+#define NP_TCP_ACK 0x10
+
+/* np_may_open: p may open a new flow: any UDP datagram, a TCP segment only
+ * when it is a SYN without ACK (nor FIN or RST). */
+AXON_INLINE int np_may_open(const struct np_pkt *p)
+{
+	return p->t.proto != AXON_IPPROTO_TCP ||
+	       (p->tcp_flags & (NP_TCP_SYN | NP_TCP_ACK | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN;
+}
 
 AXON_INLINE void np_count(enum np_hook hook, enum np_reason r)
 {
@@ -1249,6 +1260,17 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 			return np_reverse(ctx, pp, nat, hook);
 	}
 	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0, node);
+	if (svc && !np_may_open(pp) && (CTX_IS_XDP || !pp->dsr_be)) {
+		/* no flow of ours (never seen, expired, or from before the LB,
+		 * e.g. the node's own netfilter conntrack): the stack decides,
+		 * which answers a NodePort without a socket with a RST. A DSR
+		 * request (dsr_be) is exempt: the forwarding node's LB already
+		 * chose this pod, so a backend node that lost its entry picks
+		 * the flow up again. */
+		np_explain_set(NP_CT_NO_SYN, NULL, 0);
+		np_count(hook, NP_CT_NO_SYN);
+		return CTX_NEXT;
+	}
 	if (svc) {
 		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
 		if (rc) {

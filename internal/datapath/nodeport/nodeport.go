@@ -162,6 +162,8 @@ var npReasonNames = []string{
 	"malformed", "ttl", "egress_rev", "drop_no_snat_addr", "rewrite_fail", "dsr_decap",
 	"frag_tracked", "frag_not_found", // IP fragments (bpf/lib/frag.h)
 	"dsr_too_big", // bpf/lib/icmp_too_big.h
+	// conntrack of handshake-less and unanswered flows (bpf/lib/ct.h)
+	"ct_no_syn",
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
