@@ -1,6 +1,9 @@
 package nodeport
 
 import (
+	"net/netip"
+	"time"
+
 	"testing"
 
 	"github.com/axonhq/axon/internal/lb"
@@ -76,6 +79,164 @@ func TestNodePortNoSYNNoFlow(t *testing.T) {
 			}
 			if got := npMoved(before, f.counters(t), hook); got["ct_new"] != 1 {
 				t.Errorf("counters %v: want ct_new 1", got)
+			}
+		})
+	}
+}
+
+// npReply sends the first reply of flow (opened through hook, entry e)
+// where the LB sees it: an SNAT backend's at the ingress hook (reverse
+// NAT), a local backend's at the uplink egress. DSR replies never pass
+// this node: the client's second packet (its ACK) stands for the reply.
+func (f *npFix) npReply(t *testing.T, hook string, flow Tuple, e CTEntry) {
+	t.Helper()
+	var v npVerdict
+	switch e.Mode {
+	case "snat":
+		node := npNode
+		if flow.Dst.Addr().Is6() {
+			node = npNode6
+		}
+		pkt := npPacket(Tuple{Proto: flow.Proto, Src: e.Backend, Dst: netip.AddrPortFrom(node, e.NATPort)}, npSYN|npACK)
+		copy(pkt[0:6], f.upMAC)
+		copy(pkt[6:12], f.gwMAC)
+		if v, _ = f.run(t, hook, pkt); v != npFwd {
+			t.Fatalf("SNAT reply: verdict %s", v)
+		}
+	case "local":
+		pkt := npPacket(Tuple{Proto: flow.Proto, Src: e.Backend, Dst: flow.Src}, npSYN|npACK)
+		if v, _ = f.run(t, "egress", pkt); v != npNext {
+			t.Fatalf("local reply at egress: verdict %s", v)
+		}
+	case "dsr":
+		if v, _ = f.run(t, hook, f.wirePkt(flow, npACK)); v != npFwd {
+			t.Fatalf("DSR: the client's ACK: verdict %s", v)
+		}
+	default:
+		t.Fatalf("mode %q", e.Mode)
+	}
+}
+
+// TestNodePortUnreplied: a flow whose backend never answered (an
+// unanswered or spoofed SYN, a UDP datagram without reply) is removed by GC
+// after the short unreplied timeout (TCPUnreplied 60 s, UDPUnreplied 30 s
+// by default) instead of the established one (6 h, 60 s), and its SNAT port
+// is free at once: the backend never answered, so it holds no TIME_WAIT
+// for the port. The first reply (for DSR: the client's second packet)
+// makes the flow established. GC runs with a clock moved forward.
+func TestNodePortUnreplied(t *testing.T) {
+	f := newNPFix(t, nil)
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
+	f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
+	f.upsert(t, npVIP("192.0.2.10:80", lb.TCP, npBE("10.244.2.7:80", "node2")), FrontendOptions{Mode: ModeDSR})
+	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2")), FrontendOptions{})
+	f.upsert(t, npNodePort(30054, lb.UDP, false, npBE("10.244.1.6:53", "node1")), FrontendOptions{})
+	cases := []struct {
+		desc    string
+		flow    Tuple
+		mode    string
+		timeout time.Duration // the unreplied timeout that applies
+	}{
+		{"TCP, SNAT backend", npTCP("198.18.0.250:40000", "198.18.0.11:30080"), "snat", 60 * time.Second},
+		{"TCP, local backend", npTCP("198.18.0.250:40000", "198.18.0.11:30081"), "local", 60 * time.Second},
+		{"TCP, DSR backend", npTCP("198.18.0.250:40000", "192.0.2.10:80"), "dsr", 60 * time.Second},
+		{"UDP, SNAT backend", npUDP("198.18.0.250:5000", "198.18.0.11:30053"), "snat", 30 * time.Second},
+		{"UDP, local backend", npUDP("198.18.0.250:5000", "198.18.0.11:30054"), "local", 30 * time.Second},
+	}
+	later := func(d time.Duration) uint64 { return monoCoarse() + uint64(d) }
+	for _, hook := range npHooks {
+		for _, c := range cases {
+			t.Run(hook+"/"+c.desc+"/unanswered: gone after the unreplied timeout, SNAT port free", func(t *testing.T) {
+				e := f.openFlow(t, hook, c.flow)
+				if e.Mode != c.mode {
+					t.Fatalf("mode %s, want %s", e.Mode, c.mode)
+				}
+				st, err := f.n.gcAt(DefaultCTTimeouts, later(c.timeout-5*time.Second))
+				if err != nil || st.CTDeleted != 0 {
+					t.Fatalf("GC before the unreplied timeout: %+v, %v: want the flow kept", st, err)
+				}
+				st, err = f.n.gcAt(DefaultCTTimeouts, later(c.timeout+2*time.Second))
+				if err != nil || st.CTDeleted != 1 {
+					t.Errorf("GC %s after an unanswered flow's last packet: %+v, %v: want it deleted", c.timeout+2*time.Second, st, err)
+				}
+				if nat, err := f.n.NAT(); err != nil || len(nat) != 0 {
+					t.Errorf("reverse entries %+v (%v) after GC: an unanswered flow's SNAT port / reverse entry must go with it", nat, err)
+				}
+			})
+			t.Run(hook+"/"+c.desc+"/answered: established, kept", func(t *testing.T) {
+				e := f.openFlow(t, hook, c.flow)
+				if c.flow.Proto == lb.UDP && c.mode == "dsr" {
+					t.Skip("no UDP DSR case")
+				}
+				f.npReply(t, hook, c.flow, e)
+				st, err := f.n.gcAt(DefaultCTTimeouts, later(c.timeout+2*time.Second))
+				if err != nil || st.CTDeleted != 0 || st.NATDeleted != 0 {
+					t.Errorf("GC %s later: %+v, %v: an answered flow is established and keeps its entries", c.timeout+2*time.Second, st, err)
+				}
+				if _, ok := f.ctFor(t, c.flow); !ok {
+					t.Error("answered flow's CT entry gone")
+				}
+			})
+		}
+	}
+}
+
+// TestNodePortFloodKeepsEstablished: new flows past the conntrack table's
+// size (a SYN flood from spoofed sources) do not evict established flows:
+// every established flow keeps its backend and SNAT port afterwards.
+func TestNodePortFloodKeepsEstablished(t *testing.T) {
+	const ctMax = 256
+	f := newNPFix(t, func(o *Options) { o.CTMax = ctMax })
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2"), npBE("10.244.2.6:8080", "node2")), FrontendOptions{})
+	f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
+	const established, flood = 64, 4 * ctMax
+	for _, hook := range npHooks {
+		t.Run(hook, func(t *testing.T) {
+			f.resetFlows(t)
+			var flows []Tuple
+			want := map[Tuple]CTEntry{}
+			for i := 0; i < established; i++ {
+				dst := npAP("198.18.0.11:30080")
+				if i%2 == 1 {
+					dst = npAP("198.18.0.11:30081")
+				}
+				flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: dst}
+				if v, _ := f.run(t, hook, f.wirePkt(flow, npSYN)); v == npDrop {
+					t.Fatalf("SYN of flow %d dropped", i)
+				}
+				e, ok := f.ctFor(t, flow)
+				if !ok {
+					t.Fatalf("flow %d: no CT entry", i)
+				}
+				f.npReply(t, hook, flow, e)
+				flows = append(flows, flow)
+				want[flow] = e
+			}
+			before := f.counters(t)
+			for i := 0; i < flood; i++ {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), uint16(10000+i))
+				f.run(t, hook, f.wirePkt(Tuple{Proto: lb.TCP, Src: src, Dst: npAP("198.18.0.11:30080")}, npSYN))
+			}
+			flooded := npMoved(before, f.counters(t), hook)
+			if flooded["ct_new"] < flood/2 {
+				t.Fatalf("counters %v: the flood did not create flows", flooded)
+			}
+			before = f.counters(t)
+			lost := 0
+			for _, flow := range flows {
+				e, ok := f.ctFor(t, flow)
+				if !ok || e.Backend != want[flow].Backend || e.NATPort != want[flow].NATPort {
+					lost++
+					continue
+				}
+				if v, _ := f.run(t, hook, f.wirePkt(flow, npACK)); v == npDrop {
+					t.Errorf("flow %s: ACK dropped after the flood", flow)
+				}
+			}
+			got := npMoved(before, f.counters(t), hook)
+			if lost != 0 || got["ct_hit"] != uint64(established) {
+				t.Errorf("after %d new flows into a %d-entry table: %d of %d established flows lost their entry; counters %v (want ct_hit %d)",
+					flood, ctMax, lost, established, got, established)
 			}
 		})
 	}

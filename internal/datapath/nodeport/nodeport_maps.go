@@ -203,6 +203,12 @@ type GCStats struct {
 // kept if a packet touched it meanwhile. Safe to run while traffic flows
 // (the agent calls it periodically).
 func (n *LB) GC(to CTTimeouts) (GCStats, error) {
+	return n.gcAt(to, monoCoarse())
+}
+
+// gcAt is GC at the time now (bpf_ktime_get_coarse_ns's clock): tests
+// pass a later time to age entries without waiting.
+func (n *LB) gcAt(to CTTimeouts, now uint64) (GCStats, error) {
 	if to.TCP == 0 {
 		to.TCP = DefaultCTTimeouts.TCP
 	}
@@ -216,7 +222,6 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 		to.SNATTimeWait = DefaultCTTimeouts.SNATTimeWait
 	}
 	var st GCStats
-	now := monoCoarse()
 	n.mu.Lock()
 	liveBE := map[uint32]bool{}
 	for _, fe := range n.fe {
