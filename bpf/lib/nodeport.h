@@ -106,7 +106,9 @@ enum np_reason {
 	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
 	/* conntrack of handshake-less and unanswered flows (ct.h) */
 	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
-	NP_REASON_MAX = 26,
+	NP_CT_ESTABLISHED = 26,  /* first reply (DSR: the client's second packet): flow moved from axon_np_ct_new to axon_np_ct */
+	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
+	NP_REASON_MAX = 28,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -946,6 +948,39 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
 }
 
+/* np_ct_promote moves the unreplied flow k (axon_np_ct_new) to the
+ * established table axon_np_ct: its first reply was seen. */
+AXON_INLINE void np_ct_promote(const struct np_tuple *k, enum np_hook hook)
+{
+	struct np_ct *v;
+
+	if (cfg_dry_run)
+		return;
+	v = bpf_map_lookup_elem(&axon_np_ct_new, k);
+	if (!v)
+		return;
+	if (bpf_map_update_elem(&axon_np_ct, k, v, BPF_ANY)) {
+		np_count(hook, NP_CT_INSERT_FAIL);
+		return;
+	}
+	bpf_map_delete_elem(&axon_np_ct_new, k);
+	np_count(hook, NP_CT_ESTABLISHED);
+}
+
+/* np_promote_nat: a reply passed the reverse entry nat of an unreplied
+ * flow (NP_NAT_UNREPLIED): the flow is established. Not inlined: its key
+ * stays off the callers' frames. */
+static __noinline void np_promote_nat(struct np_nat *nat, __u8 proto, enum np_hook hook)
+{
+	struct np_tuple k;
+
+	if (cfg_dry_run)
+		return;
+	nat->flags &= ~NP_NAT_UNREPLIED;
+	np_nat_ct_key(nat, proto, &k);
+	np_ct_promote(&k, hook);
+}
+
 /* np_reverse sends a reply of an SNAT flow back to the client. */
 AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat, enum np_hook hook)
 {
@@ -973,6 +1008,8 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 		now = np_now();
 		if (now - nat->last_seen > cfg_ct_refresh_ns)
 			nat->last_seen = now;
+		if (nat->flags & NP_NAT_UNREPLIED)
+			np_promote_nat(nat, p->t.proto, hook);
 	}
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
@@ -1011,11 +1048,23 @@ AXON_INLINE int np_snat_insert(struct np_tuple *rkp, struct np_nat *natp, struct
 	return 1;
 }
 
+/* np_snat_reuse takes over the reservation old (under rkp) when it is
+ * stale (nat.h np_nat_stale: its flow was never answered and is no longer
+ * tracked). 0: taken over; 1: not. */
+AXON_INLINE int np_snat_reuse(struct np_nat *old, struct np_tuple *rkp, struct np_nat *natp, enum np_hook hook)
+{
+	if (!old || !np_nat_stale(old, rkp->proto) || (int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_EXIST) != 0)
+		return 1;
+	np_count(hook, NP_SNAT_PORT_REUSED);
+	return 0;
+}
+
 /* np_snat_try reserves port for the reply key rkp (np_snat_insert), or
  * takes over the entry if it is t's own old reservation (np_nat_mine).
  * 0: reserved; 1: taken or outside the range; -1: the map is full (no port
  * anywhere). */
-AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp, __u16 port)
+AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp, __u16 port,
+				enum np_hook hook)
 {
 	struct np_nat *old = NULL;
 	int rc;
@@ -1029,7 +1078,7 @@ AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, stru
 	/* (int): as in np_snat_insert, only the low 32 bits are defined < 6.4 */
 	if (old && np_nat_mine(old, t) && (int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_EXIST) == 0)
 		return 0;
-	return 1;
+	return np_snat_reuse(old, rkp, natp, hook);
 }
 
 /* np_snat_port reserves the SNAT source port of a new flow t -> backend
@@ -1040,12 +1089,14 @@ AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, stru
  * flow hash (these three may be t's own old reservation, taken over), then
  * consecutive ports from a random start (as nf_nat searches; a pool smaller
  * than the tries is searched whole), NP_SNAT_TRIES in all, each inserted with BPF_NOEXIST
+ * (a taken port whose flow was never answered and is no longer tracked is
+ * taken over: np_snat_reuse)
  * (unique per SNAT address, backend address:port and protocol); a taken
  * port moves on to the next candidate, a full map ends the search. Returns
  * 0 with rkp->dport set, or NP_SNAT_NO_PORT (pool or map full: the packet
  * is dropped, a TCP client retransmits its SYN). */
 AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp,
-			     __u16 prev_port)
+			     __u16 prev_port, enum np_hook hook)
 {
 	__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
 	struct np_nat *old;
@@ -1055,32 +1106,37 @@ AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, str
 	if (cfg_snat_port_max < cfg_snat_port_min)
 		return NP_SNAT_NO_PORT;
 	if (prev_port) {
-		rc = np_snat_try(t, rkp, natp, prev_port);
+		rc = np_snat_try(t, rkp, natp, prev_port, hook);
 		if (rc <= 0)
 			return rc ? NP_SNAT_NO_PORT : 0;
 	}
-	rc = np_snat_try(t, rkp, natp, bpf_ntohs(t->sport));
+	rc = np_snat_try(t, rkp, natp, bpf_ntohs(t->sport), hook);
 	if (rc <= 0)
 		return rc ? NP_SNAT_NO_PORT : 0;
-	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span);
+	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span, hook);
 	if (rc <= 0)
 		return rc ? NP_SNAT_NO_PORT : 0;
 	start = bpf_get_prandom_u32();
 	for (i = 3; i < NP_SNAT_TRIES; i++) {
 		rkp->dport = bpf_htons(cfg_snat_port_min + (start + i) % span);
+		old = NULL;
 		rc = np_snat_insert(rkp, natp, &old);
 		if (rc <= 0)
 			return rc ? NP_SNAT_NO_PORT : 0; /* reserved, or map full */
+		if (!np_snat_reuse(old, rkp, natp, hook))
+			return 0;
 	}
 	return NP_SNAT_NO_PORT;
 }
 
-/* np_new_flow sets up a new flow of frontend svc: backend, CT and reverse
- * entries. prev is the flow's closing CT entry a SYN reopens (NULL if
- * none): its SNAT port is tried first when the same backend is chosen.
+/* np_new_flow sets up a new flow of frontend svc: backend, CT entry (in
+ * axon_np_ct_new: not answered yet) and reverse entry (NP_NAT_UNREPLIED).
+ * prev is the flow's closing CT entry a SYN reopens (NULL if none): its
+ * SNAT port is tried first when the same backend is chosen; prev_est: prev
+ * is in axon_np_ct, where it is removed (the new flow is unreplied again).
  * Returns 0 with ct filled, or a verdict (> 0 reason) to drop. */
 AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const struct np_svc_val *found,
-			    struct np_ct *ct, __u64 now, enum np_hook hook, const struct np_ct *prev)
+			    struct np_ct *ct, __u64 now, enum np_hook hook, const struct np_ct *prev, int prev_est)
 {
 	struct np_scratch *sc = np_scratch();
 	struct np_svc_val svc;
@@ -1146,11 +1202,12 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	natp->dport = p->t.sport;
 	natp->frontend_id = svc.id;
 	natp->last_seen = now;
+	natp->flags = NP_NAT_UNREPLIED;
 	__builtin_memcpy(rkp->saddr, be.addr, 16);
 	rkp->sport = be.port;
 	rkp->proto = p->t.proto;
 	if (ct->flags & NP_CT_LOCAL) {
-		natp->flags = NP_NAT_LOCAL;
+		natp->flags |= NP_NAT_LOCAL;
 		if (!CTX_IS_XDP && p->dsr_be)
 			natp->flags |= NP_NAT_DSR;
 		__builtin_memcpy(rkp->daddr, p->t.saddr, 16);
@@ -1159,20 +1216,24 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	} else if (ct->flags & NP_CT_SNAT) {
 		if (np_snat_addr(&p->t, p->v6, rkp->daddr))
 			return NP_DROP_NO_SNAT_ADDR;
-		natp->flags = NP_NAT_SNAT;
-		if (np_snat_port(&p->t, rkp, natp, prev_port))
+		natp->flags |= NP_NAT_SNAT;
+		if (np_snat_port(&p->t, rkp, natp, prev_port, hook))
 			return NP_SNAT_NO_PORT;
 		ct->nat_port = rkp->dport;
 	}
-	if (bpf_map_update_elem(&axon_np_ct, &p->t, ct, BPF_ANY))
+	if (bpf_map_update_elem(&axon_np_ct_new, &p->t, ct, BPF_ANY)) {
 		np_count(hook, NP_CT_INSERT_FAIL);
-	else
-		np_count(hook, NP_CT_NEW);
+		return 0;
+	}
+	if (prev_est)
+		bpf_map_delete_elem(&axon_np_ct, &p->t);
+	np_count(hook, NP_CT_NEW);
 	return 0;
 }
 
-/* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST. */
-AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now)
+/* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST; unreplied:
+ * the entry is in axon_np_ct_new (a reverse entry it re-creates says so). */
+AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now, int unreplied)
 {
 	if (cfg_dry_run)
 		return;
@@ -1206,6 +1267,8 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 				nv.dport = p->t.sport;
 				nv.frontend_id = ct->frontend_id;
 				nv.flags = (ct->flags & NP_CT_SNAT) ? NP_NAT_SNAT : NP_NAT_LOCAL;
+				if (unreplied)
+					nv.flags |= NP_NAT_UNREPLIED;
 				nv.last_seen = now;
 				/* NOEXIST: never take over a port another flow reserved
 				 * after this one's entry was removed */
@@ -1219,6 +1282,14 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 
 #include "icmp_err.h"
 
+/* np_reopens: p is a SYN (without FIN or RST) for the closing flow ct: a
+ * new flow of the same tuple (the client reused its port), which selects
+ * its backend again. */
+AXON_INLINE int np_reopens(const struct np_ct *ct, const struct np_pkt *p)
+{
+	return (ct->flags & NP_CT_CLOSING) && (p->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN;
+}
+
 /* np_ingress_l4: a TCP/UDP packet at the uplink ingress (not inlined: its
  * own stack frame). */
 static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_hook hook)
@@ -1226,10 +1297,10 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	struct np_scratch *sc = np_scratch();
 	struct np_svc_key key;
 	struct np_svc_val *svc;
-	struct np_ct *ctp, *ct;
+	struct np_ct *ctp, *ct, *newp;
 	struct np_nat *nat;
 	__u64 now;
-	int rc, local = 0, node;
+	int rc, local = 0, node, hit = 1, dsr_req = !CTX_IS_XDP && pp->dsr_be;
 
 	if (!sc)
 		return CTX_NEXT;
@@ -1242,13 +1313,12 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	now = np_now();
 	ctp = bpf_map_lookup_elem(&axon_np_ct, &pp->t);
 	/* a DSR request only ever continues a local DNAT here (never forwards on) */
-	if (!CTX_IS_XDP && ctp && pp->dsr_be && (!(ctp->flags & NP_CT_LOCAL) || ctp->backend_id != pp->dsr_be))
+	if (dsr_req && ctp && (!(ctp->flags & NP_CT_LOCAL) || ctp->backend_id != pp->dsr_be))
 		ctp = NULL;
-	if (ctp && !((ctp->flags & NP_CT_CLOSING) && (pp->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN)) {
-		np_ct_touch(ctp, pp, now);
+	if (ctp && !np_reopens(ctp, pp)) {
+		np_ct_touch(ctp, pp, now, 0);
 		__builtin_memcpy(ct, ctp, sizeof(*ct));
-		np_count(hook, NP_CT_HIT);
-		return np_forward(ctx, pp, ct, hook, 1);
+		goto hit;
 	}
 	/* replies of SNAT flows are addressed to a node address (axon_np_local);
 	 * they are looked up before the frontends, so an SNAT port that is also
@@ -1259,8 +1329,28 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		if (nat && (nat->flags & NP_NAT_SNAT))
 			return np_reverse(ctx, pp, nat, hook);
 	}
-	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0, node);
-	if (svc && !np_may_open(pp) && (CTX_IS_XDP || !pp->dsr_be)) {
+	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, dsr_req, node);
+	if (svc && !ctp) {
+		/* a flow not answered yet (only looked up for a frontend's
+		 * packets: other traffic pays nothing for it) */
+		newp = bpf_map_lookup_elem(&axon_np_ct_new, &pp->t);
+		if (dsr_req && newp && (!(newp->flags & NP_CT_LOCAL) || newp->backend_id != pp->dsr_be))
+			newp = NULL;
+		if (newp && !np_reopens(newp, pp)) {
+			np_ct_touch(newp, pp, now, 1);
+			__builtin_memcpy(ct, newp, sizeof(*ct));
+			/* DSR: replies go direct; the client's packet after its
+			 * SYN (it got the SYN-ACK) stands for the reply */
+			if ((ct->flags & NP_CT_DSR) && !(pp->tcp_flags & NP_TCP_SYN))
+				np_ct_promote(&pp->t, hook);
+			goto hit;
+		}
+		if (newp) {
+			rc = np_new_flow(pp, &key, svc, ct, now, hook, newp, 0);
+			goto opened;
+		}
+	}
+	if (svc && !np_may_open(pp) && !dsr_req) {
 		/* no flow of ours (never seen, expired, or from before the LB,
 		 * e.g. the node's own netfilter conntrack): the stack decides,
 		 * which answers a NodePort without a socket with a RST. A DSR
@@ -1272,17 +1362,23 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		return CTX_NEXT;
 	}
 	if (svc) {
-		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
+		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp, ctp != NULL);
+opened:
 		if (rc) {
 			np_explain_set(rc, NULL, 0);
 			np_count(hook, rc);
 			return CTX_DROP;
 		}
-		return np_forward(ctx, pp, ct, hook, 0);
+		hit = 0;
+		goto forward;
 	}
 	np_explain_set(NP_NOT_SERVICE, NULL, 0);
 	np_count(hook, NP_NOT_SERVICE);
 	return CTX_NEXT;
+hit:
+	np_count(hook, NP_CT_HIT);
+forward:
+	return np_forward(ctx, pp, ct, hook, hit);
 }
 
 /* np_dsr_accept is the backend side of DSR (tc only: XDP passes IP-in-IP
@@ -1327,7 +1423,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 		if (in.frag || np_icmp_quoted(ctx, &in, &it, &inner_off, &inner_l4))
 			return 1;
 		np_tuple_swap(&in.t, &it); /* the flow's CT key; in is not needed after */
-		ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+		ct = np_ct_any(&in.t);
 		if (!ct || !(ct->flags & NP_CT_LOCAL) || !np_addr_eq(ct->be_addr, p->t.daddr))
 			return 1;
 		goto decap;
@@ -1336,7 +1432,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 		return 1;
 	if (in.frag ? np_frag_ports(ctx, &in) : np_parse_ports(ctx, &in))
 		return 1;
-	ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+	ct = np_ct_any(&in.t);
 	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
 		be_id = ct->backend_id;
 	} else {
@@ -1471,6 +1567,8 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 	now = np_now();
 	if (now - nat->last_seen > cfg_ct_refresh_ns)
 		nat->last_seen = now;
+	if (nat->flags & NP_NAT_UNREPLIED)
+		np_promote_nat(nat, p.t.proto, NP_HOOK_EGRESS);
 	__builtin_memcpy(&n, &p.t, sizeof(n));
 	__builtin_memcpy(n.saddr, nat->saddr, 16);
 	n.sport = nat->sport;

@@ -241,3 +241,51 @@ func TestNodePortFloodKeepsEstablished(t *testing.T) {
 		})
 	}
 }
+
+// TestNodePortFloodSNATPorts: a SYN flood to an SNAT backend does not hold
+// its SNAT ports: the reservation of an unanswered flow evicted from the
+// unreplied table is taken over by the next new flow (snat_port_reused),
+// so ports in use stay bounded by that table's size and a legitimate
+// client still gets a port while the flood goes on.
+func TestNodePortFloodSNATPorts(t *testing.T) {
+	const ports, unrepliedMax, flood = 512, 64, 3000
+	f := newNPFix(t, func(o *Options) {
+		o.SNATPortMin, o.SNATPortMax = 20000, 20000+ports-1
+		o.CTUnrepliedMax = unrepliedMax
+	})
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
+	for _, hook := range npHooks {
+		t.Run(hook, func(t *testing.T) {
+			f.resetFlows(t)
+			before := f.counters(t)
+			for i := 0; i < flood; i++ {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), uint16(40000+i%1000))
+				f.run(t, hook, f.wirePkt(Tuple{Proto: lb.TCP, Src: src, Dst: npAP("198.18.0.11:30080")}, npSYN))
+			}
+			got := npMoved(before, f.counters(t), hook)
+			st, err := f.n.CTStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got["snat_no_port"] != 0 || got["snat_port_reused"] == 0 || st.NATEntries > ports {
+				t.Errorf("%d SYNs through %d SNAT ports and a %d-entry unreplied table: counters %v, %d reservations: want no snat_no_port, ports of evicted flows reused",
+					flood, ports, unrepliedMax, got, st.NATEntries)
+			}
+			// a legitimate client during the flood: a port, and its reply
+			// comes back
+			legit := npTCP("198.18.0.250:45000", "198.18.0.11:30080")
+			if v, _ := f.run(t, hook, f.wirePkt(legit, npSYN)); v != npFwd {
+				t.Fatalf("legitimate SYN during the flood: verdict %s", v)
+			}
+			e, ok := f.ctFor(t, legit)
+			if !ok {
+				t.Fatal("legitimate flow: no CT entry")
+			}
+			f.npReply(t, hook, legit, e)
+			if e2, _ := f.ctFor(t, legit); e2.Unreplied {
+				t.Errorf("legitimate flow still unreplied after its reply: %+v", e2)
+			}
+			t.Logf("%s: %v; %d reservations, %d unreplied flows", hook, got, st.NATEntries, st.Unreplied)
+		})
+	}
+}

@@ -499,7 +499,14 @@ func TestNodePortGC(t *testing.T) {
 	f.upsert(t, fe, FrontendOptions{})
 	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2")), FrontendOptions{})
 	for i := 0; i < 20; i++ {
-		f.run(t, "tc", f.wirePkt(Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: npAP("198.18.0.11:30080")}, npSYN))
+		// answered flows: established (unanswered ones: TestNodePortUnreplied)
+		flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: npAP("198.18.0.11:30080")}
+		f.run(t, "tc", f.wirePkt(flow, npSYN))
+		e, ok := f.ctFor(t, flow)
+		if !ok {
+			t.Fatalf("flow %s: no CT entry", flow)
+		}
+		f.npReply(t, "tc", flow, e)
 	}
 	f.run(t, "tc", f.wirePkt(npUDP("198.18.0.250:5000", "198.18.0.11:30053"), 0))
 	st, err := f.n.GC(DefaultCTTimeouts)
