@@ -289,3 +289,43 @@ func TestNodePortFloodSNATPorts(t *testing.T) {
 		})
 	}
 }
+
+// TestNodePortMaglevResume: an established flow of a Maglev frontend whose
+// CT entry is gone (evicted, or lost with the maps) continues on the same
+// backend: its next packet, not a SYN, picks the Maglev slot again
+// (ct_maglev_resume) instead of going to the stack. A random frontend's
+// flow cannot be resumed (ct_no_syn: TestNodePortNoSYNNoFlow).
+func TestNodePortMaglevResume(t *testing.T) {
+	const m = 251
+	f := newNPFix(t, func(o *Options) { o.MaglevTableSize = m })
+	table := make([]uint32, m)
+	for i := range table {
+		table[i] = uint32(i % 3)
+	}
+	f.upsert(t, npVIP("192.0.2.90:80", lb.TCP, npBE("10.244.2.1:80", "node2"), npBE("10.244.2.2:80", "node2"), npBE("10.244.2.3:80", "node2")),
+		FrontendOptions{Maglev: table, Mode: ModeDSR})
+	f.upsert(t, npVIP("192.0.2.91:80", lb.TCP, npBE("10.244.1.1:80", "node1"), npBE("10.244.1.2:80", "node1"), npBE("10.244.1.3:80", "node1")),
+		FrontendOptions{Maglev: table})
+	for _, hook := range npHooks {
+		for _, vip := range []string{"192.0.2.90:80", "192.0.2.91:80"} {
+			t.Run(hook+"/"+vip, func(t *testing.T) {
+				for i := 0; i < 8; i++ {
+					flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}), uint16(30000+i*7)), Dst: npAP(vip)}
+					e := f.openFlow(t, hook, flow)
+					f.npReply(t, hook, flow, e)
+					f.resetFlows(t) // the entry is lost
+					before := f.counters(t)
+					if v, _ := f.run(t, hook, f.wirePkt(flow, npACK)); v == npDrop {
+						t.Fatalf("flow %s: ACK after its entry was lost: dropped", flow)
+					}
+					got := npMoved(before, f.counters(t), hook)
+					e2, ok := f.ctFor(t, flow)
+					if !ok || e2.Backend != e.Backend || got["ct_maglev_resume"] != 1 {
+						t.Fatalf("flow %s on %s: after its entry was lost its ACK went to %v (entry %v), counters %v: want the same backend by Maglev, ct_maglev_resume 1",
+							flow, e.Backend, e2.Backend, ok, got)
+					}
+				}
+			})
+		}
+	}
+}
