@@ -108,7 +108,8 @@ enum np_reason {
 	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
 	NP_CT_ESTABLISHED = 26,  /* first reply (DSR: the client's second packet): flow moved from axon_np_ct_new to axon_np_ct */
 	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
-	NP_REASON_MAX = 28,
+	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
+	NP_REASON_MAX = 29,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -1350,7 +1351,7 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 			goto opened;
 		}
 	}
-	if (svc && !np_may_open(pp) && !dsr_req) {
+	if (svc && !np_may_open(pp) && !dsr_req && !(svc->flags & NP_F_MAGLEV)) {
 		/* no flow of ours (never seen, expired, or from before the LB,
 		 * e.g. the node's own netfilter conntrack): the stack decides,
 		 * which answers a NodePort without a socket with a RST. A DSR
@@ -1362,6 +1363,11 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		return CTX_NEXT;
 	}
 	if (svc) {
+		/* a Maglev frontend picks the same backend for the tuple again
+		 * (while the backend set is unchanged), so a flow whose entry
+		 * was evicted or lost resumes where it was */
+		if (!np_may_open(pp) && (svc->flags & NP_F_MAGLEV))
+			np_count(hook, NP_CT_MAGLEV_RESUME);
 		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp, ctp != NULL);
 opened:
 		if (rc) {
