@@ -6,13 +6,16 @@
  *   axon_np_ct_new  flows not answered yet ("unreplied"): every new flow
  *                   starts here (only a TCP SYN without ACK, or any UDP
  *                   datagram, opens one)
- *   axon_np_ct      established flows: moved here (np_ct_promote) by the
- *                   first packet of the reply direction: a local backend's
- *                   at the uplink egress, an SNAT backend's at its reverse
- *                   NAT; a DSR backend's replies never pass this node, so
- *                   the client's first packet after its SYN (its ACK: it got
- *                   the SYN-ACK), or a UDP flow's second datagram, stands
- *                   for the reply
+ *   axon_np_ct      established flows, moved here (np_ct_promote):
+ *                   UDP by the first reply (a local backend's at the uplink
+ *                   egress, an SNAT backend's at its reverse NAT); TCP by
+ *                   the client's first packet without SYN (its ACK) after
+ *                   such a reply (NP_CT_REPLIED), as Linux's conntrack
+ *                   marks a flow assured only once the handshake completed:
+ *                   a backend answering spoofed SYNs does not make them
+ *                   established. DSR replies never pass this node: the
+ *                   client's first packet without SYN (it got the SYN-ACK),
+ *                   or a UDP flow's second datagram, stands for both
  * A flood of new flows (SYNs from spoofed sources) fills and evicts only
  * axon_np_ct_new; established flows keep their entries. A packet looks in
  * axon_np_ct first (an established flow costs one lookup, as before), in
@@ -48,6 +51,8 @@ enum np_ct_flag {
 	NP_CT_SNAT = 0x02,    /* remote backend, source NATed to the node (nat_port) */
 	NP_CT_DSR = 0x04,     /* remote backend, IPIP-encapsulated; replies go direct */
 	NP_CT_CLOSING = 0x08, /* TCP FIN or RST seen: short timeout, a new SYN re-selects */
+	NP_CT_REPLIED = 0x10, /* axon_np_ct_new, TCP: the backend answered (SYN-ACK); the
+			       * client's next packet (its ACK) makes the flow established */
 };
 
 /* np_tuple: one direction of a flow as seen in the packet (40 bytes).

@@ -106,7 +106,7 @@ enum np_reason {
 	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
 	/* conntrack of handshake-less and unanswered flows (ct.h) */
 	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
-	NP_CT_ESTABLISHED = 26,  /* first reply (DSR: the client's second packet): flow moved from axon_np_ct_new to axon_np_ct */
+	NP_CT_ESTABLISHED = 26,  /* flow moved from axon_np_ct_new to axon_np_ct (ct.h: UDP reply, TCP client ACK after a reply, DSR second packet) */
 	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
 	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
 	NP_REASON_MAX = 29,
@@ -968,17 +968,25 @@ AXON_INLINE void np_ct_promote(const struct np_tuple *k, enum np_hook hook)
 	np_count(hook, NP_CT_ESTABLISHED);
 }
 
-/* np_promote_nat: a reply passed the reverse entry nat of an unreplied
- * flow (NP_NAT_UNREPLIED): the flow is established. Not inlined: its key
- * stays off the callers' frames. */
+/* np_promote_nat: a reply passed the reverse entry nat of a flow that is
+ * not established yet (NP_NAT_UNREPLIED): a UDP flow is established now, a
+ * TCP flow is marked NP_CT_REPLIED (the client's ACK establishes it,
+ * np_establish). Not inlined: its key stays off the callers' frames. */
 static __noinline void np_promote_nat(struct np_nat *nat, __u8 proto, enum np_hook hook)
 {
 	struct np_tuple k;
+	struct np_ct *v;
 
 	if (cfg_dry_run)
 		return;
-	nat->flags &= ~NP_NAT_UNREPLIED;
 	np_nat_ct_key(nat, proto, &k);
+	if (proto == AXON_IPPROTO_TCP) {
+		v = bpf_map_lookup_elem(&axon_np_ct_new, &k);
+		if (v && !(v->flags & NP_CT_REPLIED))
+			v->flags |= NP_CT_REPLIED;
+		return;
+	}
+	nat->flags &= ~NP_NAT_UNREPLIED;
 	np_ct_promote(&k, hook);
 }
 
@@ -1232,6 +1240,45 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	return 0;
 }
 
+/* np_rev_key is the reverse (NAT) key of flow ct of packet p (client ->
+ * frontend): the backend's reply to the SNAT port or to the client. -1: no
+ * SNAT address. */
+AXON_INLINE int np_rev_key(const struct np_ct *ct, const struct np_pkt *p, struct np_tuple *rk)
+{
+	__builtin_memset(rk, 0, sizeof(*rk));
+	__builtin_memcpy(rk->saddr, ct->be_addr, 16);
+	rk->sport = ct->be_port;
+	rk->proto = p->t.proto;
+	if (ct->flags & NP_CT_SNAT) {
+		if (np_snat_addr(&p->t, p->v6, rk->daddr))
+			return -1;
+		rk->dport = ct->nat_port;
+	} else {
+		__builtin_memcpy(rk->daddr, p->t.saddr, 16);
+		rk->dport = p->t.sport;
+	}
+	return 0;
+}
+
+/* np_establish: p (client -> frontend) makes its unreplied flow v
+ * (axon_np_ct_new) established: moved to axon_np_ct, its reverse entry no
+ * longer NP_NAT_UNREPLIED. Not inlined: its key stays off the caller's
+ * frame; once per flow. */
+static __noinline void np_establish(const struct np_ct *v, const struct np_pkt *p, enum np_hook hook)
+{
+	struct np_tuple rk;
+	struct np_nat *nat;
+
+	if (cfg_dry_run)
+		return;
+	if ((v->flags & (NP_CT_SNAT | NP_CT_LOCAL)) && !np_rev_key(v, p, &rk)) {
+		nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
+		if (nat)
+			nat->flags &= ~NP_NAT_UNREPLIED;
+	}
+	np_ct_promote(&p->t, hook);
+}
+
 /* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST; unreplied:
  * the entry is in axon_np_ct_new (a reverse entry it re-creates says so). */
 AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now, int unreplied)
@@ -1242,20 +1289,11 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 		ct->last_seen = now;
 		if (ct->flags & (NP_CT_SNAT | NP_CT_LOCAL)) {
 			/* keep the reverse entry alive with its flow */
-			struct np_tuple rk = {};
+			struct np_tuple rk;
 			struct np_nat *nat;
 
-			__builtin_memcpy(rk.saddr, ct->be_addr, 16);
-			rk.sport = ct->be_port;
-			rk.proto = p->t.proto;
-			if (ct->flags & NP_CT_SNAT) {
-				if (np_snat_addr(&p->t, p->v6, rk.daddr))
-					return;
-				rk.dport = ct->nat_port;
-			} else {
-				__builtin_memcpy(rk.daddr, p->t.saddr, 16);
-				rk.dport = p->t.sport;
-			}
+			if (np_rev_key(ct, p, &rk))
+				return;
 			nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
 			if (nat) {
 				nat->last_seen = now;
@@ -1340,10 +1378,12 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		if (newp && !np_reopens(newp, pp)) {
 			np_ct_touch(newp, pp, now, 1);
 			__builtin_memcpy(ct, newp, sizeof(*ct));
-			/* DSR: replies go direct; the client's packet after its
-			 * SYN (it got the SYN-ACK) stands for the reply */
-			if ((ct->flags & NP_CT_DSR) && !(pp->tcp_flags & NP_TCP_SYN))
-				np_ct_promote(&pp->t, hook);
+			/* the client's packet after its SYN, once the backend
+			 * answered (DSR: its replies go direct, this packet
+			 * stands for both) */
+			if (!(pp->tcp_flags & NP_TCP_SYN) &&
+			    ((ct->flags & NP_CT_DSR) || (pp->t.proto == AXON_IPPROTO_TCP && (ct->flags & NP_CT_REPLIED))))
+				np_establish(newp, pp, hook);
 			goto hit;
 		}
 		if (newp) {

@@ -84,6 +84,18 @@ func TestNodePortNoSYNNoFlow(t *testing.T) {
 	}
 }
 
+// npEstablish completes the handshake of flow (opened through hook, entry
+// e): the backend's reply (npReply), then for TCP the client's ACK.
+func (f *npFix) npEstablish(t *testing.T, hook string, flow Tuple, e CTEntry) {
+	t.Helper()
+	f.npReply(t, hook, flow, e)
+	if flow.Proto == lb.TCP && e.Mode != "dsr" {
+		if v, _ := f.run(t, hook, f.wirePkt(flow, npACK)); v == npDrop {
+			t.Fatalf("the client's ACK: dropped")
+		}
+	}
+}
+
 // npReply sends the first reply of flow (opened through hook, entry e)
 // where the LB sees it: an SNAT backend's at the ingress hook (reverse
 // NAT), a local backend's at the uplink egress. DSR replies never pass
@@ -163,12 +175,33 @@ func TestNodePortUnreplied(t *testing.T) {
 					t.Errorf("reverse entries %+v (%v) after GC: an unanswered flow's SNAT port / reverse entry must go with it", nat, err)
 				}
 			})
+			if c.flow.Proto == lb.TCP && c.mode != "dsr" {
+				t.Run(hook+"/"+c.desc+"/answered, never ACKed (a spoofed SYN): not established", func(t *testing.T) {
+					e := f.openFlow(t, hook, c.flow)
+					before := f.counters(t)
+					f.npReply(t, hook, c.flow, e)
+					e2, _ := f.ctFor(t, c.flow)
+					if !e2.Unreplied || !e2.Replied {
+						t.Errorf("entry %+v after the SYN-ACK: want unreplied, replied (the client's ACK establishes)", e2)
+					}
+					if got := npMoved(before, f.counters(t), hook); got["ct_established"] != 0 {
+						t.Errorf("counters %v: a SYN-ACK alone must not establish the flow", got)
+					}
+					st, err := f.n.gcAt(DefaultCTTimeouts, later(c.timeout+2*time.Second))
+					if err != nil || st.CTDeleted != 1 || st.NATDeleted != 1 {
+						t.Errorf("GC %s later: %+v, %v: want the flow and its reverse entry gone", c.timeout+2*time.Second, st, err)
+					}
+				})
+			}
 			t.Run(hook+"/"+c.desc+"/answered: established, kept", func(t *testing.T) {
 				e := f.openFlow(t, hook, c.flow)
 				if c.flow.Proto == lb.UDP && c.mode == "dsr" {
 					t.Skip("no UDP DSR case")
 				}
-				f.npReply(t, hook, c.flow, e)
+				f.npEstablish(t, hook, c.flow, e)
+				if e2, _ := f.ctFor(t, c.flow); e2.Unreplied {
+					t.Errorf("entry %+v still unreplied after the handshake", e2)
+				}
 				st, err := f.n.gcAt(DefaultCTTimeouts, later(c.timeout+2*time.Second))
 				if err != nil || st.CTDeleted != 0 || st.NATDeleted != 0 {
 					t.Errorf("GC %s later: %+v, %v: an answered flow is established and keeps its entries", c.timeout+2*time.Second, st, err)
@@ -208,7 +241,7 @@ func TestNodePortFloodKeepsEstablished(t *testing.T) {
 				if !ok {
 					t.Fatalf("flow %d: no CT entry", i)
 				}
-				f.npReply(t, hook, flow, e)
+				f.npEstablish(t, hook, flow, e)
 				flows = append(flows, flow)
 				want[flow] = e
 			}
@@ -281,7 +314,7 @@ func TestNodePortFloodSNATPorts(t *testing.T) {
 			if !ok {
 				t.Fatal("legitimate flow: no CT entry")
 			}
-			f.npReply(t, hook, legit, e)
+			f.npEstablish(t, hook, legit, e)
 			if e2, _ := f.ctFor(t, legit); e2.Unreplied {
 				t.Errorf("legitimate flow still unreplied after its reply: %+v", e2)
 			}
@@ -312,7 +345,7 @@ func TestNodePortMaglevResume(t *testing.T) {
 				for i := 0; i < 8; i++ {
 					flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}), uint16(30000+i*7)), Dst: npAP(vip)}
 					e := f.openFlow(t, hook, flow)
-					f.npReply(t, hook, flow, e)
+					f.npEstablish(t, hook, flow, e)
 					f.resetFlows(t) // the entry is lost
 					before := f.counters(t)
 					if v, _ := f.run(t, hook, f.wirePkt(flow, npACK)); v == npDrop {

@@ -506,7 +506,7 @@ func TestNodePortGC(t *testing.T) {
 		if !ok {
 			t.Fatalf("flow %s: no CT entry", flow)
 		}
-		f.npReply(t, "tc", flow, e)
+		f.npEstablish(t, "tc", flow, e)
 	}
 	f.run(t, "tc", f.wirePkt(npUDP("198.18.0.250:5000", "198.18.0.11:30053"), 0))
 	st, err := f.n.GC(DefaultCTTimeouts)

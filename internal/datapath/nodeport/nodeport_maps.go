@@ -24,6 +24,7 @@ const (
 	npCTSNAT    = 0x02
 	npCTDSR     = 0x04
 	npCTClosing = 0x08
+	npCTReplied = 0x10 // unreplied table, TCP: the backend answered, the client's ACK is awaited
 	npNATSNAT   = 0x01
 	npNATLocal  = 0x02
 	npNATDSR    = 0x04 // with npNATLocal: a DSR request of another node's LB
@@ -71,7 +72,10 @@ type CTEntry struct {
 	// Unreplied: no reply seen yet (axon_np_ct_new; for DSR: no second
 	// packet of the client yet). GC removes it after the short unreplied
 	// timeout.
-	Unreplied  bool
+	Unreplied bool
+	// Replied: an unreplied TCP flow whose backend answered; the client's
+	// next packet makes it established.
+	Replied    bool
 	FrontendID uint32
 	BackendID  uint32
 	Age        time.Duration // since creation
@@ -116,6 +120,7 @@ func ctMode(flags uint8) string {
 func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64, unreplied bool) CTEntry {
 	return CTEntry{
 		Unreplied:  unreplied,
+		Replied:    unreplied && v.Flags&npCTReplied != 0,
 		Flow:       fromNPTuple(k),
 		Backend:    netip.AddrPortFrom(lbmap.FromAddr16(v.BeAddr), lbmap.PortHost(v.BePort)),
 		NATPort:    lbmap.PortHost(v.NatPort),
