@@ -362,3 +362,87 @@ func TestNodePortMaglevResume(t *testing.T) {
 		}
 	}
 }
+
+// TestNodePortTablesFull: what a full table does, by table.
+//   - conntrack (established flows, an LRU): the least recently used flow
+//     is evicted; every packet is still translated.
+//   - reverse NAT (a plain hash: SNAT port reservations and local
+//     backends' reverse entries): a new flow that needs an entry is
+//     dropped (SNAT: snat_no_port; local backend: nat_full, else its
+//     replies would leave with the pod's address), its client retransmits;
+//     established flows go on.
+func TestNodePortTablesFull(t *testing.T) {
+	t.Run("conntrack", func(t *testing.T) {
+		const ctMax = 256
+		f := newNPFix(t, func(o *Options) { o.CTMax = ctMax })
+		f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
+		before := f.counters(t)
+		const flows = 3 * ctMax
+		var last Tuple
+		for i := 0; i < flows; i++ {
+			last = Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), 40000), Dst: npAP("198.18.0.11:30081")}
+			if v, _ := f.run(t, "tc", f.wirePkt(last, npSYN)); v != npNext {
+				t.Fatalf("flow %d: SYN verdict %s", i, v)
+			}
+			e, ok := f.ctFor(t, last)
+			if !ok {
+				t.Fatalf("flow %d: no entry", i)
+			}
+			f.npEstablish(t, "tc", last, e)
+		}
+		got := npMoved(before, f.counters(t), "tc")
+		st, err := f.n.CTStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got["ct_established"] != flows || got["dnat_local"] != 2*flows || st.Entries > ctMax+ctMax/4 {
+			t.Errorf("%d flows established into a %d-entry table: counters %v, %d entries: want every packet translated, the table at its size", flows, ctMax, got, st.Entries)
+		}
+		if e, ok := f.ctFor(t, last); !ok || e.Unreplied {
+			t.Errorf("the most recent flow's entry %+v (%v): an LRU keeps it", e, ok)
+		}
+		t.Logf("%d flows into %d entries: %d kept, %d evicted", flows, ctMax, st.Entries, flows-st.Entries)
+	})
+	t.Run("reverse NAT", func(t *testing.T) {
+		const natMax = 64
+		f := newNPFix(t, func(o *Options) { o.NATMax = natMax })
+		f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
+		f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
+		var flows []Tuple
+		for i := 0; ; i++ {
+			flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: npAP("198.18.0.11:30080")}
+			if v, _ := f.run(t, "tc", f.wirePkt(flow, npSYN)); v == npDrop {
+				break
+			}
+			e, _ := f.ctFor(t, flow)
+			f.npEstablish(t, "tc", flow, e)
+			flows = append(flows, flow)
+			if i > 2*natMax {
+				t.Fatalf("%d SNAT flows into a %d-entry NAT table", i, natMax)
+			}
+		}
+		if st, _ := f.n.CTStats(); st.NATEntries < natMax-natMax/8 {
+			t.Fatalf("first drop with %d of %d reverse entries", st.NATEntries, natMax)
+		}
+		for _, c := range []struct{ dst, reason string }{{"198.18.0.11:30080", "snat_no_port"}, {"198.18.0.11:30081", "nat_full"}} {
+			flow := npTCP("203.0.113.99:50000", c.dst)
+			before := f.counters(t)
+			v, _ := f.run(t, "tc", f.wirePkt(flow, npSYN))
+			if got := npMoved(before, f.counters(t), "tc"); v != npDrop || got[c.reason] != 1 {
+				t.Errorf("new flow to %s with the NAT table full: verdict %s, counters %v: want drop, %s 1", c.dst, v, got, c.reason)
+			}
+			if e, ok := f.ctFor(t, flow); ok {
+				t.Errorf("new flow to %s with the NAT table full left an entry %+v", c.dst, e)
+			}
+		}
+		before := f.counters(t)
+		for _, flow := range flows {
+			if v, _ := f.run(t, "tc", f.wirePkt(flow, npACK)); v != npFwd {
+				t.Fatalf("established flow %s with the NAT table full: verdict %s", flow, v)
+			}
+		}
+		if got := npMoved(before, f.counters(t), "tc"); got["ct_hit"] != uint64(len(flows)) {
+			t.Errorf("established flows with the NAT table full: counters %v, want %d ct_hit", got, len(flows))
+		}
+	})
+}
