@@ -16,8 +16,9 @@
  * for SNATTimeWait (default 65 s) after its last packet, longer than the
  * backend's TIME_WAIT (60 s on Linux), so a new flow never lands on a
  * 4-tuple the backend still holds for an older one. A full map fails the
- * insert (NP_SNAT_NO_PORT, the SYN is dropped and retransmitted) instead
- * of evicting a flow that is still in use.
+ * insert instead of evicting a flow that is still in use: a new SNAT flow
+ * is dropped (NP_SNAT_NO_PORT), a new flow to a local backend too
+ * (NP_NAT_FULL); the client retransmits its SYN. Established flows go on.
  */
 #ifndef AXON_NAT_H
 #define AXON_NAT_H

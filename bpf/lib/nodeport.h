@@ -109,7 +109,8 @@ enum np_reason {
 	NP_CT_ESTABLISHED = 26,  /* flow moved from axon_np_ct_new to axon_np_ct (ct.h: UDP reply, TCP client ACK after a reply, DSR second packet) */
 	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
 	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
-	NP_REASON_MAX = 29,
+	NP_NAT_FULL = 29,        /* new flow to a local backend, axon_np_nat full: no reverse entry for its replies, dropped */
+	NP_REASON_MAX = 30,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -1221,7 +1222,10 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 			natp->flags |= NP_NAT_DSR;
 		__builtin_memcpy(rkp->daddr, p->t.saddr, 16);
 		rkp->dport = p->t.sport;
-		bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY);
+		/* without it the replies would leave with the pod's address;
+		 * (int): only the low 32 bits are defined before 6.4 (np_snat_insert) */
+		if ((int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY) != 0)
+			return NP_NAT_FULL;
 	} else if (ct->flags & NP_CT_SNAT) {
 		if (np_snat_addr(&p->t, p->v6, rkp->daddr))
 			return NP_DROP_NO_SNAT_ADDR;

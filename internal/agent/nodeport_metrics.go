@@ -17,7 +17,7 @@ var (
 	descNPGCDeleted  = prometheus.NewDesc("axon_nodeport_ct_gc_deleted_total", "Conntrack entries removed by the agent's garbage collection (expired or backend gone).", nil, nil)
 	descNPPackets    = prometheus.NewDesc("axon_nodeport_packets_total", "Packets seen by the north-south LB, by hook (tc, xdp, egress) and verdict.", []string{"hook", "reason"}, nil)
 	descNPNATEntries = prometheus.NewDesc("axon_nodeport_nat_entries", "North-south reverse NAT entries in use, SNAT port reservations (held --nodeport-snat-timewait after a TCP flow closed) included.", nil, nil)
-	descNPNATMax     = prometheus.NewDesc("axon_nodeport_nat_max", "North-south reverse NAT table size (--nat-max); it never evicts: when full, new SNAT flows are dropped.", nil, nil)
+	descNPNATMax     = prometheus.NewDesc("axon_nodeport_nat_max", "North-south reverse NAT table size (--nat-max); it never evicts: when full, new SNAT flows and new flows to local backends are dropped (reasons snat_no_port, nat_full).", nil, nil)
 	descNPSNATNoPort = prometheus.NewDesc("axon_nodeport_snat_no_port_total", "New SNAT flows dropped because no source port was free for their backend or the NAT table was full (the client retransmits its SYN): widen --nodeport-snat-ports or raise --nat-max.", nil, nil)
 	descNPHC         = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
 )

@@ -176,7 +176,7 @@ var npReasonNames = []string{
 	"frag_tracked", "frag_not_found", // IP fragments (bpf/lib/frag.h)
 	"dsr_too_big", // bpf/lib/icmp_too_big.h
 	// conntrack of handshake-less and unanswered flows (bpf/lib/ct.h)
-	"ct_no_syn", "ct_established", "snat_port_reused", "ct_maglev_resume",
+	"ct_no_syn", "ct_established", "snat_port_reused", "ct_maglev_resume", "nat_full",
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
