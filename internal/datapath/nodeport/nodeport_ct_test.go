@@ -373,7 +373,7 @@ func TestNodePortMaglevResume(t *testing.T) {
 //     established flows go on.
 func TestNodePortTablesFull(t *testing.T) {
 	t.Run("conntrack", func(t *testing.T) {
-		const ctMax = 256
+		const ctMax = 128
 		f := newNPFix(t, func(o *Options) { o.CTMax = ctMax })
 		f.upsert(t, npNodePort(30081, lb.TCP, false, npBE("10.244.1.5:8080", "node1")), FrontendOptions{})
 		before := f.counters(t)

@@ -214,8 +214,8 @@ loop:
 	if eFlood == 0 {
 		t.Errorf("the established stream made no progress during the flood")
 	}
-	if d["ct_new"] < uint64(2*ctMax) {
-		t.Errorf("only %d new flows: the flood must be well past the %d-entry table to show anything", d["ct_new"], ctMax)
+	if d["ct_new"] < uint64(ctMax) {
+		t.Errorf("only %d new flows: the flood must be past the %d-entry table to show anything", d["ct_new"], ctMax)
 	}
 	if attempts == 0 || ok*10 < attempts*9 {
 		t.Errorf("legitimate connections during the flood: %d of %d succeeded, want at least 90 %%", ok, attempts)
