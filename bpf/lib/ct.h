@@ -1,13 +1,33 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* ct.h: connection tracking of the north-south load balancer (nodeport.h).
  *
- * One LRU hash keyed by the flow as the client sent it (client -> frontend).
+ * Two LRU hashes keyed by the flow as the client sent it (client ->
+ * frontend), with the same value:
+ *   axon_np_ct_new  flows not answered yet ("unreplied"): every new flow
+ *                   starts here (only a TCP SYN without ACK, or any UDP
+ *                   datagram, opens one)
+ *   axon_np_ct      established flows, moved here (np_ct_promote):
+ *                   UDP by the first reply (a local backend's at the uplink
+ *                   egress, an SNAT backend's at its reverse NAT); TCP by
+ *                   the client's first packet without SYN (its ACK) after
+ *                   such a reply (NP_CT_REPLIED), as Linux's conntrack
+ *                   marks a flow assured only once the handshake completed:
+ *                   a backend answering spoofed SYNs does not make them
+ *                   established. DSR replies never pass this node: the
+ *                   client's first packet without SYN (it got the SYN-ACK),
+ *                   or a UDP flow's second datagram, stands for both
+ * A flood of new flows (SYNs from spoofed sources) fills and evicts only
+ * axon_np_ct_new; established flows keep their entries. A packet looks in
+ * axon_np_ct first (an established flow costs one lookup, as before), in
+ * axon_np_ct_new only once its frontend matched.
+ *
  * A hit is a lookup only: the translation is in the value, the timestamp is
  * refreshed at most once per cfg_ct_refresh_ns (a plain store into the
  * value, no map update). The agent removes expired entries (timeouts by
- * protocol and state, nodeport.LB.GC in internal/datapath/nodeport); a full table evicts
- * the least recently used entry, counted as the difference between
- * NP_CT_NEW and the entries present (see nodeport.LB.CTStats).
+ * protocol and state, unreplied ones after a short timeout: nodeport.LB.GC
+ * in internal/datapath/nodeport); a full table evicts its least recently
+ * used entry, counted as the difference between NP_CT_NEW and the entries
+ * present (see nodeport.LB.CTStats).
  *
  * Timestamps are bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE): cheap,
  * tick resolution, the same clock the agent reads.
@@ -19,6 +39,11 @@
 
 /* Default number of CT entries; nodeport.Options.CTMax overrides it at load. */
 #define AXON_NP_CT_MAX 131072
+/* Default number of unreplied flows (axon_np_ct_new);
+ * nodeport.Options.CTUnrepliedMax overrides it at load. Kept well below
+ * the SNAT port range of one backend (28 976) so that a flood cannot hold
+ * every port of a backend (see np_nat_stale in nat.h). */
+#define AXON_NP_CT_NEW_MAX 8192
 
 /* np_ct.flags (npCT* in internal/datapath/nodeport). */
 enum np_ct_flag {
@@ -26,6 +51,8 @@ enum np_ct_flag {
 	NP_CT_SNAT = 0x02,    /* remote backend, source NATed to the node (nat_port) */
 	NP_CT_DSR = 0x04,     /* remote backend, IPIP-encapsulated; replies go direct */
 	NP_CT_CLOSING = 0x08, /* TCP FIN or RST seen: short timeout, a new SYN re-selects */
+	NP_CT_REPLIED = 0x10, /* axon_np_ct_new, TCP: the backend answered (SYN-ACK); the
+			       * client's next packet (its ACK) makes the flow established */
 };
 
 /* np_tuple: one direction of a flow as seen in the packet (40 bytes).
@@ -62,9 +89,29 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } axon_np_ct SEC(".maps");
 
+/* axon_np_ct_new: client->frontend tuple -> translation of a flow not
+ * answered yet (see above). Its own LRU: a flood evicts only its kind. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AXON_NP_CT_NEW_MAX);
+	__type(key, struct np_tuple);
+	__type(value, struct np_ct);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} axon_np_ct_new SEC(".maps");
+
 /* cfg_ct_refresh_ns: a CT/NAT hit rewrites last_seen only when it is older
  * than this (default 1 s), so an established flow costs a lookup. */
 volatile const __u64 cfg_ct_refresh_ns = 1000000000ULL;
+
+/* np_ct_any looks k up in both tables, the established one first: for
+ * paths that are not per-packet (ICMP errors, DSR requests), where an
+ * unanswered flow counts too (an error may be about its first packet). */
+AXON_INLINE struct np_ct *np_ct_any(const struct np_tuple *k)
+{
+	struct np_ct *v = bpf_map_lookup_elem(&axon_np_ct, k);
+
+	return v ? v : bpf_map_lookup_elem(&axon_np_ct_new, k);
+}
 
 AXON_INLINE __u64 np_now(void)
 {

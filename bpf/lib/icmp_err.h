@@ -179,7 +179,7 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 		goto route;
 	}
 	/* b) about a reply sent to the client */
-	ctp = bpf_map_lookup_elem(&axon_np_ct, &rk);
+	ctp = np_ct_any(&rk);
 	if (!ctp)
 		goto not_ours;
 	__builtin_memcpy(&ct, ctp, sizeof(ct));

@@ -16,8 +16,9 @@
  * for SNATTimeWait (default 65 s) after its last packet, longer than the
  * backend's TIME_WAIT (60 s on Linux), so a new flow never lands on a
  * 4-tuple the backend still holds for an older one. A full map fails the
- * insert (NP_SNAT_NO_PORT, the SYN is dropped and retransmitted) instead
- * of evicting a flow that is still in use.
+ * insert instead of evicting a flow that is still in use: a new SNAT flow
+ * is dropped (NP_SNAT_NO_PORT), a new flow to a local backend too
+ * (NP_NAT_FULL); the client retransmits its SYN. Established flows go on.
  */
 #ifndef AXON_NAT_H
 #define AXON_NAT_H
@@ -36,6 +37,12 @@ enum np_nat_flag {
 			      * clamped (np_dsr_clamp_mss) so the client's
 			      * segments still fit the uplink MTU with the outer
 			      * header added */
+	NP_NAT_UNREPLIED = 0x08, /* the flow is in axon_np_ct_new: the first reply
+				  * through this entry moves it to axon_np_ct
+				  * (np_ct_promote) and clears the flag; GC frees
+				  * such an entry (its SNAT port) soon after its
+				  * flow is gone, and a new flow may take over its
+				  * port once the flow was evicted (np_nat_stale) */
 };
 
 /* How many source ports a new SNAT flow tries before giving up (a bounded
@@ -87,6 +94,35 @@ AXON_INLINE int np_nat_mine(const struct np_nat *v, const struct np_tuple *t)
 		return 0;
 	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) |
 		(c[0] ^ d[0]) | (c[1] ^ d[1]) | (c[2] ^ d[2]) | (c[3] ^ d[3])) == 0;
+}
+
+/* np_nat_ct_key is the CT key (client -> frontend) of the flow whose
+ * reverse entry is v (proto: its protocol). */
+AXON_INLINE void np_nat_ct_key(const struct np_nat *v, __u8 proto, struct np_tuple *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	__builtin_memcpy(k->saddr, v->daddr, 16);
+	__builtin_memcpy(k->daddr, v->saddr, 16);
+	k->sport = v->dport;
+	k->dport = v->sport;
+	k->proto = proto;
+}
+
+/* np_nat_stale: v is the SNAT reservation of a flow that was never
+ * answered and is no longer tracked (evicted from axon_np_ct_new by newer
+ * flows): nobody will use its port, a new flow may take it over. Without
+ * this a SYN flood would hold every SNAT port of a backend until GC. A
+ * global function: the verifier checks it once, not in each of the SNAT
+ * port search's iterations (np_snat_port), which made that loop three
+ * times as costly to verify. v must not be NULL. */
+__noinline int np_nat_stale(const struct np_nat *v, __u32 proto)
+{
+	struct np_tuple k;
+
+	if (!v || !(v->flags & NP_NAT_UNREPLIED))
+		return 0;
+	np_nat_ct_key(v, proto, &k);
+	return !bpf_map_lookup_elem(&axon_np_ct_new, &k) && !bpf_map_lookup_elem(&axon_np_ct, &k);
 }
 
 #endif /* AXON_NAT_H */

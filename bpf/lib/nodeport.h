@@ -104,7 +104,13 @@ enum np_reason {
 	NP_FRAG_TRACKED = 22,    /* frag.h: first fragment, its ports recorded in axon_np_frag */
 	NP_FRAG_NOT_FOUND = 23,  /* frag.h: later fragment whose first was not seen: untouched */
 	NP_DSR_TOO_BIG = 24,     /* icmp_too_big.h: DSR packet too big once encapsulated: dropped, ICMP answer sent */
-	NP_REASON_MAX = 25,
+	/* conntrack of handshake-less and unanswered flows (ct.h) */
+	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
+	NP_CT_ESTABLISHED = 26,  /* flow moved from axon_np_ct_new to axon_np_ct (ct.h: UDP reply, TCP client ACK after a reply, DSR second packet) */
+	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
+	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
+	NP_NAT_FULL = 29,        /* new flow to a local backend, axon_np_nat full: no reverse entry for its replies, dropped */
+	NP_REASON_MAX = 30,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -370,6 +376,15 @@ struct np_pkt {
 #define NP_TCP_FIN 0x01
 #define NP_TCP_SYN 0x02
 #define NP_TCP_RST 0x04
+#define NP_TCP_ACK 0x10
+
+/* np_may_open: p may open a new flow: any UDP datagram, a TCP segment only
+ * when it is a SYN without ACK (nor FIN or RST). */
+AXON_INLINE int np_may_open(const struct np_pkt *p)
+{
+	return p->t.proto != AXON_IPPROTO_TCP ||
+	       (p->tcp_flags & (NP_TCP_SYN | NP_TCP_ACK | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN;
+}
 
 AXON_INLINE void np_count(enum np_hook hook, enum np_reason r)
 {
@@ -935,6 +950,47 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
 }
 
+/* np_ct_promote moves the unreplied flow k (axon_np_ct_new) to the
+ * established table axon_np_ct: its first reply was seen. */
+AXON_INLINE void np_ct_promote(const struct np_tuple *k, enum np_hook hook)
+{
+	struct np_ct *v;
+
+	if (cfg_dry_run)
+		return;
+	v = bpf_map_lookup_elem(&axon_np_ct_new, k);
+	if (!v)
+		return;
+	if (bpf_map_update_elem(&axon_np_ct, k, v, BPF_ANY)) {
+		np_count(hook, NP_CT_INSERT_FAIL);
+		return;
+	}
+	bpf_map_delete_elem(&axon_np_ct_new, k);
+	np_count(hook, NP_CT_ESTABLISHED);
+}
+
+/* np_promote_nat: a reply passed the reverse entry nat of a flow that is
+ * not established yet (NP_NAT_UNREPLIED): a UDP flow is established now, a
+ * TCP flow is marked NP_CT_REPLIED (the client's ACK establishes it,
+ * np_establish). Not inlined: its key stays off the callers' frames. */
+static __noinline void np_promote_nat(struct np_nat *nat, __u8 proto, enum np_hook hook)
+{
+	struct np_tuple k;
+	struct np_ct *v;
+
+	if (cfg_dry_run)
+		return;
+	np_nat_ct_key(nat, proto, &k);
+	if (proto == AXON_IPPROTO_TCP) {
+		v = bpf_map_lookup_elem(&axon_np_ct_new, &k);
+		if (v && !(v->flags & NP_CT_REPLIED))
+			v->flags |= NP_CT_REPLIED;
+		return;
+	}
+	nat->flags &= ~NP_NAT_UNREPLIED;
+	np_ct_promote(&k, hook);
+}
+
 /* np_reverse sends a reply of an SNAT flow back to the client. */
 AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat, enum np_hook hook)
 {
@@ -962,6 +1018,8 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 		now = np_now();
 		if (now - nat->last_seen > cfg_ct_refresh_ns)
 			nat->last_seen = now;
+		if (nat->flags & NP_NAT_UNREPLIED)
+			np_promote_nat(nat, p->t.proto, hook);
 	}
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
@@ -1000,11 +1058,23 @@ AXON_INLINE int np_snat_insert(struct np_tuple *rkp, struct np_nat *natp, struct
 	return 1;
 }
 
+/* np_snat_reuse takes over the reservation old (under rkp) when it is
+ * stale (nat.h np_nat_stale: its flow was never answered and is no longer
+ * tracked). 0: taken over; 1: not. */
+AXON_INLINE int np_snat_reuse(struct np_nat *old, struct np_tuple *rkp, struct np_nat *natp, enum np_hook hook)
+{
+	if (!old || !np_nat_stale(old, rkp->proto) || (int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_EXIST) != 0)
+		return 1;
+	np_count(hook, NP_SNAT_PORT_REUSED);
+	return 0;
+}
+
 /* np_snat_try reserves port for the reply key rkp (np_snat_insert), or
  * takes over the entry if it is t's own old reservation (np_nat_mine).
  * 0: reserved; 1: taken or outside the range; -1: the map is full (no port
  * anywhere). */
-AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp, __u16 port)
+AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp, __u16 port,
+				enum np_hook hook)
 {
 	struct np_nat *old = NULL;
 	int rc;
@@ -1018,7 +1088,7 @@ AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, stru
 	/* (int): as in np_snat_insert, only the low 32 bits are defined < 6.4 */
 	if (old && np_nat_mine(old, t) && (int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_EXIST) == 0)
 		return 0;
-	return 1;
+	return np_snat_reuse(old, rkp, natp, hook);
 }
 
 /* np_snat_port reserves the SNAT source port of a new flow t -> backend
@@ -1029,12 +1099,14 @@ AXON_INLINE int np_snat_try(const struct np_tuple *t, struct np_tuple *rkp, stru
  * flow hash (these three may be t's own old reservation, taken over), then
  * consecutive ports from a random start (as nf_nat searches; a pool smaller
  * than the tries is searched whole), NP_SNAT_TRIES in all, each inserted with BPF_NOEXIST
+ * (a taken port whose flow was never answered and is no longer tracked is
+ * taken over: np_snat_reuse)
  * (unique per SNAT address, backend address:port and protocol); a taken
  * port moves on to the next candidate, a full map ends the search. Returns
  * 0 with rkp->dport set, or NP_SNAT_NO_PORT (pool or map full: the packet
  * is dropped, a TCP client retransmits its SYN). */
 AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, struct np_nat *natp,
-			     __u16 prev_port)
+			     __u16 prev_port, enum np_hook hook)
 {
 	__u32 span = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
 	struct np_nat *old;
@@ -1044,32 +1116,37 @@ AXON_INLINE int np_snat_port(const struct np_tuple *t, struct np_tuple *rkp, str
 	if (cfg_snat_port_max < cfg_snat_port_min)
 		return NP_SNAT_NO_PORT;
 	if (prev_port) {
-		rc = np_snat_try(t, rkp, natp, prev_port);
+		rc = np_snat_try(t, rkp, natp, prev_port, hook);
 		if (rc <= 0)
 			return rc ? NP_SNAT_NO_PORT : 0;
 	}
-	rc = np_snat_try(t, rkp, natp, bpf_ntohs(t->sport));
+	rc = np_snat_try(t, rkp, natp, bpf_ntohs(t->sport), hook);
 	if (rc <= 0)
 		return rc ? NP_SNAT_NO_PORT : 0;
-	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span);
+	rc = np_snat_try(t, rkp, natp, cfg_snat_port_min + np_hash_tuple(t) % span, hook);
 	if (rc <= 0)
 		return rc ? NP_SNAT_NO_PORT : 0;
 	start = bpf_get_prandom_u32();
 	for (i = 3; i < NP_SNAT_TRIES; i++) {
 		rkp->dport = bpf_htons(cfg_snat_port_min + (start + i) % span);
+		old = NULL;
 		rc = np_snat_insert(rkp, natp, &old);
 		if (rc <= 0)
 			return rc ? NP_SNAT_NO_PORT : 0; /* reserved, or map full */
+		if (!np_snat_reuse(old, rkp, natp, hook))
+			return 0;
 	}
 	return NP_SNAT_NO_PORT;
 }
 
-/* np_new_flow sets up a new flow of frontend svc: backend, CT and reverse
- * entries. prev is the flow's closing CT entry a SYN reopens (NULL if
- * none): its SNAT port is tried first when the same backend is chosen.
+/* np_new_flow sets up a new flow of frontend svc: backend, CT entry (in
+ * axon_np_ct_new: not answered yet) and reverse entry (NP_NAT_UNREPLIED).
+ * prev is the flow's closing CT entry a SYN reopens (NULL if none): its
+ * SNAT port is tried first when the same backend is chosen; prev_est: prev
+ * is in axon_np_ct, where it is removed (the new flow is unreplied again).
  * Returns 0 with ct filled, or a verdict (> 0 reason) to drop. */
 AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const struct np_svc_val *found,
-			    struct np_ct *ct, __u64 now, enum np_hook hook, const struct np_ct *prev)
+			    struct np_ct *ct, __u64 now, enum np_hook hook, const struct np_ct *prev, int prev_est)
 {
 	struct np_scratch *sc = np_scratch();
 	struct np_svc_val svc;
@@ -1135,33 +1212,80 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	natp->dport = p->t.sport;
 	natp->frontend_id = svc.id;
 	natp->last_seen = now;
+	natp->flags = NP_NAT_UNREPLIED;
 	__builtin_memcpy(rkp->saddr, be.addr, 16);
 	rkp->sport = be.port;
 	rkp->proto = p->t.proto;
 	if (ct->flags & NP_CT_LOCAL) {
-		natp->flags = NP_NAT_LOCAL;
+		natp->flags |= NP_NAT_LOCAL;
 		if (!CTX_IS_XDP && p->dsr_be)
 			natp->flags |= NP_NAT_DSR;
 		__builtin_memcpy(rkp->daddr, p->t.saddr, 16);
 		rkp->dport = p->t.sport;
-		bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY);
+		/* without it the replies would leave with the pod's address;
+		 * (int): only the low 32 bits are defined before 6.4 (np_snat_insert) */
+		if ((int)bpf_map_update_elem(&axon_np_nat, rkp, natp, BPF_ANY) != 0)
+			return NP_NAT_FULL;
 	} else if (ct->flags & NP_CT_SNAT) {
 		if (np_snat_addr(&p->t, p->v6, rkp->daddr))
 			return NP_DROP_NO_SNAT_ADDR;
-		natp->flags = NP_NAT_SNAT;
-		if (np_snat_port(&p->t, rkp, natp, prev_port))
+		natp->flags |= NP_NAT_SNAT;
+		if (np_snat_port(&p->t, rkp, natp, prev_port, hook))
 			return NP_SNAT_NO_PORT;
 		ct->nat_port = rkp->dport;
 	}
-	if (bpf_map_update_elem(&axon_np_ct, &p->t, ct, BPF_ANY))
+	if (bpf_map_update_elem(&axon_np_ct_new, &p->t, ct, BPF_ANY)) {
 		np_count(hook, NP_CT_INSERT_FAIL);
-	else
-		np_count(hook, NP_CT_NEW);
+		return 0;
+	}
+	if (prev_est)
+		bpf_map_delete_elem(&axon_np_ct, &p->t);
+	np_count(hook, NP_CT_NEW);
 	return 0;
 }
 
-/* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST. */
-AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now)
+/* np_rev_key is the reverse (NAT) key of flow ct of packet p (client ->
+ * frontend): the backend's reply to the SNAT port or to the client. -1: no
+ * SNAT address. */
+AXON_INLINE int np_rev_key(const struct np_ct *ct, const struct np_pkt *p, struct np_tuple *rk)
+{
+	__builtin_memset(rk, 0, sizeof(*rk));
+	__builtin_memcpy(rk->saddr, ct->be_addr, 16);
+	rk->sport = ct->be_port;
+	rk->proto = p->t.proto;
+	if (ct->flags & NP_CT_SNAT) {
+		if (np_snat_addr(&p->t, p->v6, rk->daddr))
+			return -1;
+		rk->dport = ct->nat_port;
+	} else {
+		__builtin_memcpy(rk->daddr, p->t.saddr, 16);
+		rk->dport = p->t.sport;
+	}
+	return 0;
+}
+
+/* np_establish: p (client -> frontend) makes its unreplied flow v
+ * (axon_np_ct_new) established: moved to axon_np_ct, its reverse entry no
+ * longer NP_NAT_UNREPLIED. Not inlined: its key stays off the caller's
+ * frame; once per flow. */
+static __noinline void np_establish(const struct np_ct *v, const struct np_pkt *p, enum np_hook hook)
+{
+	struct np_tuple rk;
+	struct np_nat *nat;
+
+	if (cfg_dry_run)
+		return;
+	if ((v->flags & (NP_CT_SNAT | NP_CT_LOCAL)) && !np_rev_key(v, p, &rk)) {
+		nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
+		if (nat)
+			nat->flags &= ~NP_NAT_UNREPLIED;
+	}
+	np_ct_promote(&p->t, hook);
+}
+
+/* np_ct_touch refreshes a CT hit lazily and notes TCP FIN/RST; unreplied:
+ * the entry is in axon_np_ct_new (a reverse entry it re-creates says so). */
+AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now, int unreplied)
 {
 	if (cfg_dry_run)
 		return;
@@ -1169,20 +1293,11 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 		ct->last_seen = now;
 		if (ct->flags & (NP_CT_SNAT | NP_CT_LOCAL)) {
 			/* keep the reverse entry alive with its flow */
-			struct np_tuple rk = {};
+			struct np_tuple rk;
 			struct np_nat *nat;
 
-			__builtin_memcpy(rk.saddr, ct->be_addr, 16);
-			rk.sport = ct->be_port;
-			rk.proto = p->t.proto;
-			if (ct->flags & NP_CT_SNAT) {
-				if (np_snat_addr(&p->t, p->v6, rk.daddr))
-					return;
-				rk.dport = ct->nat_port;
-			} else {
-				__builtin_memcpy(rk.daddr, p->t.saddr, 16);
-				rk.dport = p->t.sport;
-			}
+			if (np_rev_key(ct, p, &rk))
+				return;
 			nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
 			if (nat) {
 				nat->last_seen = now;
@@ -1195,6 +1310,8 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 				nv.dport = p->t.sport;
 				nv.frontend_id = ct->frontend_id;
 				nv.flags = (ct->flags & NP_CT_SNAT) ? NP_NAT_SNAT : NP_NAT_LOCAL;
+				if (unreplied)
+					nv.flags |= NP_NAT_UNREPLIED;
 				nv.last_seen = now;
 				/* NOEXIST: never take over a port another flow reserved
 				 * after this one's entry was removed */
@@ -1208,6 +1325,14 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 
 #include "icmp_err.h"
 
+/* np_reopens: p is a SYN (without FIN or RST) for the closing flow ct: a
+ * new flow of the same tuple (the client reused its port), which selects
+ * its backend again. */
+AXON_INLINE int np_reopens(const struct np_ct *ct, const struct np_pkt *p)
+{
+	return (ct->flags & NP_CT_CLOSING) && (p->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN;
+}
+
 /* np_ingress_l4: a TCP/UDP packet at the uplink ingress (not inlined: its
  * own stack frame). */
 static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_hook hook)
@@ -1215,10 +1340,10 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	struct np_scratch *sc = np_scratch();
 	struct np_svc_key key;
 	struct np_svc_val *svc;
-	struct np_ct *ctp, *ct;
+	struct np_ct *ctp, *ct, *newp;
 	struct np_nat *nat;
 	__u64 now;
-	int rc, local = 0, node;
+	int rc, local = 0, node, hit = 1, dsr_req = !CTX_IS_XDP && pp->dsr_be;
 
 	if (!sc)
 		return CTX_NEXT;
@@ -1231,13 +1356,12 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 	now = np_now();
 	ctp = bpf_map_lookup_elem(&axon_np_ct, &pp->t);
 	/* a DSR request only ever continues a local DNAT here (never forwards on) */
-	if (!CTX_IS_XDP && ctp && pp->dsr_be && (!(ctp->flags & NP_CT_LOCAL) || ctp->backend_id != pp->dsr_be))
+	if (dsr_req && ctp && (!(ctp->flags & NP_CT_LOCAL) || ctp->backend_id != pp->dsr_be))
 		ctp = NULL;
-	if (ctp && !((ctp->flags & NP_CT_CLOSING) && (pp->tcp_flags & (NP_TCP_SYN | NP_TCP_FIN | NP_TCP_RST)) == NP_TCP_SYN)) {
-		np_ct_touch(ctp, pp, now);
+	if (ctp && !np_reopens(ctp, pp)) {
+		np_ct_touch(ctp, pp, now, 0);
 		__builtin_memcpy(ct, ctp, sizeof(*ct));
-		np_count(hook, NP_CT_HIT);
-		return np_forward(ctx, pp, ct, hook, 1);
+		goto hit;
 	}
 	/* replies of SNAT flows are addressed to a node address (axon_np_local);
 	 * they are looked up before the frontends, so an SNAT port that is also
@@ -1248,19 +1372,63 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 		if (nat && (nat->flags & NP_NAT_SNAT))
 			return np_reverse(ctx, pp, nat, hook);
 	}
-	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, !CTX_IS_XDP && pp->dsr_be != 0, node);
+	svc = np_lookup_svc(&pp->t, pp->v6, &key, &local, dsr_req, node);
+	if (svc && !ctp) {
+		/* a flow not answered yet (only looked up for a frontend's
+		 * packets: other traffic pays nothing for it) */
+		newp = bpf_map_lookup_elem(&axon_np_ct_new, &pp->t);
+		if (dsr_req && newp && (!(newp->flags & NP_CT_LOCAL) || newp->backend_id != pp->dsr_be))
+			newp = NULL;
+		if (newp && !np_reopens(newp, pp)) {
+			np_ct_touch(newp, pp, now, 1);
+			__builtin_memcpy(ct, newp, sizeof(*ct));
+			/* the client's packet after its SYN, once the backend
+			 * answered (DSR: its replies go direct, this packet
+			 * stands for both) */
+			if (!(pp->tcp_flags & NP_TCP_SYN) &&
+			    ((ct->flags & NP_CT_DSR) || (pp->t.proto == AXON_IPPROTO_TCP && (ct->flags & NP_CT_REPLIED))))
+				np_establish(newp, pp, hook);
+			goto hit;
+		}
+		if (newp) {
+			rc = np_new_flow(pp, &key, svc, ct, now, hook, newp, 0);
+			goto opened;
+		}
+	}
+	if (svc && !np_may_open(pp) && !dsr_req && !(svc->flags & NP_F_MAGLEV)) {
+		/* no flow of ours (never seen, expired, or from before the LB,
+		 * e.g. the node's own netfilter conntrack): the stack decides,
+		 * which answers a NodePort without a socket with a RST. A DSR
+		 * request (dsr_be) is exempt: the forwarding node's LB already
+		 * chose this pod, so a backend node that lost its entry picks
+		 * the flow up again. */
+		np_explain_set(NP_CT_NO_SYN, NULL, 0);
+		np_count(hook, NP_CT_NO_SYN);
+		return CTX_NEXT;
+	}
 	if (svc) {
-		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp);
+		/* a Maglev frontend picks the same backend for the tuple again
+		 * (while the backend set is unchanged), so a flow whose entry
+		 * was evicted or lost resumes where it was */
+		if (!np_may_open(pp) && (svc->flags & NP_F_MAGLEV))
+			np_count(hook, NP_CT_MAGLEV_RESUME);
+		rc = np_new_flow(pp, &key, svc, ct, now, hook, ctp, ctp != NULL);
+opened:
 		if (rc) {
 			np_explain_set(rc, NULL, 0);
 			np_count(hook, rc);
 			return CTX_DROP;
 		}
-		return np_forward(ctx, pp, ct, hook, 0);
+		hit = 0;
+		goto forward;
 	}
 	np_explain_set(NP_NOT_SERVICE, NULL, 0);
 	np_count(hook, NP_NOT_SERVICE);
 	return CTX_NEXT;
+hit:
+	np_count(hook, NP_CT_HIT);
+forward:
+	return np_forward(ctx, pp, ct, hook, hit);
 }
 
 /* np_dsr_accept is the backend side of DSR (tc only: XDP passes IP-in-IP
@@ -1305,7 +1473,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 		if (in.frag || np_icmp_quoted(ctx, &in, &it, &inner_off, &inner_l4))
 			return 1;
 		np_tuple_swap(&in.t, &it); /* the flow's CT key; in is not needed after */
-		ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+		ct = np_ct_any(&in.t);
 		if (!ct || !(ct->flags & NP_CT_LOCAL) || !np_addr_eq(ct->be_addr, p->t.daddr))
 			return 1;
 		goto decap;
@@ -1314,7 +1482,7 @@ static __noinline int np_dsr_accept(axon_ctx_t *ctx, struct np_pkt *p)
 		return 1;
 	if (in.frag ? np_frag_ports(ctx, &in) : np_parse_ports(ctx, &in))
 		return 1;
-	ct = bpf_map_lookup_elem(&axon_np_ct, &in.t);
+	ct = np_ct_any(&in.t);
 	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr)) {
 		be_id = ct->backend_id;
 	} else {
@@ -1449,6 +1617,8 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 	now = np_now();
 	if (now - nat->last_seen > cfg_ct_refresh_ns)
 		nat->last_seen = now;
+	if (nat->flags & NP_NAT_UNREPLIED)
+		np_promote_nat(nat, p.t.proto, NP_HOOK_EGRESS);
 	__builtin_memcpy(&n, &p.t, sizeof(n));
 	__builtin_memcpy(n.saddr, nat->saddr, 16);
 	n.sport = nat->sport;

@@ -94,6 +94,9 @@ func printCT(w io.Writer, rep api.CTReply) {
 		if e.Closing {
 			mode += " closing"
 		}
+		if e.Unreplied {
+			mode += " unreplied"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%.0fs\n", e.Proto, e.Client, e.Frontend, e.Backend, mode, e.AgeSec, e.IdleSec)
 	}
 	tw.Flush()

@@ -168,6 +168,7 @@ func (n *nodePort) ensure(uplink string, primary lb.Writer, deliverPods bool) {
 			NodeAddrs:       addrs,
 			Mode:            c.Mode,
 			CTMax:           uint32(c.CTMax),
+			CTUnrepliedMax:  uint32(c.CTUnrepliedMax),
 			NATMax:          uint32(c.NATMax),
 			SNATPortMin:     snatMin,
 			SNATPortMax:     snatMax,
@@ -454,7 +455,8 @@ func (n *nodePort) ctGC() {
 	}
 	c := n.cfg.NodePortLB
 	start := time.Now()
-	st, err := np.GC(nodeport.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout, SNATTimeWait: c.SNATTimeWait})
+	st, err := np.GC(nodeport.CTTimeouts{TCP: c.CTTCPTimeout, TCPClosing: c.CTTCPClose, UDP: c.CTUDPTimeout,
+		TCPUnreplied: c.CTTCPUnreplied, UDPUnreplied: c.CTUDPUnreplied, SNATTimeWait: c.SNATTimeWait})
 	gc := ctGCStats{At: start, Took: time.Since(start), Scanned: st.CTEntries, Removed: st.CTDeleted, Used: st.CTEntries - st.CTDeleted}
 	if err != nil {
 		gc.Err = err.Error()

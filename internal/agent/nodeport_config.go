@@ -33,7 +33,14 @@ type NodePortConfig struct {
 	CTTCPTimeout time.Duration
 	CTTCPClose   time.Duration // after FIN/RST
 	CTUDPTimeout time.Duration
-	CTGCInterval time.Duration // how often the agent removes expired CT entries
+	// CTTCPUnreplied, CTUDPUnreplied: idle timeouts of flows whose
+	// backend has not answered yet (nodeport.CTTimeouts).
+	CTTCPUnreplied, CTUDPUnreplied time.Duration
+	// CTUnrepliedMax: entries of the unreplied-flow table
+	// (nodeport.Options.CTUnrepliedMax), which a flood of new flows fills
+	// instead of evicting established ones.
+	CTUnrepliedMax int
+	CTGCInterval   time.Duration // how often the agent removes expired CT entries
 	// SNATPorts: source ports of SNAT flows to remote backends, "min-max"
 	// (nodeport.DefaultSNATPortMin/Max). Keep it clear of the node's
 	// ip_local_port_range and of the NodePort range (a warning says so).
@@ -54,19 +61,22 @@ var (
 // size and timeouts.
 func DefaultNodePortConfig() NodePortConfig {
 	return NodePortConfig{
-		Enabled:      true,
-		Acceleration: "disabled",
-		Mode:         "snat",
-		Algorithm:    lb.AlgorithmRandom,
-		MaglevSize:   maglev.DefaultSize,
-		CTMax:        131072,
-		CTTCPTimeout: 6 * time.Hour,
-		CTTCPClose:   10 * time.Second,
-		CTUDPTimeout: 60 * time.Second,
-		CTGCInterval: 10 * time.Second,
-		SNATPorts:    fmt.Sprintf("%d-%d", nodeport.DefaultSNATPortMin, nodeport.DefaultSNATPortMax),
-		SNATTimeWait: nodeport.DefaultSNATTimeWait,
-		NATMax:       nodeport.DefaultNATMax,
+		Enabled:        true,
+		Acceleration:   "disabled",
+		Mode:           "snat",
+		Algorithm:      lb.AlgorithmRandom,
+		MaglevSize:     maglev.DefaultSize,
+		CTMax:          131072,
+		CTTCPTimeout:   6 * time.Hour,
+		CTTCPClose:     10 * time.Second,
+		CTUDPTimeout:   60 * time.Second,
+		CTTCPUnreplied: nodeport.DefaultCTTimeouts.TCPUnreplied,
+		CTUDPUnreplied: nodeport.DefaultCTTimeouts.UDPUnreplied,
+		CTUnrepliedMax: nodeport.DefaultCTUnrepliedMax,
+		CTGCInterval:   10 * time.Second,
+		SNATPorts:      fmt.Sprintf("%d-%d", nodeport.DefaultSNATPortMin, nodeport.DefaultSNATPortMax),
+		SNATTimeWait:   nodeport.DefaultSNATTimeWait,
+		NATMax:         nodeport.DefaultNATMax,
 	}
 }
 
@@ -108,6 +118,9 @@ func (c *NodePortConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CTTCPTimeout, "ct-tcp-timeout", c.CTTCPTimeout, "idle timeout of established TCP flows")
 	fs.DurationVar(&c.CTTCPClose, "ct-tcp-close-timeout", c.CTTCPClose, "timeout of TCP flows after FIN or RST")
 	fs.DurationVar(&c.CTUDPTimeout, "ct-udp-timeout", c.CTUDPTimeout, "idle timeout of UDP (and other non-TCP) flows")
+	fs.DurationVar(&c.CTTCPUnreplied, "ct-tcp-unreplied-timeout", c.CTTCPUnreplied, "idle timeout of TCP flows whose backend has not answered yet (an unanswered SYN); at most --ct-tcp-timeout")
+	fs.DurationVar(&c.CTUDPUnreplied, "ct-udp-unreplied-timeout", c.CTUDPUnreplied, "idle timeout of UDP flows without a reply yet; at most --ct-udp-timeout")
+	fs.IntVar(&c.CTUnrepliedMax, "ct-unreplied-max", c.CTUnrepliedMax, "north-south conntrack entries for flows not answered yet (their own LRU table: a SYN flood evicts only those, never established flows); keep it well below the SNAT port range")
 	fs.DurationVar(&c.CTGCInterval, "ct-gc-interval", c.CTGCInterval, "how often the agent removes expired conntrack entries")
 	fs.StringVar(&c.SNATPorts, "nodeport-snat-ports", c.SNATPorts, "source ports of NodePort SNAT to remote backends, min-max (per node address and backend address:port); keep it clear of net.ipv4.ip_local_port_range and the NodePort range")
 	fs.DurationVar(&c.SNATTimeWait, "nodeport-snat-timewait", c.SNATTimeWait, "how long a closed TCP flow's SNAT port stays reserved; must exceed the backends' TIME_WAIT (60s on Linux)")
@@ -135,6 +148,9 @@ func (c NodePortConfig) Validate() error {
 	if c.CTMax < 1024 || c.CTMax > 1<<24 {
 		errs = append(errs, fmt.Errorf("--ct-max %d is outside 1024..16777216", c.CTMax))
 	}
+	if c.CTUnrepliedMax < 64 || c.CTUnrepliedMax > c.CTMax {
+		errs = append(errs, fmt.Errorf("--ct-unreplied-max %d is outside 64..--ct-max (%d)", c.CTUnrepliedMax, c.CTMax))
+	}
 	if c.NATMax < 1024 || c.NATMax > 1<<24 {
 		errs = append(errs, fmt.Errorf("--nat-max %d is outside 1024..16777216", c.NATMax))
 	}
@@ -147,7 +163,8 @@ func (c NodePortConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"--ct-tcp-timeout", c.CTTCPTimeout}, {"--ct-tcp-close-timeout", c.CTTCPClose}, {"--ct-udp-timeout", c.CTUDPTimeout}, {"--ct-gc-interval", c.CTGCInterval}} {
+	}{{"--ct-tcp-timeout", c.CTTCPTimeout}, {"--ct-tcp-close-timeout", c.CTTCPClose}, {"--ct-udp-timeout", c.CTUDPTimeout},
+		{"--ct-tcp-unreplied-timeout", c.CTTCPUnreplied}, {"--ct-udp-unreplied-timeout", c.CTUDPUnreplied}, {"--ct-gc-interval", c.CTGCInterval}} {
 		if d.v < time.Second {
 			errs = append(errs, fmt.Errorf("%s %s is below 1s", d.name, d.v))
 		}

@@ -9,6 +9,7 @@ import (
 
 var (
 	descNPCTEntries  = prometheus.NewDesc("axon_nodeport_ct_entries", "North-south conntrack entries in use.", nil, nil)
+	descNPCTUnrepl   = prometheus.NewDesc("axon_nodeport_ct_unreplied_entries", "North-south flows not answered yet (their own LRU table of --ct-unreplied-max entries: a SYN flood fills and evicts only it).", nil, nil)
 	descNPCTMax      = prometheus.NewDesc("axon_nodeport_ct_max", "North-south conntrack table size (--ct-max).", nil, nil)
 	descNPCTFull     = prometheus.NewDesc("axon_nodeport_ct_fullness_ratio", "Entries in use / table size; at 1 the least recently used flows are evicted.", nil, nil)
 	descNPCTCreated  = prometheus.NewDesc("axon_nodeport_ct_created_total", "Flows created in the north-south conntrack table.", nil, nil)
@@ -16,7 +17,7 @@ var (
 	descNPGCDeleted  = prometheus.NewDesc("axon_nodeport_ct_gc_deleted_total", "Conntrack entries removed by the agent's garbage collection (expired or backend gone).", nil, nil)
 	descNPPackets    = prometheus.NewDesc("axon_nodeport_packets_total", "Packets seen by the north-south LB, by hook (tc, xdp, egress) and verdict.", []string{"hook", "reason"}, nil)
 	descNPNATEntries = prometheus.NewDesc("axon_nodeport_nat_entries", "North-south reverse NAT entries in use, SNAT port reservations (held --nodeport-snat-timewait after a TCP flow closed) included.", nil, nil)
-	descNPNATMax     = prometheus.NewDesc("axon_nodeport_nat_max", "North-south reverse NAT table size (--nat-max); it never evicts: when full, new SNAT flows are dropped.", nil, nil)
+	descNPNATMax     = prometheus.NewDesc("axon_nodeport_nat_max", "North-south reverse NAT table size (--nat-max); it never evicts: when full, new SNAT flows and new flows to local backends are dropped (reasons snat_no_port, nat_full).", nil, nil)
 	descNPSNATNoPort = prometheus.NewDesc("axon_nodeport_snat_no_port_total", "New SNAT flows dropped because no source port was free for their backend or the NAT table was full (the client retransmits its SYN): widen --nodeport-snat-ports or raise --nat-max.", nil, nil)
 	descNPHC         = prometheus.NewDesc("axon_nodeport_health_checks", "healthCheckNodePort servers, by state (serving, failed).", []string{"state"}, nil)
 )
@@ -24,7 +25,7 @@ var (
 type nodePortCollector struct{ n *nodePort }
 
 func (c nodePortCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC, descNPNATEntries, descNPNATMax, descNPSNATNoPort} {
+	for _, d := range []*prometheus.Desc{descNPCTEntries, descNPCTUnrepl, descNPCTMax, descNPCTFull, descNPCTCreated, descNPCTInsFail, descNPGCDeleted, descNPPackets, descNPHC, descNPNATEntries, descNPNATMax, descNPSNATNoPort} {
 		ch <- d
 	}
 }
@@ -52,6 +53,7 @@ func (c nodePortCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descNPGCDeleted, prometheus.CounterValue, float64(deleted))
 	if st, err := np.CTStats(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descNPCTEntries, prometheus.GaugeValue, float64(st.Entries))
+		ch <- prometheus.MustNewConstMetric(descNPCTUnrepl, prometheus.GaugeValue, float64(st.Unreplied))
 		ch <- prometheus.MustNewConstMetric(descNPCTMax, prometheus.GaugeValue, float64(st.Max))
 		if st.Max > 0 {
 			ch <- prometheus.MustNewConstMetric(descNPCTFull, prometheus.GaugeValue, float64(st.Entries)/float64(st.Max))

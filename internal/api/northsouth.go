@@ -17,15 +17,19 @@ import (
 
 // CTEntry is one tracked flow.
 type CTEntry struct {
-	Proto    string  `json:"proto"`    // tcp, udp
-	Client   string  `json:"client"`   // addr:port as the client sent it
-	Frontend string  `json:"frontend"` // addr:port the client addressed
-	Backend  string  `json:"backend"`  // addr:port the flow goes to
-	NATPort  uint16  `json:"natPort,omitempty"`
-	Mode     string  `json:"mode"` // local, snat, dsr
-	Closing  bool    `json:"closing,omitempty"`
-	AgeSec   float64 `json:"ageSeconds"`
-	IdleSec  float64 `json:"idleSeconds"`
+	Proto    string `json:"proto"`    // tcp, udp
+	Client   string `json:"client"`   // addr:port as the client sent it
+	Frontend string `json:"frontend"` // addr:port the client addressed
+	Backend  string `json:"backend"`  // addr:port the flow goes to
+	NATPort  uint16 `json:"natPort,omitempty"`
+	Mode     string `json:"mode"` // local, snat, dsr
+	Closing  bool   `json:"closing,omitempty"`
+	// Unreplied: not established yet (its backend has not answered, or
+	// the client's ACK is awaited); GC removes it after the short
+	// unreplied timeout.
+	Unreplied bool    `json:"unreplied,omitempty"`
+	AgeSec    float64 `json:"ageSeconds"`
+	IdleSec   float64 `json:"idleSeconds"`
 }
 
 // CTReply is GET /v1/bpf/ct.

@@ -72,6 +72,54 @@ func (u UDP4) Frame() ([]byte, error) {
 	return b, nil
 }
 
+// TCP4SYN describes one IPv4 TCP SYN frame (a connection attempt).
+type TCP4SYN struct {
+	SrcMAC, DstMAC net.HardwareAddr
+	Src, Dst       netip.AddrPort
+}
+
+// Frame returns the FrameLen-byte frame: a TCP SYN without options
+// (sequence number 1, window 64240) with valid IPv4 and TCP checksums, then
+// zero padding to FrameLen. Its first HeaderLen bytes hold the addresses and
+// ports, the flags and checksum follow: frames of different flows differ
+// there only in the checksum (see RandomSourcePort).
+func (s TCP4SYN) Frame() ([]byte, error) {
+	if len(s.SrcMAC) != 6 || len(s.DstMAC) != 6 {
+		return nil, fmt.Errorf("pktgen: MAC addresses must be 6 bytes (src %q, dst %q)", s.SrcMAC, s.DstMAC)
+	}
+	if !s.Src.Addr().Is4() || !s.Dst.Addr().Is4() {
+		return nil, errors.New("pktgen: TCP4SYN needs IPv4 addresses (" + s.Src.String() + " → " + s.Dst.String() + ")")
+	}
+	const tcpLen = 20
+	b := make([]byte, FrameLen)
+	copy(b[0:6], s.DstMAC)
+	copy(b[6:12], s.SrcMAC)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], 20+tcpLen)
+	ip[8] = 64
+	ip[9] = 6 // TCP
+	src, dst := s.Src.Addr().As4(), s.Dst.Addr().As4()
+	copy(ip[12:16], src[:])
+	copy(ip[16:20], dst[:])
+	binary.BigEndian.PutUint16(ip[10:], inetcsum.Checksum(ip, 0))
+	tcp := b[34 : 34+tcpLen]
+	binary.BigEndian.PutUint16(tcp[0:], s.Src.Port())
+	binary.BigEndian.PutUint16(tcp[2:], s.Dst.Port())
+	binary.BigEndian.PutUint32(tcp[4:], 1) // sequence number
+	tcp[12] = 5 << 4                       // data offset: 5 words
+	tcp[13] = 0x02                         // SYN
+	binary.BigEndian.PutUint16(tcp[14:], 64240)
+	var ps uint32
+	for i := 0; i < 4; i += 2 {
+		ps += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
+	}
+	ps += 6 + tcpLen
+	binary.BigEndian.PutUint16(tcp[16:], inetcsum.Checksum(tcp, ps))
+	return b, nil
+}
+
 // pseudoHeader is the partial sum of the IPv4 pseudo-header of a UDP datagram.
 func pseudoHeader(src, dst [4]byte, udpLen int) uint32 {
 	var s uint32

@@ -44,17 +44,37 @@ func (r Result) PPS() float64 {
 	return float64(r.Sent) / r.Elapsed.Seconds()
 }
 
+// srcPortOff is the offset of an IPv4 frame's L4 source port.
+const srcPortOff = 14 + 20
+
 // MaxFlows is how many different frames one Run can send.
 const MaxFlows = 16
 
 // tmplStride is the space of one frame's headers in the template map.
 const tmplStride = 48
 
+// Option changes what a Generator writes into its frames.
+type Option func(*genConfig)
+
+type genConfig struct{ randomSrcPort bool }
+
+// RandomSourcePort: every frame gets a random source port (bytes 34-35,
+// the UDP or TCP source port of an IPv4 frame), so a run offers up to
+// 65 536 different flows per template: a flood of new flows (e.g. TCP SYNs,
+// TCP4SYN). The L4 checksum is left as in the template, so it is wrong for
+// every port but the template's: a receiving stack drops such frames, the
+// way an unanswered spoofed flood looks to a load balancer in front of it.
+func RandomSourcePort() Option { return func(c *genConfig) { c.randomSrcPort = true } }
+
 // NewGenerator loads a generator that sends out of dev in the named network
 // namespace (/run/netns/<nsName>, as `ip netns` names it). dev must be a
 // device whose transmit path takes XDP frames (ndo_xdp_xmit): a veth does
 // when its peer has a NAPI ring (an XDP program or GRO on the peer).
-func NewGenerator(nsName, dev string) (*Generator, error) {
+func NewGenerator(nsName, dev string, opts ...Option) (*Generator, error) {
+	var cfg genConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	var ifindex int
 	if err := netnsutil.Do(nsName, func() error {
 		l, err := netlink.LinkByName(dev)
@@ -102,7 +122,12 @@ func NewGenerator(nsName, dev string) (*Generator, error) {
 		insns = append(insns, asm.LoadMem(asm.R1, asm.R7, off, asm.DWord), asm.StoreMem(asm.R6, off, asm.R1, asm.DWord))
 	}
 	insns = append(insns,
-		asm.LoadMem(asm.R1, asm.R7, HeaderLen-2, asm.Half), asm.StoreMem(asm.R6, HeaderLen-2, asm.R1, asm.Half),
+		asm.LoadMem(asm.R1, asm.R7, HeaderLen-2, asm.Half), asm.StoreMem(asm.R6, HeaderLen-2, asm.R1, asm.Half))
+	if cfg.randomSrcPort {
+		// r6 (data, HeaderLen bytes checked) survives the call
+		insns = append(insns, asm.FnGetPrandomU32.Call(), asm.StoreMem(asm.R6, srcPortOff, asm.R0, asm.Half))
+	}
+	insns = append(insns,
 		asm.Mov.Imm(asm.R1, int32(ifindex)),
 		asm.Mov.Imm(asm.R2, 0),
 		asm.FnRedirect.Call(),

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/inetcsum"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -285,3 +286,97 @@ func TestGeneratorErrors(t *testing.T) {
 		t.Error("ThreadedNAPI on a veth without NAPI: no error")
 	}
 }
+
+func TestTCP4SYNFrame(t *testing.T) {
+	s := TCP4SYN{
+		SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
+		Src: netip.MustParseAddrPort("203.0.113.7:40000"), Dst: netip.MustParseAddrPort("198.18.0.11:30090"),
+	}
+	f, err := s.Frame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f) != FrameLen {
+		t.Fatalf("frame is %d bytes, want %d", len(f), FrameLen)
+	}
+	ip := f[14:34]
+	if c := inetcsum.Checksum(ip, 0); c != 0 || ip[9] != 6 || binary.BigEndian.Uint16(ip[2:]) != 40 {
+		t.Errorf("IPv4 header %x: checksum over it %#04x, want 0; protocol 6, total length 40", ip, c)
+	}
+	tcp := f[34:54]
+	if sp, dp := binary.BigEndian.Uint16(tcp[0:]), binary.BigEndian.Uint16(tcp[2:]); sp != 40000 || dp != 30090 || tcp[13] != 0x02 || tcp[12] != 0x50 {
+		t.Errorf("TCP header %x: want 40000 -> 30090, SYN only, 20 bytes", tcp)
+	}
+	ps := uint32(0xcb00+0x7107) + uint32(0xc612+0x000b) + 6 + 20
+	if c := inetcsum.Checksum(tcp, ps); c != 0 {
+		t.Errorf("TCP checksum does not verify (%#04x)", c)
+	}
+	if _, err := (TCP4SYN{SrcMAC: s.SrcMAC, DstMAC: s.DstMAC, Src: netip.MustParseAddrPort("[fd00::1]:1"), Dst: s.Dst}).Frame(); err == nil {
+		t.Error("IPv6 address: no error")
+	}
+}
+
+// TestGeneratorRandomSourcePort: with RandomSourcePort the frames that
+// arrive carry many different source ports (new flows), read from the
+// receiving device by a packet socket.
+func TestGeneratorRandomSourcePort(t *testing.T) {
+	ns := vethNetns(t)
+	sink, err := AttachSink(ns, "g1", 7001) // a NAPI ring for g1; TCP passes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	g0, g1 := linkOf(t, ns, "g0"), linkOf(t, ns, "g1")
+	f, err := TCP4SYN{SrcMAC: g0.Attrs().HardwareAddr, DstMAC: g1.Attrs().HardwareAddr,
+		Src: netip.MustParseAddrPort("10.99.0.1:40000"), Dst: netip.MustParseAddrPort("10.99.0.2:7001")}.Frame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	if err := netnsutil.Do(ns, func() error {
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_IP)))
+		if err != nil {
+			return err
+		}
+		fd = s
+		return unix.Bind(s, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: g1.Attrs().Index})
+	}); err != nil {
+		t.Fatalf("packet socket on g1: %v", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := NewGenerator(ns, "g0", RandomSourcePort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gen.Close()
+	if _, err := gen.Run(t.Context(), [][]byte{f}, 20*time.Millisecond, -1); err != nil {
+		t.Fatal(err)
+	}
+	ports := map[uint16]int{}
+	frames := 0
+	buf := make([]byte, 2048)
+	for frames < 2000 {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			break
+		}
+		if n < 54 || buf[23] != 6 || binary.BigEndian.Uint16(buf[36:]) != 7001 {
+			continue
+		}
+		frames++
+		ports[binary.BigEndian.Uint16(buf[34:])]++
+	}
+	t.Logf("%d SYN frames read, %d source ports", frames, len(ports))
+	if frames < 500 || len(ports) < frames*9/10 {
+		t.Errorf("%d frames with %d different source ports: want at least 500, nearly all different", frames, len(ports))
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -18,7 +18,7 @@
 //
 // Maps, pinned by name under the node's pin dir: axon_np_svc (MapService),
 // axon_np_be (MapBackend), axon_np_local (MapLocal), axon_np_srcrange
-// (MapSrcRange), axon_np_aff (MapAffinity), axon_np_ct (MapCT), axon_np_nat
+// (MapSrcRange), axon_np_aff (MapAffinity), axon_np_ct (MapCT), axon_np_ct_new (MapCTNew), axon_np_nat
 // (MapNAT), axon_np_metrics (MapMetrics), axon_lb_maglev (MapLBMaglev),
 // axon_np_frag (MapFrag), axon_np_dsr (MapDSR), axon_np_cluster
 // (MapCluster), axon_np_pods (MapPods). With Options.DeliverPods the tc

@@ -35,6 +35,9 @@ const (
 	MapSrcRange = "axon_np_srcrange"
 	MapAffinity = "axon_np_aff"
 	MapCT       = "axon_np_ct"
+	// MapCTNew: flows not answered yet (bpf/lib/ct.h); the first reply
+	// moves a flow to MapCT.
+	MapCTNew    = "axon_np_ct_new"
 	MapNAT      = "axon_np_nat"
 	MapMetrics  = "axon_np_metrics"
 	MapLBMaglev = "axon_lb_maglev"
@@ -51,7 +54,12 @@ const (
 
 // Defaults of Options (the sizes in bpf/lib/*.h).
 const (
-	DefaultCTMax           = 131072
+	DefaultCTMax = 131072
+	// DefaultCTUnrepliedMax: flows not answered yet (axon_np_ct_new), at
+	// most a quarter of CTMax. Kept well below one backend's SNAT port
+	// range, so that a SYN flood cannot hold all its ports (bpf/lib/nat.h
+	// np_nat_stale).
+	DefaultCTUnrepliedMax  = 8192
 	DefaultNATMax          = 131072
 	DefaultAffinityMax     = 65536
 	DefaultMaglevTableSize = 16381
@@ -90,6 +98,11 @@ type Options struct {
 	Mode string
 	// Map sizes; 0 = default.
 	CTMax, NATMax, AffinityMax uint32
+	// CTUnrepliedMax: flows whose backend has not answered yet
+	// (axon_np_ct_new, an LRU of its own: a flood of new flows evicts only
+	// those, never established flows); 0 = min(DefaultCTUnrepliedMax,
+	// CTMax/4), at least 64.
+	CTUnrepliedMax uint32
 	// FragMax: datagrams whose fragments can be in flight at once
 	// (axon_np_frag, bpf/lib/frag.h); 0 = DefaultFragMax.
 	FragMax uint32
@@ -162,6 +175,8 @@ var npReasonNames = []string{
 	"malformed", "ttl", "egress_rev", "drop_no_snat_addr", "rewrite_fail", "dsr_decap",
 	"frag_tracked", "frag_not_found", // IP fragments (bpf/lib/frag.h)
 	"dsr_too_big", // bpf/lib/icmp_too_big.h
+	// conntrack of handshake-less and unanswered flows (bpf/lib/ct.h)
+	"ct_no_syn", "ct_established", "snat_port_reused", "ct_maglev_resume", "nat_full",
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).
@@ -182,6 +197,9 @@ func (o *Options) normalise() error {
 	}
 	if o.NATMax == 0 {
 		o.NATMax = DefaultNATMax
+	}
+	if o.CTUnrepliedMax == 0 {
+		o.CTUnrepliedMax = max(min(DefaultCTUnrepliedMax, o.CTMax/4), 64)
 	}
 	if o.AffinityMax == 0 {
 		o.AffinityMax = DefaultAffinityMax
@@ -278,7 +296,7 @@ func (o *Options) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 	if err := o.setPodDelivery(spec, dryRun); err != nil {
 		return err
 	}
-	for name, n := range map[string]uint32{MapCT: o.CTMax, MapNAT: o.NATMax, MapAffinity: o.AffinityMax, MapFrag: o.FragMax} {
+	for name, n := range map[string]uint32{MapCT: o.CTMax, MapCTNew: o.CTUnrepliedMax, MapNAT: o.NATMax, MapAffinity: o.AffinityMax, MapFrag: o.FragMax} {
 		if ms := spec.Maps[name]; ms != nil {
 			ms.MaxEntries = n
 		}
@@ -382,7 +400,7 @@ func Load(o Options) (*LB, error) {
 		n.Close()
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
-	n.log.Info("nodeport LB loaded", "pinDir", o.PinDir, "mode", o.Mode, "ctMax", o.CTMax,
+	n.log.Info("nodeport LB loaded", "pinDir", o.PinDir, "mode", o.Mode, "ctMax", o.CTMax, "ctUnrepliedMax", o.CTUnrepliedMax,
 		"maglevM", o.MaglevTableSize, "frontends", len(n.fe))
 	return n, nil
 }
@@ -392,7 +410,7 @@ func (n *LB) sharedMaps() map[string]*ebpf.Map {
 	m := n.tc.lbTCMaps
 	return map[string]*ebpf.Map{
 		MapService: m.AxonNpSvc, MapBackend: m.AxonNpBe, MapLocal: m.AxonNpLocal,
-		MapSrcRange: m.AxonNpSrcrange, MapAffinity: m.AxonNpAff, MapCT: m.AxonNpCt,
+		MapSrcRange: m.AxonNpSrcrange, MapAffinity: m.AxonNpAff, MapCT: m.AxonNpCt, MapCTNew: m.AxonNpCtNew,
 		MapNAT: m.AxonNpNat, MapMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
 		MapFrag: m.AxonNpFrag, MapDSR: m.AxonNpDsr, MapCluster: m.AxonNpCluster,
 		MapPods: m.AxonNpPods,
@@ -590,7 +608,7 @@ func Uninstall(pinDir string) error {
 	for _, p := range pins {
 		errs = append(errs, detachNPPin(p))
 	}
-	for _, m := range []string{MapService, MapBackend, MapLocal, MapSrcRange, MapAffinity, MapCT, MapNAT, MapMetrics, MapLBMaglev, MapFrag, MapDSR, MapCluster, MapPods} {
+	for _, m := range []string{MapService, MapBackend, MapLocal, MapSrcRange, MapAffinity, MapCT, MapCTNew, MapNAT, MapMetrics, MapLBMaglev, MapFrag, MapDSR, MapCluster, MapPods} {
 		if err := os.Remove(filepath.Join(pinDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pinned map %s: %w", m, err))
 		}

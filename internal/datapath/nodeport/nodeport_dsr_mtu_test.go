@@ -173,18 +173,20 @@ func TestNodePortDSRBigTCP(t *testing.T) {
 		b[14+4], b[14+5] = 0, 0
 		return b
 	}
+	fl4, fl6 := npTCP("198.18.0.250:40000", "192.0.2.10:80"), npTCP("[fd00:198:18::250]:40000", "[2001:db8::10]:80")
 	for _, c := range []struct {
 		desc string
+		flow Tuple
 		in   []byte
 		want func(in []byte) []byte
 	}{
-		{"IPv4, tot_len 0", big(npTCP("198.18.0.250:40000", "192.0.2.10:80")),
+		{"IPv4, tot_len 0", fl4, big(fl4),
 			func(in []byte) []byte { return npDSRFrame(in, npNode, be4, f.gwMAC, f.upMAC) }},
-		{"IPv6, payload_len 0", big(npTCP("[fd00:198:18::250]:40000", "[2001:db8::10]:80")),
+		{"IPv6, payload_len 0", fl6, big(fl6),
 			func(in []byte) []byte { return npDSRFrame(in, npNode6, be6, f.gwMAC, f.upMAC) }},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			f.resetFlows(t)
+			f.openFlow(t, "tc", c.flow) // the big segment is an ACK: a SYN opens the flow first
 			before := f.counters(t)
 			v, out := f.run(t, "tc", c.in)
 			if got := npMoved(before, f.counters(t), "tc"); v != npFwd || got["dsr_encap"] != 1 {

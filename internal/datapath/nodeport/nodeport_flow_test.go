@@ -258,10 +258,12 @@ func TestNodePortTableFull(t *testing.T) {
 			if got["ct_new"]+got["ct_insert_fail"] != flows {
 				t.Errorf("counters %v: every flow must be set up", got)
 			}
-			if st.Entries > ctMax+ctMax/4 || st.Max != ctMax {
-				t.Errorf("CT stats %+v: the LRU table must stay near its size %d", st, ctMax)
+			// new flows (SYNs, never answered) go to the unreplied table,
+			// ctMax/4 entries
+			if st.Unreplied > ctMax/4+ctMax/16 || st.UnrepliedMax != ctMax/4 || st.Max != ctMax || st.Entries != 0 {
+				t.Errorf("CT stats %+v: the unreplied LRU table must stay near its size %d, the established one empty", st, ctMax/4)
 			}
-			t.Logf("%s: %d flows into a %d-entry CT: %d entries, %d created, %d evicted", hook, flows, ctMax, st.Entries, got["ct_new"], got["ct_new"]-uint64(st.Entries))
+			t.Logf("%s: %d flows into a %d-entry unreplied table: %d entries, %d created, %d evicted", hook, flows, ctMax/4, st.Unreplied, got["ct_new"], got["ct_new"]-uint64(st.Unreplied))
 		})
 	}
 }
@@ -499,7 +501,14 @@ func TestNodePortGC(t *testing.T) {
 	f.upsert(t, fe, FrontendOptions{})
 	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2")), FrontendOptions{})
 	for i := 0; i < 20; i++ {
-		f.run(t, "tc", f.wirePkt(Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: npAP("198.18.0.11:30080")}, npSYN))
+		// answered flows: established (unanswered ones: TestNodePortUnreplied)
+		flow := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npClient, uint16(40000+i)), Dst: npAP("198.18.0.11:30080")}
+		f.run(t, "tc", f.wirePkt(flow, npSYN))
+		e, ok := f.ctFor(t, flow)
+		if !ok {
+			t.Fatalf("flow %s: no CT entry", flow)
+		}
+		f.npEstablish(t, "tc", flow, e)
 	}
 	f.run(t, "tc", f.wirePkt(npUDP("198.18.0.250:5000", "198.18.0.11:30053"), 0))
 	st, err := f.n.GC(DefaultCTTimeouts)

@@ -24,9 +24,12 @@ const (
 	npCTSNAT    = 0x02
 	npCTDSR     = 0x04
 	npCTClosing = 0x08
+	npCTReplied = 0x10 // unreplied table, TCP: the backend answered, the client's ACK is awaited
 	npNATSNAT   = 0x01
 	npNATLocal  = 0x02
 	npNATDSR    = 0x04 // with npNATLocal: a DSR request of another node's LB
+	// npNATUnreplied: the flow is in axon_np_ct_new (not answered yet)
+	npNATUnreplied = 0x08
 )
 
 // Tuple is one direction of a flow.
@@ -61,11 +64,18 @@ func fromNPTuple(k lbTCNpTuple) Tuple {
 
 // CTEntry is one tracked flow (axon_np_ct).
 type CTEntry struct {
-	Flow       Tuple          // as the client sent it: client -> frontend
-	Backend    netip.AddrPort // where it goes
-	NATPort    uint16         // SNAT source port (Mode snat)
-	Mode       string         // "local", "snat" or "dsr"
-	Closing    bool           // TCP FIN/RST seen
+	Flow    Tuple          // as the client sent it: client -> frontend
+	Backend netip.AddrPort // where it goes
+	NATPort uint16         // SNAT source port (Mode snat)
+	Mode    string         // "local", "snat" or "dsr"
+	Closing bool           // TCP FIN/RST seen
+	// Unreplied: no reply seen yet (axon_np_ct_new; for DSR: no second
+	// packet of the client yet). GC removes it after the short unreplied
+	// timeout.
+	Unreplied bool
+	// Replied: an unreplied TCP flow whose backend answered; the client's
+	// next packet makes it established.
+	Replied    bool
 	FrontendID uint32
 	BackendID  uint32
 	Age        time.Duration // since creation
@@ -107,8 +117,10 @@ func ctMode(flags uint8) string {
 	return "none"
 }
 
-func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
+func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64, unreplied bool) CTEntry {
 	return CTEntry{
+		Unreplied:  unreplied,
+		Replied:    unreplied && v.Flags&npCTReplied != 0,
 		Flow:       fromNPTuple(k),
 		Backend:    netip.AddrPortFrom(lbmap.FromAddr16(v.BeAddr), lbmap.PortHost(v.BePort)),
 		NATPort:    lbmap.PortHost(v.NatPort),
@@ -121,18 +133,25 @@ func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64) CTEntry {
 	}
 }
 
-// CT lists the conntrack table (`axon bpf ct list`).
+// CT lists the conntrack tables (`axon bpf ct list`): established flows,
+// then those not answered yet (Unreplied).
 func (n *LB) CT() ([]CTEntry, error) {
 	now := monoCoarse()
 	var out []CTEntry
-	var k lbTCNpTuple
-	var v lbTCNpCt
-	it := n.tc.AxonNpCt.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, ctEntry(k, v, now))
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapCT, err)
+	for _, m := range []struct {
+		m         *ebpf.Map
+		name      string
+		unreplied bool
+	}{{n.tc.AxonNpCt, MapCT, false}, {n.tc.AxonNpCtNew, MapCTNew, true}} {
+		var k lbTCNpTuple
+		var v lbTCNpCt
+		it := m.m.Iterate()
+		for it.Next(&k, &v) {
+			out = append(out, ctEntry(k, v, now, m.unreplied))
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("read %s: %w", m.name, err)
+		}
 	}
 	return out, nil
 }
@@ -171,6 +190,13 @@ type CTTimeouts struct {
 	TCP        time.Duration // established TCP (default 6 h... kube-proxy/conntrack use 24 h; Cilium 6 h)
 	TCPClosing time.Duration // after FIN/RST (default 10 s)
 	UDP        time.Duration // (default 60 s)
+	// TCPUnreplied, UDPUnreplied: idle timeouts of flows whose backend has
+	// not answered yet (axon_np_ct_new; DSR: no second client packet yet),
+	// at most TCP / UDP. Linux's conntrack keeps SYN_SENT 120 s and an
+	// unreplied UDP flow 30 s; 60 s outlasts a client's SYN retransmissions
+	// (1+2+4+8+16 s, each refreshing the entry) while an unanswered SYN
+	// holds its SNAT port for a minute, not six hours. Defaults 60 s, 30 s.
+	TCPUnreplied, UDPUnreplied time.Duration
 	// SNATTimeWait: how long the SNAT port of a TCP flow stays reserved
 	// after the flow's last packet once nothing uses it (default
 	// DefaultSNATTimeWait). It must outlast the backend's TIME_WAIT: a port
@@ -185,7 +211,8 @@ type CTTimeouts struct {
 const DefaultSNATTimeWait = 65 * time.Second
 
 // DefaultCTTimeouts follow Cilium's defaults.
-var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second, SNATTimeWait: DefaultSNATTimeWait}
+var DefaultCTTimeouts = CTTimeouts{TCP: 6 * time.Hour, TCPClosing: 10 * time.Second, UDP: 60 * time.Second,
+	TCPUnreplied: 60 * time.Second, UDPUnreplied: 30 * time.Second, SNATTimeWait: DefaultSNATTimeWait}
 
 // GCStats is what one GC pass did.
 type GCStats struct {
@@ -193,16 +220,25 @@ type GCStats struct {
 	NATEntries, NATDeleted int
 }
 
-// GC removes CT entries idle longer than their timeout, and those whose
+// GC removes CT entries idle longer than their timeout (unreplied ones:
+// TCPUnreplied / UDPUnreplied), and those whose
 // backend is gone once they are closing or idle for TCPClosing (a flow
 // still moving keeps its backend: graceful termination must not cut a
 // connection whose SYN raced the backend's removal), then reverse entries
 // idle longer than the longest timeout or without a flow: a local one after
 // TCPClosing, an SNAT one (its port reservation) after SNATTimeWait for TCP,
-// TCPClosing for UDP. An entry is re-read right before it is deleted and
+// TCPClosing for UDP; the reservation of a flow that was never answered
+// after TCPClosing too (the backend never answered, so it holds no
+// TIME_WAIT for the port). An entry is re-read right before it is deleted and
 // kept if a packet touched it meanwhile. Safe to run while traffic flows
 // (the agent calls it periodically).
 func (n *LB) GC(to CTTimeouts) (GCStats, error) {
+	return n.gcAt(to, monoCoarse())
+}
+
+// gcAt is GC at the time now (bpf_ktime_get_coarse_ns's clock): tests
+// pass a later time to age entries without waiting.
+func (n *LB) gcAt(to CTTimeouts, now uint64) (GCStats, error) {
 	if to.TCP == 0 {
 		to.TCP = DefaultCTTimeouts.TCP
 	}
@@ -215,8 +251,14 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 	if to.SNATTimeWait == 0 {
 		to.SNATTimeWait = DefaultCTTimeouts.SNATTimeWait
 	}
+	if to.TCPUnreplied == 0 {
+		to.TCPUnreplied = DefaultCTTimeouts.TCPUnreplied
+	}
+	if to.UDPUnreplied == 0 {
+		to.UDPUnreplied = DefaultCTTimeouts.UDPUnreplied
+	}
+	to.TCPUnreplied, to.UDPUnreplied = min(to.TCPUnreplied, to.TCP), min(to.UDPUnreplied, to.UDP)
 	var st GCStats
-	now := monoCoarse()
 	n.mu.Lock()
 	liveBE := map[uint32]bool{}
 	for _, fe := range n.fe {
@@ -227,9 +269,7 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 	n.mu.Unlock()
 	var k lbTCNpTuple
 	var v lbTCNpCt
-	var dead []lbTCNpTuple
-	ctSeen := map[lbTCNpTuple]uint64{} // last_seen of dead entries at the scan
-	live := map[lbTCNpTuple]bool{}     // local reverse keys still in use
+	live := map[lbTCNpTuple]bool{} // local reverse keys still in use
 	// SNAT reverse keys still in use: backend, backend port, SNAT port
 	// (the SNAT address is the node's own, one per family).
 	type snatKey struct {
@@ -239,41 +279,55 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 		proto  uint8
 	}
 	liveSNAT := map[snatKey]bool{}
-	it := n.tc.AxonNpCt.Iterate()
-	for it.Next(&k, &v) {
-		st.CTEntries++
-		to1 := to.UDP
-		if k.Proto == uint8(lb.TCP) {
-			to1 = to.TCP
-			if v.Flags&npCTClosing != 0 {
-				to1 = to.TCPClosing
+	for _, tbl := range []struct {
+		m         *ebpf.Map
+		name      string
+		unreplied bool
+	}{{n.tc.AxonNpCt, MapCT, false}, {n.tc.AxonNpCtNew, MapCTNew, true}} {
+		var dead []lbTCNpTuple
+		ctSeen := map[lbTCNpTuple]uint64{} // last_seen of dead entries at the scan
+		it := tbl.m.Iterate()
+		for it.Next(&k, &v) {
+			st.CTEntries++
+			to1 := to.UDP
+			if tbl.unreplied {
+				to1 = to.UDPUnreplied
+			}
+			if k.Proto == uint8(lb.TCP) {
+				to1 = to.TCP
+				if tbl.unreplied {
+					to1 = to.TCPUnreplied
+				}
+				if v.Flags&npCTClosing != 0 {
+					to1 = min(to1, to.TCPClosing)
+				}
+			}
+			idle := since(now, v.LastSeen)
+			if idle > to1 || (!liveBE[v.BackendId] && (v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
+				dead = append(dead, k)
+				ctSeen[k] = v.LastSeen
+				continue
+			}
+			live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
+			if v.Flags&npCTSNAT != 0 {
+				liveSNAT[snatKey{be: v.BeAddr, bePort: v.BePort, port: v.NatPort, proto: k.Proto}] = true
 			}
 		}
-		idle := since(now, v.LastSeen)
-		if idle > to1 || (!liveBE[v.BackendId] && (v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
-			dead = append(dead, k)
-			ctSeen[k] = v.LastSeen
-			continue
+		if err := it.Err(); err != nil {
+			return st, fmt.Errorf("gc: read %s: %w", tbl.name, err)
 		}
-		live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
-		if v.Flags&npCTSNAT != 0 {
-			liveSNAT[snatKey{be: v.BeAddr, bePort: v.BePort, port: v.NatPort, proto: k.Proto}] = true
-		}
-	}
-	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("gc: read %s: %w", MapCT, err)
-	}
-	for i := range dead {
-		// re-read: a SYN may have reopened the flow since the scan
-		var cur lbTCNpCt
-		if err := n.tc.AxonNpCt.Lookup(&dead[i], &cur); err != nil {
-			continue
-		}
-		if cur.LastSeen != ctSeen[dead[i]] {
-			continue
-		}
-		if err := n.tc.AxonNpCt.Delete(&dead[i]); err == nil {
-			st.CTDeleted++
+		for i := range dead {
+			// re-read: a SYN may have reopened the flow since the scan
+			var cur lbTCNpCt
+			if err := tbl.m.Lookup(&dead[i], &cur); err != nil {
+				continue
+			}
+			if cur.LastSeen != ctSeen[dead[i]] {
+				continue
+			}
+			if err := tbl.m.Delete(&dead[i]); err == nil {
+				st.CTDeleted++
+			}
 		}
 	}
 	maxTO := max(to.TCP, to.UDP)
@@ -281,7 +335,7 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 	var nv lbTCNpNat
 	var deadNAT []lbTCNpTuple
 	natSeen := map[lbTCNpTuple]uint64{}
-	it = n.tc.AxonNpNat.Iterate()
+	it := n.tc.AxonNpNat.Iterate()
 	for it.Next(&nk, &nv) {
 		st.NATEntries++
 		// A reverse entry goes with its flow: once no CT entry uses it (and
@@ -292,9 +346,10 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 		hold := to.TCPClosing
 		if nv.Flags&npNATSNAT != 0 {
 			inUse = liveSNAT[snatKey{be: nk.Saddr, bePort: nk.Sport, port: nk.Dport, proto: nk.Proto}]
-			if nk.Proto == uint8(lb.TCP) {
+			if nk.Proto == uint8(lb.TCP) && nv.Flags&npNATUnreplied == 0 {
 				// the port stays reserved while the backend may hold the
-				// 4-tuple in TIME_WAIT
+				// 4-tuple in TIME_WAIT (one that never answered holds
+				// nothing)
 				hold = max(to.SNATTimeWait, to.TCPClosing)
 			}
 		}
@@ -321,9 +376,14 @@ func (n *LB) GC(to CTTimeouts) (GCStats, error) {
 
 // CTStats says how full the conntrack table is.
 type CTStats struct {
-	Entries int    // flows in axon_np_ct now
+	Entries int    // established flows in axon_np_ct now
 	Max     uint32 // its size (Options.CTMax)
-	Created uint64 // flows created since the maps were made (ct_new)
+	// Unreplied / UnrepliedMax: flows not answered yet in axon_np_ct_new
+	// and its size (Options.CTUnrepliedMax). A flood of new flows fills
+	// and evicts only this table.
+	Unreplied    int
+	UnrepliedMax uint32
+	Created      uint64 // flows created since the maps were made (ct_new)
 	// InsertFailed counts CT updates that failed (the packet was still
 	// translated). A full LRU table evicts the least recently used flow
 	// instead: Created - deleted by GC - Entries is the number evicted.
@@ -342,20 +402,26 @@ type CTStats struct {
 
 // CTStats counts the entries of the CT table and reads the counters.
 func (n *LB) CTStats() (CTStats, error) {
-	st := CTStats{Max: n.tc.AxonNpCt.MaxEntries()}
+	st := CTStats{Max: n.tc.AxonNpCt.MaxEntries(), UnrepliedMax: n.tc.AxonNpCtNew.MaxEntries()}
 	var k lbTCNpTuple
 	var v lbTCNpCt
-	it := n.tc.AxonNpCt.Iterate()
-	for it.Next(&k, &v) {
-		st.Entries++
-	}
-	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("read %s: %w", MapCT, err)
+	for _, tbl := range []struct {
+		m    *ebpf.Map
+		name string
+		n    *int
+	}{{n.tc.AxonNpCt, MapCT, &st.Entries}, {n.tc.AxonNpCtNew, MapCTNew, &st.Unreplied}} {
+		it := tbl.m.Iterate()
+		for it.Next(&k, &v) {
+			*tbl.n++
+		}
+		if err := it.Err(); err != nil {
+			return st, fmt.Errorf("read %s: %w", tbl.name, err)
+		}
 	}
 	st.NATMax = n.tc.AxonNpNat.MaxEntries()
 	var nk lbTCNpTuple
 	var nv lbTCNpNat
-	it = n.tc.AxonNpNat.Iterate()
+	it := n.tc.AxonNpNat.Iterate()
 	for it.Next(&nk, &nv) {
 		st.NATEntries++
 	}

@@ -245,9 +245,10 @@ func TestNodePortSNATPorts(t *testing.T) {
 			if p := send(t, hook, a, npSYN); p != 20001 {
 				t.Errorf("reopened flow %s got SNAT port %d, want its old 20001", a, p)
 			}
-			// its CT entry expired, its reservation held: taken over again
+			// its CT entry (not answered: in the unreplied table) expired,
+			// its reservation held: taken over again
 			k := npTuple(a)
-			if err := f.n.tc.AxonNpCt.Delete(&k); err != nil {
+			if err := f.n.tc.AxonNpCtNew.Delete(&k); err != nil {
 				t.Fatal(err)
 			}
 			if p := send(t, hook, a, npSYN); p != 20001 {

@@ -189,7 +189,7 @@ func (f *npFix) runErr(hook string, pkt []byte) (npVerdict, []byte, error) {
 // resetFlows empties CT, NAT and affinity (between tc and XDP runs).
 func (f *npFix) resetFlows(t testing.TB) {
 	t.Helper()
-	for _, m := range []*ebpf.Map{f.n.tc.AxonNpCt, f.n.tc.AxonNpNat, f.n.tc.AxonNpAff, f.n.tc.AxonNpFrag} {
+	for _, m := range []*ebpf.Map{f.n.tc.AxonNpCt, f.n.tc.AxonNpCtNew, f.n.tc.AxonNpNat, f.n.tc.AxonNpAff, f.n.tc.AxonNpFrag} {
 		if err := npClearMap(m); err != nil {
 			t.Fatal(err)
 		}

@@ -31,7 +31,11 @@ type npTrafficFix struct {
 	nodeLB, backendLB                *LB
 }
 
-func newNPTrafficFix(t *testing.T) *npTrafficFix {
+func newNPTrafficFix(t *testing.T) *npTrafficFix { return newNPTrafficFixWith(t, nil) }
+
+// newNPTrafficFixWith is newNPTrafficFix with the node LB's options
+// changed by mod (nil: as the agent loads it).
+func newNPTrafficFixWith(t *testing.T, mod func(*Options)) *npTrafficFix {
 	dptest.RequireRoot(t)
 	f := &npTrafficFix{}
 	f.wire = dptest.NewNetns(t, "npw")
@@ -83,8 +87,12 @@ func newNPTrafficFix(t *testing.T) *npTrafficFix {
 		// segment that no longer fits once encapsulated gets "fragmentation
 		// needed" and the client's PMTU shrinks; without it such a segment
 		// is dropped at the veth, and a DSR bulk flow stalls on it
-		f.nodeLB, err = Load(Options{PinDir: newPinDir(t), NodeName: "node1",
-			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: dptest.Logger(t)})
+		o := Options{PinDir: newPinDir(t), NodeName: "node1",
+			NodeAddrs: []netip.Addr{npNode, npNode6}, UplinkMTU: 1500, Logger: dptest.Logger(t)}
+		if mod != nil {
+			mod(&o)
+		}
+		f.nodeLB, err = Load(o)
 	})
 	if err != nil {
 		t.Fatal(err)
