@@ -42,7 +42,7 @@
 /* Default number of unreplied flows (axon_np_ct_new);
  * nodeport.Options.CTUnrepliedMax overrides it at load. Kept well below
  * the SNAT port range of one backend (28 976) so that a flood cannot hold
- * every port of a backend (see np_nat_stale in nat.h). */
+ * every port of a backend (see np_nat_stale in nodeport.h). */
 #define AXON_NP_CT_NEW_MAX 8192
 
 /* np_ct.flags (npCT* in internal/datapath/nodeport). */

@@ -108,21 +108,4 @@ AXON_INLINE void np_nat_ct_key(const struct np_nat *v, __u8 proto, struct np_tup
 	k->proto = proto;
 }
 
-/* np_nat_stale: v is the SNAT reservation of a flow that was never
- * answered and is no longer tracked (evicted from axon_np_ct_new by newer
- * flows): nobody will use its port, a new flow may take it over. Without
- * this a SYN flood would hold every SNAT port of a backend until GC. A
- * global function: the verifier checks it once, not in each of the SNAT
- * port search's iterations (np_snat_port), which made that loop three
- * times as costly to verify. v must not be NULL. */
-__noinline int np_nat_stale(const struct np_nat *v, __u32 proto)
-{
-	struct np_tuple k;
-
-	if (!v || !(v->flags & NP_NAT_UNREPLIED))
-		return 0;
-	np_nat_ct_key(v, proto, &k);
-	return !bpf_map_lookup_elem(&axon_np_ct_new, &k) && !bpf_map_lookup_elem(&axon_np_ct, &k);
-}
-
 #endif /* AXON_NAT_H */

@@ -107,7 +107,7 @@ enum np_reason {
 	/* conntrack of handshake-less and unanswered flows (ct.h) */
 	NP_CT_NO_SYN = 25,       /* TCP to a frontend, no CT entry, not a SYN without ACK: opens no flow, to the stack untouched */
 	NP_CT_ESTABLISHED = 26,  /* flow moved from axon_np_ct_new to axon_np_ct (ct.h: UDP reply, TCP client ACK after a reply, DSR second packet) */
-	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (nat.h np_nat_stale) */
+	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (np_nat_stale) */
 	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
 	NP_NAT_FULL = 29,        /* new flow to a local backend, axon_np_nat full: no reverse entry for its replies, dropped */
 	NP_REASON_MAX = 30,
@@ -326,6 +326,8 @@ struct np_scratch {
 	struct np_tuple rk;
 	struct np_ct ct;  /* the flow being translated (np_ingress_l4) */
 	__u8 answer[160]; /* np_reply_too_big's ICMP answer (icmp_too_big.h) */
+	struct np_tuple key; /* the CT or reverse key of the non-inlined helpers
+			      * (np_nat_stale, np_promote_nat, np_establish) */
 };
 
 struct {
@@ -972,23 +974,25 @@ AXON_INLINE void np_ct_promote(const struct np_tuple *k, enum np_hook hook)
 /* np_promote_nat: a reply passed the reverse entry nat of a flow that is
  * not established yet (NP_NAT_UNREPLIED): a UDP flow is established now, a
  * TCP flow is marked NP_CT_REPLIED (the client's ACK establishes it,
- * np_establish). Not inlined: its key stays off the callers' frames. */
+ * np_establish). Not inlined, and its key in the per-CPU scratch: it runs
+ * inside the programs' deepest call chains, whose frames add up to the
+ * 512-byte limit. */
 static __noinline void np_promote_nat(struct np_nat *nat, __u8 proto, enum np_hook hook)
 {
-	struct np_tuple k;
+	struct np_scratch *s = np_scratch();
 	struct np_ct *v;
 
-	if (cfg_dry_run)
+	if (cfg_dry_run || !s)
 		return;
-	np_nat_ct_key(nat, proto, &k);
+	np_nat_ct_key(nat, proto, &s->key);
 	if (proto == AXON_IPPROTO_TCP) {
-		v = bpf_map_lookup_elem(&axon_np_ct_new, &k);
+		v = bpf_map_lookup_elem(&axon_np_ct_new, &s->key);
 		if (v && !(v->flags & NP_CT_REPLIED))
 			v->flags |= NP_CT_REPLIED;
 		return;
 	}
 	nat->flags &= ~NP_NAT_UNREPLIED;
-	np_ct_promote(&k, hook);
+	np_ct_promote(&s->key, hook);
 }
 
 /* np_reverse sends a reply of an SNAT flow back to the client. */
@@ -1058,8 +1062,29 @@ AXON_INLINE int np_snat_insert(struct np_tuple *rkp, struct np_nat *natp, struct
 	return 1;
 }
 
+/* np_nat_stale: v is the SNAT reservation of a flow that was never
+ * answered and is no longer tracked (evicted from axon_np_ct_new by newer
+ * flows): nobody will use its port, a new flow may take it over. Without
+ * this a SYN flood would hold every SNAT port of a backend until GC. A
+ * global function: the verifier checks it once, not in each of the SNAT
+ * port search's iterations (np_snat_port), which made that loop three
+ * times as costly to verify. Its CT key lives in the per-CPU scratch, not
+ * on the stack: called from the SNAT port search inside the programs'
+ * deepest call chains, 40 more bytes of stack went past the 512-byte limit
+ * of a chain (the north-south LB with pod delivery). */
+__noinline int np_nat_stale(const struct np_nat *v, __u32 proto)
+{
+	struct np_scratch *s = np_scratch();
+
+	if (!v || !s || !(v->flags & NP_NAT_UNREPLIED))
+		return 0;
+	np_nat_ct_key(v, proto, &s->key);
+	return !bpf_map_lookup_elem(&axon_np_ct_new, &s->key) && !bpf_map_lookup_elem(&axon_np_ct, &s->key);
+}
+
+
 /* np_snat_reuse takes over the reservation old (under rkp) when it is
- * stale (nat.h np_nat_stale: its flow was never answered and is no longer
+ * stale (np_nat_stale: its flow was never answered and is no longer
  * tracked). 0: taken over; 1: not. */
 AXON_INLINE int np_snat_reuse(struct np_nat *old, struct np_tuple *rkp, struct np_nat *natp, enum np_hook hook)
 {
@@ -1266,17 +1291,17 @@ AXON_INLINE int np_rev_key(const struct np_ct *ct, const struct np_pkt *p, struc
 
 /* np_establish: p (client -> frontend) makes its unreplied flow v
  * (axon_np_ct_new) established: moved to axon_np_ct, its reverse entry no
- * longer NP_NAT_UNREPLIED. Not inlined: its key stays off the caller's
- * frame; once per flow. */
+ * longer NP_NAT_UNREPLIED. Not inlined, its key in the per-CPU scratch (as
+ * np_promote_nat); once per flow. */
 static __noinline void np_establish(const struct np_ct *v, const struct np_pkt *p, enum np_hook hook)
 {
-	struct np_tuple rk;
+	struct np_scratch *s = np_scratch();
 	struct np_nat *nat;
 
-	if (cfg_dry_run)
+	if (cfg_dry_run || !s)
 		return;
-	if ((v->flags & (NP_CT_SNAT | NP_CT_LOCAL)) && !np_rev_key(v, p, &rk)) {
-		nat = bpf_map_lookup_elem(&axon_np_nat, &rk);
+	if ((v->flags & (NP_CT_SNAT | NP_CT_LOCAL)) && !np_rev_key(v, p, &s->key)) {
+		nat = bpf_map_lookup_elem(&axon_np_nat, &s->key);
 		if (nat)
 			nat->flags &= ~NP_NAT_UNREPLIED;
 	}
