@@ -201,7 +201,8 @@ nsenter --net=/run/netns/axt-vm-a ping -c 3 -W 5 198.18.99.2 >/run/axon-vm/ping
 
 // TestKernelMatrix is the part of the kernel matrix that `make test` (and so CI) runs: the
 // datapath, verifier and virtio-net packages' own tests on every cached VM kernel (6.12 with
-// netkit and fq, 6.1 with the legacy tc fallback), plus the two-VM subset on the first kernel
+// netkit and fq, 6.1 with the legacy tc fallback), internal/cni's netkit tests on 6.12 (they
+// must pass there, not skip), plus the two-VM subset on the first kernel
 // (axon across two VMs over virtio_net) when the control plane is cached. `make test-kernels`
 // runs the whole matrix (the host column and the single-node lab in each VM as well).
 // -short skips it.
@@ -214,6 +215,10 @@ func TestKernelMatrix(t *testing.T) {
 		Packages:    []string{modulePath + "/internal/datapath/...", modulePath + "/internal/verifier", modulePath + "/internal/vmtest/virtionet"},
 		TestTimeout: 6 * time.Minute, CacheRoot: cacheRoot(), Boot: BootPVH, NICs: true,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		// netkit exists on 6.12 only (of the matrix; the host lacks it by
+		// configuration): its CNI tests run there and must not skip
+		Extra: []ExtraRun{{Package: modulePath + "/internal/cni", RunRegex: "^TestNetkit", Kernels: []string{"debian-6.12"},
+			MustRun: []string{"TestNetkitAddCheckDel", "TestNetkitBlackholeUntilAttach", "TestNetkitPeerProgramNotDetachableFromPod", "TestNetkitPodToPod"}}},
 	}
 	// Outputs (test events, consoles, verifier reports) stay for a look after a failure.
 	if dir := os.Getenv("AXON_RESULTS"); dir != "" {
