@@ -17,12 +17,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -209,29 +207,9 @@ func fragExchange(nsName string, dst netip.AddrPort, size int, timeout time.Dura
 // pinned axon_np_metrics: hook (tc, xdp, egress) -> reason -> packets.
 func npPinnedCounters(t *testing.T, pinDir string) map[string]map[string]uint64 {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, nodeport.MapMetrics), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		t.Fatalf("open the LB's counters: %v", err)
-	}
-	defer m.Close()
-	ncpu, err := ebpf.PossibleCPU()
+	m, err := nodeport.PinnedMetrics(pinDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := nodeport.ReasonNames()
-	out := map[string]map[string]uint64{}
-	for hi, hook := range []string{"tc", "xdp", "egress"} { // enum np_hook
-		out[hook] = map[string]uint64{}
-		for ri, r := range names {
-			idx := uint32(hi*len(names) + ri)
-			vals := make([]uint64, ncpu)
-			if err := m.Lookup(&idx, &vals); err != nil {
-				t.Fatalf("read %s[%d]: %v", nodeport.MapMetrics, idx, err)
-			}
-			for _, v := range vals {
-				out[hook][r] += v
-			}
-		}
-	}
-	return out
+	return m
 }
