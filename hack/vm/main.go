@@ -44,6 +44,7 @@ func run() error {
 		kernels  = flag.String("kernels", "host,debian-6.12,debian-6.1", "comma-separated: host and/or "+knownNames())
 		pkgs     = flag.String("pkgs", "./internal/datapath/...,./internal/verifier,./internal/vmtest/virtionet", "comma-separated go packages whose tests run on every kernel")
 		runRe    = flag.String("run", "", "only tests matching this regexp (-test.run)")
+		mustRun  = flag.String("must-run", "", "comma-separated top-level tests that must pass on every kernel, not skip (a skip fails the kernel, with its reason); meant for one package in -pkgs")
 		timeout  = flag.Duration("timeout", 20*time.Minute, "per test binary (-test.timeout); the VM gets this plus 2m per binary")
 		cache    = flag.String("cache", defaultCache(), "cache root; kernels go under <cache>/kernels")
 		out      = flag.String("out", "results/kernels", "where outputs, console logs and matrix.md go")
@@ -121,6 +122,7 @@ func run() error {
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
 		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
 		Env: env, LabDevice: *labDev, LabNodes: *labNodes, ICount: *icount, MultiThreadTCG: *mttcg,
+		MustRun: split(*mustRun),
 	}
 	if *verbose {
 		r.Console = os.Stderr

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -55,6 +56,7 @@ type ServicesStatus struct {
 	WriteErrors []string      `json:"writeErrors,omitempty"`
 	Conflicts   []string      `json:"conflicts,omitempty"`
 	WatchError  string        `json:"watchError,omitempty"`
+	NorthSouth  bool          `json:"northSouth,omitempty"` // the writer includes the north-south LB
 }
 
 type serviceSync struct {
@@ -76,13 +78,14 @@ type serviceSync struct {
 	w              lb.Writer // nil = watch only
 	table          *lb.Table
 	nodeInfo       lb.NodeInfo
-	problems       map[string][]lb.Problem   // service → what Translate skipped
-	dirty          map[lb.FrontendKey]string // written to the table, not yet to the Writer → service that changed it ("" = resync)
-	writeErrs      map[lb.FrontendKey]error  // last failed write per key
-	notFit         map[string]string         // service → why the Writer cannot take it whole (lb.ErrFull)
-	onNS           func()                    // called on Namespace changes (opt-out annotation)
-	onSynced       func()                    // called once the initial sync is done
-	hp             *hostPorts                // Pod hostPorts (hostport.go); nil = none
+	problems       map[string][]lb.Problem        // service → what Translate skipped
+	versions       map[string]api.ServiceVersions // service → the resourceVersions its table entry was translated from
+	dirty          map[lb.FrontendKey]string      // written to the table, not yet to the Writer → service that changed it ("" = resync)
+	writeErrs      map[lb.FrontendKey]error       // last failed write per key
+	notFit         map[string]string              // service → why the Writer cannot take it whole (lb.ErrFull)
+	onNS           func()                         // called on Namespace changes (opt-out annotation)
+	onSynced       func()                         // called once the initial sync is done
+	hp             *hostPorts                     // Pod hostPorts (hostport.go); nil = none
 	synced         bool
 	writerGen      uint64    // SetWriter calls so far
 	comparedW      uint64    // writerGen of the last whole-table compare that succeeded
@@ -112,6 +115,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		table:     lb.NewTable(),
 		nodeInfo:  lb.NodeInfo{Name: node},
 		problems:  map[string][]lb.Problem{},
+		versions:  map[string]api.ServiceVersions{},
 		dirty:     map[lb.FrontendKey]string{},
 		writeErrs: map[lb.FrontendKey]error{},
 		notFit:    map[string]string{},
@@ -432,7 +436,9 @@ func (s *serviceSync) refreshNode() bool {
 }
 
 // translate computes one service's frontends from the caches. Called with mu held.
+// It records the resourceVersions it translated from (s.versions).
 func (s *serviceSync) translate(key string, svc *corev1.Service) ([]lb.Frontend, []lb.Problem) {
+	delete(s.versions, key)
 	if svc == nil {
 		return nil, nil
 	}
@@ -440,13 +446,48 @@ func (s *serviceSync) translate(key string, svc *corev1.Service) ([]lb.Frontend,
 	if err != nil {
 		return nil, []lb.Problem{{Service: key, Object: "EndpointSlices", Reason: err.Error()}}
 	}
+	v := api.ServiceVersions{Service: svc.ResourceVersion, Slices: make(map[string]string, len(objs))}
 	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
 		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
 			eps = append(eps, es)
+			v.Slices[es.Name] = es.ResourceVersion
 		}
 	}
+	s.versions[key] = v
 	return lb.Translate(svc, eps, s.nodeInfo)
+}
+
+// programmedLocked is the write acknowledgement (api.ServicesReply.Programmed):
+// the versions of every Service whose table entry the current writer holds
+// whole. Nothing while watch only, before the initial sync, or while a new
+// writer has not been compared with the table yet (SetWriter); then every
+// Service but those with a frontend still to write (a failed write stays
+// dirty) or refused for not fitting.
+func (s *serviceSync) programmed() map[string]api.ServiceVersions {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.programmedLocked()
+}
+
+func (s *serviceSync) programmedLocked() map[string]api.ServiceVersions {
+	if s.w == nil || !s.synced || s.comparedW != s.writerGen || s.comparedWriter != s.w {
+		return nil
+	}
+	pending := map[string]bool{}
+	for k, svc := range s.dirty {
+		if f, ok := s.table.Get(k); ok {
+			svc = f.Service
+		}
+		pending[svc] = true
+	}
+	out := make(map[string]api.ServiceVersions, len(s.versions))
+	for key, v := range s.versions {
+		if !pending[key] && s.notFit[key] == "" {
+			out[key] = v
+		}
+	}
+	return out
 }
 
 func (s *serviceSync) setProblems(key string, probs []lb.Problem) {
@@ -755,6 +796,7 @@ func (s *serviceSync) status() ServicesStatus {
 func (s *serviceSync) statusLocked() ServicesStatus {
 	st := ServicesStatus{Synced: s.synced, Writer: s.w != nil, Services: s.table.Services(), FullSync: s.fullSync,
 		LastWrite: s.lastWrite, Writes: s.writes, WatchError: s.watchErr}
+	_, st.NorthSouth = s.w.(*teeWriter)
 	for _, f := range s.table.Frontends() {
 		st.Frontends++
 		st.Backends += len(f.Backends)

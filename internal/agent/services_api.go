@@ -25,6 +25,10 @@ func (s *serviceSync) writer() lb.Writer {
 // Service watch computed), whether or not it is programmed yet.
 func (a *Agent) ServiceList(context.Context) (api.ServicesReply, error) {
 	st, text := a.Services()
+	var programmed map[string]api.ServiceVersions
+	if a.svc != nil {
+		programmed = a.svc.programmed()
+	}
 	return api.ServicesReply{
 		Text:        text,
 		Synced:      st.Synced,
@@ -36,6 +40,8 @@ func (a *Agent) ServiceList(context.Context) (api.ServicesReply, error) {
 		WriteErrors: st.WriteErrors,
 		Conflicts:   st.Conflicts,
 		WatchError:  st.WatchError,
+		NorthSouth:  st.NorthSouth,
+		Programmed:  programmed,
 	}, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -336,6 +338,35 @@ func TestServicesAgainstAPIServer(t *testing.T) {
 		waitFor(t, w, 40*time.Second, "the retry", func() bool {
 			return strings.Contains(w.Render(), "10.244.2.7:8080          quarantined") && len(s.status().WriteErrors) == 0
 		})
+	})
+
+	t.Run("write acknowledgement: the versions written, none while a write fails", func(t *testing.T) {
+		svc, err := cs.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+		must(t, err)
+		acked := func() (api.ServiceVersions, bool) {
+			v, ok := s.programmed()[ns+"/web"]
+			return v, ok
+		}
+		w.FailNext(1 << 30)
+		web.Endpoints[1].Conditions.Ready = ptrTo(true)
+		web, err = slicesAPI.Update(ctx, web, metav1.UpdateOptions{})
+		must(t, err)
+		waitFor(t, w, 10*time.Second, "a write error", func() bool { return len(s.status().WriteErrors) > 0 })
+		if v, ok := acked(); ok {
+			t.Errorf("shop/web acknowledged as programmed (%+v) while its write fails: %v", v, s.status().WriteErrors)
+		}
+		if _, ok := s.programmed()[ns+"/np"]; !ok {
+			t.Errorf("shop/np, untouched and written, lost its acknowledgement: %v", s.programmed())
+		}
+		w.FailNext(0)
+		want := api.ServiceVersions{Service: svc.ResourceVersion, Slices: map[string]string{"web-1": web.ResourceVersion}}
+		waitFor(t, w, 40*time.Second, "the acknowledgement of the retried write", func() bool {
+			v, ok := acked()
+			return ok && reflect.DeepEqual(v, want)
+		})
+		if !strings.Contains(w.Render(), "10.244.2.7:8080          active") {
+			t.Errorf("acknowledged %+v, but the writer lacks the change:\n%s", want, w.Render())
+		}
 	})
 
 	t.Run("service deleted", func(t *testing.T) {

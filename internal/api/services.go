@@ -22,6 +22,24 @@ type ServicesReply struct {
 	WriteErrors []string `json:"writeErrors,omitempty"` // frontends the writer failed to program
 	Conflicts   []string `json:"conflicts,omitempty"`   // frontends claimed by two Services
 	WatchError  string   `json:"watchError,omitempty"`  // last watch failure, "" when healthy
+	// NorthSouth: the writer includes the north-south LB (tc/XDP on the
+	// uplink), so Programmed covers its maps too.
+	NorthSouth bool `json:"northSouth,omitempty"`
+	// Programmed is the agent's write acknowledgement: per Service
+	// ("namespace/name"), the resourceVersions of the Service and of its
+	// EndpointSlices whose translation is fully written to the datapath
+	// (every frontend written without error, none waiting). A Service with
+	// a pending or failed write, or one that does not fit the maps, is
+	// absent. A test (or an operator) that changed a Service waits until
+	// the versions its change returned appear here instead of sleeping.
+	Programmed map[string]ServiceVersions `json:"programmed,omitempty"`
+}
+
+// ServiceVersions are the resourceVersions the agent translated a Service
+// from.
+type ServiceVersions struct {
+	Service string            `json:"service"`
+	Slices  map[string]string `json:"slices,omitempty"` // EndpointSlice name → resourceVersion
 }
 
 // LBMapsReply is GET /v1/bpf/lb: what is actually in the socket LB's BPF maps.

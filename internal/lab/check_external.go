@@ -46,6 +46,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/nodeport"
 	"github.com/axonhq/axon/internal/ethtool"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
@@ -656,6 +657,12 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 			return nil, err
 		}
 		defer stop2()
+		// externalTrafficPolicy Local on a node without a local backend:
+		// the silence must be that node's LB dropping (the frontend has no
+		// backend there: drop_no_backend, or drop_not_local), not an LB
+		// that has not written the Service (not_service)
+		drops := notLocalCounter(&st)
+		before, berr := drops.read()
 		var mu sync.Mutex
 		var errs []error
 		var wg sync.WaitGroup
@@ -684,6 +691,8 @@ func (l *Lab) CheckExternal(ctx context.Context, timeout time.Duration) (*Extern
 		if err := errors.Join(errs...); err != nil {
 			return res, err
 		}
+		after, aerr := drops.read()
+		drops.judge(res.Cells, before, after, errors.Join(berr, aerr))
 	}
 	res.Elapsed = time.Since(t0)
 	return res, nil
@@ -883,4 +892,83 @@ func xdpPassOnWirePorts(st *State) error {
 		}
 		return nil
 	})
+}
+
+// notLocalDrops ties the "no local backend: not served" cells of
+// externalTrafficPolicy Local to the LB's own drop counters: the agent
+// writes such a frontend with no backend on a node without a local one
+// (drop_no_backend; drop_not_local if a remote one slipped in), while a
+// node whose LB has not written the Service yet is silent too, counting
+// not_service. Zero value (nodes nil): not axon's north-south LB, no
+// check.
+type notLocalDrops struct {
+	nodes map[netip.Addr]Node // node address → node
+}
+
+func notLocalCounter(st *State) notLocalDrops {
+	if st.Datapath != DatapathAxon || kubeProxyModeOf(st) != kubeproxy.None {
+		return notLocalDrops{}
+	}
+	d := notLocalDrops{nodes: map[netip.Addr]Node{}}
+	for _, n := range st.Nodes {
+		for _, ip := range n.IPs {
+			d.nodes[ip] = n
+		}
+	}
+	return d
+}
+
+// read returns every node's drop_no_backend + drop_not_local (tc and XDP hooks).
+func (d notLocalDrops) read() (map[string]uint64, error) {
+	if d.nodes == nil {
+		return nil, nil
+	}
+	out := map[string]uint64{}
+	var errs []error
+	for _, n := range d.nodes {
+		if _, done := out[n.Name]; done {
+			continue
+		}
+		m, err := nodeport.PinnedMetrics(n.PinDir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+			continue
+		}
+		for _, hook := range []string{"tc", "xdp"} {
+			out[n.Name] += m[hook]["drop_no_backend"] + m[hook]["drop_not_local"]
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// judge fails each passed "not served" cell of ETP Local NodePort probes
+// to a node whose drops did not move at least once per such probe.
+func (d notLocalDrops) judge(cells map[[2]string][]ExtCell, before, after map[string]uint64, readErr error) {
+	if d.nodes == nil {
+		return
+	}
+	sent := map[string]int{}
+	for _, cs := range cells {
+		for _, c := range cs {
+			if c.Expect == ExpectBlocked && c.NA == "" && c.Probe.Addr.Port() == DemoLocalNodePort {
+				sent[d.nodes[c.Probe.Addr.Addr()].Name]++
+			}
+		}
+	}
+	for key, cs := range cells {
+		for i, c := range cs {
+			if c.Expect != ExpectBlocked || c.NA != "" || c.Fail != "" || c.Probe.Addr.Port() != DemoLocalNodePort {
+				continue
+			}
+			n := d.nodes[c.Probe.Addr.Addr()].Name
+			moved := after[n] - before[n]
+			switch {
+			case readErr != nil:
+				cs[i].Fail = fmt.Sprintf("not answered, but the LB's drop counters could not be read: %v", readErr)
+			case moved < uint64(sent[n]):
+				cs[i].Fail = fmt.Sprintf("not answered, but %s's LB counted %d drop_no_backend/drop_not_local for %d such probes: the silence is not the LB's (Service not programmed yet?)", n, moved, sent[n])
+			}
+		}
+		cells[key] = cs
+	}
 }

@@ -189,3 +189,60 @@ func TestExternalCheckResultPrint(t *testing.T) {
 		t.Errorf("Failed() = %v", r.Failed())
 	}
 }
+
+// TestNotLocalDrops: an ETP Local "not served" cell passes only when its
+// node's LB counted a drop (drop_no_backend/drop_not_local) per such probe; other cells and
+// baseline labs are left alone.
+func TestNotLocalDrops(t *testing.T) {
+	st := extTestState(2)
+	plan := planExternalProbes(st, "")
+	cells := func() map[[2]string][]ExtCell {
+		out := map[[2]string][]ExtCell{}
+		for _, p := range plan {
+			key := [2]string{p.Case, p.Col}
+			out[key] = append(out[key], ExtCell{ExtPlanned: p})
+		}
+		return out
+	}
+	failed := func(cs map[[2]string][]ExtCell) (etp, other int) {
+		for _, c := range cs {
+			for _, x := range c {
+				if x.Fail == "" {
+					continue
+				}
+				if x.Probe.Addr.Port() == DemoLocalNodePort && x.Expect == ExpectBlocked {
+					etp++
+				} else {
+					other++
+				}
+			}
+		}
+		return etp, other
+	}
+	d := notLocalCounter(st)
+	before := map[string]uint64{"node1": 5, "node2": 7}
+	for _, tc := range []struct {
+		desc      string
+		node2     uint64
+		wantFails int
+	}{
+		{"each probe dropped by node2's LB", 7 + 4, 0},
+		{"more drops (SYN retransmits)", 7 + 9, 0},
+		{"fewer drops than probes", 7 + 3, 4},
+		{"no drop: the LB never saw them", 7, 4},
+	} {
+		cs := cells()
+		d.judge(cs, before, map[string]uint64{"node1": 5, "node2": tc.node2}, nil)
+		etp, other := failed(cs)
+		if etp != tc.wantFails || other != 0 {
+			t.Errorf("%s: %d ETP Local cells failed (want %d), %d others", tc.desc, etp, tc.wantFails, other)
+		}
+	}
+	base := extTestState(2)
+	base.Datapath = DatapathBaseline
+	cs := cells()
+	notLocalCounter(base).judge(cs, nil, nil, nil)
+	if etp, other := failed(cs); etp+other != 0 {
+		t.Errorf("baseline lab: %d cells failed, want none judged", etp+other)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -225,17 +226,29 @@ func TestLabNorthSouth(t *testing.T) {
 		}
 		ts := &testService{svc: created, port: probe.PeerEchoPort, backends: l.Pods()}
 		ts.apply(t, kube)
-		waitFrontend(t, l, node1.Name, lbIP.String()+":80/TCP")
+		// the agent's acknowledgement that the north-south LB holds this
+		// version of the Service, ranges included; then silence must come
+		// with the LB's own source-range drop, not from an LB not yet written
+		waitProgrammed(t, l, node1.Name, name)
 		for _, proto := range []string{"tcp", "udp"} {
+			before := npPinnedCounters(t, node1.PinDir)
 			r, _ := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", time.Second, 0, func(r probe.ExternalResult) bool { return !r.OK })
 			if r.OK {
 				t.Errorf("%s: a client outside loadBalancerSourceRanges %v was served: %+v", proto, ranges, r)
+			}
+			after := npPinnedCounters(t, node1.PinDir)
+			drops := npMoved(before, after, "tc")["drop_src_range"] + npMoved(before, after, "xdp")["drop_src_range"]
+			if drops == 0 {
+				t.Errorf("%s: the client outside %v got no answer, but %s's LB dropped nothing for its source range (tc %v, xdp %v): the silence is not the LB's", proto, ranges, node1.Name, npMoved(before, after, "tc"), npMoved(before, after, "xdp"))
+			} else {
+				t.Logf("%s: not served (%s); drop_src_range +%d on %s", proto, r.Err, drops, node1.Name)
 			}
 		}
 		created.Spec.LoadBalancerSourceRanges = append(created.Spec.LoadBalancerSourceRanges, allow)
 		if _, err := kube.CoreV1().Services("default").Update(ctx, created, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		waitProgrammed(t, l, node1.Name, name)
 		for _, proto := range []string{"tcp", "udp"} {
 			if r, ok := xprobeUntil(t, l, proto+"/"+lbIP.String()+":80", 2*time.Second, 20*time.Second, func(r probe.ExternalResult) bool { return r.OK }); !ok {
 				t.Errorf("%s: the client inside loadBalancerSourceRanges is not served: %+v", proto, r)
@@ -425,6 +438,47 @@ func TestLabNorthSouth(t *testing.T) {
 	})
 }
 
+// waitProgrammed waits until node's agent acknowledges (GET /v1/services,
+// Programmed) that the writer including the north-south LB holds the
+// current versions of Service default/name and of its EndpointSlices, as
+// the apiserver has them now.
+func waitProgrammed(t *testing.T, l *lab.Lab, node, name string) {
+	t.Helper()
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	svc, err := kube.CoreV1().Services("default").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get service %s: %v", name, err)
+	}
+	sl, err := kube.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+	if err != nil {
+		t.Fatalf("list EndpointSlices of %s: %v", name, err)
+	}
+	want := api.ServiceVersions{Service: svc.ResourceVersion, Slices: map[string]string{}}
+	for _, s := range sl.Items {
+		want.Slices[s.Name] = s.ResourceVersion
+	}
+	c, err := l.Agent(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last api.ServicesReply
+	t0 := time.Now()
+	for deadline := t0.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if last, err = c.Services(ctx); err == nil && last.NorthSouth && reflect.DeepEqual(last.Programmed["default/"+name], want) {
+			t.Logf("%s acknowledged default/%s %+v as programmed %s after the last change", node, name, want, time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent of %s never acknowledged default/%s at %+v (north-south writer %v, acknowledged %+v, write errors %v, error %v)",
+				node, name, want, last.NorthSouth, last.Programmed["default/"+name], last.WriteErrors, err)
+		}
+	}
+}
+
 // waitFrontend waits until node's agent has a frontend in its BPF maps.
 func waitFrontend(t *testing.T, l *lab.Lab, node, frontend string) {
 	t.Helper()
@@ -446,26 +500,24 @@ func waitFrontend(t *testing.T, l *lab.Lab, node, frontend string) {
 	}
 }
 
-// TestLabNorthSouthXDP brings the lab up with --lb-acceleration best-effort:
-// native XDP on the nodes' veth uplinks where the kernel allows it, tc
-// otherwise (the status says which), and runs the external check.
+// TestLabNorthSouthXDP brings the lab up with --lb-acceleration best-effort
+// and runs the external check. Where the kernel's veth driver runs XDP
+// natively (probed; the only reason to skip), every node must have attached
+// axon_lb_xdp in driver mode (netlink says so, not only the agent) and the
+// XDP program itself must have translated the check's connections (its
+// counters moved): a fallback to tc fails the test instead of passing there.
 func TestLabNorthSouthXDP(t *testing.T) {
 	waitLabSlot(t)
 	need(t, "axon", "axon-agent", "axon-cni")
 	l := up(t, "--nodes", "2", "--pods-per-node", "2", "--lb-acceleration", "best-effort")
-	np := nodePortLBStatus(t, l)
-	xdp := 0
-	for n, v := range np {
+	for n, v := range nodePortLBStatus(t, l) {
 		t.Logf("%s nodeport_lb: %s", n, v)
-		if strings.HasPrefix(v, "xdp") {
-			xdp++
-		}
 	}
+	requireNativeXDP(t, l)
+	before := npCounters(t, l)
 	out := externalCheck(t)
-	if xdp == 0 {
-		t.Skipf("best-effort fell back to tc on every node (%v): the external check passed at tc", np)
-	}
-	t.Logf("%d of %d nodes at XDP; %s", xdp, len(np), lastLine(out))
+	requireXDPTranslated(t, l, before)
+	t.Logf("%s", lastLine(out))
 }
 
 func lastLine(s string) string {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -216,7 +217,16 @@ type svcLoopResult struct {
 	FirstErr  string
 	Seen      map[string]int // answering backend name -> connections
 	Last      []string       // the last 20 answers, oldest first
+	// Connect times of the connections that connected, and how many did
+	// not within loopConnectTimeout.
+	ConnectP50, ConnectP99, ConnectMax time.Duration
+	ConnectFails                       int
 }
+
+// loopConnectTimeout bounds each connect of "tcploop": well under the
+// initial SYN retransmission timeout (1 s), so a SYN that was dropped and
+// retried counts as a failure instead of a slow success.
+const loopConnectTimeout = 300 * time.Millisecond
 
 // svcTCPLoop ("tcploop ADDR") connects, sends a line, reads the answer
 // and closes, over and over until stdin closes; then prints the counts.
@@ -224,19 +234,27 @@ func svcTCPLoop(addr string) int {
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
 	r := svcLoopResult{Seen: map[string]int{}}
+	var connects []time.Duration
 	fmt.Println("started")
 	for {
 		select {
 		case <-stop:
+			if n := len(connects); n > 0 {
+				slices.Sort(connects)
+				r.ConnectP50, r.ConnectP99, r.ConnectMax = connects[n/2], connects[(n*99+99)/100-1], connects[n-1]
+			}
 			_ = json.NewEncoder(os.Stdout).Encode(r)
 			return 0
 		default:
 		}
 		answer, err := func() (string, error) {
-			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			t0 := time.Now()
+			c, err := net.DialTimeout("tcp", addr, loopConnectTimeout)
 			if err != nil {
-				return "", err
+				r.ConnectFails++
+				return "", fmt.Errorf("connect: %w", err)
 			}
+			connects = append(connects, time.Since(t0))
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 			if _, err := c.Write([]byte("hello\n")); err != nil {
@@ -606,43 +624,7 @@ func TestLabServiceSocketLB(t *testing.T) {
 	})
 
 	t.Run("rolling replacement of backends under load: zero failed requests", func(t *testing.T) {
-		stdin, out, _ := startLongProbe(t, ctx, l, client.Name, "tcploop "+rollVIP)
-		steps := []struct {
-			what string
-			eps  []ep
-		}{
-			{"new ready next to old", []ep{{pod: oldPod, ready: true}, {pod: newPod, ready: true}}},
-			{"old terminating (still serving)", []ep{{pod: oldPod, terminating: true}, {pod: newPod, ready: true}}},
-			{"old removed", []ep{{pod: newPod, ready: true}}},
-		}
-		time.Sleep(time.Second)
-		for _, st := range steps {
-			upd, err := kube.DiscoveryV1().EndpointSlices("default").Update(ctx, rollSlice(roll.ResourceVersion, st.eps...), metav1.UpdateOptions{})
-			if err != nil {
-				t.Fatalf("%s: update endpointslice: %v", st.what, err)
-			}
-			roll = upd
-			t.Logf("step: %s", st.what)
-			time.Sleep(1500 * time.Millisecond)
-		}
-		stdin.Close()
-		var r svcLoopResult
-		if err := json.NewDecoder(out).Decode(&r); err != nil {
-			t.Fatalf("loop result: %v", err)
-		}
-		t.Logf("%d requests, %d failed, answered by %v, last %v", r.OK+r.Fails, r.Fails, r.Seen, r.Last)
-		if r.Fails != 0 {
-			t.Errorf("%d of %d requests failed during the rolling replacement, first: %s", r.Fails, r.OK+r.Fails, r.FirstErr)
-		}
-		if r.Seen["old"] == 0 || r.Seen["new"] == 0 || r.OK < 200 {
-			t.Errorf("answers %v over %d requests: want both backends and a real load", r.Seen, r.OK)
-		}
-		for _, a := range r.Last {
-			if a != "new" {
-				t.Errorf("after the old backend was removed, a request reached %q (last answers %v)", a, r.Last)
-				break
-			}
-		}
+		rollingReplacement(t, ctx, l, roll, newPod)
 	})
 
 	t.Run("NodePort bind refused inside a pod", func(t *testing.T) {
@@ -791,14 +773,9 @@ func TestLabServiceSocketLB(t *testing.T) {
 			return nil
 		})
 		annotate("bogus")
-		time.Sleep(500 * time.Millisecond)
-		if ok, reason := optedOut(); ok {
-			t.Errorf("a malformed annotation opted the pod out: %s", reason)
-		}
-		evs, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + optPod.Name + ",reason=InvalidAnnotation"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// the agent's InvalidAnnotation Event says it has read the bad value;
+		// only then does "not opted out" mean it refused it
+		var evs *corev1.EventList
 		eventuallyProbe(t, "InvalidAnnotation event", 10*time.Second, func() error {
 			if evs, err = kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + optPod.Name + ",reason=InvalidAnnotation"}); err != nil {
 				return err
@@ -809,8 +786,131 @@ func TestLabServiceSocketLB(t *testing.T) {
 			return nil
 		})
 		t.Logf("event: %s", evs.Items[0].Message)
+		if ok, reason := optedOut(); ok {
+			t.Errorf("a malformed annotation opted the pod out: %s", reason)
+		}
 		annotate("")
 	})
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// rollingReplacement replaces the backend of Service default/roll (slice
+// roll-1, port 9090) as a Deployment's rolling update does, under two
+// connect loops: pod → ClusterIP (the socket LB of the client's node) and
+// external client → NodePort of node1 (its north-south LB, SNAT to node2).
+// The old backend is a pod of its own that really goes away: after it is
+// terminating (and the agent acknowledged that), its pod is deleted as a
+// kubelet does (its server killed, CNI DEL, netns removed), and only then
+// does its endpoint leave the slice. Every connect has loopConnectTimeout
+// (300 ms, well under the 1 s SYN retransmission) and must succeed; the
+// p99 of the connect times is bounded.
+func rollingReplacement(t *testing.T, ctx context.Context, l *lab.Lab, roll *discoveryv1.EndpointSlice, newPod lab.Pod) {
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPod, err := l.AddPod(ctx, newPod.Node, "roll-old", lab.DatapathAxon)
+	if err != nil {
+		t.Fatalf("add the old backend's pod: %v", err)
+	}
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			_ = l.DeletePod(context.WithoutCancel(ctx), oldPod.Name)
+		}
+	})
+	startLongProbe(t, ctx, l, oldPod.Name, "serve old 9090")
+	entry := l.Nodes()[0] // node1: no backend of roll, so the NodePort is SNATed to node2
+	client := podsOn(l, entry.Name)[0]
+	update := func(what string, eps ...discoveryv1.Endpoint) {
+		t.Helper()
+		roll.Endpoints = eps
+		upd, err := kube.DiscoveryV1().EndpointSlices("default").Update(ctx, roll, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatalf("%s: update endpointslice: %v", what, err)
+		}
+		roll = upd
+		waitProgrammed(t, l, entry.Name, "roll")
+	}
+	endpoint := func(p lab.Pod, ready, terminating bool) discoveryv1.Endpoint {
+		node, serving := p.Node, ready || terminating
+		return discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: &node,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating}}
+	}
+	update("old alone", endpoint(oldPod, true, false))
+	const rollVIP = "10.96.77.10:80"
+	nodePort := netip.AddrPortFrom(entry.IP, 31977).String()
+	eventuallyProbe(t, "old answers", 10*time.Second, func() error {
+		if r := svcProbe(t, ctx, l, client.Name, "line", rollVIP); !r.OK || r.Answer != "old" {
+			return fmt.Errorf("%+v, want an answer from old", r)
+		}
+		return nil
+	})
+
+	type loop struct {
+		what  string
+		stdin io.WriteCloser
+		out   *bufio.Reader
+	}
+	var loops []loop
+	for _, lp := range []struct{ what, from, to string }{
+		{"pod " + client.Name + " → ClusterIP " + rollVIP + " (socket LB)", client.Name, rollVIP},
+		{"external → NodePort " + nodePort + " (north-south LB)", lab.ExternalName, nodePort},
+	} {
+		stdin, out, _ := startLongProbe(t, ctx, l, lp.from, "tcploop "+lp.to)
+		loops = append(loops, loop{lp.what, stdin, out})
+	}
+	t0 := time.Now()
+	step := func(what string, do func()) {
+		t.Helper()
+		time.Sleep(time.Second)
+		do()
+		t.Logf("%5.2fs %s", time.Since(t0).Seconds(), what)
+	}
+	step("new ready next to old", func() { update("new ready", endpoint(oldPod, true, false), endpoint(newPod, true, false)) })
+	step("old terminating (still serving), acknowledged", func() {
+		update("old terminating", endpoint(oldPod, false, true), endpoint(newPod, true, false))
+	})
+	step("old pod deleted: server killed, CNI DEL, netns gone", func() {
+		if err := l.DeletePod(ctx, oldPod.Name); err != nil {
+			t.Fatalf("delete pod %s: %v", oldPod.Name, err)
+		}
+		deleted = true
+	})
+	step("old endpoint removed", func() { update("old removed", endpoint(newPod, true, false)) })
+	time.Sleep(time.Second)
+
+	agent, err := l.Agent(entry.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mr, err := agent.LBMaps(ctx); err != nil || strings.Contains(mr.Text, oldPod.IP.String()+":") {
+		t.Errorf("the socket LB of %s still holds the deleted pod %s (%v):\n%s", entry.Name, oldPod.IP, err, mr.Text)
+	}
+	p99Bound := testutil.Stretch(t, 100*time.Millisecond)
+	for _, lp := range loops {
+		lp.stdin.Close()
+		var r svcLoopResult
+		if err := json.NewDecoder(lp.out).Decode(&r); err != nil {
+			t.Fatalf("%s: loop result: %v", lp.what, err)
+		}
+		t.Logf("%s: %d requests, %d failed (%d connects not within %s), answered by %v; connect p50 %s p99 %s max %s",
+			lp.what, r.OK+r.Fails, r.Fails, r.ConnectFails, loopConnectTimeout, r.Seen, r.ConnectP50, r.ConnectP99, r.ConnectMax)
+		if r.Fails != 0 {
+			t.Errorf("%s: %d of %d requests failed during the rolling replacement (%d at connect), first: %s", lp.what, r.Fails, r.OK+r.Fails, r.ConnectFails, r.FirstErr)
+		}
+		if r.ConnectP99 > p99Bound {
+			t.Errorf("%s: connect p99 %s over %s during the rolling replacement", lp.what, r.ConnectP99, p99Bound)
+		}
+		if r.Seen["old"] == 0 || r.Seen["new"] == 0 || r.OK < 200 {
+			t.Errorf("%s: answers %v over %d requests: want both backends and a real load", lp.what, r.Seen, r.OK)
+		}
+		for _, a := range r.Last {
+			if a != "new" {
+				t.Errorf("%s: after the old backend was removed, a request reached %q (last answers %v)", lp.what, a, r.Last)
+				break
+			}
+		}
+	}
+}

@@ -2,6 +2,7 @@ package vmtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,23 @@ type TestBinary struct {
 	Dir     string // package source dir (the binary runs there, as under go test)
 	Binary  string // host path of the binary
 	Name    string // file name inside the run dir
+	// Set for a Runner.Extra run: its -test.run, the kernels it runs on
+	// (empty: all) and the tests that must pass there.
+	RunRegex string
+	Kernels  []string
+	MustRun  []string
+}
+
+// ExtraRun is a package whose tests run only on some kernels, with their
+// own -test.run, and whose named tests must have run there: passed, not
+// skipped (a skip fails the kernel's column, with the skip's reason). The
+// matrix uses it for internal/cni's netkit tests in the 6.12 VM, the only
+// matrix kernel with netkit, where a skip would otherwise read as a pass.
+type ExtraRun struct {
+	Package  string   // one package (import path or ./dir)
+	RunRegex string   // -test.run in that package
+	Kernels  []string // kernel names (HostKernel, KernelSpec.Name) it runs on
+	MustRun  []string // top-level tests that must pass on those kernels
 }
 
 // Runner builds test binaries once and runs them on the host and in VMs.
@@ -71,6 +89,11 @@ type Runner struct {
 	ICount bool
 	// MultiThreadTCG boots the VMs with one host thread per vCPU (VM.MultiThreadTCG).
 	MultiThreadTCG bool
+	// Extra are packages run only on some kernels (ExtraRun).
+	Extra []ExtraRun
+	// MustRun names top-level tests of Packages that must pass on every
+	// kernel, not skip (hack/vm -must-run; meant for one package).
+	MustRun []string
 
 	labBins   bool
 	twoVMBins bool
@@ -110,7 +133,7 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 			continue
 		}
 		name := strings.ReplaceAll(strings.TrimPrefix(f[0], modulePath+"/"), "/", "_") + ".test"
-		b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name)}
+		b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name), MustRun: r.MustRun}
 		start := time.Now()
 		cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -118,6 +141,13 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 			return nil, fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
 		}
 		r.Log.Info("built test binary", "package", b.Package, "took", time.Since(start).Round(time.Millisecond))
+		bins = append(bins, b)
+	}
+	for _, x := range r.Extra {
+		b, err := r.buildExtra(ctx, dir, x)
+		if err != nil {
+			return nil, err
+		}
 		bins = append(bins, b)
 	}
 	if len(bins) == 0 && !r.Lab && !r.TwoVM {
@@ -142,6 +172,69 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 	return bins, nil
 }
 
+// buildExtra builds the test binary of an ExtraRun as <pkg>-only.test (a
+// name of its own, so the package may also be in Packages).
+func (r *Runner) buildExtra(ctx context.Context, dir string, x ExtraRun) (TestBinary, error) {
+	if len(x.Kernels) == 0 {
+		return TestBinary{}, fmt.Errorf("extra run of %s: no kernels given", x.Package)
+	}
+	var stderr bytes.Buffer
+	list := exec.CommandContext(ctx, r.goTool(), "list", "-f", "{{.ImportPath}}\t{{.Dir}}", x.Package)
+	list.Stderr = &stderr
+	out, err := list.Output()
+	f := strings.Split(strings.TrimSpace(string(out)), "\t")
+	if err != nil || len(f) != 2 {
+		return TestBinary{}, fmt.Errorf("go list %s: %v: %s", x.Package, err, stderr.String())
+	}
+	name := strings.ReplaceAll(strings.TrimPrefix(f[0], modulePath+"/"), "/", "_") + "-only.test"
+	b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name),
+		RunRegex: x.RunRegex, Kernels: x.Kernels, MustRun: x.MustRun}
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return TestBinary{}, fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
+	}
+	r.Log.Info("built test binary", "package", b.Package, "run", x.RunRegex, "kernels", strings.Join(x.Kernels, ","), "took", time.Since(start).Round(time.Millisecond))
+	return b, nil
+}
+
+// forKernel is bins without the extra runs meant for other kernels.
+func forKernel(bins []TestBinary, kernel string) []TestBinary {
+	var out []TestBinary
+	for _, b := range bins {
+		if len(b.Kernels) == 0 || slices.Contains(b.Kernels, kernel) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// checkMustRun fails pr where a test b.MustRun names did not pass: skipped
+// (with its reason) or absent.
+func checkMustRun(pr *PackageResult, b TestBinary, kernel string) {
+	for _, name := range b.MustRun {
+		why := "it did not run (no such test, or -test.run " + b.RunRegex + " excludes it)"
+		for _, tr := range pr.Tests {
+			if tr.Name != name {
+				continue
+			}
+			switch tr.Outcome {
+			case Pass:
+				why = ""
+			case Skip:
+				why = "it was skipped: " + tr.Reason
+			default:
+				why = "" // its own failure is already counted
+			}
+		}
+		if why != "" {
+			pr.Tests = append(pr.Tests, TestResult{Name: name + "/must-run", Outcome: Fail,
+				Reason: fmt.Sprintf("%s must run on %s, but %s", name, kernel, why)})
+		}
+	}
+}
+
 // Close removes the run dir.
 func (r *Runner) Close() error {
 	if r.runDir == "" {
@@ -150,13 +243,13 @@ func (r *Runner) Close() error {
 	return os.RemoveAll(r.runDir)
 }
 
-func (r *Runner) testArgs() []string {
+func (r *Runner) testArgs(b TestBinary) []string {
 	args := []string{"-test.v=test2json", "-test.count=1"}
 	if r.TestTimeout > 0 {
 		args = append(args, "-test.timeout="+r.TestTimeout.String())
 	}
-	if r.RunRegex != "" {
-		args = append(args, "-test.run="+r.RunRegex)
+	if re := cmp.Or(b.RunRegex, r.RunRegex); re != "" {
+		args = append(args, "-test.run="+re)
 	}
 	return args
 }
@@ -165,8 +258,8 @@ func (r *Runner) testArgs() []string {
 func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
 	kr := KernelRun{Kernel: HostKernel, Accel: "-", Release: hostRelease()}
 	start := time.Now()
-	for _, b := range bins {
-		cmd := exec.CommandContext(ctx, b.Binary, r.testArgs()...)
+	for _, b := range forKernel(bins, HostKernel) {
+		cmd := exec.CommandContext(ctx, b.Binary, r.testArgs(b)...)
 		cmd.Dir = b.Dir
 		if abs, err := filepath.Abs(filepath.Join(r.OutDir, HostKernel)); err == nil && os.MkdirAll(abs, 0o755) == nil {
 			cmd.Env = append(os.Environ(), "AXON_RESULTS="+abs)
@@ -192,6 +285,7 @@ func (r *Runner) RunHost(ctx context.Context, bins []TestBinary) KernelRun {
 			kr.Err = err
 			break
 		}
+		checkMustRun(&pr, b, HostKernel)
 		pr.Elapsed = took
 		kr.Packages = append(kr.Packages, pr)
 	}
@@ -253,7 +347,7 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	for _, b := range bins {
 		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
 		args := []string{shellQuote("/run/axon-vm/bin/" + b.Name)}
-		for _, a := range r.testArgs() {
+		for _, a := range r.testArgs(b) {
 			args = append(args, shellQuote(a))
 		}
 		fmt.Fprintf(&s, "echo 'AXON-VM-PKG %s'\n", b.Package)
@@ -299,6 +393,7 @@ labrc=0
 
 // RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
+	bins = forKernel(bins, spec.Name)
 	kr := KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount, MultiThreadTCG: r.MultiThreadTCG}.AccelName("tcg")}
 	if HardwareKVM() {
 		kr.Accel = "kvm"
@@ -387,6 +482,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 			kr.Err = err
 			return kr
 		}
+		checkMustRun(&pr, b, spec.Name)
 		if ms, err := os.ReadFile(base + ".ms"); err == nil {
 			if n, err := strconv.Atoi(strings.TrimSpace(string(ms))); err == nil {
 				pr.Elapsed = time.Duration(n) * time.Millisecond

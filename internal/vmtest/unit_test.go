@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -440,5 +441,55 @@ func TestTwoVMWiring(t *testing.T) {
 	}
 	if Slowdown(true) != 1 || Slowdown(false) < 5 {
 		t.Errorf("Slowdown(kvm)=%d, Slowdown(tcg)=%d", Slowdown(true), Slowdown(false))
+	}
+}
+
+// TestExtraRunsAndMustRun: an extra run reaches only its kernels, with its
+// own -test.run, and a must-run test that skipped or never ran fails the
+// package with the reason, while one that passed or failed on its own adds
+// nothing.
+func TestExtraRunsAndMustRun(t *testing.T) {
+	r := &Runner{RunRegex: "TestAll"}
+	main := TestBinary{Package: "x/datapath", Name: "datapath.test"}
+	extra := TestBinary{Package: "x/cni", Name: "cni-only.test", RunRegex: "^TestNetkit", Kernels: []string{"debian-6.12"},
+		MustRun: []string{"TestNetkitA", "TestNetkitB", "TestNetkitC", "TestNetkitD"}}
+	bins := []TestBinary{main, extra}
+	for _, tc := range []struct {
+		kernel string
+		want   []string
+	}{{"debian-6.12", []string{"datapath.test", "cni-only.test"}}, {"debian-6.1", []string{"datapath.test"}}, {HostKernel, []string{"datapath.test"}}} {
+		var got []string
+		for _, b := range forKernel(bins, tc.kernel) {
+			got = append(got, b.Name)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("forKernel(%s) = %v, want %v", tc.kernel, got, tc.want)
+		}
+	}
+	if a := r.testArgs(extra); !slices.Contains(a, "-test.run=^TestNetkit") {
+		t.Errorf("extra run's args %v lack its own -test.run", a)
+	}
+	if a := r.testArgs(main); !slices.Contains(a, "-test.run=TestAll") {
+		t.Errorf("main package's args %v lack the runner's -test.run", a)
+	}
+	pr := PackageResult{Package: "x/cni", Tests: []TestResult{
+		{Name: "TestNetkitA", Outcome: Pass},
+		{Name: "TestNetkitB", Outcome: Skip, Reason: "netkit_test.go:40: netkit not supported"},
+		{Name: "TestNetkitD", Outcome: Fail},
+	}}
+	checkMustRun(&pr, extra, "debian-6.12")
+	var added []string
+	for _, tr := range pr.Tests[3:] {
+		added = append(added, tr.Name+": "+tr.Reason)
+	}
+	want := []string{
+		"TestNetkitB/must-run: TestNetkitB must run on debian-6.12, but it was skipped: netkit_test.go:40: netkit not supported",
+		"TestNetkitC/must-run: TestNetkitC must run on debian-6.12, but it did not run (no such test, or -test.run ^TestNetkit excludes it)",
+	}
+	if !slices.Equal(added, want) {
+		t.Errorf("checkMustRun added\n%s\nwant\n%s", strings.Join(added, "\n"), strings.Join(want, "\n"))
+	}
+	if _, fail, _ := pr.Counts(); fail != 3 || !pr.Failed() {
+		t.Errorf("counts: %d failures (want the test's own and two must-runs), Failed %v", fail, pr.Failed())
 	}
 }

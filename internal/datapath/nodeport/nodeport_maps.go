@@ -445,7 +445,20 @@ func ReasonNames() []string { return append([]string(nil), npReasonNames...) }
 
 // Metrics returns the LB's packet counters summed over CPUs, keyed by hook
 // ("tc", "xdp", "egress") and reason (ReasonNames).
-func (n *LB) Metrics() (map[string]map[string]uint64, error) {
+func (n *LB) Metrics() (map[string]map[string]uint64, error) { return metricsOf(n.tc.AxonNpMetrics) }
+
+// PinnedMetrics is Metrics of the LB pinned under pinDir, read without
+// loading it (axon lab check compares them around its probes).
+func PinnedMetrics(pinDir string) (map[string]map[string]uint64, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, MapMetrics), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open the north-south LB's counters under %s: %w", pinDir, err)
+	}
+	defer m.Close()
+	return metricsOf(m)
+}
+
+func metricsOf(m *ebpf.Map) (map[string]map[string]uint64, error) {
 	out := map[string]map[string]uint64{}
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -456,7 +469,7 @@ func (n *LB) Metrics() (map[string]map[string]uint64, error) {
 		for ri, r := range npReasonNames {
 			idx := uint32(hi*len(npReasonNames) + ri)
 			vals := make([]uint64, ncpu)
-			if err := n.tc.AxonNpMetrics.Lookup(&idx, &vals); err != nil {
+			if err := m.Lookup(&idx, &vals); err != nil {
 				return nil, fmt.Errorf("read %s[%d]: %w", MapMetrics, idx, err)
 			}
 			var sum uint64
