@@ -82,7 +82,7 @@ struct {
 } axon_np_frag SEC(".maps");
 
 /* cfg_frag_timeout_ns: a recorded first fragment serves later fragments for
- * this long (default 1 s; a datagram's fragments travel back to back, and
+ * this long (nodeport.Options.FragTimeout, default 1 s; a datagram's fragments travel back to back, and
  * Linux reuses an IPv4 id for the same peers only after 65536 datagrams). */
 volatile const __u64 cfg_frag_timeout_ns = 1000000000ULL;
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -106,6 +107,9 @@ type Options struct {
 	// FragMax: datagrams whose fragments can be in flight at once
 	// (axon_np_frag, bpf/lib/frag.h); 0 = DefaultFragMax.
 	FragMax uint32
+	// FragTimeout: how long a first fragment's translation serves the
+	// datagram's later fragments (cfg_frag_timeout_ns); 0 = 1 s.
+	FragTimeout time.Duration
 	// MaglevTableSize M: a prime, 0 = 16381. Every Maglev table written
 	// through FrontendOptions.Maglev has exactly M slots.
 	MaglevTableSize uint32
@@ -204,6 +208,9 @@ func (o *Options) normalise() error {
 	if o.AffinityMax == 0 {
 		o.AffinityMax = DefaultAffinityMax
 	}
+	if o.FragTimeout <= 0 {
+		o.FragTimeout = time.Second
+	}
 	if o.FragMax == 0 {
 		o.FragMax = DefaultFragMax
 	}
@@ -272,17 +279,18 @@ func dsrMSS(mtu uint32, overhead uint32) uint16 {
 func (o *Options) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 	v4, v6 := o.snatAddrs()
 	vals := map[string]any{
-		"cfg_snat_v4":       v4, // __be32 in memory order
-		"cfg_snat_v6":       v6,
-		"cfg_snat_port_min": o.SNATPortMin,
-		"cfg_snat_port_max": o.SNATPortMax,
-		"cfg_maglev_size":   o.MaglevTableSize,
-		"cfg_hash_seed":     o.HashSeed,
-		"cfg_enable_neigh":  datapath.BoolU8(!o.NoNeigh),
-		"cfg_dry_run":       datapath.BoolU8(dryRun),
-		"cfg_dsr_mss_v4":    dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
-		"cfg_dsr_mss_v6":    dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
-		"cfg_dsr_mtu":       o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
+		"cfg_snat_v4":         v4, // __be32 in memory order
+		"cfg_snat_v6":         v6,
+		"cfg_snat_port_min":   o.SNATPortMin,
+		"cfg_frag_timeout_ns": uint64(o.FragTimeout.Nanoseconds()),
+		"cfg_snat_port_max":   o.SNATPortMax,
+		"cfg_maglev_size":     o.MaglevTableSize,
+		"cfg_hash_seed":       o.HashSeed,
+		"cfg_enable_neigh":    datapath.BoolU8(!o.NoNeigh),
+		"cfg_dry_run":         datapath.BoolU8(dryRun),
+		"cfg_dsr_mss_v4":      dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
+		"cfg_dsr_mss_v6":      dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
+		"cfg_dsr_mtu":         o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
 	}
 	for name, v := range vals {
 		vs, ok := spec.Variables[name]

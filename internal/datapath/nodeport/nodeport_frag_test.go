@@ -165,8 +165,14 @@ type npFragFix struct {
 	snat4, snat6, local4, local6, dsr4, dsr6 Tuple
 }
 
-func newNPFragFix(t *testing.T) *npFragFix {
-	f := &npFragFix{npFix: newNPFix(t, nil)}
+// newNPFragFix loads it with a fragment timeout of 30 s (timeout 0; the
+// fragments of one datagram must not expire between two test runs of a
+// slow VM) or timeout.
+func newNPFragFix(t *testing.T, timeout time.Duration) *npFragFix {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	f := &npFragFix{npFix: newNPFix(t, func(o *Options) { o.FragTimeout = timeout })}
 	f.upsert(t, npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:5353", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30053, lb.UDP, true, npBE("[fd00:10:244:2::6]:5353", "node2")), FrontendOptions{})
 	f.upsert(t, npNodePort(30054, lb.UDP, false, npBE("10.244.1.6:5353", "node1")), FrontendOptions{})
@@ -224,7 +230,7 @@ type npFragCase struct {
 }
 
 func TestNodePortFragments(t *testing.T) {
-	f := newNPFragFix(t)
+	f := newNPFragFix(t, 0)
 	const id = 0x4242
 	var cases []npFragCase
 	for _, v6 := range []bool{false, true} {
@@ -354,7 +360,7 @@ func TestNodePortFragments(t *testing.T) {
 // counted and passed on untouched; the datagram's fragments after the
 // first are translated.
 func TestNodePortFragmentsOutOfOrder(t *testing.T) {
-	f := newNPFragFix(t)
+	f := newNPFragFix(t, 0)
 	for _, flow := range []Tuple{f.snat4, f.snat6} {
 		for _, hook := range npHooks {
 			t.Run(fmt.Sprintf("%s/%s", hook, flow), func(t *testing.T) {
@@ -387,7 +393,7 @@ func TestNodePortFragmentsOutOfOrder(t *testing.T) {
 // TestNodePortFragmentsGarbage: truncated first fragments, IP id reuse,
 // fragments of no service and of other protocols, a stale first fragment.
 func TestNodePortFragmentsGarbage(t *testing.T) {
-	f := newNPFragFix(t)
+	f := newNPFragFix(t, 0)
 	for _, hook := range npHooks {
 		t.Run(hook+"/first fragment with a truncated UDP header: untouched, nothing recorded", func(t *testing.T) {
 			f.resetFlows(t)
@@ -487,17 +493,17 @@ func TestNodePortFragmentsGarbage(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a first fragment older than cfg_frag_timeout_ns (1 s) serves no later fragment", func(t *testing.T) {
-		f.resetFlows(t)
+	t.Run("a first fragment older than cfg_frag_timeout_ns (here 300 ms) serves no later fragment", func(t *testing.T) {
+		f := newNPFragFix(t, 300*time.Millisecond)
 		fr := f.wireFrags(f.snat4, 13)
 		if v, _ := f.run(t, "tc", fr[0]); v != npFwd {
 			t.Fatalf("first fragment: verdict %s", v)
 		}
-		time.Sleep(1200 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
 		before := f.counters(t)
 		v, out := f.run(t, "tc", fr[1])
 		if got := npMoved(before, f.counters(t), "tc"); v != npNext || !bytes.Equal(out, fr[1]) || got["frag_not_found"] != 1 {
-			t.Errorf("later fragment 1.2 s after its first: verdict %s, counters %v", v, got)
+			t.Errorf("later fragment 0.5 s after its first: verdict %s, counters %v", v, got)
 		}
 	})
 }
