@@ -175,7 +175,22 @@ func TestGeneratorToSink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // let the ring drain
+	// the generator has sent; g1's NAPI thread may still be draining the
+	// ring (on a busy machine for a while): wait until g1's received
+	// frames stop growing and the sink's count agrees, or the deadline
+	// says they never will
+	deadline := time.Now().Add(testutil.Stretch(t, 5*time.Second))
+	for last := ^uint64(0); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		c, err := sink.Count()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rxPackets() - rx0
+		if r == last && c == r && c > 0 {
+			break
+		}
+		last = r
+	}
 	n, err := sink.Count()
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +213,11 @@ func TestGeneratorToSink(t *testing.T) {
 	if _, err := gen.Run(t.Context(), frames(t, ns, 9, 1), 100*time.Millisecond, -1); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// wait until g1 received them (the sink sees each frame as g1 receives
+	// it, so its count is final then)
+	for deadline := time.Now().Add(testutil.Stretch(t, 5*time.Second)); rxPackets() == rx0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if m, _ := sink.Count(); m != n {
 		t.Errorf("frames to port 9 were counted: %d → %d", n, m)
 	}
