@@ -225,20 +225,7 @@ func addNetkitPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	if err := nc.H.LinkAdd(nk); err != nil {
 		t.Fatalf("create netkit %s: %v", hostIf, err)
 	}
-	nc.Up(hostIf)
-	p.hmac = dptest.LinkMAC(t, node, hostIf)
-	p.mac = dptest.LinkMAC(t, p.ns, "eth0")
-	pc := dptest.NSConf(t, p.ns)
-	pc.Addr("eth0", ip4+"/32")
-	pc.Addr("eth0", ip6+"/128")
-	pc.Up("eth0")
-	pc.Route("169.254.1.1/32", "", "eth0")
-	pc.Route("default", "169.254.1.1", "eth0")
-	pc.Neigh("eth0", "169.254.1.1", p.hmac.String())
-	pc.Route("default", "fe80::1", "eth0")
-	pc.Neigh("eth0", "fe80::1", p.hmac.String())
-	nc.Route(ip4+"/32", "", hostIf)
-	nc.Route(ip6+"/128", "", hostIf)
+	wirePod(t, node, &p)
 	return p
 }
 

@@ -20,21 +20,31 @@ func addPod(t *testing.T, node, hostIf, ip4, ip6 string) pod {
 	p := pod{ns: dptest.NewNetns(t, "pod"), hostIf: hostIf, ip4: netip.MustParseAddr(ip4), ip6: netip.MustParseAddr(ip6)}
 	nc := dptest.NSConf(t, node)
 	nc.Veth(hostIf, "", "eth0", "", p.ns)
-	nc.Up(hostIf)
-	p.hmac = dptest.LinkMAC(t, node, hostIf)
+	wirePod(t, node, &p)
+	return p
+}
+
+// wirePod brings up a pod's host side (created in node) and eth0 (in p.ns)
+// and routes them as axon-cni does: the pod's addresses as host routes on
+// the node, the pod's default routes via 169.254.1.1 / fe80::1 at the host
+// side's MAC.
+func wirePod(t *testing.T, node string, p *pod) {
+	t.Helper()
+	nc := dptest.NSConf(t, node)
+	nc.Up(p.hostIf)
+	p.hmac = dptest.LinkMAC(t, node, p.hostIf)
 	p.mac = dptest.LinkMAC(t, p.ns, "eth0")
 	pc := dptest.NSConf(t, p.ns)
-	pc.Addr("eth0", ip4+"/32")
-	pc.Addr("eth0", ip6+"/128")
+	pc.Addr("eth0", p.ip4.String()+"/32")
+	pc.Addr("eth0", p.ip6.String()+"/128")
 	pc.Up("eth0")
 	pc.Route("169.254.1.1/32", "", "eth0")
 	pc.Route("default", "169.254.1.1", "eth0")
 	pc.Neigh("eth0", "169.254.1.1", p.hmac.String())
 	pc.Route("default", "fe80::1", "eth0")
 	pc.Neigh("eth0", "fe80::1", p.hmac.String())
-	nc.Route(ip4+"/32", "", hostIf)
-	nc.Route(ip6+"/128", "", hostIf)
-	return p
+	nc.Route(p.ip4.String()+"/32", "", p.hostIf)
+	nc.Route(p.ip6.String()+"/128", "", p.hostIf)
 }
 
 // newTrafficNode makes a node netns whose eth0 (198.18.0.11/24,
