@@ -447,9 +447,24 @@ func UDPEcho(t testing.TB, client, srv string, addr netip.Addr, n int) int {
 	return got
 }
 
-// SendRaw sends frames from dev in netns ns through an AF_PACKET socket.
+// SendRaw sends frames from dev in netns ns through an AF_PACKET socket;
+// a frame the kernel refuses fails the test.
 func SendRaw(t testing.TB, ns, dev string, frames [][]byte) {
 	t.Helper()
+	for i, err := range SendRawEach(t, ns, dev, frames) {
+		if err != nil {
+			t.Errorf("send %d-byte frame: %v", len(frames[i]), err)
+		}
+	}
+}
+
+// SendRawEach is SendRaw returning what the kernel answered to each frame
+// (nil: sent) instead of failing the test: on a netkit device the peer's
+// program runs in the sender's transmit path, and a frame it drops fails
+// the send with ENOBUFS.
+func SendRawEach(t testing.TB, ns, dev string, frames [][]byte) []error {
+	t.Helper()
+	errs := make([]error, len(frames))
 	InNetns(t, ns, func() {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
@@ -462,11 +477,10 @@ func SendRaw(t testing.TB, ns, dev string, frames [][]byte) {
 			return
 		}
 		defer unix.Close(fd)
-		for _, f := range frames {
+		for i, f := range frames {
 			sa := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Protocol: Htons(unix.ETH_P_ALL)}
-			if err := unix.Sendto(fd, f, 0, sa); err != nil {
-				t.Errorf("send %d-byte frame: %v", len(f), err)
-			}
+			errs[i] = unix.Sendto(fd, f, 0, sa)
 		}
 	})
+	return errs
 }

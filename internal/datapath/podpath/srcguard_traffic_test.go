@@ -48,20 +48,23 @@ type guardFrame struct {
 
 func TestSourceGuardFrames(t *testing.T) {
 	dptest.RequireRoot(t)
-	t.Run("veth", func(t *testing.T) { sourceGuardFrames(t, addPod) })
+	t.Run("veth", func(t *testing.T) { sourceGuardFrames(t, addPod, false) })
 	// On a netkit pod the program runs on the peer, in the pod's transmit
 	// path, where skb->ifindex is the primary's (L2 mode: ARP and ND exist).
 	t.Run("netkit-l2", func(t *testing.T) {
 		if c := datapath.ProbeNetkit(); !c.Available {
 			t.Skipf("no netkit on this kernel (%s): the kernel-matrix VM (6.12) runs it", c.Reason)
 		}
-		sourceGuardFrames(t, addNetkitPod)
+		sourceGuardFrames(t, addNetkitPod, true)
 	})
 }
 
 // sourceGuardFrames is TestSourceGuardFrames with pod A's device made by
-// addA (addPod: veth; addNetkitPod).
-func sourceGuardFrames(t *testing.T, addA func(t *testing.T, node, hostIf, ip4, ip6 string) pod) {
+// addA (addPod: veth; addNetkitPod, netkit true). On netkit the program runs
+// in A's own transmit path and a frame it drops fails A's send with ENOBUFS
+// (a veth's tc ingress runs after the send returned): there every dropped
+// frame must fail so and every legitimate one must not.
+func sourceGuardFrames(t *testing.T, addA func(t *testing.T, node, hostIf, ip4, ip6 string) pod, netkit bool) {
 	node, ext := newTrafficNode(t)
 	a := addA(t, node, "lxcA", "10.244.1.2", "fd00:10:244:1::2")
 	b := addPod(t, node, "lxcB", "10.244.1.3", "fd00:10:244:1::3")
@@ -156,7 +159,15 @@ func sourceGuardFrames(t *testing.T, addA func(t *testing.T, node, hostIf, ip4, 
 	for _, f := range frames {
 		raw = append(raw, f.frame)
 	}
-	dptest.SendRaw(t, a.ns, "eth0", raw)
+	for i, err := range dptest.SendRawEach(t, a.ns, "eth0", raw) {
+		f := frames[i]
+		switch {
+		case netkit && f.drop != "" && !errors.Is(err, unix.ENOBUFS):
+			t.Errorf("%s: send answered %v; on netkit a frame the peer program drops fails the send with ENOBUFS", f.desc, err)
+		case (!netkit || f.drop == "") && err != nil:
+			t.Errorf("%s: send %d-byte frame: %v", f.desc, len(f.frame), err)
+		}
+	}
 
 	// wait until every legitimate frame arrived (3 s at most)
 	arrived := func(f guardFrame) bool {
