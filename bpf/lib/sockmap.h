@@ -835,6 +835,20 @@ AXON_INLINE int sockmap_alias_candidate(const struct sockmap_key *ak)
 	return v->cookie != 0 && v->state == AXON_SM_QUIET ? 1 : -1;
 }
 
+/* sockmap_alias_tally counts alias key ak as a candidate peer
+ * (sockmap_alias_candidate): held by a quiet socket -> *n + 1 and ak copied
+ * to found. Returns -1 when ak is held by a live socket (no adoption). */
+AXON_INLINE int sockmap_alias_tally(const struct sockmap_key *ak, struct sockmap_key *found, int *n)
+{
+	int r = sockmap_alias_candidate(ak);
+
+	if (r > 0) {
+		__builtin_memcpy(found, ak, sizeof(*ak));
+		(*n)++;
+	}
+	return r < 0 ? -1 : 0;
+}
+
 /* sockmap_adopt_alias_peer (sockops): for a socket that never paired (its
  * exact peer never entered: the placeholder), the alias keys its own first
  * write would have redirected to (sockmap_alias_redirect's; st->peer is
@@ -852,36 +866,21 @@ AXON_INLINE int sockmap_adopt_alias_peer(struct bpf_sock_ops *skops, struct sock
 	struct sockmap_key ak = {}, found = {};
 	__u64 own = bpf_get_netns_cookie(skops);
 	__u64 other = sockmap_netns_of(st->peer.local, own);
-	int n = 0, r;
+	int n = 0;
 
 	if (st->flags & AXON_SM_F_CLIENT) {
 		sockmap_alias_key(&ak, st->peer.remote, st->peer.rport, own, AXON_SM_ROLE_SERVER, own);
-		r = sockmap_alias_candidate(&ak);
-		if (r < 0)
+		if (sockmap_alias_tally(&ak, &found, &n))
 			return 0;
-		if (r > 0) {
-			__builtin_memcpy(&found, &ak, sizeof(ak));
-			n++;
-		}
 		if (other && other != own) {
 			sockmap_alias_server_netns(&ak, other);
-			r = sockmap_alias_candidate(&ak);
-			if (r < 0)
+			if (sockmap_alias_tally(&ak, &found, &n))
 				return 0;
-			if (r > 0) {
-				__builtin_memcpy(&found, &ak, sizeof(ak));
-				n++;
-			}
 		}
 	} else if ((st->flags & AXON_SM_F_SERVER) && other) {
 		sockmap_alias_key(&ak, st->peer.local, st->peer.lport, other, AXON_SM_ROLE_CLIENT, own);
-		r = sockmap_alias_candidate(&ak);
-		if (r < 0)
+		if (sockmap_alias_tally(&ak, &found, &n))
 			return 0;
-		if (r > 0) {
-			__builtin_memcpy(&found, &ak, sizeof(ak));
-			n++;
-		}
 	}
 	if (n != 1)
 		return 0;
