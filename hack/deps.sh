@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the lab's pinned external binaries (kube-apiserver, kubectl, kube-proxy, etcd and the
-# reference CNI plugins) into a cache outside the checkout, keyed by version:
+# Build the lab's pinned external binaries (kube-apiserver, kubectl, kube-proxy, etcd, the
+# reference CNI plugins, and helm for deploy/helm) into a cache outside the checkout, keyed by version:
 #
 #   ${AXON_CACHE:-$HOME/.cache/axon}/k8s-$K8S_VERSION/{kube-apiserver,kubectl,kube-proxy}
 #   ${AXON_CACHE:-$HOME/.cache/axon}/etcd-$ETCD_VERSION/etcd
 #   ${AXON_CACHE:-$HOME/.cache/axon}/cni-plugins-$CNI_PLUGINS_VERSION/{ptp,host-local,bandwidth,portmap}
+#   ${AXON_CACHE:-$HOME/.cache/axon}/helm-$HELM_VERSION/helm
 #
 # Usage: hack/deps.sh           build what is missing (one line per artifact: cached / built in Ns)
 #        hack/deps.sh --check   exit 1 and list what is missing; builds nothing
@@ -22,12 +23,13 @@ CACHE="${AXON_CACHE:-$HOME/.cache/axon}"
 K8S_DIR="$CACHE/k8s-$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
 CNI_DIR="$CACHE/cni-plugins-$CNI_PLUGINS_VERSION"
+HELM_DIR="$CACHE/helm-$HELM_VERSION"
 
 K8S_BINS=(kube-apiserver kubectl kube-proxy)
 CNI_BINS=(ptp host-local bandwidth portmap)
 
 usage() {
-	sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # missing prints one cache-relative path per missing artifact.
@@ -36,6 +38,7 @@ missing() {
 	for b in "${K8S_BINS[@]}"; do [[ -x "$K8S_DIR/$b" ]] || echo "k8s-$K8S_VERSION/$b"; done
 	[[ -x "$ETCD_DIR/etcd" ]] || echo "etcd-$ETCD_VERSION/etcd"
 	for b in "${CNI_BINS[@]}"; do [[ -x "$CNI_DIR/$b" ]] || echo "cni-plugins-$CNI_PLUGINS_VERSION/$b"; done
+	[[ -x "$HELM_DIR/helm" ]] || echo "helm-$HELM_VERSION/helm"
 }
 
 check() {
@@ -169,8 +172,25 @@ build_cni() {
 	for b in "${todo[@]}"; do echo "built   cni-plugins-$CNI_PLUGINS_VERSION/$b in $((SECONDS - start))s"; done
 }
 
+# helm renders deploy/helm/axon (make manifests, go test ./deploy). Its go.mod has no replace
+# directives, so `go install pkg@version` builds exactly the pinned module graph.
+build_helm() {
+	local todo=() start
+	mapfile -t todo < <(need "$HELM_DIR" helm)
+	((${#todo[@]})) || return 0
+	start=$SECONDS
+	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
+	run env GOFLAGS="${GOFLAGS/-mod=readonly/}" GOBIN="$TMP/out" \
+		go install -C "$TMP" -p 2 -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+		"helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+	install_bins "$HELM_DIR" helm
+	echo "built   helm-$HELM_VERSION/helm in $((SECONDS - start))s"
+}
+
 total=$SECONDS
 build_cni
+build_helm
 build_etcd
 build_k8s
 echo "deps: ready in $CACHE ($((SECONDS - total))s)"

@@ -14,6 +14,7 @@ const (
 	K8sVersion        = "v1.36.3"
 	EtcdVersion       = "v3.6.16"
 	CNIPluginsVersion = "v1.9.1"
+	HelmVersion       = "v3.22.0"
 )
 
 // depDirs maps each artifact built by hack/deps.sh to its versioned directory in DepsDir.
@@ -26,11 +27,12 @@ var depDirs = map[string]string{
 	"host-local":     "cni-plugins-" + CNIPluginsVersion,
 	"bandwidth":      "cni-plugins-" + CNIPluginsVersion,
 	"portmap":        "cni-plugins-" + CNIPluginsVersion,
+	"helm":           "helm-" + HelmVersion,
 }
 
 // DepNames lists every artifact hack/deps.sh builds, in a stable order.
 func DepNames() []string {
-	return []string{"kube-apiserver", "kubectl", "kube-proxy", "etcd", "ptp", "host-local", "bandwidth", "portmap"}
+	return []string{"kube-apiserver", "kubectl", "kube-proxy", "etcd", "ptp", "host-local", "bandwidth", "portmap", "helm"}
 }
 
 // DepsDir is the dependency cache: $AXON_CACHE, or ~/.cache/axon.

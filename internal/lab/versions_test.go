@@ -42,13 +42,14 @@ func TestVersionsMatchEnv(t *testing.T) {
 		{"K8S_VERSION", K8sVersion},
 		{"ETCD_VERSION", EtcdVersion},
 		{"CNI_PLUGINS_VERSION", CNIPluginsVersion},
+		{"HELM_VERSION", HelmVersion},
 	} {
 		if got := env[tc.key]; got != tc.goValue {
 			t.Errorf("hack/versions.env %s=%q, internal/lab/versions.go has %q", tc.key, got, tc.goValue)
 		}
 	}
-	if len(env) != 3 {
-		t.Errorf("hack/versions.env has %d keys, versions.go mirrors 3: update both", len(env))
+	if len(env) != 4 {
+		t.Errorf("hack/versions.env has %d keys, versions.go mirrors 4: update both", len(env))
 	}
 }
 
