@@ -6,22 +6,25 @@ package main
 import (
 	"context"
 	"fmt"
-	flag "github.com/spf13/pflag"
+	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
+	flag "github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/axonhq/axon/internal/agent"
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/flagdir"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	cfg := agent.Defaults()
 	cfg.Socket = api.DefaultSocket
 	fs := flag.NewFlagSet("axon-agent", flag.ContinueOnError)
@@ -65,49 +68,74 @@ func run(args []string) int {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	version := fs.Bool("version", false, "print the version and exit")
+	// options from a directory (a ConfigMap volume: deploy/helm/axon), and a dry run of them
+	configDir := fs.String("config-dir", "", "directory with one file per option (file name = flag name without --, content = value), e.g. a ConfigMap volume; each value is checked like the flag, an unknown name is an error; an option also given on the command line keeps its command-line value")
+	checkConfig := fs.Bool("check-config", false, "check the options (command line and --config-dir) as a start would, print each one's value and source (default, config-dir, command-line), and exit: 0 valid, 2 invalid")
+	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
 		}
 		return 2
 	}
+	var fromDir flagdir.Result
+	if *configDir != "" {
+		var err error
+		// process-level flags never come from the directory
+		fromDir, err = flagdir.Apply(fs, *configDir, "config-dir", "check-config", "version", "help")
+		if err != nil {
+			fmt.Fprintf(stderr, "axon-agent: --config-dir: %v\n", err)
+			return 2
+		}
+	}
 	if cfg.Mode == agent.ModeBypassOnly && !fs.Changed("sockmap") {
 		cfg.Sockmap = agent.SockmapEnabled // the one feature of the mode
 	}
 	if *version {
-		fmt.Println("axon-agent", agent.Version)
+		fmt.Fprintln(stdout, "axon-agent", agent.Version)
 		return 0
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "axon-agent: unexpected arguments %q: it takes flags only (see --help)\n", fs.Args())
+		fmt.Fprintf(stderr, "axon-agent: unexpected arguments %q: it takes flags only (see --help)\n", fs.Args())
 		return 2
 	}
 	level, err := agent.ParseLogLevel(*logLevel)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		fmt.Fprintln(stderr, "axon-agent:", err)
 		return 2
 	}
-	log, err := agent.NewLogger(*logFormat, level, os.Stderr)
+	log, err := agent.NewLogger(*logFormat, level, os.Stderr) // the log always goes to the process's stderr
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		fmt.Fprintln(stderr, "axon-agent:", err)
 		return 2
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "axon-agent: invalid configuration:", err)
+		fmt.Fprintln(stderr, "axon-agent: invalid configuration:", err)
 		return 2
 	}
 	if *pprofAddr != "" {
 		if err := checkPprofAddr(*pprofAddr); err != nil {
-			fmt.Fprintln(os.Stderr, "axon-agent:", err)
+			fmt.Fprintln(stderr, "axon-agent:", err)
 			return 2
 		}
 	}
+	if *checkConfig {
+		if _, err := parseMemoryLimit(*memLimit); err != nil {
+			fmt.Fprintln(stderr, "axon-agent:", err)
+			return 2
+		}
+		printOptions(stdout, fs, fromDir)
+		return 0
+	}
+	if len(fromDir.Set)+len(fromDir.Overridden) > 0 {
+		log.Info("options loaded", "config-dir", *configDir, "from-dir", fromDir.Set, "command-line-wins", fromDir.Overridden)
+	}
 	if err := applyMemoryLimit(*memLimit, fs.Changed("memory-limit"), log); err != nil {
-		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		fmt.Fprintln(stderr, "axon-agent:", err)
 		return 2
 	}
 	if err := applyWatchList(*watchList, fs.Changed("kube-watch-list")); err != nil {
-		fmt.Fprintln(os.Stderr, "axon-agent:", err)
+		fmt.Fprintln(stderr, "axon-agent:", err)
 		return 2
 	}
 	// client-go logs through klog: send it to our logger.
@@ -126,4 +154,22 @@ func run(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// printOptions writes one line per option, "name<TAB>value<TAB>source", in
+// name order; --check-config's output (deploy/deploy_test.go reads it).
+func printOptions(w io.Writer, fs *flag.FlagSet, fromDir flagdir.Result) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "config-dir" || f.Name == "check-config" || f.Name == "version" {
+			return
+		}
+		src := flagdir.SourceDefault
+		switch {
+		case slices.Contains(fromDir.Set, f.Name):
+			src = flagdir.SourceConfigDir
+		case f.Changed:
+			src = flagdir.SourceCommandLine
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", f.Name, f.Value.String(), src)
+	})
 }
