@@ -15,7 +15,7 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image fuzz
+.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image fuzz manifests
 
 all: build
 
@@ -27,6 +27,7 @@ help:
 	@echo "make build    build bin/axon, bin/axon-agent, bin/axon-cni (BPF objects from source)"
 	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins into ~/.cache/axon"
 	@echo "make lab-down remove the lab"
+	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
 
 packages:
 	@hack/install-packages.sh
@@ -43,7 +44,11 @@ build: generate
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/axon ./cmd/axon-agent ./cmd/axon-cni
 
-# Container image for deploy/kubernetes (docker or podman; not run by make test).
+# deploy/kubernetes/axon.yaml is rendered from the Helm chart (go test ./deploy/ checks it is current).
+manifests: deps
+	@hack/manifests.sh
+
+# Container image for deploy/helm/axon and deploy/kubernetes (docker or podman; not run by make test).
 IMAGE        ?= ghcr.io/axonhq/axon:$(VERSION)
 image: build
 	@tool=$$(command -v docker || command -v podman) || { echo "make image: needs docker or podman" >&2; exit 1; }; \
