@@ -386,6 +386,43 @@ func TestChartValuesMatchFlags(t *testing.T) {
 	if !ok {
 		t.Fatalf("values.yaml has no agent: block")
 	}
+	// values.schema.json types every agent value like its default and allows no other key
+	rawSchema, err := os.ReadFile(filepath.Join(chart, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Agent struct {
+				AdditionalProperties *bool `json:"additionalProperties"`
+				Properties           map[string]struct {
+					Type any `json:"type"`
+				} `json:"properties"`
+			} `json:"agent"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(rawSchema, &schema); err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	sa := schema.Properties.Agent
+	if sa.AdditionalProperties == nil || *sa.AdditionalProperties {
+		t.Error("values.schema.json: agent must have additionalProperties: false (a misspelt value fails helm install)")
+	}
+	for key, v := range agentValues {
+		p, ok := sa.Properties[key]
+		want := map[string]any{"bool": "boolean", "int64": "integer", "float64": "integer", "string": "string", "<nil>": []any{"string", "null"}}[fmt.Sprintf("%T", v)]
+		switch {
+		case !ok:
+			t.Errorf("values.schema.json: agent.%s is missing: add it with type %v", key, want)
+		case !reflect.DeepEqual(p.Type, want):
+			t.Errorf("values.schema.json: agent.%s has type %v, want %v (the default is %v)", key, p.Type, want, v)
+		}
+	}
+	for key := range sa.Properties {
+		if _, ok := agentValues[key]; !ok {
+			t.Errorf("values.schema.json: agent.%s is not in values.yaml", key)
+		}
+	}
 	defaults := checkConfig(t)
 	ds := find[*appsv1.DaemonSet](t, decode(t, render(t)), "")
 	c := agentContainer(t, ds)
@@ -476,6 +513,7 @@ func TestChartConfigMapLoads(t *testing.T) {
 	tests := []struct {
 		name    string
 		set     []string
+		extra   []string // more helm arguments
 		want    map[string]option
 		absent  []string // keys the ConfigMap must not have
 		wantErr string   // --check-config fails with this
@@ -492,17 +530,20 @@ func TestChartConfigMapLoads(t *testing.T) {
 		set:  []string{"agent.mode=bypass-only"},
 		want: map[string]option{"mode": {"bypass-only", "config-dir"}, "sockmap": {"enabled", "default"}},
 	}, {
+		// values.schema.json refuses it first (TestChartRefusesBadValues); the agent is the second line
 		name:    "a misspelt value is refused by the agent, naming the flag",
 		set:     []string{"agent.ctMaxx=4096"},
+		extra:   []string{"--skip-schema-validation"},
 		wantErr: `did you mean "ct-max"`,
 	}, {
 		name:    "a bad value is refused by the agent's validation",
 		set:     []string{"agent.nodeportMode=fast"},
+		extra:   []string{"--skip-schema-validation"},
 		wantErr: "--nodeport-mode",
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var args []string
+			args := tt.extra
 			for _, s := range tt.set {
 				args = append(args, "--set", s)
 			}
@@ -541,7 +582,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{`image.digest="sha256:abc"`, "is not sha256:<64 hex digits>"},
 		{"cni.mtu=1000", "cni.mtu 1000 is outside 1280..65535"},
 		{"metrics.port=0", "metrics.port 0 is outside 1..65535"},
-		{"agent.ctMax=1.5", "is not a whole number"}, // a number, as from a values file (--set would pass the string "1.5")
+		{"agent.ctMax=1.5", "at '/agent/ctMax': got number, want integer"}, // values.schema.json
+		{"agent.ctMaxx=1", "additional properties 'ctMaxx' not allowed"},
+		{`agent.socketLb="yes"`, "at '/agent/socketLb': got string, want boolean"},
+		{`metrics.serviceMonitr={"enabled":true}`, "additional properties 'serviceMonitr' not allowed"},
 	} {
 		t.Run(tt.set, func(t *testing.T) {
 			_, err := helm(t, "template", "axon", chart, "--set-json", tt.set)
