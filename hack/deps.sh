@@ -12,7 +12,7 @@
 #
 # Binaries are built into a temporary directory inside the cache and renamed into place, so a
 # killed build never leaves a half-written binary. The Go build cache stays where `go env GOCACHE`
-# says (never inside $AXON_CACHE). Cold build: ~6 min on 2 cores, ~2.3 GB peak RSS per compile.
+# says (never inside $AXON_CACHE). Cold build: ~9 min on 2 cores (helm ~3), ~2.3 GB peak RSS per compile.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,7 +47,7 @@ check() {
 	if ((${#miss[@]})); then
 		echo "deps: missing in $CACHE:" >&2
 		printf '  %s\n' "${miss[@]}" >&2
-		echo "deps: run \`make deps\` (hack/deps.sh) to build them (~6 min cold)" >&2
+		echo "deps: run \`make deps\` (hack/deps.sh) to build them (~9 min cold)" >&2
 		return 1
 	fi
 	echo "deps: all present in $CACHE"
