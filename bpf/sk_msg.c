@@ -115,6 +115,7 @@ struct sockmap_resume_probe {
 	__u64 seq_switch;  /* W.write_seq at the switch */
 	__u64 first_entry; /* entries up to and with the first where idle held (0: never) */
 	__u64 first_bytes; /* bytes W wrote through TCP from the switch to that entry */
+	__u64 idle_tot_max; /* the largest R psock->msg_tot_len seen where idle held (the back-pressure bound reads it) */
 };
 
 /* axon_sockmap_resume_probe: the writer's struct sock -> struct
@@ -201,6 +202,9 @@ AXON_INLINE void resume_probe_entry(struct sk_msg_md *msg)
 	if (next != (void *)&psock->ingress_msg)
 		return;
 	p->idle++;
+	bpf_core_read(&qlen, sizeof(qlen), &psock->msg_tot_len);
+	if (qlen > p->idle_tot_max)
+		p->idle_tot_max = qlen;
 	if (!p->first_entry) {
 		p->first_entry = p->entries;
 		p->first_bytes = (__u32)(wseq - (__u32)p->seq_switch);

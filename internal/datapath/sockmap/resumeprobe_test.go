@@ -22,7 +22,7 @@ import (
 // resumeProbe mirrors struct sockmap_resume_probe (bpf/sk_msg.c).
 type resumeProbe struct {
 	Peer, Switches, Entries, CaughtUp, SkbIdle, Idle, SendqEmpty, GapSum, GapMin uint64
-	SeqSwitch, FirstEntry, FirstBytes                                            uint64
+	SeqSwitch, FirstEntry, FirstBytes, IdleTotMax                                uint64
 }
 
 // TestResumeDutyCycle counts how often a writer that back-pressure moved to
@@ -133,7 +133,7 @@ func TestResumeDutyCycle(t *testing.T) {
 		var first []string
 		for it := probe.AxonSockmapResumeProbe.Iterate(); it.Next(&key, &p); {
 			keys = append(keys, key)
-			first = append(first, fmt.Sprintf("%d of %d, %d B", p.FirstEntry, p.Entries, p.FirstBytes))
+			first = append(first, fmt.Sprintf("%d of %d, %d B; R msg_tot_len where idle: max %d", p.FirstEntry, p.Entries, p.FirstBytes, p.IdleTotMax))
 			sum.Switches += p.Switches
 			sum.Entries += p.Entries
 			sum.CaughtUp += p.CaughtUp
