@@ -77,6 +77,140 @@ volatile const __u32 cfg_backlog_max = 4 << 20;
 volatile const __u32 cfg_small_write = 256;
 volatile const __u32 cfg_small_streak = 64;
 
+/* cfg_resume_probe: a measurement switch, 0 as loaded by the agent (the
+ * verifier then drops every probe branch: no cost). Set only by
+ * TestResumeDutyCycle (internal/datapath/sockmap), which asks how often a
+ * writer switched to the stack by back-pressure finds, at a sendmsg entry,
+ * the condition under which it could resume the redirect without
+ * reordering (docs/sockmap.md, "Why a back-pressure-switched writer does not
+ * resume"). With it set, a writer keeps its reader's struct sock at the
+ * back-pressure switch in axon_sockmap_resume_probe, never becomes quiet
+ * (AXON_SM_F_HOLD: it stays in the map on the stack path, as a resumable
+ * writer would have to, and so does its reader),
+ * and counts its stack-mode sendmsg entries by what it finds. The reader is
+ * read without its lock and through a kept pointer (probe reads only: safe,
+ * but a measurement's shortcut, not a design): a fresh unlocked read finds
+ * the condition at least as often as a record the reader published. */
+volatile const __u32 cfg_resume_probe = 0;
+
+/* tcp_sock___sm: the sequence numbers of struct tcp_sock the probe reads
+ * (struct sock is its first member: a struct sock pointer is one). */
+struct tcp_sock___sm {
+	__u32 copied_seq; /* the reader: next byte the application reads from TCP */
+	__u32 snd_una;    /* the writer: first byte not acknowledged */
+	__u32 write_seq;  /* the writer: next byte written into TCP */
+} __attribute__((preserve_access_index));
+
+/* sockmap_resume_probe: value of axon_sockmap_resume_probe, one writer. */
+struct sockmap_resume_probe {
+	__u64 peer;        /* the reader's struct sock, kept at the back-pressure switch */
+	__u64 switches;    /* back-pressure switches of this writer (1) */
+	__u64 entries;     /* its sendmsg entries in stack mode since */
+	__u64 caught_up;   /* ... where R.copied_seq == W.write_seq (R read every byte W sent through TCP) */
+	__u64 skb_idle;    /* ... and R's ingress_skb empty (the condition with the stream verdict) */
+	__u64 idle;        /* ... and ingress_msg empty too (the condition without it) */
+	__u64 sendq_empty; /* entries where W.snd_una == W.write_seq (W's TCP send queue acknowledged) */
+	__u64 gap_sum;     /* sum over entries of W.write_seq - R.copied_seq */
+	__u64 gap_min;     /* its smallest value (0 when caught_up > 0) */
+	__u64 seq_switch;  /* W.write_seq at the switch */
+	__u64 first_entry; /* entries up to and with the first where idle held (0: never) */
+	__u64 first_bytes; /* bytes W wrote through TCP from the switch to that entry */
+	__u64 idle_tot_max; /* the largest R psock->msg_tot_len seen where idle held (the back-pressure bound reads it) */
+};
+
+/* axon_sockmap_resume_probe: the writer's struct sock -> struct
+ * sockmap_resume_probe; written only with cfg_resume_probe. max_entries 1
+ * as compiled (the map is created with every load; the test raises it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, struct sockmap_resume_probe);
+} axon_sockmap_resume_probe SEC(".maps");
+
+/* resume_probe_kern: the writing socket's struct sock (0 without the kfunc). */
+AXON_INLINE struct sock___sm *resume_probe_kern(struct sk_msg_md *msg, int redir)
+{
+	struct sock___sm *sk = 0;
+	struct sk_msg___sm *km;
+
+	if (!bpf_core_field_exists(((struct sk_psock___sm *)0)->msg_tot_len))
+		return 0;
+	km = bpf_cast_to_kern_ctx(msg);
+	if (redir)
+		bpf_core_read(&sk, sizeof(sk), &km->sk_redir);
+	else
+		bpf_core_read(&sk, sizeof(sk), &km->sk);
+	return sk;
+}
+
+/* resume_probe_switch: cfg_resume_probe, the back-pressure switch of the
+ * writer of msg (its redirect target is still in msg). */
+AXON_INLINE void resume_probe_switch(struct sk_msg_md *msg)
+{
+	struct sockmap_resume_probe init = {.gap_min = ~0ULL}, *p;
+	__u64 w = (__u64)resume_probe_kern(msg, 0);
+	__u32 seq = 0;
+
+	init.peer = (__u64)resume_probe_kern(msg, 1);
+	if (!w || !init.peer)
+		return;
+	bpf_core_read(&seq, sizeof(seq), &((struct tcp_sock___sm *)w)->write_seq);
+	init.seq_switch = seq;
+	bpf_map_update_elem(&axon_sockmap_resume_probe, &w, &init, BPF_NOEXIST);
+	p = bpf_map_lookup_elem(&axon_sockmap_resume_probe, &w);
+	if (p)
+		p->switches++;
+}
+
+/* resume_probe_entry: cfg_resume_probe, a stack-mode write: counted when
+ * the writer was switched by back-pressure. */
+AXON_INLINE void resume_probe_entry(struct sk_msg_md *msg)
+{
+	struct tcp_sock___sm *w = (void *)resume_probe_kern(msg, 0), *r;
+	struct sk_psock___sm *psock;
+	struct sockmap_resume_probe *p;
+	__u32 wseq = 0, una = 0, rseq = 0, gap, qlen = 1;
+	__u64 key = (__u64)w;
+	void *next = 0;
+
+	if (!w)
+		return;
+	p = bpf_map_lookup_elem(&axon_sockmap_resume_probe, &key);
+	if (!p)
+		return;
+	r = (void *)p->peer;
+	bpf_core_read(&wseq, sizeof(wseq), &w->write_seq);
+	bpf_core_read(&una, sizeof(una), &w->snd_una);
+	bpf_core_read(&rseq, sizeof(rseq), &r->copied_seq);
+	psock = sockmap_psock((struct sock___sm *)r);
+	p->entries++;
+	if (una == wseq)
+		p->sendq_empty++;
+	gap = wseq - rseq;
+	p->gap_sum += gap;
+	if (gap < p->gap_min)
+		p->gap_min = gap;
+	if (gap != 0 || !psock)
+		return;
+	p->caught_up++;
+	bpf_core_read(&qlen, sizeof(qlen), &psock->ingress_skb.qlen);
+	if (qlen)
+		return;
+	p->skb_idle++;
+	bpf_core_read(&next, sizeof(next), &psock->ingress_msg.next);
+	if (next != (void *)&psock->ingress_msg)
+		return;
+	p->idle++;
+	bpf_core_read(&qlen, sizeof(qlen), &psock->msg_tot_len);
+	if (qlen > p->idle_tot_max)
+		p->idle_tot_max = qlen;
+	if (!p->first_entry) {
+		p->first_entry = p->entries;
+		p->first_bytes = (__u32)(wseq - (__u32)p->seq_switch);
+	}
+}
+
 /* sockmap_writer_holders: sockmap_psock_holders of the writing socket's
  * psock (1 when only this sendmsg holds it besides the map links), many
  * when it cannot be read (or on a kernel where nothing leaves the map). */
@@ -162,6 +296,8 @@ int axon_sk_msg(struct sk_msg_md *msg)
 	if (!st)
 		goto pass_no_peer; /* inserted by a loader whose state map is gone: stay on TCP */
 	if (st->mode == AXON_SM_MODE_STACK) {
+		if (cfg_resume_probe)
+			resume_probe_entry(msg);
 		sockmap_note_stack(st, sockmap_writer_holders(msg));
 		st->pass_bytes += size;
 		sockmap_count(AXON_SM_PASS_STICKY, 1);
@@ -182,6 +318,10 @@ int axon_sk_msg(struct sk_msg_md *msg)
 		if (redirect_target_backlogged(unread, rcvbuf)) {
 			st->mode = AXON_SM_MODE_STACK;
 			sockmap_count(AXON_SM_BACKPRESSURE, 1);
+			if (cfg_resume_probe) {
+				st->flags |= AXON_SM_F_HOLD;
+				resume_probe_switch(msg);
+			}
 		} else if (small_write_streak(st, size, unread)) {
 			st->mode = AXON_SM_MODE_STACK;
 			sockmap_count(AXON_SM_SWITCH_STACK, 1);

@@ -95,6 +95,7 @@ enum axon_sockmap_flag {
 	AXON_SM_F_LEFT = 0x200,     /* sockops: deleted from axon_sock_hash (sockmap_try_leave) */
 	AXON_SM_F_VOUCH = 0x400,    /* sk_msg: this sendmsg is the only other psock holder; consumed by the next sockops callback */
 	AXON_SM_F_PUBLISHED = 0x800, /* sockops: QUIET is in every axon_sockmap_quiet entry of the socket (exact and alias keys) */
+	AXON_SM_F_HOLD = 0x1000,    /* sk_msg: never made quiet, stays in the map (set only by the resume probe, sk_msg.c cfg_resume_probe) */
 	AXON_SM_F_STREAK = 0xff0000, /* sk_msg: the small-write streak, a count in these bits (sk_msg.c) */
 };
 
@@ -951,7 +952,7 @@ AXON_INLINE void sockmap_note_stack(struct sockmap_state *st, int holders)
 {
 	if (holders == 1)
 		st->flags |= AXON_SM_F_VOUCH;
-	if (!(st->flags & AXON_SM_F_QUIET) && (st->redir_msgs == 0 || holders == 1))
+	if (!(st->flags & (AXON_SM_F_QUIET | AXON_SM_F_HOLD)) && (st->redir_msgs == 0 || holders == 1))
 		sockmap_set_quiet(st);
 }
 
@@ -978,8 +979,8 @@ AXON_INLINE void sockmap_try_leave(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	st = bpf_sk_storage_get(&axon_sockmap_state, sk, 0, 0);
-	if (!st || (st->flags & AXON_SM_F_LEFT))
-		return;
+	if (!st || (st->flags & (AXON_SM_F_LEFT | AXON_SM_F_HOLD)))
+		return; /* left; or held: stays in the map */
 	if (st->flags & AXON_SM_F_VOUCH) {
 		st->flags &= ~AXON_SM_F_VOUCH;
 		allowed = 1; /* the vouching sendmsg */

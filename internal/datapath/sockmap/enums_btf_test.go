@@ -24,8 +24,8 @@ func TestEnumsMatchBTF(t *testing.T) {
 		{Enum: "axon_sockmap_flag", Values: map[string]uint64{
 			"AXON_SM_F_CLIENT": flagClient, "AXON_SM_F_SERVER": flagServer, "AXON_SM_F_PEER_ALIAS": flagPeerAlias,
 			"AXON_SM_F_QUIET": flagQuiet, "AXON_SM_F_LEFT": flagLeft, "AXON_SM_F_VOUCH": flagVouch,
-			"AXON_SM_F_PUBLISHED": flagPublished,
-			"AXON_SM_F_STREAK":    flagStreak,
+			"AXON_SM_F_PUBLISHED": flagPublished, "AXON_SM_F_HOLD": flagHold,
+			"AXON_SM_F_STREAK": flagStreak,
 		}},
 	})
 }

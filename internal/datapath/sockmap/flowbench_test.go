@@ -37,6 +37,11 @@ import (
 //	bare       the least a bypass can be: sockops as in bypass, but on the
 //	           map a 16-instruction sk_msg (bareSkMsg: the state's peer
 //	           key, one redirect, SK_PASS) and no stream verdict
+//	unbounded  bypass without the back-pressure bound (cfg_backlog_max at
+//	           its largest: a reader's unread redirected bytes are never
+//	           bounded, so the writer never switches to the stack): the
+//	           ceiling any resume of a back-pressure-switched writer could
+//	           reach; memory grows without limit while the reader lags
 //	pipe       no TCP at all (tcp_lat only): perf bench sched pipe, two
 //	           processes passing a word through two pipes, half its round
 //	           trip: the cost of waking a blocked process and the syscalls,
@@ -86,10 +91,10 @@ func TestFlowBench(t *testing.T) {
 		for _, a := range strings.Split(v, ",") {
 			switch a = strings.TrimSpace(a); a {
 			case "stack":
-			case "bypass", "noverdict", "bare", "pipe":
+			case "bypass", "noverdict", "bare", "unbounded", "pipe":
 				arms = append(arms, a)
 			default:
-				t.Fatalf("AXON_SOCKMAP_FLOW_BENCH_ARMS: %q is not an arm (stack, bypass, noverdict, bare, pipe)", a)
+				t.Fatalf("AXON_SOCKMAP_FLOW_BENCH_ARMS: %q is not an arm (stack, bypass, noverdict, bare, unbounded, pipe)", a)
 			}
 		}
 	}
@@ -118,6 +123,11 @@ func TestFlowBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bare.Close() })
+	unbounded, err := unboundedSkMsg(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unbounded.Close() })
 	n := newPodNet(t)
 	setArm := func(arm string) {
 		for ip, ns := range map[netip.Addr]uint64{n.podA: n.ca, n.podB: n.cb} {
@@ -132,15 +142,18 @@ func TestFlowBench(t *testing.T) {
 			}
 		}
 		prog := b.msg.AxonSkMsg
-		if arm == "bare" {
+		switch arm {
+		case "bare":
 			prog = bare
+		case "unbounded":
+			prog = unbounded.AxonSkMsg
 		}
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 			Target: b.ops.AxonSockHash.FD(), Program: prog, Attach: ebpf.AttachSkMsgVerdict,
 		}); err != nil {
 			t.Fatalf("attach the %s arm's sk_msg program: %v", arm, err)
 		}
-		if err := attachStreamVerdict(b.ops.AxonSockHash, b.msg.AxonSkSkbPass, arm == "bypass" && verdict); err != nil {
+		if err := attachStreamVerdict(b.ops.AxonSockHash, b.msg.AxonSkSkbPass, (arm == "bypass" || arm == "unbounded") && verdict); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -317,6 +330,23 @@ func bareSkMsg(state, hash *ebpf.Map) (*ebpf.Program, error) {
 		return nil, fmt.Errorf("load the bare sk_msg program: %w", err)
 	}
 	return p, nil
+}
+
+// unboundedSkMsg loads axon_sk_msg on b's maps with cfg_backlog_max at its
+// largest (no back-pressure switch), for TestFlowBench's unbounded arm.
+func unboundedSkMsg(b *Bypass) (*skMsgObjects, error) {
+	spec, err := loadSkMsg()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables["cfg_backlog_max"].Set(^uint32(0)); err != nil {
+		return nil, fmt.Errorf("set cfg_backlog_max: %w", err)
+	}
+	var objs skMsgObjects
+	if err := loadOnMaps(&b.ops, spec, &objs); err != nil {
+		return nil, fmt.Errorf("load the unbounded axon_sk_msg: %w", err)
+	}
+	return &objs, nil
 }
 
 // sockMsgMd is the head of the uapi struct sk_msg_md up to sk (the socket

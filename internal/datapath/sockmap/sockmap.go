@@ -72,8 +72,8 @@ const (
 // Bits of axon_sockmap_state's flags (enum axon_sockmap_flag): the socket's
 // role in its connection, and that its peer was found by alias key; the
 // mode machine's: quiet (never redirects again), left the map, the sk_msg
-// program's vouch for its sendmsg, quiet written under all its keys, and the
-// small-write streak (a count).
+// program's vouch for its sendmsg, quiet written under all its keys, never
+// quiet (the resume probe's writers), and the small-write streak (a count).
 const (
 	flagClient    = 0x1
 	flagServer    = 0x2
@@ -82,6 +82,7 @@ const (
 	flagLeft      = 0x200
 	flagVouch     = 0x400
 	flagPublished = 0x800
+	flagHold      = 0x1000
 	flagStreak    = 0xff0000
 )
 
