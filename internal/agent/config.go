@@ -35,7 +35,7 @@ type Config struct {
 	// ServiceAccountDir holds the in-cluster token and ca.crt; empty =
 	// DefaultServiceAccountDir (tests point it elsewhere)
 	ServiceAccountDir string
-	StateDir   string // IPAM allocations and endpoint registry
+	StateDir          string // IPAM allocations and endpoint registry
 	// CNI configuration file written once ready (cniconf.go)
 	CNIConfDir string // directory of CNIConfFile; empty = never write it
 	CNIMTU     int    // pod MTU in it; 0 = cni.DefaultMTU
