@@ -94,6 +94,7 @@ func newInstallNode(t *testing.T) *installNode {
 	cfg.Socket = filepath.Join(dir, "axon.sock")
 	cfg.BPFRoot = pinDir
 	cfg.CNIConfDir = filepath.Join(dir, "net.d")
+	cfg.HealthAddr = "127.0.0.1:19879" // inside the node netns
 	logFile := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("AXON_TEST_AGENT_LOG") != "" {
@@ -134,6 +135,14 @@ func TestAgentFirstBoot(t *testing.T) {
 	})
 	if _, err := os.Stat(n.conflist()); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s while the agent is not ready: %v", n.conflist(), err)
+	}
+	// what a startup probe sees at a first boot without the apiserver:
+	// /livez passes (a restart would not help), /readyz says why not
+	for path, want := range map[string]int{"/livez": 200, "/readyz": 503} {
+		code, body, err := n.httpGet("http://" + n.cfg.HealthAddr + path)
+		if err != nil || code != want {
+			t.Errorf("GET %s: %d %q %v, want %d", path, code, body, err, want)
+		}
 	}
 	p.stop(t)
 
