@@ -297,8 +297,9 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.bw.reconcile(uplink)
 		a.sm.ensure(ctx)
 	}
-	if len(errs) == 0 && a.notReady() == "" {
-		// ready to serve CNI ADD: now the runtime may use axon (cniconf.go)
+	if a.notReady() == "" {
+		// ready to serve CNI ADD (a failed route to another node does not
+		// change that): now the runtime may use axon (cniconf.go)
 		if wrote, err := a.cfg.ensureCNIConf(); err != nil {
 			errs = append(errs, err)
 		} else if wrote {
