@@ -71,6 +71,12 @@ func testUninstall(t *testing.T, attachMode string) {
 	ctx := context.Background()
 	cfg := n.cfg
 	cfg.AttachMode = attachMode
+	if attachMode == "auto" {
+		// the most kinds of attachment this kernel has: netkit pods where it
+		// can, the north-south LB in XDP where the uplink's driver can
+		cfg.DeviceMode = "auto"
+		cfg.NodePortLB.Acceleration = "best-effort"
+	}
 	cfg.APIServer = n.apiURL
 	cfg.BandwidthManager = true
 	cfg.Sockmap = SockmapEnabled
