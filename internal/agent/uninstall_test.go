@@ -121,6 +121,10 @@ func testUninstall(t *testing.T, attachMode string) {
 	})
 	st, err := c.Status(ctx)
 	must(t, err)
+	// the Bandwidth Manager's root qdisc (a0:; mq+fq, or mq alone when
+	// degraded), read from the kernel: uninstall must list and remove it
+	// (checked once the agent stopped)
+	t.Logf("bandwidth manager: %s, root qdiscs a0: %v", findDecision(st.Datapath, DecisionBandwidth).Value, axonQdiscs(t, n))
 	t.Logf("sockmap: %s (%s)", findDecision(st.Datapath, DecisionSockmap).Value, findDecision(st.Datapath, DecisionSockmap).Reason)
 
 	// two pods through real CNI ADDs, with the configuration the agent wrote
@@ -196,6 +200,9 @@ func testUninstall(t *testing.T, attachMode string) {
 				t.Errorf("dry run lists no %s: %v", k, items)
 			}
 		}
+		if q := axonQdiscs(t, n); kinds["qdisc"] != len(q) { // the agent stopped: nothing changes them now
+			t.Errorf("dry run lists %d qdiscs, the node has %v: %v", kinds["qdisc"], q, items)
+		}
 		if kinds["device"] != len(pods) {
 			t.Errorf("dry run lists %d devices, want %d (the pods'): %v", kinds["device"], len(pods), items)
 		}
@@ -232,6 +239,9 @@ func testUninstall(t *testing.T, attachMode string) {
 		}
 		if d := axonDevices(t, n); len(d) != 0 {
 			t.Errorf("axon-cni devices left: %v", d)
+		}
+		if q := axonQdiscs(t, n); len(q) != 0 {
+			t.Errorf("the Bandwidth Manager's root qdisc left on %v", q)
 		}
 	})
 
@@ -414,6 +424,25 @@ func axonDevices(t *testing.T, n *installNode) []string {
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Alias, cni.AliasPrefix) {
 			out = append(out, l.Attrs().Name)
+		}
+	}
+	return out
+}
+
+// axonQdiscs lists the devices of the node netns whose root qdisc is the
+// Bandwidth Manager's (handle a0:).
+func axonQdiscs(t *testing.T, n *installNode) []string {
+	t.Helper()
+	links, err := n.nl.LinkList()
+	must(t, err)
+	var out []string
+	for _, l := range links {
+		qs, err := n.nl.QdiscList(l)
+		must(t, err)
+		for _, q := range qs {
+			if q.Attrs().Parent == netlink.HANDLE_ROOT && q.Attrs().Handle == netlink.MakeHandle(0xa0, 0) {
+				out = append(out, l.Attrs().Name+" "+q.Type())
+			}
 		}
 	}
 	return out
