@@ -34,6 +34,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "name of this node's Node object ($NODE_NAME, else the hostname)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file for the kube-apiserver; empty = in-cluster service account")
+	fs.StringVar(&cfg.APIServer, "k8s-api-server", os.Getenv(agent.APIServerEnv), "the kube-apiserver as https://host:port or host:port, used with the in-cluster service account (or instead of the --kubeconfig's server); needed where kube-proxy does not run, since the kubernetes Service's ClusterIP works only once axon serves it ($"+agent.APIServerEnv+"); empty = the kubernetes Service")
+	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "", "directory where the agent writes "+agent.CNIConfFile+" (axon-cni naming --socket) once it is ready to serve CNI ADD, e.g. /host/etc/cni/net.d; kept on exit; empty = never write it")
+	fs.IntVar(&cfg.CNIMTU, "cni-mtu", cfg.CNIMTU, "pod MTU written into the CNI configuration (1280..65535)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for IPAM allocations and the endpoint registry")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket of the local API (axon-cni, axon CLI)")
 	fs.IntVar(&cfg.APIGroup, "api-group", cfg.APIGroup, "gid owning the local API socket, then mode 0660, whose members (primary gid) may also call its mutating routes; -1: the socket is 0600 and only root may use it")

@@ -36,6 +36,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad mode", []string{"--node-name", "n1", "--mode", "accelerate-only"}, 2},
 		{"bypass-only without the bypass", []string{"--node-name", "n1", "--mode", "bypass-only", "--sockmap", "disabled"}, 2},
 		{"cgroup root not cgroup2", []string{"--node-name", "n1", "--cgroup-root", "/proc"}, 2},
+		{"api server without port", []string{"--node-name", "n1", "--k8s-api-server", "10.0.0.10"}, 2},
+		{"api server over http", []string{"--node-name", "n1", "--k8s-api-server", "http://10.0.0.10:6443"}, 2},
+		{"relative cni conf dir", []string{"--node-name", "n1", "--cni-conf-dir", "net.d"}, 2},
+		{"cni mtu too small", []string{"--node-name", "n1", "--cni-mtu", "576"}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -47,7 +47,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd(), newServiceCmd(), newBPFCmd())
 	// lb.go; bpfct.go adds bpf ct, bpf nat, bpf lb maglev
-	root.AddCommand(newLBCmd())
+	root.AddCommand(newLBCmd(), newUninstallCmd()) // uninstall.go
 	addNorthSouthBPFCmds(root)
 	return root
 }

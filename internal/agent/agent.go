@@ -129,8 +129,9 @@ func (a *Agent) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 
-	// A bad --kubeconfig is a start-up error; an unreachable server is not.
-	rc, err := restConfig(a.cfg.Kubeconfig)
+	// A bad --kubeconfig or --k8s-api-server is a start-up error; an
+	// unreachable server is not.
+	rc, err := a.cfg.restConfig() // apiserver.go
 	if err != nil {
 		return err
 	}
@@ -295,6 +296,15 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.nport.ensure(uplink, a.sock.writer(), a.pods.routedByBPF())
 		a.bw.reconcile(uplink)
 		a.sm.ensure(ctx)
+	}
+	if a.notReady() == "" {
+		// ready to serve CNI ADD (a failed route to another node does not
+		// change that): now the runtime may use axon (cniconf.go)
+		if wrote, err := a.cfg.ensureCNIConf(); err != nil {
+			errs = append(errs, err)
+		} else if wrote {
+			a.log.Info("CNI configuration written", "path", filepath.Join(a.cfg.CNIConfDir, CNIConfFile))
+		}
 	}
 	err := errors.Join(errs...)
 	a.st.countReconcile(err)

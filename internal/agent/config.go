@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/axonhq/axon/internal/cni"
 )
 
 // Defaults used by axon-agent on a real node (see docs/architecture.md, "Files and paths").
@@ -26,7 +28,17 @@ const (
 type Config struct {
 	NodeName   string // Kubernetes Node this agent runs for
 	Kubeconfig string // path; empty = in-cluster config
-	StateDir   string // IPAM allocations and endpoint registry
+	// APIServer is the kube-apiserver (https://host:port or host:port),
+	// used instead of the kubernetes Service (in-cluster) or the
+	// kubeconfig's server; empty = theirs (apiserver.go)
+	APIServer string
+	// ServiceAccountDir holds the in-cluster token and ca.crt; empty =
+	// DefaultServiceAccountDir (tests point it elsewhere)
+	ServiceAccountDir string
+	StateDir          string // IPAM allocations and endpoint registry
+	// CNI configuration file written once ready (cniconf.go)
+	CNIConfDir string // directory of CNIConfFile; empty = never write it
+	CNIMTU     int    // pod MTU in it; 0 = cni.DefaultMTU
 	Socket     string // local API unix socket
 	// who may use the local API (api.Serve): APIGroup owns the socket, which
 	// is then 0660 (-1: 0600, root only), and its members (primary gid) may
@@ -75,6 +87,7 @@ func Defaults() Config {
 	return Config{
 		NodeName:          node,
 		StateDir:          DefaultStateDir,
+		CNIMTU:            cni.DefaultMTU,
 		Socket:            "/var/run/axon/axon.sock",
 		APIGroup:          -1,
 		APIUser:           -1,
@@ -110,6 +123,11 @@ func (c Config) Validate() error {
 	if strings.ContainsAny(c.NodeName, "/ ") {
 		errs = append(errs, fmt.Errorf("--node-name %q is not a valid Node name", c.NodeName))
 	}
+	if c.APIServer != "" {
+		if _, err := ParseAPIServer(c.APIServer); err != nil { // apiserver.go
+			errs = append(errs, err)
+		}
+	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty: pass a writable directory such as "+DefaultStateDir))
 	}
@@ -134,6 +152,9 @@ func (c Config) Validate() error {
 		if err := checkCgroup2Dir(c.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := c.validateCNIConf(); err != nil { // cniconf.go
+		errs = append(errs, err)
 	}
 	if err := c.validateSocketLB(); err != nil { // socklb.go
 		errs = append(errs, err)

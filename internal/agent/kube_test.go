@@ -244,6 +244,12 @@ type agentProc struct {
 // top-level test, so that a restart inside a subtest outlives the subtest).
 func startAgent(t, owner *testing.T, n *scratchNode, cfg Config, logFile string) *agentProc {
 	t.Helper()
+	return startAgentEnv(t, owner, n, cfg, logFile)
+}
+
+// startAgentEnv is startAgent with more environment variables (NAME=value).
+func startAgentEnv(t, owner *testing.T, n *scratchNode, cfg Config, logFile string, env ...string) *agentProc {
+	t.Helper()
 	raw, _ := json.Marshal(cfg)
 	f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -252,7 +258,7 @@ func startAgent(t, owner *testing.T, n *scratchNode, cfg Config, logFile string)
 	defer f.Close()
 	fmt.Fprintf(f, "---- agent start %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command("nsenter", "--net="+n.path, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
+	cmd.Env = append(append(os.Environ(), env...), helperEnv+"="+string(raw))
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

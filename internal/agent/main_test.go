@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(cniPluginEnv) == "1" {
 		os.Exit(cni.Main())
 	}
+	if raw := os.Getenv(uninstallEnv); raw != "" {
+		os.Exit(runUninstallHelper(raw))
+	}
 	if raw := os.Getenv(helperEnv); raw != "" {
 		os.Exit(runHelper(raw))
 	}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/ipam"
 )
 
@@ -36,7 +37,7 @@ const (
 
 // cniAliasPrefix is the IFLA_IFALIAS axon-cni gives the node-side device of
 // a pod ("axon-cni:<containerID>/<ifName>", internal/cni/link.go).
-const cniAliasPrefix = "axon-cni:"
+const cniAliasPrefix = cni.AliasPrefix
 
 // refusals counts refused API calls by reason.
 type refusals struct {

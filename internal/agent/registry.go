@@ -147,14 +147,26 @@ func (r *registry) List() []api.Endpoint {
 	return out
 }
 
-// writeFileAtomic writes via a temp file, fsync and rename.
+// writeFileAtomic writes via a temp file, fsync and rename (mode 0600).
 func writeFileAtomic(path string, data []byte) error {
+	return writeFileAtomicMode(path, data, 0o600)
+}
+
+// writeFileAtomicMode is writeFileAtomic with the file's mode: a reader
+// sees the old file or the new one, never half of it. The temporary name
+// (".<name>.tmp…") never ends in .conf/.conflist/.json, so a container
+// runtime watching the directory never loads it.
+func writeFileAtomicMode(path string, data []byte, mode os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
 	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
 		return err
 	}

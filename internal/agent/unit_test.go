@@ -377,3 +377,66 @@ func TestValidateEndpoint(t *testing.T) {
 		})
 	}
 }
+
+func TestParseAPIServer(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{in: "10.0.0.10:6443", want: "https://10.0.0.10:6443"},
+		{in: "https://10.0.0.10:6443", want: "https://10.0.0.10:6443"},
+		{in: "https://api.example.com", want: "https://api.example.com"},
+		{in: "https://api.example.com:443/", want: "https://api.example.com:443"},
+		{in: "[fd00::10]:6443", want: "https://[fd00::10]:6443"},
+		{in: "https://[fd00::10]:6443", want: "https://[fd00::10]:6443"},
+		{in: "10.0.0.10", err: "missing port"},
+		{in: "http://10.0.0.10:6443", err: "only https"},
+		{in: "https://10.0.0.10:6443/api", err: "a path"},
+		{in: "https://u:p@10.0.0.10:6443", err: "credentials"},
+		{in: "10.0.0.10:0", err: "not 1..65535"},
+		{in: "10.0.0.10:http", err: "not 1..65535"},
+		{in: ":6443", err: "no host"},
+		{in: " 10.0.0.10:6443", err: "spaces"},
+		{in: "https://:6443", err: "no host"},
+	} {
+		got, err := ParseAPIServer(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "pass the kube-apiserver as https://host:port") {
+				t.Errorf("ParseAPIServer(%q) = %q, %v; want an error with %q and what to pass", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseAPIServer(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// A bad --k8s-api-server, --cni-conf-dir or --cni-mtu is a configuration
+// error naming the flag.
+func TestInstallConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		err  string
+	}{
+		{"api server without port", func(c *Config) { c.APIServer = "10.0.0.10" }, "--k8s-api-server"},
+		{"relative cni dir", func(c *Config) { c.CNIConfDir = "net.d" }, "--cni-conf-dir"},
+		{"cni dir in bypass-only", func(c *Config) { c.CNIConfDir = "/etc/cni/net.d"; c.Mode = ModeBypassOnly }, "--cni-conf-dir with --mode=bypass-only"},
+		{"mtu", func(c *Config) { c.CNIMTU = 9 }, "--cni-mtu 9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.NodeName, c.SocketLB = "n", false
+			tc.mod(&c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("Validate = %v, want %q", err, tc.err)
+			}
+		})
+	}
+	c := Defaults()
+	c.NodeName, c.SocketLB = "n", false
+	c.APIServer, c.CNIConfDir = "https://10.0.0.10:6443", "/etc/cni/net.d"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid configuration refused: %v", err)
+	}
+}

@@ -25,9 +25,10 @@ var (
 	GatewayV6 = netip.MustParseAddr("fe80::1")
 )
 
-// aliasPrefix marks host-side devices created by axon-cni (IFLA_IFALIAS), so
+// AliasPrefix marks host-side devices created by axon-cni (IFLA_IFALIAS), so
+// axon-agent and axon uninstall recognise them, and so
 // GC only ever removes devices it can prove are ours.
-const aliasPrefix = "axon-cni:"
+const AliasPrefix = "axon-cni:"
 
 // HostVethName is the node-side device name of a pod interface:
 // "lxc" + 11 hex digits of sha256(containerID + "/" + ifName).
@@ -37,7 +38,7 @@ func HostVethName(containerID, ifName string) string {
 }
 
 func hostAlias(containerID, ifName string) string {
-	return aliasPrefix + containerID + "/" + ifName
+	return AliasPrefix + containerID + "/" + ifName
 }
 
 func isNotFound(err error) bool {

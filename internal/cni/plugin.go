@@ -472,7 +472,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	var removed []string
 	for _, l := range links {
 		name := l.Attrs().Name
-		if !isPodDevice(l) || !strings.HasPrefix(name, "lxc") || !strings.HasPrefix(l.Attrs().Alias, aliasPrefix) || keep[name] {
+		if !isPodDevice(l) || !strings.HasPrefix(name, "lxc") || !strings.HasPrefix(l.Attrs().Alias, AliasPrefix) || keep[name] {
 			continue
 		}
 		if err := deleteHostVeth(name); err != nil {
