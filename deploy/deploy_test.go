@@ -35,6 +35,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/axonhq/axon/internal/agent"
 	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
@@ -57,13 +58,15 @@ const (
 // env (they follow from the pod's mounts and the downward API) instead of
 // offering a value; values.yaml's header names them.
 var layoutFlags = map[string]string{
-	"node-name":   "$NODE_NAME from spec.nodeName",
-	"health-addr": "$(HOST_IP) from status.hostIP and metrics.port",
-	"socket":      "the run-axon hostPath, named by the CNI conflist",
-	"state-dir":   "the state hostPath",
-	"bpf-root":    "the bpffs hostPath",
-	"cgroup-root": "the cgroup2 hostPath (hostCgroupRoot)",
-	"kubeconfig":  "the in-cluster service account",
+	"node-name":      "$NODE_NAME from spec.nodeName",
+	"health-addr":    "$(HOST_IP) from status.hostIP and metrics.port",
+	"socket":         "the run-axon hostPath, named by the CNI conflist",
+	"state-dir":      "the state hostPath",
+	"bpf-root":       "the bpffs hostPath",
+	"cgroup-root":    "the cgroup2 hostPath (hostCgroupRoot)",
+	"kubeconfig":     "the in-cluster service account",
+	"cni-conf-dir":   "the cni-conf hostPath (cni.confDir), mounted at /host/etc/cni/net.d",
+	"k8s-api-server": "$AXON_K8S_API_SERVER from k8sServiceHost and k8sServicePort",
 }
 
 // chartDefaultsDiffer are the agent values whose chart default differs from
@@ -331,40 +334,59 @@ func TestManifestRBACMatchesLab(t *testing.T) {
 	}
 }
 
-// TestManifestCNIConfig: the conflist in the ConfigMap is accepted by
-// axon-cni's own config parser, and its socket is the one the agent serves.
+// TestManifestCNIConfig: the agent writes the conflist (cni.ConfList) into
+// the host's CNI configuration folder once it is ready: the DaemonSet passes
+// --cni-conf-dir at the mount of the cni.confDir hostPath, and the conflist
+// the agent writes for its --socket and --cni-mtu is accepted by axon-cni's
+// own parser. No ConfigMap carries a second copy of it.
 func TestManifestCNIConfig(t *testing.T) {
 	objs := decodeManifest(t)
-	cm := find[*corev1.ConfigMap](t, objs, "axon-cni")
-	raw, ok := cm.Data["05-axon.conflist"]
-	if !ok {
-		t.Fatalf("ConfigMap %s has no 05-axon.conflist key", cm.Name)
-	}
-	var list struct {
-		CNIVersion string            `json:"cniVersion"`
-		Name       string            `json:"name"`
-		Plugins    []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal([]byte(raw), &list); err != nil {
-		t.Fatalf("conflist is not JSON: %v", err)
-	}
-	if len(list.Plugins) != 1 {
-		t.Fatalf("conflist has %d plugins, want 1 (axon-cni)", len(list.Plugins))
-	}
-	// libcni injects cniVersion and name into each plugin's config.
-	var plugin map[string]any
-	if err := json.Unmarshal(list.Plugins[0], &plugin); err != nil {
-		t.Fatal(err)
-	}
-	plugin["cniVersion"], plugin["name"] = list.CNIVersion, list.Name
-	conf, _ := json.Marshal(plugin)
-	nc, err := cni.ParseConfig(conf)
-	if err != nil {
-		t.Fatalf("axon-cni rejects the manifest's config: %v", err)
+	for _, o := range objs {
+		if cm, ok := o.(*corev1.ConfigMap); ok {
+			if _, ok := cm.Data[cni.ConfListFile]; ok {
+				t.Errorf("ConfigMap %s carries %s: the agent writes it once ready (--cni-conf-dir), one source", cm.Name, cni.ConfListFile)
+			}
+		}
 	}
 	ds := find[*appsv1.DaemonSet](t, objs, "")
-	if got := flagValue(agentContainer(t, ds).Args, "--socket"); got != nc.Socket {
-		t.Errorf("CNI socket %q, agent --socket %q: they must match", nc.Socket, got)
+	c := agentContainer(t, ds)
+	dir := flagValue(c.Args, "--cni-conf-dir")
+	if dir == "" {
+		t.Fatal("the agent's args lack --cni-conf-dir: nothing would write the CNI configuration")
+	}
+	var mount string
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == dir {
+			mount = m.Name
+		}
+	}
+	var hostPath string
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == mount && v.HostPath != nil {
+			hostPath = v.HostPath.Path
+		}
+	}
+	if hostPath != "/etc/cni/net.d" {
+		t.Errorf("--cni-conf-dir=%s is mounted from host path %q (volume %q), want /etc/cni/net.d", dir, hostPath, mount)
+	}
+	socket := flagValue(c.Args, "--socket")
+	raw, err := cni.ConfList(socket, 1500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := cni.ParseConfList(raw)
+	if err != nil {
+		t.Fatalf("axon-cni rejects the conflist the agent writes: %v", err)
+	}
+	if nc.Socket != socket {
+		t.Errorf("CNI socket %q, agent --socket %q: they must match", nc.Socket, socket)
+	}
+	// the init container installs the plugin the conflist names
+	if len(ds.Spec.Template.Spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers, want 1 (install axon-cni)", len(ds.Spec.Template.Spec.InitContainers))
+	}
+	if got := ds.Spec.Template.Spec.InitContainers[0].Command; !reflect.DeepEqual(got, []string{"/usr/local/bin/axon-cni", "install", "/host/opt/cni/bin"}) {
+		t.Errorf("init container runs %q, want axon-cni install /host/opt/cni/bin", got)
 	}
 }
 
@@ -445,7 +467,7 @@ func TestChartValuesMatchFlags(t *testing.T) {
 		}
 	}
 	// the layout flags the chart passes on the command line
-	for _, name := range []string{"health-addr", "socket", "state-dir", "bpf-root", "cgroup-root"} {
+	for _, name := range []string{"health-addr", "socket", "state-dir", "bpf-root", "cgroup-root", "cni-conf-dir"} {
 		if flagValue(c.Args, "--"+name) == "" {
 			t.Errorf("the DaemonSet's args lack --%s (%s)", name, layoutFlags[name])
 		}
@@ -518,8 +540,8 @@ func TestChartConfigMapLoads(t *testing.T) {
 		absent  []string // keys the ConfigMap must not have
 		wantErr string   // --check-config fails with this
 	}{{
-		name: "defaults",
-		want: map[string]option{"log-format": {"json", "config-dir"}, "sockmap": {"disabled", "default"}, "ct-max": {"131072", "config-dir"}},
+		name:   "defaults",
+		want:   map[string]option{"log-format": {"json", "config-dir"}, "sockmap": {"disabled", "default"}, "ct-max": {"131072", "config-dir"}},
 		absent: []string{"sockmap", "health-addr", "socket"},
 	}, {
 		name: "overrides",
@@ -580,7 +602,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 	}{
 		{`image.tag="latest"`, "image.tag latest is refused"},
 		{`image.digest="sha256:abc"`, "is not sha256:<64 hex digits>"},
-		{"cni.mtu=1000", "cni.mtu 1000 is outside 1280..65535"},
+		{"agent.cniMtu=1000", "at '/agent/cniMtu': minimum: got 1,000, want 1,280"},
+		{"k8sServicePort=0", "at '/k8sServicePort': minimum: got 0, want 1"},
 		{"metrics.port=0", "metrics.port 0 is outside 1..65535"},
 		{"agent.ctMax=1.5", "at '/agent/ctMax': got number, want integer"}, // values.schema.json
 		{"agent.ctMaxx=1", "additional properties 'ctMaxx' not allowed"},
@@ -765,11 +788,45 @@ func TestManifestServerDryRun(t *testing.T) {
 	}
 	got := strings.Fields(string(out))
 	want := []string{
-		"serviceaccount/axon-agent", "configmap/axon-agent-config", "configmap/axon-cni",
+		"serviceaccount/axon-agent", "configmap/axon-agent-config",
 		"clusterrole.rbac.authorization.k8s.io/axon-agent", "clusterrolebinding.rbac.authorization.k8s.io/axon-agent",
 		"daemonset.apps/axon-agent", "service/axon-agent-metrics",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("kubectl applied %q, want %q", got, want)
+	}
+}
+
+// TestChartAPIServer: k8sServiceHost and k8sServicePort reach the agent as
+// $AXON_K8S_API_SERVER (--k8s-api-server) in a form the agent accepts; by
+// default the variable is absent (the kubernetes Service).
+func TestChartAPIServer(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"default", nil, ""},
+		{"host", []string{"--set", "k8sServiceHost=10.0.0.10"}, "10.0.0.10:6443"},
+		{"host and port", []string{"--set", "k8sServiceHost=api.example.internal", "--set", "k8sServicePort=8443"}, "api.example.internal:8443"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := agentContainer(t, find[*appsv1.DaemonSet](t, decode(t, render(t, tt.set...)), ""))
+			var got string
+			for _, e := range c.Env {
+				if e.Name == agent.APIServerEnv {
+					got = e.Value
+				}
+			}
+			if got != tt.want {
+				t.Fatalf("$%s = %q, want %q", agent.APIServerEnv, got, tt.want)
+			}
+			if got == "" {
+				return
+			}
+			if _, err := agent.ParseAPIServer(got); err != nil {
+				t.Errorf("the agent refuses the chart's $%s: %v", agent.APIServerEnv, err)
+			}
+		})
 	}
 }
