@@ -495,6 +495,8 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("sysdump", func(t *testing.T) { checkSysdump(t, n, cfg, logFile) })
+
 	t.Run("node deletion removes its route", func(t *testing.T) {
 		must(t, cs.CoreV1().Nodes().Delete(ctx, "node3", metav1.DeleteOptions{}))
 		eventually(t, "node3 route gone", 20*time.Second, func() error {
