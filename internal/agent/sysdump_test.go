@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -110,6 +111,18 @@ func checkSysdump(t *testing.T, n *scratchNode, cfg Config, logFile string) {
 	}
 	if bounded == 0 {
 		t.Error("no pinned map dump says it was cut at 2 entries")
+	}
+	// The pid the archive names is the agent's: its capabilities (all, or
+	// exactly $AXON_TEST_AGENT_CAPS) are in the log.
+	var pid int
+	if _, err := fmt.Sscanf(members["agent-cmdline.txt"], "pid %d", &pid); err != nil {
+		t.Errorf("agent-cmdline.txt: %v", err)
+	} else if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(l, "CapEff:") || strings.HasPrefix(l, "CapBnd:") {
+				t.Logf("agent pid %d %s (%s=%q)", pid, l, agentCapsEnv, os.Getenv(agentCapsEnv))
+			}
+		}
 	}
 	// No secret: the agent's kubeconfig holds a client key; none of it, nor
 	// any private key, is in the archive.
