@@ -366,7 +366,11 @@ func pinned(a *archive, o Options) error {
 	var list bytes.Buffer
 	err := filepath.WalkDir(o.BPFRoot, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			fmt.Fprintf(&list, "%s\terror: %v\n", p, err)
+			hint := ""
+			if p == o.BPFRoot {
+				hint = " (pass the agent's --bpf-root)"
+			}
+			fmt.Fprintf(&list, "%s\terror: %v%s\n", p, err, hint)
 			return nil
 		}
 		if d.IsDir() {
