@@ -21,19 +21,32 @@ func TestInstall(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "axon-cni"), []byte("old"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The init container runs as uid 0 with every capability dropped: the
+	// owner's write bit on the root-owned folder is enough (as root only:
+	// otherwise the folder is not root-owned).
+	noCaps := []string{"setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"}
 	cases := []struct {
 		name    string
+		wrap    []string
 		args    []string
 		wantErr string
 	}{
-		{"installs", []string{"install", dir}, ""},
-		{"no folder", []string{"install", filepath.Join(dir, "missing")}, "mount the host's CNI binary folder"},
-		{"bad args", []string{"copy", dir}, "usage: axon-cni install DIR"},
+		{"installs", nil, []string{"install", dir}, ""},
+		{"installs without capabilities", noCaps, []string{"install", dir}, ""},
+		{"no folder", nil, []string{"install", filepath.Join(dir, "missing")}, "mount the host's CNI binary folder"},
+		{"bad args", nil, []string{"copy", dir}, "usage: axon-cni install DIR"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(bin, tc.args...)
-			cmd.Env = []string{}
+			if tc.wrap != nil && os.Geteuid() != 0 {
+				t.Skip("needs root: checks uid 0 without capabilities")
+			}
+			argv := append(append([]string{}, tc.wrap...), append([]string{bin}, tc.args...)...)
+			if err := os.WriteFile(filepath.Join(dir, "axon-cni"), []byte("old"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 			out, err := cmd.CombinedOutput()
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(string(out), tc.wantErr) {
