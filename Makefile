@@ -40,19 +40,24 @@ include bpf/Makefile.inc
 # BPF objects are compiled from bpf/*.c by bpf2go (clang-19) whenever a source changes.
 generate: packages bpf
 
+# The three binaries run on the host (axon-cni is copied into /opt/cni/bin of every node) and in a
+# base-less image: static, without cgo (nothing in them needs it), so no glibc version is assumed.
+# deploy/image's TestBinariesStatic checks that bin/axon-cni has no interpreter or dynamic section.
 build: generate
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/axon ./cmd/axon-agent ./cmd/axon-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/axon ./cmd/axon-agent ./cmd/axon-cni
 
 # deploy/kubernetes/axon.yaml is rendered from the Helm chart (go test ./deploy/ checks it is current).
 manifests: deps
 	@hack/manifests.sh
 
-# Container image for deploy/helm/axon and deploy/kubernetes (docker or podman; not run by make test).
-IMAGE        ?= ghcr.io/axonhq/axon:$(VERSION)
+# Container image without a container runtime (deploy/image, hack/image): an OCI layout in
+# bin/image/oci and a docker/podman-loadable tarball bin/image/axon-image.tar, from scratch with
+# the static binaries. Same binaries and commit time, same digest (make test checks it).
+# Push with any OCI tool, e.g. skopeo copy oci:bin/image/oci docker://<registry>/axon:$(VERSION)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 image: build
-	@tool=$$(command -v docker || command -v podman) || { echo "make image: needs docker or podman" >&2; exit 1; }; \
-	$$tool build -f deploy/Dockerfile -t $(IMAGE) .
+	$(GO) run ./hack/image -bin $(BIN) -out $(BIN)/image -version $(VERSION) -created $(SOURCE_DATE_EPOCH)
 
 lab: deps build
 	$(BIN)/axon lab up --nodes $(NODES) --pods-per-node $(PODS)
@@ -69,7 +74,7 @@ lab-down:
 vm-kernels: vm-packages
 	$(GO) run ./hack/vm -fetch-only -kernels debian-6.12,debian-6.1
 
-test: deps build vm-kernels
+test: deps build image vm-kernels
 	@mkdir -p $(RESULTS)
 	@set -o pipefail; $(GO) test $(TEST_FLAGS) -json $(TEST_PKGS) | tee $(RESULTS)/test.json | $(GO) run ./hack/testsummary
 

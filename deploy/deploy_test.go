@@ -1,6 +1,6 @@
 // Package deploy holds the Helm chart (deploy/helm/axon), the plain manifest
 // rendered from it for kubectl-only users (deploy/kubernetes/axon.yaml, `make
-// manifests`) and the image recipe (deploy/Dockerfile). These tests keep the
+// manifests`); the image is built by deploy/image. These tests keep the
 // chart true to the code: the committed manifest equals a fresh rendering,
 // the RBAC equals what the lab's agents get, every agent flag has a chart
 // value and every value a flag, the rendered options load in the axon-agent
@@ -672,7 +672,12 @@ func TestChartPod(t *testing.T) {
 			t.Errorf("container %s: securityContext %+v, want not privileged, capabilities drop ALL", ct.Name, sc)
 		}
 	}
-	wantCaps := []corev1.Capability{"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN", "SYS_RESOURCE", "NET_RAW"}
+	for _, ct := range spec.InitContainers {
+		if add := ct.SecurityContext.Capabilities.Add; len(add) != 0 {
+			t.Errorf("init container %s adds %v: installing axon-cni as uid 0 needs no capability", ct.Name, add)
+		}
+	}
+	wantCaps := []corev1.Capability{"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"} // docs/operate.md#capabilities
 	if got := c.SecurityContext.Capabilities.Add; !slices.Equal(got, wantCaps) {
 		t.Errorf("agent capabilities %v, want %v", got, wantCaps)
 	}

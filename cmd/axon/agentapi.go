@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -24,7 +23,7 @@ const labStateDir = "/run/axon-lab"
 type agentFlags struct {
 	socket string
 	node   string
-	output string
+	out    outputFlag
 }
 
 func (f *agentFlags) register(cmd *cobra.Command) {
@@ -34,14 +33,12 @@ func (f *agentFlags) register(cmd *cobra.Command) {
 	}
 	cmd.Flags().StringVar(&f.socket, "socket", def, "agent API socket (env AXON_SOCKET)")
 	cmd.Flags().StringVarP(&f.node, "node", "n", "", "talk to this lab node's agent (overrides --socket)")
-	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "output format: text or json")
+	f.out.register(cmd)
 }
 
 func (f *agentFlags) client() (*api.Client, error) {
-	switch f.output {
-	case "text", "json":
-	default:
-		return nil, fmt.Errorf("unknown output format %q: use -o text or -o json", f.output)
+	if err := f.out.parse(); err != nil {
+		return nil, err
 	}
 	sock := f.socket
 	if f.node != "" {
@@ -68,8 +65,8 @@ func newStatusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), st)
+			if f.out.structured() {
+				return f.out.write(cmd, st)
 			}
 			printStatus(cmd.OutOrStdout(), st)
 			return nil
@@ -158,11 +155,11 @@ func newEndpointCmd() *cobra.Command {
 				}
 				return eps[i].PodName < eps[j].PodName
 			})
-			if f.output == "json" {
+			if f.out.structured() {
 				if eps == nil {
 					eps = []api.Endpoint{}
 				}
-				return writeJSON(cmd.OutOrStdout(), eps)
+				return f.out.write(cmd, eps)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "POD\tIPS\tHOST DEVICE\tIFINDEX\tSTATE\tCONTAINER")
@@ -187,10 +184,4 @@ func newEndpointCmd() *cobra.Command {
 	f.register(list)
 	cmd.AddCommand(list)
 	return cmd
-}
-
-func writeJSON(out io.Writer, v any) error {
-	enc := json.NewEncoder(out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

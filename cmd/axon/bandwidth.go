@@ -41,8 +41,8 @@ func newBPFBandwidthCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			if !rep.Enabled {
 				return fmt.Errorf("the bandwidth manager is disabled on this node: %s", rep.Reason)

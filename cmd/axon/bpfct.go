@@ -55,8 +55,8 @@ func newNSListCmd[R any](table, tableShort string, list *cobra.Command,
 		if err != nil {
 			return err
 		}
-		if f.output == "json" {
-			return writeJSON(cmd.OutOrStdout(), rep)
+		if f.out.structured() {
+			return f.out.write(cmd, rep)
 		}
 		if ok, reason := loaded(rep); !ok {
 			return fmt.Errorf("the north-south load balancer is not loaded: %s", reason)
@@ -148,8 +148,8 @@ func newMaglevCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			w := cmd.OutOrStdout()
 			for _, t := range rep.Tables {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -262,7 +261,7 @@ type listOutput struct {
 }
 
 func newLabListCmd(f *labFlags) *cobra.Command {
-	var output string
+	var of outputFlag
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List nodes, pods and the external namespace with their addresses",
@@ -271,8 +270,8 @@ func newLabListCmd(f *labFlags) *cobra.Command {
 			"where ip is the primary IPv4 address, ips all addresses and netns the namespace path.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("unknown output format %q: use -o text or -o json", output)
+			if err := of.parse(); err != nil {
+				return err
 			}
 			l, err := f.load()
 			if err != nil {
@@ -288,10 +287,8 @@ func newLabListCmd(f *labFlags) *cobra.Command {
 			}
 			out.External = listExternal{st.External.Name, st.External.IP, "/run/netns/" + st.External.Netns}
 			w := cmd.OutOrStdout()
-			if output == "json" {
-				enc := json.NewEncoder(w)
-				enc.SetIndent("", "  ")
-				return enc.Encode(out)
+			if of.structured() {
+				return of.write(cmd, out)
 			}
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "KIND\tNAME\tNODE\tIPS\tNETNS")
@@ -305,7 +302,7 @@ func newLabListCmd(f *labFlags) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	of.register(cmd)
 	return cmd
 }
 

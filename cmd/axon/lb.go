@@ -88,12 +88,15 @@ func (s *l4lbSocket) path() (string, error) {
 
 func newLBStatusCmd() *cobra.Command {
 	var s l4lbSocket
-	var output string
+	var out outputFlag
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the running standalone load balancer: config generation, VIPs, backends, flows, packets",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.parse(); err != nil {
+				return err
+			}
 			p, err := s.path()
 			if err != nil {
 				return err
@@ -102,15 +105,15 @@ func newLBStatusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return writeJSON(cmd.OutOrStdout(), st)
+			if out.structured() {
+				return out.write(cmd, st)
 			}
 			printLBStatus(cmd.OutOrStdout(), st)
 			return nil
 		},
 	}
 	s.register(cmd)
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	out.register(cmd)
 	return cmd
 }
 
@@ -230,8 +233,8 @@ func newLBExplainCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			printExplain(cmd.OutOrStdout(), rep)
 			return nil

@@ -38,8 +38,8 @@ func newServiceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			if _, err := io.WriteString(cmd.OutOrStdout(), rep.Text); err != nil {
 				return err
@@ -102,8 +102,8 @@ func newBPFCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			if !rep.Enabled {
 				return fmt.Errorf("socket load balancing is disabled on this node: %s", rep.Reason)

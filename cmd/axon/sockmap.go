@@ -38,8 +38,8 @@ func newBPFSockmapCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), rep)
+			if f.out.structured() {
+				return f.out.write(cmd, rep)
 			}
 			if !rep.Enabled {
 				return fmt.Errorf("the same-node TCP bypass is off on this node: %s", rep.Reason)

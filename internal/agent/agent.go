@@ -16,6 +16,7 @@ import (
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/ipam"
+	"github.com/axonhq/axon/internal/kubemetrics"
 )
 
 // Version is reported in Status; set by the main package at link time.
@@ -50,6 +51,9 @@ type Agent struct {
 // Run starts the agent and blocks until ctx is done. On return pinned BPF
 // maps and links stay in place: forwarding continues while the agent is down.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	// client-go's metric hooks are per process and must be set before the
+	// Service workqueue is made; /metrics exports them (healthServer).
+	kubemetrics.Install()
 	a, err := newAgent(cfg, log, loadDatapath(cfg, log))
 	if err != nil {
 		return err

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/axonhq/axon/internal/kubemetrics"
 )
 
 // healthServer starts the --health-addr listener:
@@ -33,11 +35,16 @@ import (
 //     podCIDR known, caches synced once; stays 200 through a later apiserver
 //     outage), kept for probes and scripts that use it; the local API's
 //     /healthz is the same.
-//   - GET /metrics (Prometheus, datapath counters included).
+//   - GET /metrics (Prometheus, datapath counters and client-go's REST
+//     client and workqueue metrics included).
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
 		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm})
+	// client-go's REST client and workqueue metrics (rest_client_*, workqueue_*).
+	if err := kubemetrics.Register(reg); err != nil {
+		return nil, fmt.Errorf("register client-go metrics: %w", err)
+	}
 	mux := http.NewServeMux()
 	probe := func(check func() error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
