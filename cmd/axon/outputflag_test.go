@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,6 +48,10 @@ func TestEveryOutputFlagShared(t *testing.T) {
 			if strings.HasPrefix(name, "lab ") {
 				return // needs a lab; its -o parsing is the same helper
 			}
+			if name == "uninstall" {
+				testUninstallOutput(t, sock)
+				return
+			}
 			for _, tc := range []struct{ o, want string }{
 				{"xml", `unknown output format "xml"`},
 				{"yaml", "missing.sock"},
@@ -65,5 +70,45 @@ func TestEveryOutputFlagShared(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// testUninstallOutput: axon uninstall talks to no agent; its -o is checked
+// on a dry run over empty temporary paths (it changes nothing anywhere).
+func testUninstallOutput(t *testing.T, sock string) {
+	dir := t.TempDir()
+	// --bpf-root must be on bpffs: an empty directory of our own there
+	bpfRoot, err := os.MkdirTemp("/sys/fs/bpf", "axon-outputflag-")
+	if err != nil {
+		t.Skipf("uninstall -o: needs an empty directory on bpffs at /sys/fs/bpf (root): %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bpfRoot) })
+	for _, tc := range []struct{ o, want, wantErr string }{
+		{"xml", "", `unknown output format "xml"`},
+		{"yaml", "dryRun: true\nitems:\n- kind: dir\n  what: " + bpfRoot + "\n", ""}, // the empty --bpf-root itself
+		{"jsonpath={.dryRun}", "true", ""},
+	} {
+		root := newRootCmd()
+		var out, errOut bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&errOut)
+		argv := []string{"uninstall", "--dry-run", "-o", tc.o, "--socket", sock,
+			"--bpf-root", bpfRoot, "--state-dir", filepath.Join(dir, "state"),
+			"--cgroup-root", filepath.Join(dir, "cgroup"), "--cni-conf-dir", filepath.Join(dir, "net.d"),
+			"--cni-bin-dir", filepath.Join(dir, "bin")}
+		root.SetArgs(argv)
+		err := root.Execute()
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("axon %s: err %v, want one containing %q", strings.Join(argv, " "), err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !strings.HasPrefix(out.String(), tc.want) {
+			t.Errorf("axon %s: err %v, output %q, want %q (stderr %s)", strings.Join(argv, " "), err, out.String(), tc.want, errOut.String())
+		}
+	}
+	if _, err := os.Stat(bpfRoot); err != nil {
+		t.Errorf("a dry run removed --bpf-root: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -28,7 +27,7 @@ func newUninstallCmd() *cobra.Command {
 		RouteProtocol: agent.RouteProtocol,
 		DevicePrefix:  cni.AliasPrefix,
 	}
-	var output string
+	var of outputFlag
 	cmd := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove axon from this node (programs, pins, pod devices, routes, CNI files, state)",
@@ -47,20 +46,18 @@ routes go): drain the node or delete them first. Running it again reports that
 nothing is left and succeeds. --dry-run lists what it would remove.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("-o %q: use json, or omit it for text", output)
+			if err := of.parse(); err != nil {
+				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			items, err := uninstall.Run(o, log)
 			out := cmd.OutOrStdout()
-			if output == "json" {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
+			if of.structured() {
 				if items == nil {
 					items = []uninstall.Item{}
 				}
-				if jerr := enc.Encode(map[string]any{"dryRun": o.DryRun, "items": items}); jerr != nil {
-					return jerr
+				if werr := of.write(cmd, map[string]any{"dryRun": o.DryRun, "items": items}); werr != nil {
+					return werr
 				}
 				return err
 			}
@@ -89,7 +86,7 @@ nothing is left and succeeds. --dry-run lists what it would remove.`,
 	f.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "CNI configuration directory: "+agent.CNIConfFile+" in it goes; empty = leave it")
 	f.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "CNI binary directory: "+uninstall.CNIBinary+" in it goes; empty = leave it")
 	f.BoolVar(&o.DryRun, "dry-run", false, "list what would be removed and change nothing")
-	f.StringVarP(&output, "output", "o", "", "json: the list as JSON")
+	of.register(cmd)
 	return cmd
 }
 
