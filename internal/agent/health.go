@@ -37,7 +37,7 @@ import (
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm})
+		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm}, dropCollector{a: a})
 	mux := http.NewServeMux()
 	probe := func(check func() error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
