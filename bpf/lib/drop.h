@@ -162,15 +162,18 @@ AXON_INLINE void drop_event_submit(struct axon_drop_event *ev)
 }
 
 #ifdef AXON_CTX_H
-/* drop_event_pkt writes a packet program's event (meta: prog | dir << 8 |
- * reason << 16) with the packet's first bytes. A global function: the
- * verifier checks it once, not at every drop site of the program, and it
- * is only called while someone listens. */
-__noinline int drop_event_pkt(axon_ctx_t *ctx, __u32 meta)
+/* drop_record counts a packet program's drop (meta: prog | dir << 8 |
+ * reason << 16) and, while someone listens, writes its event with the
+ * packet's first bytes. A global function: the verifier checks it once per
+ * program, not at every drop site in every state that reaches one. */
+__noinline int drop_record(axon_ctx_t *ctx, __u32 meta)
 {
 	struct axon_drop_event *ev;
 	__u32 len = ctx_len(ctx), n;
 
+	drop_count((meta >> 8) & 0xff, (meta >> 16) & 0xff, len);
+	if (!drop_listening())
+		return 0;
 	ev = drop_event_reserve(meta & 0xff, (meta >> 8) & 0xff, (meta >> 16) & 0xff, ctx_ifindex(ctx), len);
 	if (!ev)
 		return 0;
@@ -189,14 +192,12 @@ __noinline int drop_event_pkt(axon_ctx_t *ctx, __u32 meta)
 	return 0;
 }
 
-/* drop_packet counts a packet program's drop and, while someone listens,
- * sends its event. The caller returns its drop verdict. */
+/* drop_packet records a packet program's drop (drop_record). The caller
+ * returns its drop verdict. */
 AXON_INLINE void drop_packet(axon_ctx_t *ctx, enum axon_prog prog, enum axon_drop_dir dir,
 			     enum axon_drop_reason reason)
 {
-	drop_count(dir, reason, ctx_len(ctx));
-	if (drop_listening())
-		drop_event_pkt(ctx, (__u32)prog | (__u32)dir << 8 | (__u32)reason << 16);
+	drop_record(ctx, (__u32)prog | (__u32)dir << 8 | (__u32)reason << 16);
 }
 #endif
 
