@@ -40,6 +40,9 @@ func newDropMonitor(pinDir string, log *slog.Logger) *dropMonitor {
 
 // open returns the maps and hub, opening them the first time they exist.
 func (m *dropMonitor) open() (*drops.Maps, *drops.Hub, error) {
+	if m == nil { // an Agent built without one (tests)
+		return nil, nil, drops.ErrNotLoaded
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.maps != nil {
@@ -59,6 +62,9 @@ func (m *dropMonitor) open() (*drops.Maps, *drops.Hub, error) {
 }
 
 func (m *dropMonitor) close() {
+	if m == nil {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.hub != nil {
@@ -70,6 +76,9 @@ func (m *dropMonitor) close() {
 
 // stream reserves one of the api.MaxMonitorStreams slots.
 func (m *dropMonitor) stream() (release func(), ok bool) {
+	if m == nil {
+		return func() {}, true // open fails next: no maps
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.streams >= api.MaxMonitorStreams {
