@@ -168,15 +168,39 @@ AXON_INLINE void drop_event_submit(struct axon_drop_event *ev)
  * program, not at every drop site in every state that reaches one. */
 __noinline int drop_record(axon_ctx_t *ctx, __u32 meta)
 {
+	/* one key for every lookup: the frame stays within 32 bytes, which
+	 * the LB's deepest call chain (main, np_ingress_l4, this) needs to fit
+	 * the 512-byte stack */
+	__u32 dir = (meta >> 8) & 0xff, reason = (meta >> 16) & 0xff;
+	__u32 key = dir * AXON_DROP_REASON_MAX + reason;
+	__u32 len = ctx_len(ctx), n, *on;
+	struct axon_drop_count *c;
 	struct axon_drop_event *ev;
-	__u32 len = ctx_len(ctx), n;
+	__u64 *v;
 
-	drop_count((meta >> 8) & 0xff, (meta >> 16) & 0xff, len);
-	if (!drop_listening())
+	c = bpf_map_lookup_elem(&axon_drops, &key);
+	if (c) {
+		c->packets += 1; /* per-CPU slot: no atomics needed */
+		c->bytes += len;
+	}
+	key = 0;
+	on = bpf_map_lookup_elem(&axon_drop_listen, &key);
+	if (!on || !*on)
 		return 0;
-	ev = drop_event_reserve(meta & 0xff, (meta >> 8) & 0xff, (meta >> 16) & 0xff, ctx_ifindex(ctx), len);
+	ev = bpf_ringbuf_reserve(&axon_drop_events, sizeof(*ev), 0);
+	key = ev ? AXON_DROP_RING_EMITTED : AXON_DROP_RING_LOST;
+	v = bpf_map_lookup_elem(&axon_drop_ring_stats, &key);
+	if (v)
+		*v += 1;
 	if (!ev)
 		return 0;
+	__builtin_memset(ev, 0, sizeof(*ev) - AXON_DROP_SAMPLE);
+	ev->ts_ns = bpf_ktime_get_ns();
+	ev->ifindex = ctx_ifindex(ctx);
+	ev->len = len;
+	ev->prog = meta & 0xff;
+	ev->reason = reason;
+	ev->dir = dir;
 	if (len) {
 		/* [1, AXON_DROP_SAMPLE] in a form every verifier tracks */
 		n = len >= AXON_DROP_SAMPLE ? AXON_DROP_SAMPLE : ((len - 1) & (AXON_DROP_SAMPLE - 1)) + 1;
@@ -188,7 +212,7 @@ __noinline int drop_record(axon_ctx_t *ctx, __u32 meta)
 			ev->cap_len = n;
 #endif
 	}
-	drop_event_submit(ev);
+	bpf_ringbuf_submit(ev, 0);
 	return 0;
 }
 
