@@ -485,7 +485,9 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 		}
 		code, body, err = n.httpGet("http://127.0.0.1:19876/metrics")
 		for _, want := range []string{"axon_agent_ready 1", "axon_agent_routes 3", `axon_datapath_packets_total{direction="pod_egress"`, "go_goroutines",
-			"axon_services_last_write_timestamp_seconds ", "axon_services_writes_total ", "axon_services_full_sync_seconds "} {
+			"axon_services_last_write_timestamp_seconds ", "axon_services_writes_total ", "axon_services_full_sync_seconds ",
+			`axon_drop_count_total{direction="ingress",reason="drop_spoof_src"}`, `axon_drop_events_total{result="emitted"} 0`,
+			`axon_socklb_map_max_entries{map="axon_lb_svc"}`} {
 			if err != nil || code != 200 || !strings.Contains(body, want) {
 				t.Errorf("GET /metrics: %d %v: no %q in\n%.2000s", code, err, want, body)
 			}
