@@ -38,7 +38,7 @@ AXON_INLINE int lb_deliver_pod(struct __sk_buff *skb)
 	ep = local_lookup(&pkt);
 	if (!ep || (pkt.ip4 ? pkt.ip4->ttl : pkt.ip6->hop_limit) <= 1)
 		return TC_ACT_UNSPEC;
-	return uplink_to_pod(skb, &pkt, ep);
+	return uplink_to_pod(skb, &pkt, ep, AXON_PROG_LB_TC);
 }
 
 SEC("tc")

@@ -60,8 +60,10 @@ int axon_pod_egress(struct __sk_buff *skb)
 	ep = local_lookup(&pkt);
 	if (ep) {
 		/* the Bandwidth Manager: the destination pod's ingress limit */
-		if (bw_ingress_police(skb, &pkt))
+		if (bw_ingress_police(skb, &pkt)) {
+			drop_packet(skb, AXON_PROG_POD_EGRESS, AXON_DROP_DIR_INGRESS, AXON_DROP_REASON_BW_INGRESS);
 			return TC_ACT_SHOT;
+		}
 		if (cfg_netkit)
 			return deliver_local_xmit(&pkt, ep, dir);
 		return deliver_local(&pkt, ep, dir);

@@ -22,6 +22,7 @@
  */
 #include "lib/common.h"
 #include "lib/lb.h"
+#include "lib/drop.h"
 
 
 #define SYS_PROCEED 1
@@ -82,6 +83,42 @@ AXON_INLINE void ctx_set_addr(struct bpf_sock_addr *ctx, const __u8 *addr, __be1
 	ctx->user_port = (__u32)port;
 }
 
+/* sock_drop_event writes the event of a refused connect/sendmsg: the
+ * Service's address (a_hi, a_lo: the 16 bytes of lb_svc_key.addr), port
+ * and protocol (meta: port | proto << 16 | family << 24). A global
+ * function with scalar arguments: verified once, called only while someone
+ * listens. */
+__noinline int sock_drop_event(__u64 a_hi, __u64 a_lo, __u32 meta)
+{
+	struct axon_drop_event *ev;
+
+	ev = drop_event_reserve(AXON_PROG_SOCK_LB, AXON_DROP_DIR_EGRESS, AXON_DROP_REASON_NO_BACKEND, 0, 0);
+	if (!ev)
+		return 0;
+	ev->dport = (__be16)(meta & 0xffff);
+	ev->proto = (meta >> 16) & 0xff;
+	ev->family = meta >> 24;
+	__builtin_memcpy(ev->daddr, &a_hi, 8);
+	__builtin_memcpy(ev->daddr + 8, &a_lo, 8);
+	drop_event_submit(ev);
+	return 0;
+}
+
+/* sock_refused counts a connect/sendmsg to a frontend without a usable
+ * backend as a drop (drop_no_backend, egress) and, while `axon monitor`
+ * listens, sends its event. */
+AXON_INLINE void sock_refused(const struct lb_svc_key *key, int v6)
+{
+	__u64 a[2];
+
+	drop_count(AXON_DROP_DIR_EGRESS, AXON_DROP_REASON_NO_BACKEND, 0);
+	if (!drop_listening())
+		return;
+	__builtin_memcpy(a, key->addr, sizeof(a));
+	sock_drop_event(a[0], a[1], (__u32)key->port | (__u32)key->proto << 16 |
+				    (__u32)(v6 ? AXON_AF_INET6 : AXON_AF_INET) << 24);
+}
+
 /* sock_fwd translates ctx's destination when it is a frontend. connect is
  * 1 in the connect hooks: the reverse entry goes to axon_lb_sock under the
  * socket's cookie (overwritten when the socket is re-pointed); sendmsg
@@ -114,6 +151,7 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 		return SYS_PROCEED;
 	fe_id = lb_select(&key, svc, nsc, &b);
 	if (!fe_id) {
+		sock_refused(&key, v6);
 		bpf_set_retval(-AXON_ECONNREFUSED);
 		return SYS_REJECT;
 	}

@@ -51,6 +51,7 @@ int axon_uplink_egress(struct __sk_buff *skb)
 	case EDT_DROP:
 		__sync_fetch_and_add(&st->drops, 1);
 		bw_count(AXON_BW_EGRESS_DROP_HORIZON);
+		drop_packet(skb, AXON_PROG_UPLINK_EGRESS, AXON_DROP_DIR_EGRESS, AXON_DROP_REASON_BW_HORIZON);
 		return TC_ACT_SHOT;
 	default:
 		break;

@@ -28,7 +28,7 @@ int axon_uplink_ingress(struct __sk_buff *skb)
 	}
 	if (ttl_expired(&pkt, dir))
 		return TC_ACT_OK;
-	return uplink_to_pod(skb, &pkt, ep);
+	return uplink_to_pod(skb, &pkt, ep, AXON_PROG_UPLINK_INGRESS);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -90,6 +90,56 @@ enum axon_reason {
 	AXON_REASON_MAX = 15,
 };
 
+/* Why a packet was dropped (or a socket refused), one vocabulary for every
+ * program: the index of axon_drops and the reason of an axon_drop_event
+ * (lib/drop.h). Each program family also keeps its own verdict counters
+ * (enum axon_reason, enum np_reason, the Bandwidth Manager's); a drop is
+ * counted there and here. Names: "drop_" + the member's without
+ * AXON_DROP_REASON_, lower case (internal/datapath/drops ReasonNames: the
+ * reason label of axon_drop_count_total and of `axon monitor`). */
+enum axon_drop_reason {
+	AXON_DROP_REASON_SPOOF_SRC = 0,     /* pod_egress: IPv4/IPv6 source the pod does not own (lib/srcguard.h) */
+	AXON_DROP_REASON_SPOOF_ARP = 1,     /* pod_egress: ARP whose sender address the pod does not own */
+	AXON_DROP_REASON_SPOOF_ND = 2,      /* pod_egress: Neighbor Advertisement for an address not the pod's; RA, Redirect */
+	AXON_DROP_REASON_L2 = 3,            /* pod_egress: ethertype other than IPv4/IPv6/ARP, or a VLAN tag */
+	AXON_DROP_REASON_MALFORMED = 4,     /* pod_egress: headers the source guard cannot check */
+	AXON_DROP_REASON_NO_BACKEND = 5,    /* LB (tc/XDP) or socket LB: a Service frontend without a usable backend */
+	AXON_DROP_REASON_SRC_RANGE = 6,     /* LB: client outside loadBalancerSourceRanges */
+	AXON_DROP_REASON_NOT_LOCAL = 7,     /* LB: externalTrafficPolicy Local and no backend on this node */
+	AXON_DROP_REASON_NO_ROUTE = 8,      /* LB: the FIB has no way to the backend or the client */
+	AXON_DROP_REASON_SNAT_NO_PORT = 9,  /* LB: no free SNAT source port for a new flow */
+	AXON_DROP_REASON_NO_SNAT_ADDR = 10, /* LB: remote backend, but no node address configured for SNAT */
+	AXON_DROP_REASON_NAT_FULL = 11,     /* LB: axon_np_nat full, no reverse entry for a new flow's replies */
+	AXON_DROP_REASON_REWRITE_FAIL = 12, /* LB: a packet write or encapsulation failed */
+	AXON_DROP_REASON_DSR_TOO_BIG = 13,  /* LB: too big once DSR-encapsulated (an ICMP answer is sent) */
+	AXON_DROP_REASON_BW_HORIZON = 14,   /* uplink_egress: the Bandwidth Manager's egress limit, beyond the EDT horizon */
+	AXON_DROP_REASON_BW_INGRESS = 15,   /* to a local pod over its ingress limit (Bandwidth Manager policer) */
+	AXON_DROP_REASON_MAX = 16,
+};
+
+/* Direction of the hook that dropped: tc ingress and XDP (a packet coming
+ * into the node from the uplink or from a pod's device) or tc egress of the
+ * uplink and the socket LB (a local socket's connect/sendmsg). Names: the
+ * members' without AXON_DROP_DIR_, lower case (the direction label). */
+enum axon_drop_dir {
+	AXON_DROP_DIR_INGRESS = 0,
+	AXON_DROP_DIR_EGRESS = 1,
+	AXON_DROP_DIR_MAX = 2,
+};
+
+/* The program that dropped, in an axon_drop_event. Names: the members'
+ * without AXON_PROG_, lower case. */
+enum axon_prog {
+	AXON_PROG_POD_EGRESS = 0,     /* pod_egress.c */
+	AXON_PROG_UPLINK_INGRESS = 1, /* uplink_ingress.c */
+	AXON_PROG_LB_TC = 2,          /* lb_tc.c, tc ingress of the uplink */
+	AXON_PROG_LB_XDP = 3,         /* lb_xdp.c */
+	AXON_PROG_LB_EGRESS = 4,      /* lb_tc.c, tc egress of the uplink */
+	AXON_PROG_UPLINK_EGRESS = 5,  /* uplink_egress.c (Bandwidth Manager) */
+	AXON_PROG_SOCK_LB = 6,        /* sock_lb.c: a connect/sendmsg refused */
+	AXON_PROG_MAX = 7,
+};
+
 /* Frontend scopes of both Service load balancers (lb_svc_key.scope in
  * lib/lb.h, np_svc_key.scope in lib/nodeport.h); the values of lb.Scope in
  * internal/lb. */

@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "eth_ip.h"
+#include "drop.h"
 
 #define AXON_NSEC_PER_SEC 1000000000ULL
 

@@ -60,10 +60,12 @@ AXON_INLINE int deliver_local(struct packet *pkt, const struct endpoint_info *ep
  * hook, so it is policed here), then deliver_local. Counted in the uplink
  * ingress row. The caller has checked the TTL. */
 AXON_INLINE int uplink_to_pod(struct __sk_buff *skb, struct packet *pkt,
-			      const struct endpoint_info *ep)
+			      const struct endpoint_info *ep, enum axon_prog prog)
 {
-	if (bw_ingress_police(skb, pkt))
+	if (bw_ingress_police(skb, pkt)) {
+		drop_packet(skb, prog, AXON_DROP_DIR_INGRESS, AXON_DROP_REASON_BW_INGRESS);
 		return TC_ACT_SHOT;
+	}
 	return deliver_local(pkt, ep, AXON_DIR_UPLINK_INGRESS);
 }
 

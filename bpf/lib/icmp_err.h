@@ -185,8 +185,7 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 	__builtin_memcpy(&ct, ctp, sizeof(ct));
 	if (ct.flags & NP_CT_DSR) {
 		if (np_snat_addr(&rk, p->v6, osrc)) {
-			np_count(hook, NP_DROP_NO_SNAT_ADDR);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 		}
 		if (!cfg_dry_run) {
 			rc = np_fib(ctx, p->v6, osrc, ct.be_addr, fp);
@@ -194,8 +193,7 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 				goto no_route;
 		}
 		if (p->v6 ? dsr_encap6(ctx, osrc, ct.be_addr) : dsr_encap4(ctx, np_v4(osrc), np_v4(ct.be_addr))) {
-			np_count(hook, NP_REWRITE_FAIL);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		np_count(hook, NP_ICMP_ERROR);
 		return cfg_dry_run ? CTX_PASS : np_send(ctx, rc, fp);
@@ -209,15 +207,13 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 		nw.dport = it.dport;
 		__builtin_memcpy(osrc, p->t.saddr, 16);
 		if (np_icmp_rewrite(ctx, p, inner_off, inner_l4, &it, &nw, osrc, odst)) {
-			np_count(hook, NP_REWRITE_FAIL);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		np_count(hook, NP_ICMP_ERROR);
 		return CTX_NEXT;
 	}
 	if (np_snat_addr(&rk, p->v6, nw.daddr)) {
-		np_count(hook, NP_DROP_NO_SNAT_ADDR);
-		return CTX_DROP;
+		return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 	}
 	nw.dport = ct.nat_port;
 	__builtin_memcpy(osrc, nw.daddr, 16);
@@ -228,14 +224,13 @@ route:
 			goto no_route;
 	}
 	if (np_icmp_rewrite(ctx, p, inner_off, inner_l4, &it, &nw, osrc, odst) || np_dec_ttl(ctx, p)) {
-		np_count(hook, NP_REWRITE_FAIL);
-		return CTX_DROP;
+		return np_drop(ctx, hook, NP_REWRITE_FAIL);
 	}
 	np_count(hook, NP_ICMP_ERROR);
 	return cfg_dry_run ? CTX_PASS : np_send(ctx, rc, fp);
 
 no_route:
-	return np_unroutable(rc, hook);
+	return np_unroutable(ctx, rc, hook);
 malformed:
 	np_count(hook, NP_MALFORMED);
 	return CTX_NEXT;

@@ -119,7 +119,7 @@ static __noinline int np_reply_too_big(axon_ctx_t *ctx, const struct np_pkt *p, 
 	__u8 mac[ETH_ALEN];
 	__s64 sum;
 
-	np_count(hook, NP_DSR_TOO_BIG);
+	np_drop(ctx, hook, NP_DSR_TOO_BIG); /* the request is dropped; its frame becomes the answer */
 	if (!sc || ctx_load(ctx, 0, &eth, sizeof(eth)))
 		goto drop;
 	__builtin_memcpy(mac, eth.h_dest, ETH_ALEN);
@@ -185,7 +185,7 @@ static __noinline int np_reply_too_big(axon_ctx_t *ctx, const struct np_pkt *p, 
 	return bpf_redirect(ctx->ifindex, 0);
 #endif
 drop:
-	np_count(hook, NP_REWRITE_FAIL);
+	np_count(hook, NP_REWRITE_FAIL); /* a drop counted as dsr_too_big above */
 	return CTX_DROP;
 }
 

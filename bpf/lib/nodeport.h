@@ -42,6 +42,7 @@
 #include "common.h"
 #include "ctx.h"
 #include "eth_ip.h"
+#include "drop.h"
 #include "backend.h"
 #include "ct.h"
 #include "nat.h"
@@ -400,6 +401,45 @@ AXON_INLINE void np_count(enum np_hook hook, enum np_reason r)
 		*v += 1;
 }
 
+/* np_drop_reason: the drop vocabulary's name (lib/drop.h) of a verdict
+ * that drops. */
+AXON_INLINE enum axon_drop_reason np_drop_reason(enum np_reason r)
+{
+	switch (r) {
+	case NP_DROP_NO_BACKEND:
+		return AXON_DROP_REASON_NO_BACKEND;
+	case NP_DROP_SRC_RANGE:
+		return AXON_DROP_REASON_SRC_RANGE;
+	case NP_DROP_NOT_LOCAL:
+		return AXON_DROP_REASON_NOT_LOCAL;
+	case NP_DROP_NO_ROUTE:
+		return AXON_DROP_REASON_NO_ROUTE;
+	case NP_SNAT_NO_PORT:
+		return AXON_DROP_REASON_SNAT_NO_PORT;
+	case NP_DROP_NO_SNAT_ADDR:
+		return AXON_DROP_REASON_NO_SNAT_ADDR;
+	case NP_NAT_FULL:
+		return AXON_DROP_REASON_NAT_FULL;
+	case NP_DSR_TOO_BIG:
+		return AXON_DROP_REASON_DSR_TOO_BIG;
+	default:
+		return AXON_DROP_REASON_REWRITE_FAIL;
+	}
+}
+
+/* np_drop counts a drop by its verdict r, in the LB's counters and the
+ * drop vocabulary's (with an event while `axon monitor` listens), and
+ * returns the drop verdict. The dry run (nodeport_explain) counts nothing. */
+AXON_INLINE int np_drop(axon_ctx_t *ctx, enum np_hook hook, enum np_reason r)
+{
+	np_count(hook, r);
+	if (!cfg_dry_run)
+		drop_packet(ctx,
+			    hook == NP_HOOK_XDP ? AXON_PROG_LB_XDP : hook == NP_HOOK_EGRESS ? AXON_PROG_LB_EGRESS : AXON_PROG_LB_TC,
+			    hook == NP_HOOK_EGRESS ? AXON_DROP_DIR_EGRESS : AXON_DROP_DIR_INGRESS, np_drop_reason(r));
+	return CTX_DROP;
+}
+
 AXON_INLINE void np_addr4(__u8 *a, __be32 ip)
 {
 	__u32 *w = (__u32 *)a;
@@ -656,14 +696,13 @@ AXON_INLINE int np_send(axon_ctx_t *ctx, long rc, struct bpf_fib_lookup *fp)
  * this hook cannot use (np_fib_usable): at XDP without a neighbour it goes
  * up unchanged for tc to finish (NP_XDP_PUNT), else it is dropped
  * (NP_DROP_NO_ROUTE). */
-AXON_INLINE int np_unroutable(long rc, enum np_hook hook)
+AXON_INLINE int np_unroutable(axon_ctx_t *ctx, long rc, enum np_hook hook)
 {
 	if (CTX_IS_XDP && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		np_count(hook, NP_XDP_PUNT);
 		return CTX_PASS;
 	}
-	np_count(hook, NP_DROP_NO_ROUTE);
-	return CTX_DROP;
+	return np_drop(ctx, hook, NP_DROP_NO_ROUTE);
 }
 
 /* np_route looks up the way from src to dst of a packet this hook forwards
@@ -678,7 +717,7 @@ AXON_INLINE int np_route(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *d
 	*rc = np_fib(ctx, v6, src, dst, fp);
 	if (np_fib_usable(*rc))
 		return 0;
-	*verdict = np_unroutable(*rc, hook);
+	*verdict = np_unroutable(ctx, *rc, hook);
 	return 1;
 }
 
@@ -906,8 +945,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	if (ct->flags & NP_CT_LOCAL) {
 		np_explain_set(NP_DNAT_LOCAL, ct, hit);
 		if (np_rewrite(ctx, p, &n)) {
-			np_count(hook, NP_REWRITE_FAIL);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		np_count(hook, NP_DNAT_LOCAL);
 		return CTX_NEXT;
@@ -924,30 +962,26 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 		}
 		np_explain_set(NP_DSR_ENCAP, ct, hit);
 		if (np_snat_addr(&p->t, p->v6, src)) {
-			np_count(hook, NP_DROP_NO_SNAT_ADDR);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 		}
 		if (np_route(ctx, p->v6, src, ct->be_addr, fp, hook, &rc, &verdict))
 			return verdict;
 		if (p->v6 ? dsr_encap6(ctx, src, ct->be_addr) : dsr_encap4(ctx, np_v4(src), np_v4(ct->be_addr))) {
-			np_count(hook, NP_REWRITE_FAIL);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		return np_transmit(ctx, rc, fp, hook, NP_DSR_ENCAP);
 	}
 	/* SNAT */
 	np_explain_set(NP_SNAT_FWD, ct, hit);
 	if (np_snat_addr(&p->t, p->v6, src)) {
-		np_count(hook, NP_DROP_NO_SNAT_ADDR);
-		return CTX_DROP;
+		return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 	}
 	__builtin_memcpy(n.saddr, src, 16);
 	n.sport = ct->nat_port;
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
-		np_count(hook, NP_REWRITE_FAIL);
-		return CTX_DROP;
+		return np_drop(ctx, hook, NP_REWRITE_FAIL);
 	}
 	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
 }
@@ -1028,8 +1062,7 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
 	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
-		np_count(hook, NP_REWRITE_FAIL);
-		return CTX_DROP;
+		return np_drop(ctx, hook, NP_REWRITE_FAIL);
 	}
 	return np_transmit(ctx, rc, fp, hook, NP_REV_NAT);
 }
@@ -1441,8 +1474,7 @@ static __noinline int np_ingress_l4(axon_ctx_t *ctx, struct np_pkt *pp, enum np_
 opened:
 		if (rc) {
 			np_explain_set(rc, NULL, 0);
-			np_count(hook, rc);
-			return CTX_DROP;
+			return np_drop(ctx, hook, rc);
 		}
 		hit = 0;
 		goto forward;
@@ -1556,8 +1588,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 		}
 		rc = np_dsr_accept(ctx, &p);
 		if (rc < 0) {
-			np_count(hook, NP_REWRITE_FAIL);
-			return CTX_DROP;
+			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		if (rc > 0) {
 			np_count(hook, NP_NOT_SERVICE);
@@ -1648,8 +1679,7 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 	__builtin_memcpy(n.saddr, nat->saddr, 16);
 	n.sport = nat->sport;
 	if (np_rewrite(ctx, &p, &n)) {
-		np_count(NP_HOOK_EGRESS, NP_REWRITE_FAIL);
-		return CTX_DROP;
+		return np_drop(ctx, NP_HOOK_EGRESS, NP_REWRITE_FAIL);
 	}
 	if ((nat->flags & NP_NAT_DSR) && (p.tcp_flags & NP_TCP_SYN))
 		np_dsr_clamp_mss(ctx, &p);

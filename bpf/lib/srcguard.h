@@ -53,6 +53,7 @@
 #include "eth_ip.h"
 #include "endpoint.h"
 #include "metrics.h"
+#include "drop.h"
 
 /* ICMPv6 types the guard reads (RFC 4861). */
 #define SRCGUARD_ND_RA 134       /* Router Advertisement */
@@ -180,6 +181,24 @@ AXON_INLINE int srcguard_ip(struct __sk_buff *skb, const struct packet *pkt)
 	return srcguard_nd(skb, pkt);
 }
 
+/* srcguard_drop_reason: the drop vocabulary's name (lib/drop.h) of a
+ * source guard verdict. */
+AXON_INLINE enum axon_drop_reason srcguard_drop_reason(int reason)
+{
+	switch (reason) {
+	case AXON_DROP_SPOOF_SRC:
+		return AXON_DROP_REASON_SPOOF_SRC;
+	case AXON_DROP_SPOOF_ARP:
+		return AXON_DROP_REASON_SPOOF_ARP;
+	case AXON_DROP_SPOOF_ND:
+		return AXON_DROP_REASON_SPOOF_ND;
+	case AXON_DROP_L2:
+		return AXON_DROP_REASON_L2;
+	default:
+		return AXON_DROP_REASON_MALFORMED;
+	}
+}
+
 /* srcguard_parse parses what a pod sent (parse_packet) and applies the
  * rules above. Returns 1 for an IPv4/IPv6 packet the pod may send, for the
  * caller to forward; 0 when *verdict is decided: TC_ACT_OK for ARP the pod
@@ -193,6 +212,7 @@ AXON_INLINE int srcguard_parse(struct __sk_buff *skb, struct packet *pkt, enum a
 	*verdict = TC_ACT_SHOT;
 	if (skb->vlan_present) {
 		metrics_count(dir, AXON_DROP_L2);
+		drop_packet(skb, AXON_PROG_POD_EGRESS, AXON_DROP_DIR_INGRESS, AXON_DROP_REASON_L2);
 		return 0;
 	}
 	switch (parse_packet(skb, pkt)) {
@@ -218,6 +238,7 @@ AXON_INLINE int srcguard_parse(struct __sk_buff *skb, struct packet *pkt, enum a
 		reason = AXON_DROP_MALFORMED;
 	}
 	metrics_count(dir, (enum axon_reason)reason);
+	drop_packet(skb, AXON_PROG_POD_EGRESS, AXON_DROP_DIR_INGRESS, srcguard_drop_reason(reason));
 	return 0;
 }
 

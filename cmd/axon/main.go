@@ -45,7 +45,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd(), newServiceCmd(), newBPFCmd(), newSysdumpCmd())
+	root.AddCommand(newStatusCmd(), newEndpointCmd(), newLabCmd(), newServiceCmd(), newBPFCmd(), newSysdumpCmd(), newMonitorCmd())
 	// lb.go; bpfct.go adds bpf ct, bpf nat, bpf lb maglev
 	root.AddCommand(newLBCmd(), newUninstallCmd()) // uninstall.go
 	addNorthSouthBPFCmds(root)

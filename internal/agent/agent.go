@@ -43,6 +43,7 @@ type Agent struct {
 	nport *nodePort    // north-south LB (nodeport*.go)
 	bw    *bandwidth   // Bandwidth Manager (bandwidth.go)
 	sm    *sockBypass  // same-node TCP bypass (sockmap.go)
+	drops *dropMonitor // drop counters and events (drops.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
 	started time.Time     // when run started (liveness before the first pass)
@@ -69,7 +70,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: log, st: &nodeStatus{}, trigger: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: log, st: &nodeStatus{}, trigger: make(chan struct{}, 1), drops: newDropMonitor(cfg.BPFRoot, log)}
 	if !cfg.bypassOnly() { // bypass-only: the node's CNI owns forwarding
 		warns, err := ensureForwarding()
 		if err != nil {
@@ -117,6 +118,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 }
 
 func (a *Agent) close() {
+	a.drops.close()
 	a.pods.close()
 	a.sock.close()
 	a.sm.close()

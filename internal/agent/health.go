@@ -40,7 +40,7 @@ import (
 func (a *Agent) healthServer() (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm})
+		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm}, dropCollector{a: a})
 	// client-go's REST client and workqueue metrics (rest_client_*, workqueue_*).
 	if err := kubemetrics.Register(reg); err != nil {
 		return nil, fmt.Errorf("register client-go metrics: %w", err)

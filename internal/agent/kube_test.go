@@ -516,7 +516,10 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 			"axon_services_last_write_timestamp_seconds ", "axon_services_writes_total ", "axon_services_full_sync_seconds ",
 			// client-go's hooks (internal/kubemetrics): the agent's GETs and watches, its Service workqueue.
 			`rest_client_requests_total{code="200",host="127.0.0.1:`, `rest_client_request_duration_seconds_bucket{host="127.0.0.1:`,
-			`rest_client_rate_limiter_duration_seconds_count{host="127.0.0.1:`, `workqueue_depth{name="services"}`, `workqueue_adds_total{name="services"}`} {
+			`rest_client_rate_limiter_duration_seconds_count{host="127.0.0.1:`, `workqueue_depth{name="services"}`, `workqueue_adds_total{name="services"}`,
+
+			`axon_drop_count_total{direction="ingress",reason="drop_spoof_src"}`, `axon_drop_events_total{result="emitted"} 0`,
+			`axon_socklb_map_max_entries{map="axon_lb_svc"}`} {
 			if err != nil || code != 200 || !strings.Contains(body, want) {
 				t.Errorf("GET /metrics: %d %v: no %q in\n%.2000s", code, err, want, body)
 			}

@@ -70,6 +70,7 @@ func NewMux(h Handler, log *slog.Logger) http.Handler {
 	s.mountNorthSouth(mux)
 	mux.HandleFunc("GET /v1/bpf/bandwidth", optionalRoute(s, "has no Bandwidth Manager", BandwidthHandler.BandwidthMaps))
 	mux.HandleFunc("GET /v1/bpf/sockmap", optionalRoute(s, "has no same-node TCP bypass", SockmapHandler.SockmapConns))
+	mux.HandleFunc("GET /v1/monitor", s.monitor) // monitor.go
 	return mux
 }
 

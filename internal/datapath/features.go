@@ -297,7 +297,7 @@ func objectLoads(o objectProbe) func(*netlink.Handle) (string, error) {
 		}
 		for _, m := range spec.Maps {
 			m.Pinning = ebpf.PinNone
-			if o.tinyMaps && m.MaxEntries > 0 { // socket storage has none
+			if o.tinyMaps && m.MaxEntries > 0 && m.Type != ebpf.RingBuf { // socket storage has none; a ring buffer needs a page multiple
 				m.MaxEntries = 1
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/drops"
 	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -422,6 +423,9 @@ func (n *LB) sharedMaps() map[string]*ebpf.Map {
 		MapNAT: m.AxonNpNat, MapMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
 		MapFrag: m.AxonNpFrag, MapDSR: m.AxonNpDsr, MapCluster: m.AxonNpCluster,
 		MapPods: m.AxonNpPods,
+		// the drop maps (bpf/lib/drop.h): the dry run writes none of them
+		drops.MapCounts: m.AxonDrops, drops.MapListen: m.AxonDropListen,
+		drops.MapRingStats: m.AxonDropRingStats, drops.MapEvents: m.AxonDropEvents,
 	}
 }
 

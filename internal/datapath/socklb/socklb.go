@@ -501,3 +501,21 @@ func attachedSockPrograms(cgroupPath string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// MapUsage is how full one of the socket LB's maps is.
+type MapUsage struct {
+	Map     string // pinned name (MapLBService, MapLBBackend)
+	Entries int    // entries in use, as the LB wrote them
+	Max     uint32 // the map's size
+}
+
+// MapPressure returns the fill of the service and backend maps (from the
+// LB's own bookkeeping: no map walk).
+func (s *LB) MapPressure() []MapUsage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return []MapUsage{
+		{Map: MapLBService, Entries: s.svcEntries, Max: s.objs.AxonLbSvc.MaxEntries()},
+		{Map: MapLBBackend, Entries: s.beIDs.Len(), Max: s.objs.AxonLbBe.MaxEntries()},
+	}
+}
