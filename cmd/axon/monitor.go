@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/output"
 )
 
 func newMonitorCmd() *cobra.Command {
@@ -32,7 +33,8 @@ func newMonitorCmd() *cobra.Command {
 			"Filters: --pod namespace/name (its addresses or its device), --reason (repeat or\n" +
 			"comma-separate; the reasons are listed in docs/operate.md), --protocol.\n" +
 			"Events the stream missed (the agent's queue or the kernel's ring buffer was\n" +
-			"full) are counted and shown. -o json prints one JSON object a line.",
+			"full) are counted and shown. -o json prints one JSON object a line, -o yaml one\n" +
+			"document per event, -o jsonpath='{...}' the template per event.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := f.client()
@@ -50,7 +52,10 @@ func newMonitorCmd() *cobra.Command {
 			defer stop()
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			p := &monitorPrinter{w: cmd.OutOrStdout(), errw: cmd.ErrOrStderr(), json: f.output == "json", count: count, done: cancel}
+			p := &monitorPrinter{w: cmd.OutOrStdout(), errw: cmd.ErrOrStderr(), json: f.out.raw == "json", count: count, done: cancel}
+			if f.out.structured() && !p.json {
+				p.write = eventWriter(p.w, f.out.raw, f.out.format)
+			}
 			return c.Monitor(ctx, filter, p.print)
 		},
 	}
@@ -62,11 +67,30 @@ func newMonitorCmd() *cobra.Command {
 	return cmd
 }
 
+// eventWriter prints one event at a time in -o yaml (one document each) or
+// -o jsonpath (the template each, one a line) through the shared helper.
+func eventWriter(w io.Writer, raw string, format output.Format) func(v any) error {
+	yaml := raw == "yaml"
+	return func(v any) error {
+		if yaml {
+			fmt.Fprintln(w, "---")
+		}
+		if err := format.Write(w, v); err != nil {
+			return err
+		}
+		if !yaml {
+			fmt.Fprintln(w)
+		}
+		return nil
+	}
+}
+
 // monitorPrinter writes the stream's messages as text or JSON lines.
 type monitorPrinter struct {
 	w, errw io.Writer
-	json    bool
-	count   int // events left to print, 0: no limit
+	json    bool              // JSON lines
+	write   func(v any) error // -o yaml or jsonpath: each event through the shared output helper
+	count   int               // events left to print, 0: no limit
 	seen    int
 	done    func()
 	lost    api.MonitorLost
@@ -81,6 +105,10 @@ func (p *monitorPrinter) print(m api.MonitorMessage) error {
 				return err
 			}
 			fmt.Fprintf(p.w, "%s\n", b)
+		} else if p.write != nil {
+			if err := p.write(m.Event); err != nil {
+				return err
+			}
 		} else {
 			fmt.Fprintln(p.w, formatDropEvent(*m.Event))
 		}

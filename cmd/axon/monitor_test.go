@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/output"
 )
 
 // TestMonitorPrinter: what `axon monitor` prints for the stream's
@@ -63,6 +64,30 @@ func TestMonitorPrinter(t *testing.T) {
 		}
 		if !strings.Contains(lines[1], `"lost":{"stream":2,"ring":1}`) {
 			t.Errorf("lost line %s", lines[1])
+		}
+	})
+	t.Run("yaml and jsonpath", func(t *testing.T) {
+		for _, tc := range []struct{ o, want string }{
+			{"yaml", "---\ndirection: ingress\n"},
+			{"jsonpath={.reason} {.dst}", "drop_no_backend 192.0.2.50\ndrop_no_backend 10.96.0.77\n"},
+		} {
+			f, err := output.Parse(tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out, errw bytes.Buffer
+			p := &monitorPrinter{w: &out, errw: &errw, write: eventWriter(&out, tc.o, f), done: func() {}}
+			for _, m := range msgs {
+				if err := p.print(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !strings.HasPrefix(out.String(), tc.want) || (tc.o == "yaml" && strings.Count(out.String(), "---\n") != 2) {
+				t.Errorf("-o %s printed %q, want it to start with %q (one document per event)", tc.o, out.String(), tc.want)
+			}
+			if !strings.Contains(errw.String(), "lost events: 2") {
+				t.Errorf("-o %s: lost counts %q not on stderr", tc.o, errw.String())
+			}
 		}
 	})
 	t.Run("count", func(t *testing.T) {
