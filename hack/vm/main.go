@@ -59,6 +59,7 @@ func run() error {
 		labNodes = flag.Int("lab-nodes", 1, "nodes of the lab subset (axon lab up --nodes): 2 adds cross-node pod-to-pod to its check")
 		icount   = flag.Bool("icount", false, "TCG with instruction counting (one host thread, guest clock = 1 ns per guest instruction, idle time skipped): timings in the guest count work, not host speed")
 		mttcg    = flag.Bool("mttcg", false, "multi-threaded TCG (one host thread per vCPU) instead of single-threaded: only for throughput experiments that need both vCPUs running at once; the guest kernel can die with \"Oops: int3\" when it patches code another vCPU runs")
+		parallel = flag.Bool("parallel", false, "boot the VM kernels at the same time (one host core each under single-threaded TCG), then their two-VM subsets one after the other; the host column runs first")
 		labDev   = flag.String("lab-device", "auto", "pod device of the lab subset (axon lab up --device): auto (netkit where the kernel has it), veth or netkit")
 		env      envFlag
 	)
@@ -133,19 +134,31 @@ func run() error {
 		return err
 	}
 	var runs []vmtest.KernelRun
-	for i, name := range targets {
-		log.Info("running tests", "kernel", name)
-		var kr vmtest.KernelRun
-		if name == vmtest.HostKernel {
-			kr = r.RunHost(ctx, bins)
-		} else {
-			kr = r.RunVM(ctx, specs[i], bins)
-		}
+	done := func(kr vmtest.KernelRun) {
 		p, f, s := kr.Counts()
-		log.Info("kernel done", "kernel", name, "release", kr.Release, "pass", p, "fail", f, "skip", s, "took", kr.Total.Round(time.Millisecond), "err", errLine(kr.Err))
+		log.Info("kernel done", "kernel", kr.Kernel, "release", kr.Release, "pass", p, "fail", f, "skip", s, "took", kr.Total.Round(time.Millisecond), "err", errLine(kr.Err))
 		runs = append(runs, kr)
+	}
+	var vmSpecs []vmtest.KernelSpec // -parallel: the VM kernels, run together after the host
+	for i, name := range targets {
+		if *parallel && name != vmtest.HostKernel {
+			vmSpecs = append(vmSpecs, specs[i])
+			continue
+		}
+		log.Info("running tests", "kernel", name)
+		if name == vmtest.HostKernel {
+			done(r.RunHost(ctx, bins))
+		} else {
+			done(r.RunVM(ctx, specs[i], bins))
+		}
 		if ctx.Err() != nil {
 			break
+		}
+	}
+	if len(vmSpecs) > 0 && ctx.Err() == nil {
+		log.Info("running tests", "kernels", len(vmSpecs), "parallel", true)
+		for _, kr := range r.RunVMs(ctx, vmSpecs, bins, true) {
+			done(kr)
 		}
 	}
 	vmtest.WriteMatrix(os.Stdout, runs)

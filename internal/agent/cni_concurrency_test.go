@@ -329,10 +329,12 @@ func TestCNIConcurrentAddDel(t *testing.T) {
 	after := snap()
 	after.compare(t, base, false)
 	// The bandwidth and skip maps follow the endpoints through the reconcilers.
+	delDone := time.Now()
 	eventually(t, "the node back to its baseline", testutil.Stretch(t, 30*time.Second), func() error {
 		after = snap()
 		return after.diff(base, true)
 	})
+	t.Logf("bandwidth and skip maps back to the baseline %s after the DELs returned", time.Since(delDone).Round(time.Millisecond))
 	for _, p := range pods {
 		testutil.InNetns(t, p.netns, func() error {
 			links, err := netlink.LinkList()

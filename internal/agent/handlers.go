@@ -214,6 +214,11 @@ func (a *Agent) DeleteEndpoint(_ context.Context, at api.Attachment) error {
 		return err
 	}
 	a.sm.sync() // the pod's addresses leave the bypass's admitted pods now
+	// The bandwidth and socket-LB opt-out maps are written by the reconcile
+	// pass: without one now, the pod's entries would stay until the next
+	// periodic pass (up to --reconcile-interval), ready to apply to the next
+	// pod given the same address.
+	a.kick()
 	return nil
 }
 
@@ -233,7 +238,9 @@ func (a *Agent) GC(_ context.Context, r api.GCRequest) (api.GCResponse, error) {
 	case len(r.Valid) > 0 && r.All:
 		return api.GCResponse{}, api.Errorf(http.StatusBadRequest, "gc with \"all\": true and %d valid attachments: send one or the other", len(r.Valid))
 	}
-	return a.pods.gc(r)
+	resp, err := a.pods.gc(r)
+	a.kick() // as after a DEL: the reconciled maps follow the removed endpoints now
+	return resp, err
 }
 
 // BandwidthMaps implements api.BandwidthHandler.

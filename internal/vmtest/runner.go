@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -391,10 +392,123 @@ labrc=0
 [ "$(cat /run/axon-vm/out/lab.rc.tmp)" = rc=0 ] && echo 0 >/run/axon-vm/out/lab.rc || { echo 1 >/run/axon-vm/out/lab.rc; rc=1; }
 `
 
-// RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM.
+// RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM, then the
+// two-VM subset on that kernel when it is asked for.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
+	kv := r.runVM(ctx, spec, bins, r.Console)
+	r.twoVMAfter(ctx, &kv)
+	return kv.KernelRun
+}
+
+// RunVMs runs the binaries on every kernel of specs, as RunVM does. With parallel, the
+// kernels' VMs run at the same time, each in its own run dir (single-threaded TCG keeps
+// each VM on one host core: on a 2-core host two kernels take the time of the slower one,
+// not the sum), and the two-VM subsets (two VMs each) follow one kernel after the other
+// once every single VM has finished, so no more VMs than host cores run at once.
+func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBinary, parallel bool) []KernelRun {
+	kvs := make([]kernelVM, len(specs))
+	if parallel {
+		var wg sync.WaitGroup
+		for i, spec := range specs {
+			var console io.Writer // live consoles, one prefix per kernel
+			if r.Console != nil {
+				console = prefixWriter{prefix: "[" + spec.Name + "] ", w: r.Console}
+			}
+			wg.Go(func() { kvs[i] = r.runVM(ctx, spec, bins, console) })
+		}
+		wg.Wait()
+	} else {
+		for i, spec := range specs {
+			kvs[i] = r.runVM(ctx, spec, bins, r.Console)
+			r.twoVMAfter(ctx, &kvs[i])
+		}
+	}
+	runs := make([]KernelRun, len(kvs))
+	for i := range kvs {
+		if parallel {
+			r.twoVMAfter(ctx, &kvs[i])
+		}
+		runs[i] = kvs[i].KernelRun
+	}
+	return runs
+}
+
+// kernelVM is one kernel's single-VM run and what its two-VM subset reuses.
+type kernelVM struct {
+	KernelRun
+	spec   KernelSpec
+	kernel *Kernel // nil when the run failed before booting
+	initrd string
+	dir    string // the kernel's run dir (kernelDir)
+}
+
+// twoVMAfter runs the two-VM subset on kv's kernel when the runner has it and the kernel
+// is one of TwoVMKernels, and adds its result to kv.
+func (r *Runner) twoVMAfter(ctx context.Context, kv *kernelVM) {
+	if !r.twoVMBins || kv.kernel == nil || ctx.Err() != nil ||
+		(len(r.TwoVMKernels) > 0 && !slices.Contains(r.TwoVMKernels, kv.spec.Name)) {
+		return
+	}
+	pr, err := r.runTwoVM(ctx, kv.spec, kv.kernel, kv.initrd, kv.dir)
+	kv.Total += pr.Elapsed
+	if len(pr.Tests) > 0 || err == nil {
+		kv.Packages = append(kv.Packages, pr)
+	}
+	if err != nil {
+		kv.Err = errors.Join(kv.Err, err)
+	}
+}
+
+// kernelDir makes a fresh run dir for the VMs of one kernel (the guest's /run/axon-vm:
+// run.sh, out/, the initramfs) with hard links to the test and axon binaries Build put in
+// the shared bin/, so VMs of different kernels can run at once without sharing a file.
+func (r *Runner) kernelDir(name string) (string, error) {
+	dir := filepath.Join(r.runDir, "vm-"+name)
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("clear the run dir of %s: %w", name, err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return "", fmt.Errorf("run dir of %s: %w", name, err)
+	}
+	ents, err := os.ReadDir(filepath.Join(r.runDir, "bin"))
+	if err != nil {
+		return "", fmt.Errorf("run dir of %s: %w", name, err)
+	}
+	for _, e := range ents {
+		src, dst := filepath.Join(r.runDir, "bin", e.Name()), filepath.Join(dir, "bin", e.Name())
+		if err := os.Link(src, dst); err != nil {
+			if err := copyFile(src, dst); err != nil {
+				return "", fmt.Errorf("run dir of %s: %w", name, err)
+			}
+		}
+	}
+	return dir, nil
+}
+
+// copyFile copies src to dst as an executable (kernelDir, where a hard link fails).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// runVM is RunVM without the two-VM subset, with the live console (if any) to console.
+func (r *Runner) runVM(ctx context.Context, spec KernelSpec, bins []TestBinary, console io.Writer) kernelVM {
 	bins = forKernel(bins, spec.Name)
-	kr := KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount, MultiThreadTCG: r.MultiThreadTCG}.AccelName("tcg")}
+	kv := kernelVM{spec: spec}
+	kr := &kv.KernelRun
+	*kr = KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount, MultiThreadTCG: r.MultiThreadTCG}.AccelName("tcg")}
 	if HardwareKVM() {
 		kr.Accel = "kvm"
 	}
@@ -406,38 +520,37 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	kr.Fetch = time.Since(start)
 	if err != nil {
 		kr.Err = fmt.Errorf("fetch %s: %w", spec.Name, err)
-		return kr
+		return kv
 	}
 	kr.Release = k.Release
 
-	// The binaries live in the shared run dir; outputs of an earlier kernel are cleared.
-	if err := os.RemoveAll(filepath.Join(r.runDir, "out")); err != nil {
+	dir, err := r.kernelDir(spec.Name)
+	if err != nil {
 		kr.Err = err
-		return kr
+		return kv
 	}
-	keep := filepath.Join(r.runDir, "keep-host-tmp")
-	_ = os.Remove(keep)
+	keep := filepath.Join(dir, "keep-host-tmp")
 	for _, b := range bins {
 		if strings.HasPrefix(b.Dir, "/tmp/") {
 			if err := os.WriteFile(keep, nil, 0o644); err != nil {
 				kr.Err = err
-				return kr
+				return kv
 			}
 		}
 	}
-	if err := os.WriteFile(filepath.Join(r.runDir, "run.sh"), []byte(r.RunScript(bins)), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(r.RunScript(bins)), 0o755); err != nil {
 		kr.Err = err
-		return kr
+		return kv
 	}
 	modules := r.Modules
 	if len(modules) == 0 {
 		modules = DefaultModules()
 	}
-	initrd := filepath.Join(r.runDir, "initramfs-"+spec.Name+".cpio.gz")
+	initrd := filepath.Join(dir, "initramfs.cpio.gz")
 	info, err := Initramfs{Kernel: k, Modules: modules}.Build(ctx, initrd)
 	if err != nil {
 		kr.Err = err
-		return kr
+		return kv
 	}
 	r.Log.Info("booting VM", "kernel", spec.Name, "release", k.Release, "accel", kr.Accel,
 		"modules", len(info.Loaded), "missing optional", strings.Join(info.Missing, ","), "initramfs KiB", info.Size>>10)
@@ -446,15 +559,15 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 	if r.TestTimeout > 0 {
 		timeout = time.Duration(len(bins))*r.TestTimeout + 2*time.Minute
 	}
-	vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: timeout, Boot: r.Boot, Console: r.Console, ICount: r.ICount,
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: dir, Timeout: timeout, Boot: r.Boot, Console: console, ICount: r.ICount,
 		MultiThreadTCG: r.MultiThreadTCG}
 	if r.NICs {
 		if vm.NICPorts, err = FreeUDPPorts(); err != nil {
 			kr.Err = err
-			return kr
+			return kv
 		}
 	}
-	stopPressure := mirrorHostPressure(ctx, r.runDir, time.Second) // the guest reads the host's CPU pressure
+	stopPressure := mirrorHostPressure(ctx, dir, time.Second) // the guest reads the host's CPU pressure
 	res, runErr := vm.Run(ctx)
 	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
 	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
@@ -466,7 +579,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 		_ = os.WriteFile(filepath.Join(r.OutDir, spec.Name, "console.log"), []byte(res.Console), 0o644)
 	}
 	for _, b := range bins {
-		base := filepath.Join(r.runDir, "out", strings.TrimSuffix(b.Name, ".test"))
+		base := filepath.Join(dir, "out", strings.TrimSuffix(b.Name, ".test"))
 		raw, err := os.ReadFile(base + ".txt")
 		if err != nil {
 			continue // never started: runErr says why
@@ -480,7 +593,7 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 		pr, err := r.collect(ctx, spec.Name, b, raw, code)
 		if err != nil {
 			kr.Err = err
-			return kr
+			return kv
 		}
 		checkMustRun(&pr, b, spec.Name)
 		if ms, err := os.ReadFile(base + ".ms"); err == nil {
@@ -490,9 +603,9 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 		}
 		kr.Packages = append(kr.Packages, pr)
 	}
-	copyDir(filepath.Join(r.runDir, "out", "results"), filepath.Join(r.OutDir, spec.Name))
+	copyDir(filepath.Join(dir, "out", "results"), filepath.Join(r.OutDir, spec.Name))
 	if r.labBins {
-		if pr, err := r.collectLab(ctx, spec.Name); err == nil {
+		if pr, err := r.collectLab(ctx, spec.Name, dir); err == nil {
 			kr.Packages = append(kr.Packages, pr)
 		} else if runErr == nil {
 			kr.Err = err
@@ -502,22 +615,13 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 		kr.Err = fmt.Errorf("%w\n--- console (last 60 lines, full log in %s) ---\n%s", runErr,
 			filepath.Join(r.OutDir, spec.Name, "console.log"), tail(res.Console, 60))
 	}
-	if r.twoVMBins && ctx.Err() == nil && (len(r.TwoVMKernels) == 0 || slices.Contains(r.TwoVMKernels, spec.Name)) {
-		pr, err := r.runTwoVM(ctx, spec, k, initrd)
-		kr.Total += pr.Elapsed
-		if len(pr.Tests) > 0 || err == nil {
-			kr.Packages = append(kr.Packages, pr)
-		}
-		if err != nil {
-			kr.Err = errors.Join(kr.Err, err)
-		}
-	}
-	return kr
+	kv.kernel, kv.initrd, kv.dir = k, initrd, dir
+	return kv
 }
 
 // collectLab parses the lab subset's output of a VM run.
-func (r *Runner) collectLab(ctx context.Context, kernel string) (PackageResult, error) {
-	base := filepath.Join(r.runDir, "out", "lab")
+func (r *Runner) collectLab(ctx context.Context, kernel, dir string) (PackageResult, error) {
+	base := filepath.Join(dir, "out", "lab")
 	raw, err := os.ReadFile(base + ".txt")
 	if err != nil {
 		return PackageResult{}, fmt.Errorf("lab subset left no output: %w", err)

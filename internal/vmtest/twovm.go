@@ -51,9 +51,10 @@ func (r *Runner) twoVMScript(role string, nic *WireNIC) string {
 }
 
 // runTwoVM boots the two VMs of the two-VM subset on k and returns their merged result.
-// Console logs and the guest's logs land in OutDir/<kernel>/twovm-*.
-func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initrd string) (PackageResult, error) {
-	share := filepath.Join(r.runDir, "twovm")
+// Both VMs share dir, the kernel's run dir (kernelDir). Console logs and the guest's logs
+// land in OutDir/<kernel>/twovm-*.
+func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initrd, dir string) (PackageResult, error) {
+	share := filepath.Join(dir, "twovm")
 	if err := os.RemoveAll(share); err != nil {
 		return PackageResult{}, err
 	}
@@ -61,8 +62,8 @@ func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initr
 		return PackageResult{}, err
 	}
 	for _, role := range []string{"a", "b"} {
-		_ = os.Remove(filepath.Join(r.runDir, "out", "twovm-"+role+".txt"))
-		_ = os.Remove(filepath.Join(r.runDir, "out", "twovm-"+role+".rc"))
+		_ = os.Remove(filepath.Join(dir, "out", "twovm-"+role+".txt"))
+		_ = os.Remove(filepath.Join(dir, "out", "twovm-"+role+".rc"))
 	}
 	nicA, nicB, err := WirePair()
 	if err != nil {
@@ -83,10 +84,10 @@ func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initr
 	start := time.Now()
 	for i, ro := range roles {
 		script := "run-twovm-" + ro.role + ".sh"
-		if err := os.WriteFile(filepath.Join(r.runDir, script), []byte(r.twoVMScript(ro.role, ro.nic)), 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, script), []byte(r.twoVMScript(ro.role, ro.nic)), 0o755); err != nil {
 			return PackageResult{}, err
 		}
-		vm := VM{Kernel: k, Initramfs: initrd, RunDir: r.runDir, Timeout: twoVMTimeout, Boot: r.Boot,
+		vm := VM{Kernel: k, Initramfs: initrd, RunDir: dir, Timeout: twoVMTimeout, Boot: r.Boot,
 			Wire: ro.nic, Script: script, MemoryMiB: ro.mem, MultiThreadTCG: r.MultiThreadTCG}
 		if r.Console != nil {
 			vm.Console = prefixWriter{prefix: "[twovm-" + ro.role + "] ", w: r.Console}
@@ -99,10 +100,10 @@ func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initr
 	wg.Wait()
 	r.Log.Info("two-VM subset done", "kernel", spec.Name, "took", time.Since(start).Round(time.Millisecond))
 	// Keep the guest's own logs (agent, control plane) next to the consoles.
-	if ents, err := os.ReadDir(filepath.Join(r.runDir, "out")); err == nil {
+	if ents, err := os.ReadDir(filepath.Join(dir, "out")); err == nil {
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), "twovm-") && strings.HasSuffix(e.Name(), ".log") {
-				if b, err := os.ReadFile(filepath.Join(r.runDir, "out", e.Name())); err == nil {
+				if b, err := os.ReadFile(filepath.Join(dir, "out", e.Name())); err == nil {
 					_ = os.WriteFile(filepath.Join(outDir, e.Name()), b, 0o644)
 				}
 			}
@@ -116,7 +117,7 @@ func (r *Runner) runTwoVM(ctx context.Context, spec KernelSpec, k *Kernel, initr
 			runErrs = append(runErrs, fmt.Sprintf("VM %s: %v\n--- console (last 40 lines, full log in %s) ---\n%s", ro.role, errs[i],
 				filepath.Join(outDir, "twovm-"+ro.role+"-console.log"), tail(results[i].Console, 40)))
 		}
-		base := filepath.Join(r.runDir, "out", "twovm-"+ro.role)
+		base := filepath.Join(dir, "out", "twovm-"+ro.role)
 		raw, err := os.ReadFile(base + ".txt")
 		if err != nil {
 			merged.ExitCode = -1

@@ -493,3 +493,52 @@ func TestExtraRunsAndMustRun(t *testing.T) {
 		t.Errorf("counts: %d failures (want the test's own and two must-runs), Failed %v", fail, pr.Failed())
 	}
 }
+
+// TestKernelDirsShareNoFile checks what lets two kernels' VMs run at once:
+// each gets its own run dir holding every built binary (hard links to the
+// shared bin/), and making a kernel's dir again clears its earlier outputs
+// without touching the other kernel's.
+func TestKernelDirsShareNoFile(t *testing.T) {
+	r := &Runner{runDir: t.TempDir()}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(r.runDir, "bin"), 0o755))
+	for _, b := range []string{"internal_datapath.test", "axon-agent"} {
+		must(os.WriteFile(filepath.Join(r.runDir, "bin", b), []byte("#!/bin/sh\necho "+b+"\n"), 0o755))
+	}
+	a, err := r.kernelDir("debian-6.12")
+	must(err)
+	b, err := r.kernelDir("debian-6.1")
+	must(err)
+	if a == b || filepath.Dir(a) != r.runDir || filepath.Dir(b) != r.runDir {
+		t.Fatalf("kernel dirs %q and %q: want two different dirs in %s", a, b, r.runDir)
+	}
+	for _, dir := range []string{a, b} {
+		for _, name := range []string{"internal_datapath.test", "axon-agent"} {
+			fi, err := os.Stat(filepath.Join(dir, "bin", name))
+			if err != nil {
+				t.Fatalf("%s: %v", dir, err)
+			}
+			if fi.Mode().Perm()&0o100 == 0 {
+				t.Errorf("%s/bin/%s is not executable: %v", dir, name, fi.Mode())
+			}
+		}
+	}
+	must(os.MkdirAll(filepath.Join(a, "out"), 0o755))
+	must(os.WriteFile(filepath.Join(a, "out", "old.txt"), nil, 0o644))
+	must(os.MkdirAll(filepath.Join(b, "out"), 0o755))
+	must(os.WriteFile(filepath.Join(b, "out", "other.txt"), nil, 0o644))
+	if _, err := r.kernelDir("debian-6.12"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(a, "out", "old.txt")); !os.IsNotExist(err) {
+		t.Errorf("an earlier run's output survived a fresh kernel dir: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(b, "out", "other.txt")); err != nil {
+		t.Errorf("making 6.12's dir again touched 6.1's: %v", err)
+	}
+}
