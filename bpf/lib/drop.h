@@ -187,13 +187,14 @@ __noinline int drop_record(axon_ctx_t *ctx, __u32 meta)
 	on = bpf_map_lookup_elem(&axon_drop_listen, &key);
 	if (!on || !*on)
 		return 0;
+	/* one NULL check of the reservation: the 6.1 verifier does not know that a
+	 * pointer it has seen non-NULL cannot be NULL at a second check, and would
+	 * follow that branch to the exit holding the reference */
 	ev = bpf_ringbuf_reserve(&axon_drop_events, sizeof(*ev), 0);
-	key = ev ? AXON_DROP_RING_EMITTED : AXON_DROP_RING_LOST;
-	v = bpf_map_lookup_elem(&axon_drop_ring_stats, &key);
-	if (v)
-		*v += 1;
-	if (!ev)
-		return 0;
+	if (!ev) {
+		key = AXON_DROP_RING_LOST;
+		goto count;
+	}
 	__builtin_memset(ev, 0, sizeof(*ev) - AXON_DROP_SAMPLE);
 	ev->ts_ns = bpf_ktime_get_ns();
 	ev->ifindex = ctx_ifindex(ctx);
@@ -213,6 +214,11 @@ __noinline int drop_record(axon_ctx_t *ctx, __u32 meta)
 #endif
 	}
 	bpf_ringbuf_submit(ev, 0);
+	key = AXON_DROP_RING_EMITTED;
+count:
+	v = bpf_map_lookup_elem(&axon_drop_ring_stats, &key);
+	if (v)
+		*v += 1;
 	return 0;
 }
 
