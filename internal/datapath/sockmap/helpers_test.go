@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -47,11 +48,14 @@ type hreq struct {
 	N     int    // read: exactly N bytes
 	// stream: connections ID and Peer (the two ends of one connection) each
 	// write Bytes in writes of Chunk bytes while the other end reads and
-	// checks them; the readers start DelayMS after the writers. OneWay: only
-	// ID writes; Blocking: Peer reads with blocking read(2) calls (an
-	// EAGAIN fails the stream).
+	// checks them; the readers start DelayMS after the writers, or with
+	// ReadLate once their writer can go no further without a reader (it
+	// wrote everything or made no progress for a second: past any
+	// back-pressure bound, however slow the machine). OneWay: only ID
+	// writes; Blocking: Peer reads with blocking read(2) calls (an EAGAIN
+	// fails the stream).
 	Peer, Bytes, Chunk, DelayMS int
-	OneWay, Blocking            bool
+	OneWay, Blocking, ReadLate  bool
 }
 
 // hresp is the helper's answer.
@@ -216,6 +220,21 @@ func stream(a, b net.Conn, r hreq) (int, error) {
 	_ = b.SetDeadline(deadline)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
+	// bytes written per direction, for ReadLate
+	written := map[string]*atomic.Int64{"a->b": {}, "b->a": {}}
+	writerStuck := func(dir string) {
+		last, since := int64(-1), time.Now()
+		for {
+			n := written[dir].Load()
+			if n >= int64(r.Bytes) || time.Since(since) >= time.Second || time.Now().After(deadline) {
+				return
+			}
+			if n != last {
+				last, since = n, time.Now()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	write := func(c net.Conn, dir string) {
 		defer wg.Done()
 		g := streamBytes(dir)
@@ -228,11 +247,15 @@ func stream(a, b net.Conn, r hreq) (int, error) {
 				return
 			}
 			left -= n
+			written[dir].Add(int64(n))
 		}
 	}
 	read := func(c net.Conn, dir string) {
 		defer wg.Done()
 		time.Sleep(time.Duration(r.DelayMS) * time.Millisecond)
+		if r.ReadLate {
+			writerStuck(dir)
+		}
 		g := streamBytes(dir)
 		buf := make([]byte, 256<<10)
 		want := make([]byte, len(buf))

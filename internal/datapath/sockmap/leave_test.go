@@ -92,10 +92,11 @@ func testLeave(t *testing.T, verdict bool) {
 	t.Run("bulk both ways past the back-pressure bound: stack, then out of the map", func(t *testing.T) {
 		c := podPair(t)
 		const bytes = 24 << 20
-		// the readers start late: each writer queues more than the 4 MiB
-		// bound into its peer, moves to the stack, and the pair leaves once
-		// the readers drained the redirected bytes
-		d := stream(t, c, hreq{Bytes: bytes, Chunk: 16 << 10, DelayMS: 300})
+		// the readers start late, once their writer can go no further: each
+		// writer queues more than the back-pressure bound into its peer,
+		// moves to the stack, and the pair leaves once the readers drained
+		// the redirected bytes
+		d := stream(t, c, hreq{Bytes: bytes, Chunk: 16 << 10, ReadLate: true})
 		if d["backpressure"] != 2 {
 			t.Errorf("backpressure moved by %d, want 2 (each writer outran its reader)", d["backpressure"])
 		}
@@ -238,7 +239,7 @@ func TestLeaveAliasPairs(t *testing.T) {
 			}
 			before := metrics(t, b)
 			const bytes = 24 << 20
-			if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: 16 << 10, DelayMS: 300, OneWay: oneWay}); a.Err != "" {
+			if a := p.try(hreq{Op: "stream", ID: cl.ID, Peer: sv.ID, Bytes: bytes, Chunk: 16 << 10, ReadLate: true, OneWay: oneWay}); a.Err != "" {
 				t.Fatalf("stream: %s", a.Err)
 			}
 			// a socket leaves on a segment it sends: one more byte each way
