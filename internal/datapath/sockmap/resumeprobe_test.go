@@ -3,20 +3,15 @@ package sockmap
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/axonhq/axon/internal/bench"
-	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // resumeProbe mirrors struct sockmap_resume_probe (bpf/sk_msg.c).
@@ -88,18 +83,7 @@ func TestResumeDutyCycle(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	srv, cleanup, err := bench.Command(ctx, cg, []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.b),
-		qperf["taskset"], "-c", cpus[1], qperf["qperf"], "--listen_port", "19766"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stdout, srv.Stderr = io.Discard, io.Discard
-	if err := srv.Start(); err != nil {
-		cleanup()
-		t.Fatal(err)
-	}
-	cleanup()
-	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	startQperfServer(t, ctx, cg, qperf, n.b, cpus[1], "19766")
 
 	var total resumeProbe
 	var sb strings.Builder
@@ -109,16 +93,7 @@ func TestResumeDutyCycle(t *testing.T) {
 	for r := range rounds {
 		load := loadavg()
 		before := metrics(t, b)
-		argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.a), qperf["taskset"], "-c", cpus[0],
-			qperf["qperf"], n.podB.String(), "--listen_port", "19766", "-t", strconv.Itoa(secs), "-m", strconv.Itoa(size),
-			"-uu", "-v", "tcp_bw"}
-		var out, errOut []byte
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			out, errOut, err = bench.RunClient(ctx, cg, argv, time.Duration(secs)*time.Second+30*time.Second)
-			if err == nil || !strings.Contains(string(out)+string(errOut), "failed to connect") || time.Now().After(deadline) {
-				break
-			}
-		}
+		out, errOut, err := runQperf(ctx, cg, qperf, n.a, cpus[0], n.podB, "19766", secs, size, "tcp_bw")
 		res, perr := bench.ParseQperf(append(out, errOut...))
 		if perr != nil || len(res) != 1 {
 			t.Fatalf("qperf tcp_bw %d: %v %v: %s%s", size, err, perr, out, errOut)
