@@ -20,6 +20,18 @@ type resumeProbe struct {
 	SeqSwitch, FirstEntry, FirstBytes, IdleTotMax                                uint64
 }
 
+// add adds the counts of o (not its minimum, first entry or per-writer
+// fields) to p: one writer's into a round's, a round's into all rounds'.
+func (p *resumeProbe) add(o resumeProbe) {
+	p.Switches += o.Switches
+	p.Entries += o.Entries
+	p.CaughtUp += o.CaughtUp
+	p.SkbIdle += o.SkbIdle
+	p.Idle += o.Idle
+	p.SendqEmpty += o.SendqEmpty
+	p.GapSum += o.GapSum
+}
+
 // TestResumeDutyCycle counts how often a writer that back-pressure moved to
 // the stack could resume the redirect without reordering: qperf tcp_bw
 // (16 KiB by default) between two pod namespaces, with axon_sk_msg loaded
@@ -109,13 +121,7 @@ func TestResumeDutyCycle(t *testing.T) {
 		for it := probe.AxonSockmapResumeProbe.Iterate(); it.Next(&key, &p); {
 			keys = append(keys, key)
 			first = append(first, fmt.Sprintf("%d of %d, %d B; R msg_tot_len where idle: max %d", p.FirstEntry, p.Entries, p.FirstBytes, p.IdleTotMax))
-			sum.Switches += p.Switches
-			sum.Entries += p.Entries
-			sum.CaughtUp += p.CaughtUp
-			sum.SkbIdle += p.SkbIdle
-			sum.Idle += p.Idle
-			sum.SendqEmpty += p.SendqEmpty
-			sum.GapSum += p.GapSum
+			sum.add(p)
 			sum.GapMin = min(sum.GapMin, p.GapMin)
 		}
 		for _, k := range keys {
@@ -128,12 +134,7 @@ func TestResumeDutyCycle(t *testing.T) {
 		fmt.Fprintf(&sb, "| %d | %s | %.2f | %d | %d | %d | %d | %d | %d | %.0f | %d | %s | %d / %d |\n", r, load, res[0].BytesPerSec*8/1e9,
 			moved["backpressure"], sum.Entries, sum.CaughtUp, sum.SkbIdle, sum.Idle, sum.SendqEmpty, mean, sum.GapMin,
 			strings.Join(first, "; "), moved["redirect_bytes"], moved["pass_bytes"])
-		total.Switches += sum.Switches
-		total.Entries += sum.Entries
-		total.CaughtUp += sum.CaughtUp
-		total.SkbIdle += sum.SkbIdle
-		total.Idle += sum.Idle
-		total.SendqEmpty += sum.SendqEmpty
+		total.add(sum)
 	}
 	t.Log(sb.String())
 	// the measurement measured something: a writer was switched by
