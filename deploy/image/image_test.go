@@ -2,13 +2,13 @@ package image
 
 import (
 	"archive/tar"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/testutil"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
@@ -100,15 +100,8 @@ func TestImageReproducible(t *testing.T) {
 	}
 	defer rc.Close()
 	var got []string
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, m := range testutil.TarMembers(t, rc) {
+		h := m.Header
 		if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(spec.Created) {
 			t.Errorf("%s: uid %d gid %d mtime %s, want 0 0 %s", h.Name, h.Uid, h.Gid, h.ModTime, spec.Created)
 		}
@@ -117,8 +110,7 @@ func TestImageReproducible(t *testing.T) {
 				t.Errorf("%s: mode %o, want 755", h.Name, h.Mode)
 			}
 			want, _ := os.ReadFile(filepath.Join(repoBin, filepath.Base(h.Name)))
-			data, _ := io.ReadAll(tr)
-			if string(data) != string(want) {
+			if string(m.Data) != string(want) {
 				t.Errorf("%s: content differs from %s", h.Name, filepath.Join(repoBin, filepath.Base(h.Name)))
 			}
 		}

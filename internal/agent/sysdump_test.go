@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"strings"
@@ -17,6 +14,7 @@ import (
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/sysdump"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // checkSysdump builds an `axon sysdump` archive against the running agent
@@ -44,22 +42,8 @@ func checkSysdump(t *testing.T, n *scratchNode, cfg Config, logFile string) {
 	}
 	size := buf.Len()
 	members := map[string]string{}
-	gz, err := gzip.NewReader(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(gz)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(tr)
-		name := h.Name[strings.Index(h.Name, "/")+1:]
-		members[name] = string(b)
+	for _, m := range testutil.TarMembers(t, &buf) {
+		members[m.Header.Name[strings.Index(m.Header.Name, "/")+1:]] = string(m.Data)
 	}
 	t.Logf("sysdump: %d members, %d bytes compressed, %s", len(members), size, time.Since(start).Round(time.Millisecond))
 

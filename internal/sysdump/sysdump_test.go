@@ -1,14 +1,13 @@
 package sysdump
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
-	"io"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestWriteWithoutAgent: with no agent at the socket, no metrics address
@@ -20,25 +19,13 @@ func TestWriteWithoutAgent(t *testing.T) {
 	if err := Write(context.Background(), &buf, Options{Socket: sock, BPFRoot: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
-	gz, err := gzip.NewReader(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
 	members := map[string]string{}
-	tr := tar.NewReader(gz)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, m := range testutil.TarMembers(t, &buf) {
+		h := m.Header
 		if !strings.HasPrefix(h.Name, "axon-sysdump-") || h.Mode != 0o600 {
 			t.Errorf("member %s mode %o: want axon-sysdump-<time>/..., 0600", h.Name, h.Mode)
 		}
-		b, _ := io.ReadAll(tr)
-		members[h.Name[strings.Index(h.Name, "/")+1:]] = string(b)
+		members[h.Name[strings.Index(h.Name, "/")+1:]] = string(m.Data)
 	}
 	for _, tc := range []struct{ member, want string }{
 		{"status.json.error", sock},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/drops"
+	"github.com/axonhq/axon/internal/datapath/drops/dropstest"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
@@ -33,35 +34,13 @@ func TestDropEventsNoBackend(t *testing.T) {
 		}
 		uplink = l.Index
 	})
-	mp, err := drops.Open(pin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mp.Close)
-	hub, err := drops.NewHub(mp, dptest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(hub.Close)
+	mp, hub := dropstest.Open(t, pin)
 	sub, cancel, err := hub.Subscribe(16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cancel()
-	noBackend := func() uint64 {
-		t.Helper()
-		cs, err := mp.ReadCounts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range cs {
-			if c.Reason == "drop_no_backend" && c.Direction == "ingress" {
-				return c.Packets
-			}
-		}
-		t.Fatal("no drop_no_backend/ingress counter")
-		return 0
-	}
+	noBackend := func() uint64 { t.Helper(); return dropstest.Counter(t, mp, "drop_no_backend", "ingress").Packets }
 
 	for _, c := range []struct{ xdp, prog string }{{XDPNone, "lb_tc"}, {XDPGeneric, "lb_xdp"}} {
 		t.Run(c.prog, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/drops"
+	"github.com/axonhq/axon/internal/datapath/drops/dropstest"
 )
 
 // TestDropEventsSpoof: a pod's spoofed packet, sent through a real veth,
@@ -22,33 +23,11 @@ func TestDropEventsSpoof(t *testing.T) {
 	d := loadWithPods(t, node, a, c)
 	var idxA int
 	dptest.InNetns(t, node, func() { idxA = ifindex(t, "lxcA") })
-	mp, err := drops.Open(d.cfg.PinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mp.Close)
-	hub, err := drops.NewHub(mp, dptest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(hub.Close)
+	mp, hub := dropstest.Open(t, d.cfg.PinDir)
 
 	outside := netip.MustParseAddr("203.0.113.9")
 	frame := udpFrame(a.hmac, a.mac, outside, c.ip4, []byte("spoofed"))
-	spoofCount := func() drops.Count {
-		t.Helper()
-		cs, err := mp.ReadCounts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, x := range cs {
-			if x.Reason == "drop_spoof_src" && x.Direction == "ingress" {
-				return x
-			}
-		}
-		t.Fatal("no drop_spoof_src/ingress counter")
-		return drops.Count{}
-	}
+	spoofCount := func() drops.Count { t.Helper(); return dropstest.Counter(t, mp, "drop_spoof_src", "ingress") }
 	ring := func() drops.RingStats {
 		t.Helper()
 		s, err := mp.ReadRingStats()

@@ -4,19 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/netip"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/axonhq/axon/internal/bench"
-	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
 )
 
@@ -87,30 +83,9 @@ func TestChainBench(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	srv, cleanup, err := bench.Command(ctx, cg, []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.b),
-		qperf["taskset"], "-c", "1", qperf["qperf"], "--listen_port", "19766"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stdout, srv.Stderr = io.Discard, io.Discard
-	if err := srv.Start(); err != nil {
-		cleanup()
-		t.Fatal(err)
-	}
-	cleanup()
-	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	startQperfServer(t, ctx, cg, qperf, n.b, "1", "19766")
 	measure := func(r run) (float64, error) {
-		argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.a), qperf["taskset"], "-c", "0",
-			qperf["qperf"], n.podB.String(), "--listen_port", "19766", "-t", strconv.Itoa(secs), "-m", strconv.Itoa(r.size),
-			"-uu", "-v", r.test}
-		var out, errOut []byte
-		var err error
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			out, errOut, err = bench.RunClient(ctx, cg, argv, time.Duration(secs)*time.Second+30*time.Second)
-			if err == nil || !strings.Contains(string(out)+string(errOut), "failed to connect") || time.Now().After(deadline) {
-				break
-			}
-		}
+		out, errOut, err := runQperf(ctx, cg, qperf, n.a, "0", n.podB, "19766", secs, r.size, r.test)
 		res, perr := bench.ParseQperf(append(out, errOut...))
 		if perr != nil || len(res) != 1 {
 			return math.NaN(), fmt.Errorf("qperf %s %d through the chain: %v %v: %s", r.test, r.size, err, perr, out)

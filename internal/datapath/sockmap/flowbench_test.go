@@ -158,18 +158,7 @@ func TestFlowBench(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	srv, cleanup, err := bench.Command(ctx, cg, []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.b),
-		qperf["taskset"], "-c", cpus[1], qperf["qperf"], "--listen_port", "19765"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stdout, srv.Stderr = io.Discard, io.Discard
-	if err := srv.Start(); err != nil {
-		cleanup()
-		t.Fatal(err)
-	}
-	cleanup()
-	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	startQperfServer(t, ctx, cg, qperf, n.b, cpus[1], "19765")
 
 	pipeFloor := func() (float64, error) {
 		pin := cpus[0]
@@ -189,17 +178,7 @@ func TestFlowBench(t *testing.T) {
 		return math.NaN(), fmt.Errorf("perf bench sched pipe: no usecs/op in %q", out)
 	}
 	run := func(test string, size int) (float64, error) {
-		argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.a), qperf["taskset"], "-c", cpus[0],
-			qperf["qperf"], n.podB.String(), "--listen_port", "19765", "-t", strconv.Itoa(secs), "-m", strconv.Itoa(size),
-			"-uu", "-v", test}
-		var out, errOut []byte
-		var err error
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			out, errOut, err = bench.RunClient(ctx, cg, argv, time.Duration(secs)*time.Second+30*time.Second)
-			if err == nil || !strings.Contains(string(out)+string(errOut), "failed to connect") || time.Now().After(deadline) {
-				break
-			}
-		}
+		out, errOut, err := runQperf(ctx, cg, qperf, n.a, cpus[0], n.podB, "19765", secs, size, test)
 		res, perr := bench.ParseQperf(append(out, errOut...))
 		if perr != nil || len(res) != 1 {
 			return math.NaN(), fmt.Errorf("qperf %s %d: %v %v: %s", test, size, err, perr, out)
@@ -441,4 +420,40 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// startQperfServer starts a qperf server in the netns named netns, pinned
+// to cpu and listening on port, in the test cgroup cg; it is stopped when
+// the test ends.
+func startQperfServer(t *testing.T, ctx context.Context, cg string, qperf map[string]string, netns, cpu, port string) {
+	t.Helper()
+	srv, cleanup, err := bench.Command(ctx, cg, []string{qperf["nsenter"], "--net=" + netnsutil.Path(netns),
+		qperf["taskset"], "-c", cpu, qperf["qperf"], "--listen_port", port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stdout, srv.Stderr = io.Discard, io.Discard
+	if err := srv.Start(); err != nil {
+		cleanup()
+		t.Fatal(err)
+	}
+	cleanup()
+	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+}
+
+// runQperf runs one qperf test (e.g. tcp_bw) of size bytes for secs seconds
+// from the netns named netns, pinned to cpu, against the qperf server at
+// server:port (startQperfServer); it retries for 5 s while the server is not
+// listening yet.
+func runQperf(ctx context.Context, cg string, qperf map[string]string, netns, cpu string, server netip.Addr, port string,
+	secs, size int, test string) (out, errOut []byte, err error) {
+	argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(netns), qperf["taskset"], "-c", cpu,
+		qperf["qperf"], server.String(), "--listen_port", port, "-t", strconv.Itoa(secs), "-m", strconv.Itoa(size),
+		"-uu", "-v", test}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, errOut, err = bench.RunClient(ctx, cg, argv, time.Duration(secs)*time.Second+30*time.Second)
+		if err == nil || !strings.Contains(string(out)+string(errOut), "failed to connect") || time.Now().After(deadline) {
+			return out, errOut, err
+		}
+	}
 }

@@ -3,26 +3,33 @@ package sockmap
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/axonhq/axon/internal/bench"
-	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // resumeProbe mirrors struct sockmap_resume_probe (bpf/sk_msg.c).
 type resumeProbe struct {
 	Peer, Switches, Entries, CaughtUp, SkbIdle, Idle, SendqEmpty, GapSum, GapMin uint64
 	SeqSwitch, FirstEntry, FirstBytes, IdleTotMax                                uint64
+}
+
+// add adds the counts of o (not its minimum, first entry or per-writer
+// fields) to p: one writer's into a round's, a round's into all rounds'.
+func (p *resumeProbe) add(o resumeProbe) {
+	p.Switches += o.Switches
+	p.Entries += o.Entries
+	p.CaughtUp += o.CaughtUp
+	p.SkbIdle += o.SkbIdle
+	p.Idle += o.Idle
+	p.SendqEmpty += o.SendqEmpty
+	p.GapSum += o.GapSum
 }
 
 // TestResumeDutyCycle counts how often a writer that back-pressure moved to
@@ -88,18 +95,7 @@ func TestResumeDutyCycle(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	srv, cleanup, err := bench.Command(ctx, cg, []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.b),
-		qperf["taskset"], "-c", cpus[1], qperf["qperf"], "--listen_port", "19766"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stdout, srv.Stderr = io.Discard, io.Discard
-	if err := srv.Start(); err != nil {
-		cleanup()
-		t.Fatal(err)
-	}
-	cleanup()
-	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	startQperfServer(t, ctx, cg, qperf, n.b, cpus[1], "19766")
 
 	var total resumeProbe
 	var sb strings.Builder
@@ -109,16 +105,7 @@ func TestResumeDutyCycle(t *testing.T) {
 	for r := range rounds {
 		load := loadavg()
 		before := metrics(t, b)
-		argv := []string{qperf["nsenter"], "--net=" + netnsutil.Path(n.a), qperf["taskset"], "-c", cpus[0],
-			qperf["qperf"], n.podB.String(), "--listen_port", "19766", "-t", strconv.Itoa(secs), "-m", strconv.Itoa(size),
-			"-uu", "-v", "tcp_bw"}
-		var out, errOut []byte
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			out, errOut, err = bench.RunClient(ctx, cg, argv, time.Duration(secs)*time.Second+30*time.Second)
-			if err == nil || !strings.Contains(string(out)+string(errOut), "failed to connect") || time.Now().After(deadline) {
-				break
-			}
-		}
+		out, errOut, err := runQperf(ctx, cg, qperf, n.a, cpus[0], n.podB, "19766", secs, size, "tcp_bw")
 		res, perr := bench.ParseQperf(append(out, errOut...))
 		if perr != nil || len(res) != 1 {
 			t.Fatalf("qperf tcp_bw %d: %v %v: %s%s", size, err, perr, out, errOut)
@@ -134,13 +121,7 @@ func TestResumeDutyCycle(t *testing.T) {
 		for it := probe.AxonSockmapResumeProbe.Iterate(); it.Next(&key, &p); {
 			keys = append(keys, key)
 			first = append(first, fmt.Sprintf("%d of %d, %d B; R msg_tot_len where idle: max %d", p.FirstEntry, p.Entries, p.FirstBytes, p.IdleTotMax))
-			sum.Switches += p.Switches
-			sum.Entries += p.Entries
-			sum.CaughtUp += p.CaughtUp
-			sum.SkbIdle += p.SkbIdle
-			sum.Idle += p.Idle
-			sum.SendqEmpty += p.SendqEmpty
-			sum.GapSum += p.GapSum
+			sum.add(p)
 			sum.GapMin = min(sum.GapMin, p.GapMin)
 		}
 		for _, k := range keys {
@@ -153,12 +134,7 @@ func TestResumeDutyCycle(t *testing.T) {
 		fmt.Fprintf(&sb, "| %d | %s | %.2f | %d | %d | %d | %d | %d | %d | %.0f | %d | %s | %d / %d |\n", r, load, res[0].BytesPerSec*8/1e9,
 			moved["backpressure"], sum.Entries, sum.CaughtUp, sum.SkbIdle, sum.Idle, sum.SendqEmpty, mean, sum.GapMin,
 			strings.Join(first, "; "), moved["redirect_bytes"], moved["pass_bytes"])
-		total.Switches += sum.Switches
-		total.Entries += sum.Entries
-		total.CaughtUp += sum.CaughtUp
-		total.SkbIdle += sum.SkbIdle
-		total.Idle += sum.Idle
-		total.SendqEmpty += sum.SendqEmpty
+		total.add(sum)
 	}
 	t.Log(sb.String())
 	// the measurement measured something: a writer was switched by
