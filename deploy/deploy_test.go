@@ -10,13 +10,11 @@
 package deploy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,15 +28,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/axonhq/axon/internal/agent"
 	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/testutil/charttest"
 	"github.com/axonhq/axon/internal/testutil/controlplanetest"
 )
 
@@ -77,75 +74,18 @@ var chartDefaultsDiffer = map[string]string{
 
 func helm(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	bin, err := lab.DepPath("helm")
-	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("helm not built: run make deps (%v)", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME=/nonexistent", "HELM_CACHE_HOME=/nonexistent", "HELM_DATA_HOME=/nonexistent")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return out, nil
+	return charttest.Helm(t, args...)
 }
 
 // render runs `helm template` on the chart with extra arguments (--set ...).
 func render(t *testing.T, extra ...string) []byte {
 	t.Helper()
-	out, err := helm(t, append([]string{"template", "axon", chart, "--namespace", "kube-system"}, extra...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return charttest.Render(t, chart, extra...)
 }
 
 func decode(t *testing.T, raw []byte) []runtime.Object {
 	t.Helper()
-	var objs []runtime.Object
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("read a rendering: %v", err)
-		}
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if runtime.IsNotRegisteredError(err) { // e.g. the ServiceMonitor
-			u := &unstructured.Unstructured{}
-			if err := utilyaml.Unmarshal(doc, &u.Object); err != nil {
-				t.Fatalf("decode a document: %v\n%s", err, doc)
-			}
-			objs = append(objs, u)
-			continue
-		}
-		if err != nil {
-			t.Fatalf("decode a document: %v\n%s", err, doc)
-		}
-		objs = append(objs, obj)
-	}
-	return objs
-}
-
-func stripComments(doc []byte) []byte {
-	var b bytes.Buffer
-	for _, l := range bytes.Split(doc, []byte("\n")) {
-		if !bytes.HasPrefix(bytes.TrimSpace(l), []byte("#")) {
-			b.Write(l)
-			b.WriteByte('\n')
-		}
-	}
-	return b.Bytes()
+	return charttest.Decode(t, raw)
 }
 
 func decodeManifest(t *testing.T) []runtime.Object {
@@ -833,5 +773,24 @@ func TestChartAPIServer(t *testing.T) {
 				t.Errorf("the agent refuses the chart's $%s: %v", agent.APIServerEnv, err)
 			}
 		})
+	}
+}
+
+// TestChartBypassOnlyHostPID: only --mode=bypass-only shares the host's PID
+// namespace (it finds pods' network namespaces through /proc/<pid>/ns/net);
+// an axon-networked node's agent does not see the node's processes.
+func TestChartBypassOnlyHostPID(t *testing.T) {
+	for _, tt := range []struct {
+		set  []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--set", "agent.mode=full"}, false},
+		{[]string{"--set", "agent.mode=bypass-only"}, true},
+	} {
+		ds := find[*appsv1.DaemonSet](t, decode(t, render(t, tt.set...)), "")
+		if got := ds.Spec.Template.Spec.HostPID; got != tt.want {
+			t.Errorf("helm template %v: hostPID %v, want %v", tt.set, got, tt.want)
+		}
 	}
 }

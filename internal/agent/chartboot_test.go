@@ -1,11 +1,8 @@
 package agent
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,13 +13,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/axonhq/axon/internal/cni"
-	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/testutil"
+	"github.com/axonhq/axon/internal/testutil/charttest"
 )
 
 // chartDir is the Helm chart, relative to this package.
@@ -39,37 +33,13 @@ const (
 // returns its ConfigMap axon-agent-config and its DaemonSet.
 func renderChart(t *testing.T, set ...string) (*corev1.ConfigMap, *appsv1.DaemonSet) {
 	t.Helper()
-	bin, err := lab.DepPath("helm")
-	if errors.Is(err, lab.ErrDepMissing) {
-		t.Skipf("helm not built: run make deps (%v)", err)
-	}
-	must(t, err)
-	args := []string{"template", "axon", chartDir, "--namespace", "kube-system"}
+	var args []string
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME=/nonexistent", "HELM_CACHE_HOME=/nonexistent", "HELM_DATA_HOME=/nonexistent")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm %s: %v: %s", strings.Join(args, " "), err, stderr.Bytes())
-	}
 	var cm *corev1.ConfigMap
 	var ds *appsv1.DaemonSet
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		must(t, err)
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if runtime.IsMissingKind(err) || runtime.IsNotRegisteredError(err) {
-			continue // comments only, or a kind client-go does not know (ServiceMonitor)
-		}
-		must(t, err)
+	for _, obj := range charttest.Decode(t, charttest.Render(t, chartDir, args...)) {
 		switch o := obj.(type) {
 		case *corev1.ConfigMap:
 			if o.Name == "axon-agent-config" {
