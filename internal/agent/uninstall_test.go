@@ -323,14 +323,7 @@ func tcpEchoFromNode(t *testing.T, n *installNode, to string, ip net.IP) {
 func echoOnce(t *testing.T, ln net.Listener, dial func() (net.Conn, error)) {
 	t.Helper()
 	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
+	testutil.ServeConns(ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	c, err := dial()
 	if err != nil {
 		t.Fatalf("connect to %s: %v", ln.Addr(), err)

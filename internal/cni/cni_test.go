@@ -355,14 +355,7 @@ func (e *env) tcpEcho(pod, addr string) error {
 		return fmt.Errorf("listen in node: %w", err)
 	}
 	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
+	testutil.ServeConns(ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	return ns.WithNetNSPath("/run/netns/"+pod, func(ns.NetNS) error {
 		c, err := net.DialTimeout("tcp", ln.Addr().String(), 3*time.Second)
 		if err != nil {
