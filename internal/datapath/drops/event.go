@@ -53,22 +53,6 @@ type Event struct {
 	DstPort   uint16     `json:"dport,omitempty"`
 }
 
-// String is the one-line text form of `axon monitor`.
-func (e Event) String() string {
-	ep := func(a netip.Addr, port uint16) string {
-		if !a.IsValid() {
-			return "?"
-		}
-		if port == 0 {
-			return a.String()
-		}
-		return netip.AddrPortFrom(a, port).String()
-	}
-	return fmt.Sprintf("%s %-16s %-7s %-14s if=%-3d %-6s %s -> %s len=%d",
-		e.Time.Format("15:04:05.000000"), e.Reason, e.Direction, e.Prog, e.Ifindex, e.Proto,
-		ep(e.Src, e.SrcPort), ep(e.Dst, e.DstPort), e.Len)
-}
-
 // Decode decodes one ring buffer record. bootWall converts the event's
 // CLOCK_MONOTONIC stamp to wall time: the wall time at monotonic 0.
 func Decode(raw []byte, bootWall time.Time) (Event, error) {
