@@ -26,12 +26,17 @@ type agentFlags struct {
 	out    outputFlag
 }
 
-func (f *agentFlags) register(cmd *cobra.Command) {
-	def := os.Getenv("AXON_SOCKET")
-	if def == "" {
-		def = api.DefaultSocket
+// defaultSocket is the --socket default of every command that talks to (or
+// about) the agent: $AXON_SOCKET, else the agent's own default.
+func defaultSocket() string {
+	if s := os.Getenv("AXON_SOCKET"); s != "" {
+		return s
 	}
-	cmd.Flags().StringVar(&f.socket, "socket", def, "agent API socket (env AXON_SOCKET)")
+	return api.DefaultSocket
+}
+
+func (f *agentFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.socket, "socket", defaultSocket(), "agent API socket (env AXON_SOCKET)")
 	cmd.Flags().StringVarP(&f.node, "node", "n", "", "talk to this lab node's agent (overrides --socket)")
 	f.out.register(cmd)
 }

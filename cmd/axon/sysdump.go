@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/sysdump"
 )
 
@@ -43,11 +42,7 @@ func newSysdumpCmd() *cobra.Command {
 			return nil
 		},
 	}
-	def := os.Getenv("AXON_SOCKET")
-	if def == "" {
-		def = api.DefaultSocket
-	}
-	cmd.Flags().StringVar(&f.socket, "socket", def, "agent API socket (env AXON_SOCKET)")
+	cmd.Flags().StringVar(&f.socket, "socket", defaultSocket(), "agent API socket (env AXON_SOCKET)")
 	cmd.Flags().StringVarP(&f.node, "node", "n", "", "the lab node's agent (overrides --socket)")
 	cmd.Flags().StringVar(&o.HealthAddr, "health-addr", "127.0.0.1:9876", "the agent's --health-addr, for /metrics (empty: skip)")
 	cmd.Flags().StringVar(&o.BPFRoot, "bpf-root", "/sys/fs/bpf/axon", "the agent's --bpf-root, whose pinned maps are dumped")

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -81,18 +80,11 @@ nothing is left and succeeds. --dry-run lists what it would remove.`,
 	f := cmd.Flags()
 	f.StringVar(&o.BPFRoot, "bpf-root", o.BPFRoot, "the agent's --bpf-root: every pin under it goes, with what it attaches")
 	f.StringVar(&o.StateDir, "state-dir", o.StateDir, "the agent's --state-dir (its ipam, endpoints and node.json go; the directory too when nothing else is in it)")
-	f.StringVar(&o.Socket, "socket", envOr("AXON_SOCKET", o.Socket), "the agent's API socket: uninstall refuses while an agent serves it ($AXON_SOCKET)")
+	f.StringVar(&o.Socket, "socket", defaultSocket(), "the agent's API socket: uninstall refuses while an agent serves it ($AXON_SOCKET)")
 	f.StringVar(&o.CgroupRoot, "cgroup-root", o.CgroupRoot, "the agent's --cgroup-root, where the socket LB and the bypass attached")
 	f.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "CNI configuration directory: "+agent.CNIConfFile+" in it goes; empty = leave it")
 	f.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "CNI binary directory: "+uninstall.CNIBinary+" in it goes; empty = leave it")
 	f.BoolVar(&o.DryRun, "dry-run", false, "list what would be removed and change nothing")
 	of.register(cmd)
 	return cmd
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
