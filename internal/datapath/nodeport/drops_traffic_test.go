@@ -70,7 +70,7 @@ func TestDropEventsNoBackend(t *testing.T) {
 				if ev != want || ev.Len < 14+20+8+7 {
 					t.Errorf("event %+v\nwant  %+v (len >= %d)", ev, want, 14+20+8+7)
 				}
-				t.Logf("event: %s", ev)
+				t.Logf("event: %+v", ev)
 			case <-time.After(testutil.Stretch(t, 3*time.Second)):
 				t.Fatalf("no event within 3 s; drop_no_backend %d -> %d", before, noBackend())
 			}

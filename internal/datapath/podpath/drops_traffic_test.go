@@ -87,7 +87,7 @@ func TestDropEventsSpoof(t *testing.T) {
 		if age := time.Since(ev.Time); age < -time.Second || age > 10*time.Second {
 			t.Errorf("event time %v is %v from now", ev.Time, age)
 		}
-		t.Logf("event: %s", ev)
+		t.Logf("event: %+v", ev)
 	case <-time.After(3 * time.Second):
 		t.Fatalf("no event within 3 s (ring stats %+v)", ring())
 	}
