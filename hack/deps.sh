@@ -7,12 +7,21 @@
 #   ${AXON_CACHE:-$HOME/.cache/axon}/cni-plugins-$CNI_PLUGINS_VERSION/{ptp,host-local,bandwidth,portmap}
 #   ${AXON_CACHE:-$HOME/.cache/axon}/helm-$HELM_VERSION/helm
 #
+# and for real-kubelet lab nodes (kubelet, kube-scheduler and kube-controller-manager are in k8s-*):
+#
+#   ${AXON_CACHE:-$HOME/.cache/axon}/containerd-$CONTAINERD_VERSION/{containerd,containerd-shim-runc-v2,ctr}
+#   ${AXON_CACHE:-$HOME/.cache/axon}/runc-$RUNC_VERSION/runc                    (built from source, cgo, static)
+#   ${AXON_CACHE:-$HOME/.cache/axon}/runc-debian-$RUNC_DEBIAN_VERSION/runc      (Debian's package, unpacked)
+#
 # Usage: hack/deps.sh           build what is missing (one line per artifact: cached / built in Ns)
 #        hack/deps.sh --check   exit 1 and list what is missing; builds nothing
 #
 # Binaries are built into a temporary directory inside the cache and renamed into place, so a
 # killed build never leaves a half-written binary. The Go build cache stays where `go env GOCACHE`
-# says (never inside $AXON_CACHE). Cold build: ~9 min on 2 cores (helm ~3), ~2.3 GB peak RSS per compile.
+# says (never inside $AXON_CACHE). Cold build: ~9 min on 2 cores (helm ~3), ~2.3 GB peak RSS per compile,
+# before the real-kubelet binaries were added (not measured cold since). With a GOCACHE that already
+# holds their packages, on a busy host with AXON_BUILD_P=1 GOMAXPROCS=1: kubelet + kube-scheduler +
+# kube-controller-manager 46 s, containerd 10 s, runc 88 s (cgo), Debian's runc 2 s.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,12 +33,16 @@ K8S_DIR="$CACHE/k8s-$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
 CNI_DIR="$CACHE/cni-plugins-$CNI_PLUGINS_VERSION"
 HELM_DIR="$CACHE/helm-$HELM_VERSION"
+CONTAINERD_DIR="$CACHE/containerd-$CONTAINERD_VERSION"
+RUNC_DIR="$CACHE/runc-$RUNC_VERSION"
+RUNC_DEBIAN_DIR="$CACHE/runc-debian-$RUNC_DEBIAN_VERSION"
 
-K8S_BINS=(kube-apiserver kubectl kube-proxy)
+K8S_BINS=(kube-apiserver kubectl kube-proxy kubelet kube-scheduler kube-controller-manager)
 CNI_BINS=(ptp host-local bandwidth portmap)
+CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
 
 usage() {
-	sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
 }
 
 # missing prints one cache-relative path per missing artifact.
@@ -39,6 +52,9 @@ missing() {
 	[[ -x "$ETCD_DIR/etcd" ]] || echo "etcd-$ETCD_VERSION/etcd"
 	for b in "${CNI_BINS[@]}"; do [[ -x "$CNI_DIR/$b" ]] || echo "cni-plugins-$CNI_PLUGINS_VERSION/$b"; done
 	[[ -x "$HELM_DIR/helm" ]] || echo "helm-$HELM_VERSION/helm"
+	for b in "${CONTAINERD_BINS[@]}"; do [[ -x "$CONTAINERD_DIR/$b" ]] || echo "containerd-$CONTAINERD_VERSION/$b"; done
+	[[ -x "$RUNC_DIR/runc" ]] || echo "runc-$RUNC_VERSION/runc"
+	[[ -x "$RUNC_DEBIAN_DIR/runc" ]] || echo "runc-debian-$RUNC_DEBIAN_VERSION/runc"
 }
 
 check() {
@@ -97,11 +113,13 @@ run() {
 }
 
 # 2 cores / 24 GiB: two compiles at a time keep peak RSS near 5 GB.
+# On a busy machine: AXON_BUILD_P=1 GOMAXPROCS=1 make deps (one compile at a time).
 export GOMAXPROCS="${GOMAXPROCS:-2}"
 export GOFLAGS="${GOFLAGS:-} -mod=readonly"
 export GOWORK=off
 export CGO_ENABLED=0
-BUILD_FLAGS=(-p 2 -trimpath)
+BUILD_P="${AXON_BUILD_P:-2}"
+BUILD_FLAGS=(-p "$BUILD_P" -trimpath)
 
 # install_bins DIR NAME... moves $TMP/out/NAME into DIR atomically (rename on the same filesystem).
 install_bins() {
@@ -167,7 +185,7 @@ build_cni() {
 	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
 	# `go install pkg@version` works for the plugins (their go.mod has no replace directives).
 	run env GOFLAGS="${GOFLAGS/-mod=readonly/}" GOBIN="$TMP/out" \
-		go install -C "$TMP" -p 2 -trimpath -ldflags "-s -w" "${pkgs[@]}"
+		go install -C "$TMP" -p "$BUILD_P" -trimpath -ldflags "-s -w" "${pkgs[@]}"
 	install_bins "$CNI_DIR" "${todo[@]}"
 	for b in "${todo[@]}"; do echo "built   cni-plugins-$CNI_PLUGINS_VERSION/$b in $((SECONDS - start))s"; done
 }
@@ -181,11 +199,70 @@ build_helm() {
 	start=$SECONDS
 	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
 	run env GOFLAGS="${GOFLAGS/-mod=readonly/}" GOBIN="$TMP/out" \
-		go install -C "$TMP" -p 2 -trimpath \
+		go install -C "$TMP" -p "$BUILD_P" -trimpath \
 		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
 		"helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 	install_bins "$HELM_DIR" helm
 	echo "built   helm-$HELM_VERSION/helm in $((SECONDS - start))s"
+}
+
+# containerd for real-kubelet lab nodes. Pure Go (CGO_ENABLED=0 like everything above); the
+# wrapper module hack/containerd pins the version and its go.sum.
+build_containerd() {
+	local todo=() pkgs=() b start
+	mapfile -t todo < <(need "$CONTAINERD_DIR" "${CONTAINERD_BINS[@]}")
+	((${#todo[@]})) || return 0
+	for b in "${todo[@]}"; do pkgs+=("github.com/containerd/containerd/v2/cmd/$b"); done
+	local pkg=github.com/containerd/containerd/v2/version
+	start=$SECONDS
+	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
+	run go build -C "$HACK_DIR/containerd" "${BUILD_FLAGS[@]}" \
+		-ldflags "-s -w -X $pkg.Version=$CONTAINERD_VERSION -X $pkg.Package=github.com/containerd/containerd/v2" \
+		-o "$TMP/out/" "${pkgs[@]}"
+	install_bins "$CONTAINERD_DIR" "${todo[@]}"
+	for b in "${todo[@]}"; do echo "built   containerd-$CONTAINERD_VERSION/$b in $((SECONDS - start))s"; done
+}
+
+# runc from source (hack/runc pins it). Its nsexec is C, so this is the one cgo build: a static
+# PIE like runc's own `make static`, without the seccomp tag (no libseccomp) and without
+# libpathrs (a Rust library): runc falls back to its Go path resolution.
+build_runc() {
+	local todo=() start
+	mapfile -t todo < <(need "$RUNC_DIR" runc)
+	((${#todo[@]})) || return 0
+	command -v gcc >/dev/null || { echo "deps: runc needs gcc (cgo) and the static libc (libc6-dev)" >&2; return 1; }
+	start=$SECONDS
+	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
+	run env CGO_ENABLED=1 go build -C "$HACK_DIR/runc" "${BUILD_FLAGS[@]}" -buildmode=pie \
+		-tags "urfave_cli_no_docs netgo osusergo" \
+		-ldflags "-s -w -X main.gitCommit=$RUNC_VERSION -linkmode external -extldflags -static-pie" \
+		-o "$TMP/out/runc" github.com/opencontainers/runc
+	install_bins "$RUNC_DIR" runc
+	echo "built   runc-$RUNC_VERSION/runc in $((SECONDS - start))s"
+}
+
+# Debian's runc package, the other runc to choose from: `apt-get download` + `dpkg -x` into the
+# cache, nothing installed system-wide. Its binary links libseccomp.so.2 (libseccomp2, present on
+# Debian). The exact package version is pinned; apt's lists are refreshed once if they lack it.
+fetch_runc_debian() {
+	local todo=() start deb
+	mapfile -t todo < <(need "$RUNC_DEBIAN_DIR" runc)
+	((${#todo[@]})) || return 0
+	command -v apt-get >/dev/null || { echo "deps: Debian's runc needs apt-get and dpkg" >&2; return 1; }
+	start=$SECONDS
+	rm -rf "$TMP/deb" && mkdir -p "$TMP/deb/root" && chmod 0755 "$TMP" "$TMP/deb" # apt's _apt user writes here
+	if ! (cd "$TMP/deb" && apt-get download -qq "runc=$RUNC_DEBIAN_VERSION" 2>/dev/null); then
+		echo "deps: runc=$RUNC_DEBIAN_VERSION not in apt's lists; running apt-get update" >&2
+		apt-get update -qq
+		(cd "$TMP/deb" && apt-get download -qq "runc=$RUNC_DEBIAN_VERSION") ||
+			{ echo "deps: apt-get download runc=$RUNC_DEBIAN_VERSION failed: set RUNC_DEBIAN_VERSION in hack/versions.env to a version \`apt-cache policy runc\` lists" >&2; return 1; }
+	fi
+	deb=("$TMP"/deb/runc_*.deb)
+	dpkg -x "${deb[0]}" "$TMP/deb/root"
+	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
+	cp "$TMP/deb/root/usr/sbin/runc" "$TMP/out/runc"
+	install_bins "$RUNC_DEBIAN_DIR" runc
+	echo "fetched runc-debian-$RUNC_DEBIAN_VERSION/runc in $((SECONDS - start))s"
 }
 
 total=$SECONDS
@@ -193,4 +270,7 @@ build_cni
 build_helm
 build_etcd
 build_k8s
+build_containerd
+build_runc
+fetch_runc_debian
 echo "deps: ready in $CACHE ($((SECONDS - total))s)"

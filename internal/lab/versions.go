@@ -15,24 +15,41 @@ const (
 	EtcdVersion       = "v3.6.16"
 	CNIPluginsVersion = "v1.9.1"
 	HelmVersion       = "v3.22.0"
+	// Real-kubelet lab nodes: containerd, runc built from source, and Debian's runc package.
+	ContainerdVersion = "v2.4.2"
+	RuncVersion       = "v1.5.2"
+	RuncDebianVersion = "1.1.5+ds1-1+deb12u1"
 )
 
-// depDirs maps each artifact built by hack/deps.sh to its versioned directory in DepsDir.
-var depDirs = map[string]string{
-	"kube-apiserver": "k8s-" + K8sVersion,
-	"kubectl":        "k8s-" + K8sVersion,
-	"kube-proxy":     "k8s-" + K8sVersion,
-	"etcd":           "etcd-" + EtcdVersion,
-	"ptp":            "cni-plugins-" + CNIPluginsVersion,
-	"host-local":     "cni-plugins-" + CNIPluginsVersion,
-	"bandwidth":      "cni-plugins-" + CNIPluginsVersion,
-	"portmap":        "cni-plugins-" + CNIPluginsVersion,
-	"helm":           "helm-" + HelmVersion,
+// depPaths maps each artifact built by hack/deps.sh to its path in DepsDir (a versioned
+// directory and the file name). "runc" is built from source; "runc-debian" is Debian's.
+var depPaths = map[string]string{
+	"kube-apiserver":          "k8s-" + K8sVersion + "/kube-apiserver",
+	"kubectl":                 "k8s-" + K8sVersion + "/kubectl",
+	"kube-proxy":              "k8s-" + K8sVersion + "/kube-proxy",
+	"kubelet":                 "k8s-" + K8sVersion + "/kubelet",
+	"kube-scheduler":          "k8s-" + K8sVersion + "/kube-scheduler",
+	"kube-controller-manager": "k8s-" + K8sVersion + "/kube-controller-manager",
+	"etcd":                    "etcd-" + EtcdVersion + "/etcd",
+	"ptp":                     "cni-plugins-" + CNIPluginsVersion + "/ptp",
+	"host-local":              "cni-plugins-" + CNIPluginsVersion + "/host-local",
+	"bandwidth":               "cni-plugins-" + CNIPluginsVersion + "/bandwidth",
+	"portmap":                 "cni-plugins-" + CNIPluginsVersion + "/portmap",
+	"helm":                    "helm-" + HelmVersion + "/helm",
+	"containerd":              "containerd-" + ContainerdVersion + "/containerd",
+	"containerd-shim-runc-v2": "containerd-" + ContainerdVersion + "/containerd-shim-runc-v2",
+	"ctr":                     "containerd-" + ContainerdVersion + "/ctr",
+	"runc":                    "runc-" + RuncVersion + "/runc",
+	"runc-debian":             "runc-debian-" + RuncDebianVersion + "/runc",
 }
 
 // DepNames lists every artifact hack/deps.sh builds, in a stable order.
 func DepNames() []string {
-	return []string{"kube-apiserver", "kubectl", "kube-proxy", "etcd", "ptp", "host-local", "bandwidth", "portmap", "helm"}
+	return []string{
+		"kube-apiserver", "kubectl", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager",
+		"etcd", "ptp", "host-local", "bandwidth", "portmap", "helm",
+		"containerd", "containerd-shim-runc-v2", "ctr", "runc", "runc-debian",
+	}
 }
 
 // DepsDir is the dependency cache: $AXON_CACHE, or ~/.cache/axon.
@@ -50,14 +67,15 @@ func DepsDir() string {
 // ErrDepMissing is wrapped by DepPath when the artifact is not built yet.
 var ErrDepMissing = errors.New("dependency not built")
 
-// DepPath resolves an artifact name such as "kube-apiserver" or "ptp" to its full path in the
+// DepPath resolves an artifact name such as "kube-apiserver", "ptp" or "runc-debian" to its full path in the
 // cache. It fails with ErrDepMissing (and says how to build it) when the file is absent.
 func DepPath(name string) (string, error) {
-	dir, ok := depDirs[name]
+	rel, ok := depPaths[name]
 	if !ok {
 		return "", fmt.Errorf("unknown dependency %q (known: %v)", name, DepNames())
 	}
-	p := filepath.Join(DepsDir(), dir, name)
+	dir := filepath.Dir(rel)
+	p := filepath.Join(DepsDir(), rel)
 	st, err := os.Stat(p)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -43,13 +43,16 @@ func TestVersionsMatchEnv(t *testing.T) {
 		{"ETCD_VERSION", EtcdVersion},
 		{"CNI_PLUGINS_VERSION", CNIPluginsVersion},
 		{"HELM_VERSION", HelmVersion},
+		{"CONTAINERD_VERSION", ContainerdVersion},
+		{"RUNC_VERSION", RuncVersion},
+		{"RUNC_DEBIAN_VERSION", RuncDebianVersion},
 	} {
 		if got := env[tc.key]; got != tc.goValue {
 			t.Errorf("hack/versions.env %s=%q, internal/lab/versions.go has %q", tc.key, got, tc.goValue)
 		}
 	}
-	if len(env) != 4 {
-		t.Errorf("hack/versions.env has %d keys, versions.go mirrors 4: update both", len(env))
+	if len(env) != 7 {
+		t.Errorf("hack/versions.env has %d keys, versions.go mirrors 7: update both", len(env))
 	}
 }
 
@@ -91,7 +94,8 @@ func TestDepPath(t *testing.T) {
 		{name: "ptp", want: "cni-plugins-" + CNIPluginsVersion + "/ptp"},
 		{name: "kubectl", wantErr: "make deps", missing: true},
 		{name: "etcd", wantErr: "not an executable", missing: true},
-		{name: "kubelet", wantErr: "unknown dependency"},
+		{name: "runc-debian", wantErr: "make deps", missing: true},
+		{name: "kubeadm", wantErr: "unknown dependency"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DepPath(tc.name)
@@ -113,9 +117,12 @@ func TestDepPath(t *testing.T) {
 		})
 	}
 	for _, n := range DepNames() {
-		if _, ok := depDirs[n]; !ok {
-			t.Errorf("DepNames has %q but depDirs does not", n)
+		if _, ok := depPaths[n]; !ok {
+			t.Errorf("DepNames has %q but depPaths does not", n)
 		}
+	}
+	if len(DepNames()) != len(depPaths) {
+		t.Errorf("DepNames has %d names, depPaths %d", len(DepNames()), len(depPaths))
 	}
 }
 
@@ -134,8 +141,8 @@ func TestDepsCheckScript(t *testing.T) {
 		t.Fatalf("--check on an empty cache exited 0:\n%s", out)
 	}
 	for _, n := range DepNames() {
-		if !strings.Contains(out, depDirs[n]+"/"+n) {
-			t.Errorf("--check output does not list %s/%s:\n%s", depDirs[n], n, out)
+		if !strings.Contains(out, depPaths[n]) {
+			t.Errorf("--check output does not list %s:\n%s", depPaths[n], out)
 		}
 	}
 	if !strings.Contains(out, "make deps") {
@@ -143,7 +150,7 @@ func TestDepsCheckScript(t *testing.T) {
 	}
 	t.Setenv("AXON_CACHE", cache)
 	for _, n := range DepNames() {
-		p := filepath.Join(cache, depDirs[n], n)
+		p := filepath.Join(cache, depPaths[n])
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
