@@ -1,17 +1,21 @@
 // Package controlplane runs the lab's real Kubernetes control plane: etcd and kube-apiserver as
 // detached processes on 127.0.0.1 of the root network namespace, with a generated PKI, an admin
 // kubeconfig (system:masters), per-node agent kubeconfigs bound to least-privilege RBAC, and a
-// forwarder that makes the apiserver reachable from node network namespaces.
+// forwarder that makes the apiserver reachable from node network namespaces. With
+// Config.Controllers (real-kubelet labs) it adds kube-scheduler and kube-controller-manager,
+// Node,RBAC authorization, and issues kubelet kubeconfigs.
 //
 // State lives in Config.Dir:
 //
 //	pki/                 CA, apiserver serving cert, admin cert, service-account keys, agents/<node>.{crt,key}
+//	                     (Controllers: apiserver-kubelet-client.*, components/*, kubelets/<node>.{crt,key})
 //	etcd-data/           etcd's data dir
 //	logs/etcd.log        stdout+stderr of etcd (appended across restarts)
-//	logs/kube-apiserver.log
+//	logs/kube-apiserver.log (Controllers: logs/kube-scheduler.log, logs/kube-controller-manager.log)
 //	pids.json            the running processes (PID + start time), used by Stop
 //	admin.kubeconfig     cluster admin
 //	kubeconfigs/agent-<node>.kubeconfig
+//	kubeconfigs/kubelet-<node>.kubeconfig, kube-scheduler.kubeconfig, kube-controller-manager.kubeconfig
 package controlplane
 
 import (
@@ -62,6 +66,19 @@ type Config struct {
 	ExtraSANs []net.IP
 	// ReadyTimeout bounds each wait for etcd and the apiserver to become ready (default 90s).
 	ReadyTimeout time.Duration
+
+	// Controllers adds kube-scheduler and kube-controller-manager (for labs whose nodes run a
+	// real kubelet) and switches the apiserver to --authorization-mode=Node,RBAC with the
+	// ServiceAccount and NodeRestriction admission plugins. Off by default: the lab's agents
+	// need none of it, and without a ServiceAccount controller the ServiceAccount admission
+	// would reject every Pod.
+	Controllers bool
+	// Binaries of the controllers, e.g. from lab.DepPath; required with Controllers.
+	SchedulerBinary         string
+	ControllerManagerBinary string
+	// HTTPS health ports of the controllers on 127.0.0.1 (defaults 10259 and 10257).
+	SchedulerPort         int
+	ControllerManagerPort int
 }
 
 // ControlPlane is a running (or adopted) lab control plane.
@@ -95,20 +112,36 @@ func (c *Config) setDefaults() error {
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 90 * time.Second
 	}
-	for name, p := range map[string]int{"APIPort": c.APIPort, "EtcdPort": c.EtcdPort, "EtcdPort+1 (peer)": c.EtcdPort + 1} {
-		if p < 1 || p > 65535 {
-			return fmt.Errorf("config %s=%d: want a TCP port in 1..65535", name, p)
+	if c.SchedulerPort == 0 {
+		c.SchedulerPort = DefaultSchedulerPort
+	}
+	if c.ControllerManagerPort == 0 {
+		c.ControllerManagerPort = DefaultControllerManagerPort
+	}
+	ports := c.ports()
+	for _, p := range ports {
+		if p.port < 1 || p.port > 65535 {
+			return fmt.Errorf("config %s=%d: want a TCP port in 1..65535", p.what, p.port)
 		}
 	}
-	if c.APIPort == c.EtcdPort || c.APIPort == c.EtcdPort+1 {
-		return fmt.Errorf("config APIPort=%d collides with EtcdPort=%d or its peer port %d", c.APIPort, c.EtcdPort, c.EtcdPort+1)
+	for i := range ports {
+		for j := i + 1; j < len(ports); j++ {
+			if ports[i].port == ports[j].port {
+				return fmt.Errorf("config %s=%d collides with %s", ports[i].what, ports[i].port, ports[j].what)
+			}
+		}
 	}
 	for _, cidr := range strings.Split(c.ServiceCIDR, ",") { // dual-stack: "v4,v6"
 		if _, _, err := net.ParseCIDR(cidr); err != nil {
 			return fmt.Errorf("config ServiceCIDR=%q: %w (want e.g. %s or %s,fd00:10:96::/112)", c.ServiceCIDR, err, DefaultServiceCIDR, DefaultServiceCIDR)
 		}
 	}
-	for name, b := range map[string]string{"EtcdBinary": c.EtcdBinary, "APIServerBinary": c.APIServerBinary} {
+	bins := map[string]string{"EtcdBinary": c.EtcdBinary, "APIServerBinary": c.APIServerBinary}
+	if c.Controllers {
+		bins["SchedulerBinary"] = c.SchedulerBinary
+		bins["ControllerManagerBinary"] = c.ControllerManagerBinary
+	}
+	for name, b := range bins {
 		if b == "" {
 			return fmt.Errorf("config %s is empty: resolve it with lab.DepPath (built by `make deps`, hack/deps.sh)", name)
 		}
@@ -123,8 +156,50 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// Start brings up etcd and kube-apiserver (or adopts them when the ones recorded in Dir are
-// already running and healthy), waits for /readyz and applies the agent RBAC. Processes are
+type namedPort struct {
+	what string
+	port int
+}
+
+// ports lists the TCP ports on 127.0.0.1 the configured processes listen on.
+func (c *Config) ports() []namedPort {
+	ps := []namedPort{{"EtcdPort", c.EtcdPort}, {"etcd peer port (EtcdPort+1)", c.EtcdPort + 1}, {"APIPort", c.APIPort}}
+	if c.Controllers {
+		ps = append(ps, namedPort{"SchedulerPort", c.SchedulerPort}, namedPort{"ControllerManagerPort", c.ControllerManagerPort})
+	}
+	return ps
+}
+
+// planned is one process of the control plane, in start order.
+type planned struct {
+	name string
+	bin  string
+	args []string
+	// ready waits until the process serves; exited is closed when it dies first.
+	ready func(ctx context.Context, exited <-chan struct{}) error
+}
+
+// plan lists the processes this config runs, in start order (Stop goes in reverse).
+func (cp *ControlPlane) plan() []planned {
+	ps := []planned{
+		{"etcd", cp.cfg.EtcdBinary, cp.etcdArgs(), cp.waitEtcd},
+		{"kube-apiserver", cp.cfg.APIServerBinary, cp.apiserverArgs(), cp.waitReady},
+	}
+	if cp.cfg.Controllers {
+		ps = append(ps,
+			planned{"kube-scheduler", cp.cfg.SchedulerBinary, cp.schedulerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
+				return cp.waitHealthz(ctx, cp.cfg.SchedulerPort, exited)
+			}},
+			planned{"kube-controller-manager", cp.cfg.ControllerManagerBinary, cp.controllerManagerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
+				return cp.waitHealthz(ctx, cp.cfg.ControllerManagerPort, exited)
+			}})
+	}
+	return ps
+}
+
+// Start brings up etcd and kube-apiserver, and with Config.Controllers kube-scheduler and
+// kube-controller-manager (or adopts them when the ones recorded in Dir are already running and
+// healthy), waits for each to serve and applies the agent RBAC. Processes are
 // detached: they outlive the caller until Stop(Dir). On failure, processes started by this call
 // are stopped again and the error carries the tail of the failing process's log.
 func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
@@ -150,6 +225,11 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	cp := &ControlPlane{cfg: cfg, ca: ca}
 	if err := cp.writeAdminKubeconfig(); err != nil {
 		return nil, err
+	}
+	if cfg.Controllers {
+		if err := cp.ensureControllerPKI(); err != nil {
+			return nil, fmt.Errorf("pki in %s: %w", cfg.Dir, err)
+		}
 	}
 
 	st, err := readPIDs(cfg.Dir)
@@ -185,16 +265,21 @@ func (cp *ControlPlane) adopt(ctx context.Context, st pidState, log *slog.Logger
 		return false, nil
 	}
 	// Adopt only the exact processes this config would start (same binaries, ports, dir).
-	allAlive := len(st.Processes) == 2 &&
-		slices.Equal(st.Processes[0].Args, append([]string{cp.cfg.EtcdBinary}, cp.etcdArgs()...)) &&
-		slices.Equal(st.Processes[1].Args, append([]string{cp.cfg.APIServerBinary}, cp.apiserverArgs()...))
-	for _, p := range st.Processes {
-		allAlive = allAlive && p.alive()
+	plan := cp.plan()
+	allAlive := len(st.Processes) == len(plan)
+	for i, p := range st.Processes {
+		allAlive = allAlive && slices.Equal(p.Args, append([]string{plan[i].bin}, plan[i].args...)) && p.alive()
 	}
 	if allAlive {
 		cp.procs = st.Processes
 		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		err := cp.waitReady(wctx, nil)
+		var err error
+		for _, p := range plan[1:] { // etcd serves if the apiserver does
+			if err = p.ready(wctx, nil); err != nil {
+				err = fmt.Errorf("%s: %w", p.name, err)
+				break
+			}
+		}
 		cancel()
 		if err == nil {
 			if err := cp.applyRBAC(ctx); err != nil {
@@ -217,45 +302,27 @@ func (cp *ControlPlane) adopt(ctx context.Context, st pidState, log *slog.Logger
 }
 
 func (cp *ControlPlane) startProcesses(ctx context.Context, log *slog.Logger) error {
-	cfg := cp.cfg
-	for _, p := range []struct {
-		port int
-		what string
-	}{{cfg.EtcdPort, "EtcdPort"}, {cfg.EtcdPort + 1, "etcd peer port (EtcdPort+1)"}, {cfg.APIPort, "APIPort"}} {
+	for _, p := range cp.cfg.ports() {
 		if err := portFree(p.port); err != nil {
 			return fmt.Errorf("%s 127.0.0.1:%d: %w; stop it or choose another port", p.what, p.port, err)
 		}
 	}
-
-	etcdLog := filepath.Join(cfg.Dir, "logs", "etcd.log")
-	rec, etcdExited, err := spawn("etcd", cfg.EtcdBinary, cp.etcdArgs(), etcdLog)
-	if err != nil {
-		return err
+	for _, p := range cp.plan() {
+		logPath := filepath.Join(cp.cfg.Dir, "logs", p.name+".log")
+		rec, exited, err := spawn(p.name, p.bin, p.args, logPath)
+		if err != nil {
+			return err
+		}
+		cp.procs = append(cp.procs, rec)
+		if err := writePIDs(cp.cfg.Dir, pidState{Processes: cp.procs}); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := p.ready(ctx, exited); err != nil {
+			return fmt.Errorf("%s not ready: %w\n--- tail of %s ---\n%s", p.name, err, logPath, logTail(logPath, 30))
+		}
+		log.Debug(p.name+" ready", "pid", rec.PID, "after", time.Since(t0).Round(time.Millisecond))
 	}
-	cp.procs = append(cp.procs, rec)
-	if err := writePIDs(cfg.Dir, pidState{Processes: cp.procs}); err != nil {
-		return err
-	}
-	t0 := time.Now()
-	if err := cp.waitEtcd(ctx, etcdExited); err != nil {
-		return fmt.Errorf("etcd not ready: %w\n--- tail of %s ---\n%s", err, etcdLog, logTail(etcdLog, 30))
-	}
-	log.Debug("etcd ready", "pid", rec.PID, "after", time.Since(t0).Round(time.Millisecond))
-
-	apiLog := filepath.Join(cfg.Dir, "logs", "kube-apiserver.log")
-	rec, apiExited, err := spawn("kube-apiserver", cfg.APIServerBinary, cp.apiserverArgs(), apiLog)
-	if err != nil {
-		return err
-	}
-	cp.procs = append(cp.procs, rec)
-	if err := writePIDs(cfg.Dir, pidState{Processes: cp.procs}); err != nil {
-		return err
-	}
-	t0 = time.Now()
-	if err := cp.waitReady(ctx, apiExited); err != nil {
-		return fmt.Errorf("kube-apiserver not ready: %w\n--- tail of %s ---\n%s", err, apiLog, logTail(apiLog, 30))
-	}
-	log.Debug("kube-apiserver ready", "pid", rec.PID, "after", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -282,14 +349,27 @@ func (cp *ControlPlane) etcdArgs() []string {
 
 func (cp *ControlPlane) apiserverArgs() []string {
 	pki := func(f string) string { return filepath.Join(cp.cfg.Dir, "pki", f) }
-	return []string{
+	authz := []string{
+		"--authorization-mode=RBAC",
+		// No kube-controller-manager creates the "default" ServiceAccount in the lab, and the
+		// lab's Pods need none: without this the ServiceAccount admission rejects every Pod.
+		"--disable-admission-plugins=ServiceAccount",
+	}
+	if cp.cfg.Controllers {
+		authz = []string{
+			"--authorization-mode=Node,RBAC",
+			"--enable-admission-plugins=NodeRestriction", // ServiceAccount is on by default
+			"--kubelet-client-certificate=" + pki(kubeletClientCertFile),
+			"--kubelet-client-key=" + pki(kubeletClientKeyFile),
+		}
+	}
+	return append([]string{
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(cp.cfg.APIPort),
 		"--etcd-servers=" + cp.etcdURL(),
 		"--endpoint-reconciler-type=none", // the default reconciler rejects a loopback endpoint
 		"--service-cluster-ip-range=" + cp.cfg.ServiceCIDR,
-		"--authorization-mode=RBAC",
 		"--client-ca-file=" + pki(caCertFile),
 		"--tls-cert-file=" + pki(apiserverCertFile),
 		"--tls-private-key-file=" + pki(apiserverKeyFile),
@@ -297,13 +377,10 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pki(saPubFile),
 		"--service-account-signing-key-file=" + pki(saKeyFile),
-		// No kube-controller-manager creates the "default" ServiceAccount in the lab, and the
-		// lab's Pods need none: without this the ServiceAccount admission rejects every Pod.
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=0",
-	}
+	}, authz...)
 }
 
 // waitEtcd polls etcd's /health until it reports healthy.
@@ -387,7 +464,8 @@ func (cp *ControlPlane) applyRBAC(ctx context.Context) error {
 	return fmt.Errorf("apply agent RBAC: %w", last)
 }
 
-// Stop stops the processes recorded in dir/pids.json (kube-apiserver first, then etcd) by PID:
+// Stop stops the processes recorded in dir/pids.json (in reverse start order: the controllers,
+// kube-apiserver, then etcd) by PID:
 // SIGTERM, up to 10 s grace, then SIGKILL. It removes pids.json and nothing else (PKI, etcd
 // data and logs stay). Safe to call twice or when nothing runs.
 func Stop(dir string) error {
@@ -461,7 +539,8 @@ func (cp *ControlPlane) CAFile() string { return filepath.Join(cp.cfg.Dir, "pki"
 // CACertPEM is the CA certificate in PEM.
 func (cp *ControlPlane) CACertPEM() []byte { return cp.ca.CertPEM }
 
-// PIDs returns the PIDs of etcd and kube-apiserver, in start order.
+// PIDs returns the PIDs of etcd and kube-apiserver (and with Controllers kube-scheduler and
+// kube-controller-manager), in start order.
 func (cp *ControlPlane) PIDs() []int {
 	out := make([]int, 0, len(cp.procs))
 	for _, p := range cp.procs {
@@ -498,34 +577,9 @@ func (cp *ControlPlane) AgentKubeconfig(node string) (string, error) {
 	if !nodeNameRE.MatchString(node) {
 		return "", fmt.Errorf("agent kubeconfig: node name %q is not a valid DNS subdomain (lowercase letters, digits, '-', '.')", node)
 	}
-	dir := filepath.Join(cp.cfg.Dir, "pki", "agents")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("agent kubeconfig: %w", err)
-	}
-	certFile, keyFile := node+".crt", node+".key"
-	if !exists(filepath.Join(dir, certFile)) || !exists(filepath.Join(dir, keyFile)) {
-		if err := cp.ca.issueToFiles(dir, certFile, keyFile, leafSpec{
-			CommonName: AgentUserPfx + node, Organization: []string{AgentGroup},
-		}); err != nil {
-			return "", fmt.Errorf("agent certificate for %s: %w", node, err)
-		}
-	}
-	cert, err := os.ReadFile(filepath.Join(dir, certFile))
-	if err != nil {
-		return "", fmt.Errorf("agent kubeconfig: %w", err)
-	}
-	key, err := os.ReadFile(filepath.Join(dir, keyFile))
-	if err != nil {
-		return "", fmt.Errorf("agent kubeconfig: %w", err)
-	}
-	path := filepath.Join(cp.cfg.Dir, "kubeconfigs", "agent-"+node+".kubeconfig")
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return "", fmt.Errorf("agent kubeconfig: %w", err)
-	}
-	if err := writeKubeconfig(path, cp.Server(), cp.ca.CertPEM, cert, key, AgentUserPfx+node); err != nil {
-		return "", err
-	}
-	return path, nil
+	return cp.clientKubeconfig(filepath.Join(cp.cfg.Dir, "pki", "agents"), node,
+		leafSpec{CommonName: AgentUserPfx + node, Organization: []string{AgentGroup}},
+		filepath.Join(cp.cfg.Dir, "kubeconfigs", "agent-"+node+".kubeconfig"))
 }
 
 // writeKubeconfig writes a self-contained kubeconfig (certificates embedded).

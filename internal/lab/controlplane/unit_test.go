@@ -135,58 +135,78 @@ func TestPKIGeneratedOnceAndIdentities(t *testing.T) {
 	}
 }
 
-func TestAgentKubeconfigIdentity(t *testing.T) {
+// Agent and kubelet kubeconfigs carry the identity RBAC, the Node authorizer and NodeRestriction
+// expect, are issued once, and refuse node names that are not DNS subdomains (they become file
+// names).
+func TestClientKubeconfigIdentity(t *testing.T) {
 	dir := t.TempDir()
 	ca, err := ensurePKI(filepath.Join(dir, "pki"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &ControlPlane{cfg: Config{Dir: dir, APIPort: 16443}, ca: ca}
-	for _, tc := range []struct {
-		node    string
-		wantErr bool
+	cp := &ControlPlane{cfg: Config{Dir: dir, APIPort: 16443, Controllers: true}, ca: ca}
+	kinds := []struct {
+		name     string
+		issue    func(string) (string, error)
+		certDir  string
+		userPfx  string
+		wantOrgs string
 	}{
-		{node: "node1"},
-		{node: "worker-2.lab"},
-		{node: "", wantErr: true},
-		{node: "../etc", wantErr: true},
-		{node: "Node1", wantErr: true},
-	} {
-		t.Run(tc.node, func(t *testing.T) {
-			path, err := cp.AgentKubeconfig(tc.node)
-			if tc.wantErr {
-				if err == nil {
-					t.Fatalf("AgentKubeconfig(%q) = %s, want an error", tc.node, path)
+		{"agent", cp.AgentKubeconfig, "agents", AgentUserPfx, "[" + AgentGroup + "]"},
+		{"kubelet", cp.KubeletKubeconfig, "kubelets", NodeUserPfx, "[" + NodeGroup + "]"},
+	}
+	for _, k := range kinds {
+		for _, tc := range []struct {
+			node    string
+			wantErr bool
+		}{
+			{node: "node1"},
+			{node: "worker-2.lab"},
+			{node: "", wantErr: true},
+			{node: "../etc", wantErr: true},
+			{node: "Node1", wantErr: true},
+		} {
+			t.Run(k.name+"/"+tc.node, func(t *testing.T) {
+				path, err := k.issue(tc.node)
+				if tc.wantErr {
+					if err == nil {
+						t.Fatalf("%s kubeconfig for %q = %s, want an error", k.name, tc.node, path)
+					}
+					return
 				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			kc, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !strings.Contains(string(kc), "server: https://127.0.0.1:16443") {
-				t.Errorf("kubeconfig lacks the server URL:\n%s", kc)
-			}
-			crt, _ := os.ReadFile(filepath.Join(dir, "pki", "agents", tc.node+".crt"))
-			c, err := parseCertPEM(crt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.Subject.CommonName != AgentUserPfx+tc.node || fmt.Sprint(c.Subject.Organization) != "["+AgentGroup+"]" {
-				t.Errorf("agent subject = %v", c.Subject)
-			}
-			// Issued once: a second call keeps the certificate.
-			if _, err := cp.AgentKubeconfig(tc.node); err != nil {
-				t.Fatal(err)
-			}
-			crt2, _ := os.ReadFile(filepath.Join(dir, "pki", "agents", tc.node+".crt"))
-			if !bytes.Equal(crt, crt2) {
-				t.Error("agent certificate re-issued on second call")
-			}
-		})
+				if err != nil {
+					t.Fatal(err)
+				}
+				kc, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(string(kc), "server: https://127.0.0.1:16443") {
+					t.Errorf("kubeconfig lacks the server URL:\n%s", kc)
+				}
+				crt, _ := os.ReadFile(filepath.Join(dir, "pki", k.certDir, tc.node+".crt"))
+				c, err := parseCertPEM(crt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Subject.CommonName != k.userPfx+tc.node || fmt.Sprint(c.Subject.Organization) != k.wantOrgs {
+					t.Errorf("%s subject = %v", k.name, c.Subject)
+				}
+				// Issued once: a second call keeps the certificate.
+				if _, err := k.issue(tc.node); err != nil {
+					t.Fatal(err)
+				}
+				crt2, _ := os.ReadFile(filepath.Join(dir, "pki", k.certDir, tc.node+".crt"))
+				if !bytes.Equal(crt, crt2) {
+					t.Errorf("%s certificate re-issued on second call", k.name)
+				}
+			})
+		}
+	}
+	// Without the Node authorizer a kubelet identity could do nothing: refuse, and say why.
+	plain := &ControlPlane{cfg: Config{Dir: dir, APIPort: 16443}, ca: ca}
+	if _, err := plain.KubeletKubeconfig("node1"); err == nil || !strings.Contains(err.Error(), "Controllers=true") {
+		t.Errorf("KubeletKubeconfig without Controllers: err = %v, want one that says to set Controllers=true", err)
 	}
 }
 
@@ -202,7 +222,13 @@ func TestConfigValidation(t *testing.T) {
 		{"bad cidr", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, ServiceCIDR: "10.96.0.0"}, "ServiceCIDR"},
 		{"port collision", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, APIPort: 2380, EtcdPort: 2379}, "collides"},
 		{"port range", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, APIPort: 70000}, "1..65535"},
+		{"controllers without binaries", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, Controllers: true, SchedulerBinary: exe}, "ControllerManagerBinary"},
+		{"scheduler port collision", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, Controllers: true,
+			SchedulerBinary: exe, ControllerManagerBinary: exe, SchedulerPort: DefaultAPIPort}, "SchedulerPort"},
+		{"controller ports unused without controllers", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, SchedulerPort: DefaultAPIPort}, ""},
 		{"ok", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe}, ""},
+		{"ok with controllers", Config{Dir: t.TempDir(), EtcdBinary: exe, APIServerBinary: exe, Controllers: true,
+			SchedulerBinary: exe, ControllerManagerBinary: exe}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.setDefaults()
