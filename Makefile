@@ -15,7 +15,7 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image fuzz manifests
+.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image images conformance-deps fuzz manifests
 
 all: build
 
@@ -28,6 +28,8 @@ help:
 	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd/runc into ~/.cache/axon"
 	@echo "make lab-down remove the lab"
 	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
+	@echo "make images   pause and agnhost image tarballs for real-kubelet lab nodes into ~/.cache/axon"
+	@echo "make conformance-deps  the upstream e2e test binary (e2e.test, ~8 min) into ~/.cache/axon"
 
 packages:
 	@hack/install-packages.sh
@@ -53,11 +55,25 @@ manifests: deps
 
 # Container image without a container runtime (deploy/image, hack/image): an OCI layout in
 # bin/image/oci and a docker/podman-loadable tarball bin/image/axon-image.tar, from scratch with
-# the static binaries. Same binaries and commit time, same digest (make test checks it).
+# the static binaries. Same binaries and commit time, same digest (make test checks it). Named
+# after the chart's image.repository and tagged $(VERSION) and the chart's appVersion: the
+# reference deploy/kubernetes/axon.yaml runs (deploy/image's TestImageNameMatchesManifest).
 # Push with any OCI tool, e.g. skopeo copy oci:bin/image/oci docker://<registry>/axon:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 image: build
 	$(GO) run ./hack/image -bin $(BIN) -out $(BIN)/image -version $(VERSION) -created $(SOURCE_DATE_EPOCH)
+
+# The pause and agnhost images real-kubelet lab nodes import into containerd (hack/images,
+# deploy/image/e2e.go), under the names the e2e suite of K8S_VERSION pulls; cached in
+# ~/.cache/axon/images-k8s-<version>/ (about 25 s: agnhost is a Go build).
+images:
+	$(GO) run ./hack/images
+
+# The upstream e2e test binary for `make conformance` (k8s.io/kubernetes/test/e2e at
+# K8S_VERSION): ~/.cache/axon/k8s-<version>/e2e.test. Big (~8 min on a busy 2-core host with a
+# warm Go build cache): not part of make deps.
+conformance-deps: packages
+	@hack/deps.sh --conformance
 
 lab: deps build
 	$(BIN)/axon lab up --nodes $(NODES) --pods-per-node $(PODS)

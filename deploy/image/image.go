@@ -1,9 +1,11 @@
-// Package image builds axon's container image without a container runtime:
-// an OCI image from scratch (no base image) holding the three static binaries
-// of `make build`, written as an OCI layout directory and as a `docker load` /
-// `podman load` tarball. The same binaries and the same creation time give the
-// same digest: file order, modes, owners and mtimes in the layer are fixed and
-// the gzip header carries no time or name.
+// Package image builds container images without a container runtime: axon's
+// own image, an OCI image from scratch (no base image) holding the three static
+// binaries of `make build`, written as an OCI layout directory and as a
+// `docker load` / `podman load` / `ctr images import` tarball; and, with the
+// same single-layer assembly (Assemble), the pause and agnhost images the
+// real-kubelet lab and the e2e suite use (e2e.go). The same files and the same
+// creation time give the same digest: file order, modes, owners and mtimes in
+// the layer are fixed and the gzip header carries no time or name.
 //
 // No base image: the agent and axon-cni run no external tools (neither imports
 // os/exec), the agent reaches the kube-apiserver with the service account's CA
@@ -20,6 +22,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -42,10 +45,14 @@ const BinDir = "/usr/local/bin"
 type Spec struct {
 	// BinDir is the folder holding the built binaries (bin/).
 	BinDir string
-	// Name is the image's name without a registry host, e.g. "axon"; with
-	// Version it is the reference in the OCI layout and the tarball.
+	// Name is the image's repository, e.g. "ghcr.io/axonhq/axon" (the Helm
+	// chart's image.repository, ChartImage); with Version it is the reference
+	// in the OCI layout and the tarball.
 	Name    string
 	Version string
+	// Tags are more tags of Name the tarball carries, e.g. the chart's
+	// appVersion, the tag deploy/kubernetes/axon.yaml uses.
+	Tags []string
 	// Created is the image's creation time and every file's mtime
 	// (SOURCE_DATE_EPOCH in the Makefile: the commit's time).
 	Created time.Time
@@ -65,41 +72,122 @@ func Build(spec Spec, outDir string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	refs := []string{spec.Name + ":" + spec.Version}
+	for _, t := range spec.Tags {
+		if r := spec.Name + ":" + t; !slices.Contains(refs, r) {
+			refs = append(refs, r)
+		}
+	}
+	res := Result{Layout: filepath.Join(outDir, "oci"), Tarball: filepath.Join(outDir, "axon-image.tar")}
+	res.Digest, err = Write(img, refs, res.Layout, res.Tarball)
+	return res, err
+}
+
+// Write writes img as an OCI layout in layoutDir (replaced; "" for none), its
+// ref.name annotation the first reference's tag, and as a docker-archive
+// tarball carrying every reference in refs (full names, e.g.
+// registry.k8s.io/pause:3.10.2; a name without a registry host stays without
+// one). It returns the image manifest's digest.
+func Write(img v1.Image, refs []string, layoutDir, tarPath string) (v1.Hash, error) {
 	dig, err := img.Digest()
 	if err != nil {
-		return Result{}, fmt.Errorf("image digest: %w", err)
+		return v1.Hash{}, fmt.Errorf("image digest: %w", err)
 	}
-	ref, err := name.NewTag(spec.Name+":"+spec.Version, name.WithDefaultRegistry(""))
-	if err != nil {
-		return Result{}, fmt.Errorf("image reference %q: %w (use -name without a registry host and -version with [A-Za-z0-9_.-])", spec.Name+":"+spec.Version, err)
+	if len(refs) == 0 {
+		return v1.Hash{}, fmt.Errorf("image %s: no reference to write it under", dig)
 	}
-	res := Result{Layout: filepath.Join(outDir, "oci"), Tarball: filepath.Join(outDir, "axon-image.tar"), Digest: dig}
-	if err := os.RemoveAll(res.Layout); err != nil {
-		return Result{}, err
+	tags := map[name.Tag]v1.Image{}
+	var first name.Tag
+	for i, r := range refs {
+		t, err := name.NewTag(r, name.WithDefaultRegistry(""))
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("image reference %q: %w (want [registry/]path:tag, the tag [A-Za-z0-9_.-])", r, err)
+		}
+		if i == 0 {
+			first = t
+		}
+		tags[t] = img
 	}
-	p, err := layout.Write(res.Layout, empty.Index)
-	if err != nil {
-		return Result{}, fmt.Errorf("create OCI layout %s: %w", res.Layout, err)
+	if layoutDir != "" {
+		if err := os.RemoveAll(layoutDir); err != nil {
+			return v1.Hash{}, err
+		}
+		p, err := layout.Write(layoutDir, empty.Index)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("create OCI layout %s: %w", layoutDir, err)
+		}
+		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+			"org.opencontainers.image.ref.name": first.TagStr(),
+		})); err != nil {
+			return v1.Hash{}, fmt.Errorf("write image into %s: %w", layoutDir, err)
+		}
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": spec.Version,
-	})); err != nil {
-		return Result{}, fmt.Errorf("write image into %s: %w", res.Layout, err)
+	// Into a temporary file first: an interrupted write never leaves a tarball that looks complete.
+	tmp := tarPath + ".tmp"
+	if err := tarball.MultiWriteToFile(tmp, tags); err != nil {
+		os.Remove(tmp)
+		return v1.Hash{}, fmt.Errorf("write %s: %w", tarPath, err)
 	}
-	if err := tarball.WriteToFile(res.Tarball, ref, img); err != nil {
-		return Result{}, fmt.Errorf("write %s: %w", res.Tarball, err)
+	if err := os.Rename(tmp, tarPath); err != nil {
+		return v1.Hash{}, fmt.Errorf("write %s: %w", tarPath, err)
 	}
-	return res, nil
+	return dig, nil
+}
+
+// Entry is one member of a single-layer image.
+type Entry struct {
+	Path string // absolute path in the image, e.g. /usr/local/bin/axon-agent
+	Src  string // a regular file: copied from this host path
+	Mode int64  // of a regular file or directory (0: 0755)
+	Link string // a symbolic link to this target (Src empty)
+	Dir  bool   // a directory (parents of files are added without asking)
+}
+
+// Contents is everything a single-layer image from scratch is made of.
+type Contents struct {
+	Entries    []Entry // in layer order, after their parent directories
+	Entrypoint []string
+	Cmd        []string
+	Env        []string
+	User       string // e.g. "0:0" or "65535:65535"
+	Labels     map[string]string
+	Arch       string // GOARCH terms, e.g. amd64
+	CreatedBy  string // the layer's history entry
+	Created    time.Time
 }
 
 // Image assembles the image of spec in memory.
 func Image(spec Spec) (v1.Image, error) {
-	created := spec.Created.UTC()
 	arch, err := binariesArch(spec.BinDir)
 	if err != nil {
 		return nil, err
 	}
-	layerTar, err := binariesLayer(spec.BinDir, created)
+	c := Contents{
+		Entrypoint: []string{path.Join(BinDir, "axon-agent")},
+		Env:        []string{"PATH=" + BinDir},
+		// uid 0: the agent needs its capabilities (BPF, NET_ADMIN, ...) as
+		// effective capabilities, which Kubernetes grants only to uid 0, and the
+		// CNI installer writes into the host's root-owned /opt/cni/bin. The
+		// manifests drop every capability either does not need.
+		User: "0:0",
+		Labels: map[string]string{
+			"org.opencontainers.image.title":   "axon",
+			"org.opencontainers.image.version": spec.Version,
+		},
+		Arch:      arch,
+		CreatedBy: "deploy/image: " + path.Join(BinDir, "{axon,axon-agent,axon-cni}"),
+		Created:   spec.Created,
+	}
+	for _, b := range Binaries {
+		c.Entries = append(c.Entries, Entry{Path: path.Join(BinDir, b), Src: filepath.Join(spec.BinDir, b)})
+	}
+	return Assemble(c)
+}
+
+// Assemble builds a single-layer image from scratch of c.
+func Assemble(c Contents) (v1.Image, error) {
+	created := c.Created.UTC()
+	layerTar, err := buildLayer(c.Entries, created)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +202,7 @@ func Image(spec Spec) (v1.Image, error) {
 	img, err = mutate.Append(img, mutate.Addendum{
 		Layer:     layer,
 		MediaType: types.OCILayer,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "deploy/image: " + path.Join(BinDir, "{axon,axon-agent,axon-cni}")},
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: c.CreatedBy},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("append layer: %w", err)
@@ -125,18 +213,12 @@ func Image(spec Spec) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.Created = v1.Time{Time: created}
-	cf.OS, cf.Architecture = "linux", arch
-	cf.Config.Entrypoint = []string{path.Join(BinDir, "axon-agent")}
-	cf.Config.Env = []string{"PATH=" + BinDir}
-	// uid 0: the agent needs its capabilities (BPF, NET_ADMIN, ...) as
-	// effective capabilities, which Kubernetes grants only to uid 0, and the
-	// CNI installer writes into the host's root-owned /opt/cni/bin. The
-	// manifests drop every capability either does not need.
-	cf.Config.User = "0:0"
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "axon",
-		"org.opencontainers.image.version": spec.Version,
-	}
+	cf.OS, cf.Architecture = "linux", c.Arch
+	cf.Config.Entrypoint = c.Entrypoint
+	cf.Config.Cmd = c.Cmd
+	cf.Config.Env = c.Env
+	cf.Config.User = c.User
+	cf.Config.Labels = c.Labels
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("image config: %w", err)
@@ -144,33 +226,61 @@ func Image(spec Spec) (v1.Image, error) {
 	return img, nil
 }
 
-// binariesLayer is the gzip'd tar of the binaries below BinDir: directories
-// first, then the files in Binaries order, root-owned, every mtime created.
-func binariesLayer(binDir string, created time.Time) ([]byte, error) {
+// buildLayer is the gzip'd tar of entries: each file's missing parent
+// directories first, then the entry; root-owned, every mtime created.
+func buildLayer(entries []Entry, created time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	gz, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
 	if err != nil {
 		return nil, err
 	}
 	tw := tar.NewWriter(gz)
-	dirs := []string{"usr/", "usr/local/", "usr/local/bin/"}
-	for _, d := range dirs {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: created, Format: tar.FormatPAX}); err != nil {
-			return nil, err
+	seen := map[string]bool{}
+	dir := func(d string, mode int64) error {
+		if seen[d] {
+			return nil
 		}
+		seen[d] = true
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d[1:] + "/", Mode: mode, ModTime: created, Format: tar.FormatPAX})
 	}
-	for _, b := range Binaries {
-		src := filepath.Join(binDir, b)
-		data, err := os.ReadFile(src)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w (run make build first)", src, err)
+	for _, e := range entries {
+		if !path.IsAbs(e.Path) || path.Clean(e.Path) != e.Path || e.Path == "/" {
+			return nil, fmt.Errorf("image entry %q: want a clean absolute path below /", e.Path)
 		}
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: path.Join(BinDir, b)[1:], Mode: 0o755, Size: int64(len(data)), ModTime: created, Format: tar.FormatPAX}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
+		var parents []string
+		for d := path.Dir(e.Path); d != "/"; d = path.Dir(d) {
+			parents = append([]string{d}, parents...)
 		}
-		if _, err := tw.Write(data); err != nil {
-			return nil, err
+		for _, d := range parents {
+			if err := dir(d, 0o755); err != nil {
+				return nil, err
+			}
+		}
+		mode := e.Mode
+		if mode == 0 {
+			mode = 0o755
+		}
+		switch {
+		case e.Dir:
+			if err := dir(e.Path, mode); err != nil {
+				return nil, err
+			}
+		case e.Link != "":
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: e.Path[1:], Linkname: e.Link, Mode: 0o777, ModTime: created, Format: tar.FormatPAX}); err != nil {
+				return nil, err
+			}
+		default:
+			data, err := os.ReadFile(e.Src)
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w (build it first: make build, make images)", e.Src, err)
+			}
+			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: e.Path[1:], Mode: mode, Size: int64(len(data)), ModTime: created, Format: tar.FormatPAX}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, err
+			}
+			if _, err := tw.Write(data); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tw.Close(); err != nil {
