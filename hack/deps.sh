@@ -13,8 +13,10 @@
 #   ${AXON_CACHE:-$HOME/.cache/axon}/runc-$RUNC_VERSION/runc                    (built from source, cgo, static)
 #   ${AXON_CACHE:-$HOME/.cache/axon}/runc-debian-$RUNC_DEBIAN_VERSION/runc      (Debian's package, unpacked)
 #
-# Usage: hack/deps.sh           build what is missing (one line per artifact: cached / built in Ns)
-#        hack/deps.sh --check   exit 1 and list what is missing; builds nothing
+# Usage: hack/deps.sh               build what is missing (one line per artifact: cached / built in Ns)
+#        hack/deps.sh --check       exit 1 and list what is missing; builds nothing
+#        hack/deps.sh --conformance only the upstream e2e test binary (make conformance-deps):
+#                                   k8s-$K8S_VERSION/e2e.test, `go test -c k8s.io/kubernetes/test/e2e`
 #
 # Binaries are built into a temporary directory inside the cache and renamed into place, so a
 # killed build never leaves a half-written binary. The Go build cache stays where `go env GOCACHE`
@@ -69,8 +71,10 @@ check() {
 	echo "deps: all present in $CACHE"
 }
 
+MODE=deps
 case "${1:-}" in
 	--check) check; exit $? ;;
+	--conformance) MODE=conformance ;;
 	-h|--help) usage; exit 0 ;;
 	"") ;;
 	*) echo "deps: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -147,19 +151,25 @@ need() {
 	done
 }
 
-build_k8s() {
-	local todo=() pkgs=() b start v="${K8S_VERSION#v}"
-	mapfile -t todo < <(need "$K8S_DIR" "${K8S_BINS[@]}")
-	((${#todo[@]})) || return 0
-	for b in "${todo[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-	local pkg=k8s.io/component-base/version
+# k8s_ldflags stamps the version the way Kubernetes' own build does (kubectl version, the e2e
+# framework's server/client version checks).
+k8s_ldflags() {
+	local v="${K8S_VERSION#v}" pkg=k8s.io/component-base/version
 	local ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=${v%%.*}"
 	ldflags+=" -X $pkg.gitMinor=$(cut -d. -f2 <<<"$v") -X $pkg.gitTreeState=clean"
 	ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 	ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+	echo "$ldflags"
+}
+
+build_k8s() {
+	local todo=() pkgs=() b start
+	mapfile -t todo < <(need "$K8S_DIR" "${K8S_BINS[@]}")
+	((${#todo[@]})) || return 0
+	for b in "${todo[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
 	start=$SECONDS
 	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
-	run go build -C "$HACK_DIR/k8s" "${BUILD_FLAGS[@]}" -ldflags "$ldflags" -o "$TMP/out/" "${pkgs[@]}"
+	run go build -C "$HACK_DIR/k8s" "${BUILD_FLAGS[@]}" -ldflags "$(k8s_ldflags)" -o "$TMP/out/" "${pkgs[@]}"
 	install_bins "$K8S_DIR" "${todo[@]}"
 	for b in "${todo[@]}"; do echo "built   k8s-$K8S_VERSION/$b in $((SECONDS - start))s"; done
 }
@@ -265,7 +275,26 @@ fetch_runc_debian() {
 	echo "fetched runc-debian-$RUNC_DEBIAN_VERSION/runc in $((SECONDS - start))s"
 }
 
+# The upstream e2e suite as one binary (sig-network conformance, make conformance). It runs
+# alone: ./e2e.test --kubeconfig=... --ginkgo.focus=... (no ginkgo CLI needed). Big: not part of
+# `make deps`.
+build_e2e() {
+	local todo=() start
+	mapfile -t todo < <(need "$K8S_DIR" e2e.test)
+	((${#todo[@]})) || return 0
+	start=$SECONDS
+	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
+	run go test -C "$HACK_DIR/k8s" -c "${BUILD_FLAGS[@]}" -ldflags "$(k8s_ldflags)" -o "$TMP/out/e2e.test" k8s.io/kubernetes/test/e2e
+	install_bins "$K8S_DIR" e2e.test
+	echo "built   k8s-$K8S_VERSION/e2e.test in $((SECONDS - start))s"
+}
+
 total=$SECONDS
+if [[ "$MODE" == conformance ]]; then
+	build_e2e
+	echo "deps: conformance binaries ready in $CACHE ($((SECONDS - total))s)"
+	exit 0
+fi
 build_cni
 build_helm
 build_etcd
