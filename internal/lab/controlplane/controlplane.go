@@ -349,27 +349,28 @@ func (cp *ControlPlane) etcdArgs() []string {
 
 func (cp *ControlPlane) apiserverArgs() []string {
 	pki := func(f string) string { return filepath.Join(cp.cfg.Dir, "pki", f) }
-	authz := []string{
-		"--authorization-mode=RBAC",
-		// No kube-controller-manager creates the "default" ServiceAccount in the lab, and the
-		// lab's Pods need none: without this the ServiceAccount admission rejects every Pod.
-		"--disable-admission-plugins=ServiceAccount",
-	}
+	// Without Controllers the arguments stay exactly as they were before Controllers existed:
+	// adopt compares them, so a running lab stays adopted across an upgrade.
+	authz := "--authorization-mode=RBAC"
+	// No kube-controller-manager creates the "default" ServiceAccount in the lab, and the
+	// lab's Pods need none: without this the ServiceAccount admission rejects every Pod.
+	admission := []string{"--disable-admission-plugins=ServiceAccount"}
 	if cp.cfg.Controllers {
-		authz = []string{
-			"--authorization-mode=Node,RBAC",
+		authz = "--authorization-mode=Node,RBAC"
+		admission = []string{
 			"--enable-admission-plugins=NodeRestriction", // ServiceAccount is on by default
 			"--kubelet-client-certificate=" + pki(kubeletClientCertFile),
 			"--kubelet-client-key=" + pki(kubeletClientKeyFile),
 		}
 	}
-	return append([]string{
+	args := []string{
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(cp.cfg.APIPort),
 		"--etcd-servers=" + cp.etcdURL(),
 		"--endpoint-reconciler-type=none", // the default reconciler rejects a loopback endpoint
 		"--service-cluster-ip-range=" + cp.cfg.ServiceCIDR,
+		authz,
 		"--client-ca-file=" + pki(caCertFile),
 		"--tls-cert-file=" + pki(apiserverCertFile),
 		"--tls-private-key-file=" + pki(apiserverKeyFile),
@@ -377,10 +378,13 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pki(saPubFile),
 		"--service-account-signing-key-file=" + pki(saKeyFile),
+	}
+	args = append(args, admission...)
+	return append(args,
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=0",
-	}, authz...)
+	)
 }
 
 // waitEtcd polls etcd's /health until it reports healthy.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -367,4 +368,59 @@ func freeControlPlanePorts(t *testing.T) (api, etcd int) {
 	api = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	return api, etcd
+}
+
+// TestAPIServerArgs: without Controllers the apiserver's arguments are exactly the ones of the
+// lab before Controllers existed (adopt compares them: a running lab must stay adopted across
+// an upgrade); with Controllers authorization is Node,RBAC and the ServiceAccount admission is
+// back, with NodeRestriction and the kubelet client certificate.
+func TestAPIServerArgs(t *testing.T) {
+	cp := &ControlPlane{cfg: Config{Dir: "/d", APIPort: 6443, EtcdPort: 2379, ServiceCIDR: DefaultServiceCIDR}}
+	want := []string{
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=6443",
+		"--etcd-servers=http://127.0.0.1:2379",
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--authorization-mode=RBAC",
+		"--client-ca-file=/d/pki/ca.crt",
+		"--tls-cert-file=/d/pki/apiserver.crt",
+		"--tls-private-key-file=/d/pki/apiserver.key",
+		"--cert-dir=/d/pki/apiserver-generated",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=/d/pki/sa.pub",
+		"--service-account-signing-key-file=/d/pki/sa.key",
+		"--disable-admission-plugins=ServiceAccount",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--v=0",
+	}
+	if got := cp.apiserverArgs(); !slices.Equal(got, want) {
+		t.Errorf("apiserver args without Controllers:\n got %q\nwant %q", got, want)
+	}
+	if n := len(cp.plan()); n != 2 {
+		t.Errorf("plan without Controllers has %d processes, want etcd and kube-apiserver", n)
+	}
+
+	cp.cfg.Controllers = true
+	got := cp.apiserverArgs()
+	for _, a := range []string{"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--kubelet-client-certificate=/d/pki/apiserver-kubelet-client.crt", "--kubelet-client-key=/d/pki/apiserver-kubelet-client.key"} {
+		if !slices.Contains(got, a) {
+			t.Errorf("apiserver args with Controllers lack %s: %q", a, got)
+		}
+	}
+	for _, a := range []string{"--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount"} {
+		if slices.Contains(got, a) {
+			t.Errorf("apiserver args with Controllers still have %s", a)
+		}
+	}
+	var names []string
+	for _, p := range cp.plan() {
+		names = append(names, p.name)
+	}
+	if want := []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"}; !slices.Equal(names, want) {
+		t.Errorf("plan with Controllers %v, want %v", names, want)
+	}
 }
