@@ -260,7 +260,8 @@ fetch_runc_debian() {
 	((${#todo[@]})) || return 0
 	command -v apt-get >/dev/null || { echo "deps: Debian's runc needs apt-get and dpkg" >&2; return 1; }
 	start=$SECONDS
-	rm -rf "$TMP/deb" && mkdir -p "$TMP/deb/root" && chmod 0755 "$TMP" "$TMP/deb" # apt's _apt user writes here
+	# apt downloads as root here (its _apt user cannot write into $TMP): the warning saying so is expected.
+	rm -rf "$TMP/deb" && mkdir -p "$TMP/deb/root"
 	if ! (cd "$TMP/deb" && apt-get download -qq "runc=$RUNC_DEBIAN_VERSION" 2>/dev/null); then
 		echo "deps: runc=$RUNC_DEBIAN_VERSION not in apt's lists; running apt-get update" >&2
 		apt-get update -qq
