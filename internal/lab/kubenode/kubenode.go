@@ -40,9 +40,9 @@ import (
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// DefaultPauseImage is the sandbox image containerd pins; it must be imported (Config.Images),
-// the lab has no registry.
-const DefaultPauseImage = "registry.k8s.io/pause:3.10.1"
+// DefaultPauseImage is the sandbox image containerd pins: the name of the pause image `make
+// images` builds. It must be imported (Config.Images): the lab has no registry.
+const DefaultPauseImage = "registry.k8s.io/pause:3.10.2"
 
 // Binaries are the programs a node runs, e.g. from the lab's dependency cache (`make deps`).
 type Binaries struct {
@@ -270,6 +270,9 @@ func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error)
 	}
 	// Before the process forks anything worth tracking (containerd starts shims only on request).
 	if err := cg.join(runtimeCgroup, p.PID); err != nil {
+		if !r.record().Alive() {
+			return r, fmt.Errorf("%s (pid %d) exited at once; its log %s ends:\n%s", name, p.PID, logPath, logTail(logPath, 15))
+		}
 		return r, fmt.Errorf("%s: %w", name, err)
 	}
 	return r, nil

@@ -713,3 +713,75 @@ func shimSockets(t *testing.T) []string {
 	}
 	return m
 }
+
+// TestStartFailureCleansUp: a kubelet that dies at once fails Start with its log's tail, and
+// Start's own Stop (from node.json alone) leaves no process, cgroup or runtime dir behind.
+func TestStartFailureCleansUp(t *testing.T) {
+	testutil.RequireRoot(t, "creates network and mount namespaces, cgroups, runs containerd")
+	bins, cniBin := nodeBinaries(t)
+	work := t.TempDir()
+	fake := filepath.Join(work, "kubelet")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho simulated kubelet failure >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bins.Kubelet = fake
+	for _, f := range []string{"kubeconfig", "ca.crt"} {
+		if err := os.WriteFile(filepath.Join(work, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeName := "kn-" + testutil.RandSuffix(t)
+	nsName := testutil.NewNetns(t, "kn-")
+	dir := filepath.Join(work, "node")
+	hostShims := shimSockets(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := kubenode.Start(ctx, kubenode.Config{
+		Name: nodeName, NetnsPath: netnsutil.Path(nsName), NodeIP: net.IPv4(198, 19, 0, 1),
+		Kubeconfig: filepath.Join(work, "kubeconfig"), ClientCAFile: filepath.Join(work, "ca.crt"),
+		Binaries: bins, CNIBinDir: cniBin, CNIConfDir: work, Dir: dir, Logger: testLogger(t),
+	})
+	if err == nil {
+		t.Fatal("Start succeeded with a kubelet that exits at once")
+	}
+	for _, want := range []string{"kubelet", "exited", "simulated kubelet failure", "kubelet.log"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Start's error does not say %q:\n%v", want, err)
+		}
+	}
+	b, rerr := os.ReadFile(filepath.Join(dir, "logs", "containerd.log"))
+	if rerr != nil || !strings.Contains(string(b), "containerd successfully booted") {
+		t.Fatalf("containerd did not run before kubelet (so this test checks nothing): %v\n%s", rerr, b)
+	}
+	for _, p := range psWithArg(t, dir) {
+		t.Errorf("after the failed Start a process still runs with %s in its command line: %s", dir, p)
+	}
+	assertNoCgroups(t, "/axon-kubenode-"+nodeName)
+	if _, err := os.Stat(filepath.Join(dir, "containerd")); err == nil {
+		t.Errorf("%s still exists after the failed Start", filepath.Join(dir, "containerd"))
+	}
+	if after := shimSockets(t); !slices.Equal(after, hostShims) {
+		t.Errorf("host /run/containerd/s changed: before %v, after %v", hostShims, after)
+	}
+}
+
+// psWithArg lists processes whose command line mentions s.
+func psWithArg(t *testing.T, s string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || proc.Exited(pid) {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if bytes.Contains(cmd, []byte(s)) {
+			out = append(out, fmt.Sprintf("pid %d: %s", pid, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+		}
+	}
+	return out
+}
