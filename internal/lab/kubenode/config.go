@@ -25,7 +25,8 @@ const (
 //     final child's PID from pipe: EOF". Restricted, no container goes below containerd's own;
 //   - NRI off (its socket, /var/run/nri/nri.sock, would be shared) and the opt plugin off (it
 //     writes /opt/containerd);
-//   - use_internal_loopback: no `loopback` CNI binary needed; SystemdCgroup false: kubelet runs
+//   - CNI from the node's /etc/cni/net.d (Config.CNIConfDir) and /opt/cni/bin, then Config.CNIBinDir
+//     (see privateDirs); use_internal_loopback: no `loopback` CNI binary needed; SystemdCgroup false: kubelet runs
 //     the cgroupfs driver (no systemd on the lab host).
 func containerdConfig(c Config) string {
 	q := tomlString
@@ -52,19 +53,19 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
 [plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [%[7]s]
-  conf_dir = %[8]s
+  bin_dirs = ["/opt/cni/bin", %[7]s]
+  conf_dir = "/etc/cni/net.d"
   use_internal_loopback = true
 [plugins.'io.containerd.cri.v1.runtime'.containerd]
   default_runtime_name = "runc"
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-    BinaryName = %[9]s
-    Root = %[10]s
+    BinaryName = %[8]s
+    Root = %[9]s
     SystemdCgroup = false
 `, c.Name, dir("containerd/root"), dir("containerd/state"), q(c.socket()), q(c.socket()+".ttrpc"),
-		q(c.PauseImage), q(c.CNIBinDir), q(c.CNIConfDir), q(c.Binaries.Runc), dir("containerd/runc"))
+		q(c.PauseImage), q(c.CNIBinDir), q(c.Binaries.Runc), dir("containerd/runc"))
 }
 
 // kubeletConfig renders the KubeletConfiguration:
@@ -90,18 +91,18 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: %[4]d
 containerRuntimeEndpoint: %[5]s
-podLogsDir: %[6]s
+podLogsDir: "/var/log/pods"
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: false}
-  x509: {clientCAFile: %[7]s}
+  x509: {clientCAFile: %[6]s}
 authorization: {mode: AlwaysAllow}
 evictionHard: {memory.available: "100Mi"}
 imageGCHighThresholdPercent: 100
 resolvConf: ""
 registerNode: true
 `, c.Name, q(c.CgroupRoot), kubeletPort, kubeletHealthzPort, q("unix://"+c.socket()),
-		q(filepath.Join(c.Dir, "pod-logs")), q(c.ClientCAFile))
+		q(c.ClientCAFile))
 }
 
 // kubeletArgs are the flags that are not (or no longer) config fields: --containerd points
@@ -110,7 +111,7 @@ func kubeletArgs(c Config) []string {
 	return []string{
 		"--config=" + filepath.Join(c.Dir, "kubelet.yaml"),
 		"--kubeconfig=" + c.Kubeconfig,
-		"--root-dir=" + filepath.Join(c.Dir, "kubelet"),
+		"--root-dir=/var/lib/kubelet", // the node's own (privateDirs)
 		"--hostname-override=" + c.Name,
 		"--node-ip=" + c.NodeIP.String(),
 		"--containerd=" + c.socket(),

@@ -59,6 +59,8 @@ func TestConfigErrorsSayWhatToDo(t *testing.T) {
 		{"no state dir", func(c *Config) { c.Dir = "" }, []string{"Dir is empty"}},
 		{"socket path too long", func(c *Config) { c.Dir = "/tmp/" + strings.Repeat("d", 90) }, []string{"too long for a unix socket"}},
 		{"image archive missing", func(c *Config) { c.Images = []string{"/nonexistent/image.tar"} }, []string{"Images", "make image"}},
+		{"private dir relative", func(c *Config) { c.PrivateDirs = []string{"run/axon"} }, []string{`"run/axon"`, "absolute"}},
+		{"private dir root", func(c *Config) { c.PrivateDirs = []string{"/"} }, []string{"PrivateDirs"}},
 		{"CNI conf dir missing", func(c *Config) { c.CNIConfDir = "/nonexistent/cni" }, []string{"CNIConfDir", "create the CNI conf dir"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,7 +101,8 @@ func TestContainerdConfigKeepsNodesApart(t *testing.T) {
 		"restrict_oom_score_adj = true",
 		"netns_mounts_under_state_dir = true",
 		"use_internal_loopback = true",
-		`bin_dirs = ["` + c.CNIBinDir + `"]`,
+		`bin_dirs = ["/opt/cni/bin", "` + c.CNIBinDir + `"]`,
+		`conf_dir = "/etc/cni/net.d"`,
 		`BinaryName = "` + c.Binaries.Runc + `"`,
 		`Root = "` + c.Dir + `/containerd/runc"`,
 		"SystemdCgroup = false",
@@ -129,7 +132,7 @@ func TestKubeletConfig(t *testing.T) {
 		"kind": "KubeletConfiguration", "cgroupDriver": "cgroupfs", "failCgroupV1": false,
 		"cgroupRoot": "/axon-kubenode-node1", "protectKernelDefaults": true, "readOnlyPort": float64(0),
 		"healthzBindAddress": "127.0.0.1", "address": "127.0.0.1",
-		"containerRuntimeEndpoint": "unix://" + c.Dir + "/containerd.sock", "podLogsDir": c.Dir + "/pod-logs",
+		"containerRuntimeEndpoint": "unix://" + c.Dir + "/containerd.sock", "podLogsDir": "/var/log/pods",
 		"resolvConf": "",
 	} {
 		if kc[key] != want {
@@ -142,7 +145,7 @@ func TestKubeletConfig(t *testing.T) {
 		t.Errorf("authentication.x509.clientCAFile = %#v, want %q", x509["clientCAFile"], c.ClientCAFile)
 	}
 	args := strings.Join(kubeletArgs(c), " ")
-	for _, want := range []string{"--root-dir=" + c.Dir + "/kubelet", "--hostname-override=node1", "--node-ip=198.19.0.1", "--containerd=" + c.Dir + "/containerd.sock"} {
+	for _, want := range []string{"--root-dir=/var/lib/kubelet", "--hostname-override=node1", "--node-ip=198.19.0.1", "--containerd=" + c.Dir + "/containerd.sock"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("kubelet args %q lack %q", args, want)
 		}

@@ -11,10 +11,10 @@
 //	containerd/runc           runc's state root
 //	containerd.sock(.ttrpc)   containerd's gRPC and ttrpc sockets
 //	kubelet.yaml              the KubeletConfiguration
-//	kubelet/                  kubelet's --root-dir (bind-mounted rshared onto itself by kubelet)
-//	pod-logs/                 podLogsDir
 //	sysctl/                   files holding kubelet's expected kernel tunables (see sysctl.go)
-//	run-containerd/           /run/containerd inside the node (shim sockets, ctr FIFOs)
+//	kubelet/, pod-logs/, container-logs/, cni-bin/, run-containerd/, private/...
+//	                          the node's /var/lib/kubelet, /var/log/pods, /var/log/containers,
+//	                          /opt/cni/bin, /run/containerd and Config.PrivateDirs (see mounts.go)
 //	logs/{containerd,kubelet}.log
 //
 // Processes: a holder (`unshare --mount --propagation private sleep infinity`, entered into the
@@ -33,7 +33,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,9 +61,17 @@ type Config struct {
 	// ClientCAFile authenticates clients of the kubelet's API (x509); usually the cluster CA.
 	ClientCAFile string
 	Binaries     Binaries
-	CNIBinDir    string // reference plugins and/or axon-cni
-	CNIConfDir   string // the conflist containerd loads (it may appear later: the Node is NotReady until then)
-	Dir          string // state dir, see the package comment
+	// CNIBinDir holds the CNI plugins the node may use without installing them (e.g. the
+	// reference plugins in the dependency cache); it is searched after the node's /opt/cni/bin.
+	CNIBinDir string
+	// CNIConfDir is the node's /etc/cni/net.d: containerd loads the conflist from it, and a CNI
+	// DaemonSet writes its conflist into it (the Node is NotReady until one is there).
+	CNIConfDir string
+	// PrivateDirs are more host paths that the node gets a private, initially empty directory
+	// for, in its mount namespace: hostPath volumes of DaemonSets that must not be shared by the
+	// lab's nodes (e.g. axon's /run/axon and /var/lib/axon).
+	PrivateDirs []string
+	Dir         string // state dir, see the package comment
 	// CgroupRoot is kubelet's cgroupRoot and the parent of the node's own processes, created in
 	// every cgroup v1 hierarchy and in cgroup2 (default /axon-kubenode-<Name>).
 	CgroupRoot string
@@ -133,6 +140,11 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("config %s: %w: run `make deps` (hack/deps.sh)", name, err)
 		}
 	}
+	for _, p := range c.PrivateDirs {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00\n") {
+			return fmt.Errorf("config PrivateDirs: %q is not an absolute, clean path below / (e.g. /run/axon)", p)
+		}
+	}
 	for _, img := range c.Images {
 		if _, err := os.Stat(img); err != nil {
 			return fmt.Errorf("config Images: %w (build it first, e.g. `make image`)", err)
@@ -186,7 +198,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("create state dir: %w", err)
 		}
 	}
-	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, CgroupRoot: cfg.CgroupRoot}}
+	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, CgroupRoot: cfg.CgroupRoot, OwnedDirs: cfg.ownedDirs()}}
 	if err := n.start(ctx, tools); err != nil {
 		if serr := Stop(cfg.Dir); serr != nil {
 			cfg.Logger.Warn("stop after failed start", "node", cfg.Name, "err", serr)
@@ -217,7 +229,7 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 	if err := bindKernelTunables(ctx, tools, holder.PID, filepath.Join(n.cfg.Dir, "sysctl"), log); err != nil {
 		return err
 	}
-	if err := privateRunContainerd(ctx, tools, holder.PID, filepath.Join(n.cfg.Dir, "run-containerd")); err != nil {
+	if err := bindPrivateDirs(ctx, tools, holder.PID, n.cfg.privateDirs()); err != nil {
 		return err
 	}
 	inNode := []string{tools.nsenter, "-t", fmt.Sprint(holder.PID), "-m", "-n", "--"}
@@ -326,25 +338,6 @@ func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
-}
-
-// privateRunContainerd binds dir over /run/containerd in the node's mount namespace. containerd
-// 2.x puts every shim's socket in /run/containerd/s and ctr its FIFOs in /run/containerd/fifo,
-// whatever its config says; on the host those would be shared by all nodes and survive a SIGKILL.
-func privateRunContainerd(ctx context.Context, t tools, holder int, dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	h := strconv.Itoa(holder)
-	for _, argv := range [][]string{
-		{t.nsenter, "-t", h, "-m", "--", t.mkdir, "-p", "/run/containerd"},
-		{t.nsenter, "-t", h, "-m", "--", t.mount, "--bind", dir, "/run/containerd"},
-	} {
-		if out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("node mount namespace: %s: %w: %s", strings.Join(argv[5:], " "), err, out)
-		}
-	}
-	return nil
 }
 
 // tools are the util-linux and coreutils programs the node is built with.

@@ -97,7 +97,7 @@ func TestNodeRunsPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	hostSysctls := readSysctls(t)
-	hostShims := shimSockets(t)
+	hostFiles := hostRuntimeFiles(t)
 
 	apiPort, etcdPort := freePorts(t)
 	cp := controlplanetest.Start(t, controlplane.Config{APIPort: apiPort, EtcdPort: etcdPort})
@@ -259,8 +259,8 @@ func TestNodeRunsPods(t *testing.T) {
 			t.Errorf("%s still exists after Stop", filepath.Join(dir, sub))
 		}
 	}
-	if after := shimSockets(t); !slices.Equal(after, hostShims) {
-		t.Errorf("host /run/containerd/s changed: before %v, after %v (shim sockets belong in the node's mount namespace)", hostShims, after)
+	if after := hostRuntimeFiles(t); !slices.Equal(after, hostFiles) {
+		t.Errorf("the host's runtime directories changed (they belong in the node's mount namespace):\nbefore %v\nafter  %v", hostFiles, after)
 	}
 	if after := readSysctls(t); !maps(hostSysctls, after) {
 		t.Errorf("host kernel tunables changed: before %v, after %v", hostSysctls, after)
@@ -705,13 +705,20 @@ func dumpLogs(t *testing.T, dir string) {
 	}
 }
 
-func shimSockets(t *testing.T) []string {
+// hostRuntimeFiles lists what is in the host's copies of the directories kubelet, containerd and
+// CNI installers write whatever their config says (the node binds its own over them).
+func hostRuntimeFiles(t *testing.T) []string {
 	t.Helper()
-	m, err := filepath.Glob("/run/containerd/s/*")
-	if err != nil {
-		t.Fatal(err)
+	var out []string
+	for _, root := range []string{"/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/run/containerd", "/etc/cni/net.d", "/opt/cni/bin"} {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && p != root {
+				out = append(out, p)
+			}
+			return nil
+		})
 	}
-	return m
+	return out
 }
 
 // TestStartFailureCleansUp: a kubelet that dies at once fails Start with its log's tail, and
@@ -733,7 +740,7 @@ func TestStartFailureCleansUp(t *testing.T) {
 	nodeName := "kn-" + testutil.RandSuffix(t)
 	nsName := testutil.NewNetns(t, "kn-")
 	dir := filepath.Join(work, "node")
-	hostShims := shimSockets(t)
+	hostFiles := hostRuntimeFiles(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := kubenode.Start(ctx, kubenode.Config{
@@ -760,8 +767,8 @@ func TestStartFailureCleansUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "containerd")); err == nil {
 		t.Errorf("%s still exists after the failed Start", filepath.Join(dir, "containerd"))
 	}
-	if after := shimSockets(t); !slices.Equal(after, hostShims) {
-		t.Errorf("host /run/containerd/s changed: before %v, after %v", hostShims, after)
+	if after := hostRuntimeFiles(t); !slices.Equal(after, hostFiles) {
+		t.Errorf("the host's runtime directories changed:\nbefore %v\nafter  %v", hostFiles, after)
 	}
 }
 

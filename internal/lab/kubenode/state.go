@@ -32,6 +32,8 @@ func (r procRecord) record() *proc.Record {
 type nodeState struct {
 	Name       string `json:"name"`
 	CgroupRoot string `json:"cgroupRoot"`
+	// OwnedDirs are the node's directories bound over host paths (see privateDirs); Stop removes them.
+	OwnedDirs []string `json:"ownedDirs,omitempty"`
 	// Processes in start order (holder, containerd, kubelet); stopped in reverse.
 	Processes []procRecord `json:"processes"`
 }
@@ -112,8 +114,12 @@ func Stop(dir string) error {
 		}
 	}
 	if len(errs) == 0 {
-		for _, p := range []string{"containerd", "kubelet", "pod-logs", "sysctl", "run-containerd", "containerd.sock", "containerd.sock.ttrpc"} {
-			if err := os.RemoveAll(filepath.Join(dir, p)); err != nil {
+		rm := st.OwnedDirs
+		for _, p := range []string{"containerd", "sysctl", "containerd.sock", "containerd.sock.ttrpc"} {
+			rm = append(rm, filepath.Join(dir, p))
+		}
+		for _, p := range rm {
+			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
 			}
 		}
