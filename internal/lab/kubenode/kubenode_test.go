@@ -92,69 +92,17 @@ func nodeBinaries(t *testing.T) (kubenode.Binaries, string) {
 // the host's kernel tunables, and leave no process, mount, cgroup or netns after Stop.
 func TestNodeRunsPods(t *testing.T) {
 	testutil.RequireRoot(t, "creates network and mount namespaces, cgroups, runs containerd and kubelet")
-	bins, cniBin := nodeBinaries(t)
+	nodeBinaries(t) // skip before anything starts
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	hostSysctls := readSysctls(t)
 	hostFiles := hostRuntimeFiles(t)
 
-	apiPort, etcdPort := freePorts(t)
-	cp := controlplanetest.Start(t, controlplane.Config{APIPort: apiPort, EtcdPort: etcdPort})
-	cs, err := cp.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bindNodeRole(ctx, t, cs)
+	c := newTestCluster(ctx, t)
 	tStarted := time.Now()
-
-	// The node: a netns with an uplink address (a veth pair, both ends inside) and a default route.
-	nodeName := "kn-" + testutil.RandSuffix(t)
-	nsName := testutil.NewNetns(t, "kn-")
-	nsPath := netnsutil.Path(nsName)
-	nodeIP := net.IPv4(198, 19, 0, 1)
-	testutil.InNetns(t, nsName, func() error { return uplink(nodeIP) })
-	fwd, err := controlplane.ListenForwarder([]string{nsPath}, cp.Server()[len("https://"):], cp.Server()[len("https://"):], slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fctx, fcancel := context.WithCancel(ctx)
-	go func() { _ = fwd.Serve(fctx) }()
-	t.Cleanup(func() { fcancel(); fwd.Close() })
-
-	work := t.TempDir()
-	kubeconfig := kubeletKubeconfig(t, cp, nodeName, filepath.Join(work, "kubelet.kubeconfig"))
-	cniConf := filepath.Join(work, "cni")
-	if err := os.MkdirAll(cniConf, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"kubenode-test","plugins":[{"type":"ptp","ipMasq":false,`+
-		`"ipam":{"type":"host-local","ranges":[[{"subnet":"10.247.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":%q}}]}`, filepath.Join(work, "ipam"))
-	if err := os.WriteFile(filepath.Join(cniConf, "10-test.conflist"), []byte(conflist), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	const pauseImage, serverImage = "axon.test/pause:1", "axon.test/podserver:1"
-	images := buildImages(t, work, pauseImage, serverImage)
-
-	dir := filepath.Join(work, "node")
-	node, err := kubenode.Start(ctx, kubenode.Config{
-		Name: nodeName, NetnsPath: nsPath, NodeIP: nodeIP, Kubeconfig: kubeconfig, ClientCAFile: cp.CAFile(),
-		Binaries: bins, CNIBinDir: cniBin, CNIConfDir: cniConf, Dir: dir, PauseImage: pauseImage,
-		Images: []string{images}, Logger: testLogger(t),
-	})
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := kubenode.Stop(dir); err != nil {
-			t.Errorf("cleanup Stop: %v", err)
-		}
-	})
-	t.Cleanup(func() { // before Stop (cleanups run last-in first-out)
-		if t.Failed() {
-			dumpLogs(t, filepath.Join(dir, "logs"))
-		}
-	})
+	n := c.startNode(ctx, t, 1)
+	node, nodeName, nsName, dir, cs := n.node, n.name, n.nsName, n.dir, c.cs
 	tNode := time.Now()
 
 	// kubelet started with protectKernelDefaults: it saw its values, in the node's mount ns only.
@@ -162,18 +110,7 @@ func TestNodeRunsPods(t *testing.T) {
 		t.Errorf("vm.overcommit_memory in the node's mount namespace = %q (%v), want 1 (kubelet's)", out, err)
 	}
 
-	waitFor(ctx, t, 60*time.Second, "Node "+nodeName+" Ready", func() (bool, string) {
-		n, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue, c.Reason + ": " + c.Message
-			}
-		}
-		return false, "no Ready condition"
-	})
+	waitNodeReady(ctx, t, cs, nodeName)
 	tReady := time.Now()
 
 	web, stay := createPod(ctx, t, cs, nodeName, "web", serverImage), createPod(ctx, t, cs, nodeName, "stay", serverImage)
@@ -265,10 +202,107 @@ func TestNodeRunsPods(t *testing.T) {
 	if after := readSysctls(t); !maps(hostSysctls, after) {
 		t.Errorf("host kernel tunables changed: before %v, after %v", hostSysctls, after)
 	}
-	t.Logf("control plane %v, node started %v, Ready %v, two pods Running %v, pod deleted %v, Stop %v; total %v",
+	t.Logf("control plane and images %v, node started %v, Ready %v, two pods Running %v, pod deleted %v, Stop %v; total %v",
 		tStarted.Sub(t0).Round(time.Millisecond), tNode.Sub(tStarted).Round(time.Millisecond), tReady.Sub(tNode).Round(time.Millisecond),
 		tPods.Sub(tReady).Round(time.Millisecond), tDeleted.Sub(tPods).Round(time.Millisecond), tStopped.Sub(tDeleted).Round(time.Millisecond),
 		time.Since(t0).Round(time.Millisecond))
+}
+
+// testCluster is a throwaway control plane, the node binaries and the test's images.
+type testCluster struct {
+	cp     *controlplane.ControlPlane
+	cs     kubernetes.Interface
+	bins   kubenode.Binaries
+	cniBin string
+	images string
+	work   string
+}
+
+const pauseImage, serverImage = "axon.test/pause:1", "axon.test/podserver:1"
+
+func newTestCluster(ctx context.Context, t *testing.T) *testCluster {
+	t.Helper()
+	bins, cniBin := nodeBinaries(t)
+	apiPort, etcdPort := freePorts(t)
+	cp := controlplanetest.Start(t, controlplane.Config{APIPort: apiPort, EtcdPort: etcdPort})
+	cs, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindNodeRole(ctx, t, cs)
+	work := t.TempDir()
+	return &testCluster{cp: cp, cs: cs, bins: bins, cniBin: cniBin, work: work, images: buildImages(t, work, pauseImage, serverImage)}
+}
+
+type testNode struct {
+	name, nsName, dir string
+	node              *kubenode.Node
+}
+
+// startNode starts node i: a netns with an uplink address (a veth pair, both ends inside) and
+// a default route, the apiserver forwarded into it, ptp + host-local on 10.247.<i>.0/24.
+func (c *testCluster) startNode(ctx context.Context, t *testing.T, i int) testNode {
+	t.Helper()
+	n := testNode{name: "kn-" + testutil.RandSuffix(t), nsName: testutil.NewNetns(t, "kn-")}
+	nsPath := netnsutil.Path(n.nsName)
+	nodeIP := net.IPv4(198, 19, 0, 1)
+	testutil.InNetns(t, n.nsName, func() error { return uplink(nodeIP) })
+	hostport := strings.TrimPrefix(c.cp.Server(), "https://")
+	fwd, err := controlplane.ListenForwarder([]string{nsPath}, hostport, hostport, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fctx, fcancel := context.WithCancel(context.Background())
+	go func() { _ = fwd.Serve(fctx) }()
+	t.Cleanup(func() { fcancel(); fwd.Close() })
+
+	work := filepath.Join(c.work, n.name)
+	cniConf := filepath.Join(work, "cni")
+	if err := os.MkdirAll(cniConf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := kubeletKubeconfig(t, c.cp, n.name, filepath.Join(work, "kubelet.kubeconfig"))
+	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"kubenode-test","plugins":[{"type":"ptp","ipMasq":false,`+
+		`"ipam":{"type":"host-local","ranges":[[{"subnet":"10.247.%d.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":%q}}]}`, i, filepath.Join(work, "ipam"))
+	if err := os.WriteFile(filepath.Join(cniConf, "10-test.conflist"), []byte(conflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.dir = filepath.Join(work, "node")
+	n.node, err = kubenode.Start(ctx, kubenode.Config{
+		Name: n.name, NetnsPath: nsPath, NodeIP: nodeIP, Kubeconfig: kubeconfig, ClientCAFile: c.cp.CAFile(),
+		Binaries: c.bins, CNIBinDir: c.cniBin, CNIConfDir: cniConf, Dir: n.dir, PauseImage: pauseImage,
+		Images: []string{c.images}, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("Start %s: %v", n.name, err)
+	}
+	t.Cleanup(func() {
+		if err := kubenode.Stop(n.dir); err != nil {
+			t.Errorf("cleanup Stop: %v", err)
+		}
+	})
+	t.Cleanup(func() { // before Stop (cleanups run last-in first-out)
+		if t.Failed() {
+			dumpLogs(t, filepath.Join(n.dir, "logs"))
+		}
+	})
+	return n
+}
+
+func waitNodeReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, nodeName string) {
+	t.Helper()
+	waitFor(ctx, t, 60*time.Second, "Node "+nodeName+" Ready", func() (bool, string) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, c.Reason + ": " + c.Message
+			}
+		}
+		return false, "no Ready condition"
+	})
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -719,6 +753,59 @@ func hostRuntimeFiles(t *testing.T) []string {
 		})
 	}
 	return out
+}
+
+// TestTwoNodesShareTheHost runs two nodes at once, as the lab does: each registers and runs a
+// pod; each kubelet's hard-coded paths land in its own dir; stopping one leaves the other's
+// processes and pod running.
+func TestTwoNodesShareTheHost(t *testing.T) {
+	testutil.RequireRoot(t, "creates network and mount namespaces, cgroups, runs containerd and kubelet")
+	nodeBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hostFiles := hostRuntimeFiles(t)
+	c := newTestCluster(ctx, t)
+	a, b := c.startNode(ctx, t, 1), c.startNode(ctx, t, 2)
+	waitNodeReady(ctx, t, c.cs, a.name)
+	waitNodeReady(ctx, t, c.cs, b.name)
+	pa, pb := createPod(ctx, t, c.cs, a.name, "on-a", serverImage), createPod(ctx, t, c.cs, b.name, "on-b", serverImage)
+	pa, pb = waitRunning(ctx, t, c.cs, pa), waitRunning(ctx, t, c.cs, pb)
+	if got := httpGet(t, a.nsName, pa.Status.PodIP); got != "on-a" {
+		t.Errorf("pod on %s answers %q, want on-a", a.name, got)
+	}
+	if got := httpGet(t, b.nsName, pb.Status.PodIP); got != "on-b" {
+		t.Errorf("pod on %s answers %q, want on-b", b.name, got)
+	}
+	for _, n := range []testNode{a, b} {
+		if _, err := os.Stat(filepath.Join(n.dir, "kubelet", "device-plugins", "kubelet.sock")); err != nil {
+			t.Errorf("kubelet of %s: device-plugin socket not in the node's own /var/lib/kubelet: %v", n.name, err)
+		}
+	}
+	if nsInode(t, a.node.HolderPID(), "mnt") == nsInode(t, b.node.HolderPID(), "mnt") {
+		t.Error("the two nodes share a mount namespace")
+	}
+
+	bPIDs, err := b.node.CgroupPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kubenode.Stop(a.dir); err != nil {
+		t.Fatalf("Stop %s: %v", a.name, err)
+	}
+	for _, pid := range bPIDs {
+		if proc.Exited(pid) {
+			t.Errorf("pid %d of node %s exited when node %s stopped", pid, b.name, a.name)
+		}
+	}
+	if got := httpGet(t, b.nsName, pb.Status.PodIP); got != "on-b" {
+		t.Errorf("after %s stopped, the pod on %s answers %q, want on-b", a.name, b.name, got)
+	}
+	if err := kubenode.Stop(b.dir); err != nil {
+		t.Fatalf("Stop %s: %v", b.name, err)
+	}
+	if after := hostRuntimeFiles(t); !slices.Equal(after, hostFiles) {
+		t.Errorf("the host's runtime directories changed:\nbefore %v\nafter  %v", hostFiles, after)
+	}
 }
 
 // TestStartFailureCleansUp: a kubelet that dies at once fails Start with its log's tail, and
