@@ -61,6 +61,11 @@ func TestConfigErrorsSayWhatToDo(t *testing.T) {
 		{"image archive missing", func(c *Config) { c.Images = []string{"/nonexistent/image.tar"} }, []string{"Images", "make image"}},
 		{"private dir relative", func(c *Config) { c.PrivateDirs = []string{"run/axon"} }, []string{`"run/axon"`, "absolute"}},
 		{"private dir root", func(c *Config) { c.PrivateDirs = []string{"/"} }, []string{"PrivateDirs"}},
+		{"CNI plugins in the node's /opt/cni/bin", func(c *Config) { c.CNIBinDir = "/opt/cni/bin" }, []string{`CNIBinDir="/opt/cni/bin"`, "replaces with its own directory"}},
+		{"kubeconfig in a private dir", func(c *Config) {
+			c.PrivateDirs = []string{filepath.Join(filepath.Dir(c.Kubeconfig), "kc")}
+			c.Kubeconfig = filepath.Join(c.PrivateDirs[0], "kubeconfig")
+		}, []string{"Kubeconfig=", "replaces with its own directory"}},
 		{"CNI conf dir missing", func(c *Config) { c.CNIConfDir = "/nonexistent/cni" }, []string{"CNIConfDir", "create the CNI conf dir"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -115,6 +115,14 @@ func (c *Config) setDefaults() error {
 	if n := len(c.socket()) + len(".ttrpc"); n >= 108 {
 		return fmt.Errorf("config Dir=%q is too long for a unix socket path (%d bytes, limit 107): choose a shorter state dir", c.Dir, n)
 	}
+	for _, p := range c.PrivateDirs {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00\n") {
+			return fmt.Errorf("config PrivateDirs: %q is not an absolute, clean path below / (e.g. /run/axon)", p)
+		}
+	}
+	if err := c.checkNotShadowed(); err != nil {
+		return err
+	}
 	if c.NodeIP == nil || c.NodeIP.IsUnspecified() || c.NodeIP.IsLoopback() {
 		return fmt.Errorf("config NodeIP=%v: want the node's address on its uplink (not empty, 0.0.0.0 or loopback)", c.NodeIP)
 	}
@@ -140,14 +148,34 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("config %s: %w: run `make deps` (hack/deps.sh)", name, err)
 		}
 	}
-	for _, p := range c.PrivateDirs {
-		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00\n") {
-			return fmt.Errorf("config PrivateDirs: %q is not an absolute, clean path below / (e.g. /run/axon)", p)
-		}
-	}
 	for _, img := range c.Images {
 		if _, err := os.Stat(img); err != nil {
 			return fmt.Errorf("config Images: %w (build it first, e.g. `make image`)", err)
+		}
+	}
+	return nil
+}
+
+// checkNotShadowed rejects inputs that live under a host path the node replaces with its own
+// directory (privateDirs): containerd and kubelet would not find them, e.g. CNIBinDir=/opt/cni/bin.
+func (c *Config) checkNotShadowed() error {
+	paths := map[string]string{
+		"Kubeconfig": c.Kubeconfig, "ClientCAFile": c.ClientCAFile, "CNIBinDir": c.CNIBinDir,
+		"Binaries.Containerd": c.Binaries.Containerd, "Binaries.ShimDir": c.Binaries.ShimDir,
+		"Binaries.Ctr": c.Binaries.Ctr, "Binaries.Runc": c.Binaries.Runc, "Binaries.Kubelet": c.Binaries.Kubelet,
+	}
+	for i, img := range c.Images {
+		paths[fmt.Sprintf("Images[%d]", i)] = img
+	}
+	for name, p := range paths {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return fmt.Errorf("config %s=%q: %w", name, p, err)
+		}
+		for _, pd := range c.privateDirs() {
+			if abs == pd.host || strings.HasPrefix(abs, pd.host+"/") {
+				return fmt.Errorf("config %s=%q is under %s, which the node replaces with its own directory: keep it elsewhere (e.g. the dependency cache)", name, p, pd.host)
+			}
 		}
 	}
 	return nil
