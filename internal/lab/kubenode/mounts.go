@@ -1,0 +1,75 @@
+package kubenode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// privateDir is a host path that the node sees as one of its own directories.
+type privateDir struct {
+	host string // path as the node's processes (and its pods' hostPath volumes) see it
+	dir  string // the node's directory bound there
+}
+
+// privateDirs are the paths kubelet, containerd and CNI installers use whatever their config
+// says, or that a DaemonSet reaches through hostPath. On the host they are plain directories that
+// a mount namespace does not separate: every node would share them and a killed node would leave
+// files there (a second kubelet's device-plugin socket would replace the first's).
+//   - /var/lib/kubelet: kubelet's root dir; device-plugins/kubelet.sock and pki/ are hard-coded there;
+//   - /var/log/pods, /var/log/containers: pod logs and the per-container symlinks kubelet writes;
+//   - /run/containerd: containerd 2.x puts every shim's socket in /run/containerd/s, ctr its FIFOs
+//     in /run/containerd/fifo;
+//   - /etc/cni/net.d = Config.CNIConfDir, /opt/cni/bin = the node's own (empty) plugin dir: where
+//     a CNI DaemonSet installs its conflist and binary.
+func (c Config) privateDirs() []privateDir {
+	d := func(p string) string { return filepath.Join(c.Dir, p) }
+	out := []privateDir{
+		{"/var/lib/kubelet", d("kubelet")},
+		{"/var/log/pods", d("pod-logs")},
+		{"/var/log/containers", d("container-logs")},
+		{"/run/containerd", d("run-containerd")},
+		{"/etc/cni/net.d", c.CNIConfDir},
+		{"/opt/cni/bin", d("cni-bin")},
+	}
+	for _, p := range c.PrivateDirs {
+		out = append(out, privateDir{p, d(filepath.Join("private", strings.ReplaceAll(strings.Trim(p, "/"), "/", "_")))})
+	}
+	return out
+}
+
+// ownedDirs are the node directories Stop removes (CNIConfDir is the caller's).
+func (c Config) ownedDirs() []string {
+	var out []string
+	for _, p := range c.privateDirs() {
+		if p.dir != c.CNIConfDir {
+			out = append(out, p.dir)
+		}
+	}
+	return out
+}
+
+// bindPrivateDirs binds each node directory over its host path in the mount namespace of holder.
+// A host path that does not exist is created (empty) on the host: a bind needs a target. It is
+// never removed again: other nodes' mounts may sit on it.
+func bindPrivateDirs(ctx context.Context, t tools, holder int, dirs []privateDir) error {
+	h := strconv.Itoa(holder)
+	for _, p := range dirs {
+		if err := os.MkdirAll(p.dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", p.dir, err)
+		}
+		for _, argv := range [][]string{
+			{t.nsenter, "-t", h, "-m", "--", t.mkdir, "-p", p.host},
+			{t.nsenter, "-t", h, "-m", "--", t.mount, "--bind", p.dir, p.host},
+		} {
+			if out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput(); err != nil {
+				return fmt.Errorf("node mount namespace: %s: %w: %s", strings.Join(argv[5:], " "), err, out)
+			}
+		}
+	}
+	return nil
+}
