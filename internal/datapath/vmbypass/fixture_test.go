@@ -392,4 +392,3 @@ func pinsUnder(t *testing.T, dir string) []string {
 	})
 	return out
 }
-
