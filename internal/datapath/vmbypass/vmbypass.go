@@ -1,6 +1,7 @@
 package vmbypass
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -293,12 +295,15 @@ func (b *Bypass) Detach(id, netnsPath string) error {
 	if err != nil {
 		return fmt.Errorf("detach VM bypass %s: %w", id, err)
 	}
-	// tap first
-	for i := range pins {
-		if pins[i].Role == datapath.RoleVMBTap && i != 0 {
-			pins[0], pins[i] = pins[i], pins[0]
+	slices.SortStableFunc(pins, func(a, b datapath.LinkPin) int { // the tap's first
+		rank := func(p datapath.LinkPin) int {
+			if p.Role == datapath.RoleVMBTap {
+				return 0
+			}
+			return 1
 		}
-	}
+		return cmp.Compare(rank(a), rank(b))
+	})
 	var errs []error
 	detach := func() error {
 		for _, p := range pins {
