@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/pktgen"
 )
@@ -48,6 +49,9 @@ func TestCPUPerFrame(t *testing.T) {
 		if dur, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("AXON_VMB_BENCH_DURATION: %v", err)
 		}
+	}
+	if !datapath.ProbeTCX().Available {
+		t.Skip("the floor arm attaches with tcx (6.6+); the kernel has none")
 	}
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs 2 CPUs: the writer and the node's NAPI thread are pinned apart")

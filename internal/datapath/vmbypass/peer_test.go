@@ -7,8 +7,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 )
 
@@ -38,14 +40,26 @@ func TestNodePeerRedirectReachesTap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	var l link.Link
-	dptest.InNetns(t, v.node, func() {
-		l, err = link.AttachTCX(link.TCXOptions{Interface: nc.Index("r1"), Program: prog, Attach: ebpf.AttachTCXIngress})
-	})
-	if err != nil {
-		t.Fatal(err)
+	if datapath.ProbeTCX().Available {
+		var l link.Link
+		dptest.InNetns(t, v.node, func() {
+			l, err = link.AttachTCX(link.TCXOptions{Interface: nc.Index("r1"), Program: prog, Attach: ebpf.AttachTCXIngress})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	} else { // before 6.6: a cls_bpf filter; r1 goes with the netns
+		r1 := nc.Link("r1")
+		if err := nc.H.QdiscAdd(&netlink.GenericQdisc{QdiscType: "clsact",
+			QdiscAttrs: netlink.QdiscAttrs{LinkIndex: r1.Attrs().Index, Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)}}); err != nil {
+			t.Fatalf("clsact on r1: %v", err)
+		}
+		if err := nc.H.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: r1.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+			Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL}, Fd: prog.FD(), Name: "node_to_pod", DirectAction: true}); err != nil {
+			t.Fatalf("cls_bpf on r1: %v", err)
+		}
 	}
-	defer l.Close()
 
 	before := v.stats().Counters["pod_frames"]
 	f := eth(guestMAC, nodeMAC, unix.ETH_P_IP, udp(node4, guest4, 40000, 7, []byte("peer redirect")))
