@@ -358,7 +358,7 @@ func udpListener(t *testing.T, ns, dev string, port int) int {
 		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != nil {
 			t.Fatalf("bind :%d: %v", port, err)
 		}
-		tv := unix.NsecToTimeval((500 * time.Millisecond).Nanoseconds())
+		tv := unix.NsecToTimeval(testutil.Stretch(t, 500*time.Millisecond).Nanoseconds())
 		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	})
 	t.Cleanup(func() { unix.Close(fd) })

@@ -14,6 +14,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/ethtool"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The guest of the TCP tests: a netns "guest" whose device g0 (the guest's
@@ -171,7 +172,7 @@ func TestTCPThroughBypass(t *testing.T) {
 		t.Fatal(err)
 	}
 	dptest.SendRaw(t, g.node, nodeDev, [][]byte{eth(guestMAC, nodeMAC, unix.ETH_P_IP, badSYN(remote4, guest4, 9))})
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(testutil.Stretch(t, 5*time.Second))
 	for (csumErrs(g.remote) == r0 || csumErrs(g.guest) == g0) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

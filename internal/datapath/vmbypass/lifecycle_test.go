@@ -17,6 +17,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // progsOn counts the BPF programs on dev's tc ingress in netns ns: tcx
@@ -76,18 +77,19 @@ func TestDetachUnderTraffic(t *testing.T) {
 	if _, err := cli.Write(make([]byte, 8)); err != nil {
 		t.Fatal(err)
 	}
-	_ = cli.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = cli.SetReadDeadline(time.Now().Add(testutil.Stretch(t, 5*time.Second)))
 	if _, err := cli.Read(make([]byte, 64)); err != nil {
 		t.Fatalf("warm-up echo through the bridge: %v", err)
 	}
 
+	wait := testutil.Stretch(t, time.Second) // the echo reader gives up after this much silence
 	var echoed atomic.Uint64
 	recvDone := make(chan struct{})
 	go func() {
 		defer close(recvDone)
 		buf := make([]byte, 64)
 		for {
-			_ = cli.SetReadDeadline(time.Now().Add(time.Second))
+			_ = cli.SetReadDeadline(time.Now().Add(wait))
 			if _, err := cli.Read(buf); err != nil {
 				return
 			}
@@ -116,9 +118,9 @@ func TestDetachUnderTraffic(t *testing.T) {
 	}()
 	phase := func(what string) uint64 {
 		before := sent.Load()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(testutil.Stretch(t, 300*time.Millisecond))
 		if sent.Load()-before < 50 {
-			t.Fatalf("%s: the sender sent only %d datagrams in 300 ms", what, sent.Load()-before)
+			t.Fatalf("%s: the sender sent only %d datagrams in a phase", what, sent.Load()-before)
 		}
 		return sent.Load()
 	}
@@ -137,7 +139,7 @@ func TestDetachUnderTraffic(t *testing.T) {
 
 	for _, c := range []string{"tap_frames", "pod_frames"} {
 		if d := s1.Counters[c] - s0.Counters[c]; d < 50 {
-			t.Errorf("bypass attached for 300 ms: %s moved by %d, want the stream's datagrams", c, d)
+			t.Errorf("bypass attached for a phase: %s moved by %d, want the stream's datagrams", c, d)
 		}
 	}
 	if progsOn(t, g.pod, tapName) != 0 || progsOn(t, g.pod, "eth0") != 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestNodePeerRedirectReachesTap: the node's shortest way toward the guest.
@@ -64,7 +65,7 @@ func TestNodePeerRedirectReachesTap(t *testing.T) {
 	before := v.stats().Counters["pod_frames"]
 	f := eth(guestMAC, nodeMAC, unix.ETH_P_IP, udp(node4, guest4, 40000, 7, []byte("peer redirect")))
 	dptest.SendRaw(t, v.node, "r2", [][]byte{f})
-	if m := missing([][]byte{f}, tapFrames(t, v.tap, 300*time.Millisecond)); len(m) > 0 {
+	if m := missing([][]byte{f}, tapFrames(t, v.tap, testutil.Stretch(t, 300*time.Millisecond))); len(m) > 0 {
 		t.Fatalf("a frame redirected into the pod with bpf_redirect_peer did not reach the tap")
 	}
 	if d := v.stats().Counters["pod_frames"] - before; d != 1 {
