@@ -122,7 +122,7 @@ func TestCPUPerFrame(t *testing.T) {
 		s0, _ := sink.Count()
 		n0 := napiCPU()
 		w, n := writeLoop(t, v.tap, frame, dur)
-		time.Sleep(20 * time.Millisecond) // the NAPI thread drains its ring
+		time.Sleep(100 * time.Millisecond) // the NAPI thread drains its ring (not into the next arm)
 		s1, _ := sink.Count()
 		return sample{writer: float64(w.Nanoseconds()), napi: float64((napiCPU() - n0).Nanoseconds()), frames: float64(n), sunk: float64(s1 - s0)}
 	}
