@@ -24,7 +24,8 @@ import (
 // TestCPUPerFrame measures the host CPU per frame from the VM's tap to the
 // node, the bridge path against the bypass, interleaved. Run it with
 // AXON_VMB_BENCH=1 (AXON_VMB_BENCH_REPS, default 10; AXON_VMB_BENCH_DURATION,
-// default 1s per arm; AXON_VMB_BENCH_OUT: also write the Markdown there).
+// default 1s per arm; AXON_VMB_BENCH_OUT: also write the Markdown there;
+// AXON_VMB_BENCH_CSV: one line per sample there, with the load average).
 //
 // The guest is a thread pinned to CPU 1 writing one 60-byte UDP frame to the
 // tap fd in a loop: the tap's receive path (tc ingress, then the bridge or
@@ -126,10 +127,18 @@ func TestCPUPerFrame(t *testing.T) {
 		s1, _ := sink.Count()
 		return sample{writer: float64(w.Nanoseconds()), napi: float64((napiCPU() - n0).Nanoseconds()), frames: float64(n), sunk: float64(s1 - s0)}
 	}
+	csv := "rep,order,arm,writer_cpu_ns,napi_cpu_ns,frames_written,frames_received,load1\n"
 	for r := 0; r < reps; r++ {
 		for i := range arms {
 			arm := arms[(i+r)%len(arms)]
-			res[arm] = append(res[arm], run(arm))
+			s := run(arm)
+			res[arm] = append(res[arm], s)
+			csv += fmt.Sprintf("%d,%d,%s,%.0f,%.0f,%.0f,%.0f,%s\n", r, i, arm, s.writer, s.napi, s.frames, s.sunk, load1())
+		}
+	}
+	if out := os.Getenv("AXON_VMB_BENCH_CSV"); out != "" {
+		if err := os.WriteFile(out, []byte(csv), 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 
@@ -256,3 +265,12 @@ func kernel() string {
 }
 
 func mustAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// load1 is the 1-minute load average (the CPU pressure around a sample).
+func load1() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	return strings.Fields(string(b))[0]
+}
