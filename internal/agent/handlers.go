@@ -121,6 +121,7 @@ func (a *Agent) Endpoints(context.Context) ([]api.Endpoint, error) {
 	k := a.st.kubeClient()
 	for i := range eps {
 		eps[i].State = a.endpointState(k, eps[i])
+		eps[i].VMBypass = a.vm.podState(eps[i].PodNamespace + "/" + eps[i].PodName)
 	}
 	return eps, nil
 }

@@ -237,6 +237,20 @@ func (v *vmBypass) countTapLost() {
 	v.stMu.Unlock()
 }
 
+// podState is the pod's VM bypass for `axon endpoint list`: "bypassed",
+// "not bypassed: <reason>" for an annotated pod without it, "" otherwise.
+func (v *vmBypass) podState(pod string) string {
+	v.stMu.Lock()
+	defer v.stMu.Unlock()
+	if slices.Contains(v.on, pod) {
+		return "bypassed"
+	}
+	if why, ok := v.notOn[pod]; ok {
+		return "not bypassed: " + why
+	}
+	return ""
+}
+
 // decision is the `axon status` line.
 func (v *vmBypass) decision() api.Decision {
 	v.stMu.Lock()

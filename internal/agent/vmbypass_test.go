@@ -188,6 +188,11 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 	if !tapAttached() {
 		t.Errorf("the vm pod's bypass is not attached")
 	}
+	for pod, want := range map[string]string{"default/vm": "bypassed", "default/plain": "not bypassed: pod_interface_not_bridged", "default/typo": "", "default/other": ""} {
+		if got := v.podState(pod); got != want {
+			t.Errorf("endpoint list state of %s: %q, want %q", pod, got, want)
+		}
+	}
 	if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["plain"])); err == nil {
 		t.Errorf("the pod without the layout got a pin dir")
 	}
