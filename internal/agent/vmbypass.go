@@ -16,6 +16,7 @@ package agent
 // and is treated as absent. Nothing here fails the reconcile.
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"os"
@@ -125,6 +126,7 @@ func (v *vmBypass) reconcile() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	want, seen := map[string]bool{}, map[string]bool{}
+	podNetns := map[string]string{} // pod UID → netns path, of every local pod
 	var on []string
 	notOn := map[string]string{}
 	for _, ep := range v.reg.List() {
@@ -136,6 +138,7 @@ func (v *vmBypass) reconcile() {
 			continue
 		}
 		seen[string(pod.UID)] = true
+		podNetns[string(pod.UID)] = ep.Netns
 		enabled, err := parseVMBypass(pod.Annotations)
 		if err != nil {
 			v.event(k, pod, ReasonInvalidAnnotation, err.Error())
@@ -210,9 +213,9 @@ func (v *vmBypass) reconcile() {
 			}
 			v.b = b
 		}
-		ns := v.netns[id]
+		ns := cmp.Or(v.netns[id], podNetns[id]) // a previous run's bypass of a pod still here: its netns
 		if ns == "" {
-			ns = "/nonexistent" // a previous run's pod: only its pins are left to remove
+			ns = "/nonexistent" // the pod is gone: only its pins are left to remove
 		}
 		if err := v.b.Detach(id, ns); err != nil {
 			v.log.Warn("VM bypass: detach", "id", id, "error", err)

@@ -240,4 +240,48 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 			t.Errorf("after the annotation went: %+v", d)
 		}
 	})
+
+	t.Run("a restarted agent removes what the last one attached, legacy filters too", func(t *testing.T) {
+		setVMAnn := func(ann map[string]string) {
+			t.Helper()
+			p, err := cs.CoreV1().Pods("default").Get(ctx, "vm", metav1.GetOptions{})
+			must(t, err)
+			p.Annotations = ann
+			_, err = cs.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{})
+			must(t, err)
+			waitUntil(t, 10*time.Second, "the annotation in the agent's pod cache", func() bool {
+				p, err := k.pods.Pods("default").Get("vm")
+				return err == nil && p.Annotations[AnnotationVMBypass] == ann[AnnotationVMBypass]
+			})
+		}
+		legacy := cfg
+		legacy.AttachMode = "legacy"
+		setVMAnn(map[string]string{AnnotationVMBypass: "enabled"})
+		first := newVMBypass(legacy, log, reg, func() *kube { return k })
+		first.reconcile()
+		first.close()
+		filters := func() int {
+			n := 0
+			pc := dptest.NSConf(t, filepath.Base(vmNS))
+			for _, dev := range []string{"eth0", "tap0"} {
+				fs, err := pc.H.FilterList(pc.Link(dev), netlink.HANDLE_MIN_INGRESS)
+				must(t, err)
+				n += len(fs)
+			}
+			return n
+		}
+		if n := filters(); n != 2 || !tapAttached() {
+			t.Fatalf("legacy attach: %d cls_bpf filters on eth0 and tap0, want 2 (attached %v)", n, tapAttached())
+		}
+		setVMAnn(nil)
+		restarted := newVMBypass(legacy, log, reg, func() *kube { return k }) // knows nothing of the first
+		t.Cleanup(restarted.close)
+		restarted.reconcile()
+		if n := filters(); n != 0 {
+			t.Errorf("%d cls_bpf filters left in the pod after the restarted agent removed the bypass", n)
+		}
+		if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["vm"])); !os.IsNotExist(err) {
+			t.Errorf("pins left: %v", err)
+		}
+	})
 }
