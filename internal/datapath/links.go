@@ -374,6 +374,11 @@ func attachClsBPF(pin string, dev netlink.Link, prog *ebpf.Program, h Hook) erro
 	return nil
 }
 
+// DeleteOwnFilter is deleteOwnFilter for callers that look for one pinned
+// program's filter in several netns (the VM-pod bridge bypass's uninstall
+// does not know which pod netns holds it) and remove the pin themselves.
+func DeleteOwnFilter(p LinkPin, dev netlink.Link, h Hook) error { return deleteOwnFilter(p, dev, h) }
+
 // deleteOwnFilter removes the cls_bpf filter of hook h from dev in the
 // current netns, but only when it still runs the program pinned at p.Path:
 // called from another netns (or after someone replaced the filter) it

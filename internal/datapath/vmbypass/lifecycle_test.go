@@ -4,12 +4,14 @@ import (
 	"encoding/binary"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -306,4 +308,45 @@ func TestDetectBadLayouts(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestUninstall: axon uninstall's part. A legacy-mode bypass keeps its
+// cls_bpf filters in the pod's netns, out of reach of the pins; Uninstall,
+// given the node's pod netns (an unrelated one first), deletes exactly
+// those filters and every pin.
+func TestUninstall(t *testing.T) {
+	v := newVMPod(t, datapath.ModeLegacy, false)
+	v.attach()
+	other := newVMPod(t, datapath.ModeLegacy, false) // a VM pod without the bypass: its devices keep their filters
+	otherFilter := dptest.NSConf(t, other.pod)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a filter of someone else on the other pod's tap, same handle as axon's
+	must(otherFilter.H.QdiscAdd(&netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: otherFilter.Index(tapName), Parent: netlink.HANDLE_CLSACT, Handle: netlink.MakeHandle(0xffff, 0)}}))
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	must(err)
+	defer prog.Close()
+	must(otherFilter.H.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: otherFilter.Index(tapName), Parent: netlink.HANDLE_MIN_INGRESS,
+		Handle: 0xa19, Priority: 1, Protocol: unix.ETH_P_ALL}, Fd: prog.FD(), Name: "not_axon", DirectAction: true}))
+	if n := progsOn(t, v.pod, "eth0") + progsOn(t, v.pod, tapName); n != 2 {
+		t.Fatalf("legacy attach: %d filters, want 2", n)
+	}
+	must(Uninstall(v.pinDir, []string{other.podPath, "/run/netns/axt-gone", v.podPath}))
+	if n := progsOn(t, v.pod, "eth0") + progsOn(t, v.pod, tapName); n != 0 {
+		t.Errorf("%d filters left in the bypassed pod", n)
+	}
+	if n := progsOn(t, other.pod, tapName); n != 1 {
+		t.Errorf("the other pod's own filter: %d filters, want 1 (not axon's to delete)", n)
+	}
+	if left := pinsUnder(t, v.pinDir); len(left) > 0 {
+		t.Errorf("pins left: %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(v.pinDir, "vmbypass")); !os.IsNotExist(err) {
+		t.Errorf("vmbypass dir left: %v", err)
+	}
 }

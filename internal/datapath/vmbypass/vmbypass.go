@@ -405,3 +405,57 @@ func (b *Bypass) Stats(id, netnsPath string) (Stats, error) {
 	}
 	return st, nil
 }
+
+// Uninstall removes every VM bypass pinned under pinDir (axon uninstall):
+// tcx links by their pins; legacy cls_bpf filters, which live in the pods'
+// netns, by looking for each pinned program's filter in every netns of
+// netnsPaths (the node's pod netns; only a filter still running the pinned
+// program is deleted, so the wrong netns is left alone); then the pins. A
+// netns that cannot be entered is skipped.
+func Uninstall(pinDir string, netnsPaths []string) error {
+	root := filepath.Join(pinDir, "vmbypass")
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("uninstall VM bypass: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		dir := filepath.Join(root, e.Name())
+		pins, err := datapath.ListPins(dir, func(_, role string) bool {
+			return role == datapath.RoleVMBTap || role == datapath.RoleVMBPod
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, ns := range netnsPaths {
+			_ = netnsutil.DoAt(ns, func() error {
+				for _, p := range pins {
+					if p.Kind != datapath.PinTC {
+						continue
+					}
+					if dev, err := netlink.LinkByName(p.Ifname); err == nil {
+						errs = append(errs, datapath.DeleteOwnFilter(p, dev, datapath.TCHook(p.Role, true)))
+					}
+				}
+				return nil
+			})
+		}
+		for _, p := range pins {
+			if p.Kind == datapath.PinTC {
+				errs = append(errs, removePin(p.Path))
+				continue
+			}
+			errs = append(errs, datapath.DetachLink(p))
+		}
+		errs = append(errs, removePin(filepath.Join(dir, StatsMapName)), removePin(datapath.LinksDir(dir)), removePin(dir))
+	}
+	errs = append(errs, removePin(root))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("uninstall VM bypass: %w", err)
+	}
+	return nil
+}
