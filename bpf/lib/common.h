@@ -184,6 +184,22 @@ enum axon_sockmap_counter {
 	AXON_SM_MAX = 19,
 };
 
+/* Counters of the VM-pod bridge bypass (vm_bypass.c), the index of its
+ * per-pod axon_vmb_stats. "tap": frames the guest sent (tc ingress of the
+ * VM's tap); "pod": frames the node sent into the pod (tc ingress of the pod
+ * interface). Names: the members' without AXON_VMB_, lower case (counterNames
+ * in internal/datapath/vmbypass). */
+enum axon_vmb_counter {
+	AXON_VMB_TAP_FRAMES = 0,     /* tap -> pod interface: frames redirected (bpf_redirect to its egress) */
+	AXON_VMB_TAP_BYTES = 1,      /* bytes of those frames (skb->len, Ethernet header included) */
+	AXON_VMB_POD_FRAMES = 2,     /* pod interface -> tap: frames redirected */
+	AXON_VMB_POD_BYTES = 3,      /* bytes of those frames */
+	AXON_VMB_TAP_TO_BRIDGE = 4,  /* tap: unicast to the bridge's own MAC (the pod's DHCP server): passed to the bridge, not redirected */
+	AXON_VMB_TAP_BCAST_COPY = 5, /* tap: broadcast/multicast also delivered to the bridge itself (a clone into its ingress), e.g. a DHCP DISCOVER */
+	AXON_VMB_REDIRECT_FAIL = 6,  /* a redirect or clone the helper refused (the frame then takes the bridge path) */
+	AXON_VMB_MAX = 7,
+};
+
 /* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */
 enum axon_sockmap_mode {
 	AXON_SM_MODE_UNDECIDED = 0, /* no write yet */

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -166,8 +168,13 @@ func newEndpointCmd() *cobra.Command {
 				}
 				return f.out.write(cmd, eps)
 			}
+			vm := slices.ContainsFunc(eps, func(ep api.Endpoint) bool { return ep.VMBypass != "" })
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "POD\tIPS\tHOST DEVICE\tIFINDEX\tSTATE\tCONTAINER")
+			head := "POD\tIPS\tHOST DEVICE\tIFINDEX\tSTATE\tCONTAINER"
+			if vm { // only on nodes with VM pods that asked for the bridge bypass
+				head += "\tVM BYPASS"
+			}
+			fmt.Fprintln(w, head)
 			for _, ep := range eps {
 				ips := make([]string, len(ep.IPs))
 				for i, ip := range ep.IPs {
@@ -181,7 +188,11 @@ func newEndpointCmd() *cobra.Command {
 				if len(cid) > 12 {
 					cid = cid[:12]
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", pod, strings.Join(ips, ","), ep.HostIfName, ep.HostIfIndex, ep.State, cid)
+				row := fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s", pod, strings.Join(ips, ","), ep.HostIfName, ep.HostIfIndex, ep.State, cid)
+				if vm {
+					row += "\t" + cmp.Or(ep.VMBypass, "-")
+				}
+				fmt.Fprintln(w, row)
 			}
 			return w.Flush()
 		},

@@ -43,6 +43,7 @@ type Agent struct {
 	nport *nodePort    // north-south LB (nodeport*.go)
 	bw    *bandwidth   // Bandwidth Manager (bandwidth.go)
 	sm    *sockBypass  // same-node TCP bypass (sockmap.go)
+	vm    *vmBypass    // VM-pod bridge bypass (vmbypass.go)
 	drops *dropMonitor // drop counters and events (drops.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
@@ -101,6 +102,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	a.nport = &nodePort{cfg: cfg, log: log, nl: a.nl, kube: a.st.kubeClient}
 	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
 	a.sm = newSockBypass(cfg, log, a.reg, a.st.kubeClient)
+	a.vm = newVMBypass(cfg, log, a.reg, a.st.kubeClient)
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
 	} else {
@@ -122,6 +124,7 @@ func (a *Agent) close() {
 	a.pods.close()
 	a.sock.close()
 	a.sm.close()
+	a.vm.close()
 	a.nport.close()
 	a.ipam.Close()
 	a.nl.Close()
@@ -302,6 +305,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.nport.ensure(uplink, a.sock.writer(), a.pods.routedByBPF())
 		a.bw.reconcile(uplink)
 		a.sm.ensure(ctx)
+		a.vm.reconcile()
 	}
 	if a.notReady() == "" {
 		// ready to serve CNI ADD (a failed route to another node does not

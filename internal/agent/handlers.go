@@ -104,6 +104,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	st.Datapath = append(st.Datapath, a.sock.decision())
 	st.Datapath = append(st.Datapath, a.nport.decision())
 	st.Datapath = append(st.Datapath, a.bw.decision())
+	st.Datapath = append(st.Datapath, a.vm.decision())
 	st.Bandwidth = a.bw.status()
 	st.Sockmap = a.sm.status()
 	st.Datapath = append(st.Datapath, a.sm.decision(st.Sockmap))
@@ -120,6 +121,7 @@ func (a *Agent) Endpoints(context.Context) ([]api.Endpoint, error) {
 	k := a.st.kubeClient()
 	for i := range eps {
 		eps[i].State = a.endpointState(k, eps[i])
+		eps[i].VMBypass = a.vm.podState(eps[i].PodNamespace + "/" + eps[i].PodName)
 	}
 	return eps, nil
 }

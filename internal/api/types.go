@@ -84,6 +84,9 @@ type Endpoint struct {
 	// Filled in by the agent in replies:
 	State   string    `json:"state,omitempty"` // "ready", "pending", "orphan" (no Pod object)
 	Created time.Time `json:"created,omitempty"`
+	// VMBypass, for a pod annotated axon.io/vm-bypass: enabled: "bypassed",
+	// or "not bypassed: <reason>" (docs/vm-bypass.md); empty otherwise.
+	VMBypass string `json:"vmBypass,omitempty"`
 }
 
 // Attachment names one (ContainerID, IfName) pair, as in CNI GC's cni.dev/valid-attachments.

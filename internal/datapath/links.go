@@ -111,6 +111,8 @@ const (
 	RoleLBOut     = "lbout"   // axon_lb_egress (nodeport LB): tc egress of the uplink, first in the chain
 	RoleLBDecap   = "lbdecap" // axon_lb_decap (DSR backend): tc ingress, first in the chain
 	RoleLBXDP     = "lbxdp"   // axon_lb_xdp (nodeport LB): XDP link of the uplink
+	RoleVMBTap    = "vmbtap"  // axon_vmb_from_tap (VM-pod bridge bypass): tc ingress of a VM's tap, in the pod netns; pinned under the pod's own dir
+	RoleVMBPod    = "vmbpod"  // axon_vmb_from_pod (VM-pod bridge bypass): tc ingress of the VM pod's interface, in the pod netns; pinned as above
 )
 
 // TCHooks lists the tc hooks of the registry. Hooks that can share a
@@ -125,6 +127,8 @@ func TCHooks() []Hook {
 		{Role: RoleLBIn, First: true, Handle: 0xa17, Filter: "axon_lb"},
 		{Role: RoleLBOut, Egress: true, First: true, Handle: 0xa17, Filter: "axon_lb"},
 		{Role: RoleLBDecap, First: true, Handle: 0xa18, Filter: "axon_lb"}, // a node can be LB and DSR backend
+		{Role: RoleVMBTap, First: true, Handle: 0xa19, Filter: "axon_vmb"}, // devices inside a VM pod's netns
+		{Role: RoleVMBPod, First: true, Handle: 0xa19, Filter: "axon_vmb"},
 	}
 }
 
@@ -369,6 +373,11 @@ func attachClsBPF(pin string, dev netlink.Link, prog *ebpf.Program, h Hook) erro
 	}
 	return nil
 }
+
+// DeleteOwnFilter is deleteOwnFilter for callers that look for one pinned
+// program's filter in several netns (the VM-pod bridge bypass's uninstall
+// does not know which pod netns holds it) and remove the pin themselves.
+func DeleteOwnFilter(p LinkPin, dev netlink.Link, h Hook) error { return deleteOwnFilter(p, dev, h) }
 
 // deleteOwnFilter removes the cls_bpf filter of hook h from dev in the
 // current netns, but only when it still runs the program pinned at p.Path:

@@ -16,6 +16,8 @@ func TestTCHookRegistry(t *testing.T) {
 		RoleLBIn:      {false, 0xa17, "axon_lb"},
 		RoleLBOut:     {true, 0xa17, "axon_lb"},
 		RoleLBDecap:   {false, 0xa18, "axon_lb"},
+		RoleVMBTap:    {false, 0xa19, "axon_vmb"},
+		RoleVMBPod:    {false, 0xa19, "axon_vmb"},
 	}
 	seen := map[string]bool{}
 	onUplink := map[[2]uint32]string{}
@@ -29,8 +31,8 @@ func TestTCHookRegistry(t *testing.T) {
 		if h.Egress != w.egress || h.Handle != w.handle || h.Filter != w.filter || h.Legacy {
 			t.Errorf("role %s: %+v, want egress %v handle %#x filter %s", h.Role, h, w.egress, w.handle, w.filter)
 		}
-		if h.Role == RolePod {
-			continue // pods' devices carry nothing else
+		if h.Role == RolePod || h.Role == RoleVMBTap || h.Role == RoleVMBPod {
+			continue // pods' devices carry nothing else (the VM bypass's two are on two devices of the pod's netns)
 		}
 		dir := uint32(0)
 		if h.Egress {

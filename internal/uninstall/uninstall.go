@@ -9,6 +9,7 @@
 package uninstall
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
+	"github.com/axonhq/axon/internal/datapath/vmbypass"
 )
 
 // Options say where the agent kept its state; the defaults are the agent's.
@@ -298,15 +300,37 @@ func (o Options) remove(found []Item, log *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
+// podNetns lists the netns of the pods the agent registered (its endpoint
+// files), where the VM-pod bridge bypass's legacy filters live.
+func (o Options) podNetns() []string {
+	files, _ := filepath.Glob(filepath.Join(o.StateDir, "endpoints", "*.json"))
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var ep struct {
+			Netns string `json:"netns"`
+		}
+		if json.Unmarshal(b, &ep) == nil && ep.Netns != "" && !slices.Contains(out, ep.Netns) {
+			out = append(out, ep.Netns)
+		}
+	}
+	return out
+}
+
 // removeBPF detaches every attachment pinned under BPFRoot and removes the
 // pins: the bypass first (its splice guard last), the socket LB's cgroup
-// links, the north-south LB, then every remaining tcx/XDP/netkit link and
+// links, the north-south LB, the VM-pod bridge bypass (its legacy filters
+// in the pods' netns too), then every remaining tcx/XDP/netkit link and
 // legacy filter (pod, uplink, Bandwidth Manager), then the directory.
 func (o Options) removeBPF() error {
 	if _, err := os.Stat(o.BPFRoot); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	errs := []error{sockmap.Uninstall(o.BPFRoot), socklb.Uninstall(o.BPFRoot, o.CgroupRoot), nodeport.Uninstall(o.BPFRoot)}
+	errs := []error{sockmap.Uninstall(o.BPFRoot), socklb.Uninstall(o.BPFRoot, o.CgroupRoot), nodeport.Uninstall(o.BPFRoot),
+		vmbypass.Uninstall(o.BPFRoot, o.podNetns())}
 	pins, err := datapath.ListPins(o.BPFRoot, func(string, string) bool { return true })
 	errs = append(errs, err)
 	roles := map[string]bool{}

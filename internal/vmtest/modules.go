@@ -17,6 +17,8 @@ func DefaultModules() []string {
 		"9p", "9pnet_virtio", "virtio_net", "virtio_pci?",
 		// datapath tests and probes
 		"veth", "dummy", "sch_ingress", "cls_bpf", "sch_fq", "tcp_bbr", "netkit?",
+		// the VM-pod bridge bypass tests: tap devices (/dev/net/tun)
+		"tun",
 		// lab subset
 		"bridge", "br_netfilter?",
 		// Bandwidth Manager's TBF baseline (the reference bandwidth CNI plugin: ifb + tbf + u32 + mirred)
