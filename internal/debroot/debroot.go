@@ -219,7 +219,7 @@ func parseStanzas(out string) []*stanza {
 
 // recipe names what Build does to the unpacked packages; change it when that changes, so
 // cached roots built the old way are not reused.
-const recipe = "debroot/1: dpkg-deb -x, alternatives links, busybox applet links where no package has the command, nsswitch.conf, docs pruned (copyright kept)"
+const recipe = "debroot/1: dpkg-deb -x, alternatives links, busybox applet links where no package has the command, nsswitch.conf, docs pruned (copyright kept), /proc /sys /dev /tmp"
 
 // Key is the cache key of pkgs and links: a hash of the recipe, every name, version and
 // architecture, and every link.
@@ -254,7 +254,8 @@ type Root struct {
 //     busybox image);
 //   - /etc/nsswitch.conf from libc-bin's template (libc-bin's postinst writes it; glibc without
 //     it asks DNS before /etc/hosts);
-//   - /usr/share/{doc,man,info,locale,lintian,bug} removed, except each package's copyright.
+//   - /usr/share/{doc,man,info,locale,lintian,bug} removed, except each package's copyright;
+//   - empty /proc, /sys, /dev and /tmp (1777), the mount points a runtime or a chroot fills.
 //
 // The folder is written beside its final place and renamed into it, so a half-built root is
 // never found in the cache.
@@ -319,6 +320,15 @@ func Build(ctx context.Context, cacheDir string, pkgs []Package, links map[strin
 	}
 	if err := pruneDocs(root); err != nil {
 		return Root{}, err
+	}
+	for d, mode := range map[string]fs.FileMode{"proc": 0o555, "sys": 0o555, "dev": 0o755, "tmp": 0o777 | fs.ModeSticky} {
+		p := filepath.Join(root, d)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return Root{}, err
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			return Root{}, err
+		}
 	}
 	if err := os.RemoveAll(debs); err != nil {
 		return Root{}, err
