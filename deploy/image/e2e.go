@@ -51,6 +51,7 @@ var E2ETools = []E2ETool{
 	{"curl", []string{"curl", "--version"}, "Services session affinity, type changes, NodePort, HostPort, Networking Granular Checks (`curl -g -q -s 'http://<pod>/dial?...'`)"},
 	{"nc", []string{"sh", "-c", "nc -h 2>&1 | grep -q OpenBSD"}, "Services reachability (`echo hostName | nc -v -t -w 2 <ip> <port>`, `-u` for UDP), HostPort UDP, node-pod UDP checks, conntrack tests"},
 	{"dig", []string{"dig", "-v"}, "DNS conformance probers in agnhost and glibc-dns-testing (`dig +notcp +noall +answer +search <name> A`, `+tcp`)"},
+	{"nslookup", []string{"nslookup", "-version"}, "Services: a type change to ExternalName resolves the name from an agnhost pod (`nslookup <svc>.<ns>.svc.<domain>`)"},
 	{"getent", []string{"getent", "--version"}, "DNS /etc/hosts and pod hostname tests (`getent hosts <name>`)"},
 	{"ss", []string{"ss", "-V"}, "NodePort: no host port opened (`ss -ant46 'sport = :<port>'`, not conformance)"},
 	{"ip", []string{"ip", "-V"}, "upstream's hostexec tools (iproute2); not used by the conformance selection"},

@@ -2,10 +2,11 @@
 // own image, an OCI image from scratch (no base image) holding the three static
 // binaries of `make build`, written as an OCI layout directory and as a
 // `docker load` / `podman load` / `ctr images import` tarball; and, with the
-// same single-layer assembly (Assemble), the pause and agnhost images the
-// real-kubelet lab and the e2e suite use (e2e.go). The same files and the same
-// creation time give the same digest: file order, modes, owners and mtimes in
-// the layer are fixed and the gzip header carries no time or name.
+// same assembly (Assemble: base layers, then one of the image's own), the
+// pause, agnhost and glibc-dns-testing images the real-kubelet lab and the e2e
+// suite use (e2e.go). The same files and the same creation time give the same
+// digest: file order, modes, owners and mtimes in each layer are fixed and the
+// gzip header carries no time or name.
 //
 // No base image: the agent and axon-cni run no external tools (neither imports
 // os/exec), the agent reaches the kube-apiserver with the service account's CA
