@@ -169,6 +169,11 @@ type tools struct {
 // ToolsLayer resolves image.E2EToolsPackages' closure in apt's lists, unpacks it (cached in
 // debroots by the exact versions) and lists it as an image layer.
 func ToolsLayer(ctx context.Context, debroots string) (tools, error) {
+	for _, c := range []string{"apt-cache", "apt-get", "dpkg", "dpkg-deb"} {
+		if _, err := exec.LookPath(c); err != nil {
+			return tools{}, fmt.Errorf("e2e tools layer: %w: it is built from Debian packages with apt and dpkg (a Debian or Ubuntu host)", err)
+		}
+	}
 	pkgs, err := debroot.Resolve(ctx, image.E2EToolsPackages, image.E2EToolsExclude)
 	if err != nil {
 		return tools{}, fmt.Errorf("e2e tools (image.E2EToolsPackages): %w", err)
