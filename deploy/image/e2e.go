@@ -10,9 +10,55 @@ import (
 // lab imports them into each node's containerd, so no registry is contacted. hack/images checks
 // these against the module before it builds anything.
 const (
-	PauseRef   = "registry.k8s.io/pause:3.10.2"
-	AgnhostRef = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+	PauseRef           = "registry.k8s.io/pause:3.10.2"
+	AgnhostRef         = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+	GlibcDNSTestingRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
 )
+
+// E2EToolsPackages are the Debian packages of the tools layer under agnhost (and the whole of
+// glibc-dns-testing): the commands the sig-network e2e tests run inside those containers
+// (E2ETools). Upstream's agnhost is Alpine with busybox, bind-tools, curl, netcat-openbsd and
+// iproute2; glibc-dns-testing is Debian with dnsutils. GNU wget because busybox's in Debian has
+// no -T (timeout), which the tests pass. dash is /bin/sh, not busybox: Debian builds busybox's
+// shell to prefer its own applets over PATH (wherever /proc/self/exe works, as in a container),
+// so under it `nc` would be busybox's nc whatever /bin/nc is. Their dependencies come from apt
+// (internal/debroot), minus E2EToolsExclude.
+var E2EToolsPackages = []string{"bind9-dnsutils", "busybox-static", "curl", "dash", "iproute2", "libc-bin", "netcat-openbsd", "wget"}
+
+// E2EToolsExclude are dependencies only maintainer scripts use, which never run in the image.
+var E2EToolsExclude = []string{"debconf", "debconf-2.0", "dpkg", "perl-base"}
+
+// E2EToolsLinks are the links netcat-openbsd's postinst makes with update-alternatives: without
+// it /bin/nc would be busybox's nc, which lacks the -v, -t and -u of the tests' commands.
+var E2EToolsLinks = map[string]string{"/bin/nc": "nc.openbsd"}
+
+// E2EToolsPath is the image's PATH (Alpine's, as upstream's agnhost has): the e2e suite runs
+// "sh", "nc" and "dig" by name.
+const E2EToolsPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// E2ETool is one command the e2e tests run inside agnhost or glibc-dns-testing, with a command
+// line that proves it runs (its shared libraries resolve) in the image's root.
+type E2ETool struct {
+	Name  string
+	Check []string // run in the image root; must exit 0
+	Used  string   // which tests use it, and how
+}
+
+// E2ETools are the commands the sig-network tests of the pinned e2e suite run in these images
+// (test/e2e/network, test/e2e/framework/network and framework/service of k8s.io/kubernetes).
+var E2ETools = []E2ETool{
+	{"sh", []string{"/bin/sh", "-x", "-c", "true"}, "every kubectl exec of the suite (`/bin/sh -x -c <cmd>`, RunHostCmd) and the DNS probers' `sh -c` loops"},
+	{"curl", []string{"curl", "--version"}, "Services session affinity, type changes, NodePort, HostPort, Networking Granular Checks (`curl -g -q -s 'http://<pod>/dial?...'`)"},
+	{"nc", []string{"sh", "-c", "nc -h 2>&1 | grep -q OpenBSD"}, "Services reachability (`echo hostName | nc -v -t -w 2 <ip> <port>`, `-u` for UDP), HostPort UDP, node-pod UDP checks, conntrack tests"},
+	{"dig", []string{"dig", "-v"}, "DNS conformance probers in agnhost and glibc-dns-testing (`dig +notcp +noall +answer +search <name> A`, `+tcp`)"},
+	{"nslookup", []string{"nslookup", "-version"}, "Services: a type change to ExternalName resolves the name from an agnhost pod (`nslookup <svc>.<ns>.svc.<domain>`)"},
+	{"getent", []string{"getent", "--version"}, "DNS /etc/hosts and pod hostname tests (`getent hosts <name>`)"},
+	{"ss", []string{"ss", "-V"}, "NodePort: no host port opened (`ss -ant46 'sport = :<port>'`, not conformance)"},
+	{"ip", []string{"ip", "-V"}, "upstream's hostexec tools (iproute2); not used by the conformance selection"},
+	{"wget", []string{"sh", "-c", "wget --help 2>&1 | grep -q -- -T"}, "Services up/down and serve-hostname reachability (`wget -q -O - -T 1`, `wget -T 5 -qO-`; not conformance)"},
+	{"coreutils", []string{"sh", "-c", "for i in $(seq 1 2); do echo; date; hostname; done | grep -v '^\\s*$' | tail -n +2 | grep -q . && test -n x && sleep 0"},
+		"seq, echo, grep, tail, test, date, sleep, hostname of those command lines (busybox)"},
+}
 
 // PauseImage is the pause image: the static binary of build/pause/linux/pause.c (gcc -Os
 // -static) as /pause, run as 65535:65535 like upstream's.
@@ -30,16 +76,17 @@ func PauseImage(pauseBin, arch string, created time.Time) (Contents, error) {
 	}, nil
 }
 
-// AgnhostImage is agnhost as upstream lays it out where the e2e suite looks: /agnhost (a
-// static Go build of test/images/agnhost) with the /agnhost-2 link, porter's localhost.crt and
-// localhost.key (from porterDir, test/images/agnhost/porter) and an empty /uploads; entrypoint
-// /agnhost, command pause. Unlike upstream's it has no Alpine base: no shell, curl, nc or dig,
-// so e2e tests that exec those inside an agnhost pod fail here.
-func AgnhostImage(agnhostBin, porterDir, arch string, created time.Time) (Contents, error) {
+// AgnhostImage is agnhost as upstream lays it out where the e2e suite looks, on tools (the layer
+// of E2EToolsPackages, TreeEntries of a debroot): /agnhost (a static Go build of
+// test/images/agnhost) with the /agnhost-2 link, porter's localhost.crt and localhost.key (from
+// porterDir, test/images/agnhost/porter) and an empty /uploads; entrypoint /agnhost, command
+// pause, Alpine's PATH.
+func AgnhostImage(agnhostBin, porterDir string, tools Layer, arch string, created time.Time) (Contents, error) {
 	if _, err := StaticELF(agnhostBin); err != nil {
 		return Contents{}, err
 	}
 	return Contents{
+		Base: []Layer{tools},
 		Entries: []Entry{
 			{Path: "/agnhost", Src: agnhostBin},
 			{Path: "/agnhost-2", Link: "agnhost"},
@@ -49,8 +96,22 @@ func AgnhostImage(agnhostBin, porterDir, arch string, created time.Time) (Conten
 		},
 		Entrypoint: []string{"/agnhost"},
 		Cmd:        []string{"pause"},
+		Env:        []string{E2EToolsPath},
 		Arch:       arch,
 		CreatedBy:  "deploy/image: /agnhost (test/images/agnhost, CGO_ENABLED=0)",
 		Created:    created,
 	}, nil
+}
+
+// GlibcDNSTestingImage is glibc-dns-testing (upstream: Debian with dnsutils, run with a
+// command of the test's): the tools layer alone, the very layer agnhost has.
+func GlibcDNSTestingImage(tools Layer, arch string, created time.Time) Contents {
+	return Contents{
+		Entries:   tools.Entries,
+		Cmd:       []string{"/bin/sh"},
+		Env:       []string{E2EToolsPath},
+		Arch:      arch,
+		CreatedBy: tools.CreatedBy,
+		Created:   created,
+	}
 }

@@ -16,11 +16,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// TestE2EImagesLayout: the pause and agnhost images are one layer with the files where
-// upstream's are, the entrypoint and user upstream's have, the tarball carries exactly the
-// reference the e2e suite pulls, and the same inputs give the same digest (a different creation
-// time gives another: the digest does depend on its inputs). A static binary of make build
-// stands in for pause and agnhost (hack/images compiles the real ones).
+// TestE2EImagesLayout: pause is one layer, agnhost a tools layer (here a small tree standing for
+// the Debian packages: TreeEntries keeps folders, files with their setuid and sticky bits, and
+// links) under its own, glibc-dns-testing that same tools layer alone (the same digest, so a
+// node stores it once); the files are where upstream's are, the entrypoint, command, user and
+// PATH upstream's, the tarball carries exactly the reference the e2e suite pulls, and the same
+// inputs give the same digest (a different creation time gives another: the digest does depend
+// on its inputs). A static binary of make build stands in for pause and agnhost (hack/images
+// compiles the real ones).
 func TestE2EImagesLayout(t *testing.T) {
 	bin := filepath.Join(repoBin, "axon-cni")
 	porter := t.TempDir()
@@ -29,19 +32,50 @@ func TestE2EImagesLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	tree := t.TempDir()
+	for _, d := range []string{"bin", "tmp", "usr/bin"} {
+		if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(tree, "tmp"), 0o1777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "bin", "busybox"), []byte("busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(tree, "bin", "busybox"), 0o755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/busybox", filepath.Join(tree, "bin", "sh")); err != nil {
+		t.Fatal(err)
+	}
+	toolEntries, err := TreeEntries(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := Layer{Entries: toolEntries, CreatedBy: "tools"}
+	toolFiles := []string{"bin/", "bin/busybox", "bin/sh", "tmp/", "usr/", "usr/bin/"}
+	wantModes := map[string]int64{"bin/busybox": 0o4755, "tmp/": 0o1777, "usr/bin/": 0o755}
+	path := []string{E2EToolsPath}
 	created := time.Unix(1700000000, 0)
+	var toolsLayer []v1.Hash // the tools layer's digest in each image that has it
 	for _, tc := range []struct {
 		ref        string
 		contents   func(time.Time) (Contents, error)
 		entrypoint []string
 		cmd        []string
 		user       string
-		files      []string
+		env        []string
+		layers     [][]string // each layer's files, bottom first
 	}{
 		{PauseRef, func(c time.Time) (Contents, error) { return PauseImage(bin, "amd64", c) },
-			[]string{"/pause"}, nil, "65535:65535", []string{"pause"}},
-		{AgnhostRef, func(c time.Time) (Contents, error) { return AgnhostImage(bin, porter, "amd64", c) },
-			[]string{"/agnhost"}, []string{"pause"}, "", []string{"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads/"}},
+			[]string{"/pause"}, nil, "65535:65535", nil, [][]string{{"pause"}}},
+		{AgnhostRef, func(c time.Time) (Contents, error) { return AgnhostImage(bin, porter, tools, "amd64", c) },
+			[]string{"/agnhost"}, []string{"pause"}, "", path,
+			[][]string{toolFiles, {"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads/"}}},
+		{GlibcDNSTestingRef, func(c time.Time) (Contents, error) { return GlibcDNSTestingImage(tools, "amd64", c), nil },
+			nil, []string{"/bin/sh"}, "", path, [][]string{toolFiles}},
 	} {
 		t.Run(filepath.Base(tc.ref), func(t *testing.T) {
 			digest := func(c time.Time) (v1.Image, v1.Hash) {
@@ -87,36 +121,57 @@ func TestE2EImagesLayout(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !reflect.DeepEqual(cf.Config.Entrypoint, tc.entrypoint) || !reflect.DeepEqual(cf.Config.Cmd, tc.cmd) ||
-				cf.Config.User != tc.user || cf.OS != "linux" || cf.Architecture != "amd64" {
-				t.Errorf("config: entrypoint %v cmd %v user %q os %s arch %s", cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.User, cf.OS, cf.Architecture)
+				cf.Config.User != tc.user || !reflect.DeepEqual(cf.Config.Env, tc.env) || cf.OS != "linux" || cf.Architecture != "amd64" {
+				t.Errorf("config: entrypoint %v cmd %v user %q env %v os %s arch %s", cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.User, cf.Config.Env, cf.OS, cf.Architecture)
 			}
 			layers, err := ti.Layers()
-			if err != nil || len(layers) != 1 {
-				t.Fatalf("layers %d, err %v: want 1", len(layers), err)
+			if err != nil || len(layers) != len(tc.layers) {
+				t.Fatalf("layers %d, err %v: want %d", len(layers), err, len(tc.layers))
 			}
-			rc, err := layers[0].Uncompressed()
-			if err != nil {
-				t.Fatal(err)
+			if len(cf.History) != len(tc.layers) {
+				t.Errorf("history %+v: want one entry per layer", cf.History)
 			}
-			defer rc.Close()
-			var got []string
-			for _, mem := range testutil.TarMembers(t, rc) {
-				h := mem.Header
-				got = append(got, h.Name)
-				if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(created) {
-					t.Errorf("%s: uid %d gid %d mtime %s", h.Name, h.Uid, h.Gid, h.ModTime)
+			for i, l := range layers {
+				rc, err := l.Uncompressed()
+				if err != nil {
+					t.Fatal(err)
 				}
-				if h.Name == "agnhost-2" && (h.Typeflag != tar.TypeSymlink || h.Linkname != "agnhost") {
-					t.Errorf("agnhost-2: type %c link %q, want a symlink to agnhost", h.Typeflag, h.Linkname)
+				defer rc.Close()
+				var got []string
+				for _, mem := range testutil.TarMembers(t, rc) {
+					h := mem.Header
+					got = append(got, h.Name)
+					if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(created) {
+						t.Errorf("%s: uid %d gid %d mtime %s", h.Name, h.Uid, h.Gid, h.ModTime)
+					}
+					if h.Name == "agnhost-2" && (h.Typeflag != tar.TypeSymlink || h.Linkname != "agnhost") {
+						t.Errorf("agnhost-2: type %c link %q, want a symlink to agnhost", h.Typeflag, h.Linkname)
+					}
+					if h.Name == "bin/sh" && (h.Typeflag != tar.TypeSymlink || h.Linkname != "/bin/busybox") {
+						t.Errorf("bin/sh: type %c link %q, want a symlink to /bin/busybox", h.Typeflag, h.Linkname)
+					}
+					if (h.Name == "pause" || h.Name == "agnhost") && h.Mode != 0o755 {
+						t.Errorf("%s: mode %o, want 755", h.Name, h.Mode)
+					}
+					if m, ok := wantModes[h.Name]; ok && h.Mode != m {
+						t.Errorf("%s: mode %o, want %o", h.Name, h.Mode, m)
+					}
 				}
-				if (h.Name == "pause" || h.Name == "agnhost") && h.Mode != 0o755 {
-					t.Errorf("%s: mode %o, want 755", h.Name, h.Mode)
+				if !reflect.DeepEqual(got, tc.layers[i]) {
+					t.Errorf("layer %d files %v, want %v", i, got, tc.layers[i])
 				}
-			}
-			if !reflect.DeepEqual(got, tc.files) {
-				t.Errorf("layer files %v, want %v", got, tc.files)
+				if reflect.DeepEqual(tc.layers[i], toolFiles) {
+					d, err := l.Digest()
+					if err != nil {
+						t.Fatal(err)
+					}
+					toolsLayer = append(toolsLayer, d)
+				}
 			}
 		})
+	}
+	if len(toolsLayer) != 2 || toolsLayer[0] != toolsLayer[1] {
+		t.Errorf("tools layer digests %v: want agnhost's and glibc-dns-testing's, equal", toolsLayer)
 	}
 }
 

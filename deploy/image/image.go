@@ -2,10 +2,11 @@
 // own image, an OCI image from scratch (no base image) holding the three static
 // binaries of `make build`, written as an OCI layout directory and as a
 // `docker load` / `podman load` / `ctr images import` tarball; and, with the
-// same single-layer assembly (Assemble), the pause and agnhost images the
-// real-kubelet lab and the e2e suite use (e2e.go). The same files and the same
-// creation time give the same digest: file order, modes, owners and mtimes in
-// the layer are fixed and the gzip header carries no time or name.
+// same assembly (Assemble: base layers, then one of the image's own), the
+// pause, agnhost and glibc-dns-testing images the real-kubelet lab and the e2e
+// suite use (e2e.go). The same files and the same creation time give the same
+// digest: file order, modes, owners and mtimes in each layer are fixed and the
+// gzip header carries no time or name.
 //
 // No base image: the agent and axon-cni run no external tools (neither imports
 // os/exec), the agent reaches the kube-apiserver with the service account's CA
@@ -19,6 +20,7 @@ import (
 	"debug/elf"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -143,8 +145,16 @@ type Entry struct {
 	Dir  bool   // a directory (parents of files are added without asking)
 }
 
-// Contents is everything a single-layer image from scratch is made of.
+// Layer is one layer of an image: its members and its history entry.
+type Layer struct {
+	Entries   []Entry // in layer order, after their parent directories
+	CreatedBy string
+}
+
+// Contents is everything an image from scratch is made of: the Base layers,
+// bottom first (none for a single-layer image), then one layer of Entries.
 type Contents struct {
+	Base       []Layer
 	Entries    []Entry // in layer order, after their parent directories
 	Entrypoint []string
 	Cmd        []string
@@ -184,28 +194,32 @@ func Image(spec Spec) (v1.Image, error) {
 	return Assemble(c)
 }
 
-// Assemble builds a single-layer image from scratch of c.
+// Assemble builds the image of c from scratch: c.Base's layers, then the layer
+// of c.Entries. A layer's digest depends only on its entries and c.Created, so
+// images sharing a base share that layer.
 func Assemble(c Contents) (v1.Image, error) {
 	created := c.Created.UTC()
-	layerTar, err := buildLayer(c.Entries, created)
-	if err != nil {
-		return nil, err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return nil, fmt.Errorf("image layer: %w", err)
-	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		MediaType: types.OCILayer,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: c.CreatedBy},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("append layer: %w", err)
+	for i, l := range append(slices.Clone(c.Base), Layer{Entries: c.Entries, CreatedBy: c.CreatedBy}) {
+		layerTar, err := buildLayer(l.Entries, created)
+		if err != nil {
+			return nil, err
+		}
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(layerTar)), nil
+		}, tarball.WithMediaType(types.OCILayer))
+		if err != nil {
+			return nil, fmt.Errorf("image layer %d (%s): %w", i, l.CreatedBy, err)
+		}
+		img, err = mutate.Append(img, mutate.Addendum{
+			Layer:     layer,
+			MediaType: types.OCILayer,
+			History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: l.CreatedBy},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("append layer %d (%s): %w", i, l.CreatedBy, err)
+		}
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -224,6 +238,62 @@ func Assemble(c Contents) (v1.Image, error) {
 		return nil, fmt.Errorf("image config: %w", err)
 	}
 	return img, nil
+}
+
+// TreeEntries lists the folder root as layer entries, in lexical order (a
+// folder before what it holds): folders, regular files (copied when the layer
+// is built) and symbolic links, with their permission bits (setuid, setgid and
+// sticky included). Owners are not kept: everything in a layer is root's.
+// Anything else (a device, a socket, a pipe) is refused.
+func TreeEntries(root string) ([]Entry, error) {
+	var out []Entry
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		e := Entry{Path: "/" + filepath.ToSlash(rel), Mode: tarMode(fi.Mode())}
+		switch m := fi.Mode(); {
+		case m.IsDir():
+			e.Dir = true
+		case m.IsRegular():
+			e.Src = p
+		case m&fs.ModeSymlink != 0:
+			if e.Link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%s: %s is neither a file, a folder nor a symbolic link: an image layer holds only those", root, p)
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", root, err)
+	}
+	return out, nil
+}
+
+// tarMode is m's permission bits in tar's (and chmod's) numbering.
+func tarMode(m fs.FileMode) int64 {
+	mode := int64(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		mode |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		mode |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		mode |= 0o1000
+	}
+	return mode
 }
 
 // buildLayer is the gzip'd tar of entries: each file's missing parent

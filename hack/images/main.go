@@ -1,15 +1,20 @@
-// Command images builds the pause and agnhost images that real-kubelet lab nodes import into
-// containerd (`make images`), without a registry or a container runtime: pause from
-// build/pause/linux/pause.c of the pinned k8s.io/kubernetes module (gcc -Os -static), agnhost
-// from its test/images/agnhost (static Go build, hack/k8s's module graph), each packed by
-// deploy/image as a docker-archive tarball (`ctr -n k8s.io images import <tar>`) under the
-// name the e2e suite of that version uses. Cached: an existing tarball is kept.
+// Command images builds the pause, agnhost and glibc-dns-testing images that real-kubelet lab
+// nodes import into containerd (`make images`), without a registry or a container runtime:
+// pause from build/pause/linux/pause.c of the pinned k8s.io/kubernetes module (gcc -Os
+// -static); agnhost from its test/images/agnhost (static Go build, hack/k8s's module graph) on
+// a layer of Debian packages holding the shell and the tools the e2e tests run in it (curl, nc,
+// dig, ...: image.E2EToolsPackages, unpacked by internal/debroot from the machine's own apt
+// configuration); glibc-dns-testing that same layer alone. Each is packed by deploy/image as a
+// docker-archive tarball (`ctr -n k8s.io images import <tar>`) under the name the e2e suite of
+// that version uses. Cached: an existing tarball is kept while the package versions it was
+// built from (its .inputs file) are still apt's candidates.
 //
-//	go run ./hack/images [-out ~/.cache/axon/images-k8s-v1.36.3] [-created 0]
+//	go run ./hack/images [-out ~/.cache/axon/images-k8s-v1.36.3] [-debroot ~/.cache/axon/debroot] [-created 0]
 package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,30 +24,34 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/axonhq/axon/deploy/image"
+	"github.com/axonhq/axon/internal/debroot"
 	"github.com/axonhq/axon/internal/lab"
 )
 
 func main() {
 	out := flag.String("out", filepath.Join(lab.DepsDir(), "images-k8s-"+lab.K8sVersion), "folder for <name>-<tag>.tar")
 	hackDir := flag.String("hack", "hack", "the repository's hack/ folder (hack/k8s pins k8s.io/kubernetes)")
+	debroots := flag.String("debroot", filepath.Join(lab.DepsDir(), "debroot"), "cache of unpacked Debian package sets (internal/debroot)")
 	created := flag.Int64("created", 0, "creation time and file mtimes, Unix seconds (fixed: the same sources give the same digest)")
 	flag.Parse()
-	if err := run(*out, *hackDir, time.Unix(*created, 0)); err != nil {
+	if err := run(*out, *hackDir, *debroots, time.Unix(*created, 0)); err != nil {
 		slog.Error("make images", "err", err)
 		os.Exit(1)
 	}
 }
 
 type target struct {
-	ref   string
-	build func(tmp string) (image.Contents, error)
+	ref    string
+	inputs string // what the tarball was built from beyond this program, "" for nothing
+	build  func(tmp string) (image.Contents, error)
 }
 
-func run(out, hackDir string, created time.Time) error {
+func run(out, hackDir, debroots string, created time.Time) error {
 	t0 := time.Now()
 	k8sMod := filepath.Join(hackDir, "k8s")
 	modDir, err := moduleDir(k8sMod)
@@ -61,8 +70,16 @@ func run(out, hackDir string, created time.Time) error {
 	}
 	defer os.RemoveAll(tmp)
 
+	start := time.Now()
+	tools, err := ToolsLayer(context.Background(), debroots)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("tools   %s (%d packages, %s) in %s\n", tools.root.Dir, len(tools.root.Packages),
+		map[bool]string{true: "cached", false: "downloaded"}[tools.root.Cached], time.Since(start).Round(time.Second))
+
 	targets := []target{
-		{image.PauseRef, func(tmp string) (image.Contents, error) {
+		{image.PauseRef, "", func(tmp string) (image.Contents, error) {
 			bin := filepath.Join(tmp, "pause")
 			_, tag, _ := strings.Cut(image.PauseRef, ":")
 			if err := command("", nil, "gcc", "-Os", "-Wall", "-Werror", "-static", "-s",
@@ -75,7 +92,7 @@ func run(out, hackDir string, created time.Time) error {
 			}
 			return image.PauseImage(bin, arch, created)
 		}},
-		{image.AgnhostRef, func(tmp string) (image.Contents, error) {
+		{image.AgnhostRef, tools.inputs, func(tmp string) (image.Contents, error) {
 			bin, err := filepath.Abs(filepath.Join(tmp, "agnhost"))
 			if err != nil {
 				return image.Contents{}, err
@@ -89,14 +106,25 @@ func run(out, hackDir string, created time.Time) error {
 			if err != nil {
 				return image.Contents{}, err
 			}
-			return image.AgnhostImage(bin, filepath.Join(modDir, "test", "images", "agnhost", "porter"), arch, created)
+			if arch != tools.arch {
+				return image.Contents{}, fmt.Errorf("agnhost is %s, the Debian packages %s", arch, tools.arch)
+			}
+			return image.AgnhostImage(bin, filepath.Join(modDir, "test", "images", "agnhost", "porter"), tools.layer, arch, created)
+		}},
+		{image.GlibcDNSTestingRef, tools.inputs, func(string) (image.Contents, error) {
+			return image.GlibcDNSTestingImage(tools.layer, tools.arch, created), nil
 		}},
 	}
 	for _, tg := range targets {
 		tarPath := filepath.Join(out, TarballName(tg.ref))
+		inputsPath := tarPath + ".inputs"
 		if _, err := os.Stat(tarPath); err == nil {
-			fmt.Printf("cached  %s (%s)\n", tarPath, tg.ref)
-			continue
+			had, _ := os.ReadFile(inputsPath)
+			if string(had) == tg.inputs {
+				fmt.Printf("cached  %s (%s)\n", tarPath, tg.ref)
+				continue
+			}
+			fmt.Printf("stale   %s (%s): built from other inputs than %s\n", tarPath, tg.ref, inputsPath)
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
@@ -113,10 +141,69 @@ func run(out, hackDir string, created time.Time) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", tg.ref, err)
 		}
+		if tg.inputs == "" {
+			err = os.Remove(inputsPath)
+			if errors.Is(err, fs.ErrNotExist) {
+				err = nil
+			}
+		} else {
+			err = os.WriteFile(inputsPath, []byte(tg.inputs), 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", tg.ref, err)
+		}
 		fmt.Printf("built   %s (%s %s) in %s\n", tarPath, tg.ref, dig, time.Since(start).Round(time.Second))
 	}
 	fmt.Printf("images: ready in %s (%s); import with ctr -n k8s.io images import <tar>\n", out, time.Since(t0).Round(time.Second))
 	return nil
+}
+
+// tools is the layer of Debian packages under agnhost and glibc-dns-testing.
+type tools struct {
+	root   debroot.Root
+	layer  image.Layer
+	arch   string
+	inputs string // the package list, one "name version arch" a line
+}
+
+// ToolsLayer resolves image.E2EToolsPackages' closure in apt's lists, unpacks it (cached in
+// debroots by the exact versions) and lists it as an image layer.
+func ToolsLayer(ctx context.Context, debroots string) (tools, error) {
+	for _, c := range []string{"apt-cache", "apt-get", "dpkg", "dpkg-deb"} {
+		if _, err := exec.LookPath(c); err != nil {
+			return tools{}, fmt.Errorf("e2e tools layer: %w: it is built from Debian packages with apt and dpkg (a Debian or Ubuntu host)", err)
+		}
+	}
+	pkgs, err := debroot.Resolve(ctx, image.E2EToolsPackages, image.E2EToolsExclude)
+	if err != nil {
+		return tools{}, fmt.Errorf("e2e tools (image.E2EToolsPackages): %w", err)
+	}
+	root, err := debroot.Build(ctx, debroots, pkgs, image.E2EToolsLinks, slog.Default())
+	if err != nil {
+		return tools{}, fmt.Errorf("e2e tools: %w", err)
+	}
+	entries, err := image.TreeEntries(root.Dir)
+	if err != nil {
+		return tools{}, err
+	}
+	t := tools{root: root}
+	var inputs, direct []string
+	for _, p := range pkgs {
+		inputs = append(inputs, p.Name+" "+p.Version+" "+p.Arch+"\n")
+		if slices.Contains(image.E2EToolsPackages, p.Name) {
+			direct = append(direct, p.String())
+		}
+		if p.Name == "libc6" {
+			t.arch = p.Arch
+		}
+	}
+	if t.arch == "" {
+		return tools{}, errors.New("e2e tools: no libc6 among the packages")
+	}
+	t.inputs = strings.Join(inputs, "")
+	t.layer = image.Layer{Entries: entries, CreatedBy: fmt.Sprintf("deploy/image: Debian %s and %d dependencies (debroot %s)",
+		strings.Join(direct, " "), len(pkgs)-len(direct), debroot.Key(pkgs, image.E2EToolsLinks))}
+	return t, nil
 }
 
 // TarballName is the cache file of an image reference: "pause-3.10.2.tar" for
@@ -146,11 +233,11 @@ func moduleDir(k8sMod string) (string, error) {
 }
 
 var (
-	configRE   = regexp.MustCompile(`configs\[(Pause|Agnhost)\] = Config\{list\.(\w+), "([^"]+)", "([^"]+)"\}`)
+	configRE   = regexp.MustCompile(`configs\[(Pause|Agnhost|GlibcDnsTesting)\] = Config\{list\.(\w+), "([^"]+)", "([^"]+)"\}`)
 	registryRE = regexp.MustCompile(`(?m)^\s*(\w+Registry):\s*"([^"]+)",`)
 )
 
-// checkRefs compares PauseRef and AgnhostRef with the e2e image manifest of the pinned module,
+// checkRefs compares PauseRef, AgnhostRef and GlibcDNSTestingRef with the e2e image manifest of the pinned module,
 // so a Kubernetes update that moves an image fails here, not in a pod stuck pulling.
 func checkRefs(manifest string) error {
 	b, err := os.ReadFile(manifest)
@@ -163,7 +250,7 @@ func checkRefs(manifest string) error {
 			registries[string(m[1])] = string(m[2])
 		}
 	}
-	want := map[string]string{"Pause": image.PauseRef, "Agnhost": image.AgnhostRef}
+	want := map[string]string{"Pause": image.PauseRef, "Agnhost": image.AgnhostRef, "GlibcDnsTesting": image.GlibcDNSTestingRef}
 	found := 0
 	for _, m := range configRE.FindAllSubmatch(b, -1) {
 		reg, ok := registries[string(m[2])]
@@ -177,7 +264,7 @@ func checkRefs(manifest string) error {
 		found++
 	}
 	if found != len(want) {
-		return fmt.Errorf("%s: found %d of the Pause and Agnhost entries: its format changed, check deploy/image/e2e.go by hand", manifest, found)
+		return fmt.Errorf("%s: found %d of the Pause, Agnhost and GlibcDnsTesting entries: its format changed, check deploy/image/e2e.go by hand", manifest, found)
 	}
 	return nil
 }
