@@ -25,7 +25,7 @@ help:
 	@echo "make bench    run the interleaved benchmark in the lab (results/ folder)"
 	@echo "make fuzz     1 000 000 random and mutated packets through every tc/XDP program (FUZZ_SEED=1)"
 	@echo "make build    build bin/axon, bin/axon-agent, bin/axon-cni (BPF objects from source)"
-	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd/runc into ~/.cache/axon"
+	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd (+ Debian's runc) into ~/.cache/axon"
 	@echo "make lab-down remove the lab"
 	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
 	@echo "make images   pause and agnhost image tarballs for real-kubelet lab nodes into ~/.cache/axon"

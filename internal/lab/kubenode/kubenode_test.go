@@ -60,8 +60,7 @@ func nodeBinaries(t *testing.T) (kubenode.Binaries, string) {
 		"containerd":              "containerd-v2.4.2/containerd",
 		"containerd-shim-runc-v2": "containerd-v2.4.2/containerd-shim-runc-v2",
 		"ctr":                     "containerd-v2.4.2/ctr",
-		// Debian's runc has seccomp (libseccomp2); runc-v1.5.2 from hack/deps.sh is built without it
-		// and fails every pod sandbox: kubelet asks for RuntimeDefault seccomp there.
+		// Debian's runc has seccomp (libseccomp2), which kubelet's sandboxes need
 		"runc-debian": "runc-debian-1.1.5+ds1-1+deb12u1/runc",
 		"ptp":         "cni-plugins-" + lab.CNIPluginsVersion + "/ptp",
 		"host-local":  "cni-plugins-" + lab.CNIPluginsVersion + "/host-local",
