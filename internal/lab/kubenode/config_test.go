@@ -104,7 +104,6 @@ func TestContainerdConfigKeepsNodesApart(t *testing.T) {
 		`address = "` + c.Dir + `/containerd.sock"`,
 		`address = "` + c.Dir + `/containerd.sock.ttrpc"`,
 		"restrict_oom_score_adj = true",
-		"netns_mounts_under_state_dir = true",
 		"use_internal_loopback = true",
 		`bin_dirs = ["/opt/cni/bin", "` + c.CNIBinDir + `"]`,
 		`conf_dir = "/etc/cni/net.d"`,

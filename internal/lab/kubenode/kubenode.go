@@ -7,14 +7,16 @@
 //
 //	node.json                 the running processes (PID + start time) and the cgroup root, used by Stop
 //	containerd.toml           containerd's config (version 3)
-//	containerd/root, state    containerd's root and state; state/netns holds the pods' netns mounts
+//	containerd/root, state    containerd's root and state
 //	containerd/runc           runc's state root
 //	containerd.sock(.ttrpc)   containerd's gRPC and ttrpc sockets
 //	kubelet.yaml              the KubeletConfiguration
 //	sysctl/                   files holding kubelet's expected kernel tunables (see sysctl.go)
-//	kubelet/, pod-logs/, container-logs/, cni-bin/, run-containerd/, private/...
+//	kubelet/, pod-logs/, container-logs/, cni-bin/, run-containerd/, run-netns/, private/...
 //	                          the node's /var/lib/kubelet, /var/log/pods, /var/log/containers,
-//	                          /opt/cni/bin, /run/containerd and Config.PrivateDirs (see mounts.go)
+//	                          /opt/cni/bin, /run/containerd, /run/netns (the pods' netns mounts)
+//	                          and Config.PrivateDirs (see mounts.go); besides them the node has
+//	                          its own bpffs at /sys/fs/bpf (see mountNodeFilesystems)
 //	logs/{containerd,kubelet}.log
 //
 // Processes: a holder (`unshare --mount --propagation private sleep infinity`, entered into the
@@ -71,6 +73,10 @@ type Config struct {
 	// for, in its mount namespace: hostPath volumes of DaemonSets that must not be shared by the
 	// lab's nodes (e.g. axon's /run/axon and /var/lib/axon).
 	PrivateDirs []string
+	// CgroupV2Dir, when set, is a path inside the node where its own cgroup2 subtree (CgroupRoot)
+	// is bound, e.g. for a CNI DaemonSet's hostPath to the cgroup2 root its socket hooks attach
+	// to. It must be below one of PrivateDirs (so that no directory is created on the host).
+	CgroupV2Dir string
 	Dir         string // state dir, see the package comment
 	// CgroupRoot is kubelet's cgroupRoot and the parent of the node's own processes, created in
 	// every cgroup v1 hierarchy and in cgroup2 (default /axon-kubenode-<Name>).
@@ -118,6 +124,15 @@ func (c *Config) setDefaults() error {
 	for _, p := range c.PrivateDirs {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00\n") {
 			return fmt.Errorf("config PrivateDirs: %q is not an absolute, clean path below / (e.g. /run/axon)", p)
+		}
+	}
+	if c.CgroupV2Dir != "" {
+		under := false
+		for _, p := range c.PrivateDirs {
+			under = under || strings.HasPrefix(c.CgroupV2Dir, p+"/")
+		}
+		if !filepath.IsAbs(c.CgroupV2Dir) || filepath.Clean(c.CgroupV2Dir) != c.CgroupV2Dir || !under {
+			return fmt.Errorf("config CgroupV2Dir=%q: want an absolute, clean path below one of PrivateDirs %v (e.g. /run/kubenode/cgroup2 with /run/kubenode private)", c.CgroupV2Dir, c.PrivateDirs)
 		}
 	}
 	if err := c.checkNotShadowed(); err != nil {
@@ -258,6 +273,9 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 		return err
 	}
 	if err := bindPrivateDirs(ctx, tools, holder.PID, n.cfg.privateDirs()); err != nil {
+		return err
+	}
+	if err := mountNodeFilesystems(ctx, tools, holder.PID, n.cfg, cg); err != nil {
 		return err
 	}
 	inNode := []string{tools.nsenter, "-t", fmt.Sprint(holder.PID), "-m", "-n", "--"}

@@ -653,10 +653,10 @@ func taskIDs(ctx context.Context, t *testing.T, n *kubenode.Node) []string {
 	return ids
 }
 
-// podNetnsFiles lists the pod netns bind-mount targets under containerd's state dir.
+// podNetnsFiles lists the pod netns bind-mount targets in the node's /run/netns.
 func podNetnsFiles(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "containerd", "state", "*", "netns", "cni-*"))
+	m, err := filepath.Glob(filepath.Join(dir, "run-netns", "cni-*"))
 	if err != nil {
 		t.Fatal(err)
 	}
