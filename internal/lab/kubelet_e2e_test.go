@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -175,6 +176,56 @@ func TestKubeletLab(t *testing.T) {
 	for _, dst := range targets[1:] {
 		probeHostname(ctx, t, "external", netnsutil.Path(l.External().Netns), "", dst, names)
 	}
+
+	agentMissing(ctx, t, kube)
+}
+
+// agentMissing takes axon's agent off node2 (a DaemonSet nodeSelector only node1 matches): a
+// pod bound to node2 must report the CNI plugin's error (agent not reachable) in its events,
+// then come up with an IP once the agent is back.
+func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) {
+	t.Helper()
+	patch := func(p string) {
+		t.Helper()
+		if _, err := kube.AppsV1().DaemonSets(lab.AxonNamespace).Patch(ctx, lab.AxonDaemonSet, types.JSONPatchType, []byte(p), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kube.CoreV1().Nodes().Patch(ctx, "node1", types.MergePatchType, []byte(`{"metadata":{"labels":{"lab-agent":"on"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	patch(`[{"op":"add","path":"/spec/template/spec/nodeSelector/lab-agent","value":"on"}]`)
+	waitUntil(ctx, t, 30*time.Second, "axon's agent gone from node2", func() (bool, string) {
+		l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node2"})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d axon pods on node2", len(l.Items))
+	})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName: "node2", Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers:                    []corev1.Container{{Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever, Args: []string{"netexec"}}},
+		},
+	}
+	if _, err := kube.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const want = "axon-agent not reachable at /var/run/axon/axon.sock"
+	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent", func() (bool, string) {
+		ev := podEvents(ctx, kube)
+		return strings.Contains(ev, "event late ") && strings.Contains(ev, want), ev
+	})
+	patch(`[{"op":"remove","path":"/spec/template/spec/nodeSelector/lab-agent"}]`)
+	waitUntil(ctx, t, 60*time.Second, "pod late Running with an IP once the agent is back", func() (bool, string) {
+		p, err := kube.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", fmt.Sprintf("%s ip=%q", p.Status.Phase, p.Status.PodIP)
+	})
 }
 
 func hostPort(ip netip.Addr, port int) string { return netip.AddrPortFrom(ip, uint16(port)).String() }
