@@ -1,7 +1,9 @@
 package lab_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -53,6 +55,9 @@ func needKubelet(t *testing.T) {
 	}
 	if _, err := os.Stat(axonImage(t)); err != nil {
 		t.Skipf("axon image missing (%v): run `make image`", err)
+	}
+	if _, err := exec.LookPath("bpftool"); err != nil {
+		t.Skip("bpftool not found: `make packages` (the test lists the programs on the nodes' cgroups)")
 	}
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl not found: install it (the probes run it inside pods' and nodes' namespaces)")
@@ -109,6 +114,25 @@ func TestKubeletLab(t *testing.T) {
 	slices.Sort(agentNodes)
 	if !slices.Equal(agentNodes, []string{"node1", "node2"}) {
 		t.Fatalf("axon agent pods on nodes %v, want one on node1 and one on node2", agentNodes)
+	}
+
+	// Each node's agent has the node to itself: its socket LB hooks on the node's cgroup2
+	// subtree (the chart's hostCgroupRoot), none on the machine's cgroup2 root; its pins in the
+	// node's own bpffs, none in the machine's /sys/fs/bpf.
+	for _, n := range l.Nodes() {
+		cg, err := lab.KubeletNodeCgroup(n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cgroupProgs(t, cg); !slices.Contains(got, "axon_sock_connect4") {
+			t.Errorf("cgroup %s of %s: programs %v, want axon's socket LB (axon_sock_connect4)", cg, n.Name, got)
+		}
+		if got := cgroupProgs(t, filepath.Dir(cg)); slices.ContainsFunc(got, func(p string) bool { return strings.HasPrefix(p, "axon_") }) {
+			t.Errorf("the machine's cgroup2 root %s has axon programs %v: the socket LB must stay in the nodes' subtrees", filepath.Dir(cg), got)
+		}
+	}
+	if _, err := os.Stat("/sys/fs/bpf/axon"); err == nil {
+		t.Errorf("/sys/fs/bpf/axon exists in the machine's bpffs: an agent pinned outside its node's own bpffs")
 	}
 
 	pods := deployWeb(ctx, t, kube)
@@ -226,6 +250,29 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 		}
 		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", fmt.Sprintf("%s ip=%q", p.Status.Phase, p.Status.PodIP)
 	})
+}
+
+// cgroupProgs lists the names of the BPF programs attached to cgroup dir (bpftool).
+func cgroupProgs(t *testing.T, dir string) []string {
+	t.Helper()
+	out, err := exec.Command("bpftool", "-j", "cgroup", "show", dir).Output()
+	if err != nil {
+		t.Fatalf("bpftool cgroup show %s: %v", dir, err)
+	}
+	var progs []struct {
+		Name string `json:"name"`
+	}
+	if len(bytes.TrimSpace(out)) == 0 { // bpftool prints nothing for a cgroup without programs
+		return nil
+	}
+	if err := json.Unmarshal(out, &progs); err != nil {
+		t.Fatalf("bpftool cgroup show %s: %v: %s", dir, err, out)
+	}
+	var names []string
+	for _, p := range progs {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 func hostPort(ip netip.Addr, port int) string { return netip.AddrPortFrom(ip, uint16(port)).String() }
