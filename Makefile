@@ -90,7 +90,7 @@ lab-down:
 vm-kernels: vm-packages
 	$(GO) run ./hack/vm -fetch-only -kernels debian-6.12,debian-6.1
 
-test: deps build image vm-kernels
+test: deps build image images vm-kernels
 	@mkdir -p $(RESULTS)
 	@set -o pipefail; $(GO) test $(TEST_FLAGS) -json $(TEST_PKGS) | tee $(RESULTS)/test.json | $(GO) run ./hack/testsummary
 
