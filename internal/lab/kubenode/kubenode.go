@@ -35,6 +35,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -241,7 +242,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("create state dir: %w", err)
 		}
 	}
-	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, CgroupRoot: cfg.CgroupRoot, OwnedDirs: cfg.ownedDirs()}}
+	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, NetnsPath: cfg.NetnsPath, CgroupRoot: cfg.CgroupRoot, OwnedDirs: cfg.ownedDirs()}}
 	if err := n.start(ctx, tools); err != nil {
 		if serr := Stop(cfg.Dir); serr != nil {
 			cfg.Logger.Warn("stop after failed start", "node", cfg.Name, "err", serr)
@@ -321,7 +322,7 @@ func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error)
 	if err != nil {
 		return procRecord{}, fmt.Errorf("%s: %w", name, err)
 	}
-	r := procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Log: logPath}
+	r := procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Env: nodeEnv(n.cfg), Log: logPath}
 	n.state.Processes = append(n.state.Processes, r)
 	if err := writeState(n.cfg.Dir, n.state); err != nil {
 		return r, err
@@ -334,6 +335,46 @@ func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error)
 		return r, fmt.Errorf("%s: %w", name, err)
 	}
 	return r, nil
+}
+
+// RestartKubelet stops the kubelet of the node recorded in dir and starts it again with the same
+// arguments, in the same namespaces and cgroup, as a node's service manager would; containerd and
+// the pods keep running. It waits for kubelet's healthz.
+func RestartKubelet(ctx context.Context, dir string, timeout time.Duration) error {
+	st, err := readState(dir)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(st.Processes, func(r procRecord) bool { return r.Name == "kubelet" })
+	if i < 0 || st.NetnsPath == "" {
+		return fmt.Errorf("restart kubelet: %s records no running kubelet (start the node with kubenode.Start)", filepath.Join(dir, stateFile))
+	}
+	old := st.Processes[i]
+	if err := old.record().Stop(10 * time.Second); err != nil {
+		return fmt.Errorf("restart kubelet of %s: stop pid %d: %w", st.Name, old.PID, err)
+	}
+	banner := fmt.Sprintf("\n=== %s restart kubelet: %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(old.Args, " "))
+	p, _, err := proc.Start(proc.Spec{Argv: old.Args, Log: old.Log, Banner: banner, Env: old.Env})
+	if err != nil {
+		return fmt.Errorf("restart kubelet of %s: %w", st.Name, err)
+	}
+	r := old
+	r.PID, r.StartTime = p.PID, p.StartTime
+	st.Processes[i] = r
+	if err := writeState(dir, st); err != nil {
+		return err
+	}
+	cg, err := findCgroups(st.CgroupRoot)
+	if err == nil {
+		err = cg.join(runtimeCgroup, p.PID)
+	}
+	if err != nil {
+		return fmt.Errorf("restart kubelet of %s: %w", st.Name, err)
+	}
+	if err := waitHealthz(ctx, st.NetnsPath, timeout, r); err != nil {
+		return fmt.Errorf("restarted kubelet of %s not healthy: %w; its log %s ends:\n%s", st.Name, err, r.Log, logTail(r.Log, 15))
+	}
+	return nil
 }
 
 // nodeEnv is the environment of the node's processes: the shim directory first on PATH
