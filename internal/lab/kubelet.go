@@ -209,6 +209,20 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 	return errors.Join(errs...)
 }
 
+// RestartKubelet restarts node's kubelet in place (--kubelet labs): containerd, the agent and
+// the pods keep running; it waits for kubelet's healthz.
+func (l *Lab) RestartKubelet(ctx context.Context, node string) error {
+	st := l.State()
+	n, ok := st.node(node)
+	if !ok {
+		return fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
+	}
+	if n.KubeNodeDir == "" {
+		return fmt.Errorf("node %s runs no kubelet: bring the lab up with `axon lab up --kubelet`", node)
+	}
+	return kubenode.RestartKubelet(ctx, n.KubeNodeDir, 60*time.Second)
+}
+
 // kubenodeCgroupRoot is the node's cgroup (every hierarchy): its kubelet's cgroupRoot.
 func kubenodeCgroupRoot(node string) string { return "/axon-lab-kubenode-" + node }
 

@@ -201,6 +201,44 @@ func TestKubeletLab(t *testing.T) {
 		probeHostname(ctx, t, "external", netnsutil.Path(l.External().Netns), "", dst, names)
 	}
 
+	// kubelet restarts on node1: the pod there is the same container, not restarted, and the
+	// Service still reaches it from node1.
+	var p1 corev1.Pod
+	for _, p := range pods {
+		if p.Spec.NodeName == "node1" {
+			p1 = p
+		}
+	}
+	restarted := time.Now().Truncate(time.Second) // heartbeats have second resolution
+	if err := l.RestartKubelet(ctx, "node1"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, 30*time.Second, "node1 Ready, reported by the restarted kubelet", func() (bool, string) {
+		n, err := kube.CoreV1().Nodes().Get(ctx, "node1", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		hb := time.Time{}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				hb = c.LastHeartbeatTime.Time
+			}
+		}
+		return !hb.Before(restarted), fmt.Sprintf("Ready heartbeat %s, restart at %s", hb, restarted)
+	})
+	kept, err := kube.CoreV1().Pods(p1.Namespace).Get(ctx, p1.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := kept.Status.ContainerStatuses; kept.UID != p1.UID || len(cs) != 1 || cs[0].ContainerID != p1.Status.ContainerStatuses[0].ContainerID || cs[0].RestartCount != 0 {
+		t.Errorf("after node1's kubelet restarted, pod %s is uid %s, containers %+v; before uid %s container %s", p1.Name, kept.UID, cs, p1.UID, p1.Status.ContainerStatuses[0].ContainerID)
+	}
+	cg1, err := lab.KubeletNodeCgroup("node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probeHostname(ctx, t, "node node1 after kubelet's restart", netnsutil.Path(l.Nodes()[0].Netns), filepath.Join(cg1, "runtime"), targets[0], names)
+
 	agentMissing(ctx, t, kube)
 }
 
