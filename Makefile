@@ -25,7 +25,7 @@ help:
 	@echo "make bench    run the interleaved benchmark in the lab (results/ folder)"
 	@echo "make fuzz     1 000 000 random and mutated packets through every tc/XDP program (FUZZ_SEED=1)"
 	@echo "make build    build bin/axon, bin/axon-agent, bin/axon-cni (BPF objects from source)"
-	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd/runc into ~/.cache/axon"
+	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd (+ Debian's runc) into ~/.cache/axon"
 	@echo "make lab-down remove the lab"
 	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
 	@echo "make images   pause, agnhost and glibc-dns-testing image tarballs for real-kubelet lab nodes into ~/.cache/axon"
@@ -92,7 +92,7 @@ lab-down:
 vm-kernels: vm-packages
 	$(GO) run ./hack/vm -fetch-only -kernels debian-6.12,debian-6.1
 
-test: deps build image vm-kernels
+test: deps build image images vm-kernels
 	@mkdir -p $(RESULTS)
 	@set -o pipefail; $(GO) test $(TEST_FLAGS) -json $(TEST_PKGS) | tee $(RESULTS)/test.json | $(GO) run ./hack/testsummary
 

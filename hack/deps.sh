@@ -10,8 +10,7 @@
 # and for real-kubelet lab nodes (kubelet, kube-scheduler and kube-controller-manager are in k8s-*):
 #
 #   ${AXON_CACHE:-$HOME/.cache/axon}/containerd-$CONTAINERD_VERSION/{containerd,containerd-shim-runc-v2,ctr}
-#   ${AXON_CACHE:-$HOME/.cache/axon}/runc-$RUNC_VERSION/runc                    (built from source, cgo, static)
-#   ${AXON_CACHE:-$HOME/.cache/axon}/runc-debian-$RUNC_DEBIAN_VERSION/runc      (Debian's package, unpacked)
+#   ${AXON_CACHE:-$HOME/.cache/axon}/runc-debian-$RUNC_DEBIAN_VERSION/runc      (Debian's package, unpacked; the lab's runc)
 #
 # Usage: hack/deps.sh               build what is missing (one line per artifact: cached / built in Ns)
 #        hack/deps.sh --check       exit 1 and list what is missing; builds nothing
@@ -23,7 +22,7 @@
 # says (never inside $AXON_CACHE). Cold build: ~9 min on 2 cores (helm ~3), ~2.3 GB peak RSS per compile,
 # before the real-kubelet binaries were added (not measured cold since). With a GOCACHE that already
 # holds their packages, on a busy host with AXON_BUILD_P=1 GOMAXPROCS=1: kubelet + kube-scheduler +
-# kube-controller-manager 46 s, containerd 10 s, runc 88 s (cgo), Debian's runc 2 s.
+# kube-controller-manager 46 s, containerd 10 s, Debian's runc 2 s.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,7 +35,6 @@ ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
 CNI_DIR="$CACHE/cni-plugins-$CNI_PLUGINS_VERSION"
 HELM_DIR="$CACHE/helm-$HELM_VERSION"
 CONTAINERD_DIR="$CACHE/containerd-$CONTAINERD_VERSION"
-RUNC_DIR="$CACHE/runc-$RUNC_VERSION"
 RUNC_DEBIAN_DIR="$CACHE/runc-debian-$RUNC_DEBIAN_VERSION"
 
 K8S_BINS=(kube-apiserver kubectl kube-proxy kubelet kube-scheduler kube-controller-manager)
@@ -55,7 +53,6 @@ missing() {
 	for b in "${CNI_BINS[@]}"; do [[ -x "$CNI_DIR/$b" ]] || echo "cni-plugins-$CNI_PLUGINS_VERSION/$b"; done
 	[[ -x "$HELM_DIR/helm" ]] || echo "helm-$HELM_VERSION/helm"
 	for b in "${CONTAINERD_BINS[@]}"; do [[ -x "$CONTAINERD_DIR/$b" ]] || echo "containerd-$CONTAINERD_VERSION/$b"; done
-	[[ -x "$RUNC_DIR/runc" ]] || echo "runc-$RUNC_VERSION/runc"
 	[[ -x "$RUNC_DEBIAN_DIR/runc" ]] || echo "runc-debian-$RUNC_DEBIAN_VERSION/runc"
 }
 
@@ -233,26 +230,9 @@ build_containerd() {
 	for b in "${todo[@]}"; do echo "built   containerd-$CONTAINERD_VERSION/$b in $((SECONDS - start))s"; done
 }
 
-# runc from source (hack/runc pins it). Its nsexec is C, so this is the one cgo build: a static
-# PIE like runc's own `make static`, without the seccomp tag (no libseccomp) and without
-# libpathrs (a Rust library): runc falls back to its Go path resolution.
-build_runc() {
-	local todo=() start
-	mapfile -t todo < <(need "$RUNC_DIR" runc)
-	((${#todo[@]})) || return 0
-	command -v gcc >/dev/null || { echo "deps: runc needs gcc (cgo) and the static libc (libc6-dev)" >&2; return 1; }
-	start=$SECONDS
-	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
-	run env CGO_ENABLED=1 go build -C "$HACK_DIR/runc" "${BUILD_FLAGS[@]}" -buildmode=pie \
-		-tags "urfave_cli_no_docs netgo osusergo" \
-		-ldflags "-s -w -X main.gitCommit=$RUNC_VERSION -linkmode external -extldflags -static-pie" \
-		-o "$TMP/out/runc" github.com/opencontainers/runc
-	install_bins "$RUNC_DIR" runc
-	echo "built   runc-$RUNC_VERSION/runc in $((SECONDS - start))s"
-}
-
-# Debian's runc package, the other runc to choose from: `apt-get download` + `dpkg -x` into the
-# cache, nothing installed system-wide. Its binary links libseccomp.so.2 (libseccomp2, present on
+# Debian's runc package, the lab's runc: `apt-get download` + `dpkg -x` into the cache, nothing
+# installed system-wide. It has seccomp, which kubelet asks for on every pod sandboxes (a runc built
+# without the seccomp tag fails them all). Its binary links libseccomp.so.2 (libseccomp2, present on
 # Debian). The exact package version is pinned; apt's lists are refreshed once if they lack it.
 fetch_runc_debian() {
 	local todo=() start deb
@@ -301,6 +281,5 @@ build_helm
 build_etcd
 build_k8s
 build_containerd
-build_runc
 fetch_runc_debian
 echo "deps: ready in $CACHE ($((SECONDS - total))s)"

@@ -7,7 +7,7 @@ set -euo pipefail
 
 # iptables + nftables: the real kube-proxy baseline in the lab (axon lab up --kube-proxy ...).
 # qperf: the same-node bypass's message-size sweep (tcp_bw/tcp_lat); haproxy: a real splicing proxy
-# in front of bypassed sockets. gcc + libc6-dev: hack/deps.sh's runc (cgo, static) and the pause image
+# in front of bypassed sockets. gcc + libc6-dev: the pause image
 # (make images); libseccomp2: Debian's runc that hack/deps.sh unpacks links it.
 PACKAGES=(clang-19 llvm-19 libbpf-dev bpftool iperf3 sockperf qperf haproxy iproute2 iputils-ping util-linux zstd ca-certificates iptables nftables gcc libc6-dev libseccomp2)
 # Only for the kernel matrix (hack/vm, internal/vmtest); `make test` never installs these.

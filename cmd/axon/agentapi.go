@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab"
 )
 
 // labStateDir mirrors the lab's default state dir; `--node` resolves a lab
@@ -50,6 +51,12 @@ func (f *agentFlags) client() (*api.Client, error) {
 	sock := f.socket
 	if f.node != "" {
 		sock = filepath.Join(labStateDir, "nodes", f.node, "axon.sock")
+		// lab.json knows where the node's agent listens (with --kubelet: inside the node's own /run/axon)
+		if l, err := lab.Load(labStateDir); err == nil {
+			if c, err := l.Agent(f.node); err == nil {
+				sock = c.Socket()
+			}
+		}
 	}
 	return api.NewClient(sock), nil
 }

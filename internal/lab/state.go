@@ -68,7 +68,8 @@ type Node struct {
 	Cgroup        string         `json:"cgroup"` // absolute cgroup2 dir
 	Kubeconfig    string         `json:"kubeconfig,omitempty"`
 	Agent         *Proc          `json:"agent,omitempty"`
-	KubeProxy     *Proc          `json:"kubeProxy,omitempty"` // --kube-proxy iptables|nftables
+	KubeProxy     *Proc          `json:"kubeProxy,omitempty"`   // --kube-proxy iptables|nftables
+	KubeNodeDir   string         `json:"kubeNodeDir,omitempty"` // --kubelet: kubenode's state dir (kubelet.go)
 }
 
 // Pod is one lab pod (a network namespace wired into its node).
@@ -116,7 +117,8 @@ type State struct {
 	NoFibCache   bool              `json:"noFibCache,omitempty"`   // agents' --fib-cache=false
 	NoSockmap    bool              `json:"noSockmap,omitempty"`    // agents' --sockmap=disabled (sockmap.go)
 	PodsPerNode  int               `json:"podsPerNode"`
-	Ready        bool              `json:"ready"` // up finished
+	Kubelet      bool              `json:"kubelet,omitempty"` // real kubelet nodes, axon from its chart (kubelet.go)
+	Ready        bool              `json:"ready"`             // up finished
 	ControlPlane ControlPlaneState `json:"controlPlane"`
 	Forwarder    *Proc             `json:"forwarder,omitempty"`
 	Cgroup       string            `json:"cgroup"` // <cgroup2>/axon-lab

@@ -35,7 +35,11 @@ type UpOptions struct {
 	BigTCP      bool   // BIG TCP on the wire, the uplinks and (through the agents) the pod devices
 	NoFibCache  bool   // agents run with --fib-cache=false (every packet to another node looked up in the FIB)
 	NoSockmap   bool   // agents run with --sockmap=disabled (no same-node TCP bypass; sockmap.go)
-	Logger      *slog.Logger
+	// Kubelet: every node runs containerd + runc + kubelet, axon comes from its chart (kubelet.go);
+	// the lab starts no agents and no pods of its own.
+	Kubelet bool
+	Image   string // --kubelet: axon's image archive; "" = <BinDir>/image/axon-image.tar (`make image`)
+	Logger  *slog.Logger
 	// ReadyTimeout bounds each readiness wait (etcd, kube-apiserver, agents); 0 = 90 s.
 	// Raise it where CPU is slow, e.g. under QEMU TCG (the kernel matrix passes 6m).
 	ReadyTimeout time.Duration
@@ -78,6 +82,19 @@ func (o *UpOptions) validate() error {
 	}
 	if err := validateNorthSouth(o.LBAcceleration, o.NodePortMode); err != nil { // north-south LB: check_external.go
 		return err
+	}
+	if o.Kubelet {
+		if o.Datapath != DatapathAxon || o.KubeProxy != kubeproxy.None || o.PodsPerNode != 0 {
+			return fmt.Errorf("--kubelet installs axon from its chart and runs no lab pods: use it with --datapath %s, --kube-proxy none and --pods-per-node 0", DatapathAxon)
+		}
+		o.NoDemo = true // the demo Services select the lab's own pods
+	}
+	if o.Image != "" {
+		abs, err := filepath.Abs(o.Image)
+		if err != nil {
+			return fmt.Errorf("--image %q: %w", o.Image, err)
+		}
+		o.Image = abs
 	}
 	if o.Device == "" { // BIG TCP and pod devices: bigtcp.go
 		o.Device = DeviceVeth
@@ -138,6 +155,9 @@ func preflight(o UpOptions) error {
 	if _, err := cgroup2Mount(); err != nil {
 		errs = append(errs, err)
 	}
+	if o.Kubelet {
+		errs = append(errs, preflightKubelet(o)...) // kubelet.go
+	}
 	if o.KubeProxy != kubeproxy.None {
 		if _, err := DepPath("kube-proxy"); err != nil {
 			errs = append(errs, err)
@@ -194,6 +214,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		same = same && kubeProxyModeOf(old) == o.KubeProxy
 		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // north-south LB
 		same = same && old.NoSockmap == o.NoSockmap                                                 // same-node TCP bypass
+		same = same && old.Kubelet == o.Kubelet
 		switch {
 		case healthy && same:
 			log.Info("lab already up", "nodes", len(old.Nodes), "pods", len(old.Pods))
@@ -228,6 +249,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		Device:   o.Device, BigTCP: o.BigTCP, NoFibCache: o.NoFibCache, // BIG TCP and pod devices
 		NoSockmap:        o.NoSockmap,        // same-node TCP bypass
 		BandwidthManager: o.BandwidthManager, // bandwidth manager
+		Kubelet:          o.Kubelet,
 	}
 	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // north-south LB: check_external.go
 	for i := 1; i <= o.Nodes; i++ {
@@ -239,7 +261,8 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	}
 	save := func() error { return writeState(stateDir, st) }
 
-	if err := upControlPlane(ctx, st, o, log); err != nil {
+	cp, err := upControlPlane(ctx, st, o, log)
+	if err != nil {
 		_ = save()
 		return nil, err
 	}
@@ -273,6 +296,13 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 	kube, err := kubeClient(st.ControlPlane.Kubeconfig)
 	if err != nil {
 		return nil, err
+	}
+	if o.Kubelet { // kubelet.go
+		if err := upKubelet(ctx, st, cp, kube, o, save, t0); err != nil {
+			_ = save()
+			return nil, err
+		}
+		return &Lab{dir: stateDir, log: log, st: st}, nil
 	}
 	for _, n := range st.Nodes {
 		if err := ensureNodeObject(ctx, kube, n); err != nil {
@@ -369,35 +399,41 @@ func sortPods(st *State) {
 	}
 }
 
-func upControlPlane(ctx context.Context, st *State, o UpOptions, log *slog.Logger) error {
+func upControlPlane(ctx context.Context, st *State, o UpOptions, log *slog.Logger) (*controlplane.ControlPlane, error) {
 	etcd, err := DepPath("etcd")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	apiserver, err := DepPath("kube-apiserver")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dir := filepath.Join(st.StateDir, "controlplane")
 	st.ControlPlane = ControlPlaneState{Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort,
 		Kubeconfig: controlplane.AdminKubeconfigPath(dir)}
-	cp, err := controlplane.Start(ctx, controlplane.Config{
+	cfg := controlplane.Config{
 		Dir: dir, APIPort: o.APIPort, EtcdPort: o.EtcdPort, ServiceCIDR: kubeproxy.ServiceCIDRs,
 		Logger: log, EtcdBinary: etcd, APIServerBinary: apiserver, ReadyTimeout: o.readyTimeout(),
-	})
+	}
+	if o.Kubelet { // real kubelets: scheduler, controller-manager, Node authorizer (kubelet.go)
+		cfg.Controllers = true
+		cfg.SchedulerBinary, _ = DepPath("kube-scheduler")
+		cfg.ControllerManagerBinary, _ = DepPath("kube-controller-manager")
+	}
+	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("start control plane: %w", err)
+		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	st.ControlPlane.Kubeconfig = cp.AdminKubeconfig()
 	st.ControlPlane.PIDs = cp.PIDs()
 	for i := range st.Nodes {
 		kc, err := cp.AgentKubeconfig(st.Nodes[i].Name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		st.Nodes[i].Kubeconfig = kc
 	}
-	return nil
+	return cp, nil
 }
 
 func upTopology(st *State) error {
@@ -513,6 +549,7 @@ func teardown(stateDir string, log *slog.Logger) error {
 		log.Warn("lab state unreadable; cleaning up by name", "err", err)
 	}
 	if st != nil {
+		errs = append(errs, stopKubeletNodes(st)...) // --kubelet: kubelet.go
 		for _, n := range st.Nodes {
 			if err := n.KubeProxy.Stop(10 * time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop kube-proxy of %s: %w", n.Name, err))
@@ -552,7 +589,7 @@ func teardown(stateDir string, log *slog.Logger) error {
 	if err := errors.Join(errs...); err != nil {
 		return err // keep lab.json so that `down` can be retried
 	}
-	for _, f := range []string{"nodes", "controlplane", "forwarder.log", stateFile} {
+	for _, f := range []string{"nodes", "controlplane", "forwarder.log", "axon.yaml", "helm", stateFile} { // axon.yaml, helm: --kubelet
 		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
 		}

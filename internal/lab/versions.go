@@ -15,14 +15,13 @@ const (
 	EtcdVersion       = "v3.6.16"
 	CNIPluginsVersion = "v1.9.1"
 	HelmVersion       = "v3.22.0"
-	// Real-kubelet lab nodes: containerd, runc built from source, and Debian's runc package.
+	// Real-kubelet lab nodes: containerd and Debian's runc package (it has seccomp).
 	ContainerdVersion = "v2.4.2"
-	RuncVersion       = "v1.5.2"
 	RuncDebianVersion = "1.1.5+ds1-1+deb12u1"
 )
 
 // depPaths maps each artifact built by hack/deps.sh to its path in DepsDir (a versioned
-// directory and the file name). "runc" is built from source; "runc-debian" is Debian's.
+// directory and the file name). "runc-debian" is Debian's runc, the lab's runc.
 var depPaths = map[string]string{
 	"kube-apiserver":          "k8s-" + K8sVersion + "/kube-apiserver",
 	"kubectl":                 "k8s-" + K8sVersion + "/kubectl",
@@ -39,7 +38,6 @@ var depPaths = map[string]string{
 	"containerd":              "containerd-" + ContainerdVersion + "/containerd",
 	"containerd-shim-runc-v2": "containerd-" + ContainerdVersion + "/containerd-shim-runc-v2",
 	"ctr":                     "containerd-" + ContainerdVersion + "/ctr",
-	"runc":                    "runc-" + RuncVersion + "/runc",
 	"runc-debian":             "runc-debian-" + RuncDebianVersion + "/runc",
 }
 
@@ -48,7 +46,7 @@ func DepNames() []string {
 	return []string{
 		"kube-apiserver", "kubectl", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager",
 		"etcd", "ptp", "host-local", "bandwidth", "portmap", "helm",
-		"containerd", "containerd-shim-runc-v2", "ctr", "runc", "runc-debian",
+		"containerd", "containerd-shim-runc-v2", "ctr", "runc-debian",
 	}
 }
 

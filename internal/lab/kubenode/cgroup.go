@@ -118,6 +118,16 @@ func delegateControllers(dir string) error {
 	return nil
 }
 
+// v2Mount is the cgroup2 hierarchy's mount point, if the host has one.
+func (cg cgroups) v2Mount() (string, bool) {
+	for _, mnt := range cg.mnts {
+		if cg.isV2[mnt] {
+			return mnt, true
+		}
+	}
+	return "", false
+}
+
 // join moves pid into root/sub in every hierarchy.
 func (cg cgroups) join(sub string, pid int) error {
 	for _, mnt := range cg.mnts {

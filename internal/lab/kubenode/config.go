@@ -17,8 +17,9 @@ const (
 // node's own so that several nodes share the host:
 //   - root, state, both sockets and runc's state root (Root: runc's default /run/containerd/runc is
 //     a plain directory, shared by every mount namespace);
-//   - netns_mounts_under_state_dir: pod netns bind mounts under state/netns, not as files in the
-//     host's /run/netns (the mount is the node's, the empty file would show in `ip netns`);
+//   - pod netns bind mounts in /run/netns (containerd's default), which is the node's own
+//     directory (privateDirs): CNI ADD gets /var/run/netns/cni-<uuid>, the path a CNI agent's
+//     hostPath /var/run/netns shows it; nothing shows in the host's `ip netns`;
 //   - restrict_oom_score_adj: containerd asks for oom_score_adj -998 for every sandbox (-997 for
 //     Guaranteed containers); lowering it needs CAP_SYS_RESOURCE, which some hosts (this lab's
 //     sandboxed machines among them) do not grant even to root: runc then fails with "can't get
@@ -51,7 +52,6 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = ["/opt/cni/bin", %[7]s]
   conf_dir = "/etc/cni/net.d"

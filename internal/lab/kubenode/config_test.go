@@ -66,6 +66,9 @@ func TestConfigErrorsSayWhatToDo(t *testing.T) {
 			c.PrivateDirs = []string{filepath.Join(filepath.Dir(c.Kubeconfig), "kc")}
 			c.Kubeconfig = filepath.Join(c.PrivateDirs[0], "kubeconfig")
 		}, []string{"Kubeconfig=", "replaces with its own directory"}},
+		// the node's cgroup2 subtree bound at a host path would leave a directory on the host
+		{"cgroup2 dir on host", func(c *Config) { c.PrivateDirs = []string{"/run/axon"}; c.CgroupV2Dir = "/run/cg2" }, []string{`CgroupV2Dir="/run/cg2"`, "below one of PrivateDirs"}},
+		{"cgroup2 dir = private", func(c *Config) { c.PrivateDirs = []string{"/run/kubenode"}; c.CgroupV2Dir = "/run/kubenode" }, []string{"CgroupV2Dir", "below one of PrivateDirs"}},
 		{"CNI conf dir missing", func(c *Config) { c.CNIConfDir = "/nonexistent/cni" }, []string{"CNIConfDir", "create the CNI conf dir"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -104,7 +107,6 @@ func TestContainerdConfigKeepsNodesApart(t *testing.T) {
 		`address = "` + c.Dir + `/containerd.sock"`,
 		`address = "` + c.Dir + `/containerd.sock.ttrpc"`,
 		"restrict_oom_score_adj = true",
-		"netns_mounts_under_state_dir = true",
 		"use_internal_loopback = true",
 		`bin_dirs = ["/opt/cni/bin", "` + c.CNIBinDir + `"]`,
 		`conf_dir = "/etc/cni/net.d"`,

@@ -7,14 +7,16 @@
 //
 //	node.json                 the running processes (PID + start time) and the cgroup root, used by Stop
 //	containerd.toml           containerd's config (version 3)
-//	containerd/root, state    containerd's root and state; state/netns holds the pods' netns mounts
+//	containerd/root, state    containerd's root and state
 //	containerd/runc           runc's state root
 //	containerd.sock(.ttrpc)   containerd's gRPC and ttrpc sockets
 //	kubelet.yaml              the KubeletConfiguration
 //	sysctl/                   files holding kubelet's expected kernel tunables (see sysctl.go)
-//	kubelet/, pod-logs/, container-logs/, cni-bin/, run-containerd/, private/...
+//	kubelet/, pod-logs/, container-logs/, cni-bin/, run-containerd/, run-netns/, private/...
 //	                          the node's /var/lib/kubelet, /var/log/pods, /var/log/containers,
-//	                          /opt/cni/bin, /run/containerd and Config.PrivateDirs (see mounts.go)
+//	                          /opt/cni/bin, /run/containerd, /run/netns (the pods' netns mounts)
+//	                          and Config.PrivateDirs (see mounts.go); besides them the node has
+//	                          its own bpffs at /sys/fs/bpf (see mountNodeFilesystems)
 //	logs/{containerd,kubelet}.log
 //
 // Processes: a holder (`unshare --mount --propagation private sleep infinity`, entered into the
@@ -33,6 +35,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -71,6 +74,10 @@ type Config struct {
 	// for, in its mount namespace: hostPath volumes of DaemonSets that must not be shared by the
 	// lab's nodes (e.g. axon's /run/axon and /var/lib/axon).
 	PrivateDirs []string
+	// CgroupV2Dir, when set, is a path inside the node where its own cgroup2 subtree (CgroupRoot)
+	// is bound, e.g. for a CNI DaemonSet's hostPath to the cgroup2 root its socket hooks attach
+	// to. It must be below one of PrivateDirs (so that no directory is created on the host).
+	CgroupV2Dir string
 	Dir         string // state dir, see the package comment
 	// CgroupRoot is kubelet's cgroupRoot and the parent of the node's own processes, created in
 	// every cgroup v1 hierarchy and in cgroup2 (default /axon-kubenode-<Name>).
@@ -118,6 +125,15 @@ func (c *Config) setDefaults() error {
 	for _, p := range c.PrivateDirs {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00\n") {
 			return fmt.Errorf("config PrivateDirs: %q is not an absolute, clean path below / (e.g. /run/axon)", p)
+		}
+	}
+	if c.CgroupV2Dir != "" {
+		under := false
+		for _, p := range c.PrivateDirs {
+			under = under || strings.HasPrefix(c.CgroupV2Dir, p+"/")
+		}
+		if !filepath.IsAbs(c.CgroupV2Dir) || filepath.Clean(c.CgroupV2Dir) != c.CgroupV2Dir || !under {
+			return fmt.Errorf("config CgroupV2Dir=%q: want an absolute, clean path below one of PrivateDirs %v (e.g. /run/kubenode/cgroup2 with /run/kubenode private)", c.CgroupV2Dir, c.PrivateDirs)
 		}
 	}
 	if err := c.checkNotShadowed(); err != nil {
@@ -226,7 +242,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("create state dir: %w", err)
 		}
 	}
-	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, CgroupRoot: cfg.CgroupRoot, OwnedDirs: cfg.ownedDirs()}}
+	n := &Node{cfg: cfg, state: nodeState{Name: cfg.Name, NetnsPath: cfg.NetnsPath, CgroupRoot: cfg.CgroupRoot, OwnedDirs: cfg.ownedDirs()}}
 	if err := n.start(ctx, tools); err != nil {
 		if serr := Stop(cfg.Dir); serr != nil {
 			cfg.Logger.Warn("stop after failed start", "node", cfg.Name, "err", serr)
@@ -258,6 +274,9 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 		return err
 	}
 	if err := bindPrivateDirs(ctx, tools, holder.PID, n.cfg.privateDirs()); err != nil {
+		return err
+	}
+	if err := mountNodeFilesystems(ctx, tools, holder.PID, n.cfg, cg); err != nil {
 		return err
 	}
 	inNode := []string{tools.nsenter, "-t", fmt.Sprint(holder.PID), "-m", "-n", "--"}
@@ -303,7 +322,7 @@ func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error)
 	if err != nil {
 		return procRecord{}, fmt.Errorf("%s: %w", name, err)
 	}
-	r := procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Log: logPath}
+	r := procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Env: nodeEnv(n.cfg), Log: logPath}
 	n.state.Processes = append(n.state.Processes, r)
 	if err := writeState(n.cfg.Dir, n.state); err != nil {
 		return r, err
@@ -316,6 +335,46 @@ func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error)
 		return r, fmt.Errorf("%s: %w", name, err)
 	}
 	return r, nil
+}
+
+// RestartKubelet stops the kubelet of the node recorded in dir and starts it again with the same
+// arguments, in the same namespaces and cgroup, as a node's service manager would; containerd and
+// the pods keep running. It waits for kubelet's healthz.
+func RestartKubelet(ctx context.Context, dir string, timeout time.Duration) error {
+	st, err := readState(dir)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(st.Processes, func(r procRecord) bool { return r.Name == "kubelet" })
+	if i < 0 || st.NetnsPath == "" {
+		return fmt.Errorf("restart kubelet: %s records no running kubelet (start the node with kubenode.Start)", filepath.Join(dir, stateFile))
+	}
+	old := st.Processes[i]
+	if err := old.record().Stop(10 * time.Second); err != nil {
+		return fmt.Errorf("restart kubelet of %s: stop pid %d: %w", st.Name, old.PID, err)
+	}
+	banner := fmt.Sprintf("\n=== %s restart kubelet: %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(old.Args, " "))
+	p, _, err := proc.Start(proc.Spec{Argv: old.Args, Log: old.Log, Banner: banner, Env: old.Env})
+	if err != nil {
+		return fmt.Errorf("restart kubelet of %s: %w", st.Name, err)
+	}
+	r := old
+	r.PID, r.StartTime = p.PID, p.StartTime
+	st.Processes[i] = r
+	if err := writeState(dir, st); err != nil {
+		return err
+	}
+	cg, err := findCgroups(st.CgroupRoot)
+	if err == nil {
+		err = cg.join(runtimeCgroup, p.PID)
+	}
+	if err != nil {
+		return fmt.Errorf("restart kubelet of %s: %w", st.Name, err)
+	}
+	if err := waitHealthz(ctx, st.NetnsPath, timeout, r); err != nil {
+		return fmt.Errorf("restarted kubelet of %s not healthy: %w; its log %s ends:\n%s", st.Name, err, r.Log, logTail(r.Log, 15))
+	}
+	return nil
 }
 
 // nodeEnv is the environment of the node's processes: the shim directory first on PATH

@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -60,8 +61,7 @@ func nodeBinaries(t *testing.T) (kubenode.Binaries, string) {
 		"containerd":              "containerd-v2.4.2/containerd",
 		"containerd-shim-runc-v2": "containerd-v2.4.2/containerd-shim-runc-v2",
 		"ctr":                     "containerd-v2.4.2/ctr",
-		// Debian's runc has seccomp (libseccomp2); runc-v1.5.2 from hack/deps.sh is built without it
-		// and fails every pod sandbox: kubelet asks for RuntimeDefault seccomp there.
+		// Debian's runc has seccomp (libseccomp2), which kubelet's sandboxes need
 		"runc-debian": "runc-debian-1.1.5+ds1-1+deb12u1/runc",
 		"ptp":         "cni-plugins-" + lab.CNIPluginsVersion + "/ptp",
 		"host-local":  "cni-plugins-" + lab.CNIPluginsVersion + "/host-local",
@@ -654,10 +654,35 @@ func taskIDs(ctx context.Context, t *testing.T, n *kubenode.Node) []string {
 	return ids
 }
 
-// podNetnsFiles lists the pod netns bind-mount targets under containerd's state dir.
+// kubeletPID is the kubelet's PID in the node's node.json.
+func kubeletPID(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "node.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Processes []struct {
+			Name string `json:"name"`
+			PID  int    `json:"pid"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Processes {
+		if p.Name == "kubelet" {
+			return p.PID
+		}
+	}
+	t.Fatalf("%s/node.json records no kubelet", dir)
+	return 0
+}
+
+// podNetnsFiles lists the pod netns bind-mount targets in the node's /run/netns.
 func podNetnsFiles(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "containerd", "state", "*", "netns", "cni-*"))
+	m, err := filepath.Glob(filepath.Join(dir, "run-netns", "cni-*"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -783,6 +808,30 @@ func TestTwoNodesShareTheHost(t *testing.T) {
 	}
 	if nsInode(t, a.node.HolderPID(), "mnt") == nsInode(t, b.node.HolderPID(), "mnt") {
 		t.Error("the two nodes share a mount namespace")
+	}
+
+	// kubelet restarts (as a node's service manager restarts it): containerd and the pod stay,
+	// the same container, not restarted, still answering.
+	before := kubeletPID(t, b.dir)
+	if err := kubenode.RestartKubelet(ctx, b.dir, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if after := kubeletPID(t, b.dir); after == before || !proc.Exited(before) || proc.Exited(after) {
+		t.Errorf("kubelet of %s: pid %d before the restart, %d after (want the old one gone, a new one running)", b.name, before, after)
+	}
+	waitNodeReady(ctx, t, c.cs, b.name)
+	time.Sleep(2 * time.Second) // one pod sync of the new kubelet
+	kept, err := c.cs.CoreV1().Pods(pb.Namespace).Get(ctx, pb.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept.UID != pb.UID || kept.Status.PodIP != pb.Status.PodIP || kept.Status.ContainerStatuses[0].ContainerID != pb.Status.ContainerStatuses[0].ContainerID || kept.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("after kubelet's restart pod on-b is uid %s ip %s container %s restarts %d; before uid %s ip %s container %s",
+			kept.UID, kept.Status.PodIP, kept.Status.ContainerStatuses[0].ContainerID, kept.Status.ContainerStatuses[0].RestartCount,
+			pb.UID, pb.Status.PodIP, pb.Status.ContainerStatuses[0].ContainerID)
+	}
+	if got := httpGet(t, b.nsName, pb.Status.PodIP); got != "on-b" {
+		t.Errorf("after kubelet's restart the pod on %s answers %q, want on-b", b.name, got)
 	}
 
 	bPIDs, err := b.node.CgroupPIDs()

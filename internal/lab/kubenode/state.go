@@ -21,6 +21,7 @@ type procRecord struct {
 	PID       int      `json:"pid"`
 	StartTime uint64   `json:"startTime"`
 	Args      []string `json:"args"`
+	Env       []string `json:"env,omitempty"`
 	Log       string   `json:"log"`
 }
 
@@ -31,6 +32,7 @@ func (r procRecord) record() *proc.Record {
 // nodeState is node.json: what Stop needs without the Config.
 type nodeState struct {
 	Name       string `json:"name"`
+	NetnsPath  string `json:"netnsPath,omitempty"`
 	CgroupRoot string `json:"cgroupRoot"`
 	// OwnedDirs are the node's directories bound over host paths (see privateDirs); Stop removes them.
 	OwnedDirs []string `json:"ownedDirs,omitempty"`

@@ -1,0 +1,411 @@
+package lab
+
+// `axon lab up --kubelet`: every lab node runs a real containerd + runc + kubelet
+// (internal/lab/kubenode) and axon installs itself from its Helm chart as on a real cluster. The
+// lab starts no agents and writes no Pods, EndpointSlices or Node status in this mode; it only
+// gives each Node its podCIDRs (what a cluster's node IPAM does), docs/kubelet.md "The lab mode".
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/kubenode"
+	"github.com/axonhq/axon/internal/netnsutil"
+)
+
+// Paths of a kubelet node, as its processes (and the axon DaemonSet's hostPath volumes) see
+// them inside the node's mount namespace. /run/axon and /var/lib/axon are the node's own
+// (kubenode PrivateDirs); /run/kubenode/cgroup2 is the node's own cgroup2 subtree, the chart's
+// hostCgroupRoot: the socket LB attaches there, never to the machine's cgroup2 root.
+const (
+	kubeletNodeCgroupV2 = "/run/kubenode/cgroup2"
+	// AxonNamespace is where `up --kubelet` installs the chart.
+	AxonNamespace = "kube-system"
+	// AxonDaemonSet is the chart's DaemonSet.
+	AxonDaemonSet = "axon-agent"
+)
+
+var kubeletNodePrivateDirs = []string{"/run/axon", "/var/lib/axon", "/run/kubenode"}
+
+// Images every kubelet node imports (the lab has no registry): pause and agnhost from `make
+// images`, axon's from `make image`.
+const (
+	PauseImageArchive   = "pause-3.10.2.tar"
+	AgnhostImageArchive = "agnhost-2.63.0.tar"
+	// AgnhostImage is the name agnhost is imported under.
+	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+)
+
+// ImagesDir holds the archives of `make images`.
+func ImagesDir() string { return filepath.Join(DepsDir(), "images-k8s-"+K8sVersion) }
+
+// axonImageArchive is UpOptions.Image or `make image`'s docker archive in BinDir
+// (ghcr.io/axonhq/axon:<appVersion>, the tag the chart runs).
+func axonImageArchive(o UpOptions) string {
+	if o.Image != "" {
+		return o.Image
+	}
+	return filepath.Join(o.BinDir, "image", "axon-image.tar")
+}
+
+// KubeletNodeCgroup is node's cgroup2 directory in a --kubelet lab: kubelet's cgroupRoot, the
+// cgroup2 root of the node's axon (its socket LB hooks attach there). A process that should
+// see the node as its own processes do (e.g. a probe from the node) must run below it.
+func KubeletNodeCgroup(node string) (string, error) {
+	cg2, err := cgroup2Mount()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(cg2, kubenodeCgroupRoot(node)), nil
+}
+
+// kubeletDeps are the cache artifacts `up --kubelet` needs besides the control plane's.
+var kubeletDeps = []string{"kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
+	"containerd-shim-runc-v2", "ctr", "runc-debian", "helm", "kubectl", "ptp"}
+
+// preflightKubelet says what `up --kubelet` misses and how to get it.
+func preflightKubelet(o UpOptions) []error {
+	var errs []error
+	for _, d := range kubeletDeps {
+		if _, err := DepPath(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, f := range []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive)} {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("image archive %s missing: run `make images`", f))
+		}
+	}
+	if _, err := os.Stat(axonImageArchive(o)); err != nil {
+		errs = append(errs, fmt.Errorf("axon image %s missing: run `make image` (or pass --image)", axonImageArchive(o)))
+	}
+	if _, err := chartDir(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// chartDir finds deploy/helm/axon: $AXON_CHART, or walking up from the working directory.
+func chartDir() (string, error) {
+	if d := os.Getenv("AXON_CHART"); d != "" {
+		return d, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		c := filepath.Join(d, "deploy", "helm", "axon")
+		if _, err := os.Stat(filepath.Join(c, "Chart.yaml")); err == nil {
+			return c, nil
+		}
+		if d == filepath.Dir(d) {
+			return "", fmt.Errorf("axon's chart (deploy/helm/axon) not found above %s: run from the repository or set AXON_CHART", wd)
+		}
+	}
+}
+
+// kubenodeDir is node n's kubenode state dir (short: containerd's socket path must fit in 108 bytes).
+func kubenodeDir(stateDir string, n Node) string {
+	return filepath.Join(stateDir, "nodes", n.Name, "kn")
+}
+
+// kubeletAgentSocket is where the agent's API socket (/run/axon/axon.sock inside the node) is
+// on the host: the node's private /run/axon is a plain directory of kubenode's.
+func kubeletAgentSocket(stateDir string, n Node) string {
+	return filepath.Join(kubenodeDir(stateDir, n), "private", "run_axon", "axon.sock")
+}
+
+// upKubelet is `up --kubelet` once the control plane, the wire and the forwarder run: nodes,
+// their podCIDRs, axon from its chart, then the wait for the DaemonSet and the Nodes.
+func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, kube kubernetes.Interface, o UpOptions, save func() error, t0 time.Time) error {
+	log := o.Logger
+	err := upKubeletNodes(ctx, st, cp, o, log)
+	if serr := save(); serr != nil {
+		err = errors.Join(err, serr)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("kubelets healthy", "elapsed", time.Since(t0).Round(time.Millisecond))
+	if err := assignPodCIDRs(ctx, kube, st.Nodes, o.readyTimeout()); err != nil {
+		return err
+	}
+	if err := installAxon(ctx, st, log); err != nil {
+		return err
+	}
+	if err := waitAxonReady(ctx, kube, st.Nodes, 2*o.readyTimeout()); err != nil {
+		return fmt.Errorf("axon not ready: %w (kubelet and containerd logs: %s/nodes/<node>/kn/logs)", err, st.StateDir)
+	}
+	st.Ready = true
+	if err := save(); err != nil {
+		return err
+	}
+	log.Info("lab up with kubelets, axon Ready on every node", "nodes", len(st.Nodes), "elapsed", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// upKubeletNodes starts containerd + kubelet in every node (in parallel: image imports dominate).
+func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlane, o UpOptions, log *slog.Logger) error {
+	dep := func(name string) string { p, _ := DepPath(name); return p } // preflight checked them
+	bins := kubenode.Binaries{
+		Containerd: dep("containerd"), ShimDir: filepath.Dir(dep("containerd-shim-runc-v2")),
+		Ctr: dep("ctr"), Runc: dep("runc-debian"), Kubelet: dep("kubelet"),
+	}
+	images := []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive), axonImageArchive(o)}
+	errs := make([]error, len(st.Nodes))
+	done := make(chan struct{}, len(st.Nodes))
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		n.KubeNodeDir = kubenodeDir(st.StateDir, *n)
+		n.Socket = kubeletAgentSocket(st.StateDir, *n)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			kc, err := cp.KubeletKubeconfig(n.Name)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			confDir := filepath.Join(st.StateDir, "nodes", n.Name, "cni-net.d")
+			if err := os.MkdirAll(confDir, 0o755); err != nil {
+				errs[i] = fmt.Errorf("create %s: %w", confDir, err)
+				return
+			}
+			_, err = kubenode.Start(ctx, kubenode.Config{
+				Name: n.Name, NetnsPath: netnsutil.Path(n.Netns), NodeIP: net.IP(n.IP.AsSlice()),
+				Kubeconfig: kc, ClientCAFile: cp.CAFile(), Binaries: bins,
+				CNIBinDir: filepath.Dir(dep("ptp")), CNIConfDir: confDir,
+				PrivateDirs: kubeletNodePrivateDirs, CgroupV2Dir: kubeletNodeCgroupV2,
+				Dir: n.KubeNodeDir, CgroupRoot: kubenodeCgroupRoot(n.Name), Images: images,
+				Logger: log, ReadyTimeout: o.readyTimeout(),
+			})
+			if err != nil {
+				errs[i] = err
+			}
+		}()
+	}
+	for range st.Nodes {
+		<-done
+	}
+	return errors.Join(errs...)
+}
+
+// RestartKubelet restarts node's kubelet in place (--kubelet labs): containerd, the agent and
+// the pods keep running; it waits for kubelet's healthz.
+func (l *Lab) RestartKubelet(ctx context.Context, node string) error {
+	st := l.State()
+	n, ok := st.node(node)
+	if !ok {
+		return fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
+	}
+	if n.KubeNodeDir == "" {
+		return fmt.Errorf("node %s runs no kubelet: bring the lab up with `axon lab up --kubelet`", node)
+	}
+	return kubenode.RestartKubelet(ctx, n.KubeNodeDir, 60*time.Second)
+}
+
+// kubenodeCgroupRoot is the node's cgroup (every hierarchy): its kubelet's cgroupRoot.
+func kubenodeCgroupRoot(node string) string { return "/axon-lab-kubenode-" + node }
+
+// stopKubeletNodes stops every node's kubelet, containerd and containers (kubenode.Stop).
+func stopKubeletNodes(st *State) []error {
+	var errs []error
+	for _, n := range st.Nodes {
+		if n.KubeNodeDir == "" {
+			continue
+		}
+		if err := kubenode.Stop(n.KubeNodeDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("stop kubelet node %s: %w", n.Name, err))
+		}
+	}
+	return errs
+}
+
+// assignPodCIDRs waits for every kubelet to register its Node and gives it the lab's pod CIDR
+// (IPv4; the nodes' InternalIP is IPv4 only), as a cluster's node IPAM would. axon's IPAM
+// allocates pod IPs from it.
+func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, timeout time.Duration) error {
+	for _, n := range nodes {
+		var cidr string
+		for _, p := range n.PodCIDRs {
+			if p.Addr().Is4() {
+				cidr = p.String()
+			}
+		}
+		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": cidr, "podCIDRs": []string{cidr}}})
+		err := pollUntil(ctx, timeout, func() (bool, error) {
+			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, fmt.Errorf("kubelet of %s has not registered its Node", n.Name)
+			}
+			if err != nil {
+				return false, err
+			}
+			if len(obj.Spec.PodCIDRs) > 0 {
+				if obj.Spec.PodCIDRs[0] != cidr {
+					return false, fmt.Errorf("node %s has podCIDRs %v, the lab wants %s: run `axon lab down` first", n.Name, obj.Spec.PodCIDRs, cidr)
+				}
+				return true, nil
+			}
+			_, err = c.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			return err == nil, err
+		})
+		if err != nil {
+			return fmt.Errorf("assign podCIDR %s to node %s: %w", cidr, n.Name, err)
+		}
+	}
+	return nil
+}
+
+// pollUntil calls f every 500 ms until it returns true or timeout passes (then f's last error).
+func pollUntil(ctx context.Context, timeout time.Duration, f func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		ok, err := f()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("after %s: %w", timeout, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// chartValues are the only values a lab node needs: the apiserver through the lab's forwarder
+// (127.0.0.1:<APIPort> inside every node netns; the pods are on the host network) and the node's
+// own cgroup2 subtree for the socket LB.
+func chartValues(apiPort int) []string {
+	return []string{
+		"k8sServiceHost=127.0.0.1",
+		"k8sServicePort=" + strconv.Itoa(apiPort),
+		"hostCgroupRoot=" + kubeletNodeCgroupV2,
+	}
+}
+
+// installAxon renders the chart with `helm template` and applies it with kubectl.
+func installAxon(ctx context.Context, st *State, log *slog.Logger) error {
+	chart, err := chartDir()
+	if err != nil {
+		return err
+	}
+	helm, err := DepPath("helm")
+	if err != nil {
+		return err
+	}
+	kubectl, err := DepPath("kubectl")
+	if err != nil {
+		return err
+	}
+	args := []string{"template", "axon", chart, "--namespace", AxonNamespace}
+	for _, v := range chartValues(st.ControlPlane.APIPort) {
+		args = append(args, "--set", v)
+	}
+	var manifest, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Stdout, cmd.Stderr = &manifest, &stderr
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(st.StateDir, "helm"), "HELM_CONFIG_HOME="+filepath.Join(st.StateDir, "helm"), "HELM_DATA_HOME="+filepath.Join(st.StateDir, "helm"))
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	if err := os.WriteFile(filepath.Join(st.StateDir, "axon.yaml"), manifest.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write rendered chart: %w", err)
+	}
+	stderr.Reset()
+	var out bytes.Buffer
+	cmd = exec.CommandContext(ctx, kubectl, "--kubeconfig", st.ControlPlane.Kubeconfig, "apply", "-f", filepath.Join(st.StateDir, "axon.yaml"))
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kubectl apply axon's chart: %w: %s", err, stderr.String())
+	}
+	log.Info("axon applied from its chart", "chart", chart, "values", chartValues(st.ControlPlane.APIPort))
+	return nil
+}
+
+// waitAxonReady waits until the DaemonSet has a Ready pod on every node and every Node is Ready.
+func waitAxonReady(ctx context.Context, c kubernetes.Interface, nodes []Node, timeout time.Duration) error {
+	return pollUntil(ctx, timeout, func() (bool, error) {
+		ds, err := c.AppsV1().DaemonSets(AxonNamespace).Get(ctx, AxonDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if why := daemonSetNotReady(ds, len(nodes)); why != "" {
+			return false, errors.New(why + podProblems(ctx, c))
+		}
+		for _, n := range nodes {
+			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if !nodeReady(obj) {
+				return false, fmt.Errorf("node %s is not Ready", n.Name)
+			}
+		}
+		return true, nil
+	})
+}
+
+func daemonSetNotReady(ds *appsv1.DaemonSet, nodes int) string {
+	s := ds.Status
+	if int(s.DesiredNumberScheduled) != nodes || int(s.NumberReady) != nodes || int(s.UpdatedNumberScheduled) != nodes {
+		return fmt.Sprintf("DaemonSet %s/%s: %d of %d pods Ready (desired %d, updated %d)", ds.Namespace, ds.Name,
+			s.NumberReady, nodes, s.DesiredNumberScheduled, s.UpdatedNumberScheduled)
+	}
+	return ""
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// podProblems summarises the axon pods' states for a timeout error.
+func podProblems(ctx context.Context, c kubernetes.Interface) string {
+	pods, err := c.CoreV1().Pods(AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + AxonDaemonSet})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "; pod %s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			switch {
+			case cs.State.Waiting != nil:
+				fmt.Fprintf(&b, " %s waiting (%s: %s)", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+			case cs.State.Terminated != nil && cs.State.Terminated.ExitCode != 0:
+				fmt.Fprintf(&b, " %s exited %d (%s)", cs.Name, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason)
+			case cs.State.Running != nil && !cs.Ready:
+				fmt.Fprintf(&b, " %s running, not ready (restarts %d)", cs.Name, cs.RestartCount)
+			}
+		}
+	}
+	return b.String()
+}

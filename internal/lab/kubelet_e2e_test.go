@@ -1,0 +1,489 @@
+package lab_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/netnsutil"
+)
+
+// axonImage is the archive `make image` packs (make test builds it first).
+func axonImage(t *testing.T) string {
+	t.Helper()
+	p, err := filepath.Abs("../../bin/image/axon-image.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// needKubelet skips without the real-kubelet dependencies or images, naming what builds them.
+func needKubelet(t *testing.T) {
+	t.Helper()
+	for _, d := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "containerd", "containerd-shim-runc-v2", "ctr", "runc-debian", "helm"} {
+		if _, err := lab.DepPath(d); errors.Is(err, lab.ErrDepMissing) {
+			t.Skipf("cached dependency missing (%v): run `make deps`", err)
+		}
+	}
+	for _, f := range []string{lab.PauseImageArchive, lab.AgnhostImageArchive} {
+		if _, err := os.Stat(filepath.Join(lab.ImagesDir(), f)); err != nil {
+			t.Skipf("image archive missing (%v): run `make images`", err)
+		}
+	}
+	if _, err := os.Stat(axonImage(t)); err != nil {
+		t.Skipf("axon image missing (%v): run `make image`", err)
+	}
+	if _, err := exec.LookPath("bpftool"); err != nil {
+		t.Skip("bpftool not found: `make packages` (the test lists the programs on the nodes' cgroups)")
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl not found: install it (the probes run it inside pods' and nodes' namespaces)")
+	}
+}
+
+// TestKubeletLab brings up two real kubelet nodes with `axon lab up --kubelet` (axon installed
+// from its chart) and checks what a cluster gets from axon: the DaemonSet Ready on both nodes,
+// pod IPs from axon's IPAM (the node's podCIDR) through axon-cni (the agent lists the sandbox),
+// and a Deployment behind a ClusterIP and a NodePort Service (EndpointSlices from the real
+// controller) reachable from a pod on each node, from each node and from outside.
+func TestKubeletLab(t *testing.T) {
+	need(t, "axon")
+	needKubelet(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	// Registered before up(): runs after its `down`. kubelet, containerd, shims and pods all
+	// live in the node's cgroups; none may be left.
+	t.Cleanup(func() {
+		for _, node := range []string{"node1", "node2"} {
+			cg, err := lab.KubeletNodeCgroup(node)
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			if _, err := os.Stat(cg); err == nil {
+				t.Errorf("node %s's cgroup %s left after down", node, cg)
+			}
+		}
+	})
+	l := up(t, "--kubelet", "--nodes", "2", "--pods-per-node", "0", "--image", axonImage(t)) // logs the time to axon Ready
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The DaemonSet's pods: one Ready on each node, started by kubelet from the chart.
+	ds, err := kube.AppsV1().DaemonSets(lab.AxonNamespace).Get(ctx, lab.AxonDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.Status.NumberReady != 2 {
+		t.Fatalf("DaemonSet %s: %d pods Ready, want 2", ds.Name, ds.Status.NumberReady)
+	}
+	agents, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + lab.AxonDaemonSet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var agentNodes []string
+	for _, p := range agents.Items {
+		agentNodes = append(agentNodes, p.Spec.NodeName)
+	}
+	slices.Sort(agentNodes)
+	if !slices.Equal(agentNodes, []string{"node1", "node2"}) {
+		t.Fatalf("axon agent pods on nodes %v, want one on node1 and one on node2", agentNodes)
+	}
+
+	// Each node's agent has the node to itself: its socket LB hooks on the node's cgroup2
+	// subtree (the chart's hostCgroupRoot), none on the machine's cgroup2 root; its pins in the
+	// node's own bpffs, none in the machine's /sys/fs/bpf.
+	for _, n := range l.Nodes() {
+		cg, err := lab.KubeletNodeCgroup(n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cgroupProgs(t, cg); !slices.Contains(got, "axon_sock_connect4") {
+			t.Errorf("cgroup %s of %s: programs %v, want axon's socket LB (axon_sock_connect4)", cg, n.Name, got)
+		}
+		if got := cgroupProgs(t, filepath.Dir(cg)); slices.ContainsFunc(got, func(p string) bool { return strings.HasPrefix(p, "axon_") }) {
+			t.Errorf("the machine's cgroup2 root %s has axon programs %v: the socket LB must stay in the nodes' subtrees", filepath.Dir(cg), got)
+		}
+	}
+	if _, err := os.Stat("/sys/fs/bpf/axon"); err == nil {
+		t.Errorf("/sys/fs/bpf/axon exists in the machine's bpffs: an agent pinned outside its node's own bpffs")
+	}
+
+	pods := deployWeb(ctx, t, kube)
+	cip, nodePort := webServices(ctx, t, kube)
+
+	// IPAM and CNI: each pod's IP is in its node's podCIDR, and its node's agent lists the
+	// sandbox (axon-cni registered it through the agent's socket).
+	for _, n := range l.Nodes() {
+		var p *corev1.Pod
+		for i := range pods {
+			if pods[i].Spec.NodeName == n.Name {
+				p = &pods[i]
+			}
+		}
+		ip := netip.MustParseAddr(p.Status.PodIP)
+		if !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Contains(ip) }) {
+			t.Errorf("pod %s on %s has IP %s, outside the node's podCIDRs %v: not axon's IPAM", p.Name, n.Name, ip, n.PodCIDRs)
+		}
+		c, err := l.Agent(n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps, err := c.Endpoints(ctx)
+		if err != nil {
+			t.Fatalf("agent of %s: endpoints: %v", n.Name, err)
+		}
+		found := false
+		for _, ep := range eps {
+			if ep.PodName == p.Name && ep.PodNamespace == p.Namespace && slices.Contains(ep.IPs, ip) {
+				found = true
+				if !strings.HasPrefix(ep.Netns, "/var/run/netns/cni-") {
+					t.Errorf("endpoint of %s: netns %q, want containerd's /var/run/netns/cni-<id> (the node's own /run/netns)", p.Name, ep.Netns)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("agent of %s lists no endpoint for pod %s (%s): the sandbox did not go through axon-cni; it has %+v", n.Name, p.Name, ip, eps)
+		}
+	}
+
+	names := []string{pods[0].Name, pods[1].Name}
+	targets := []string{hostPort(cip, 80)}
+	for _, n := range l.Nodes() {
+		targets = append(targets, hostPort(n.IP, nodePort))
+	}
+	// From a pod on each node: the probe runs in the netexec container's netns and cgroup (the
+	// socket LB hooks the node's cgroup subtree).
+	for _, p := range pods {
+		netns, cg := podNamespaces(t, p)
+		for _, dst := range targets {
+			probeHostname(ctx, t, "pod "+p.Name+" on "+p.Spec.NodeName, netns, cg, dst, names)
+		}
+	}
+	// From each node's netns, in the node's cgroup (where its own processes run).
+	for _, n := range l.Nodes() {
+		cg, err := lab.KubeletNodeCgroup(n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dst := range targets {
+			probeHostname(ctx, t, "node "+n.Name, netnsutil.Path(n.Netns), filepath.Join(cg, "runtime"), dst, names)
+		}
+	}
+	// From outside the cluster: the NodePort on both nodes.
+	for _, dst := range targets[1:] {
+		probeHostname(ctx, t, "external", netnsutil.Path(l.External().Netns), "", dst, names)
+	}
+
+	// kubelet restarts on node1: the pod there is the same container, not restarted, and the
+	// Service still reaches it from node1.
+	var p1 corev1.Pod
+	for _, p := range pods {
+		if p.Spec.NodeName == "node1" {
+			p1 = p
+		}
+	}
+	restarted := time.Now().Truncate(time.Second) // heartbeats have second resolution
+	if err := l.RestartKubelet(ctx, "node1"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, 30*time.Second, "node1 Ready, reported by the restarted kubelet", func() (bool, string) {
+		n, err := kube.CoreV1().Nodes().Get(ctx, "node1", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		hb := time.Time{}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				hb = c.LastHeartbeatTime.Time
+			}
+		}
+		return !hb.Before(restarted), fmt.Sprintf("Ready heartbeat %s, restart at %s", hb, restarted)
+	})
+	kept, err := kube.CoreV1().Pods(p1.Namespace).Get(ctx, p1.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := kept.Status.ContainerStatuses; kept.UID != p1.UID || len(cs) != 1 || cs[0].ContainerID != p1.Status.ContainerStatuses[0].ContainerID || cs[0].RestartCount != 0 {
+		t.Errorf("after node1's kubelet restarted, pod %s is uid %s, containers %+v; before uid %s container %s", p1.Name, kept.UID, cs, p1.UID, p1.Status.ContainerStatuses[0].ContainerID)
+	}
+	cg1, err := lab.KubeletNodeCgroup("node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probeHostname(ctx, t, "node node1 after kubelet's restart", netnsutil.Path(l.Nodes()[0].Netns), filepath.Join(cg1, "runtime"), targets[0], names)
+
+	agentMissing(ctx, t, kube)
+}
+
+// agentMissing takes axon's agent off node2 (a DaemonSet nodeSelector only node1 matches): a
+// pod bound to node2 must report the CNI plugin's error (agent not reachable) in its events,
+// then come up with an IP once the agent is back.
+func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) {
+	t.Helper()
+	patch := func(p string) {
+		t.Helper()
+		if _, err := kube.AppsV1().DaemonSets(lab.AxonNamespace).Patch(ctx, lab.AxonDaemonSet, types.JSONPatchType, []byte(p), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kube.CoreV1().Nodes().Patch(ctx, "node1", types.MergePatchType, []byte(`{"metadata":{"labels":{"lab-agent":"on"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	patch(`[{"op":"add","path":"/spec/template/spec/nodeSelector/lab-agent","value":"on"}]`)
+	waitUntil(ctx, t, 30*time.Second, "axon's agent gone from node2", func() (bool, string) {
+		l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node2"})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d axon pods on node2", len(l.Items))
+	})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName: "node2", Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers:                    []corev1.Container{{Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever, Args: []string{"netexec"}}},
+		},
+	}
+	if _, err := kube.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const want = "axon-agent not reachable at /var/run/axon/axon.sock"
+	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent", func() (bool, string) {
+		ev := podEvents(ctx, kube)
+		return strings.Contains(ev, "event late ") && strings.Contains(ev, want), ev
+	})
+	patch(`[{"op":"remove","path":"/spec/template/spec/nodeSelector/lab-agent"}]`)
+	waitUntil(ctx, t, 60*time.Second, "pod late Running with an IP once the agent is back", func() (bool, string) {
+		p, err := kube.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", fmt.Sprintf("%s ip=%q", p.Status.Phase, p.Status.PodIP)
+	})
+}
+
+// cgroupProgs lists the names of the BPF programs attached to cgroup dir (bpftool).
+func cgroupProgs(t *testing.T, dir string) []string {
+	t.Helper()
+	out, err := exec.Command("bpftool", "-j", "cgroup", "show", dir).Output()
+	if err != nil {
+		t.Fatalf("bpftool cgroup show %s: %v", dir, err)
+	}
+	var progs []struct {
+		Name string `json:"name"`
+	}
+	if len(bytes.TrimSpace(out)) == 0 { // bpftool prints nothing for a cgroup without programs
+		return nil
+	}
+	if err := json.Unmarshal(out, &progs); err != nil {
+		t.Fatalf("bpftool cgroup show %s: %v: %s", dir, err, out)
+	}
+	var names []string
+	for _, p := range progs {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+func hostPort(ip netip.Addr, port int) string { return netip.AddrPortFrom(ip, uint16(port)).String() }
+
+// deployWeb creates Deployment web (2 agnhost netexec replicas, one per node) and returns its
+// pods once both are Ready.
+func deployWeb(ctx context.Context, t *testing.T, kube kubernetes.Interface) []corev1.Pod {
+	t.Helper()
+	labels := map[string]string{"app": "web"}
+	replicas := int32(2)
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+						MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.DoNotSchedule,
+						LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+					}},
+					TerminationGracePeriodSeconds: ptr(int64(1)),
+					Containers: []corev1.Container{{
+						Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever,
+						Args:           []string{"netexec", "--http-port=8080"},
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := kube.AppsV1().Deployments("default").Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []corev1.Pod
+	waitUntil(ctx, t, 90*time.Second, "2 web pods Ready, one per node", func() (bool, string) {
+		l, err := kube.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, err.Error()
+		}
+		pods = l.Items
+		var nodes, states []string
+		for _, p := range pods {
+			ready := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+			})
+			states = append(states, fmt.Sprintf("%s on %q %s ready=%v", p.Name, p.Spec.NodeName, p.Status.Phase, ready))
+			if ready {
+				nodes = append(nodes, p.Spec.NodeName)
+			}
+		}
+		slices.Sort(nodes)
+		return len(pods) == 2 && slices.Equal(nodes, []string{"node1", "node2"}), strings.Join(states, "; ") + podEvents(ctx, kube)
+	})
+	return pods
+}
+
+// webServices creates ClusterIP Service web and NodePort Service web-np in front of the web
+// pods, waits for the EndpointSlice controller to list both pods, and returns the ClusterIP and
+// the node port.
+func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (netip.Addr, int) {
+	t.Helper()
+	var cip netip.Addr
+	var nodePort int
+	for _, typ := range []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort} {
+		name := map[corev1.ServiceType]string{corev1.ServiceTypeClusterIP: "web", corev1.ServiceTypeNodePort: "web-np"}[typ]
+		svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": "web"},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == corev1.ServiceTypeClusterIP {
+			cip = netip.MustParseAddr(svc.Spec.ClusterIP)
+		} else {
+			nodePort = int(svc.Spec.Ports[0].NodePort)
+		}
+		waitUntil(ctx, t, 30*time.Second, "EndpointSlice of "+name+" with both pods ready, from the controller", func() (bool, string) {
+			l, err := kube.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+			if err != nil {
+				return false, err.Error()
+			}
+			ready := 0
+			var got []string
+			for _, s := range l.Items {
+				got = append(got, fmt.Sprintf("%s managed-by=%s", s.Name, s.Labels[discoveryv1.LabelManagedBy]))
+				if s.Labels[discoveryv1.LabelManagedBy] != "endpointslice-controller.k8s.io" {
+					continue
+				}
+				for _, e := range s.Endpoints {
+					if e.Conditions.Ready != nil && *e.Conditions.Ready {
+						ready++
+					}
+				}
+			}
+			return ready == 2, fmt.Sprintf("%d ready endpoints in %v", ready, got)
+		})
+	}
+	return cip, nodePort
+}
+
+// podNamespaces returns the netns path and the cgroup2 dir of p's netexec container, found
+// through its process: kubelet puts it in <node cgroup>/kubepods/besteffort/pod<uid>/<id>.
+func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
+	t.Helper()
+	if len(p.Status.ContainerStatuses) != 1 {
+		t.Fatalf("pod %s: container statuses %v", p.Name, p.Status.ContainerStatuses)
+	}
+	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	root, err := lab.KubeletNodeCgroup(p.Spec.NodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "kubepods", "besteffort", "pod"+string(p.UID), id)
+	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+	if err != nil {
+		t.Fatalf("pod %s: container cgroup: %v", p.Name, err)
+	}
+	pid, err := strconv.Atoi(strings.Fields(string(b) + " x")[0])
+	if err != nil {
+		t.Fatalf("pod %s: no process in %s: %q", p.Name, cg, b)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", pid), cg
+}
+
+// probeHostname GETs http://dst/hostname with curl in netns (and cgroup, when set) until it
+// answers with one of names; the agents program a new Service within seconds.
+func probeHostname(ctx context.Context, t *testing.T, from, netns, cgroup, dst string, names []string) {
+	t.Helper()
+	waitUntil(ctx, t, 20*time.Second, from+" GET http://"+dst+"/hostname answers a web pod", func() (bool, string) {
+		cmd := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "curl", "-sS", "-m", "2", "http://"+dst+"/hostname")
+		if cgroup != "" {
+			fd, err := syscall.Open(cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+			if err != nil {
+				return false, err.Error()
+			}
+			defer syscall.Close(fd)
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		}
+		out, err := cmd.CombinedOutput()
+		runtime.KeepAlive(cmd)
+		got := strings.TrimSpace(string(out))
+		return err == nil && slices.Contains(names, got), fmt.Sprintf("%q (%v)", got, err)
+	})
+}
+
+// podEvents lists the Warning events of the default namespace (CNI errors show there).
+func podEvents(ctx context.Context, kube kubernetes.Interface) string {
+	l, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "type=Warning"})
+	if err != nil || len(l.Items) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, e := range l.Items {
+		fmt.Fprintf(&b, "; event %s %s: %s", e.InvolvedObject.Name, e.Reason, e.Message)
+	}
+	return b.String()
+}
+
+func waitUntil(ctx context.Context, t *testing.T, timeout time.Duration, what string, f func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := f()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("%s: not after %s: %s", what, timeout, state)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
