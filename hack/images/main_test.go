@@ -185,7 +185,7 @@ func TestE2EToolsRunInRoot(t *testing.T) {
 func TestE2EImagesInContainerd(t *testing.T) {
 	testutil.RequireRoot(t, "containerd and runc")
 	bins := map[string]string{}
-	for _, n := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"} {
+	for _, n := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc-debian"} {
 		p, err := lab.DepPath(n)
 		if err != nil {
 			t.Skipf("%v", err)
@@ -232,7 +232,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 		t.Fatal(err)
 	}
 	// The shim and runc by PATH, as containerd finds them.
-	pathEnv := "PATH=" + filepath.Dir(bins["containerd-shim-runc-v2"]) + ":" + filepath.Dir(bins["runc"]) + ":" + os.Getenv("PATH")
+	pathEnv := "PATH=" + filepath.Dir(bins["containerd-shim-runc-v2"]) + ":" + filepath.Dir(bins["runc-debian"]) + ":" + os.Getenv("PATH")
 	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
 	if err != nil {
 		t.Fatal(err)

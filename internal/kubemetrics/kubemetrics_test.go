@@ -74,4 +74,3 @@ func gathered(t *testing.T, r *prometheus.Registry, queue string, names ...strin
 	}
 	return b.String()
 }
-
