@@ -479,10 +479,10 @@ func newLabProbeCmd() *cobra.Command {
 // newLabForwardCmd is the hidden daemon started by `up`: it listens on
 // 127.0.0.1:<port> inside each node netns and forwards to the apiserver.
 func newLabForwardCmd(f *labFlags) *cobra.Command {
-	var listen, target string
-	var netns []string
+	var listen, target, connectSocket, connectNetns string
+	var netns, connectAllow []string
 	cmd := &cobra.Command{
-		Use:    "_forward --netns PATH... --listen ADDR --target ADDR",
+		Use:    "_forward --netns PATH... --listen ADDR --target ADDR [--connect-socket PATH --connect-netns PATH --connect-allow CIDR...]",
 		Short:  "internal: forward the apiserver into node namespaces",
 		Hidden: true,
 		Args:   cobra.NoArgs,
@@ -490,9 +490,15 @@ func newLabForwardCmd(f *labFlags) *cobra.Command {
 			if len(netns) == 0 {
 				return errors.New("_forward: give at least one --netns")
 			}
-			return controlplane.ServeForwarder(cmd.Context(), netns, listen, target, f.logger())
+			if connectSocket == "" {
+				return controlplane.ServeForwarder(cmd.Context(), netns, listen, target, f.logger())
+			}
+			return serveForwarderAndEgress(cmd.Context(), netns, listen, target, connectSocket, connectNetns, connectAllow, f.logger())
 		},
 	}
+	cmd.Flags().StringVar(&connectSocket, "connect-socket", "", "also serve the apiserver's egress: HTTP CONNECT on this unix socket")
+	cmd.Flags().StringVar(&connectNetns, "connect-netns", "", "network namespace path the CONNECT targets are dialed in")
+	cmd.Flags().StringArrayVar(&connectAllow, "connect-allow", nil, "CIDR a CONNECT target must be in (repeatable)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:6443", "address to listen on inside each netns")
 	cmd.Flags().StringVar(&target, "target", "127.0.0.1:6443", "apiserver address in the root netns")
 	cmd.Flags().StringArrayVar(&netns, "netns", nil, "network namespace path (repeatable)")
@@ -610,4 +616,34 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 		}
 		fmt.Fprintf(w, "  kube-proxy/%-8s pid %-8d %s; healthz: %s%s\n", n.Name, pid, state, health, syncs)
 	}
+}
+
+// serveForwarderAndEgress runs the node forwarders and the apiserver's egress CONNECT proxy
+// until ctx ends or one of them fails.
+func serveForwarderAndEgress(ctx context.Context, netns []string, listen, target, socket, dialNetns string, allowS []string, log *slog.Logger) error {
+	var allow []netip.Prefix
+	for _, a := range allowS {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return fmt.Errorf("_forward --connect-allow %q: %w", a, err)
+		}
+		allow = append(allow, p.Masked())
+	}
+	fwd, err := controlplane.ListenForwarder(netns, listen, target, log)
+	if err != nil {
+		return err
+	}
+	px, err := controlplane.ListenConnectProxy(socket, dialNetns, allow, log)
+	if err != nil {
+		fwd.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- fwd.Serve(ctx) }()
+	go func() { errc <- px.Serve(ctx) }()
+	err = <-errc
+	cancel()
+	return errors.Join(err, <-errc)
 }

@@ -79,6 +79,11 @@ type Config struct {
 	// HTTPS health ports of the controllers on 127.0.0.1 (defaults 10259 and 10257).
 	SchedulerPort         int
 	ControllerManagerPort int
+	// EgressProxySocket (with Controllers) is a unix socket where an HTTP CONNECT proxy (a
+	// ConnectProxy) reaches the nodes: the apiserver's egress selector sends its "cluster"
+	// egress (kubelets' exec/logs/port-forward, the proxy to pods) there, and it reaches
+	// kubelets by their InternalIP. Empty: the apiserver dials kubelets directly.
+	EgressProxySocket string
 }
 
 // ControlPlane is a running (or adopted) lab control plane.
@@ -230,6 +235,12 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		if err := cp.ensureControllerPKI(); err != nil {
 			return nil, fmt.Errorf("pki in %s: %w", cfg.Dir, err)
 		}
+		if cfg.EgressProxySocket != "" {
+			// the apiserver dials the socket on demand: the proxy may start after it
+			if err := os.WriteFile(filepath.Join(cfg.Dir, egressSelectorFile), []byte(egressSelectorConfig(cfg.EgressProxySocket)), 0o600); err != nil {
+				return nil, fmt.Errorf("write egress selector config: %w", err)
+			}
+		}
 	}
 
 	st, err := readPIDs(cfg.Dir)
@@ -361,6 +372,12 @@ func (cp *ControlPlane) apiserverArgs() []string {
 			"--enable-admission-plugins=NodeRestriction", // ServiceAccount is on by default
 			"--kubelet-client-certificate=" + pki(kubeletClientCertFile),
 			"--kubelet-client-key=" + pki(kubeletClientKeyFile),
+		}
+		if cp.cfg.EgressProxySocket != "" {
+			admission = append(admission,
+				"--egress-selector-config-file="+filepath.Join(cp.cfg.Dir, egressSelectorFile),
+				// the Node's hostname ("node1") resolves nowhere; the proxy takes IP:port only
+				"--kubelet-preferred-address-types=InternalIP")
 		}
 	}
 	args := []string{

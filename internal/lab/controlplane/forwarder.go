@@ -173,8 +173,14 @@ func (f *Forwarder) proxy(ctx context.Context, path string, in net.Conn, conns *
 	}
 	defer conns.remove(out)
 	f.log.Debug("forwarding", "netns", path, "from", in.RemoteAddr(), "to", f.target)
+	splice(in, in, out)
+}
+
+// splice copies inR → out and out → in until both directions end, half-closing each side
+// when its source ends. inR is in, or a reader holding bytes already read from in.
+func splice(in net.Conn, inR io.Reader, out net.Conn) {
 	var wg sync.WaitGroup
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst net.Conn, src io.Reader) {
 		defer wg.Done()
 		_, _ = io.Copy(dst, src)
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
@@ -184,7 +190,7 @@ func (f *Forwarder) proxy(ctx context.Context, path string, in net.Conn, conns *
 		}
 	}
 	wg.Add(2)
-	go pipe(out, in)
+	go pipe(out, inR)
 	go pipe(in, out)
 	wg.Wait()
 }

@@ -416,6 +416,16 @@ func TestAPIServerArgs(t *testing.T) {
 			t.Errorf("apiserver args with Controllers still have %s", a)
 		}
 	}
+	if slices.ContainsFunc(got, func(a string) bool { return strings.HasPrefix(a, "--egress-selector-config-file") }) {
+		t.Errorf("apiserver args without EgressProxySocket have an egress selector: %q", got)
+	}
+	cp.cfg.EgressProxySocket = "/run/x/egress.sock"
+	got = cp.apiserverArgs()
+	for _, a := range []string{"--egress-selector-config-file=/d/egress-selector.yaml", "--kubelet-preferred-address-types=InternalIP"} {
+		if !slices.Contains(got, a) {
+			t.Errorf("apiserver args with EgressProxySocket lack %s: %q", a, got)
+		}
+	}
 	var names []string
 	for _, p := range cp.plan() {
 		names = append(names, p.name)
