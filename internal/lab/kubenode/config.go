@@ -71,7 +71,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 // kubeletConfig renders the KubeletConfiguration:
 //   - cgroupfs driver with failCgroupV1 false (hybrid hosts), its own cgroupRoot;
 //   - protectKernelDefaults true: never write the host's sysctls (see kernelTunables);
-//   - API on 127.0.0.1 of the node netns, x509 client certs from ClientCAFile, no read-only port;
+//   - API on 127.0.0.1 of the node netns (NodeIP with ServeOnNodeIP), x509 client certs from
+//     ClientCAFile, no read-only port; its serving certificate is kubelet's self-signed one;
 //   - evictionHard on memory only and image GC at 100%: the lab's images are imported, not
 //     pulled, and a busy shared disk must not evict them or the pods;
 //   - resolvConf "": pods get no host resolv.conf (no cluster DNS in the lab).
@@ -85,7 +86,7 @@ failCgroupV1: false
 cgroupRoot: %[2]s
 protectKernelDefaults: true
 failSwapOn: false
-address: 127.0.0.1
+address: %[7]s
 port: %[3]d
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -102,7 +103,15 @@ imageGCHighThresholdPercent: 100
 resolvConf: ""
 registerNode: true
 `, c.Name, q(c.CgroupRoot), kubeletPort, kubeletHealthzPort, q("unix://"+c.socket()),
-		q(c.ClientCAFile))
+		q(c.ClientCAFile), q(c.apiAddress()))
+}
+
+// apiAddress is where kubelet's API listens: 127.0.0.1 of the node netns, or NodeIP.
+func (c Config) apiAddress() string {
+	if c.ServeOnNodeIP {
+		return c.NodeIP.String()
+	}
+	return "127.0.0.1"
 }
 
 // kubeletArgs are the flags that are not (or no longer) config fields: --containerd points

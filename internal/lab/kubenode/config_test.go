@@ -151,6 +151,13 @@ func TestKubeletConfig(t *testing.T) {
 	if x509["clientCAFile"] != c.ClientCAFile {
 		t.Errorf("authentication.x509.clientCAFile = %#v, want %q", x509["clientCAFile"], c.ClientCAFile)
 	}
+	c.ServeOnNodeIP = true // the API (exec, logs) on the node IP, for the apiserver's egress proxy
+	if err := yaml.Unmarshal([]byte(kubeletConfig(c)), &kc); err != nil {
+		t.Fatal(err)
+	}
+	if kc["address"] != "198.19.0.1" || kc["healthzBindAddress"] != "127.0.0.1" {
+		t.Errorf("ServeOnNodeIP: address = %#v, healthzBindAddress = %#v, want 198.19.0.1 and 127.0.0.1", kc["address"], kc["healthzBindAddress"])
+	}
 	args := strings.Join(kubeletArgs(c), " ")
 	for _, want := range []string{"--root-dir=/var/lib/kubelet", "--hostname-override=node1", "--node-ip=198.19.0.1", "--containerd=" + c.Dir + "/containerd.sock"} {
 		if !strings.Contains(args, want) {

@@ -87,6 +87,10 @@ type Config struct {
 	Logger     *slog.Logger
 	// ReadyTimeout bounds each wait: containerd's socket, kubelet's healthz (default 60s).
 	ReadyTimeout time.Duration
+	// ServeOnNodeIP makes kubelet's API (port 10250: exec, logs, port-forward) listen on NodeIP
+	// instead of 127.0.0.1 of the node netns, for an apiserver that reaches the node through
+	// an egress proxy (the lab's --kubelet mode). Its healthz stays on 127.0.0.1.
+	ServeOnNodeIP bool
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
