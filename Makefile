@@ -15,7 +15,7 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image images conformance-deps fuzz manifests
+.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image images conformance-deps conformance fuzz manifests
 
 all: build
 
@@ -30,6 +30,7 @@ help:
 	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
 	@echo "make images   pause, agnhost and glibc-dns-testing image tarballs for real-kubelet lab nodes into ~/.cache/axon"
 	@echo "make conformance-deps  the upstream e2e test binary (e2e.test, ~8 min) into ~/.cache/axon"
+	@echo "make conformance       sig-network conformance on axon lab up --kubelet (results/conformance-<date>/)"
 
 packages:
 	@hack/install-packages.sh
@@ -76,6 +77,13 @@ images:
 # warm Go build cache): not part of make deps.
 conformance-deps: packages
 	@hack/deps.sh --conformance
+
+# The upstream sig-network conformance tests against `axon lab up --kubelet` (brought up unless
+# it runs; left up afterwards): skips with their reasons in hack/conformance/skips.txt, JUnit +
+# results.md in results/conformance-<date>/. Tens of minutes: not part of make test.
+CONFORMANCE_ARGS ?=
+conformance: build
+	go run ./hack/conformance --bin-dir $(BIN) $(CONFORMANCE_ARGS)
 
 lab: deps build
 	$(BIN)/axon lab up --nodes $(NODES) --pods-per-node $(PODS)

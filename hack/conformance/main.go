@@ -1,0 +1,354 @@
+// Command conformance runs the upstream sig-network conformance tests (the e2e.test binary of
+// `make conformance-deps`) against a real-kubelet lab (`axon lab up --kubelet --pods-per-node
+// 0`, brought up unless one runs) and writes the results into one directory:
+//
+//	e2e.log      e2e.test's output
+//	junit/       its JUnit XML (--report-dir)
+//	results.md   test name → pass/fail/skip and duration, the command and the counts
+//
+// Skips come from a file (skips.txt): one regular expression per line, each with its reason
+// after " # "; a line without a reason is an error. `make conformance` runs it; it is not part
+// of `make test` (a run takes tens of minutes). Needs root, like the lab.
+package main
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/controlplane"
+)
+
+// DefaultFocus selects the sig-network conformance tests.
+const DefaultFocus = `\[sig-network\].*\[Conformance\]`
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		binDir   = flag.String("bin-dir", "bin", "directory holding axon (for `axon lab up`)")
+		stateDir = flag.String("state-dir", lab.DefaultStateDir, "the lab's state directory")
+		e2e      = flag.String("e2e", filepath.Join(lab.DepsDir(), "k8s-"+lab.K8sVersion, "e2e.test"), "the e2e.test binary (make conformance-deps)")
+		skips    = flag.String("skips", "hack/conformance/skips.txt", "skip list: `regex # reason` per line")
+		focus    = flag.String("focus", DefaultFocus, "ginkgo focus regex")
+		timeout  = flag.Duration("timeout", 90*time.Minute, "bound on the whole e2e.test run (ginkgo.timeout)")
+		out      = flag.String("out", "", "results directory (default results/conformance-<UTC date and time>)")
+		noUp     = flag.Bool("no-up", false, "do not run `axon lab up --kubelet`: use the lab that runs")
+		extra    = flag.String("e2e-args", "", "more e2e.test arguments, space separated (e.g. --ginkgo.dry-run)")
+	)
+	flag.Parse()
+	if *out == "" {
+		*out = filepath.Join("results", "conformance-"+time.Now().UTC().Format("20060102-1504"))
+	}
+	if _, err := os.Stat(*e2e); err != nil {
+		return fmt.Errorf("e2e.test: %w: run `make conformance-deps`", err)
+	}
+	kubectl, err := lab.DepPath("kubectl")
+	if err != nil {
+		return err
+	}
+	sk, err := readSkips(*skips)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(*out, "junit"), 0o755); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if !*noUp {
+		up := exec.CommandContext(ctx, filepath.Join(*binDir, "axon"), "lab", "up", "--state-dir", *stateDir, "--bin-dir", *binDir,
+			"--kubelet", "--nodes", "2", "--pods-per-node", "0")
+		up.Stdout, up.Stderr = os.Stdout, os.Stderr
+		fmt.Println("+", strings.Join(up.Args, " "))
+		if err := up.Run(); err != nil {
+			return fmt.Errorf("axon lab up --kubelet: %w", err)
+		}
+	}
+	kubeconfig := controlplane.AdminKubeconfigPath(filepath.Join(*stateDir, "controlplane"))
+	args := e2eArgs(kubeconfig, kubectl, *focus, skipRegex(sk), filepath.Join(*out, "junit"), *timeout)
+	if *extra != "" {
+		args = append(args, strings.Fields(*extra)...)
+	}
+	logf, err := os.Create(filepath.Join(*out, "e2e.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, *e2e, args...)
+	cmd.Stdout = io.MultiWriter(os.Stdout, logf)
+	cmd.Stderr = cmd.Stdout
+	cmd.WaitDelay = 30 * time.Second
+	command := *e2e + " " + strings.Join(quoteArgs(args), " ")
+	fmt.Println("+", command)
+	t0 := time.Now().UTC()
+	runErr := cmd.Run() // a failing test makes e2e.test exit 1: the report says which
+	cases, err := readJUnit(filepath.Join(*out, "junit"))
+	if err != nil {
+		return errors.Join(fmt.Errorf("e2e.test: %v", runErr), err)
+	}
+	md := resultsMarkdown(cases, sk, command, t0, time.Since(t0))
+	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	c := count(cases)
+	fmt.Printf("conformance: %d passed, %d failed, %d skipped (%s): %s\n", c.pass, c.fail, c.skip, time.Since(t0).Round(time.Second), filepath.Join(*out, "results.md"))
+	if c.fail > 0 {
+		return fmt.Errorf("%d tests failed: see %s", c.fail, filepath.Join(*out, "results.md"))
+	}
+	return nil
+}
+
+// e2eArgs are e2e.test's arguments for the lab: two nodes, all Ready; no cloud provider; no
+// log dump (it would ssh into nodes); kubectl from the lab's cache.
+func e2eArgs(kubeconfig, kubectl, focus, skip, reportDir string, timeout time.Duration) []string {
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
+		"--kubectl-path=" + kubectl,
+		"--provider=skeleton",
+		"--num-nodes=2",
+		"--allowed-not-ready-nodes=0",
+		"--disable-log-dump",
+		"--report-dir=" + reportDir,
+		"--ginkgo.focus=" + focus,
+		"--ginkgo.timeout=" + timeout.String(),
+		"--ginkgo.no-color",
+		"--ginkgo.v",
+	}
+	if skip != "" {
+		args = append(args, "--ginkgo.skip="+skip)
+	}
+	return args
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, ` \[]()|*'"$`) {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// skip is one line of the skip list.
+type skip struct {
+	re     *regexp.Regexp
+	reason string
+}
+
+// readSkips parses the skip list: `regex # reason` per line; blank lines and lines starting
+// with '#' are comments.
+func readSkips(path string) ([]skip, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("skip list: %w", err)
+	}
+	return parseSkips(string(b), path)
+}
+
+func parseSkips(text, name string) ([]skip, error) {
+	var out []skip
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		expr, reason, ok := strings.Cut(line, " # ")
+		expr, reason = strings.TrimSpace(expr), strings.TrimSpace(reason)
+		if !ok || reason == "" {
+			return nil, fmt.Errorf("%s:%d: %q has no reason: write `regex # why it is skipped`", name, i+1, line)
+		}
+		re, err := regexp.Compile(expr)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, i+1, err)
+		}
+		out = append(out, skip{re: re, reason: reason})
+	}
+	return out, nil
+}
+
+// skipRegex is ginkgo's --ginkgo.skip: the alternation of every skip.
+func skipRegex(sk []skip) string {
+	parts := make([]string, len(sk))
+	for i, s := range sk {
+		parts[i] = "(" + s.re.String() + ")"
+	}
+	return strings.Join(parts, "|")
+}
+
+// skipReason is the reason of the first skip matching name, or "".
+func skipReason(sk []skip, name string) string {
+	for _, s := range sk {
+		if s.re.MatchString(name) {
+			return s.reason
+		}
+	}
+	return ""
+}
+
+// testCase is one JUnit test case.
+type testCase struct {
+	Name    string  `xml:"name,attr"`
+	Time    float64 `xml:"time,attr"`
+	Status  string  `xml:"status,attr"`
+	Skipped *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"skipped"`
+	Failure *struct {
+		Message string `xml:"message,attr"`
+		Text    string `xml:",chardata"`
+	} `xml:"failure"`
+	Error *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"error"`
+}
+
+func (c testCase) result() string {
+	switch {
+	case c.Failure != nil || c.Error != nil:
+		return "fail"
+	case c.Skipped != nil || c.Status == "skipped" || c.Status == "pending":
+		return "skip"
+	default:
+		return "pass"
+	}
+}
+
+func (c testCase) message() string {
+	m := ""
+	switch {
+	case c.Failure != nil:
+		m = c.Failure.Message
+		if m == "" {
+			m = c.Failure.Text
+		}
+	case c.Error != nil:
+		m = c.Error.Message
+	}
+	m = strings.Join(strings.Fields(m), " ")
+	if len(m) > 300 {
+		m = m[:300] + "…"
+	}
+	return m
+}
+
+// readJUnit reads every *.xml in dir (ginkgo writes junit_01.xml).
+func readJUnit(dir string) ([]testCase, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.xml"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no JUnit report in %s: e2e.test did not run its suite (see e2e.log)", dir)
+	}
+	var all []testCase
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		cs, err := parseJUnit(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		all = append(all, cs...)
+	}
+	return all, nil
+}
+
+func parseJUnit(b []byte) ([]testCase, error) {
+	var doc struct {
+		Suites []struct {
+			Cases []testCase `xml:"testcase"`
+		} `xml:"testsuite"`
+		Cases []testCase `xml:"testcase"` // a bare <testsuite> root
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("parse JUnit: %w", err)
+	}
+	out := doc.Cases
+	for _, s := range doc.Suites {
+		out = append(out, s.Cases...)
+	}
+	return out, nil
+}
+
+type counts struct{ pass, fail, skip int }
+
+// count counts the focused tests: ginkgo lists every spec of the binary in its JUnit, the
+// unfocused ones as skipped; the suite's setup nodes ([SynchronizedBeforeSuite] …) too.
+func count(cases []testCase) counts {
+	var c counts
+	for _, tc := range focused(cases) {
+		switch tc.result() {
+		case "pass":
+			c.pass++
+		case "fail":
+			c.fail++
+		default:
+			c.skip++
+		}
+	}
+	return c
+}
+
+var focusRE = regexp.MustCompile(DefaultFocus)
+
+// focused keeps the sig-network conformance specs (ginkgo reports every spec, unfocused ones
+// as skipped) and failures of anything else (e.g. the suite's setup).
+func focused(cases []testCase) []testCase {
+	var out []testCase
+	for _, c := range cases {
+		if focusRE.MatchString(c.Name) || c.result() == "fail" {
+			out = append(out, c)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// resultsMarkdown is results.md: counts, the command, and a row per focused test.
+func resultsMarkdown(cases []testCase, sk []skip, command string, start time.Time, took time.Duration) string {
+	c := count(cases)
+	var b strings.Builder
+	fmt.Fprintf(&b, "# sig-network conformance on `axon lab up --kubelet`\n\n")
+	fmt.Fprintf(&b, "Run %s UTC, %s. **%d passed, %d failed, %d skipped.**\n\n", start.Format("2006-01-02 15:04"), took.Round(time.Second), c.pass, c.fail, c.skip)
+	fmt.Fprintf(&b, "```\n%s\n```\n\n", command)
+	fmt.Fprintf(&b, "| test | result | seconds | note |\n|---|---|---|---|\n")
+	for _, tc := range focused(cases) {
+		note := ""
+		switch tc.result() {
+		case "fail":
+			note = tc.message()
+		case "skip":
+			note = skipReason(sk, tc.Name)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.1f | %s |\n", mdCell(tc.Name), tc.result(), tc.Time, mdCell(note))
+	}
+	return b.String()
+}
+
+func mdCell(s string) string {
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}

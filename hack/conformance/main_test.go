@@ -1,0 +1,83 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSkips(t *testing.T) {
+	for _, tc := range []struct {
+		name, text, wantErr string
+		want                int
+	}{
+		{"ok", "# comment\n\n\\[sig-network\\] DNS  # no cluster DNS\nLoadBalancer # no cloud\n", "", 2},
+		{"no reason", "\\[sig-network\\] DNS\n", "has no reason", 0},
+		{"empty reason", "DNS # \n", "has no reason", 0},
+		{"bad regex", "DNS( # why\n", "missing closing", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sk, err := parseSkips(tc.text, "skips.txt")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(sk) != tc.want {
+				t.Fatalf("got %d skips, err %v; want %d", len(sk), err, tc.want)
+			}
+		})
+	}
+}
+
+const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="5">
+  <testsuite name="Kubernetes e2e suite">
+    <testcase name="[SynchronizedBeforeSuite]" status="passed" time="1.5"></testcase>
+    <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" status="passed" time="12.25"></testcase>
+    <testcase name="[It] [sig-network] Proxy version v1 should proxy through a service and a pod [Conformance]" status="failed" time="30">
+      <failure message="error dialing backend: | pipe">long text</failure>
+    </testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for the cluster [Conformance]" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-storage] Volumes should work" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+  </testsuite>
+</testsuites>`
+
+// TestResults: the JUnit's focused specs become the table (the unfocused sig-storage spec and
+// the passed suite node do not), with the failure message and the skip's reason.
+func TestResults(t *testing.T) {
+	cases, err := parseJUnit([]byte(junitSample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cases) != 5 {
+		t.Fatalf("parsed %d cases, want 5", len(cases))
+	}
+	if c := count(cases); c != (counts{pass: 1, fail: 1, skip: 1}) {
+		t.Errorf("counts %+v, want 1 pass, 1 fail, 1 skip", c)
+	}
+	sk, err := parseSkips(`\[sig-network\] DNS # no cluster DNS server`, "skips.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := resultsMarkdown(cases, sk, "e2e.test --x", time.Date(2026, 11, 27, 23, 0, 0, 0, time.UTC), time.Minute)
+	for _, want := range []string{
+		"**1 passed, 1 failed, 1 skipped.**",
+		"| [It] [sig-network] Services should serve a basic endpoint from pods [Conformance] | pass | 12.2 |",
+		`| fail | 30.0 | error dialing backend: \| pipe |`,
+		"| skip | 0.0 | no cluster DNS server |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md lacks %q:\n%s", want, md)
+		}
+	}
+	for _, not := range []string{"sig-storage", "SynchronizedBeforeSuite"} {
+		if strings.Contains(md, not) {
+			t.Errorf("results.md lists %s:\n%s", not, md)
+		}
+	}
+	if skipRegex(sk) != `(\[sig-network\] DNS)` {
+		t.Errorf("skipRegex = %q", skipRegex(sk))
+	}
+}
