@@ -257,17 +257,19 @@ fetch_runc_debian() {
 }
 
 # The upstream e2e suite as one binary (sig-network conformance, make conformance). It runs
-# alone: ./e2e.test --kubeconfig=... --ginkgo.focus=... (no ginkgo CLI needed). Big: not part of
-# `make deps`.
+# alone: ./e2e.test --kubeconfig=... --ginkgo.focus=... ; the ginkgo CLI (same version as the
+# suite's) runs it in parallel processes (make conformance uses it when it is there). Big: not
+# part of `make deps`.
 build_e2e() {
 	local todo=() start
-	mapfile -t todo < <(need "$K8S_DIR" e2e.test)
+	mapfile -t todo < <(need "$K8S_DIR" e2e.test ginkgo)
 	((${#todo[@]})) || return 0
 	start=$SECONDS
 	rm -rf "$TMP/out" && mkdir -p "$TMP/out"
 	run go test -C "$HACK_DIR/k8s" -c "${BUILD_FLAGS[@]}" -ldflags "$(k8s_ldflags)" -o "$TMP/out/e2e.test" k8s.io/kubernetes/test/e2e
-	install_bins "$K8S_DIR" e2e.test
-	echo "built   k8s-$K8S_VERSION/e2e.test in $((SECONDS - start))s"
+	run go build -C "$HACK_DIR/k8s" "${BUILD_FLAGS[@]}" -o "$TMP/out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+	install_bins "$K8S_DIR" e2e.test ginkgo
+	echo "built   k8s-$K8S_VERSION/e2e.test and ginkgo in $((SECONDS - start))s"
 }
 
 total=$SECONDS

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -52,7 +53,8 @@ func run() error {
 		timeout  = flag.Duration("timeout", 90*time.Minute, "bound on the whole e2e.test run (ginkgo.timeout)")
 		out      = flag.String("out", "", "results directory (default results/conformance-<UTC date and time>)")
 		noUp     = flag.Bool("no-up", false, "do not run `axon lab up --kubelet`: use the lab that runs")
-		extra    = flag.String("e2e-args", "", "more e2e.test arguments, space separated (e.g. --ginkgo.dry-run)")
+		extra    = flag.String("e2e-args", "", "more e2e.test arguments, space separated (e.g. --dns-domain=x)")
+		procs    = flag.Int("procs", 3, "parallel e2e.test processes, through the ginkgo CLI next to e2e.test (1: e2e.test alone)")
 	)
 	flag.Parse()
 	if *out == "" {
@@ -85,20 +87,31 @@ func run() error {
 		}
 	}
 	kubeconfig := controlplane.AdminKubeconfigPath(filepath.Join(*stateDir, "controlplane"))
-	args := e2eArgs(kubeconfig, kubectl, *focus, skipRegex(sk), filepath.Join(*out, "junit"), *timeout)
+	args := e2eArgs(kubeconfig, kubectl, filepath.Join(*out, "junit"))
 	if *extra != "" {
 		args = append(args, strings.Fields(*extra)...)
+	}
+	ginkgo := filepath.Join(filepath.Dir(*e2e), "ginkgo")
+	if _, err := os.Stat(ginkgo); err != nil && *procs > 1 {
+		fmt.Printf("conformance: no %s (make conformance-deps builds it): running e2e.test alone\n", ginkgo)
+		*procs = 1
+	}
+	bin := *e2e
+	if *procs > 1 {
+		bin, args = ginkgo, ginkgoArgs(*procs, *focus, skipRegex(sk), *timeout, *e2e, args)
+	} else {
+		args = append(args, ginkgoFlags("--ginkgo.", *focus, skipRegex(sk), *timeout)...)
 	}
 	logf, err := os.Create(filepath.Join(*out, "e2e.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, *e2e, args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout = io.MultiWriter(os.Stdout, logf)
 	cmd.Stderr = cmd.Stdout
 	cmd.WaitDelay = 30 * time.Second
-	command := *e2e + " " + strings.Join(quoteArgs(args), " ")
+	command := bin + " " + strings.Join(quoteArgs(args), " ")
 	fmt.Println("+", command)
 	t0 := time.Now().UTC()
 	runErr := cmd.Run() // a failing test makes e2e.test exit 1: the report says which
@@ -118,10 +131,10 @@ func run() error {
 	return nil
 }
 
-// e2eArgs are e2e.test's arguments for the lab: two nodes, all Ready; no cloud provider; no
-// log dump (it would ssh into nodes); kubectl from the lab's cache.
-func e2eArgs(kubeconfig, kubectl, focus, skip, reportDir string, timeout time.Duration) []string {
-	args := []string{
+// e2eArgs are e2e.test's own arguments for the lab: two nodes, all Ready; no cloud provider;
+// no log dump (it would ssh into nodes); kubectl from the lab's cache.
+func e2eArgs(kubeconfig, kubectl, reportDir string) []string {
+	return []string{
 		"--kubeconfig=" + kubeconfig,
 		"--kubectl-path=" + kubectl,
 		"--provider=skeleton",
@@ -129,15 +142,24 @@ func e2eArgs(kubeconfig, kubectl, focus, skip, reportDir string, timeout time.Du
 		"--allowed-not-ready-nodes=0",
 		"--disable-log-dump",
 		"--report-dir=" + reportDir,
-		"--ginkgo.focus=" + focus,
-		"--ginkgo.timeout=" + timeout.String(),
-		"--ginkgo.no-color",
-		"--ginkgo.v",
 	}
+}
+
+// ginkgoFlags select and bound the specs: prefix "--ginkgo." for e2e.test, "--" for the CLI.
+func ginkgoFlags(prefix, focus, skip string, timeout time.Duration) []string {
+	f := []string{prefix + "focus=" + focus, prefix + "timeout=" + timeout.String(), prefix + "no-color", prefix + "v"}
 	if skip != "" {
-		args = append(args, "--ginkgo.skip="+skip)
+		f = append(f, prefix+"skip="+skip)
 	}
-	return args
+	return f
+}
+
+// ginkgoArgs run e2e.test in procs parallel processes through the ginkgo CLI (specs marked
+// [Serial] still run alone, at the end).
+func ginkgoArgs(procs int, focus, skip string, timeout time.Duration, e2e string, e2eArgs []string) []string {
+	args := append([]string{"--procs=" + strconv.Itoa(procs)}, ginkgoFlags("--", focus, skip, timeout)...)
+	args = append(args, e2e, "--")
+	return append(args, e2eArgs...)
 }
 
 func quoteArgs(args []string) []string {

@@ -81,3 +81,15 @@ func TestResults(t *testing.T) {
 		t.Errorf("skipRegex = %q", skipRegex(sk))
 	}
 }
+
+// TestGinkgoArgs: through the CLI the selection flags are ginkgo's and the framework's flags
+// follow e2e.test after "--"; alone they are e2e.test's --ginkgo.* flags.
+func TestGinkgoArgs(t *testing.T) {
+	got := strings.Join(ginkgoArgs(3, "F", "S", time.Hour, "/c/e2e.test", []string{"--num-nodes=2"}), " ")
+	if want := "--procs=3 --focus=F --timeout=1h0m0s --no-color --v --skip=S /c/e2e.test -- --num-nodes=2"; got != want {
+		t.Errorf("ginkgoArgs:\n got %s\nwant %s", got, want)
+	}
+	if got := strings.Join(ginkgoFlags("--ginkgo.", "F", "", time.Minute), " "); got != "--ginkgo.focus=F --ginkgo.timeout=1m0s --ginkgo.no-color --ginkgo.v" {
+		t.Errorf("ginkgoFlags without skips: %s", got)
+	}
+}
