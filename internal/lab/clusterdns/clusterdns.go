@@ -1,0 +1,343 @@
+// Package clusterdns is the real-kubelet lab's cluster DNS: the records of the Kubernetes DNS
+// specification that pods and the e2e suite resolve, served from the apiserver's Services and
+// EndpointSlices, on UDP and TCP port 53 of every node netns (kubelet's clusterDNS is the
+// node's own IP). It answers only names in its cluster domain (REFUSED otherwise: the lab
+// has no upstream resolver).
+//
+//	<svc>.<ns>.svc.<domain>               A/AAAA: the ClusterIPs; headless: the ready endpoints
+//	<hostname>.<svc>.<ns>.svc.<domain>    A/AAAA: the endpoint with that hostname (headless)
+//	<svc>.<ns>.svc.<domain>  (ExternalName)  CNAME to the external name
+//	<a-b-c-d>.<ns>.pod.<domain>           A: the address written in the name
+package clusterdns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+)
+
+// DefaultDomain is the cluster domain (kubelet's clusterDomain).
+const DefaultDomain = "cluster.local"
+
+// ttl of every answer: short, Services change during a test.
+const ttl = 5
+
+// Source is what the server answers from.
+type Source interface {
+	Service(ns, name string) (*corev1.Service, error)
+	EndpointSlices(ns, svc string) ([]*discoveryv1.EndpointSlice, error)
+}
+
+// Server answers DNS queries for one cluster domain.
+type Server struct {
+	domain string // "cluster.local." (lowercase, trailing dot)
+	src    Source
+	log    *slog.Logger
+}
+
+// New returns a server for domain (default DefaultDomain) answering from src.
+func New(domain string, src Source, log *slog.Logger) *Server {
+	if domain == "" {
+		domain = DefaultDomain
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{domain: strings.ToLower(strings.TrimSuffix(domain, ".")) + ".", src: src, log: log.With("component", "cluster-dns")}
+}
+
+// Answer builds the response to one query message (nil when the query is not parseable).
+func (s *Server) Answer(query []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(query)
+	if err != nil || h.Response {
+		return nil
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	rh := dnsmessage.Header{ID: h.ID, Response: true, OpCode: h.OpCode, RecursionDesired: h.RecursionDesired, Authoritative: true}
+	answers, rcode := s.resolve(q)
+	rh.RCode = rcode
+	b := dnsmessage.NewBuilder(make([]byte, 0, 512), rh)
+	b.EnableCompression()
+	_ = b.StartQuestions()
+	_ = b.Question(q)
+	_ = b.StartAnswers()
+	for _, a := range answers {
+		hdr := dnsmessage.ResourceHeader{Name: a.name, Class: dnsmessage.ClassINET, TTL: ttl}
+		switch {
+		case a.cname != "":
+			cn, err := dnsmessage.NewName(a.cname)
+			if err == nil {
+				_ = b.CNAMEResource(hdr, dnsmessage.CNAMEResource{CNAME: cn})
+			}
+		case a.ip.Is4():
+			_ = b.AResource(hdr, dnsmessage.AResource{A: a.ip.As4()})
+		default:
+			_ = b.AAAAResource(hdr, dnsmessage.AAAAResource{AAAA: a.ip.As16()})
+		}
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+type answer struct {
+	name  dnsmessage.Name
+	ip    netip.Addr
+	cname string
+}
+
+// resolve answers q: records of the matching family, NXDOMAIN for a name in the domain that
+// does not exist, REFUSED outside the domain.
+func (s *Server) resolve(q dnsmessage.Question) ([]answer, dnsmessage.RCode) {
+	name := strings.ToLower(q.Name.String())
+	if q.Class != dnsmessage.ClassINET || !strings.HasSuffix(name, "."+s.domain) {
+		return nil, dnsmessage.RCodeRefused
+	}
+	labels := strings.Split(strings.TrimSuffix(name, "."+s.domain), ".")
+	var ips []netip.Addr
+	cname := ""
+	found := false
+	switch {
+	case len(labels) == 3 && labels[2] == "svc":
+		ips, cname, found = s.service(labels[1], labels[0], "")
+	case len(labels) == 4 && labels[3] == "svc":
+		ips, _, found = s.service(labels[2], labels[1], labels[0])
+	case len(labels) == 3 && labels[2] == "pod":
+		ip, err := netip.ParseAddr(strings.ReplaceAll(labels[0], "-", "."))
+		if err != nil {
+			ip, err = netip.ParseAddr(strings.ReplaceAll(labels[0], "-", ":"))
+		}
+		if err == nil {
+			ips, found = []netip.Addr{ip}, true
+		}
+	case len(labels) == 2 && labels[1] == "svc", len(labels) == 1 && (labels[0] == "svc" || labels[0] == "pod"):
+		return nil, dnsmessage.RCodeSuccess // empty non-terminals exist
+	}
+	if !found {
+		return nil, dnsmessage.RCodeNameError
+	}
+	var out []answer
+	if cname != "" {
+		if q.Type == dnsmessage.TypeCNAME || q.Type == dnsmessage.TypeA || q.Type == dnsmessage.TypeAAAA || q.Type == dnsmessage.TypeALL {
+			out = append(out, answer{name: q.Name, cname: strings.TrimSuffix(cname, ".") + "."})
+		}
+		return out, dnsmessage.RCodeSuccess
+	}
+	for _, ip := range ips {
+		if (q.Type == dnsmessage.TypeA && ip.Is4()) || (q.Type == dnsmessage.TypeAAAA && ip.Is6()) || q.Type == dnsmessage.TypeALL {
+			out = append(out, answer{name: q.Name, ip: ip})
+		}
+	}
+	return out, dnsmessage.RCodeSuccess // NOERROR with no answer for the other family
+}
+
+// service looks up Service ns/name: its ClusterIPs, its ready endpoints when headless (only the
+// one with hostname host when host is set), or its ExternalName.
+func (s *Server) service(ns, name, host string) (ips []netip.Addr, cname string, found bool) {
+	svc, err := s.src.Service(ns, name)
+	if err != nil || svc == nil {
+		return nil, "", false
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, svc.Spec.ExternalName, host == ""
+	}
+	headless := svc.Spec.ClusterIP == corev1.ClusterIPNone
+	if !headless && host == "" {
+		for _, c := range svc.Spec.ClusterIPs {
+			if ip, err := netip.ParseAddr(c); err == nil {
+				ips = append(ips, ip)
+			}
+		}
+		return ips, "", true
+	}
+	slices, err := s.src.EndpointSlices(ns, name)
+	if err != nil {
+		return nil, "", false
+	}
+	for _, sl := range slices {
+		for _, ep := range sl.Endpoints {
+			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			if !ready && !svc.Spec.PublishNotReadyAddresses {
+				continue
+			}
+			if host != "" && (ep.Hostname == nil || *ep.Hostname != host) {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					ips = append(ips, ip)
+				}
+			}
+		}
+	}
+	return ips, "", host == "" || len(ips) > 0
+}
+
+// informerSource answers from shared informers of Services and EndpointSlices.
+type informerSource struct {
+	svcs   corelisters.ServiceLister
+	slices discoverylisters.EndpointSliceLister
+}
+
+func (i informerSource) Service(ns, name string) (*corev1.Service, error) {
+	return i.svcs.Services(ns).Get(name)
+}
+
+func (i informerSource) EndpointSlices(ns, svc string) ([]*discoveryv1.EndpointSlice, error) {
+	return i.slices.EndpointSlices(ns).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc}))
+}
+
+// WatchCluster starts informers on c and returns a Source once they have synced.
+func WatchCluster(ctx context.Context, c kubernetes.Interface) (Source, error) {
+	f := informers.NewSharedInformerFactory(c, 0)
+	src := informerSource{svcs: f.Core().V1().Services().Lister(), slices: f.Discovery().V1().EndpointSlices().Lister()}
+	f.Start(ctx.Done())
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for t, ok := range f.WaitForCacheSync(sctx.Done()) {
+		if !ok {
+			return nil, fmt.Errorf("cluster DNS: informer %v did not sync", t)
+		}
+	}
+	return src, nil
+}
+
+// ServeInNetns listens on UDP and TCP listen (e.g. "0.0.0.0:53") inside each netns and answers
+// until ctx is cancelled.
+func (s *Server) ServeInNetns(ctx context.Context, netnsPaths []string, listen string) error {
+	var pcs []net.PacketConn
+	var ls []net.Listener
+	closeAll := func() {
+		for _, p := range pcs {
+			p.Close()
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+	}
+	for _, path := range netnsPaths {
+		err := netnsutil.DoAt(path, func() error {
+			pc, err := net.ListenPacket("udp", listen)
+			if err != nil {
+				return fmt.Errorf("cluster DNS: listen udp %s in %s: %w", listen, path, err)
+			}
+			pcs = append(pcs, pc)
+			l, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("cluster DNS: listen tcp %s in %s: %w", listen, path, err)
+			}
+			ls = append(ls, l)
+			return nil
+		})
+		if err != nil {
+			closeAll()
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	for _, pc := range pcs {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.serveUDP(pc) }()
+	}
+	for _, l := range ls {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.serveTCP(l) }()
+	}
+	<-ctx.Done()
+	closeAll()
+	wg.Wait()
+	return nil
+}
+
+func (s *Server) serveUDP(pc net.PacketConn) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("udp read", "err", err)
+			}
+			return
+		}
+		if resp := s.Answer(buf[:n]); resp != nil {
+			if len(resp) > 512 { // truncate: the client retries over TCP
+				resp = truncated(buf[:n])
+			}
+			_, _ = pc.WriteTo(resp, from)
+		}
+	}
+}
+
+// truncated is an empty response with TC set.
+func truncated(query []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(query)
+	if err != nil {
+		return nil
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Truncated: true, RecursionDesired: h.RecursionDesired})
+	_ = b.StartQuestions()
+	_ = b.Question(q)
+	out, _ := b.Finish()
+	return out
+}
+
+func (s *Server) serveTCP(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			for {
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				var lb [2]byte
+				if _, err := ioReadFull(c, lb[:]); err != nil {
+					return
+				}
+				q := make([]byte, int(lb[0])<<8|int(lb[1]))
+				if _, err := ioReadFull(c, q); err != nil {
+					return
+				}
+				resp := s.Answer(q)
+				if resp == nil {
+					return
+				}
+				if _, err := c.Write(append([]byte{byte(len(resp) >> 8), byte(len(resp))}, resp...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func ioReadFull(c net.Conn, b []byte) (int, error) { return io.ReadFull(c, b) }
