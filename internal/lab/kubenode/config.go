@@ -75,7 +75,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 //     ClientCAFile, no read-only port; its serving certificate is kubelet's self-signed one;
 //   - evictionHard on memory only and image GC at 100%: the lab's images are imported, not
 //     pulled, and a busy shared disk must not evict them or the pods;
-//   - resolvConf "": pods get no host resolv.conf (no cluster DNS in the lab).
+//   - resolvConf "": pods get no host resolv.conf; with ClusterDNS, kubelet's clusterDNS and
+//     clusterDomain give them the cluster's nameserver and search domains.
 func kubeletConfig(c Config) string {
 	q := yamlString
 	return fmt.Sprintf(`# written by axon's kubenode for node %[1]s; do not edit
@@ -103,7 +104,19 @@ imageGCHighThresholdPercent: 100
 resolvConf: ""
 registerNode: true
 `, c.Name, q(c.CgroupRoot), kubeletPort, kubeletHealthzPort, q("unix://"+c.socket()),
-		q(c.ClientCAFile), q(c.apiAddress()))
+		q(c.ClientCAFile), q(c.apiAddress())) + c.dnsConfig()
+}
+
+// dnsConfig are the clusterDNS lines of the KubeletConfiguration (none without ClusterDNS).
+func (c Config) dnsConfig() string {
+	if c.ClusterDNS == nil {
+		return ""
+	}
+	domain := c.ClusterDomain
+	if domain == "" {
+		domain = "cluster.local"
+	}
+	return fmt.Sprintf("clusterDNS: [%s]\nclusterDomain: %s\n", yamlString(c.ClusterDNS.String()), yamlString(domain))
 }
 
 // apiAddress is where kubelet's API listens: 127.0.0.1 of the node netns, or NodeIP.

@@ -155,6 +155,17 @@ func TestKubeletConfig(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(kubeletConfig(c)), &kc); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok := kc["clusterDNS"]; ok {
+		t.Errorf("clusterDNS set without Config.ClusterDNS: %v", kc["clusterDNS"])
+	}
+	c.ClusterDNS = c.NodeIP
+	kc = nil
+	if err := yaml.Unmarshal([]byte(kubeletConfig(c)), &kc); err != nil {
+		t.Fatal(err)
+	}
+	if dns, _ := kc["clusterDNS"].([]any); len(dns) != 1 || dns[0] != "198.19.0.1" || kc["clusterDomain"] != "cluster.local" {
+		t.Errorf("ClusterDNS: clusterDNS = %#v, clusterDomain = %#v, want [198.19.0.1] and cluster.local", kc["clusterDNS"], kc["clusterDomain"])
+	}
 	if kc["address"] != "198.19.0.1" || kc["healthzBindAddress"] != "127.0.0.1" {
 		t.Errorf("ServeOnNodeIP: address = %#v, healthzBindAddress = %#v, want 198.19.0.1 and 127.0.0.1", kc["address"], kc["healthzBindAddress"])
 	}

@@ -91,6 +91,10 @@ type Config struct {
 	// instead of 127.0.0.1 of the node netns, for an apiserver that reaches the node through
 	// an egress proxy (the lab's --kubelet mode). Its healthz stays on 127.0.0.1.
 	ServeOnNodeIP bool
+	// ClusterDNS, when set, is the nameserver kubelet gives pods (clusterDNS), with
+	// ClusterDomain (default cluster.local) as their search domains' base.
+	ClusterDNS    net.IP
+	ClusterDomain string
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
