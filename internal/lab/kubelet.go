@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,11 +23,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/internal/lab/clusterdns"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubenode"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -51,6 +54,8 @@ var kubeletNodePrivateDirs = []string{"/run/axon", "/var/lib/axon", "/run/kubeno
 const (
 	PauseImageArchive   = "pause-3.10.2.tar"
 	AgnhostImageArchive = "agnhost-2.63.0.tar"
+	// DNSTestingImageArchive (glibc-dns-testing, `make images`) is imported when it is there.
+	DNSTestingImageArchive = "glibc-dns-testing-2.0.0.tar"
 	// AgnhostImage is the name agnhost is imported under.
 	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 )
@@ -150,6 +155,9 @@ func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, ku
 	if err := assignPodCIDRs(ctx, kube, st.Nodes, o.readyTimeout()); err != nil {
 		return err
 	}
+	if err := apiServerEndpoints(ctx, kube, st.Nodes, st.ControlPlane.APIPort); err != nil {
+		return err
+	}
 	if err := installAxon(ctx, st, log); err != nil {
 		return err
 	}
@@ -172,6 +180,9 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 		Ctr: dep("ctr"), Runc: dep("runc-debian"), Kubelet: dep("kubelet"),
 	}
 	images := []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive), axonImageArchive(o)}
+	if dnsImage := filepath.Join(ImagesDir(), DNSTestingImageArchive); fileExists(dnsImage) { // optional: the conformance DNS specs use it
+		images = append(images, dnsImage)
+	}
 	errs := make([]error, len(st.Nodes))
 	done := make(chan struct{}, len(st.Nodes))
 	for i := range st.Nodes {
@@ -197,6 +208,8 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 				PrivateDirs: kubeletNodePrivateDirs, CgroupV2Dir: kubeletNodeCgroupV2,
 				Dir: n.KubeNodeDir, CgroupRoot: kubenodeCgroupRoot(n.Name), Images: images,
 				Logger: log, ReadyTimeout: o.readyTimeout(),
+				ServeOnNodeIP: true, // the apiserver reaches it through the egress proxy
+				ClusterDNS:    net.IP(n.IP.AsSlice()), ClusterDomain: clusterdns.DefaultDomain,
 			})
 			if err != nil {
 				errs[i] = err
@@ -207,6 +220,101 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 		<-done
 	}
 	return errors.Join(errs...)
+}
+
+// clusterDNSListen is where the lab's cluster DNS (internal/lab/clusterdns, in the forwarder
+// process) listens in every node netns; each node's kubelet gives its pods the node's own IP
+// as nameserver.
+const clusterDNSListen = "0.0.0.0:53"
+
+// egressSocketName is the apiserver's egress proxy socket in the lab's state dir.
+const egressSocketName = "egress.sock"
+
+func egressSocket(stateDir string) string { return filepath.Join(stateDir, egressSocketName) }
+
+// egressProxyArgs make `axon lab _forward` also serve the apiserver's cluster egress: HTTP
+// CONNECT on the egress socket, dialed from node1's netns (it routes to every node's wire IP,
+// where kubelets listen, and to every node's pods), to the nodes' IPs and pod CIDRs only.
+func egressProxyArgs(st *State) []string {
+	if len(st.Nodes) == 0 {
+		return nil
+	}
+	args := []string{"--connect-socket", egressSocket(st.StateDir), "--connect-netns", netnsutil.Path(st.Nodes[0].Netns),
+		"--dns-listen", clusterDNSListen, "--dns-kubeconfig", st.ControlPlane.Kubeconfig}
+	for _, n := range st.Nodes {
+		args = append(args, "--connect-allow", netip.PrefixFrom(n.IP, n.IP.BitLen()).String())
+		for _, p := range n.PodCIDRs {
+			args = append(args, "--connect-allow", p.String())
+		}
+	}
+	return args
+}
+
+// apiServerEndpoints gives the `kubernetes` Service its Endpoints and EndpointSlice, which the
+// apiserver does not write in the lab (--endpoint-reconciler-type=none: it listens on
+// 127.0.0.1 of the root netns, no pod can reach that). The lab's forwarder listens on every
+// node's IP at the apiserver's port, so pods reach the apiserver at 10.96.0.1:443 through
+// the Service → a node IP → the forwarder, as they reach a real cluster's apiservers.
+func apiServerEndpoints(ctx context.Context, c kubernetes.Interface, nodes []Node, port int) error {
+	const name, ns = "kubernetes", metav1.NamespaceDefault
+	var addrs []corev1.EndpointAddress
+	var sliceEps []discoveryv1.Endpoint
+	ready := true
+	for _, n := range nodes {
+		if !n.IP.Is4() {
+			continue
+		}
+		addrs = append(addrs, corev1.EndpointAddress{IP: n.IP.String()})
+		sliceEps = append(sliceEps, discoveryv1.Endpoint{Addresses: []string{n.IP.String()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	if len(addrs) == 0 {
+		return errors.New("the `kubernetes` Service's endpoints: no node has an IPv4 address")
+	}
+	p32, portName, proto := int32(port), "https", corev1.ProtocolTCP
+	ep := &corev1.Endpoints{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			// as the apiserver's own reconciler: the mirroring controller leaves it alone
+			Labels: map[string]string{discoveryv1.LabelSkipMirror: "true"}},
+		Subsets: []corev1.EndpointSubset{{Addresses: addrs, Ports: []corev1.EndpointPort{{Name: portName, Port: p32, Protocol: proto}}}},
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "axon-lab"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   sliceEps,
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &p32, Protocol: &proto}},
+	}
+	if _, err := c.CoreV1().Endpoints(ns).Create(ctx, ep, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		_, err = c.CoreV1().Endpoints(ns).Update(ctx, ep, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("update Endpoints %s/%s: %w", ns, name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("create Endpoints %s/%s: %w", ns, name, err)
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		_, err = c.DiscoveryV1().EndpointSlices(ns).Update(ctx, slice, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("update EndpointSlice %s/%s: %w", ns, name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("create EndpointSlice %s/%s: %w", ns, name, err)
+	}
+	return nil
+}
+
+// kubernetesServiceSANs are the `kubernetes` Service's ClusterIPs (the first address of each
+// service CIDR), which in-cluster clients dial and verify the apiserver's certificate against.
+func kubernetesServiceSANs(serviceCIDRs string) []net.IP {
+	var out []net.IP
+	for _, c := range strings.Split(serviceCIDRs, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			continue
+		}
+		out = append(out, net.IP(p.Masked().Addr().Next().AsSlice()))
+	}
+	return out
 }
 
 // RestartKubelet restarts node's kubelet in place (--kubelet labs): containerd, the agent and
@@ -409,3 +517,5 @@ func podProblems(ctx context.Context, c kubernetes.Interface) string {
 	}
 	return b.String()
 }
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -173,7 +173,32 @@ func TestKubeletLab(t *testing.T) {
 		}
 	}
 
+	// kubectl exec and logs on both nodes: the apiserver reaches each kubelet on its node IP
+	// through the lab's egress proxy (the egress selector's "cluster" connection).
+	kubeconfig := l.State().ControlPlane.Kubeconfig
 	names := []string{pods[0].Name, pods[1].Name}
+	for _, p := range pods {
+		out := kubectl(ctx, t, kubeconfig, "exec", "-n", p.Namespace, p.Name, "--", "hostname")
+		if strings.TrimSpace(out) != p.Name {
+			t.Errorf("kubectl exec %s -- hostname (pod on %s) printed %q, want the pod's name", p.Name, p.Spec.NodeName, out)
+		}
+		if logs := kubectl(ctx, t, kubeconfig, "logs", "-n", p.Namespace, p.Name); !strings.Contains(logs, "8080") {
+			t.Errorf("kubectl logs %s (pod on %s): %q, want netexec's start line naming port 8080", p.Name, p.Spec.NodeName, logs)
+		}
+		// The cluster DNS (the node's IP in the pod's resolv.conf, search default.svc.cluster.local):
+		// the Service by its short name.
+		out = kubectl(ctx, t, kubeconfig, "exec", "-n", p.Namespace, p.Name, "--", "curl", "-sS", "--max-time", "5", "http://web/hostname")
+		if !slices.Contains(names, strings.TrimSpace(out)) {
+			t.Errorf("from pod %s: curl http://web/hostname = %q, want one of %v (cluster DNS, then the ClusterIP)", p.Name, out, names)
+		}
+		// The apiserver through the `kubernetes` Service, verified with the pod's ServiceAccount CA.
+		out = kubectl(ctx, t, kubeconfig, "exec", "-n", p.Namespace, p.Name, "--", "curl", "-sS", "--max-time", "5",
+			"--cacert", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "https://kubernetes.default.svc/version")
+		if !strings.Contains(out, `"gitVersion"`) {
+			t.Errorf("from pod %s: GET https://kubernetes.default.svc/version = %q, want the apiserver's version", p.Name, out)
+		}
+	}
+
 	targets := []string{hostPort(cip, 80)}
 	for _, n := range l.Nodes() {
 		targets = append(targets, hostPort(n.IP, nodePort))
@@ -240,6 +265,25 @@ func TestKubeletLab(t *testing.T) {
 	probeHostname(ctx, t, "node node1 after kubelet's restart", netnsutil.Path(l.Nodes()[0].Netns), filepath.Join(cg1, "runtime"), targets[0], names)
 
 	agentMissing(ctx, t, kube)
+}
+
+// kubectl runs the lab's kubectl with kubeconfig and returns its stdout; it fails the test
+// with stderr when kubectl fails.
+func kubectl(ctx context.Context, t *testing.T, kubeconfig string, args ...string) string {
+	t.Helper()
+	bin, err := lab.DepPath("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(cctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String()
 }
 
 // agentMissing takes axon's agent off node2 (a DaemonSet nodeSelector only node1 matches): a

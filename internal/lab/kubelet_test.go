@@ -4,6 +4,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestUpOptionsKubelet: --kubelet runs no lab pods or agents, so the options that shape them are
@@ -49,5 +52,74 @@ func TestChartValuesKeepTheSocketLBInTheNode(t *testing.T) {
 		if kubeletNodeCgroupV2 == bad {
 			t.Errorf("hostCgroupRoot is the machine's cgroup2 root %s", bad)
 		}
+	}
+}
+
+// TestEgressProxyArgs: the forwarder's CONNECT proxy dials from node1's netns and allows
+// exactly the nodes' IPs and their pod CIDRs (kubelets and pods), nothing else.
+func TestEgressProxyArgs(t *testing.T) {
+	st := &State{StateDir: "/run/axon-lab"}
+	for i := 1; i <= 2; i++ {
+		st.Nodes = append(st.Nodes, newNode(st.StateDir, "/sys/fs/cgroup/axon-lab", i))
+	}
+	st.ControlPlane.Kubeconfig = "/run/axon-lab/controlplane/admin.kubeconfig"
+	got := strings.Join(egressProxyArgs(st), " ")
+	want := "--connect-socket /run/axon-lab/egress.sock --connect-netns /run/netns/" + st.Nodes[0].Netns +
+		" --dns-listen 0.0.0.0:53 --dns-kubeconfig /run/axon-lab/controlplane/admin.kubeconfig"
+	for _, n := range st.Nodes {
+		want += " --connect-allow " + n.IP.String() + "/32"
+		for _, p := range n.PodCIDRs {
+			want += " --connect-allow " + p.String()
+		}
+	}
+	if got != want {
+		t.Errorf("egressProxyArgs:\n got %s\nwant %s", got, want)
+	}
+	if !strings.Contains(got, "/32 --connect-allow 10.244.") {
+		t.Errorf("egressProxyArgs %s: want node /32s followed by the 10.244.x pod CIDRs", got)
+	}
+	if egressProxyArgs(&State{}) != nil {
+		t.Error("egressProxyArgs of a lab without nodes is not empty")
+	}
+}
+
+// TestAPIServerEndpoints: the `kubernetes` Service gets Endpoints (skip-mirror, as the
+// apiserver's reconciler labels them) and an EndpointSlice named kubernetes, both listing
+// the nodes' IPv4 addresses at the apiserver port; a second call updates instead of failing.
+func TestAPIServerEndpoints(t *testing.T) {
+	c := fake.NewClientset()
+	nodes := []Node{newNode("/run/axon-lab", "/sys/fs/cgroup/axon-lab", 1), newNode("/run/axon-lab", "/sys/fs/cgroup/axon-lab", 2)}
+	for range 2 {
+		if err := apiServerEndpoints(t.Context(), c, nodes, 6443); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep, err := c.CoreV1().Endpoints("default").Get(t.Context(), "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.Labels["endpointslice.kubernetes.io/skip-mirror"] != "true" || len(ep.Subsets) != 1 || len(ep.Subsets[0].Addresses) != 2 ||
+		ep.Subsets[0].Addresses[1].IP != nodes[1].IP.String() || ep.Subsets[0].Ports[0].Port != 6443 {
+		t.Errorf("Endpoints %+v %+v: want skip-mirror, both node IPs at port 6443", ep.Labels, ep.Subsets)
+	}
+	sl, err := c.DiscoveryV1().EndpointSlices("default").List(t.Context(), metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sl.Items) != 1 || len(sl.Items[0].Endpoints) != 2 || sl.Items[0].Endpoints[0].Addresses[0] != nodes[0].IP.String() || *sl.Items[0].Ports[0].Port != 6443 {
+		t.Errorf("EndpointSlices %+v: want one with both node IPs at 6443", sl.Items)
+	}
+	if err := apiServerEndpoints(t.Context(), c, nil, 6443); err == nil {
+		t.Error("no nodes: want an error")
+	}
+}
+
+func TestKubernetesServiceSANs(t *testing.T) {
+	var got []string
+	for _, ip := range kubernetesServiceSANs("10.96.0.0/16,fd00:10:96::/112") {
+		got = append(got, ip.String())
+	}
+	if want := []string{"10.96.0.1", "fd00:10:96::1"}; !slices.Equal(got, want) {
+		t.Errorf("kubernetesServiceSANs = %v, want %v", got, want)
 	}
 }

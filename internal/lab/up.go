@@ -419,6 +419,8 @@ func upControlPlane(ctx context.Context, st *State, o UpOptions, log *slog.Logge
 		cfg.Controllers = true
 		cfg.SchedulerBinary, _ = DepPath("kube-scheduler")
 		cfg.ControllerManagerBinary, _ = DepPath("kube-controller-manager")
+		cfg.EgressProxySocket = egressSocket(st.StateDir)             // exec/logs to kubelets: startForwarder serves it
+		cfg.ExtraSANs = kubernetesServiceSANs(kubeproxy.ServiceCIDRs) // pods reach it at the `kubernetes` ClusterIP
 	}
 	cp, err := controlplane.Start(ctx, cfg)
 	if err != nil {
@@ -469,9 +471,16 @@ func upTopology(st *State) error {
 // 127.0.0.1:<APIPort> inside every node netns and dials the apiserver.
 func startForwarder(st *State, o UpOptions) (*Proc, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.APIPort))
-	argv := []string{filepath.Join(o.BinDir, "axon"), "lab", "_forward", "--listen", addr, "--target", addr}
+	listen := addr
+	if st.Kubelet { // also on the node IP: the `kubernetes` Service's endpoints (kubelet.go)
+		listen = net.JoinHostPort("0.0.0.0", strconv.Itoa(o.APIPort))
+	}
+	argv := []string{filepath.Join(o.BinDir, "axon"), "lab", "_forward", "--listen", listen, "--target", addr}
 	for _, n := range st.Nodes {
 		argv = append(argv, "--netns", netnsutil.Path(n.Netns))
+	}
+	if st.Kubelet { // the apiserver's egress to kubelets and pods (kubelet.go)
+		argv = append(argv, egressProxyArgs(st)...)
 	}
 	p, _, err := proc.Start(proc.Spec{Argv: argv, Env: os.Environ(), Log: filepath.Join(st.StateDir, "forwarder.log")})
 	if err != nil {
@@ -589,7 +598,7 @@ func teardown(stateDir string, log *slog.Logger) error {
 	if err := errors.Join(errs...); err != nil {
 		return err // keep lab.json so that `down` can be retried
 	}
-	for _, f := range []string{"nodes", "controlplane", "forwarder.log", "axon.yaml", "helm", stateFile} { // axon.yaml, helm: --kubelet
+	for _, f := range []string{"nodes", "controlplane", "forwarder.log", "axon.yaml", "helm", egressSocketName, stateFile} { // axon.yaml, helm, egress.sock: --kubelet
 		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
 		}
