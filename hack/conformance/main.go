@@ -60,6 +60,12 @@ func run() error {
 	if *out == "" {
 		*out = filepath.Join("results", "conformance-"+time.Now().UTC().Format("20060102-1504"))
 	}
+	// absolute: the ginkgo CLI runs e2e.test in e2e.test's own directory
+	abs, err := filepath.Abs(*out)
+	if err != nil {
+		return fmt.Errorf("results dir: %w", err)
+	}
+	*out = abs
 	if _, err := os.Stat(*e2e); err != nil {
 		return fmt.Errorf("e2e.test: %w: run `make conformance-deps`", err)
 	}
