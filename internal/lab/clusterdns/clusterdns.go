@@ -8,6 +8,8 @@
 //	<hostname>.<svc>.<ns>.svc.<domain>    A/AAAA: the endpoint with that hostname (headless)
 //	<svc>.<ns>.svc.<domain>  (ExternalName)  CNAME to the external name
 //	<a-b-c-d>.<ns>.pod.<domain>           A: the address written in the name
+//	_<port>._<proto>.<svc>.<ns>.svc.<domain>  SRV: the named port (headless: per endpoint)
+//	<d.c.b.a>.in-addr.arpa                PTR: a Service's ClusterIP → <svc>.<ns>.svc.<domain>
 package clusterdns
 
 import (
@@ -43,6 +45,7 @@ const ttl = 5
 // Source is what the server answers from.
 type Source interface {
 	Service(ns, name string) (*corev1.Service, error)
+	Services() ([]*corev1.Service, error)
 	EndpointSlices(ns, svc string) ([]*discoveryv1.EndpointSlice, error)
 }
 
@@ -86,6 +89,14 @@ func (s *Server) Answer(query []byte) []byte {
 	for _, a := range answers {
 		hdr := dnsmessage.ResourceHeader{Name: a.name, Class: dnsmessage.ClassINET, TTL: ttl}
 		switch {
+		case a.srv != "":
+			if t, err := dnsmessage.NewName(a.srv); err == nil {
+				_ = b.SRVResource(hdr, dnsmessage.SRVResource{Priority: 0, Weight: 100, Port: a.port, Target: t})
+			}
+		case a.ptr != "":
+			if t, err := dnsmessage.NewName(a.ptr); err == nil {
+				_ = b.PTRResource(hdr, dnsmessage.PTRResource{PTR: t})
+			}
 		case a.cname != "":
 			cn, err := dnsmessage.NewName(a.cname)
 			if err == nil {
@@ -107,17 +118,26 @@ func (s *Server) Answer(query []byte) []byte {
 type answer struct {
 	name  dnsmessage.Name
 	ip    netip.Addr
-	cname string
+	cname string // CNAME target
+	ptr   string // PTR target
+	srv   string // SRV target, with port
+	port  uint16
 }
 
 // resolve answers q: records of the matching family, NXDOMAIN for a name in the domain that
 // does not exist, REFUSED outside the domain.
 func (s *Server) resolve(q dnsmessage.Question) ([]answer, dnsmessage.RCode) {
 	name := strings.ToLower(q.Name.String())
+	if q.Class == dnsmessage.ClassINET && strings.HasSuffix(name, ".in-addr.arpa.") {
+		return s.reverse(q, name)
+	}
 	if q.Class != dnsmessage.ClassINET || !strings.HasSuffix(name, "."+s.domain) {
 		return nil, dnsmessage.RCodeRefused
 	}
 	labels := strings.Split(strings.TrimSuffix(name, "."+s.domain), ".")
+	if len(labels) == 5 && labels[4] == "svc" && strings.HasPrefix(labels[0], "_") && strings.HasPrefix(labels[1], "_") {
+		return s.srv(q, labels[3], labels[2], labels[0][1:], labels[1][1:])
+	}
 	var ips []netip.Addr
 	cname := ""
 	found := false
@@ -153,6 +173,89 @@ func (s *Server) resolve(q dnsmessage.Question) ([]answer, dnsmessage.RCode) {
 		}
 	}
 	return out, dnsmessage.RCodeSuccess // NOERROR with no answer for the other family
+}
+
+// srv answers _<port>._<proto>.<svc>.<ns>.svc: the named port of the Service, its target the
+// Service's name (ClusterIP) or each ready endpoint's name (headless: <hostname> or the
+// address with dashes, below the Service's name).
+func (s *Server) srv(q dnsmessage.Question, ns, name, port, proto string) ([]answer, dnsmessage.RCode) {
+	svc, err := s.src.Service(ns, name)
+	if err != nil || svc == nil {
+		return nil, dnsmessage.RCodeNameError
+	}
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		if strings.EqualFold(svc.Spec.Ports[i].Name, port) && strings.EqualFold(string(svc.Spec.Ports[i].Protocol), proto) {
+			sp = &svc.Spec.Ports[i]
+		}
+	}
+	if sp == nil {
+		return nil, dnsmessage.RCodeNameError
+	}
+	if q.Type != dnsmessage.TypeSRV && q.Type != dnsmessage.TypeALL {
+		return nil, dnsmessage.RCodeSuccess
+	}
+	base := name + "." + ns + ".svc." + s.domain
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		return []answer{{name: q.Name, srv: base, port: uint16(sp.Port)}}, dnsmessage.RCodeSuccess
+	}
+	slices, err := s.src.EndpointSlices(ns, name)
+	if err != nil {
+		return nil, dnsmessage.RCodeServerFailure
+	}
+	var out []answer
+	for _, sl := range slices {
+		var epPort int32
+		for _, p := range sl.Ports {
+			if p.Name != nil && strings.EqualFold(*p.Name, port) && p.Port != nil {
+				epPort = *p.Port
+			}
+		}
+		if epPort == 0 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready && !svc.Spec.PublishNotReadyAddresses {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				host := strings.NewReplacer(".", "-", ":", "-").Replace(a)
+				if ep.Hostname != nil && *ep.Hostname != "" {
+					host = *ep.Hostname
+				}
+				out = append(out, answer{name: q.Name, srv: host + "." + base, port: uint16(epPort)})
+			}
+		}
+	}
+	return out, dnsmessage.RCodeSuccess
+}
+
+// reverse answers d.c.b.a.in-addr.arpa PTR for the Services' ClusterIPs (REFUSED for other
+// addresses: the lab has no upstream resolver).
+func (s *Server) reverse(q dnsmessage.Question, name string) ([]answer, dnsmessage.RCode) {
+	parts := strings.Split(strings.TrimSuffix(name, ".in-addr.arpa."), ".")
+	if len(parts) != 4 {
+		return nil, dnsmessage.RCodeRefused
+	}
+	ip, err := netip.ParseAddr(parts[3] + "." + parts[2] + "." + parts[1] + "." + parts[0])
+	if err != nil {
+		return nil, dnsmessage.RCodeRefused
+	}
+	svcs, err := s.src.Services()
+	if err != nil {
+		return nil, dnsmessage.RCodeServerFailure
+	}
+	for _, svc := range svcs {
+		for _, c := range svc.Spec.ClusterIPs {
+			if c == ip.String() {
+				if q.Type != dnsmessage.TypePTR && q.Type != dnsmessage.TypeALL {
+					return nil, dnsmessage.RCodeSuccess
+				}
+				return []answer{{name: q.Name, ptr: svc.Name + "." + svc.Namespace + ".svc." + s.domain}}, dnsmessage.RCodeSuccess
+			}
+		}
+	}
+	return nil, dnsmessage.RCodeRefused
 }
 
 // service looks up Service ns/name: its ClusterIPs, its ready endpoints when headless (only the
@@ -205,6 +308,10 @@ type informerSource struct {
 
 func (i informerSource) Service(ns, name string) (*corev1.Service, error) {
 	return i.svcs.Services(ns).Get(name)
+}
+
+func (i informerSource) Services() ([]*corev1.Service, error) {
+	return i.svcs.List(labels.Everything())
 }
 
 func (i informerSource) EndpointSlices(ns, svc string) ([]*discoveryv1.EndpointSlice, error) {

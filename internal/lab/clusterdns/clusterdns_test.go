@@ -32,20 +32,31 @@ func (f fakeSource) Service(ns, name string) (*corev1.Service, error) {
 	return nil, fmt.Errorf("service %s/%s not found", ns, name)
 }
 
+func (f fakeSource) Services() ([]*corev1.Service, error) {
+	var out []*corev1.Service
+	for _, s := range f.svcs {
+		out = append(out, s)
+	}
+	return out, nil
+}
+
 func (f fakeSource) EndpointSlices(ns, svc string) ([]*discoveryv1.EndpointSlice, error) {
 	return f.slices[ns+"/"+svc], nil
 }
 
 func testSource() fakeSource {
 	yes, no, h := true, false, "web-0"
+	httpName, port8080 := "http", int32(8080)
 	return fakeSource{
 		svcs: map[string]*corev1.Service{
-			"default/web":  {ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20", "fd00:10:96::20"}}},
-			"default/hl":   {ObjectMeta: metav1.ObjectMeta{Name: "hl", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "None"}},
+			"default/web": {ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20", "fd00:10:96::20"},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}},
+			"default/hl": {ObjectMeta: metav1.ObjectMeta{Name: "hl", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "None",
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}},
 			"default/ext":  {ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "default"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.org"}},
 			"default/none": {ObjectMeta: metav1.ObjectMeta{Name: "none", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "None"}},
 		},
-		slices: map[string][]*discoveryv1.EndpointSlice{"default/hl": {{Endpoints: []discoveryv1.Endpoint{
+		slices: map[string][]*discoveryv1.EndpointSlice{"default/hl": {{Ports: []discoveryv1.EndpointPort{{Name: &httpName, Port: &port8080}}, Endpoints: []discoveryv1.Endpoint{
 			{Addresses: []string{"10.244.1.5"}, Hostname: &h, Conditions: discoveryv1.EndpointConditions{Ready: &yes}},
 			{Addresses: []string{"10.244.2.6"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}},
 			{Addresses: []string{"10.244.2.7"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}}, // not ready: not published
@@ -84,6 +95,10 @@ func parse(t *testing.T, resp []byte) (dnsmessage.RCode, []string) {
 			out = append(out, netip.AddrFrom4(r.A).String())
 		case *dnsmessage.AAAAResource:
 			out = append(out, netip.AddrFrom16(r.AAAA).String())
+		case *dnsmessage.SRVResource:
+			out = append(out, fmt.Sprintf("SRV %s:%d", r.Target, r.Port))
+		case *dnsmessage.PTRResource:
+			out = append(out, "PTR "+r.PTR.String())
 		case *dnsmessage.CNAMEResource:
 			out = append(out, "CNAME "+r.CNAME.String())
 		}
@@ -111,6 +126,11 @@ func TestAnswer(t *testing.T) {
 		{"web.other.svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},
 		{"example.org.", dnsmessage.TypeA, dnsmessage.RCodeRefused, nil},
 		{"svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, nil},
+		{"_http._tcp.web.default.svc.cluster.local.", dnsmessage.TypeSRV, dnsmessage.RCodeSuccess, []string{"SRV web.default.svc.cluster.local.:80"}},
+		{"_http._tcp.hl.default.svc.cluster.local.", dnsmessage.TypeSRV, dnsmessage.RCodeSuccess, []string{"SRV web-0.hl.default.svc.cluster.local.:8080", "SRV 10-244-2-6.hl.default.svc.cluster.local.:8080"}},
+		{"_dns._udp.web.default.svc.cluster.local.", dnsmessage.TypeSRV, dnsmessage.RCodeNameError, nil},
+		{"20.0.96.10.in-addr.arpa.", dnsmessage.TypePTR, dnsmessage.RCodeSuccess, []string{"PTR web.default.svc.cluster.local."}},
+		{"21.0.96.10.in-addr.arpa.", dnsmessage.TypePTR, dnsmessage.RCodeRefused, nil},
 	} {
 		t.Run(tc.name+"/"+tc.typ.String(), func(t *testing.T) {
 			rcode, got := parse(t, s.Answer(query(t, tc.name, tc.typ)))
