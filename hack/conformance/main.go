@@ -55,6 +55,7 @@ func run() error {
 		noUp     = flag.Bool("no-up", false, "do not run `axon lab up --kubelet`: use the lab that runs")
 		extra    = flag.String("e2e-args", "", "more e2e.test arguments, space separated (e.g. --dns-domain=x)")
 		procs    = flag.Int("procs", 3, "parallel e2e.test processes, through the ginkgo CLI next to e2e.test (1: e2e.test alone)")
+		render   = flag.Bool("render", false, "run nothing: write results.md from the JUnit already in --out (e.g. after an interrupted run)")
 	)
 	flag.Parse()
 	if *out == "" {
@@ -66,6 +67,23 @@ func run() error {
 		return fmt.Errorf("results dir: %w", err)
 	}
 	*out = abs
+	if *render {
+		sk, err := readSkips(*skips)
+		if err != nil {
+			return err
+		}
+		cases, err := readJUnit(filepath.Join(*out, "junit"))
+		if err != nil {
+			return err
+		}
+		st, _ := os.Stat(filepath.Join(*out, "e2e.log"))
+		var t0 time.Time
+		if st != nil {
+			t0 = st.ModTime().UTC()
+		}
+		md := resultsMarkdown(cases, sk, "(the command is the first line of e2e.log)", t0, 0)
+		return os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644)
+	}
 	if _, err := os.Stat(*e2e); err != nil {
 		return fmt.Errorf("e2e.test: %w: run `make conformance-deps`", err)
 	}
@@ -361,7 +379,11 @@ func resultsMarkdown(cases []testCase, sk []skip, command string, start time.Tim
 	c := count(cases)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# sig-network conformance on `axon lab up --kubelet`\n\n")
-	fmt.Fprintf(&b, "Run %s UTC, %s. **%d passed, %d failed, %d skipped.**\n\n", start.Format("2006-01-02 15:04"), took.Round(time.Second), c.pass, c.fail, c.skip)
+	dur := ""
+	if took > 0 {
+		dur = ", " + took.Round(time.Second).String()
+	}
+	fmt.Fprintf(&b, "Run %s UTC%s. **%d passed, %d failed, %d skipped.**\n\n", start.Format("2006-01-02 15:04"), dur, c.pass, c.fail, c.skip)
 	fmt.Fprintf(&b, "```\n%s\n```\n\n", command)
 	fmt.Fprintf(&b, "| test | result | seconds | note |\n|---|---|---|---|\n")
 	for _, tc := range focused(cases) {
