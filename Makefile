@@ -80,9 +80,9 @@ conformance-deps: packages
 
 # The upstream sig-network conformance tests against `axon lab up --kubelet` (brought up unless
 # it runs; left up afterwards): skips with their reasons in hack/conformance/skips.txt, JUnit +
-# results.md in results/conformance-<date>/. Tens of minutes: not part of make test.
+# results.md in results/conformance-<date>/. About 2 min of specs (the e2e build ~8 min once): not part of make test.
 CONFORMANCE_ARGS ?=
-conformance: build
+conformance: deps conformance-deps build image images
 	go run ./hack/conformance --bin-dir $(BIN) $(CONFORMANCE_ARGS)
 
 lab: deps build
