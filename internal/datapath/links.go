@@ -29,6 +29,22 @@ const (
 	RoutingBPF = "bpf"
 )
 
+// ResolveAttachMode turns a loader's requested attach mode into the one it
+// uses: legacy when asked, else tcx where the kernel has it; an explicit tcx
+// request on a kernel without it is an error that says what to pass instead.
+func ResolveAttachMode(requested string) (string, error) {
+	switch {
+	case requested == ModeLegacy:
+		return ModeLegacy, nil
+	case ProbeTCX().Available:
+		return ModeTCX, nil
+	case requested == ModeTCX:
+		return "", errors.New("attach mode tcx requested but the kernel has no tcx: use auto or legacy")
+	default:
+		return ModeLegacy, nil
+	}
+}
+
 // Pin kinds (the first part of a link pin's name).
 const (
 	PinTCX = "tcx" // pinned tcx link

@@ -96,16 +96,11 @@ func loadObjects(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("load bandwidth manager: set cfg_set_tstamp: %w", err)
 	}
 	b := &Manager{cfg: cfg, log: cfg.Logger, slack: DefaultEgressSlack}
-	switch {
-	case cfg.AttachMode == datapath.ModeLegacy:
-		b.mode = datapath.ModeLegacy
-	case datapath.ProbeTCX().Available:
-		b.mode = datapath.ModeTCX
-	case cfg.AttachMode == datapath.ModeTCX:
-		return nil, errors.New("load bandwidth manager: attach mode tcx requested but the kernel has no tcx: use auto or legacy")
-	default:
-		b.mode = datapath.ModeLegacy
+	mode, err := datapath.ResolveAttachMode(cfg.AttachMode)
+	if err != nil {
+		return nil, fmt.Errorf("load bandwidth manager: %w", err)
 	}
+	b.mode = mode
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&b.objs, opts); err != nil {
 		return nil, fmt.Errorf("load bandwidth manager program: %w", datapath.VerifierDetail(datapath.IncompatibleHint(err, cfg.PinDir)))

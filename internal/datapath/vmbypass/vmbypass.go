@@ -175,16 +175,11 @@ func New(cfg Config) (*Bypass, error) {
 		cfg.Logger = slog.Default()
 	}
 	b := &Bypass{cfg: cfg, log: cfg.Logger}
-	switch {
-	case cfg.AttachMode == datapath.ModeLegacy:
-		b.mode = datapath.ModeLegacy
-	case datapath.ProbeTCX().Available:
-		b.mode = datapath.ModeTCX
-	case cfg.AttachMode == datapath.ModeTCX:
-		return nil, errors.New("VM bypass: attach mode tcx requested but the kernel has no tcx: use auto or legacy")
-	default:
-		b.mode = datapath.ModeLegacy
+	mode, err := datapath.ResolveAttachMode(cfg.AttachMode)
+	if err != nil {
+		return nil, fmt.Errorf("VM bypass: %w", err)
 	}
+	b.mode = mode
 	return b, nil
 }
 
