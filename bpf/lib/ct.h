@@ -53,6 +53,9 @@ enum np_ct_flag {
 	NP_CT_CLOSING = 0x08, /* TCP FIN or RST seen: short timeout, a new SYN re-selects */
 	NP_CT_REPLIED = 0x10, /* axon_np_ct_new, TCP: the backend answered (SYN-ACK); the
 			       * client's next packet (its ACK) makes the flow established */
+	NP_CT_XDP = 0x20,     /* with NP_CT_LOCAL: the flow's last packet was DNATed at XDP,
+			       * so tc next sees it addressed to the pod; tc then does not
+			       * take it for a direct flow (np_direct_reuse) */
 };
 
 /* np_tuple: one direction of a flow as seen in the packet (40 bytes).

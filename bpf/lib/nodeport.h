@@ -111,7 +111,8 @@ enum np_reason {
 	NP_SNAT_PORT_REUSED = 27, /* new SNAT flow took over the port of an unanswered flow evicted from axon_np_ct_new (np_nat_stale) */
 	NP_CT_MAGLEV_RESUME = 28, /* TCP without SYN and without CT entry to a Maglev frontend: the same backend picked again, the flow resumed */
 	NP_NAT_FULL = 29,        /* new flow to a local backend, axon_np_nat full: no reverse entry for its replies, dropped */
-	NP_REASON_MAX = 30,
+	NP_DIRECT_REUSE = 30,    /* a client reached a local pod directly with the ports of a NodePort flow to it: that flow's entries removed (np_direct_reuse) */
+	NP_REASON_MAX = 31,
 };
 
 /* axon_np_btf: the enums above and the CT/NAT flags (ct.h, nat.h) in BTF
@@ -1250,7 +1251,7 @@ AXON_INLINE int np_new_flow(struct np_pkt *p, struct np_svc_key *key, const stru
 	ct->last_seen = now;
 	ct->created = now;
 	if (be.flags & NP_BE_F_LOCAL)
-		ct->flags = NP_CT_LOCAL;
+		ct->flags = CTX_IS_XDP ? NP_CT_LOCAL | NP_CT_XDP : NP_CT_LOCAL;
 	else if (svc.flags & NP_F_LOCAL_ONLY)
 		return NP_DROP_NOT_LOCAL;
 	else if ((svc.flags & NP_F_DSR) && !np_in_cluster(p->t.saddr))
@@ -1347,6 +1348,9 @@ AXON_INLINE void np_ct_touch(struct np_ct *ct, const struct np_pkt *p, __u64 now
 {
 	if (cfg_dry_run)
 		return;
+	/* NP_CT_XDP says where this packet is DNATed to its local pod */
+	if ((ct->flags & NP_CT_LOCAL) && !(ct->flags & NP_CT_XDP) != !CTX_IS_XDP)
+		ct->flags ^= NP_CT_XDP;
 	if (now - ct->last_seen > cfg_ct_refresh_ns) {
 		ct->last_seen = now;
 		if (ct->flags & (NP_CT_SNAT | NP_CT_LOCAL)) {
@@ -1565,6 +1569,55 @@ decap:
 	return 0;
 }
 
+/* np_direct_reuse: p (TCP or UDP, not a later fragment) arrived addressed
+ * to a pod of this node itself, not to a frontend. When a local DNAT flow
+ * (NodePort, LoadBalancer, externalIP) has the same reply tuple, the client
+ * now reaches that pod directly with the old flow's ports: a client node's
+ * socket LB connects to backends directly, and its new socket may get the
+ * port of a socket that went through a NodePort before. The old flow's
+ * reverse entry would give the new flow's replies the old frontend as
+ * source (np_egress), so the old flow's entries go. UDP: any datagram (a
+ * client cannot hold both sockets on one port at once); TCP: a SYN, once
+ * the old flow is closing or gone (while it is open the pod refuses a SYN
+ * of its tuple anyway, and the old flow keeps working). At tc after XDP,
+ * the packet XDP just DNATed (NP_CT_XDP) is not a reuse. Costs one lookup
+ * per UDP datagram and TCP SYN to a local pod; not inlined (its own
+ * frame). */
+static __noinline void np_direct_reuse(axon_ctx_t *ctx, struct np_pkt *p, enum np_hook hook)
+{
+	struct np_scratch *s = np_scratch();
+	struct np_nat *nat;
+	struct np_ct *ct;
+
+	if (cfg_dry_run || !s || p->frag == AXON_FRAG_LATER || np_parse_ports(ctx, p))
+		return;
+	if (p->t.proto == AXON_IPPROTO_TCP &&
+	    (p->tcp_flags & (NP_TCP_SYN | NP_TCP_ACK | NP_TCP_FIN | NP_TCP_RST)) != NP_TCP_SYN)
+		return;
+	np_tuple_swap(&s->key, &p->t);
+	nat = bpf_map_lookup_elem(&axon_np_nat, &s->key);
+	if (!nat || !(nat->flags & NP_NAT_LOCAL))
+		return;
+	/* the old flow's CT key: client -> frontend */
+	__builtin_memcpy(s->rk.saddr, p->t.saddr, 16);
+	__builtin_memcpy(s->rk.daddr, nat->saddr, 16);
+	s->rk.sport = p->t.sport;
+	s->rk.dport = nat->sport;
+	s->rk.proto = p->t.proto;
+	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
+	ct = np_ct_any(&s->rk);
+	if (ct && (ct->flags & NP_CT_LOCAL) && np_addr_eq(ct->be_addr, p->t.daddr) && ct->be_port == p->t.dport) {
+		if (!CTX_IS_XDP && (ct->flags & NP_CT_XDP))
+			return;
+		if (p->t.proto == AXON_IPPROTO_TCP && !(ct->flags & NP_CT_CLOSING))
+			return;
+		bpf_map_delete_elem(&axon_np_ct, &s->rk);
+		bpf_map_delete_elem(&axon_np_ct_new, &s->rk);
+	}
+	bpf_map_delete_elem(&axon_np_nat, &s->key);
+	np_count(hook, NP_DIRECT_REUSE);
+}
+
 /* np_ingress is the whole uplink ingress path (tc and XDP). *pod (pod may
  * be NULL) is set to 1 when the packet is TCP or UDP for this node's
  * podCIDR and so no business of the LB: axon_lb_ingress then hands it to
@@ -1600,6 +1653,7 @@ AXON_INLINE int np_ingress(axon_ctx_t *ctx, enum np_hook hook, int *pod)
 	    np_to_local_pod(p.t.daddr, p.v6)) {
 		/* pod traffic: no frontend can match (axon_np_pods) */
 		np_count(hook, NP_NOT_SERVICE);
+		np_direct_reuse(ctx, &p, hook);
 		if (pod)
 			*pod = 1;
 		return CTX_NEXT;

@@ -24,7 +24,7 @@ func TestEnumsMatchBTF(t *testing.T) {
 		}},
 		{Enum: "np_be_flag", Values: map[string]uint64{"NP_BE_F_LOCAL": npBackendLocal}},
 		{Enum: "np_ct_flag", Values: map[string]uint64{
-			"NP_CT_LOCAL": npCTLocal, "NP_CT_SNAT": npCTSNAT, "NP_CT_DSR": npCTDSR, "NP_CT_CLOSING": npCTClosing, "NP_CT_REPLIED": npCTReplied,
+			"NP_CT_LOCAL": npCTLocal, "NP_CT_SNAT": npCTSNAT, "NP_CT_DSR": npCTDSR, "NP_CT_CLOSING": npCTClosing, "NP_CT_REPLIED": npCTReplied, "NP_CT_XDP": npCTXDP,
 		}},
 		{Enum: "np_nat_flag", Values: map[string]uint64{"NP_NAT_SNAT": npNATSNAT, "NP_NAT_LOCAL": npNATLocal, "NP_NAT_DSR": npNATDSR, "NP_NAT_UNREPLIED": npNATUnreplied}},
 	})

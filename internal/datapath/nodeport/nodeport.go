@@ -182,6 +182,7 @@ var npReasonNames = []string{
 	"dsr_too_big", // bpf/lib/icmp_too_big.h
 	// conntrack of handshake-less and unanswered flows (bpf/lib/ct.h)
 	"ct_no_syn", "ct_established", "snat_port_reused", "ct_maglev_resume", "nat_full",
+	"direct_reuse", // a client reached a local pod directly with a NodePort flow's ports
 }
 
 // npHookNames are the rows of axon_np_metrics (enum np_hook).

@@ -25,6 +25,7 @@ const (
 	npCTDSR     = 0x04
 	npCTClosing = 0x08
 	npCTReplied = 0x10 // unreplied table, TCP: the backend answered, the client's ACK is awaited
+	npCTXDP     = 0x20 // local DNAT: the last packet was translated at XDP
 	npNATSNAT   = 0x01
 	npNATLocal  = 0x02
 	npNATDSR    = 0x04 // with npNATLocal: a DSR request of another node's LB
