@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/axonhq/axon/internal/atomicfile"
 	"github.com/axonhq/axon/internal/cni"
 )
 
@@ -36,7 +37,7 @@ func (c Config) ensureCNIConf() (bool, error) {
 	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
 		return false, nil
 	}
-	if err := writeFileAtomicMode(path, want, 0o644); err != nil {
+	if err := atomicfile.Write(path, want, 0o644); err != nil {
 		return false, fmt.Errorf("write CNI configuration: %w (check --cni-conf-dir %s: it must be the runtime's CNI configuration directory, writable by the agent)", err, c.CNIConfDir)
 	}
 	return true, nil

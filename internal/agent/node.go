@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // This node as the reconcile sees it: its uplink, its pools (podCIDRs), the
@@ -162,7 +164,7 @@ func (a *Agent) readNodeState() (nodeState, error) {
 
 func (a *Agent) saveNodeState() {
 	b, _ := json.MarshalIndent(a.st.saved(), "", "  ")
-	if err := writeFileAtomic(a.statePath(), b); err != nil {
+	if err := atomicfile.Write(a.statePath(), b, 0o600); err != nil {
 		a.log.Warn("save node state", "error", err)
 	}
 }

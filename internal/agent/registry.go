@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // registry persists endpoints as one JSON file each under <state>/endpoints,
@@ -107,7 +108,7 @@ func (r *registry) Put(ep api.Endpoint) error {
 	k := key(ep.ContainerID, ep.IfName)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := writeFileAtomic(r.file(k), b); err != nil {
+	if err := atomicfile.Write(r.file(k), b, 0o600); err != nil {
 		return fmt.Errorf("persist endpoint %s/%s: %w", ep.ContainerID, ep.IfName, err)
 	}
 	r.eps[k] = ep
@@ -145,44 +146,4 @@ func (r *registry) List() []api.Endpoint {
 		return strings.Compare(a.ContainerID+"/"+a.IfName, b.ContainerID+"/"+b.IfName)
 	})
 	return out
-}
-
-// writeFileAtomic writes via a temp file, fsync and rename (mode 0600).
-func writeFileAtomic(path string, data []byte) error {
-	return writeFileAtomicMode(path, data, 0o600)
-}
-
-// writeFileAtomicMode is writeFileAtomic with the file's mode: a reader
-// sees the old file or the new one, never half of it. The temporary name
-// (".<name>.tmp…") never ends in .conf/.conflist/.json, so a container
-// runtime watching the directory never loads it.
-func writeFileAtomicMode(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // BaselineFile is the committed baseline, relative to the repository root.
@@ -97,29 +99,7 @@ func WriteBaseline(path string, b Baseline) error {
 	if err != nil {
 		return fmt.Errorf("encode baseline: %w", err)
 	}
-	return writeAtomic(path, append(data, '\n'))
-}
-
-func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, append(data, '\n'), 0o644)
 }
 
 // WriteResults writes verifier-<kernel>.md and verifier-<kernel>.json into
@@ -134,10 +114,10 @@ func WriteResults(dir string, rep Report) ([]string, error) {
 	}
 	md := filepath.Join(dir, "verifier-"+rep.Kernel+".md")
 	jf := filepath.Join(dir, "verifier-"+rep.Kernel+".json")
-	if err := writeAtomic(md, []byte(rep.Markdown())); err != nil {
+	if err := atomicfile.Write(md, []byte(rep.Markdown()), 0o644); err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(jf, append(js, '\n')); err != nil {
+	if err := atomicfile.Write(jf, append(js, '\n'), 0o644); err != nil {
 		return nil, err
 	}
 	return []string{md, jf}, nil

@@ -12,7 +12,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -22,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // KernelSpec names a kernel of the matrix and where it comes from.
@@ -180,7 +181,7 @@ func (f *Fetcher) resolve(ctx context.Context, spec KernelSpec) (resolved, error
 	}
 	r := resolved{Package: pkg, PkgVersion: ver, Resolved: time.Now().UTC()}
 	b, _ := json.MarshalIndent(r, "", "  ")
-	if err := writeFileAtomic(recordPath, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(recordPath, append(b, '\n'), 0o644); err != nil {
 		return resolved{}, err
 	}
 	return r, nil
@@ -371,21 +372,6 @@ func (a *privateApt) run(ctx context.Context, tool string, args ...string) ([]by
 		return nil, fmt.Errorf("%s %s (private apt config in %s): %w\n%s", tool, strings.Join(args, " "), a.dir, err, stderr.String())
 	}
 	return out, nil
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(data)
-	if err := errors.Join(werr, f.Chmod(perm), f.Close()); err != nil {
-		return errors.Join(err, os.Remove(f.Name()))
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return errors.Join(err, os.Remove(f.Name()))
-	}
-	return nil
 }
 
 // lockFile takes an exclusive flock on path (created if needed) and returns its release.

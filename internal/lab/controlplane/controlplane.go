@@ -40,6 +40,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // Defaults for Config.
@@ -625,7 +627,7 @@ contexts:
     user: %q
 current-context: axon-lab
 `, server, b64(caPEM), user, b64(certPEM), b64(keyPEM), user)
-	if err := writeFileAtomic(path, []byte(content), 0o600); err != nil {
+	if err := atomicfile.Write(path, []byte(content), 0o600); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return nil

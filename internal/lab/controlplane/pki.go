@@ -18,6 +18,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/axonhq/axon/internal/atomicfile"
 )
 
 // Certificate lifetimes: the lab is disposable, but a long-lived lab dir must not expire mid-run.
@@ -127,10 +129,10 @@ func ensureCA(dir string) (*authority, error) {
 		return nil, err
 	}
 	// Key first: a CA cert without its key would be unusable on the next run.
-	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := atomicfile.Write(keyPath, keyPEM, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeFileAtomic(certPath, pemBlock("CERTIFICATE", der), 0o644); err != nil {
+	if err := atomicfile.Write(certPath, pemBlock("CERTIFICATE", der), 0o644); err != nil {
 		return nil, err
 	}
 	return loadCA(certPath, keyPath)
@@ -194,10 +196,10 @@ func (ca *authority) issueToFiles(dir, certFile, keyFile string, spec leafSpec) 
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, keyFile), keyPEM, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, keyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, certFile), certPEM, 0o644)
+	return atomicfile.Write(filepath.Join(dir, certFile), certPEM, 0o644)
 }
 
 // writeServiceAccountKeys writes the RSA key pair the apiserver signs service account tokens with.
@@ -210,10 +212,10 @@ func writeServiceAccountKeys(dir string) error {
 	if err != nil {
 		return fmt.Errorf("marshal service account public key: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, saKeyFile), pemBlock("RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(key)), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, saKeyFile), pemBlock("RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(key)), 0o600); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, saPubFile), pemBlock("PUBLIC KEY", pub), 0o644)
+	return atomicfile.Write(filepath.Join(dir, saPubFile), pemBlock("PUBLIC KEY", pub), 0o644)
 }
 
 // certCovers reports whether the certificate at path is valid for at least a day more and
@@ -306,29 +308,4 @@ func keyID(pub *ecdsa.PublicKey) []byte {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return !errors.Is(err, fs.ErrNotExist)
-}
-
-// writeFileAtomic writes data to path via a temp file and rename, so a crash never leaves a
-// truncated key or certificate behind.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("chmod %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename into %s: %w", path, err)
-	}
-	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/axonhq/axon/internal/atomicfile"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -54,7 +55,7 @@ func writePIDs(dir string, st pidState) error {
 	if err != nil {
 		return fmt.Errorf("encode pids: %w", err)
 	}
-	return writeFileAtomic(filepath.Join(dir, pidsFile), append(b, '\n'), 0o644)
+	return atomicfile.Write(filepath.Join(dir, pidsFile), append(b, '\n'), 0o644)
 }
 
 // record is the process identity the proc package signals and inspects.

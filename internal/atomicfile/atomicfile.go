@@ -1,0 +1,42 @@
+// Package atomicfile replaces a file so that a reader, and the file
+// system after a crash, sees either the old content or the new one, never
+// a part of it: github.com/google/renameio writes a temporary file in the
+// same directory (named "." + the file's name + digits, so a directory
+// watcher that loads *.json or *.conflist never picks it up), fsyncs and
+// renames it; Write then fsyncs the directory so that the rename survives
+// a crash too.
+package atomicfile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/google/renameio/v2"
+)
+
+// Write replaces path with data, mode perm exactly (the umask and an
+// existing file's mode do not apply).
+func Write(path string, data []byte, perm os.FileMode) error {
+	// not renameio.WriteFile: it keeps an existing file's mode
+	f, err := renameio.NewPendingFile(path, renameio.WithStaticPermissions(perm))
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer f.Cleanup()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.CloseAtomicallyReplace(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("write %s: sync its directory: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("write %s: sync its directory: %w", path, err)
+	}
+	return nil
+}
