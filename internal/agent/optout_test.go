@@ -208,19 +208,40 @@ func TestOptOutAgainstAPIServer(t *testing.T) {
 	}
 }
 
+// runKube runs node1's kube watch against cp until the test ends, as the
+// agent does.
+func runKube(t *testing.T, cp *controlplane.ControlPlane, log *slog.Logger) *kube {
+	t.Helper()
+	k, err := newKube(agentRESTConfig(t, cp, "node1"), "node1", log, func() {})
+	must(t, err)
+	runCtx, stop := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); k.run(runCtx, func() {}) }()
+	t.Cleanup(func() { stop(); <-done })
+	return k
+}
+
 // runKubeAndServices runs node1's kube watch and Service sync against cp
 // until the test ends, as the agent does.
 func runKubeAndServices(t *testing.T, cp *controlplane.ControlPlane, log *slog.Logger) (*kube, *serviceSync) {
 	t.Helper()
-	rc := agentRESTConfig(t, cp, "node1")
+	k := runKube(t, cp, log)
+	s, err := newServiceSync(agentRESTConfig(t, cp, "node1"), "node1", log)
+	must(t, err)
 	runCtx, stop := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
-	k, err := newKube(rc, "node1", log, func() {})
-	must(t, err)
-	wg.Go(func() { k.run(runCtx, func() {}) })
-	s, err := newServiceSync(rc, "node1", log)
-	must(t, err)
-	wg.Go(func() { s.run(runCtx) })
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
 	return k, s
+}
+
+// node1Config is the agent configuration of node1 with its state in a
+// fresh directory and its pins under pin, and the endpoint registry there.
+func node1Config(t *testing.T, pin string, log *slog.Logger) (Config, *registry) {
+	t.Helper()
+	cfg := Defaults()
+	cfg.NodeName, cfg.StateDir, cfg.BPFRoot = "node1", t.TempDir(), pin
+	reg, err := openRegistry(cfg.StateDir, log)
+	must(t, err)
+	return cfg, reg
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"os"
@@ -124,21 +123,12 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 	must(t, err)
 	ctx := t.Context()
 	createNode(t, cs, node("node1", []string{"198.18.0.11"}, "10.244.1.0/24"))
-	rc := agentRESTConfig(t, cp, "node1")
 
 	pin := "/sys/fs/bpf/axt-agent-vmb-" + testutil.RandSuffix(t)
 	t.Cleanup(func() { _ = os.RemoveAll(pin) })
-	cfg := Defaults()
-	cfg.NodeName, cfg.StateDir, cfg.BPFRoot = "node1", t.TempDir(), pin
 	log := testLogger(t)
-	reg, err := openRegistry(cfg.StateDir, log)
-	must(t, err)
-	k, err := newKube(rc, "node1", log, func() {})
-	must(t, err)
-	kctx, stop := context.WithCancel(ctx)
-	kdone := make(chan struct{})
-	go func() { defer close(kdone); k.run(kctx, func() {}) }()
-	t.Cleanup(func() { stop(); <-kdone })
+	cfg, reg := node1Config(t, pin, log)
+	k := runKube(t, cp, log)
 	v := newVMBypass(cfg, log, reg, func() *kube { return k })
 	t.Cleanup(v.close)
 
