@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -141,17 +140,7 @@ func (cp *ControlPlane) waitHealthz(ctx context.Context, port int, exited <-chan
 	}
 	url := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + "/healthz"
 	return poll(ctx, cp.cfg.ReadyTimeout, exited, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /healthz: %s: %s", resp.Status, body)
-		}
-		return nil
+		return getOK(ctx, hc, url)
 	})
 }
 

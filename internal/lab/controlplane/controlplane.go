@@ -410,17 +410,7 @@ func (cp *ControlPlane) apiserverArgs() []string {
 func (cp *ControlPlane) waitEtcd(ctx context.Context, exited <-chan struct{}) error {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	return poll(ctx, cp.cfg.ReadyTimeout, exited, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cp.etcdURL()+"/health", nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /health: %s: %s", resp.Status, body)
-		}
-		return nil
+		return getOK(ctx, hc, cp.etcdURL()+"/health")
 	})
 }
 
@@ -431,18 +421,27 @@ func (cp *ControlPlane) waitReady(ctx context.Context, exited <-chan struct{}) e
 		return err
 	}
 	return poll(ctx, cp.cfg.ReadyTimeout, exited, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cp.Server()+"/readyz", nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /readyz: %s: %s", resp.Status, body)
-		}
-		return nil
+		return getOK(ctx, hc, cp.Server()+"/readyz")
 	})
+}
+
+// getOK GETs url and wants 200; any other answer is an error with the
+// status and the start of the body (what the server says is wrong).
+func getOK(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", req.URL.Path, resp.Status, body)
+	}
+	return nil
 }
 
 // poll calls check every 100ms until it succeeds, the process exits, or timeout/ctx ends.
