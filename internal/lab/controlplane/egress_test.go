@@ -89,17 +89,7 @@ func TestConnectProxyDialsInItsNetns(t *testing.T) {
 	if err := netnsutil.DoAt(path, func() (err error) { l, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	target := l.Addr().String()
+	target := serveEcho(t, l)
 	if c, err := net.DialTimeout("tcp", target, time.Second); err == nil {
 		c.Close()
 		t.Fatalf("%s answers in the root netns too: the test could not tell where the proxy dials", target)

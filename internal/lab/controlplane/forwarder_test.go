@@ -72,6 +72,12 @@ func echoServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveEcho(t, l)
+}
+
+// serveEcho echoes every connection of l until the test ends; it returns
+// l's address.
+func serveEcho(t *testing.T, l net.Listener) string {
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {
