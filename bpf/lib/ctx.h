@@ -147,20 +147,25 @@ AXON_INLINE __u16 csum_fold_diff(__u16 old, __s64 diff)
 }
 
 /* ctx_l3_csum_diff adds diff to the IPv4 header checksum at packet offset
- * off. tc uses bpf_l3_csum_replace (invalidates packet pointers). */
+ * off: in place where linear (always at XDP). At tc that is what
+ * bpf_l3_csum_replace does too (the header checksum is not part of an
+ * skb's checksum state: a header whose checksum is right sums to the same
+ * before and after); the helper (invalidates packet pointers) is the
+ * fallback for a header outside the linear area. */
 AXON_INLINE int ctx_l3_csum_diff(axon_ctx_t *ctx, __u32 off, __s64 diff)
 {
-#ifdef AXON_CTX_XDP
 	void *data = ctx_data(ctx), *end = ctx_data_end(ctx);
 	__u16 *p;
 
-	if (off > 256)
-		return -1;
-	p = data + off;
-	if ((void *)(p + 1) > end)
-		return -1;
-	*p = csum_fold_diff(*p, diff);
-	return 0;
+	if (off <= CTX_MAX_OFF) {
+		p = data + ctx_bound_off(off);
+		if ((void *)(p + 1) <= end) {
+			*p = csum_fold_diff(*p, diff);
+			return 0;
+		}
+	}
+#ifdef AXON_CTX_XDP
+	return -1;
 #else
 	return bpf_l3_csum_replace(ctx, off, 0, (__u32)diff, 0);
 #endif

@@ -581,36 +581,76 @@ AXON_INLINE __u32 np_l4_csum_off(const struct np_pkt *p)
 	return p->l4_off + (p->t.proto == AXON_IPPROTO_TCP ? 16 : 6);
 }
 
-/* np_rewrite replaces addresses and ports of the packet's L3/L4 headers
- * with those of n, updating the IPv4 and TCP/UDP checksums incrementally. */
-AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct np_tuple *n)
+/* np_csum_fold32 folds a 64-bit sum of 32-bit words into the 32-bit
+ * ones'-complement sum bpf_csum_diff returns (the same value modulo
+ * 0xffff, which is all a 16-bit checksum sees). */
+AXON_INLINE __u32 np_csum_fold32(__u64 s)
 {
-	__u32 oldp, newp;
-	__s64 d_addr, d_port;
+	s = (s & 0xffffffffULL) + (s >> 32);
+	s = (s & 0xffffffffULL) + (s >> 32);
+	return (__u32)s;
+}
+
+/* np_csum_step adds the change of one 32-bit word (memory order, as
+ * bpf_csum_diff reads it) from o to n to sum s. */
+AXON_INLINE __u64 np_csum_step(__u64 s, __u32 o, __u32 n)
+{
+	return s + (__u32)~o + n;
+}
+
+/* np_rewrite replaces addresses and ports of the packet's L3/L4 headers
+ * with those of n, updating the IPv4 and TCP/UDP checksums incrementally;
+ * with dec_ttl (the node forwards the packet, the caller checked ttl > 1)
+ * the TTL / hop limit too. The differences are summed here, not by
+ * bpf_csum_diff (a helper call each), and the IPv4 header checksum is
+ * written once; at XDP the L4 checksum too (at tc the address part goes to
+ * bpf_l4_csum_replace as a pseudo-header change, which a CHECKSUM_PARTIAL
+ * or CHECKSUM_COMPLETE skb needs apart from the ports). */
+AXON_INLINE int np_rewrite(axon_ctx_t *ctx, const struct np_pkt *p, const struct np_tuple *n, int dec_ttl)
+{
+	__u32 oldp, newp, d_addr, d_port;
 	__u32 csum_off = np_l4_csum_off(p);
 	int udp4 = !p->v6 && p->t.proto == AXON_IPPROTO_UDP;
+	__u8 ttl = p->ttl - 1;
 
 	__builtin_memcpy(&oldp, &p->t.sport, 4);
 	__builtin_memcpy(&newp, &n->sport, 4);
-	d_port = bpf_csum_diff(&oldp, 4, &newp, 4, 0);
+	d_port = np_csum_fold32(np_csum_step(0, oldp, newp));
 	if (p->v6) {
-		d_addr = bpf_csum_diff((__be32 *)p->t.saddr, 32, (__be32 *)n->saddr, 32, 0);
+		const __u32 *o = (const __u32 *)p->t.saddr, *w = (const __u32 *)n->saddr; /* saddr, daddr: 32 bytes */
+		__u64 s = 0;
+		int i;
+
+#pragma unroll
+		for (i = 0; i < 8; i++)
+			s = np_csum_step(s, o[i], w[i]);
+		d_addr = np_csum_fold32(s);
 		if (ctx_store(ctx, ETH_HLEN + 8, n->saddr, 32))
 			return -1;
+		if (dec_ttl && ctx_store(ctx, ETH_HLEN + 7, &ttl, 1))
+			return -1;
 	} else {
-		__be32 o[2] = {np_v4(p->t.saddr), np_v4(p->t.daddr)};
 		__be32 w[2] = {np_v4(n->saddr), np_v4(n->daddr)};
+		__u64 s = np_csum_step(np_csum_step(0, np_v4(p->t.saddr), w[0]), np_v4(p->t.daddr), w[1]);
 
-		d_addr = bpf_csum_diff(o, 8, w, 8, 0);
+		d_addr = np_csum_fold32(s);
 		if (ctx_store(ctx, ETH_HLEN + 12, w, 8))
 			return -1;
-		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d_addr))
+		if (dec_ttl) {
+			/* the TTL is the first byte of its 16-bit word */
+			s = np_csum_step(s, p->ttl, ttl);
+			if (ctx_store(ctx, ETH_HLEN + 8, &ttl, 1))
+				return -1;
+		}
+		if (ctx_l3_csum_diff(ctx, ETH_HLEN + 10, np_csum_fold32(s)))
 			return -1;
 	}
 	if (p->frag == AXON_FRAG_LATER) /* frag.h: IP header only, the first fragment carried the L4 checksum */
 		return 0;
 	if (ctx_store(ctx, p->l4_off, &newp, 4))
 		return -1;
+	if (CTX_IS_XDP)
+		return ctx_l4_csum_diff(ctx, csum_off, np_csum_fold32((__u64)d_addr + d_port), 1, udp4);
 	if (ctx_l4_csum_diff(ctx, csum_off, d_addr, 1, udp4))
 		return -1;
 	return ctx_l4_csum_diff(ctx, csum_off, d_port, 0, udp4);
@@ -623,14 +663,9 @@ AXON_INLINE int np_dec_ttl(axon_ctx_t *ctx, const struct np_pkt *p)
 
 	if (p->v6)
 		return ctx_store(ctx, ETH_HLEN + 7, &ttl, 1);
-	{
-		__u32 o = p->ttl, n = ttl;
-		__s64 d = bpf_csum_diff(&o, 4, &n, 4, 0);
-
-		if (ctx_store(ctx, ETH_HLEN + 8, &ttl, 1))
-			return -1;
-		return ctx_l3_csum_diff(ctx, ETH_HLEN + 10, d);
-	}
+	if (ctx_store(ctx, ETH_HLEN + 8, &ttl, 1))
+		return -1;
+	return ctx_l3_csum_diff(ctx, ETH_HLEN + 10, np_csum_fold32(np_csum_step(0, p->ttl, ttl)));
 }
 
 /* np_fib looks up the way to dst (from src) in the node's FIB. */
@@ -879,9 +914,23 @@ AXON_INLINE int np_src_allowed(const struct np_svc_val *svc, const struct np_tup
 }
 
 /* np_snat_addr: the source address of an SNAT flow to t's frontend: the
- * node address the client used, else the configured node address. */
+ * node address the client used, else the configured node address. A
+ * frontend address that is the configured one (a NodePort on the node's
+ * first address: the common case) is the answer either way, without the
+ * axon_np_local lookup. */
 AXON_INLINE int np_snat_addr(const struct np_tuple *t, int v6, __u8 *out)
 {
+	const __u32 *d = (const __u32 *)t->daddr;
+
+	if (!v6 && cfg_snat_v4 && d[3] == cfg_snat_v4) {
+		np_addr4(out, cfg_snat_v4);
+		return 0;
+	}
+	if (v6 && !np_addr_zero(t->daddr, 1) && d[0] == cfg_snat_v6[0] && d[1] == cfg_snat_v6[1] &&
+	    d[2] == cfg_snat_v6[2] && d[3] == cfg_snat_v6[3]) {
+		__builtin_memcpy(out, t->daddr, 16);
+		return 0;
+	}
 	if (bpf_map_lookup_elem(&axon_np_local, t->daddr)) {
 		__builtin_memcpy(out, t->daddr, 16);
 		return 0;
@@ -945,7 +994,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 
 	if (ct->flags & NP_CT_LOCAL) {
 		np_explain_set(NP_DNAT_LOCAL, ct, hit);
-		if (np_rewrite(ctx, p, &n)) {
+		if (np_rewrite(ctx, p, &n, 0)) {
 			return np_drop(ctx, hook, NP_REWRITE_FAIL);
 		}
 		np_count(hook, NP_DNAT_LOCAL);
@@ -981,7 +1030,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	n.sport = ct->nat_port;
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
-	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
+	if (np_rewrite(ctx, p, &n, 1)) {
 		return np_drop(ctx, hook, NP_REWRITE_FAIL);
 	}
 	return np_transmit(ctx, rc, fp, hook, NP_SNAT_FWD);
@@ -1062,7 +1111,7 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 	}
 	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
 		return verdict;
-	if (np_rewrite(ctx, p, &n) || np_dec_ttl(ctx, p)) {
+	if (np_rewrite(ctx, p, &n, 1)) {
 		return np_drop(ctx, hook, NP_REWRITE_FAIL);
 	}
 	return np_transmit(ctx, rc, fp, hook, NP_REV_NAT);
@@ -1732,7 +1781,7 @@ AXON_INLINE int np_egress(axon_ctx_t *ctx)
 	__builtin_memcpy(&n, &p.t, sizeof(n));
 	__builtin_memcpy(n.saddr, nat->saddr, 16);
 	n.sport = nat->sport;
-	if (np_rewrite(ctx, &p, &n)) {
+	if (np_rewrite(ctx, &p, &n, 0)) {
 		return np_drop(ctx, NP_HOOK_EGRESS, NP_REWRITE_FAIL);
 	}
 	if ((nat->flags & NP_NAT_DSR) && (p.tcp_flags & NP_TCP_SYN))
