@@ -25,7 +25,16 @@
  * without it the loader leaves cfg_fib_cache 0 and the verifier prunes the
  * cache (internal/datapath/features.go, FibCache). IPv6 is not cached: its
  * routes keep per-node serial numbers (fib6_sernum), and it keeps the
- * per-packet lookup. */
+ * per-packet lookup.
+ *
+ * The north-south LB (nodeport.h, tc and XDP) keeps the next hop's MACs in
+ * the same entries (dmac, smac): XDP cannot resolve neighbours, so a route
+ * alone is not enough there, and with the MACs neither hook calls
+ * bpf_fib_lookup for a known next hop. The neighbour is not covered by
+ * rt_genid (a changed MAC or a failed neighbour bumps nothing), so the LB
+ * also keys its entries by a neighbour generation that user space bumps on
+ * every IPv4 neighbour change of the netns (nodeport.LB's neighbour watch,
+ * axon_np_neigh_gen); generation 0 means nobody watches: no cache. */
 #ifndef AXON_FIB_CACHE_H
 #define AXON_FIB_CACHE_H
 
@@ -57,6 +66,16 @@ struct sk_buff___axon {
 	struct net_device___axon *dev;
 } __attribute__((preserve_access_index));
 
+/* XDP's kernel context (bpf_cast_to_kern_ctx of an xdp_md): the device
+ * the frame arrived on, whose netns bpf_fib_lookup looks up in. */
+struct xdp_rxq_info___axon {
+	struct net_device___axon *dev;
+} __attribute__((preserve_access_index));
+
+struct xdp_buff___axon {
+	struct xdp_rxq_info___axon *rxq;
+} __attribute__((preserve_access_index));
+
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
 
 /* Slots per CPU. A slot is picked by a hash of the key; a colliding flow
@@ -75,6 +94,10 @@ struct fib_cache_entry {
 	__u32 oif;     /* result: egress ifindex */
 	__be32 nh;     /* result: next hop, the gateway or daddr if on-link */
 	__u32 valid;   /* 1 once filled */
+	/* the LB only (nodeport.h np_fib): a lookup that returned SUCCESS */
+	__u8 dmac[6];  /* result: the next hop's MAC */
+	__u8 smac[6];  /* result: the egress device's MAC */
+	__u32 neigh_gen; /* the LB's neighbour generation before the lookup */
 };
 
 /* axon_fib_cache: PERCPU_ARRAY of AXON_FIB_CACHE_SLOTS fib_cache_entry.
@@ -89,13 +112,10 @@ struct {
 
 /* fib_cache_genid reads the IPv4 route generation of the skb's netns (the
  * one bpf_fib_lookup looks up in). 0 if a pointer on the way is NULL. */
-AXON_INLINE int fib_cache_genid(struct __sk_buff *skb, __u32 *genid)
+AXON_INLINE int fib_cache_dev_genid(struct net_device___axon *dev, __u32 *genid)
 {
-	struct sk_buff___axon *kskb = bpf_cast_to_kern_ctx(skb);
-	struct net_device___axon *dev;
 	struct net___axon *net;
 
-	dev = kskb->dev;
 	if (!dev)
 		return 0;
 	net = dev->nd_net.net;
@@ -103,6 +123,25 @@ AXON_INLINE int fib_cache_genid(struct __sk_buff *skb, __u32 *genid)
 		return 0;
 	*genid = (__u32)net->ipv4.rt_genid.counter;
 	return 1;
+}
+
+AXON_INLINE int fib_cache_genid(struct __sk_buff *skb, __u32 *genid)
+{
+	struct sk_buff___axon *kskb = bpf_cast_to_kern_ctx(skb);
+
+	return fib_cache_dev_genid(kskb->dev, genid);
+}
+
+/* fib_cache_genid_xdp: fib_cache_genid for an XDP frame (the netns of the
+ * device it arrived on, where bpf_fib_lookup looks up at XDP). */
+AXON_INLINE int fib_cache_genid_xdp(struct xdp_md *ctx, __u32 *genid)
+{
+	struct xdp_buff___axon *xdp = bpf_cast_to_kern_ctx(ctx);
+	struct xdp_rxq_info___axon *rxq = xdp->rxq;
+
+	if (!rxq)
+		return 0;
+	return fib_cache_dev_genid(rxq->dev, genid);
 }
 
 AXON_INLINE __u32 fib_cache_slot(__u32 ifindex, __be32 saddr, __be32 daddr)
@@ -113,12 +152,17 @@ AXON_INLINE __u32 fib_cache_slot(__u32 ifindex, __be32 saddr, __be32 daddr)
 	return (h >> 16) & (AXON_FIB_CACHE_SLOTS - 1);
 }
 
+AXON_INLINE int fib_cache_match_key(const struct fib_cache_entry *e, __u32 ifindex, __be32 saddr,
+				    __be32 daddr, __u8 tos, __u8 proto, __u32 genid)
+{
+	return e->valid && e->genid == genid && e->ifindex == ifindex &&
+	       e->daddr == daddr && e->saddr == saddr && e->tos == tos && e->proto == proto;
+}
+
 AXON_INLINE int fib_cache_match(const struct fib_cache_entry *e, __u32 ifindex,
 				const struct iphdr *ip4, __u32 genid)
 {
-	return e->valid && e->genid == genid && e->ifindex == ifindex &&
-	       e->daddr == ip4->daddr && e->saddr == ip4->saddr &&
-	       e->tos == ip4->tos && e->proto == ip4->protocol;
+	return fib_cache_match_key(e, ifindex, ip4->saddr, ip4->daddr, ip4->tos, ip4->protocol, genid);
 }
 
 /* fib_cache_get returns the slot of this packet's key, or NULL. *hit says
@@ -143,21 +187,28 @@ AXON_INLINE struct fib_cache_entry *fib_cache_get(struct __sk_buff *skb, __u32 i
 
 /* fib_cache_put fills slot e after a lookup that returned SUCCESS or
  * NO_NEIGH with an IPv4 next hop. */
-AXON_INLINE void fib_cache_put(struct fib_cache_entry *e, __u32 ifindex,
-			       const struct iphdr *ip4, __u32 genid,
-			       __u32 oif, __be32 nh, __u16 mtu)
+AXON_INLINE void fib_cache_put_key(struct fib_cache_entry *e, __u32 ifindex, __be32 saddr,
+				   __be32 daddr, __u8 tos, __u8 proto, __u32 genid,
+				   __u32 oif, __be32 nh, __u16 mtu)
 {
 	e->valid = 0;
 	e->ifindex = ifindex;
-	e->saddr = ip4->saddr;
-	e->daddr = ip4->daddr;
-	e->tos = ip4->tos;
-	e->proto = ip4->protocol;
+	e->saddr = saddr;
+	e->daddr = daddr;
+	e->tos = tos;
+	e->proto = proto;
 	e->genid = genid;
 	e->oif = oif;
 	e->nh = nh;
 	e->mtu = mtu;
 	e->valid = 1;
+}
+
+AXON_INLINE void fib_cache_put(struct fib_cache_entry *e, __u32 ifindex,
+			       const struct iphdr *ip4, __u32 genid,
+			       __u32 oif, __be32 nh, __u16 mtu)
+{
+	fib_cache_put_key(e, ifindex, ip4->saddr, ip4->daddr, ip4->tos, ip4->protocol, genid, oif, nh, mtu);
 }
 
 #endif /* AXON_FIB_CACHE_H */

@@ -48,6 +48,7 @@
 #include "nat.h"
 #include "maglev.h"
 #include "dsr.h"
+#include "fib_cache.h"
 
 #define AXON_NP_SVC_MAX 65536
 #define AXON_NP_BACKEND_MAX 65536
@@ -338,6 +339,25 @@ struct {
 	__type(key, __u32);
 	__uint(value_size, sizeof(struct np_scratch)); /* untyped: no Go type for bpf_fib_lookup */
 } axon_np_scratch SEC(".maps");
+
+/* axon_np_neigh_gen[0]: the neighbour generation of the LB's next-hop
+ * cache (fib_cache.h, np_fib). nodeport.LB's neighbour watch sets it to 1
+ * once it listens to the netns' IPv4 neighbour changes and adds 1 on each
+ * (a new, changed, failed or removed neighbour); an entry filled under
+ * another generation is a miss. 0: nobody watches (not yet, or the watch
+ * failed): every packet is looked up in the FIB. Shared by the tc and XDP
+ * programs, not pinned: a new LB starts at 0 with empty caches. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} axon_np_neigh_gen SEC(".maps");
+
+/* cfg_fib_cache (load time): 1 where the kernel has bpf_cast_to_kern_ctx
+ * (6.3+) to read rt_genid (fib_cache.h): known IPv4 next hops come from
+ * the cache. 0: the verifier prunes the cache, every packet is looked up. */
+volatile const __u8 cfg_fib_cache = 0;
 
 AXON_INLINE struct np_scratch *np_scratch(void)
 {
@@ -668,22 +688,66 @@ AXON_INLINE int np_dec_ttl(axon_ctx_t *ctx, const struct np_pkt *p)
 	return ctx_l3_csum_diff(ctx, ETH_HLEN + 10, np_csum_fold32(np_csum_step(0, p->ttl, ttl)));
 }
 
-/* np_fib looks up the way to dst (from src) in the node's FIB. */
+/* np_rt_genid reads the IPv4 route generation of the netns the packet's
+ * FIB lookup happens in (fib_cache.h). */
+AXON_INLINE int np_rt_genid(axon_ctx_t *ctx, __u32 *genid)
+{
+#ifdef AXON_CTX_XDP
+	return fib_cache_genid_xdp(ctx, genid);
+#else
+	return fib_cache_genid(ctx, genid);
+#endif
+}
+
+/* np_fib looks up the way to dst (from src) in the node's FIB. An IPv4
+ * next hop found before (SUCCESS: egress device and both MACs) comes from
+ * the per-CPU cache of fib_cache.h while the netns' rt_genid and the
+ * neighbour generation (axon_np_neigh_gen) are what they were at its
+ * lookup: fp then holds family, ifindex and the MACs only, all np_send
+ * reads of a SUCCESS. Anything else is looked up every time. */
 AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
 			struct bpf_fib_lookup *fp)
 {
+	struct fib_cache_entry *ce = NULL;
+	__u32 iif = ctx_ifindex(ctx), zero = 0, genid = 0, ngen = 0, slot, *g;
+	__be32 s4 = np_v4(src), d4 = np_v4(dst);
+	long rc;
+
+	if (cfg_fib_cache && !v6) {
+		g = bpf_map_lookup_elem(&axon_np_neigh_gen, &zero);
+		if (g && *g && np_rt_genid(ctx, &genid)) {
+			ngen = *g;
+			slot = fib_cache_slot(iif, s4, d4);
+			ce = bpf_map_lookup_elem(&axon_fib_cache, &slot);
+			if (ce && ce->neigh_gen == ngen && fib_cache_match_key(ce, iif, s4, d4, 0, 0, genid)) {
+				fp->family = AXON_AF_INET;
+				fp->ifindex = ce->oif;
+				__builtin_memcpy(fp->dmac, ce->dmac, 6);
+				__builtin_memcpy(fp->smac, ce->smac, 6);
+				return BPF_FIB_LKUP_RET_SUCCESS;
+			}
+		}
+	}
 	__builtin_memset(fp, 0, sizeof(*fp));
-	fp->ifindex = ctx_ifindex(ctx);
+	fp->ifindex = iif;
 	if (v6) {
 		fp->family = AXON_AF_INET6;
 		__builtin_memcpy(fp->ipv6_src, src, 16);
 		__builtin_memcpy(fp->ipv6_dst, dst, 16);
 	} else {
 		fp->family = AXON_AF_INET;
-		fp->ipv4_src = np_v4(src);
-		fp->ipv4_dst = np_v4(dst);
+		fp->ipv4_src = s4;
+		fp->ipv4_dst = d4;
 	}
-	return bpf_fib_lookup(ctx, fp, sizeof(*fp), 0);
+	rc = bpf_fib_lookup(ctx, fp, sizeof(*fp), 0);
+	if (ce && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		ce->valid = 0;
+		__builtin_memcpy(ce->dmac, fp->dmac, 6);
+		__builtin_memcpy(ce->smac, fp->smac, 6);
+		ce->neigh_gen = ngen;
+		fib_cache_put_key(ce, iif, s4, d4, 0, 0, genid, fp->ifindex, fp->ipv4_dst, fp->mtu_result);
+	}
+	return rc;
 }
 
 /* np_fib_usable says whether this hook can finish the packet after a FIB

@@ -54,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.DeviceMode, "device-mode", cfg.DeviceMode, "pod device for new pods: veth, netkit (L3), netkit-l2 or auto (netkit where the kernel has it, else veth); existing pods keep theirs")
 	fs.BoolVar(&cfg.EnableIPv4BigTCP, "enable-ipv4-big-tcp", cfg.EnableIPv4BigTCP, "BIG TCP for IPv4 (GSO/GRO up to 192 KiB) on pod devices where the kernel and the uplink allow it")
 	fs.BoolVar(&cfg.EnableIPv6BigTCP, "enable-ipv6-big-tcp", cfg.EnableIPv6BigTCP, "BIG TCP for IPv6 (GSO/GRO up to 192 KiB) on pod devices where the kernel and the uplink allow it")
-	fs.BoolVar(&cfg.FibCache, "fib-cache", cfg.FibCache, "cache IPv4 routes to other nodes per CPU in the pod egress program, checked against the kernel's route generation on every packet (needs Linux 6.3+; false = a FIB lookup per packet)")
+	fs.BoolVar(&cfg.FibCache, "fib-cache", cfg.FibCache, "cache IPv4 routes to other nodes per CPU in the pod egress program, and the north-south LB's IPv4 next hops (device and MACs, also checked against the neighbours), checked against the kernel's route generation on every packet (needs Linux 6.3+; false = a FIB lookup per packet)")
 	cfg.NodePortLB.RegisterFlags(fs) // --nodeport, --lb-acceleration, --nodeport-mode, --ct-*, --maglev-table-size, --lb-algorithm
 	// Bandwidth Manager (internal/agent/bandwidth.go)
 	fs.BoolVar(&cfg.BandwidthManager, "bandwidth-manager", cfg.BandwidthManager, "enforce the Pod annotations kubernetes.io/egress-bandwidth (EDT + fq on the uplink) and kubernetes.io/ingress-bandwidth (token bucket before the redirect into the pod)")

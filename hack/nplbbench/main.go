@@ -101,6 +101,10 @@ func run(rounds, calls int) error {
 		return err
 	}
 	defer func() { n.Close(); _ = nodeport.Uninstall(pin) }()
+	// the next-hop cache, as Attach turns it on (this thread is in the netns)
+	if err := n.WatchNeighbours(); err != nil {
+		return err
+	}
 
 	be := func(s string) lb.Backend {
 		a := netip.MustParseAddrPort(s)

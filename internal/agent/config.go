@@ -61,7 +61,7 @@ type Config struct {
 	DeviceMode       string // veth|netkit|netkit-l2|auto
 	EnableIPv4BigTCP bool   // BIG TCP for IPv4 where kernel and uplink allow it
 	EnableIPv6BigTCP bool   // BIG TCP for IPv6 where kernel and uplink allow it
-	FibCache         bool   // per-CPU IPv4 route cache in axon_pod_egress where the kernel loads it
+	FibCache         bool   // per-CPU IPv4 route cache in axon_pod_egress and the north-south LB's next-hop cache, where the kernel loads them
 	// north-south load balancer on the uplink (nodeport*.go)
 	NodePortLB NodePortConfig
 	// Bandwidth Manager (bandwidth.go)

@@ -175,6 +175,7 @@ func (n *nodePort) ensure(uplink string, primary lb.Writer, deliverPods bool) {
 			MaglevTableSize: uint32(c.MaglevSize),
 			HashSeed:        maglev.HashSeed(c.MaglevSeed),
 			DeliverPods:     deliverPods,
+			NoFibCache:      !n.cfg.FibCache, // --fib-cache covers the LB's next hops too
 			Logger:          n.log.With("component", "nodeport"),
 		})
 		if err != nil {

@@ -130,6 +130,12 @@ type Options struct {
 	// NoNeigh: the kernel lacks bpf_redirect_neigh (tc falls back to the
 	// stack for unresolved neighbours). Normally false (probed by the caller).
 	NoNeigh bool
+	// NoFibCache turns the next-hop cache off (nodeport_neigh.go): every
+	// forwarded packet is then looked up in the FIB. Without it the cache
+	// is on where the kernel can run it (Linux 6.3+ with BTF) once
+	// WatchNeighbours (Attach) runs.
+	NoFibCache bool
+	fibCache   bool // decided by Load
 	// DeliverPods: the node's pod datapath (Load, same PinDir) is loaded
 	// with BPF host routing, so axon_uplink_ingress runs after the LB on the
 	// uplink. The LB's tc program then delivers TCP and UDP for a local pod
@@ -162,13 +168,15 @@ type LB struct {
 	tc   lbTCObjects
 	xdp  lbXDPObjects
 
-	mu      sync.Mutex
-	pods    []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
-	fe      map[lb.FrontendKey]*npFrontend
-	feIDs   lbmap.IDAlloc
-	beIDs   lbmap.IDAlloc
-	optFn   func(lb.Frontend) FrontendOptions
-	explain *npExplainer // dry-run instance, loaded on first Explain
+	mu       sync.Mutex
+	pods     []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
+	fe       map[lb.FrontendKey]*npFrontend
+	feIDs    lbmap.IDAlloc
+	beIDs    lbmap.IDAlloc
+	optFn    func(lb.Frontend) FrontendOptions
+	explain  *npExplainer // dry-run instance, loaded on first Explain
+	fibCache bool         // programs loaded with the next-hop cache (cfg_fib_cache)
+	neigh    *neighWatch  // WatchNeighbours, nil before
 }
 
 // Verdict names of enum np_reason (bpf/lib/nodeport.h), in order; also the
@@ -293,6 +301,7 @@ func (o *Options) setVariables(spec *ebpf.CollectionSpec, dryRun bool) error {
 		"cfg_dsr_mss_v4":      dsrMSS(o.UplinkMTU, 60),  // - IPv4, TCP, outer IPv4
 		"cfg_dsr_mss_v6":      dsrMSS(o.UplinkMTU, 100), // - IPv6, TCP, outer IPv6
 		"cfg_dsr_mtu":         o.UplinkMTU,              // larger once encapsulated: ICMP "too big"
+		"cfg_fib_cache":       datapath.BoolU8(o.fibCache && !dryRun),
 	}
 	for name, v := range vals {
 		vs, ok := spec.Variables[name]
@@ -364,7 +373,13 @@ func Load(o Options) (*LB, error) {
 	if err := datapath.EnsurePinDir(o.PinDir); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
-	n := &LB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}}
+	if !o.NoFibCache {
+		var why string
+		if o.fibCache, why = kernelFibCache(); !o.fibCache {
+			o.Logger.Info("nodeport LB: next-hop cache off", "reason", why)
+		}
+	}
+	n := &LB{log: o.Logger, opts: o, fe: map[lb.FrontendKey]*npFrontend{}, fibCache: o.fibCache}
 	tcSpec, err := loadLbTC()
 	if err != nil {
 		return nil, fmt.Errorf("load nodeport LB: parse lb_tc object: %w", err)
@@ -423,7 +438,7 @@ func (n *LB) sharedMaps() map[string]*ebpf.Map {
 		MapSrcRange: m.AxonNpSrcrange, MapAffinity: m.AxonNpAff, MapCT: m.AxonNpCt, MapCTNew: m.AxonNpCtNew,
 		MapNAT: m.AxonNpNat, MapMetrics: m.AxonNpMetrics, MapLBMaglev: m.AxonLbMaglev,
 		MapFrag: m.AxonNpFrag, MapDSR: m.AxonNpDsr, MapCluster: m.AxonNpCluster,
-		MapPods: m.AxonNpPods,
+		MapPods: m.AxonNpPods, MapNeighGen: m.AxonNpNeighGen,
 		// the drop maps (bpf/lib/drop.h): the dry run writes none of them
 		drops.MapCounts: m.AxonDrops, drops.MapListen: m.AxonDropListen,
 		drops.MapRingStats: m.AxonDropRingStats, drops.MapEvents: m.AxonDropEvents,
@@ -600,6 +615,7 @@ func (n *LB) SetNodeAddrs(addrs []netip.Addr) error {
 // being balanced while the agent is down and the next load adopts them.
 func (n *LB) Close() error {
 	var errs []error
+	n.stopNeighbours()
 	if n.explain != nil {
 		errs = append(errs, n.explain.close())
 	}

@@ -60,6 +60,10 @@ func (n *LB) Attach(ifname, xdpMode string) (Attachment, error) {
 	}
 	idx := dev.Attrs().Index
 	pd := n.opts.PinDir
+	// the uplink's netns is the one the LB forwards in
+	if err := n.WatchNeighbours(); err != nil {
+		n.log.Warn("nodeport LB: next-hop cache off", "error", err)
+	}
 	legacy := !datapath.ProbeTCX().Available
 	mode := "tcx"
 	if legacy {

@@ -126,6 +126,11 @@ func newNPFix(t testing.TB, mod func(*Options)) *npFix {
 		t.Fatal(err)
 	}
 	f.n = n
+	// the next-hop cache on, as Attach turns it on: every fixture's later
+	// packets take their next hop from it
+	if err := netnsutil.Do(f.ns, n.WatchNeighbours); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		n.Close()
 		if err := Uninstall(f.pin); err != nil {

@@ -1,0 +1,177 @@
+package nodeport
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/lb"
+)
+
+// TestNodePortNextHopCache: an SNAT flow's packets take their next hop
+// (egress device, MACs) from the per-CPU cache (bpf/lib/fib_cache.h), and a
+// changed neighbour or route sends the next packet to the right MAC. That
+// the cache is read at all is shown by a poisoned entry: its MAC is what
+// the packet gets. A neighbour change must move the neighbour generation
+// (MapNeighGen); a route change must not need it (rt_genid).
+func TestNodePortNextHopCache(t *testing.T) {
+	f := newNPFix(t, nil)
+	if !f.n.FibCacheOn() {
+		t.Skip("the kernel cannot run the next-hop cache (no bpf_cast_to_kern_ctx)")
+	}
+	c := dptest.NSConf(t, f.ns)
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
+	poison := dptest.MustMAC(t, "02:00:00:00:00:99")
+	macB := dptest.MustMAC(t, "02:00:00:00:00:22")
+	macC := dptest.MustMAC(t, "02:00:00:00:00:33")
+	gw := &netlink.Neigh{LinkIndex: f.upIf, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: net.ParseIP("198.18.0.12")}
+	alt := &netlink.Neigh{LinkIndex: f.upIf, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: net.ParseIP("198.18.0.13")}
+	route := func(via string) {
+		t.Helper()
+		_, dst, _ := net.ParseCIDR("10.244.2.0/24")
+		if err := c.H.RouteReplace(&netlink.Route{Dst: dst, Gw: net.ParseIP(via), LinkIndex: f.upIf}); err != nil {
+			t.Fatalf("route 10.244.2.0/24 via %s: %v", via, err)
+		}
+	}
+	neigh := func(n *netlink.Neigh, mac net.HardwareAddr) {
+		t.Helper()
+		n.HardwareAddr = mac
+		if err := c.H.NeighSet(n); err != nil {
+			t.Fatalf("neighbour %s lladdr %s: %v", n.IP, mac, err)
+		}
+	}
+	for _, hook := range npHooks {
+		t.Run(hook, func(t *testing.T) {
+			f.resetFlows(t)
+			neigh(gw, f.gwMAC)
+			route("198.18.0.12")
+			if err := c.H.NeighDel(alt); err != nil && !errors.Is(err, unix.ENOENT) {
+				t.Fatal(err)
+			}
+			cache := f.n.tc.AxonFibCache
+			if hook == "xdp" {
+				cache = f.n.xdp.AxonFibCache
+			}
+			flow := npTCP("198.18.0.250:40000", "198.18.0.11:30080")
+			send := func(flags uint8) (npVerdict, net.HardwareAddr) {
+				t.Helper()
+				v, out := f.run(t, hook, f.wirePkt(flow, flags))
+				return v, net.HardwareAddr(out[0:6])
+			}
+			// the SYN looks the next hop up and fills the cache
+			if v, mac := send(npSYN); v != npFwd || !bytes.Equal(mac, f.gwMAC) {
+				t.Fatalf("SYN: %s to %s, want fwd to %s", v, mac, f.gwMAC)
+			}
+			if n := npPoison(t, cache, poison); n == 0 {
+				t.Fatal("no valid next-hop cache entry after the SYN")
+			}
+			if _, mac := send(npACK); !bytes.Equal(mac, poison) {
+				t.Fatalf("poisoned cache entry: packet to %s, want %s (the cached MAC: the cache is not read)", mac, poison)
+			}
+
+			// a neighbour change: the generation moves, the next packet goes to the new MAC
+			g0 := npNeighGen(t, f)
+			neigh(gw, macB)
+			npWaitGen(t, f, g0)
+			if _, mac := send(npACK); !bytes.Equal(mac, macB) {
+				t.Fatalf("after the neighbour changed its MAC: packet to %s, want %s", mac, macB)
+			}
+
+			// a route change alone (rt_genid): the other gateway's neighbour
+			// exists first, then only the route moves
+			g1 := npNeighGen(t, f)
+			neigh(alt, macC)
+			npWaitGen(t, f, g1)
+			if _, mac := send(npACK); !bytes.Equal(mac, macB) { // refills under the current generation
+				t.Fatalf("before the route change: packet to %s, want %s", mac, macB)
+			}
+			if npPoison(t, cache, poison) == 0 {
+				t.Fatal("no valid next-hop cache entry after the refill")
+			}
+			g1 = npNeighGen(t, f)
+			route("198.18.0.13")
+			if _, mac := send(npACK); !bytes.Equal(mac, macC) {
+				t.Fatalf("after the route moved to 198.18.0.13: packet to %s, want %s", mac, macC)
+			}
+			if g := npNeighGen(t, f); g != g1 {
+				t.Fatalf("neighbour generation moved during the route change (%d -> %d): the route check would not be shown by rt_genid alone", g1, g)
+			}
+
+			// the next hop fails: no MAC to use; XDP passes it up for tc to
+			// resolve, tc hands it to bpf_redirect_neigh
+			g2 := npNeighGen(t, f)
+			if err := c.H.NeighDel(alt); err != nil {
+				t.Fatal(err)
+			}
+			npWaitGen(t, f, g2)
+			want := map[string]npVerdict{"tc": npFwd, "xdp": npNext}[hook] // XDP_PASS reads as next
+			before := f.counters(t)
+			if v, _ := send(npACK); v != want {
+				t.Fatalf("next hop without a neighbour: %s, want %s", v, want)
+			}
+			if hook == "xdp" {
+				if moved := npMoved(before, f.counters(t), hook); moved["xdp_punt"] != 1 {
+					t.Fatalf("next hop without a neighbour at XDP: counters moved %v, want xdp_punt 1", moved)
+				}
+			}
+		})
+	}
+}
+
+// npPoison gives every slot of a next-hop cache that holds a valid entry
+// on some CPU that entry on every CPU (a test run may run on any of them),
+// with mac as the destination MAC; the number of slots changed.
+func npPoison(t *testing.T, m *ebpf.Map, mac net.HardwareAddr) int {
+	t.Helper()
+	n := 0
+	for slot := uint32(0); slot < m.MaxEntries(); slot++ {
+		var per []lbTCFibCacheEntry
+		if err := m.Lookup(slot, &per); err != nil {
+			t.Fatalf("read next-hop cache slot %d: %v", slot, err)
+		}
+		i := slices.IndexFunc(per, func(e lbTCFibCacheEntry) bool { return e.Valid == 1 })
+		if i < 0 {
+			continue
+		}
+		e := per[i]
+		copy(e.Dmac[:], mac)
+		for j := range per {
+			per[j] = e
+		}
+		if err := m.Update(slot, per, ebpf.UpdateExist); err != nil {
+			t.Fatalf("write next-hop cache slot %d: %v", slot, err)
+		}
+		n++
+	}
+	return n
+}
+
+func npNeighGen(t *testing.T, f *npFix) uint32 {
+	t.Helper()
+	var g uint32
+	if err := f.n.tc.AxonNpNeighGen.Lookup(uint32(0), &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// npWaitGen waits until the neighbour watch has moved the generation past
+// old (it runs on its own goroutine).
+func npWaitGen(t *testing.T, f *npFix, old uint32) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for npNeighGen(t, f) == old {
+		if time.Now().After(deadline) {
+			t.Fatalf("neighbour generation still %d 5 s after a neighbour change: the watch missed it", old)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
