@@ -179,18 +179,18 @@ func run(rounds, calls int) error {
 	}
 	fwd := map[string]uint32{"tc": 7, "xdp": 3}
 	scens := []scenario{
-		{"ct_hit", "established NodePort flow, remote backend: CT hit, SNAT + DNAT, FIB, redirect",
+		{"ct_hit", "established NodePort flow, remote backend: CT hit, SNAT + DNAT, next hop (cached), redirect",
 			func(int) []byte { return nodeport.Packet(ctHit, false) }, fwd},
 		{"new_flow", "new NodePort flow (SYN), 100 backends, random pick: CT miss, selection, SNAT port + NAT + CT insert",
 			fresh("new", "198.18.0.11:30080"), fwd},
 		{"maglev_new_flow", "new flow to a Maglev frontend (M=16381, 100 backends)",
 			fresh("maglev", "192.0.2.20:80"), fwd},
-		{"dsr_encap", "established DSR flow: CT hit, IPIP encapsulation, FIB, redirect",
+		{"dsr_encap", "established DSR flow: CT hit, IPIP encapsulation, next hop (cached), redirect",
 			func(int) []byte { return nodeport.Packet(dsrHit, false) }, fwd},
 		{"dsr_accept", "DSR request at the backend's node (IPIP to a local pod, established flow): decapsulate, CT hit, DNAT, on to the pod (XDP passes IP-in-IP up to tc)",
 			func(int) []byte { return ipip(nodeport.Packet(dsrReq, false), node2, pod) },
 			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
-		{"rev_nat", "backend reply of an SNAT flow: reverse NAT, FIB, redirect",
+		{"rev_nat", "backend reply of an SNAT flow: reverse NAT, next hop (cached), redirect",
 			func(int) []byte { return nodeport.Packet(revTuple, false) }, fwd},
 		{"not_service", "packet for a pod address (not a service): passed on",
 			func(int) []byte { return nodeport.Packet(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
