@@ -26,8 +26,12 @@
  * standalone L4 LB, legacy host routing): the LB never delivers. */
 volatile const __u8 cfg_deliver_pods = 0;
 
-/* lb_deliver_pod: a pod-bound TCP/UDP packet np_ingress left alone. */
-AXON_INLINE int lb_deliver_pod(struct __sk_buff *skb)
+/* lb_deliver_pod: a pod-bound TCP/UDP packet np_ingress left alone. Not
+ * inlined: its parse state (struct packet) and the pod path's frames would
+ * otherwise sit on the program's own frame beside np_ingress's, and with
+ * the LB's deepest call chain (np_ingress_l4, np_nat_stale) the verifier's
+ * 512-byte limit for the combined stack is exceeded. */
+static __noinline int lb_deliver_pod(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct endpoint_info *ep;
