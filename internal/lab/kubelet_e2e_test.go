@@ -264,6 +264,12 @@ func TestKubeletLab(t *testing.T) {
 	}
 	probeHostname(ctx, t, "node node1 after kubelet's restart", netnsutil.Path(l.Nodes()[0].Netns), filepath.Join(cg1, "runtime"), targets[0], names)
 
+	// Operating axon: the DaemonSet rolls to a new image tag, then the agents are killed, while
+	// clients stream through the ClusterIP and the NodePorts (kubelet_ops_e2e_test.go).
+	countersShowResets(ctx, t, l, pods)
+	rollAgentsUnderTraffic(ctx, t, l, kube, pods, cip.String(), nodePort, names)
+	killAgentsUnderTraffic(ctx, t, l, kube, pods, cip.String(), nodePort, names)
+
 	agentMissing(ctx, t, kube)
 }
 
@@ -425,7 +431,10 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 		svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": "web"},
-				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+				Ports: []corev1.ServicePort{
+					{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
+					{Name: "udp", Port: 81, TargetPort: intstr.FromInt32(8081), Protocol: corev1.ProtocolUDP}, // netexec's UDP server
+				}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
