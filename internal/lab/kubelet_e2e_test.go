@@ -72,7 +72,7 @@ func needKubelet(t *testing.T) {
 func TestKubeletLab(t *testing.T) {
 	need(t, "axon")
 	needKubelet(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 
 	// Registered before up(): runs after its `down`. kubelet, containerd, shims and pods all
@@ -271,6 +271,12 @@ func TestKubeletLab(t *testing.T) {
 	killAgentsUnderTraffic(ctx, t, l, kube, pods, cip.String(), nodePort, names)
 
 	agentMissing(ctx, t, kube)
+
+	if os.Getenv(churnEnv) == "" {
+		t.Logf("the pod churn (50 pods through kubelet across agent kills, about a minute) runs with %s=1", churnEnv)
+		return
+	}
+	podChurn(ctx, t, l, kube)
 }
 
 // kubectl runs the lab's kubectl with kubeconfig and returns its stdout; it fails the test
