@@ -331,11 +331,20 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 	if _, err := kube.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	const want = "axon-agent not reachable at /var/run/axon/axon.sock"
-	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent", func() (bool, string) {
+	// What is wrong (the agent's socket) and what to do (find the node's agent pod).
+	const want, todo = "axon-agent not reachable at /var/run/axon/axon.sock", "kubectl get pods -A -o wide -l app.kubernetes.io/name=axon-agent"
+	var lateEvent string
+	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent and what to do", func() (bool, string) {
 		ev := podEvents(ctx, kube)
-		return strings.Contains(ev, "event late ") && strings.Contains(ev, want), ev
+		for _, e := range strings.Split(ev, "; ") {
+			if strings.HasPrefix(e, "event late ") && strings.Contains(e, want) && strings.Contains(e, todo) {
+				lateEvent = e
+				return true, ""
+			}
+		}
+		return false, ev
 	})
+	t.Logf("with the agent missing: %s", lateEvent)
 	patch(`[{"op":"remove","path":"/spec/template/spec/nodeSelector/lab-agent"}]`)
 	waitUntil(ctx, t, 60*time.Second, "pod late Running with an IP once the agent is back", func() (bool, string) {
 		p, err := kube.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
