@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -335,14 +336,17 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 	const want, todo = "axon-agent not reachable at /var/run/axon/axon.sock", "kubectl get pods -A -o wide -l app.kubernetes.io/name=axon-agent"
 	var lateEvent string
 	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent and what to do", func() (bool, string) {
-		ev := podEvents(ctx, kube)
-		for _, e := range strings.Split(ev, "; ") {
-			if strings.HasPrefix(e, "event late ") && strings.Contains(e, want) && strings.Contains(e, todo) {
-				lateEvent = e
+		l, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=late,type=Warning"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range l.Items {
+			if strings.Contains(e.Message, want) && strings.Contains(e.Message, todo) {
+				lateEvent = e.Reason + ": " + e.Message
 				return true, ""
 			}
 		}
-		return false, ev
+		return false, podEvents(ctx, kube)
 	})
 	t.Logf("with the agent missing: %s", lateEvent)
 	patch(`[{"op":"remove","path":"/spec/template/spec/nodeSelector/lab-agent"}]`)
@@ -402,6 +406,11 @@ func deployWeb(ctx context.Context, t *testing.T, kube kubernetes.Interface) []c
 					Containers: []corev1.Container{{
 						Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever,
 						Args:           []string{"netexec", "--http-port=8080"},
+						// Burstable, not BestEffort: a BestEffort pod's cgroup has cpu.shares 2, and
+						// while a restarted agent verifies its programs (about a core-second) next
+						// to it on a busy 2-core host, its server stalled for over 2 s (the
+						// rolling update under traffic counted those stalls as failed requests).
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}},
 						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
 					}},
 				},
@@ -484,7 +493,7 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 }
 
 // podNamespaces returns the netns path and the cgroup2 dir of p's netexec container, found
-// through its process: kubelet puts it in <node cgroup>/kubepods/besteffort/pod<uid>/<id>.
+// through its process: kubelet puts it in <node cgroup>/kubepods/<qos class>/pod<uid>/<id>.
 func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 	t.Helper()
 	if len(p.Status.ContainerStatuses) != 1 {
@@ -495,7 +504,11 @@ func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(root, "kubepods", "besteffort", "pod"+string(p.UID), id)
+	qos := strings.ToLower(string(p.Status.QOSClass)) // kubepods/besteffort, kubepods/burstable; Guaranteed right under kubepods
+	if p.Status.QOSClass == corev1.PodQOSGuaranteed {
+		qos = ""
+	}
+	cg := filepath.Join(root, "kubepods", qos, "pod"+string(p.UID), id)
 	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
 	if err != nil {
 		t.Fatalf("pod %s: container cgroup: %v", p.Name, err)

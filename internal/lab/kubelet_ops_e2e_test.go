@@ -56,6 +56,8 @@ type kubeLoopResult struct {
 	Reconnects int
 	FirstErr   string
 	Seen       map[string]int // answering pod -> requests
+	// FailedAt: when the first failed requests started, in seconds since the loop started.
+	FailedAt []float64
 }
 
 // kubeLoopConnectTimeout bounds every connect: under the kernel's first SYN retransmission
@@ -75,6 +77,7 @@ func kubeLoopMain(spec string) int {
 	var keep net.Conn
 	var keepR *bufio.Reader
 	first := true
+	t0 := time.Now()
 	fmt.Println("started")
 	for {
 		select {
@@ -85,6 +88,7 @@ func kubeLoopMain(spec string) int {
 		}
 		var answer string
 		var err error
+		start := time.Since(t0).Seconds()
 		switch mode {
 		case "new":
 			answer, err = func() (string, error) {
@@ -137,6 +141,9 @@ func kubeLoopMain(spec string) int {
 			}
 			if r.FirstErr == "" {
 				r.FirstErr = err.Error()
+			}
+			if len(r.FailedAt) < 10 {
+				r.FailedAt = append(r.FailedAt, float64(int(start*100))/100)
 			}
 		} else {
 			r.OK++
@@ -283,6 +290,25 @@ type traffic struct {
 	netns  []trafficNetns
 	before []tcpCounters
 	t0     time.Time
+	// the web pods' server processes and their run-queue wait when the loops started: a
+	// server starved of CPU looks like a lost packet to its clients, so the wait is logged
+	servers []runqWait
+}
+
+// runqWait is a process's time waiting for a CPU (/proc/<pid>/schedstat, second field).
+type runqWait struct {
+	what string
+	pid  int
+	ns   int64
+}
+
+func readRunqWait(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if f := strings.Fields(string(b)); err == nil && len(f) > 1 {
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		return v
+	}
+	return -1
 }
 
 // startTraffic streams requests while something is done to the agents: from each web pod (its
@@ -296,6 +322,9 @@ func startTraffic(ctx context.Context, t *testing.T, l *lab.Lab, pods []corev1.P
 	for _, p := range pods {
 		netns, cg := podNamespaces(t, p)
 		tr.netns = append(tr.netns, trafficNetns{"pod " + p.Name + " on " + p.Spec.NodeName, netns})
+		var pid int
+		fmt.Sscanf(netns, "/proc/%d/ns/net", &pid)
+		tr.servers = append(tr.servers, runqWait{"pod " + p.Name + " on " + p.Spec.NodeName, pid, readRunqWait(pid)})
 		for _, spec := range []string{"new " + cip + ":80", "keep " + cip + ":80", "udp " + cip + ":81"} {
 			tr.loops = append(tr.loops, startKubeLoop(ctx, t, "pod "+p.Name, netns, cg, spec))
 		}
@@ -324,8 +353,8 @@ func (tr *traffic) stopAndCheck(ctx context.Context, t *testing.T, during string
 		t.Logf("%s during %s: %d requests, %d failed (%d resets), %d reconnects, answered by %v",
 			lp.what, during, r.OK+r.Fails, r.Fails, r.Resets, r.Reconnects, r.Seen)
 		if r.Fails != 0 || r.Reconnects != 0 {
-			t.Errorf("%s during %s: %d of %d requests failed (%d with a reset), %d reconnects; first: %s",
-				lp.what, during, r.Fails, r.OK+r.Fails, r.Resets, r.Reconnects, r.FirstErr)
+			t.Errorf("%s during %s: %d of %d requests failed (%d with a reset), %d reconnects; first: %s; failed at %v s of the window",
+				lp.what, during, r.Fails, r.OK+r.Fails, r.Resets, r.Reconnects, r.FirstErr, r.FailedAt)
 		}
 		if r.OK < 50 {
 			t.Errorf("%s during %s: only %d requests answered: not a real load", lp.what, during, r.OK)
@@ -343,7 +372,12 @@ func (tr *traffic) stopAndCheck(ctx context.Context, t *testing.T, during string
 			t.Errorf("%s's TCP counters moved during %s: %v (a connection was reset or refused)", n.what, during, d)
 		}
 	}
-	t.Logf("%s: %d requests in %s over %d loops, %d failed", during, total, time.Since(tr.t0).Round(100*time.Millisecond), len(tr.loops), fails)
+	var waits []string
+	for _, sv := range tr.servers {
+		waits = append(waits, fmt.Sprintf("%s %s", sv.what, time.Duration(readRunqWait(sv.pid)-sv.ns).Round(time.Millisecond)))
+	}
+	t.Logf("%s: %d requests in %s over %d loops, %d failed; the servers waited for a CPU: %s", during, total,
+		time.Since(tr.t0).Round(100*time.Millisecond), len(tr.loops), fails, strings.Join(waits, ", "))
 }
 
 // countersShowResets is the control for the counters: a connect refused between two web pods
