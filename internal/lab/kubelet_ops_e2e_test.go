@@ -56,7 +56,7 @@ type kubeLoopResult struct {
 	Reconnects int
 	FirstErr   string
 	Seen       map[string]int // answering pod -> requests
-	// FailedAt: when the first failed requests started, in seconds since the loop started.
+	// FailedAt: when the first failed requests started (Unix time, seconds).
 	FailedAt []float64
 }
 
@@ -77,7 +77,6 @@ func kubeLoopMain(spec string) int {
 	var keep net.Conn
 	var keepR *bufio.Reader
 	first := true
-	t0 := time.Now()
 	fmt.Println("started")
 	for {
 		select {
@@ -88,7 +87,7 @@ func kubeLoopMain(spec string) int {
 		}
 		var answer string
 		var err error
-		start := time.Since(t0).Seconds()
+		start := float64(time.Now().UnixMilli()) / 1000
 		switch mode {
 		case "new":
 			answer, err = func() (string, error) {
@@ -143,7 +142,7 @@ func kubeLoopMain(spec string) int {
 				r.FirstErr = err.Error()
 			}
 			if len(r.FailedAt) < 10 {
-				r.FailedAt = append(r.FailedAt, float64(int(start*100))/100)
+				r.FailedAt = append(r.FailedAt, start)
 			}
 		} else {
 			r.OK++
@@ -353,8 +352,12 @@ func (tr *traffic) stopAndCheck(ctx context.Context, t *testing.T, during string
 		t.Logf("%s during %s: %d requests, %d failed (%d resets), %d reconnects, answered by %v",
 			lp.what, during, r.OK+r.Fails, r.Fails, r.Resets, r.Reconnects, r.Seen)
 		if r.Fails != 0 || r.Reconnects != 0 {
-			t.Errorf("%s during %s: %d of %d requests failed (%d with a reset), %d reconnects; first: %s; failed at %v s of the window",
-				lp.what, during, r.Fails, r.OK+r.Fails, r.Resets, r.Reconnects, r.FirstErr, r.FailedAt)
+			var at []string
+			for _, f := range r.FailedAt {
+				at = append(at, fmt.Sprintf("%.2fs", f-float64(tr.t0.UnixMilli())/1000))
+			}
+			t.Errorf("%s during %s: %d of %d requests failed (%d with a reset), %d reconnects; first: %s; failed at %v since the loops started",
+				lp.what, during, r.Fails, r.OK+r.Fails, r.Resets, r.Reconnects, r.FirstErr, at)
 		}
 		if r.OK < 50 {
 			t.Errorf("%s during %s: only %d requests answered: not a real load", lp.what, during, r.OK)
@@ -441,16 +444,26 @@ func podReady(p corev1.Pod) bool {
 	})
 }
 
-// waitAgents waits until both nodes have a Ready agent pod for which ok holds.
-func waitAgents(ctx context.Context, t *testing.T, kube kubernetes.Interface, timeout time.Duration, what string, ok func(corev1.Pod) bool) map[string]corev1.Pod {
+// waitAgents waits until both nodes have a Ready agent pod for which ok holds. The timeline
+// says when each node's pod first satisfied ok and when it was Ready, in seconds since since.
+func waitAgents(ctx context.Context, t *testing.T, kube kubernetes.Interface, timeout time.Duration, what string, since time.Time, ok func(corev1.Pod) bool) (pods map[string]corev1.Pod, timeline string) {
 	t.Helper()
-	var pods map[string]corev1.Pod
+	seen, ready := map[string]float64{}, map[string]float64{}
 	waitUntil(ctx, t, timeout, what, func() (bool, string) {
 		pods = agentPods(ctx, t, kube)
 		var states []string
 		done := len(pods) == 2
+		now := time.Since(since).Seconds()
 		for _, n := range []string{"node1", "node2"} {
 			p, found := pods[n]
+			if found && ok(p) {
+				if _, was := seen[n]; !was {
+					seen[n] = now
+				}
+				if _, was := ready[n]; !was && podReady(p) {
+					ready[n] = now
+				}
+			}
 			if !found || !podReady(p) || !ok(p) {
 				done = false
 			}
@@ -458,7 +471,7 @@ func waitAgents(ctx context.Context, t *testing.T, kube kubernetes.Interface, ti
 		}
 		return done, strings.Join(states, "; ")
 	})
-	return pods
+	return pods, fmt.Sprintf("node1 new %.1fs Ready %.1fs, node2 new %.1fs Ready %.1fs", seen["node1"], ready["node1"], seen["node2"], ready["node2"])
 }
 
 // tagAxonImage tags the axon image (the chart's tag) as tag in every node's containerd: the
@@ -530,10 +543,11 @@ func rollAgentsUnderTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube 
 	if _, err := kube.AppsV1().DaemonSets(lab.AxonNamespace).Patch(ctx, lab.AxonDaemonSet, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitAgents(ctx, t, kube, 90*time.Second, "DaemonSet rolled to "+newImage+" on both nodes", func(p corev1.Pod) bool {
+	_, timeline := waitAgents(ctx, t, kube, 90*time.Second, "DaemonSet rolled to "+newImage+" on both nodes", tr.t0, func(p corev1.Pod) bool {
 		return p.UID != old[p.Spec.NodeName].UID && p.Spec.Containers[0].Image == newImage
 	})
-	t.Logf("DaemonSet rolled from %s to %s in %s", oldImage, newImage, time.Since(t0).Round(100*time.Millisecond))
+	t.Logf("DaemonSet rolled from %s to %s in %s (since the loops started, the same clock as their failure times: %s)",
+		oldImage, newImage, time.Since(t0).Round(100*time.Millisecond), timeline)
 	time.Sleep(time.Second)
 	tr.stopAndCheck(ctx, t, "the DaemonSet's rolling update", names)
 }
@@ -563,14 +577,14 @@ func killAgentsUnderTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube 
 		}
 		return -1
 	}
-	now := waitAgents(ctx, t, kube, 90*time.Second, "agents back Ready (node1's container restarted, node2's pod replaced)", func(p corev1.Pod) bool {
+	now, timeline := waitAgents(ctx, t, kube, 90*time.Second, "agents back Ready (node1's container restarted, node2's pod replaced)", tr.t0, func(p corev1.Pod) bool {
 		if p.Spec.NodeName == "node1" {
 			return p.UID == p1.UID && restarts(p) > restarts(p1)
 		}
 		return p.UID != old["node2"].UID
 	})
-	t.Logf("agent killed (node1, kill -9: restart %d) and deleted (node2, grace 0: new pod %s): both Ready after %s",
-		restarts(now["node1"]), now["node2"].Name, time.Since(t0).Round(100*time.Millisecond))
+	t.Logf("agent killed (node1, kill -9: restart %d) and deleted (node2, grace 0: new pod %s): both Ready after %s (%s)",
+		restarts(now["node1"]), now["node2"].Name, time.Since(t0).Round(100*time.Millisecond), timeline)
 	time.Sleep(time.Second)
 	tr.stopAndCheck(ctx, t, "the agents' kill and delete", names)
 }
@@ -737,7 +751,7 @@ func podChurn(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Int
 	if len(seen) != rounds*perRound {
 		t.Fatalf("%d distinct churn pods ran, want %d", len(seen), rounds*perRound)
 	}
-	waitAgents(ctx, t, kube, 60*time.Second, "both agents Ready after the churn", func(corev1.Pod) bool { return true })
+	waitAgents(ctx, t, kube, 60*time.Second, "both agents Ready after the churn", time.Now(), func(corev1.Pod) bool { return true })
 	// A deleted pod's API object goes once kubelet's CNI DEL succeeded; what the agent still
 	// holds after that is a leak. Allow its reconcile and GC a few seconds.
 	for _, n := range l.Nodes() {
