@@ -294,7 +294,8 @@ type traffic struct {
 	servers []runqWait
 }
 
-// runqWait is a process's time waiting for a CPU (/proc/<pid>/schedstat, second field).
+// runqWait is a process's time waiting for a CPU: the sum over its threads of
+// /proc/<pid>/task/<tid>/schedstat's second field (a Go server's main thread mostly sleeps).
 type runqWait struct {
 	what string
 	pid  int
@@ -302,12 +303,16 @@ type runqWait struct {
 }
 
 func readRunqWait(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if f := strings.Fields(string(b)); err == nil && len(f) > 1 {
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		return v
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if f := strings.Fields(string(b)); err == nil && len(f) > 1 {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += v
+		}
 	}
-	return -1
+	return sum
 }
 
 // startTraffic streams requests while something is done to the agents: from each web pod (its
