@@ -409,12 +409,12 @@ func deployWeb(ctx context.Context, t *testing.T, kube kubernetes.Interface) []c
 					TerminationGracePeriodSeconds: ptr(int64(1)),
 					Containers: []corev1.Container{{
 						Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever,
-						Args:           []string{"netexec", "--http-port=8080"},
-						// Burstable, not BestEffort: a BestEffort pod's cgroup has cpu.shares 2, and
-						// while a restarted agent verifies its programs (about a core-second) next
-						// to it on a busy 2-core host, its server stalled for over 2 s (the
-						// rolling update under traffic counted those stalls as failed requests).
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}},
+						Args: []string{"netexec", "--http-port=8080"},
+						// Burstable, not BestEffort: a BestEffort pod's cgroup has cpu.shares 2
+						// against the agent's 102, and a restarted agent verifies its programs
+						// (about a core-second) next to it; the likely cause of a 2 s stall that
+						// the rolling update under traffic once counted (docs/kubelet.md).
+						Resources:      corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}},
 						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
 					}},
 				},

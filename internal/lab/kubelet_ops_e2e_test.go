@@ -181,7 +181,7 @@ func httpHostname(c net.Conn, br *bufio.Reader, closeAfter bool) (string, error)
 type kubeLoop struct {
 	what, mode string
 	stdin      io.WriteCloser
-	out   *bufio.Reader
+	out        *bufio.Reader
 }
 
 // startKubeLoop starts loop spec in netns (and cgroup, when set) and waits until it runs.
@@ -712,7 +712,7 @@ func podChurn(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Int
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
 					TerminationGracePeriodSeconds: ptr(int64(0)),
-					Containers: []corev1.Container{{Name: "pause", Image: kubenode.DefaultPauseImage, ImagePullPolicy: corev1.PullNever}},
+					Containers:                    []corev1.Container{{Name: "pause", Image: kubenode.DefaultPauseImage, ImagePullPolicy: corev1.PullNever}},
 				},
 			},
 		},
