@@ -15,13 +15,14 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-unit bench clean help image images conformance-deps conformance fuzz manifests
+.PHONY: all build generate deps packages lab lab-down test test-kubelet-ops test-unit bench clean help image images conformance-deps conformance fuzz manifests
 
 all: build
 
 help:
 	@echo "make lab      bring up a $(NODES)-node lab (axon datapath) and run its connectivity check"
 	@echo "make test     run all tests (needs root; installs packages and builds cached deps first)"
+	@echo "make test-kubelet-ops  TestKubeletLab with the axon DaemonSet's rolling update, agent kills and pod churn under traffic (~2.5 min)"
 	@echo "make bench    run the interleaved benchmark in the lab (results/ folder)"
 	@echo "make fuzz     1 000 000 random and mutated packets through every tc/XDP program (FUZZ_SEED=1)"
 	@echo "make build    build bin/axon, bin/axon-agent, bin/axon-cni (BPF objects from source)"
@@ -105,6 +106,12 @@ test: deps build image images vm-kernels
 	@set -o pipefail; $(GO) test $(TEST_FLAGS) -json $(TEST_PKGS) | tee $(RESULTS)/test.json | $(GO) run ./hack/testsummary
 
 # Pure-logic tests only (no root, no kernel features, no cached binaries).
+# TestKubeletLab with the operations (docs/kubelet.md "Operating"): the axon DaemonSet's rolling
+# update and agent kills under traffic (zero failed requests, zero resets), 50 pods through kubelet
+# across agent kills (no leak). About 2.5 minutes; uses the lab's fixed names (no lab may be up).
+test-kubelet-ops: deps build image images
+	AXON_LAB_KUBELET_OPS=1 $(GO) test -count=1 -p 1 -timeout 15m -run '^TestKubeletLab$$' -v ./internal/lab/
+
 test-unit:
 	$(GO) test -count=1 ./internal/ipam/... ./internal/api/... ./hack/...
 

@@ -598,8 +598,8 @@ func TestStatus(t *testing.T) {
 
 	e.stop()
 	ce = e.invoke(call{cmd: "STATUS"}).cniErr(t)
-	if ce.Code != types.ErrPluginNotAvailable || !strings.Contains(ce.Msg, "not reachable at "+e.sock) {
-		t.Fatalf("STATUS down = %+v", ce)
+	if ce.Code != types.ErrPluginNotAvailable || !strings.Contains(ce.Msg, "not reachable at "+e.sock) || !strings.Contains(ce.Msg, wantAgentHint) {
+		t.Fatalf("STATUS down = %+v, want the socket and what to do (%q)", ce, wantAgentHint)
 	}
 }
 
@@ -657,6 +657,9 @@ func TestGC(t *testing.T) {
 	}
 }
 
+// wantAgentHint is what axon-cni's errors say to do when the node's agent is not there.
+const wantAgentHint = "kubectl get pods -A -o wide -l app.kubernetes.io/name=axon-agent"
+
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
 	pod := testutil.NewNetnsKernelDAD(t, "axt-cni-pod-")
@@ -683,6 +686,9 @@ func TestBadInput(t *testing.T) {
 		{"netns does not exist", call{cmd: "ADD", netns: "/run/netns/axt-cni-does-not-exist"}, types.ErrInvalidNetNS, `open pod netns "/run/netns/axt-cni-does-not-exist"`},
 		{"CNI_NETNS unset", call{cmd: "ADD", unsetNetns: true}, types.ErrInvalidEnvironmentVariables, "CNI_NETNS"},
 		{"agent down", call{cmd: "ADD", stdin: `{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":"/run/axt-cni-nobody/axon.sock"}`}, types.ErrTryAgainLater, "axon-agent not reachable at /run/axt-cni-nobody/axon.sock: is the agent running?"},
+		// what to do, in the pod's events: the agent of this node, and how to find it
+		{"agent down: what to do", call{cmd: "ADD", stdin: `{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":"/run/axt-cni-nobody/axon.sock"}`}, types.ErrTryAgainLater, wantAgentHint},
+		{"agent down: DEL says what to do", call{cmd: "DEL", stdin: `{"cniVersion":"1.1.0","name":"axon","type":"axon-cni","socket":"/run/axt-cni-nobody/axon.sock"}`}, types.ErrTryAgainLater, wantAgentHint},
 		{"CHECK before 0.4.0", call{cmd: "CHECK", stdin: strings.Replace(e.conf(""), "1.1.0", "0.3.1", 1)}, types.ErrIncompatibleCNIVersion, "0.3.1"},
 	}
 	for _, tc := range tests {

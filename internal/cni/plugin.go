@@ -42,10 +42,19 @@ func (p *Plugin) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), t)
 }
 
+// agentMissingHint ends every error for an agent that is not there (no socket, nothing
+// listening): what to do, read in the pod's events by whoever sees its sandbox fail.
+const agentMissingHint = "axon-cni needs this node's axon-agent, a pod of the axon-agent DaemonSet: " +
+	"find it with `kubectl get pods -A -o wide -l app.kubernetes.io/name=axon-agent` and see why it is not running on this node; " +
+	"the runtime retries, and pods start once the agent is back"
+
 // agentErr turns an agent client error into a CNI error: unreachable or not
 // ready → 11 (try again later), anything else keeps the agent's message.
 func agentErr(what string, err error) error {
-	if errors.Is(err, api.ErrUnreachable) || api.IsStatus(err, http.StatusServiceUnavailable) {
+	if errors.Is(err, api.ErrUnreachable) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s: %v; %s", what, err, agentMissingHint), "")
+	}
+	if api.IsStatus(err, http.StatusServiceUnavailable) {
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s: %v", what, err), "")
 	}
 	if api.IsStatus(err, http.StatusBadRequest) {
@@ -436,7 +445,9 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := p.ctx()
 	defer cancel()
-	if err := api.NewClient(conf.Socket).Healthy(ctx); err != nil {
+	if err := api.NewClient(conf.Socket).Healthy(ctx); errors.Is(err, api.ErrUnreachable) {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("axon-agent is not ready: %v; %s", err, agentMissingHint), "")
+	} else if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("axon-agent is not ready: %v", err), "")
 	}
 	return nil

@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -72,7 +73,7 @@ func needKubelet(t *testing.T) {
 func TestKubeletLab(t *testing.T) {
 	need(t, "axon")
 	needKubelet(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 
 	// Registered before up(): runs after its `down`. kubelet, containerd, shims and pods all
@@ -264,7 +265,23 @@ func TestKubeletLab(t *testing.T) {
 	}
 	probeHostname(ctx, t, "node node1 after kubelet's restart", netnsutil.Path(l.Nodes()[0].Netns), filepath.Join(cg1, "runtime"), targets[0], names)
 
+	// Operating axon (kubelet_ops_e2e_test.go, with AXON_LAB_KUBELET_OPS=1): the DaemonSet rolls
+	// to a new image tag, then the agents are killed, while clients stream through the ClusterIP
+	// and the NodePorts; after the missing agent, 50 pods through kubelet across agent kills.
+	ops := os.Getenv(opsEnv) != ""
+	if ops {
+		countersShowResets(ctx, t, l, pods)
+		rollAgentsUnderTraffic(ctx, t, l, kube, pods, cip.String(), nodePort, names)
+		killAgentsUnderTraffic(ctx, t, l, kube, pods, cip.String(), nodePort, names)
+	}
+
 	agentMissing(ctx, t, kube)
+
+	if !ops {
+		t.Logf("the rolling update and agent kills under traffic and the pod churn (about 90 s more) run with %s=1 (make test-kubelet-ops)", opsEnv)
+		return
+	}
+	podChurn(ctx, t, l, kube)
 }
 
 // kubectl runs the lab's kubectl with kubeconfig and returns its stdout; it fails the test
@@ -319,11 +336,23 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 	if _, err := kube.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	const want = "axon-agent not reachable at /var/run/axon/axon.sock"
-	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent", func() (bool, string) {
-		ev := podEvents(ctx, kube)
-		return strings.Contains(ev, "event late ") && strings.Contains(ev, want), ev
+	// What is wrong (the agent's socket) and what to do (find the node's agent pod).
+	const want, todo = "axon-agent not reachable at /var/run/axon/axon.sock", "kubectl get pods -A -o wide -l app.kubernetes.io/name=axon-agent"
+	var lateEvent string
+	waitUntil(ctx, t, 30*time.Second, "pod late's events name the missing agent and what to do", func() (bool, string) {
+		l, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=late,type=Warning"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range l.Items {
+			if strings.Contains(e.Message, want) && strings.Contains(e.Message, todo) {
+				lateEvent = e.Reason + ": " + e.Message
+				return true, ""
+			}
+		}
+		return false, podEvents(ctx, kube)
 	})
+	t.Logf("with the agent missing: %s", lateEvent)
 	patch(`[{"op":"remove","path":"/spec/template/spec/nodeSelector/lab-agent"}]`)
 	waitUntil(ctx, t, 60*time.Second, "pod late Running with an IP once the agent is back", func() (bool, string) {
 		p, err := kube.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
@@ -380,7 +409,12 @@ func deployWeb(ctx context.Context, t *testing.T, kube kubernetes.Interface) []c
 					TerminationGracePeriodSeconds: ptr(int64(1)),
 					Containers: []corev1.Container{{
 						Name: "netexec", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever,
-						Args:           []string{"netexec", "--http-port=8080"},
+						Args: []string{"netexec", "--http-port=8080"},
+						// Burstable, not BestEffort: a BestEffort pod's cgroup has cpu.shares 2
+						// against the agent's 102, and a restarted agent verifies its programs
+						// (about a core-second) next to it; the likely cause of a 2 s stall that
+						// the rolling update under traffic once counted (docs/kubelet.md).
+						Resources:      corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}},
 						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
 					}},
 				},
@@ -425,7 +459,10 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 		svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": "web"},
-				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+				Ports: []corev1.ServicePort{
+					{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
+					{Name: "udp", Port: 81, TargetPort: intstr.FromInt32(8081), Protocol: corev1.ProtocolUDP}, // netexec's UDP server
+				}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -460,7 +497,7 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 }
 
 // podNamespaces returns the netns path and the cgroup2 dir of p's netexec container, found
-// through its process: kubelet puts it in <node cgroup>/kubepods/besteffort/pod<uid>/<id>.
+// through its process: kubelet puts it in <node cgroup>/kubepods/<qos class>/pod<uid>/<id>.
 func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 	t.Helper()
 	if len(p.Status.ContainerStatuses) != 1 {
@@ -471,7 +508,11 @@ func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(root, "kubepods", "besteffort", "pod"+string(p.UID), id)
+	qos := strings.ToLower(string(p.Status.QOSClass)) // kubepods/besteffort, kubepods/burstable; Guaranteed right under kubepods
+	if p.Status.QOSClass == corev1.PodQOSGuaranteed {
+		qos = ""
+	}
+	cg := filepath.Join(root, "kubepods", qos, "pod"+string(p.UID), id)
 	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
 	if err != nil {
 		t.Fatalf("pod %s: container cgroup: %v", p.Name, err)
