@@ -48,6 +48,7 @@ type vmLab struct {
 	launcherPath, peerPath string
 	guest                  *Running
 	bootTime               time.Duration
+	kernelRelease          string
 	b                      *vmbypass.Bypass
 	id                     string
 	attached               bool
@@ -179,6 +180,7 @@ func newVMLab(t *testing.T) *vmLab {
 		t.Fatal(err)
 	}
 	l.bootTime = time.Since(start)
+	l.kernelRelease = k.Release
 	if addr != guestAddr.String() {
 		t.Fatalf("guest leased %q, want %s", addr, guestAddr)
 	}
