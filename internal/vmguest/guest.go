@@ -63,7 +63,7 @@ func (g Guest) args(accel string) []string {
 		"-bios", vmtest.QbootPath,
 		"-kernel", g.Kernel.Vmlinux,
 		"-initrd", g.Initramfs,
-		"-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init quiet mitigations=off tsc=reliable no_timer_check",
+		"-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init quiet mitigations=off",
 		// fd 3 is the tap (ExtraFiles[0]); vhost needs /dev/vhost-net, which is optional.
 		"-netdev", "tap,id=n0,fd=3,vhost=off",
 		"-device", "virtio-net-pci,netdev=n0,mac="+g.MAC,

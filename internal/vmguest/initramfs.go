@@ -136,6 +136,9 @@ func sharedLibs(ctx context.Context, bin string) ([]string, error) {
 		}
 		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
 	}
+	if bytes.Contains(out, []byte("not found")) {
+		return nil, fmt.Errorf("ldd %s: a library is missing on this host:\n%s", bin, out)
+	}
 	return parseLdd(out), nil
 }
 

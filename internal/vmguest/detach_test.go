@@ -1,0 +1,72 @@
+package vmguest
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestGuestSwitchUnderTraffic switches the bypass on and off under a ping stream from
+// the ordinary pod to the real guest (100 per second): bridge, bypass (attached
+// mid-stream), bridge again (detached mid-stream). Not one ping may be lost beyond
+// the switch-overs: the bridge takes the guest's frames back at once (the bypass's
+// counters moved in between, so the stream did cross it).
+func TestGuestSwitchUnderTraffic(t *testing.T) {
+	l := newVMLab(t)
+	const (
+		interval = 10 * time.Millisecond
+		count    = 300
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+l.peerPath, "ping", "-n", "-i", fmt.Sprint(interval.Seconds()),
+		"-c", fmt.Sprint(count), "-W", "2", guestAddr.Addr().String())
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond)
+	attachAt := time.Since(start)
+	l.setBypass(true)
+	time.Sleep(time.Second)
+	mid := l.counters()
+	detachAt := time.Since(start)
+	l.setBypass(false)
+	err := cmd.Wait()
+
+	seen := map[int]bool{}
+	var sent, recv int
+	for _, line := range strings.Split(out.String(), "\n") {
+		if i := strings.Index(line, "icmp_seq="); i >= 0 {
+			var seq int
+			fmt.Sscanf(line[i:], "icmp_seq=%d", &seq)
+			seen[seq] = true
+		}
+		if strings.Contains(line, "packets transmitted") {
+			fmt.Sscanf(line, "%d packets transmitted, %d received", &sent, &recv)
+		}
+	}
+	var lost []int
+	for seq := 1; seq <= sent; seq++ {
+		if !seen[seq] {
+			lost = append(lost, seq)
+		}
+	}
+	t.Logf("%d pings sent, %d answered in %s; bypass attached at %s, detached at %s (about ping %d and %d); it redirected %d frames to the guest and %d from it",
+		sent, recv, time.Since(start).Round(time.Millisecond), attachAt.Round(time.Millisecond), detachAt.Round(time.Millisecond),
+		int(attachAt/interval), int(detachAt/interval), mid["pod_frames"], mid["tap_frames"])
+	if sent != count {
+		t.Fatalf("ping sent %d of %d (%v):\n%s", sent, count, err, tail(out.String(), 5))
+	}
+	if mid["pod_frames"] < 20 || mid["tap_frames"] < 20 {
+		t.Fatalf("the bypass carried %d/%d frames of a second of pings at 100/s: the stream did not cross it", mid["pod_frames"], mid["tap_frames"])
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d pings lost (icmp_seq %v) across the switch-overs", len(lost), lost)
+	}
+}
