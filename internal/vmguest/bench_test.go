@@ -326,3 +326,25 @@ func qperfMarkdown(m benchMeta, tests []string, sizes []int, samples []qperfSamp
 	}
 	return b.String()
 }
+
+func TestTargetVerdict(t *testing.T) {
+	nan := math.NaN()
+	for _, tc := range []struct {
+		test   string
+		p      bench.PairedRatio
+		expect string
+	}{
+		{"udp_lat", bench.PairedRatio{N: 10, Median: 0.6, Lo: 0.5, Hi: 0.7}, "≤ 0.8×: met"},
+		{"udp_lat", bench.PairedRatio{N: 10, Median: 0.7, Lo: 0.5, Hi: 0.9}, "≤ 0.8×: not resolved"},
+		{"udp_lat", bench.PairedRatio{N: 10, Median: 1.0, Lo: 0.9, Hi: 1.1}, "≤ 0.8×: missed"},
+		{"udp_bw", bench.PairedRatio{N: 10, Median: 1.5, Lo: 1.3, Hi: 1.7}, "≥ 1.3×: met"},
+		{"tcp_bw", bench.PairedRatio{N: 10, Median: 1.5, Lo: 1.1, Hi: 1.7}, "≥ 1.3×: not resolved"},
+		{"tcp_bw", bench.PairedRatio{N: 10, Median: 1.0, Lo: 0.9, Hi: 1.2}, "≥ 1.3×: missed"},
+		{"udp_bw", bench.PairedRatio{N: 5, Median: 2, Lo: nan, Hi: nan}, "≥ 1.3×: no interval"},
+		{"tcp_lat", bench.PairedRatio{N: 10, Median: 0.5, Lo: 0.4, Hi: 0.6}, "–"},
+	} {
+		if got := targetVerdict(tc.test, tc.p); got != tc.expect {
+			t.Errorf("targetVerdict(%s, %+v) = %q, want %q", tc.test, tc.p, got, tc.expect)
+		}
+	}
+}

@@ -13,11 +13,24 @@ import (
 // bypass), over the bypass with the bridge unable to forward (its ports isolated: the
 // bypass's counters moved by at least the pings), and, as the negative check, neither
 // (the pings leave the node toward the pod and go unanswered), then the bridge again.
+// The guest also pings the peer pod and, over IPv6, the node's link-local address
+// (neighbour discovery, then ICMPv6) in both arms.
 func TestGuestBridgeAndBypass(t *testing.T) {
 	l := newVMLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
+	ll := l.nodeLinkLocal()
+	guestPings := func(arm string) {
+		t.Helper()
+		// IPv4 to the peer pod through the node; IPv6 (neighbour discovery, then ICMPv6) to the
+		// node's link-local address on the VM pod's link.
+		for _, cmd := range []string{"ping -c 2 -W 2 " + peerAddr.String(), "ping6 -c 2 -W 2 -I eth0 " + ll} {
+			if out, rc, err := l.guest.Run(cmd, 15*time.Second); err != nil || rc != 0 {
+				t.Fatalf("%s: the guest's %q: rc %d, %v:\n%s", arm, cmd, rc, err, out)
+			}
+		}
+	}
 	qperfOK := func(arm string) {
 		t.Helper()
 		out, err := l.qperf(ctx, "-t", "1", "-m", "64", "udp_lat", "tcp_lat")
@@ -35,9 +48,7 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 	if got := l.ping(5); got != 5 {
 		t.Fatalf("bridge: %d of 5 pings answered", got)
 	}
-	if out, rc, err := l.guest.Run("ping -c 2 -W 2 "+peerAddr.String(), 10*time.Second); err != nil || rc != 0 {
-		t.Fatalf("bridge: the guest's ping to the peer pod: rc %d, %v:\n%s", rc, err, out)
-	}
+	guestPings("bridge")
 	qperfOK("bridge")
 	if _, err := l.b.Stats(l.id, l.launcherPath); err == nil {
 		t.Fatal("Stats of a bypass never attached did not fail")
@@ -50,14 +61,12 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 	if got := l.ping(5); got != 5 {
 		t.Fatalf("bypass: %d of 5 pings answered", got)
 	}
-	if out, rc, err := l.guest.Run("ping -c 2 -W 2 "+peerAddr.String(), 10*time.Second); err != nil || rc != 0 {
-		t.Fatalf("bypass: the guest's ping to the peer pod: rc %d, %v:\n%s", rc, err, out)
-	}
+	guestPings("bypass")
 	qperfOK("bypass")
 	after := l.counters()
 	for _, c := range []string{"tap_frames", "pod_frames"} {
-		if d := after[c] - before[c]; d < 7 { // 5 pings one way + 2 the other, each answered
-			t.Errorf("bypass counter %s moved by %d, want at least 7", c, d)
+		if d := after[c] - before[c]; d < 9 { // 5 pings one way + 2 + 2 (IPv6) the other, each answered
+			t.Errorf("bypass counter %s moved by %d, want at least 9", c, d)
 		}
 	}
 	t.Logf("bypass counters moved: tap_frames +%d, pod_frames +%d", after["tap_frames"]-before["tap_frames"], after["pod_frames"]-before["pod_frames"])

@@ -175,7 +175,7 @@ func newVMLab(t *testing.T) *vmLab {
 			t.Logf("guest console:\n%s\nudhcpd:\n%s", tail(l.guest.Console(), 40), b)
 		}
 	})
-	addr, _, err := l.guest.Ready(testutil.Stretch(t, 60*time.Second))
+	addr, _, err := l.guest.Ready(testutil.Stretch(t, 150*time.Second)) // 7-11 s on a quiet host, ~60 s with both cores busy
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +269,31 @@ func (l *vmLab) ping(n int) int {
 // qperf runs qperf tests from the peer pod against the guest's server.
 func (l *vmLab) qperf(ctx context.Context, args ...string) (string, error) {
 	return l.inPeer(ctx, append([]string{QperfPath, "-uu", guestAddr.Addr().String()}, args...)...)
+}
+
+// nodeLinkLocal is the IPv6 link-local address of the node's end of the VM pod's veth.
+func (l *vmLab) nodeLinkLocal() string {
+	l.t.Helper()
+	var ll string
+	dptest.InNetns(l.t, l.node, func() {
+		lk, err := netlink.LinkByName("vmhost")
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		addrs, err := netlink.AddrList(lk, netlink.FAMILY_V6)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() {
+				ll = a.IP.String()
+			}
+		}
+	})
+	if ll == "" {
+		l.t.Fatal("vmhost has no IPv6 link-local address")
+	}
+	return ll
 }
 
 func linkTx(t *testing.T, ns, dev string) uint64 {
