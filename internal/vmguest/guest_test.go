@@ -25,8 +25,8 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 		t.Helper()
 		// IPv4 to the peer pod through the node; IPv6 (neighbour discovery, then ICMPv6) to the
 		// node's link-local address on the VM pod's link.
-		for _, cmd := range []string{"ping -c 2 -W 2 " + peerAddr.String(), "ping6 -c 2 -W 2 -I eth0 " + ll} {
-			if out, rc, err := l.guest.Run(cmd, 15*time.Second); err != nil || rc != 0 {
+		for _, cmd := range []string{"ping -c 2 -w 15 " + peerAddr.String(), "ping6 -c 2 -w 15 -I eth0 " + ll} {
+			if out, rc, err := l.guest.Run(cmd, 20*time.Second); err != nil || rc != 0 {
 				t.Fatalf("%s: the guest's %q: rc %d, %v:\n%s", arm, cmd, rc, err, out)
 			}
 		}
@@ -45,7 +45,7 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 	}
 
 	// The bridge path: no bypass.
-	if got := l.ping(5); got != 5 {
+	if got := l.ping(5, true); got != 5 {
 		t.Fatalf("bridge: %d of 5 pings answered", got)
 	}
 	guestPings("bridge")
@@ -58,7 +58,7 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 	l.isolate(true)
 	l.setBypass(true)
 	before := l.counters()
-	if got := l.ping(5); got != 5 {
+	if got := l.ping(5, true); got != 5 {
 		t.Fatalf("bypass: %d of 5 pings answered", got)
 	}
 	guestPings("bypass")
@@ -74,7 +74,7 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 	// Neither: the node sends the pings into the pod, nothing carries them to the guest.
 	l.setBypass(false)
 	tx := linkTx(t, l.node, "vmhost")
-	if got := l.ping(3); got != 0 {
+	if got := l.ping(3, false); got != 0 {
 		t.Fatalf("isolated bridge without the bypass: %d of 3 pings answered, want none", got)
 	}
 	if d := linkTx(t, l.node, "vmhost") - tx; d < 3 {
@@ -83,7 +83,7 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 
 	// The bridge again.
 	l.isolate(false)
-	if got := l.ping(3); got != 3 {
+	if got := l.ping(3, true); got != 3 {
 		t.Fatalf("bridge after the bypass: %d of 3 pings answered", got)
 	}
 	qperfOK("bridge again")
