@@ -26,6 +26,8 @@ until $B ip link show eth0 >/dev/null 2>&1; do
 	[ $n -lt 50 ] || break
 	$B usleep 100000
 done
+# No IPv6 DAD: the link-local address is usable at once (a tentative one cannot send).
+$B echo 0 >/proc/sys/net/ipv6/conf/eth0/accept_dad
 $B ip link set eth0 up
 # DHCP: -n fail if no lease, -q quit once bound, -t tries, -T seconds between tries.
 if $B udhcpc -i eth0 -s /etc/udhcpc.sh -n -q -t 20 -T 1 -A 1 >/tmp/udhcpc.log 2>&1; then
