@@ -15,7 +15,7 @@ TEST_FLAGS   ?= -count=1 -p 1 -timeout 40m
 TEST_PKGS    ?= ./...
 RESULTS      ?= results
 
-.PHONY: all build generate deps packages lab lab-down test test-kubelet-ops test-unit bench clean help image images conformance-deps conformance fuzz manifests
+.PHONY: all build generate deps packages lab lab-down test test-kubelet-ops test-unit bench bench-vm clean help image images conformance-deps conformance fuzz manifests
 
 all: build
 
@@ -24,6 +24,7 @@ help:
 	@echo "make test     run all tests (needs root; installs packages and builds cached deps first)"
 	@echo "make test-kubelet-ops  TestKubeletLab with the axon DaemonSet's rolling update, agent kills and pod churn under traffic (~2.5 min)"
 	@echo "make bench    run the interleaved benchmark in the lab (results/ folder)"
+	@echo "make bench-vm qperf between a real QEMU guest in a VM pod and a pod, KubeVirt's bridge vs the bypass (results/vm-bypass-qperf/)"
 	@echo "make fuzz     1 000 000 random and mutated packets through every tc/XDP program (FUZZ_SEED=1)"
 	@echo "make build    build bin/axon, bin/axon-agent, bin/axon-cni (BPF objects from source)"
 	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd (+ Debian's runc) into ~/.cache/axon"
@@ -117,6 +118,13 @@ test-unit:
 
 bench: deps build
 	$(BIN)/axon lab bench
+
+# The VM-pod bridge bypass with a real QEMU guest (internal/vmguest, docs/vm-bypass.md): qperf
+# bridge vs bypass, interleaved, into $(RESULTS)/vm-bypass-qperf/ (about 15 min under TCG).
+VMB_ROUNDS ?= 10
+bench-vm: packages vm-kernels generate
+	AXON_VMB_QPERF=1 AXON_VMB_QPERF_ROUNDS=$(VMB_ROUNDS) AXON_VMB_QPERF_OUT=$(abspath $(RESULTS))/vm-bypass-qperf \
+		$(GO) test -count=1 -timeout 90m -run '^TestQperfBench$$' -v ./internal/vmguest
 
 # Fuzzing (internal/datapath/fuzz, docs/reliability.md#fuzzing): every tc and XDP program
 # gets FUZZ_PACKETS random and mutated packets through BPF_PROG_TEST_RUN, the same ones for

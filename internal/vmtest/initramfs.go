@@ -110,15 +110,6 @@ func (ir Initramfs) Build(ctx context.Context, path string) (InitramfsInfo, erro
 	if err != nil {
 		return info, fmt.Errorf("read %s (install busybox-static: hack/install-packages.sh vm): %w", BusyboxPath, err)
 	}
-	idx, err := ParseModules(ir.Kernel.ModulesDir)
-	if err != nil {
-		return info, err
-	}
-	order, missing, err := idx.Resolve(ir.Modules)
-	if err != nil {
-		return info, fmt.Errorf("kernel %s: %w", ir.Kernel.Release, err)
-	}
-	info.Missing = missing
 
 	var raw bytes.Buffer
 	cw := NewCPIOWriter(&raw)
@@ -132,6 +123,43 @@ func (ir Initramfs) Build(ctx context.Context, path string) (InitramfsInfo, erro
 		cw.Symlink("bin/"+applet, "busybox")
 	}
 	cw.File("init", 0o755, initScript)
+	if info, err = ir.AddModules(ctx, cw); err != nil {
+		return info, err
+	}
+	if err := cw.Close(); err != nil {
+		return info, fmt.Errorf("write initramfs: %w", err)
+	}
+
+	var gz bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+	if _, err := zw.Write(raw.Bytes()); err != nil {
+		return info, err
+	}
+	if err := zw.Close(); err != nil {
+		return info, err
+	}
+	info.Size = gz.Len()
+	if err := os.WriteFile(path, gz.Bytes(), 0o644); err != nil {
+		return info, fmt.Errorf("write initramfs %s: %w", path, err)
+	}
+	return info, nil
+}
+
+// AddModules writes the modules (and their dependencies, decompressed) into cw under
+// lib/modules/<release>/, with depmod's index files for busybox modprobe, and the load
+// order as etc/axon-vm/modules (the caller adds the etc/axon-vm directory). Build uses it;
+// so does any other initramfs that boots these kernels (internal/vmguest).
+func (ir Initramfs) AddModules(ctx context.Context, cw *CPIOWriter) (InitramfsInfo, error) {
+	var info InitramfsInfo
+	idx, err := ParseModules(ir.Kernel.ModulesDir)
+	if err != nil {
+		return info, err
+	}
+	order, missing, err := idx.Resolve(ir.Modules)
+	if err != nil {
+		return info, fmt.Errorf("kernel %s: %w", ir.Kernel.Release, err)
+	}
+	info.Missing = missing
 
 	modRoot := "lib/modules/" + ir.Kernel.Release
 	made := map[string]bool{}
@@ -174,22 +202,6 @@ func (ir Initramfs) Build(ctx context.Context, path string) (InitramfsInfo, erro
 		cw.File(modRoot+"/"+f, 0o644, b)
 	}
 	cw.File("etc/axon-vm/modules", 0o644, loadList.Bytes())
-	if err := cw.Close(); err != nil {
-		return info, fmt.Errorf("write initramfs: %w", err)
-	}
-
-	var gz bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
-	if _, err := zw.Write(raw.Bytes()); err != nil {
-		return info, err
-	}
-	if err := zw.Close(); err != nil {
-		return info, err
-	}
-	info.Size = gz.Len()
-	if err := os.WriteFile(path, gz.Bytes(), 0o644); err != nil {
-		return info, fmt.Errorf("write initramfs %s: %w", path, err)
-	}
 	return info, nil
 }
 
