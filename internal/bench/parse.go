@@ -184,13 +184,13 @@ type QperfResult struct {
 // qperfUnits are the units `qperf -uu` prints, per field; a value in another
 // unit means qperf ran without -uu (e.g. "1.27 GB/sec").
 var qperfUnits = map[string]string{
-	"bw": "bytes/sec", "latency": "ns", "msg_size": "bytes", "msg_rate": "/sec", "time": "ns",
+	"bw": "bytes/sec", "recv_bw": "bytes/sec", "latency": "ns", "msg_size": "bytes", "msg_rate": "/sec", "time": "ns",
 	"recv_bytes": "bytes", "loc_recv_bytes": "bytes",
 }
 
 // ParseQperf parses what qperf prints for one or more tests: a line "test:"
 // followed by indented "name = value unit" lines. A test without its result
-// line (bw for *_bw tests, latency for *_lat tests), or qperf's own error
+// line (bw for *_bw tests, recv_bw for udp_bw, latency for *_lat tests), or qperf's own error
 // ("failed to connect"), is an error.
 func ParseQperf(out []byte) ([]QperfResult, error) {
 	var res []QperfResult
@@ -203,6 +203,9 @@ func ParseQperf(out []byte) ([]QperfResult, error) {
 		want := "bw"
 		if strings.HasSuffix(cur.Test, "_lat") {
 			want = "latency"
+		}
+		if want == "bw" && !seen["bw"] && seen["recv_bw"] {
+			seen["bw"] = true // udp_bw: what arrived (recv_bw) is its throughput
 		}
 		if !seen[want] {
 			return fmt.Errorf("parse qperf output: test %s printed no %s", cur.Test, want)
@@ -246,7 +249,7 @@ func ParseQperf(out []byte) ([]QperfResult, error) {
 		}
 		seen[name] = true
 		switch name {
-		case "bw":
+		case "bw", "recv_bw": // udp_bw prints send_bw and recv_bw: what arrived counts
 			cur.BytesPerSec = v
 		case "latency":
 			cur.LatencyNs = v

@@ -442,6 +442,7 @@ func TestParseQperf(t *testing.T) {
 	}{
 		{file: "qperf-tcp_bw-64.txt", want: QperfResult{Test: "tcp_bw", BytesPerSec: 26172992, MsgSize: 64, MsgRate: 408953, Seconds: 1, RecvBytes: 26172992}},
 		{file: "qperf-tcp_bw-16k.txt", want: QperfResult{Test: "tcp_bw", BytesPerSec: 1248788480, MsgSize: 16384, MsgRate: 76220, Seconds: 1, RecvBytes: 1248788480}},
+		{file: "qperf-udp_bw-64.txt", want: QperfResult{Test: "udp_bw", BytesPerSec: 7103424, MsgSize: 64, MsgRate: 110991, Seconds: 1, RecvBytes: 7103424}},
 		{file: "qperf-tcp_lat-1.txt", want: QperfResult{Test: "tcp_lat", LatencyNs: 8672, MsgSize: 1, MsgRate: 115320, Seconds: 1, RecvBytes: 57660}},
 		{file: "qperf-refused.txt", wantError: "127.0.0.1: failed to connect"},
 		{file: "qperf-not-unified.txt", wantError: `bw is in "GB/sec", want "bytes/sec": run qperf with -uu`},

@@ -174,17 +174,6 @@ func (l *vmLab) measure(test string, size, secs int) (qperfSample, error) {
 	if err != nil {
 		return s, err
 	}
-	// udp_bw prints send_bw and recv_bw; what arrived is its throughput.
-	if test == "udp_bw" {
-		var keep []string
-		for _, line := range strings.Split(out, "\n") {
-			if f := strings.Fields(line); len(f) > 0 && f[0] == "send_bw" {
-				continue
-			}
-			keep = append(keep, strings.Replace(line, "recv_bw", "bw", 1))
-		}
-		out = strings.Join(keep, "\n")
-	}
 	res, err := bench.ParseQperf([]byte(out))
 	if err != nil {
 		return s, err
