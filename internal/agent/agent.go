@@ -186,6 +186,7 @@ func (a *Agent) run(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	k.probeEvery = a.cfg.APIServerProbeInterval
 	if !a.cfg.bypassOnly() {
 		if err := a.svc.watchHostPorts(k); err != nil { // Pod hostPorts (hostport.go)
 			cancel()

@@ -17,6 +17,11 @@ const (
 	DefaultStateDir          = "/var/lib/axon"
 	DefaultBPFRoot           = "/sys/fs/bpf/axon"
 	DefaultReconcileInterval = 30 * time.Second
+	// DefaultAPIServerProbeInterval is how often the agent asks the kube-apiserver for
+	// GET /version while connected (kube.go's probeLoop): at most this long plus the
+	// probe's 5 s timeout before /readyz says the apiserver is gone; while it is gone the
+	// probe backs off from 1 s to three intervals (at most 30 s).
+	DefaultAPIServerProbeInterval = 10 * time.Second
 
 	// RouteProtocol marks the routes the agent owns ("axon"); routes with any
 	// other protocol are never touched.
@@ -75,6 +80,9 @@ type Config struct {
 	Mode string // full|bypass-only; "" = full
 
 	ReconcileInterval time.Duration // periodic full reconcile
+	// GET /version every this long while connected; 0 (a Config built by hand) =
+	// DefaultAPIServerProbeInterval
+	APIServerProbeInterval time.Duration
 }
 
 // Defaults returns the product defaults. NodeName comes from $NODE_NAME or
@@ -106,6 +114,8 @@ func Defaults() Config {
 		Mode:              ModeFull,
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
+
+		APIServerProbeInterval: DefaultAPIServerProbeInterval,
 	}
 }
 
@@ -176,6 +186,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReconcileInterval <= 0 {
 		errs = append(errs, fmt.Errorf("reconcile interval %s must be positive", c.ReconcileInterval))
+	}
+	if c.APIServerProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("--apiserver-probe-interval %s must not be negative (0 = the default, %s)", c.APIServerProbeInterval, DefaultAPIServerProbeInterval))
 	}
 	return errors.Join(errs...)
 }

@@ -740,6 +740,8 @@ func (c *crashNode) reconciles(t *testing.T) int {
 func TestLivenessIsNotReadiness(t *testing.T) {
 	c := newCrashNode(t, crashAPIPort, crashEtcdPort)
 	c.cfg.ReconcileInterval = time.Second // the loop's passes are what liveness watches
+	// /readyz goes 503 when the /version probe fails: probed every second, not every 10 s
+	c.cfg.APIServerProbeInterval = time.Second
 	o := c.wireOutside(t)
 	clusterIP, nodePort := c.echoService(t)
 	c.start(t)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,8 @@ type kube struct {
 	host   string
 	client kubernetes.Interface
 	log    *slog.Logger
+	// probeEvery is Config.APIServerProbeInterval (0: DefaultAPIServerProbeInterval)
+	probeEvery time.Duration
 
 	nodeFactory informers.SharedInformerFactory
 	podFactory  informers.SharedInformerFactory
@@ -152,12 +155,14 @@ func isConnError(err error) bool {
 		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
 }
 
-// probeLoop checks GET /version: every 10 s while connected, with backoff
-// (1 s … 30 s) while not. It logs one line per failed attempt and one when
-// the connection comes back.
+// probeLoop checks GET /version: every probeEvery (10 s) while connected, with
+// backoff while not (1 s doubling up to three probe intervals, at most 30 s: with
+// the default interval 1 s … 30 s). It logs one line per failed attempt and one
+// when the connection comes back.
 func (k *kube) probeLoop(ctx context.Context) {
-	const healthyEvery, maxBackoff = 10 * time.Second, 30 * time.Second
-	backoff := time.Second
+	healthyEvery := cmp.Or(k.probeEvery, DefaultAPIServerProbeInterval)
+	firstBackoff, maxBackoff := min(time.Second, healthyEvery), min(30*time.Second, 3*healthyEvery)
+	backoff := firstBackoff
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := k.client.Discovery().RESTClient().Get().AbsPath("/version").Do(pctx).Raw()
@@ -181,7 +186,7 @@ func (k *kube) probeLoop(ctx context.Context) {
 			}
 			k.connected = true
 			k.lastErr = ""
-			backoff = time.Second
+			backoff = firstBackoff
 		}
 		k.mu.Unlock()
 		select {

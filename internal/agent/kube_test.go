@@ -432,6 +432,9 @@ func TestAgentAgainstAPIServer(t *testing.T) {
 	cfg.Socket = filepath.Join(dir, "axon.sock")
 	cfg.BPFRoot = pinDir
 	cfg.HealthAddr = "127.0.0.1:19876" // inside the node netns
+	// the "unreachable apiserver" step waits for the /version probe to fail: every
+	// second, not the product's 10 s (the probe and what follows a failure are the same)
+	cfg.APIServerProbeInterval = time.Second
 	// no --uplink: the netns has no default route, so the agent must find
 	// the device holding node1's InternalIP (eth0)
 	logFile := filepath.Join(dir, "agent.log")

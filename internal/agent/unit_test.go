@@ -218,6 +218,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "empty socket", mod: func(c *Config) { c.Socket = "" }, wantErr: "--socket is empty"},
 		{name: "empty bpf root", mod: func(c *Config) { c.BPFRoot = "" }, wantErr: "--bpf-root is empty"},
 		{name: "zero interval", mod: func(c *Config) { c.ReconcileInterval = 0 }, wantErr: "must be positive"},
+		{name: "negative probe interval", mod: func(c *Config) { c.APIServerProbeInterval = -time.Second }, wantErr: "--apiserver-probe-interval -1s must not be negative"},
 		{name: "cgroup root missing", mod: func(c *Config) { c.CgroupRoot = "/nonexistent/axon-cg" }, wantErr: "--cgroup-root /nonexistent/axon-cg: no such file or directory: pass an existing cgroup v2 directory, or --socket-lb=false"},
 		{name: "cgroup root not cgroup2", mod: func(c *Config) { c.CgroupRoot = "/proc" }, wantErr: "--cgroup-root /proc is not on a cgroup v2 filesystem"},
 		{name: "cgroup root empty", mod: func(c *Config) { c.CgroupRoot = "" }, wantErr: "--cgroup-root is empty"},

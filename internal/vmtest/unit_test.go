@@ -542,3 +542,76 @@ func TestKernelDirsShareNoFile(t *testing.T) {
 		t.Errorf("making 6.12's dir again touched 6.1's: %v", err)
 	}
 }
+
+// TestRunScriptSharedByTwoVMs runs the same run.sh twice at once on one run dir, as a
+// kernel's two VMs do over 9p (here with /run/axon-vm pointing at a temp dir and
+// binaries that sleep): every package runs exactly once, in one of the two, both take
+// work, each result has its .rc and .ms, and the queue starts with the costliest package.
+func TestRunScriptSharedByTwoVMs(t *testing.T) {
+	dir := t.TempDir()
+	pkgs := []string{"internal/datapath/drops", "internal/datapath/nodeport", "internal/verifier", "internal/datapath/sockmap"}
+	var bins []TestBinary
+	for _, p := range pkgs {
+		name := strings.ReplaceAll(p, "/", "_") + ".test"
+		bins = append(bins, TestBinary{Package: modulePath + "/" + p, Dir: dir, Name: name})
+	}
+	s := (&Runner{}).RunScript(bins)
+	if i, j := strings.Index(s, "claim/internal_datapath_nodeport.test"), strings.Index(s, "claim/internal_datapath_sockmap.test"); i < 0 || j < i ||
+		strings.Index(s, "claim/internal_datapath_drops.test") < j {
+		t.Errorf("run.sh does not queue nodeport, then sockmap, ..., drops last:\n%s", s)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bins { // each fake test binary records which VM ran it
+		fake := "#!/bin/sh\necho \"$VM " + b.Name + "\" >>" + filepath.Join(dir, "ran") + "\nsleep 1\necho PASS\n"
+		if err := os.WriteFile(filepath.Join(dir, "bin", b.Name), []byte(fake), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = strings.ReplaceAll(s, "/run/axon-vm", dir)
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(s), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var cmds []*exec.Cmd
+	for _, vm := range []string{"a", "b"} {
+		c := exec.Command("sh", filepath.Join(dir, "run.sh"))
+		c.Env = append(os.Environ(), "VM="+vm)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, c)
+	}
+	for _, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("run.sh: %v", err)
+		}
+	}
+	ran, err := os.ReadFile(filepath.Join(dir, "ran"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byVM := map[string]int{}
+	for _, b := range bins {
+		var who []string
+		for _, line := range strings.Split(strings.TrimSpace(string(ran)), "\n") {
+			if vm, name, _ := strings.Cut(line, " "); name == b.Name {
+				who = append(who, vm)
+				byVM[vm]++
+			}
+		}
+		if len(who) != 1 {
+			t.Errorf("%s ran %d times (in %v), want once", b.Name, len(who), who)
+		}
+		base := filepath.Join(dir, "out", strings.TrimSuffix(b.Name, ".test"))
+		for _, ext := range []string{".rc", ".ms", ".txt"} {
+			if _, err := os.Stat(base + ext); err != nil {
+				t.Errorf("%s: no %s: %v", b.Name, ext, err)
+			}
+		}
+	}
+	if byVM["a"] == 0 || byVM["b"] == 0 {
+		t.Errorf("one VM ran every package (%v): the second should have taken the next one in the queue\n%s", byVM, ran)
+	}
+	t.Logf("packages per VM: %v", byVM)
+}

@@ -73,7 +73,13 @@ func bootVMWith(t *testing.T, vm VM, script string) (VMResult, string, error) {
 // first kernel's VM also gets the two virtio-net NICs wired back to back and sends
 // traffic between two namespaces over them: the groundwork of the virtio-net subset
 // (one boot instead of a second VM for it).
+//
+// TestVMBoot, TestVMFailures and TestVMEarlyCrashRetried run in parallel (go test's
+// -parallel, GOMAXPROCS: two at once on the 2-core CI machine) after TestKernelMatrix:
+// each boots one single-threaded TCG VM at a time, and the hang case's VM idles for most
+// of its run.
 func TestVMBoot(t *testing.T) {
+	t.Parallel()
 	for i, k := range cachedKernels(t) {
 		t.Run(k.Spec.Name, func(t *testing.T) {
 			script := `set -e
@@ -146,6 +152,7 @@ nsenter --net=/run/netns/axt-vm-a ping -c 3 -W 5 198.18.99.2 >/run/axon-vm/ping
 // boot to the shell (measured by the panic case, which boots the same kernel first) with a
 // margin, not the 90 s a slow boot on a busy host might need.
 func TestVMFailures(t *testing.T) {
+	t.Parallel()
 	k := cachedKernels(t)[0]
 	toShell := time.Duration(0) // the panic case's boot-to-shell time
 	cases := []struct {
@@ -194,6 +201,7 @@ func hangTimeout(toShell time.Duration) time.Duration {
 // panic"), as TCG's early-boot crashes do: the run boots once more, then
 // reports the crash with both boots' consoles.
 func TestVMEarlyCrashRetried(t *testing.T) {
+	t.Parallel()
 	k := cachedKernels(t)[0]
 	dir := t.TempDir()
 	initrd := filepath.Join(dir, "initramfs.cpio.gz")
@@ -273,8 +281,9 @@ func TestKernelMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The kernels' VMs run at once (one host core each under single-threaded TCG), then the
-	// two-VM subset: about 9 min instead of 16.5 on the 2-core CI machine (docs/testing.md).
+	// One VM per host core (single-threaded TCG), each kernel's packages shared by that many
+	// VMs, the kernels one after the other, then the two-VM subset: no core idles while the
+	// slower kernel finishes (docs/testing.md#ci-time).
 	var specs []KernelSpec
 	for _, k := range ks {
 		specs = append(specs, k.Spec)
