@@ -387,6 +387,11 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 	// The kernel's VMs share this script and its run dir: each job goes to the VM whose
 	// mkdir of its claim dir succeeds first (atomic on the host through 9p), and the jobs
 	// are listed the most expensive first, so the VMs end close together.
+	if r.labBins {
+		s.WriteString("if mkdir /run/axon-vm/out/claim/lab 2>/dev/null; then\n")
+		s.WriteString(r.labSubsetScript()) // labdevice.go
+		s.WriteString("fi\n")
+	}
 	for _, b := range costliestFirst(bins) {
 		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
 		args := []string{shellQuote("/run/axon-vm/bin/" + b.Name)}
@@ -400,12 +405,6 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 		fmt.Fprintf(&s, "{ %s 2>&1; echo $? >%s.rc; } | tee %s.txt\n", strings.Join(args, " "), base, base)
 		fmt.Fprintf(&s, "echo $(( ($(date +%%s%%N) - t0) / 1000000 )) >%s.ms\n", base)
 		fmt.Fprintf(&s, "[ \"$(cat %s.rc)\" = 0 ] || rc=1\n", base)
-		s.WriteString("fi\n")
-	}
-	// The single-node lab last, as before the queue: the tests start from a fresh VM.
-	if r.labBins {
-		s.WriteString("if mkdir /run/axon-vm/out/claim/lab 2>/dev/null; then\n")
-		s.WriteString(r.labSubsetScript()) // labdevice.go
 		s.WriteString("fi\n")
 	}
 	s.WriteString("exit $rc\n")
