@@ -59,8 +59,7 @@ func run() error {
 		labNodes = flag.Int("lab-nodes", 1, "nodes of the lab subset (axon lab up --nodes): 2 adds cross-node pod-to-pod to its check")
 		icount   = flag.Bool("icount", false, "TCG with instruction counting (one host thread, guest clock = 1 ns per guest instruction, idle time skipped): timings in the guest count work, not host speed")
 		mttcg    = flag.Bool("mttcg", false, "multi-threaded TCG (one host thread per vCPU) instead of single-threaded: only for throughput experiments that need both vCPUs running at once; the guest kernel can die with \"Oops: int3\" when it patches code another vCPU runs")
-		parallel = flag.Bool("parallel", false, "run -slots VMs at once: each VM kernel's packages shared by -slots VMs (the most expensive first), one kernel after the other, then their two-VM subsets; the host column runs first")
-		slots    = flag.Int("slots", 0, "with -parallel: VMs at once and VMs per kernel (default: one per host core; single-threaded TCG keeps a VM on one core)")
+		parallel = flag.Bool("parallel", false, "boot the VM kernels at the same time (one host core each under single-threaded TCG), then their two-VM subsets one after the other; the host column runs first")
 		labDev   = flag.String("lab-device", "auto", "pod device of the lab subset (axon lab up --device): auto (netkit where the kernel has it), veth or netkit")
 		env      envFlag
 	)
@@ -124,7 +123,7 @@ func run() error {
 		OutDir: *out, Boot: bootMode, Modules: split(*modules), Refresh: *refresh, Log: log,
 		Lab: *withLab, NICs: *nics, TwoVM: *twoVM,
 		Env: env, LabDevice: *labDev, LabNodes: *labNodes, ICount: *icount, MultiThreadTCG: *mttcg,
-		MustRun: split(*mustRun), Slots: *slots,
+		MustRun: split(*mustRun),
 	}
 	if *verbose {
 		r.Console = os.Stderr

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,10 +95,6 @@ type Runner struct {
 	// MustRun names top-level tests of Packages that must pass on every
 	// kernel, not skip (hack/vm -must-run; meant for one package).
 	MustRun []string
-	// Slots is how many VMs RunVMs runs at once with parallel, and so how many VMs share
-	// one kernel's packages (default runtime.NumCPU(): single-threaded TCG keeps one VM
-	// on one host core).
-	Slots int
 
 	labBins   bool
 	twoVMBins bool
@@ -139,10 +134,18 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 			continue
 		}
 		name := strings.ReplaceAll(strings.TrimPrefix(f[0], modulePath+"/"), "/", "_") + ".test"
-		bins = append(bins, TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name), MustRun: r.MustRun})
+		b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name), MustRun: r.MustRun}
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
+		}
+		r.Log.Info("built test binary", "package", b.Package, "took", time.Since(start).Round(time.Millisecond))
+		bins = append(bins, b)
 	}
 	for _, x := range r.Extra {
-		b, err := r.extraBinary(ctx, dir, x)
+		b, err := r.buildExtra(ctx, dir, x)
 		if err != nil {
 			return nil, err
 		}
@@ -151,56 +154,28 @@ func (r *Runner) Build(ctx context.Context) ([]TestBinary, error) {
 	if len(bins) == 0 && !r.Lab && !r.TwoVM {
 		return nil, fmt.Errorf("no package with tests in %s", strings.Join(r.Packages, " "))
 	}
-	// One go command per binary, as many at once as the host has cores: compiling and
-	// linking one test binary keeps about one core busy (the link most of its time), and
-	// the go build cache is safe to share between them.
-	jobs := make([]func() error, 0, len(bins)+1)
-	for _, b := range bins {
-		jobs = append(jobs, func() error {
-			start := time.Now()
-			cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
-			}
-			if b.RunRegex != "" {
-				r.Log.Info("built test binary", "package", b.Package, "run", b.RunRegex, "kernels", strings.Join(b.Kernels, ","), "took", time.Since(start).Round(time.Millisecond))
-			} else {
-				r.Log.Info("built test binary", "package", b.Package, "took", time.Since(start).Round(time.Millisecond))
-			}
-			return nil
-		})
-	}
 	if r.Lab || r.TwoVM {
-		jobs = append(jobs, func() error {
-			start := time.Now()
-			// import paths, not ./dirs: the runner also runs from a package dir (TestKernelMatrix)
-			pkgs := []string{modulePath + "/cmd/axon", modulePath + "/cmd/axon-agent", modulePath + "/cmd/axon-cni"}
-			if r.TwoVM {
-				pkgs = append(pkgs, modulePath+"/hack/vm/twonode")
-			}
-			cmd := exec.CommandContext(ctx, r.goTool(), append([]string{"build", "-trimpath", "-o", filepath.Join(dir, "bin") + "/"}, pkgs...)...)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("go build ./cmd/... for the lab subset: %w\n%s", err, out)
-			}
-			r.Log.Info("built axon binaries for the lab subsets", "packages", strings.Join(pkgs, " "), "took", time.Since(start).Round(time.Millisecond))
-			return nil
-		})
+		start := time.Now()
+		// import paths, not ./dirs: the runner also runs from a package dir (TestKernelMatrix)
+		pkgs := []string{modulePath + "/cmd/axon", modulePath + "/cmd/axon-agent", modulePath + "/cmd/axon-cni"}
+		if r.TwoVM {
+			pkgs = append(pkgs, modulePath+"/hack/vm/twonode")
+		}
+		cmd := exec.CommandContext(ctx, r.goTool(), append([]string{"build", "-trimpath", "-o", filepath.Join(dir, "bin") + "/"}, pkgs...)...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build ./cmd/... for the lab subset: %w\n%s", err, out)
+		}
+		r.labBins = r.Lab
+		r.twoVMBins = r.TwoVM
+		r.Log.Info("built axon binaries for the lab subsets", "packages", strings.Join(pkgs, " "), "took", time.Since(start).Round(time.Millisecond))
 	}
-	start := time.Now()
-	if err := runLimited(jobs, runtime.NumCPU()); err != nil {
-		return nil, err
-	}
-	r.labBins = r.Lab
-	r.twoVMBins = r.TwoVM
-	r.Log.Info("built the binaries for the VMs", "binaries", len(jobs), "at once", min(len(jobs), runtime.NumCPU()), "took", time.Since(start).Round(time.Millisecond))
 	return bins, nil
 }
 
-// extraBinary is the test binary of an ExtraRun (built with the others by Build), named
-// <pkg>-only.test so the package may also be in Packages.
-func (r *Runner) extraBinary(ctx context.Context, dir string, x ExtraRun) (TestBinary, error) {
+// buildExtra builds the test binary of an ExtraRun as <pkg>-only.test (a
+// name of its own, so the package may also be in Packages).
+func (r *Runner) buildExtra(ctx context.Context, dir string, x ExtraRun) (TestBinary, error) {
 	if len(x.Kernels) == 0 {
 		return TestBinary{}, fmt.Errorf("extra run of %s: no kernels given", x.Package)
 	}
@@ -213,30 +188,16 @@ func (r *Runner) extraBinary(ctx context.Context, dir string, x ExtraRun) (TestB
 		return TestBinary{}, fmt.Errorf("go list %s: %v: %s", x.Package, err, stderr.String())
 	}
 	name := strings.ReplaceAll(strings.TrimPrefix(f[0], modulePath+"/"), "/", "_") + "-only.test"
-	return TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name),
-		RunRegex: x.RunRegex, Kernels: x.Kernels, MustRun: x.MustRun}, nil
-}
-
-// runLimited runs jobs, at most n at once, and returns the first error (the other jobs
-// still finish: each is a go command that ends on its own).
-func runLimited(jobs []func() error, n int) error {
-	sem := make(chan struct{}, max(n, 1))
-	errs := make([]error, len(jobs))
-	var wg sync.WaitGroup
-	for i, job := range jobs {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			errs[i] = job()
-		})
+	b := TestBinary{Package: f[0], Dir: f[1], Name: name, Binary: filepath.Join(dir, "bin", name),
+		RunRegex: x.RunRegex, Kernels: x.Kernels, MustRun: x.MustRun}
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, r.goTool(), "test", "-c", "-o", b.Binary, b.Package)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return TestBinary{}, fmt.Errorf("go test -c %s: %w\n%s", b.Package, err, out)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	r.Log.Info("built test binary", "package", b.Package, "run", x.RunRegex, "kernels", strings.Join(x.Kernels, ","), "took", time.Since(start).Round(time.Millisecond))
+	return b, nil
 }
 
 // forKernel is bins without the extra runs meant for other kernels.
@@ -383,70 +344,25 @@ func (r *Runner) RunScript(bins []TestBinary) string {
 			fmt.Fprintf(&s, "export %s=%s\n", k, shellQuote(v))
 		}
 	}
-	s.WriteString("mkdir -p /run/axon-vm/out/results /run/axon-vm/out/claim\nrc=0\n")
-	// The kernel's VMs share this script and its run dir: each job goes to the VM whose
-	// mkdir of its claim dir succeeds first (atomic on the host through 9p), and the jobs
-	// are listed the most expensive first, so the VMs end close together.
-	if r.labBins {
-		s.WriteString("if mkdir /run/axon-vm/out/claim/lab 2>/dev/null; then\n")
-		s.WriteString(r.labSubsetScript()) // labdevice.go
-		s.WriteString("fi\n")
-	}
-	for _, b := range costliestFirst(bins) {
+	s.WriteString("mkdir -p /run/axon-vm/out/results\nrc=0\n")
+	for _, b := range bins {
 		base := "/run/axon-vm/out/" + strings.TrimSuffix(b.Name, ".test")
 		args := []string{shellQuote("/run/axon-vm/bin/" + b.Name)}
 		for _, a := range r.testArgs(b) {
 			args = append(args, shellQuote(a))
 		}
-		fmt.Fprintf(&s, "if mkdir %s 2>/dev/null; then\n", shellQuote("/run/axon-vm/out/claim/"+b.Name))
 		fmt.Fprintf(&s, "echo 'AXON-VM-PKG %s'\n", b.Package)
 		fmt.Fprintf(&s, "cd %s || exit 120\n", shellQuote(b.Dir))
 		s.WriteString("t0=$(date +%s%N)\n")
 		fmt.Fprintf(&s, "{ %s 2>&1; echo $? >%s.rc; } | tee %s.txt\n", strings.Join(args, " "), base, base)
 		fmt.Fprintf(&s, "echo $(( ($(date +%%s%%N) - t0) / 1000000 )) >%s.ms\n", base)
 		fmt.Fprintf(&s, "[ \"$(cat %s.rc)\" = 0 ] || rc=1\n", base)
-		s.WriteString("fi\n")
+	}
+	if r.labBins {
+		s.WriteString(r.labSubsetScript()) // labdevice.go
 	}
 	s.WriteString("exit $rc\n")
 	return s.String()
-}
-
-// costliestFirst orders bins by vmCost, the most expensive first (stable otherwise).
-func costliestFirst(bins []TestBinary) []TestBinary {
-	out := slices.Clone(bins)
-	slices.SortStableFunc(out, func(a, b TestBinary) int { return cmp.Compare(vmCost(b.Package), vmCost(a.Package)) })
-	return out
-}
-
-// vmCost is the wall time in seconds a package's tests took in the 6.12 VM of CI's
-// TestKernelMatrix (TCG, 2026-11-27), 10 for a package not listed. Only the order of the
-// VMs' queue uses it: the long packages go first so no VM starts one near the end.
-func vmCost(pkg string) int {
-	switch strings.TrimPrefix(pkg, modulePath+"/") {
-	case "internal/datapath/nodeport":
-		return 161
-	case "internal/datapath/sockmap":
-		return 158
-	case "internal/datapath/podpath":
-		return 95
-	case "internal/datapath/vmbypass":
-		return 89
-	case "internal/datapath/fuzz":
-		return 30
-	case "internal/cni":
-		return 23
-	case "internal/datapath/socklb":
-		return 13
-	case "internal/verifier":
-		return 11
-	case "internal/datapath":
-		return 10
-	case "internal/vmtest/virtionet":
-		return 5
-	case "internal/datapath/bandwidth", "internal/datapath/drops":
-		return 2
-	}
-	return 10
 }
 
 // labScript runs the single-node lab subset as pseudo tests in `go test -v` format, so the
@@ -479,113 +395,51 @@ labrc=0
 // RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM, then the
 // two-VM subset on that kernel when it is asked for.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
-	kv := r.prepareKernel(ctx, spec, bins, 1)
-	if kv.kernel != nil {
-		r.runShard(ctx, kv, 0, r.Console)
-	}
-	r.finishKernel(ctx, kv)
-	r.twoVMAfter(ctx, kv)
+	kv := r.runVM(ctx, spec, bins, r.Console)
+	r.twoVMAfter(ctx, &kv)
 	return kv.KernelRun
 }
 
-// RunVMs runs the binaries on every kernel of specs, as RunVM does. With parallel, up to
-// Slots VMs run at once (default: one per host core; single-threaded TCG keeps each VM on
-// one core) and each kernel gets that many VMs, which take its packages from one queue
-// (RunScript), the most expensive first: the kernels run one after the other, each on
-// every core, and its VMs end within about one short package of each other. The two-VM
-// subsets (two VMs each) follow once two slots are free. Without parallel, one VM per
-// kernel, one kernel after the other, each followed by its two-VM subset.
+// RunVMs runs the binaries on every kernel of specs, as RunVM does. With parallel, the
+// kernels' VMs run at the same time, each in its own run dir (single-threaded TCG keeps
+// each VM on one host core: on a 2-core host two kernels take the time of the slower one,
+// not the sum), and the two-VM subsets (two VMs each) follow one kernel after the other
+// once every single VM has finished, so no more VMs than host cores run at once.
 func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBinary, parallel bool) []KernelRun {
-	kvs := make([]*kernelVM, len(specs))
-	if !parallel {
-		for i, spec := range specs {
-			kvs[i] = r.prepareKernel(ctx, spec, bins, 1)
-			if kvs[i].kernel != nil {
-				r.runShard(ctx, kvs[i], 0, r.Console)
-			}
-			r.finishKernel(ctx, kvs[i])
-			r.twoVMAfter(ctx, kvs[i])
-		}
-	} else {
-		slots := cmp.Or(r.Slots, runtime.NumCPU())
-		for i, spec := range specs {
-			kvs[i] = r.prepareKernel(ctx, spec, bins, slots)
-		}
-		// The dispatcher starts the VMs in order, each once a slot is free.
-		sem := make(chan struct{}, slots)
+	kvs := make([]kernelVM, len(specs))
+	if parallel {
 		var wg sync.WaitGroup
-		for _, kv := range kvs {
-			for shard := range kv.shards {
-				sem <- struct{}{}
-				if ctx.Err() != nil {
-					<-sem
-					break
-				}
-				var console io.Writer // live consoles, one prefix per VM
-				if r.Console != nil {
-					console = prefixWriter{prefix: "[" + kv.shardName(shard) + "] ", w: r.Console}
-				}
-				wg.Go(func() {
-					defer func() { <-sem }()
-					r.runShard(ctx, kv, shard, console)
-				})
+		for i, spec := range specs {
+			var console io.Writer // live consoles, one prefix per kernel
+			if r.Console != nil {
+				console = prefixWriter{prefix: "[" + spec.Name + "] ", w: r.Console}
 			}
+			wg.Go(func() { kvs[i] = r.runVM(ctx, spec, bins, console) })
 		}
 		wg.Wait()
-		for _, kv := range kvs {
-			r.finishKernel(ctx, kv)
-		}
-		for _, kv := range kvs { // every slot is free again: a two-VM subset's two VMs have a core each
-			r.twoVMAfter(ctx, kv)
+	} else {
+		for i, spec := range specs {
+			kvs[i] = r.runVM(ctx, spec, bins, r.Console)
+			r.twoVMAfter(ctx, &kvs[i])
 		}
 	}
 	runs := make([]KernelRun, len(kvs))
 	for i := range kvs {
+		if parallel {
+			r.twoVMAfter(ctx, &kvs[i])
+		}
 		runs[i] = kvs[i].KernelRun
 	}
 	return runs
 }
 
-// kernelVM is one kernel's run: its VMs (shards) running the test binaries, and what
-// its two-VM subset reuses.
+// kernelVM is one kernel's single-VM run and what its two-VM subset reuses.
 type kernelVM struct {
 	KernelRun
 	spec   KernelSpec
 	kernel *Kernel // nil when the run failed before booting
 	initrd string
 	dir    string // the kernel's run dir (kernelDir)
-	bins   []TestBinary
-	vm     VM // what the shards share; each gets its own script, NIC ports and console
-	shards []shardRun
-
-	mu           sync.Mutex
-	running      int
-	stopPressure func() []float64
-	pressure     []float64
-}
-
-// shardRun is one VM of a kernel.
-type shardRun struct {
-	res        VMResult
-	err        error
-	start, end time.Time
-}
-
-// shardScript is the run script of a kernel's VM number i: run.sh, run-1.sh, ... (the
-// same content; init.sh writes each VM's exit code to a file named after its script).
-func shardScript(i int) string {
-	if i == 0 {
-		return "run.sh"
-	}
-	return fmt.Sprintf("run-%d.sh", i)
-}
-
-// shardName names a kernel's VM in logs: the kernel, with #i when it has several VMs.
-func (kv *kernelVM) shardName(i int) string {
-	if len(kv.shards) < 2 {
-		return kv.spec.Name
-	}
-	return fmt.Sprintf("%s#%d", kv.spec.Name, i)
 }
 
 // twoVMAfter runs the two-VM subset on kv's kernel when the runner has it and the kernel
@@ -649,11 +503,10 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// prepareKernel fetches the kernel and prepares its run dir for vms VMs (at most one per
-// binary): run scripts, initramfs, the VM settings they share.
-func (r *Runner) prepareKernel(ctx context.Context, spec KernelSpec, bins []TestBinary, vms int) *kernelVM {
+// runVM is RunVM without the two-VM subset, with the live console (if any) to console.
+func (r *Runner) runVM(ctx context.Context, spec KernelSpec, bins []TestBinary, console io.Writer) kernelVM {
 	bins = forKernel(bins, spec.Name)
-	kv := &kernelVM{spec: spec, bins: bins}
+	kv := kernelVM{spec: spec}
 	kr := &kv.KernelRun
 	*kr = KernelRun{Kernel: spec.Name, Accel: VM{ICount: r.ICount, MultiThreadTCG: r.MultiThreadTCG}.AccelName("tcg")}
 	if HardwareKVM() {
@@ -685,19 +538,7 @@ func (r *Runner) prepareKernel(ctx context.Context, spec KernelSpec, bins []Test
 			}
 		}
 	}
-	jobs := len(bins)
-	if r.labBins {
-		jobs++
-	}
-	vms = max(1, min(vms, jobs))
-	script := r.RunScript(bins)
-	for i := range vms {
-		if err := os.WriteFile(filepath.Join(dir, shardScript(i)), []byte(script), 0o755); err != nil {
-			kr.Err = err
-			return kv
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "out", "claim"), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(r.RunScript(bins)), 0o755); err != nil {
 		kr.Err = err
 		return kv
 	}
@@ -711,102 +552,37 @@ func (r *Runner) prepareKernel(ctx context.Context, spec KernelSpec, bins []Test
 		kr.Err = err
 		return kv
 	}
-	r.Log.Info("kernel ready", "kernel", spec.Name, "release", k.Release, "accel", kr.Accel, "VMs", vms,
+	r.Log.Info("booting VM", "kernel", spec.Name, "release", k.Release, "accel", kr.Accel,
 		"modules", len(info.Loaded), "missing optional", strings.Join(info.Missing, ","), "initramfs KiB", info.Size>>10)
 
-	// Each VM may be the one that takes every package (the other died or started late).
 	timeout := 30 * time.Minute
 	if r.TestTimeout > 0 {
 		timeout = time.Duration(len(bins))*r.TestTimeout + 2*time.Minute
 	}
-	kv.vm = VM{Kernel: k, Initramfs: initrd, RunDir: dir, Timeout: timeout, Boot: r.Boot, ICount: r.ICount,
+	vm := VM{Kernel: k, Initramfs: initrd, RunDir: dir, Timeout: timeout, Boot: r.Boot, Console: console, ICount: r.ICount,
 		MultiThreadTCG: r.MultiThreadTCG}
-	kv.shards = make([]shardRun, vms)
-	kv.kernel, kv.initrd, kv.dir = k, initrd, dir
-	return kv
-}
-
-// runShard boots VM number i of kv's kernel and waits for it, with the live console (if
-// any) to console. The kernel's VMs mirror the host's CPU pressure into its run dir while
-// any of them runs.
-func (r *Runner) runShard(ctx context.Context, kv *kernelVM, i int, console io.Writer) {
-	sh := &kv.shards[i]
-	sh.start = time.Now()
-	defer func() { sh.end = time.Now() }()
-	vm := kv.vm
-	vm.Script, vm.Console = shardScript(i), console
 	if r.NICs {
-		var err error
 		if vm.NICPorts, err = FreeUDPPorts(); err != nil {
-			sh.err = err
-			return
+			kr.Err = err
+			return kv
 		}
 	}
-	kv.mu.Lock()
-	if kv.running == 0 {
-		kv.stopPressure = mirrorHostPressure(ctx, kv.dir, time.Second) // the guest reads the host's CPU pressure
+	stopPressure := mirrorHostPressure(ctx, dir, time.Second) // the guest reads the host's CPU pressure
+	res, runErr := vm.Run(ctx)
+	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
+	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
+	if res.BootRetries > 0 {
+		r.Log.Warn("guest kernel crashed before init and was booted again (console.log has both boots)",
+			"kernel", spec.Name, "retries", res.BootRetries)
 	}
-	kv.running++
-	kv.mu.Unlock()
-	r.Log.Info("booting VM", "vm", kv.shardName(i), "release", kv.Release, "accel", kv.Accel)
-	sh.res, sh.err = vm.Run(ctx)
-	kv.mu.Lock()
-	if kv.running--; kv.running == 0 {
-		kv.pressure = append(kv.pressure, kv.stopPressure()...)
+	if err := os.MkdirAll(filepath.Join(r.OutDir, spec.Name), 0o755); err == nil {
+		_ = os.WriteFile(filepath.Join(r.OutDir, spec.Name, "console.log"), []byte(res.Console), 0o644)
 	}
-	kv.mu.Unlock()
-	if sh.res.BootRetries > 0 {
-		r.Log.Warn("guest kernel crashed before init and was booted again (its console log has both boots)",
-			"vm", kv.shardName(i), "retries", sh.res.BootRetries)
-	}
-	r.Log.Info("VM done", "vm", kv.shardName(i), "took", sh.res.Total.Round(time.Millisecond))
-}
-
-// finishKernel collects what kv's VMs left in its run dir: every binary's test output,
-// the reports, the lab subset, the consoles (one console.log, the VMs one after the other).
-func (r *Runner) finishKernel(ctx context.Context, kv *kernelVM) {
-	kr := &kv.KernelRun
-	if kv.kernel == nil {
-		return
-	}
-	if len(kv.pressure) > 0 {
-		r.Log.Info("host CPU pressure during the VM run", "kernel", kv.spec.Name, "some_avg10", summarizePressure(kv.pressure))
-	}
-	var first, last time.Time
-	var consoles strings.Builder
-	var runErrs []error
-	for i, sh := range kv.shards {
-		if sh.start.IsZero() {
-			runErrs = append(runErrs, fmt.Errorf("%s never started", kv.shardName(i)))
-			continue
-		}
-		if first.IsZero() || sh.start.Before(first) {
-			first = sh.start
-		}
-		if sh.end.After(last) {
-			last = sh.end
-		}
-		if i == 0 {
-			kr.Boot, kr.Shell = sh.res.BootTime, sh.res.ShellTime
-		}
-		if len(kv.shards) > 1 {
-			fmt.Fprintf(&consoles, "=== AXON-VM console of %s ===\n", kv.shardName(i))
-		}
-		consoles.WriteString(sh.res.Console)
-		if sh.err != nil {
-			runErrs = append(runErrs, fmt.Errorf("%s: %w\n--- console (last 60 lines, full log in %s) ---\n%s", kv.shardName(i), sh.err,
-				filepath.Join(r.OutDir, kv.spec.Name, "console.log"), tail(sh.res.Console, 60)))
-		}
-	}
-	kr.Total, kr.Console = last.Sub(first), consoles.String()
-	if err := os.MkdirAll(filepath.Join(r.OutDir, kv.spec.Name), 0o755); err == nil {
-		_ = os.WriteFile(filepath.Join(r.OutDir, kv.spec.Name, "console.log"), []byte(kr.Console), 0o644)
-	}
-	for _, b := range kv.bins {
-		base := filepath.Join(kv.dir, "out", strings.TrimSuffix(b.Name, ".test"))
+	for _, b := range bins {
+		base := filepath.Join(dir, "out", strings.TrimSuffix(b.Name, ".test"))
 		raw, err := os.ReadFile(base + ".txt")
 		if err != nil {
-			continue // never started: the run errors say why
+			continue // never started: runErr says why
 		}
 		code := -1
 		if rc, err := os.ReadFile(base + ".rc"); err == nil {
@@ -814,12 +590,12 @@ func (r *Runner) finishKernel(ctx context.Context, kv *kernelVM) {
 				code = n
 			}
 		}
-		pr, err := r.collect(ctx, kv.spec.Name, b, raw, code)
+		pr, err := r.collect(ctx, spec.Name, b, raw, code)
 		if err != nil {
 			kr.Err = err
-			return
+			return kv
 		}
-		checkMustRun(&pr, b, kv.spec.Name)
+		checkMustRun(&pr, b, spec.Name)
 		if ms, err := os.ReadFile(base + ".ms"); err == nil {
 			if n, err := strconv.Atoi(strings.TrimSpace(string(ms))); err == nil {
 				pr.Elapsed = time.Duration(n) * time.Millisecond
@@ -827,17 +603,20 @@ func (r *Runner) finishKernel(ctx context.Context, kv *kernelVM) {
 		}
 		kr.Packages = append(kr.Packages, pr)
 	}
-	copyDir(filepath.Join(kv.dir, "out", "results"), filepath.Join(r.OutDir, kv.spec.Name))
+	copyDir(filepath.Join(dir, "out", "results"), filepath.Join(r.OutDir, spec.Name))
 	if r.labBins {
-		if pr, err := r.collectLab(ctx, kv.spec.Name, kv.dir); err == nil {
+		if pr, err := r.collectLab(ctx, spec.Name, dir); err == nil {
 			kr.Packages = append(kr.Packages, pr)
-		} else if len(runErrs) == 0 {
+		} else if runErr == nil {
 			kr.Err = err
 		}
 	}
-	if len(runErrs) > 0 {
-		kr.Err = errors.Join(runErrs...)
+	if runErr != nil {
+		kr.Err = fmt.Errorf("%w\n--- console (last 60 lines, full log in %s) ---\n%s", runErr,
+			filepath.Join(r.OutDir, spec.Name, "console.log"), tail(res.Console, 60))
 	}
+	kv.kernel, kv.initrd, kv.dir = k, initrd, dir
+	return kv
 }
 
 // collectLab parses the lab subset's output of a VM run.
