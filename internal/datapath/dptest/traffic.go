@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -483,4 +484,25 @@ func SendRawEach(t testing.TB, ns, dev string, frames [][]byte) []error {
 		}
 	})
 	return errs
+}
+
+// ForceRcvBuf gives socket c a receive buffer of n bytes past net.core.rmem_max
+// (SO_RCVBUFFORCE, root): a test's reader that stalls for a moment (a slow VM,
+// the other core busy) then queues instead of dropping, so a loss it counts is
+// the path's, not its own socket's (Udp RcvbufErrors tells which).
+func ForceRcvBuf(t testing.TB, c syscall.Conn, n int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatalf("SO_RCVBUFFORCE %d: %v", n, serr)
+	}
 }
