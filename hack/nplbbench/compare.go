@@ -147,10 +147,12 @@ func compare(dir string, builds []string, stdout io.Writer) error {
 		if len(fw) == 0 {
 			continue
 		}
-		hit, fwNet := net(b, "ct_hit", "xdp"), net(b, "xdp_forwarder", "xdp")
-		fmt.Fprintf(stdout, "\n%s: XDP ct_hit against the trivial forwarder of the same run, harness subtracted: %.0f ns against %.0f ns, "+
-			"ratio %s; forwarder/ct_hit %s (target ≥ 0.7)\n", b, stats.Median(hit), stats.Median(fwNet),
-			bench.FormatPaired(bench.Pair(hit, fwNet)), bench.FormatPaired(bench.Pair(fwNet, hit)))
+		// gross, harness included: the forwarder's own cost is at or below
+		// the test run's timer resolution, so its net value is ~0
+		hit, hitNet, fwNet := series(b, "ct_hit", "xdp"), net(b, "ct_hit", "xdp"), net(b, "xdp_forwarder", "xdp")
+		fmt.Fprintf(stdout, "\n%s: XDP ct_hit against the trivial forwarder of the same run: %.0f ns against %.0f ns (harness subtracted: %.0f against %.0f); "+
+			"ct_hit/forwarder, paired, harness included: %s (target ≤ 1/0.7 = 1.43)\n", b, stats.Median(hit), stats.Median(fw),
+			stats.Median(hitNet), stats.Median(fwNet), bench.FormatPaired(bench.Pair(hit, fw)))
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -46,6 +47,7 @@ import (
 func main() {
 	rounds := flag.Int("rounds", 9, "interleaved rounds (samples per scenario and hook)")
 	calls := flag.Int("calls", 300, "single runs per sample (the sample is their median)")
+	only := flag.String("only", "", "measure only the scenarios whose name matches this regexp (e.g. ct_hit, for a profile); the calibration programs always run")
 	cmp := flag.String("compare", "", "compare the runs saved in this directory instead of measuring (needs -builds)")
 	builds := flag.String("builds", "", "with -compare: comma-separated build names, the first the reference")
 	flag.Parse()
@@ -60,7 +62,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nplbbench: needs root (netns, BPF)")
 		os.Exit(2)
 	}
-	if err := run(*rounds, *calls); err != nil {
+	onlyRE, err := regexp.Compile(*only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nplbbench: -only:", err)
+		os.Exit(2)
+	}
+	if err := run(*rounds, *calls, onlyRE); err != nil {
 		fmt.Fprintln(os.Stderr, "nplbbench:", err)
 		os.Exit(1)
 	}
@@ -84,7 +91,7 @@ func psi() string {
 	return "n/a"
 }
 
-func run(rounds, calls int) error {
+func run(rounds, calls int, only *regexp.Regexp) error {
 	runtime.LockOSThread() // everything below happens in the scratch netns
 	orig, err := netns.Get()
 	if err != nil {
@@ -211,6 +218,7 @@ func run(rounds, calls int) error {
 			func(int) []byte { return nodeport.Packet(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
 			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
 	}
+	scens = slices.DeleteFunc(scens, func(s scenario) bool { return !only.MatchString(s.name) })
 	hooks := []string{nodeport.HookTC, nodeport.HookXDP}
 	samples := map[string]map[string][]float64{}
 	// the calibration programs, beside the LB's in every round: the empty
