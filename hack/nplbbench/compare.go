@@ -66,10 +66,11 @@ func parseRun(r io.Reader, build string, rep int) (benchRun, error) {
 }
 
 // compare reads dir/<build>.<rep>.md of every build (repetitions 1..n,
-// run alternately by run.sh), writes dir/results.csv and prints the
+// run alternately by run.sh), writes every sample to csvPath (when not
+// empty) and prints the
 // paired comparison of each build against the first, and the XDP CT hit
 // against the trivial forwarder of the same run.
-func compare(dir string, builds []string, stdout io.Writer) error {
+func compare(dir string, builds []string, csvPath string, stdout io.Writer) error {
 	runs := map[string][]benchRun{}
 	for _, b := range builds {
 		for rep := 1; ; rep++ {
@@ -91,8 +92,10 @@ func compare(dir string, builds []string, stdout io.Writer) error {
 			return fmt.Errorf("no %s.<rep>.md in %s", b, dir)
 		}
 	}
-	if err := writeCSV(filepath.Join(dir, "results.csv"), builds, runs); err != nil {
-		return err
+	if csvPath != "" {
+		if err := writeCSV(csvPath, builds, runs); err != nil {
+			return err
+		}
 	}
 	// series: a build's per-repetition values of one scenario and hook
 	series := func(b, sc, hook string) []float64 {

@@ -13,9 +13,9 @@
 //
 //	go run ./hack/nplbbench                 # Markdown table on stdout
 //	go run ./hack/nplbbench -rounds 15 -calls 400
-//	go run ./hack/nplbbench -compare DIR -builds old,new
+//	go run ./hack/nplbbench -compare DIR -builds old,new [-csv results.csv]
 //	                                        # paired comparison of runs DIR/<build>.<rep>.md
-//	                                        # (run alternately); writes DIR/results.csv
+//	                                        # (run alternately), each build against the first
 package main
 
 import (
@@ -50,9 +50,10 @@ func main() {
 	only := flag.String("only", "", "measure only the scenarios whose name matches this regexp (e.g. ct_hit, for a profile); the calibration programs always run")
 	cmp := flag.String("compare", "", "compare the runs saved in this directory instead of measuring (needs -builds)")
 	builds := flag.String("builds", "", "with -compare: comma-separated build names, the first the reference")
+	csvPath := flag.String("csv", "", "with -compare: also write every sample of the builds to this CSV file")
 	flag.Parse()
 	if *cmp != "" {
-		if err := compare(*cmp, strings.Split(*builds, ","), os.Stdout); err != nil {
+		if err := compare(*cmp, strings.Split(*builds, ","), *csvPath, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "nplbbench:", err)
 			os.Exit(1)
 		}
