@@ -699,35 +699,69 @@ AXON_INLINE int np_rt_genid(axon_ctx_t *ctx, __u32 *genid)
 #endif
 }
 
+/* np_fib_cached looks the IPv4 next hop from s4 to d4 up in the per-CPU
+ * cache of fib_cache.h: 1 when an entry filled under the netns' current
+ * rt_genid and neighbour generation (axon_np_neigh_gen) matches, fp then
+ * holding family, ifindex and the MACs only, all np_send reads of a
+ * SUCCESS; else 0, gen[0] / gen[1] the rt_genid and neighbour generation a
+ * lookup's result is to be cached under (gen[1] 0: not to be cached).
+ * Not inlined: its branches end in one return value, so the verifier does
+ * not carry a hit and a miss state through the rest of every caller. */
+static __noinline int np_fib_cached(axon_ctx_t *ctx, __be32 s4, __be32 d4, struct bpf_fib_lookup *fp,
+				    __u32 *gen)
+{
+	struct fib_cache_entry *ce;
+	__u32 iif = ctx_ifindex(ctx), zero = 0, genid = 0, slot, *g;
+
+	g = bpf_map_lookup_elem(&axon_np_neigh_gen, &zero);
+	if (!g || !*g || !np_rt_genid(ctx, &genid))
+		return 0;
+	gen[0] = genid;
+	gen[1] = *g;
+	slot = fib_cache_slot(iif, s4, d4);
+	ce = bpf_map_lookup_elem(&axon_fib_cache, &slot);
+	if (!ce || ce->neigh_gen != gen[1] || !fib_cache_match_key(ce, iif, s4, d4, 0, 0, genid))
+		return 0;
+	fp->family = AXON_AF_INET;
+	fp->ifindex = ce->oif;
+	__builtin_memcpy(fp->dmac, ce->dmac, 6);
+	__builtin_memcpy(fp->smac, ce->smac, 6);
+	return 1;
+}
+
+/* np_fib_fill caches the result fp of a lookup from s4 to d4 that
+ * returned SUCCESS, under the generations gen of np_fib_cached. Not
+ * inlined, for the same reason: nothing of the caller's state differs
+ * after it, so the paths with and without a fill are verified once. */
+static __noinline void np_fib_fill(__u32 iif, __be32 s4, __be32 d4, const struct bpf_fib_lookup *fp,
+				   const __u32 *gen)
+{
+	__u32 slot = fib_cache_slot(iif, s4, d4);
+	struct fib_cache_entry *ce = bpf_map_lookup_elem(&axon_fib_cache, &slot);
+
+	if (!ce)
+		return;
+	ce->valid = 0;
+	__builtin_memcpy(ce->dmac, fp->dmac, 6);
+	__builtin_memcpy(ce->smac, fp->smac, 6);
+	ce->neigh_gen = gen[1];
+	fib_cache_put_key(ce, iif, s4, d4, 0, 0, gen[0], fp->ifindex, fp->ipv4_dst, fp->mtu_result);
+}
+
 /* np_fib looks up the way to dst (from src) in the node's FIB. An IPv4
  * next hop found before (SUCCESS: egress device and both MACs) comes from
- * the per-CPU cache of fib_cache.h while the netns' rt_genid and the
- * neighbour generation (axon_np_neigh_gen) are what they were at its
- * lookup: fp then holds family, ifindex and the MACs only, all np_send
- * reads of a SUCCESS. Anything else is looked up every time. */
+ * the cache (np_fib_cached) while the netns' rt_genid and the neighbour
+ * generation are what they were at its lookup. Anything else is looked up
+ * every time. */
 AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
 			struct bpf_fib_lookup *fp)
 {
-	struct fib_cache_entry *ce = NULL;
-	__u32 iif = ctx_ifindex(ctx), zero = 0, genid = 0, ngen = 0, slot, *g;
+	__u32 iif = ctx_ifindex(ctx), gen[2] = {};
 	__be32 s4 = np_v4(src), d4 = np_v4(dst);
 	long rc;
 
-	if (cfg_fib_cache && !v6) {
-		g = bpf_map_lookup_elem(&axon_np_neigh_gen, &zero);
-		if (g && *g && np_rt_genid(ctx, &genid)) {
-			ngen = *g;
-			slot = fib_cache_slot(iif, s4, d4);
-			ce = bpf_map_lookup_elem(&axon_fib_cache, &slot);
-			if (ce && ce->neigh_gen == ngen && fib_cache_match_key(ce, iif, s4, d4, 0, 0, genid)) {
-				fp->family = AXON_AF_INET;
-				fp->ifindex = ce->oif;
-				__builtin_memcpy(fp->dmac, ce->dmac, 6);
-				__builtin_memcpy(fp->smac, ce->smac, 6);
-				return BPF_FIB_LKUP_RET_SUCCESS;
-			}
-		}
-	}
+	if (cfg_fib_cache && !v6 && np_fib_cached(ctx, s4, d4, fp, gen))
+		return BPF_FIB_LKUP_RET_SUCCESS;
 	__builtin_memset(fp, 0, sizeof(*fp));
 	fp->ifindex = iif;
 	if (v6) {
@@ -740,13 +774,8 @@ AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *ds
 		fp->ipv4_dst = d4;
 	}
 	rc = bpf_fib_lookup(ctx, fp, sizeof(*fp), 0);
-	if (ce && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		ce->valid = 0;
-		__builtin_memcpy(ce->dmac, fp->dmac, 6);
-		__builtin_memcpy(ce->smac, fp->smac, 6);
-		ce->neigh_gen = ngen;
-		fib_cache_put_key(ce, iif, s4, d4, 0, 0, genid, fp->ifindex, fp->ipv4_dst, fp->mtu_result);
-	}
+	if (gen[1] && rc == BPF_FIB_LKUP_RET_SUCCESS)
+		np_fib_fill(iif, s4, d4, fp, gen);
 	return rc;
 }
 

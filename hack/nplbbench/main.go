@@ -7,8 +7,15 @@
 // routes, loads the LB with pins under /sys/fs/bpf/axt-npbench-*, and
 // removes both at the end. Needs root.
 //
+// Every round also runs two bench-only programs on the ct_hit packet:
+// empty_program (the harness's own cost, subtracted) and xdp_forwarder (the
+// least an XDP forward does: the floor the XDP CT hit is compared to).
+//
 //	go run ./hack/nplbbench                 # Markdown table on stdout
 //	go run ./hack/nplbbench -rounds 15 -calls 400
+//	go run ./hack/nplbbench -compare DIR -builds old,new [-csv results.csv]
+//	                                        # paired comparison of runs DIR/<build>.<rep>.md
+//	                                        # (run alternately), each build against the first
 package main
 
 import (
@@ -20,13 +27,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -40,12 +47,28 @@ import (
 func main() {
 	rounds := flag.Int("rounds", 9, "interleaved rounds (samples per scenario and hook)")
 	calls := flag.Int("calls", 300, "single runs per sample (the sample is their median)")
+	only := flag.String("only", "", "measure only the scenarios whose name matches this regexp (e.g. ct_hit, for a profile); the calibration programs always run")
+	cmp := flag.String("compare", "", "compare the runs saved in this directory instead of measuring (needs -builds)")
+	builds := flag.String("builds", "", "with -compare: comma-separated build names, the first the reference")
+	csvPath := flag.String("csv", "", "with -compare: also write every sample of the builds to this CSV file")
 	flag.Parse()
+	if *cmp != "" {
+		if err := compare(*cmp, strings.Split(*builds, ","), *csvPath, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "nplbbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "nplbbench: needs root (netns, BPF)")
 		os.Exit(2)
 	}
-	if err := run(*rounds, *calls); err != nil {
+	onlyRE, err := regexp.Compile(*only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nplbbench: -only:", err)
+		os.Exit(2)
+	}
+	if err := run(*rounds, *calls, onlyRE); err != nil {
 		fmt.Fprintln(os.Stderr, "nplbbench:", err)
 		os.Exit(1)
 	}
@@ -69,7 +92,7 @@ func psi() string {
 	return "n/a"
 }
 
-func run(rounds, calls int) error {
+func run(rounds, calls int, only *regexp.Regexp) error {
 	runtime.LockOSThread() // everything below happens in the scratch netns
 	orig, err := netns.Get()
 	if err != nil {
@@ -196,39 +219,40 @@ func run(rounds, calls int) error {
 			func(int) []byte { return nodeport.Packet(tup("198.18.0.250", 40000, "10.244.1.9:80"), false) },
 			map[string]uint32{"tc": 0xffffffff, "xdp": 2}},
 	}
+	scens = slices.DeleteFunc(scens, func(s scenario) bool { return !only.MatchString(s.name) })
 	hooks := []string{nodeport.HookTC, nodeport.HookXDP}
 	samples := map[string]map[string][]float64{}
-	// the empty program: what the test-run harness itself costs per run
-	empty := map[string]*ebpf.Program{}
-	for hook, typ := range map[string]ebpf.ProgramType{"tc": ebpf.SchedCLS, "xdp": ebpf.XDP} {
-		ret := int32(-1)
-		if typ == ebpf.XDP {
-			ret = 2
-		}
-		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: typ, License: "GPL",
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
-		if err != nil {
-			return fmt.Errorf("empty %s program: %w", hook, err)
-		}
-		defer p.Close()
-		empty[hook] = p
+	// the calibration programs, beside the LB's in every round: the empty
+	// program (what the test-run harness itself costs per run, both hooks)
+	// and the trivial XDP forwarder (the floor an XDP CT hit is compared to)
+	calib, err := calibrationPrograms()
+	if err != nil {
+		return err
 	}
-	emptyPkt := nodeport.Packet(ctHit, false)
+	defer func() {
+		for _, c := range calib {
+			c.prog.Close()
+		}
+	}()
+	calibPkt := nodeport.Packet(ctHit, false)
 	psiBefore := psi()
 	for r := 0; r < rounds; r++ {
-		for _, hook := range hooks {
+		for _, c := range calib {
 			durs := make([]float64, 0, calls)
-			for c := 0; c < calls; c++ {
-				_, d, err := n.TestRunProgram(empty[hook], hook, emptyPkt, ifindex)
+			for i := 0; i < calls; i++ {
+				ret, d, err := n.TestRunProgram(c.prog, c.hook, calibPkt, ifindex)
 				if err != nil {
 					return err
 				}
+				if ret != c.want {
+					return fmt.Errorf("%s on %s: return code %d, want %d", c.name, c.hook, ret, c.want)
+				}
 				durs = append(durs, float64(d.Nanoseconds()))
 			}
-			if samples["empty_program"] == nil {
-				samples["empty_program"] = map[string][]float64{}
+			if samples[c.name] == nil {
+				samples[c.name] = map[string][]float64{}
 			}
-			samples["empty_program"][hook] = append(samples["empty_program"][hook], stats.Median(durs))
+			samples[c.name][c.hook] = append(samples[c.name][c.hook], stats.Median(durs))
 		}
 		for _, s := range scens {
 			for _, hook := range hooks {
@@ -258,19 +282,44 @@ func run(rounds, calls int) error {
 	}
 	fmt.Printf("Kernel %s, %d CPUs, %d interleaved rounds x %d single runs per sample (kernel-timed BPF_PROG_TEST_RUN, repeat 1); "+
 		"CPU pressure avg10 %s before, %s after; %s\n\n", release, runtime.NumCPU(), rounds, calls, psiBefore, psiAfter, time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("As loaded here, verified instructions: axon_lb_ingress %s, axon_lb_xdp %s\n\n",
+		verified(n.Program(nodeport.HookTC)), verified(n.Program(nodeport.HookXDP)))
 	fmt.Println("| scenario | tc ns/packet median (min–max) | XDP ns/packet median (min–max) | XDP / tc |")
 	fmt.Println("|---|---:|---:|---:|")
-	scens = append(scens, scenario{name: "empty_program", desc: "a program that only returns: the cost of the test-run harness itself (subtract it)"})
+	scens = append(scens,
+		scenario{name: "empty_program", desc: "a program that only returns: the cost of the test-run harness itself (subtract it)"},
+		scenario{name: "xdp_forwarder", desc: "XDP only: a trivial forwarder (bounds, EtherType, IPv4 version/IHL, TTL read; both MACs written; XDP_TX), the floor of an XDP forward"})
+	cell := func(xs []float64) string {
+		if len(xs) == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f (%.0f–%.0f)", stats.Median(xs), slices.Min(xs), slices.Max(xs))
+	}
 	for _, s := range scens {
 		tc, xdp := samples[s.name]["tc"], samples[s.name]["xdp"]
-		fmt.Printf("| %s | %.0f (%.0f–%.0f) | %.0f (%.0f–%.0f) | %.2f× |\n", s.name,
-			stats.Median(tc), slices.Min(tc), slices.Max(tc), stats.Median(xdp), slices.Min(xdp), slices.Max(xdp), stats.Median(xdp)/stats.Median(tc))
+		ratio := "–"
+		if len(tc) > 0 && len(xdp) > 0 {
+			ratio = fmt.Sprintf("%.2f×", stats.Median(xdp)/stats.Median(tc))
+		}
+		fmt.Printf("| %s | %s | %s | %s |\n", s.name, cell(tc), cell(xdp), ratio)
 	}
 	fmt.Println()
 	for _, s := range scens {
 		fmt.Printf("- `%s`: %s\n", s.name, s.desc)
 	}
 	return nil
+}
+
+// verified is the number of instructions the verifier processed to load p.
+func verified(p *ebpf.Program) string {
+	info, err := p.Info()
+	if err != nil {
+		return "n/a"
+	}
+	if n, ok := info.VerifiedInstructions(); ok {
+		return fmt.Sprint(n)
+	}
+	return "n/a"
 }
 
 // setupNetns builds, in the current (scratch) netns: eth0 (veth to wire)

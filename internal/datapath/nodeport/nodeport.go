@@ -412,14 +412,6 @@ func Load(o Options) (*LB, error) {
 		n.tc.Close()
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
-	// The next-hop cache stays off at XDP: on Debian's 6.12 kernel the XDP
-	// program filled entries it then never matched (TestNodePortNextHopCache
-	// at XDP, cause not found yet), so XDP looks up every packet's next hop
-	// in the FIB, as without the cache; tc uses it.
-	if err := xdpSpec.Variables["cfg_fib_cache"].Set(uint8(0)); err != nil {
-		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB: XDP without the next-hop cache: %w", err)
-	}
 	opts.MapReplacements = n.sharedMaps()
 	if err := xdpSpec.LoadAndAssign(&n.xdp, opts); err != nil {
 		n.tc.Close()
