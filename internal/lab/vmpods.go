@@ -502,7 +502,7 @@ func vmBypassState(ctx context.Context, st *State, v VMPod) string {
 	for _, ep := range eps {
 		if ep.PodName == v.Name && ep.PodNamespace == v.Namespace {
 			if ep.VMBypass == "" {
-				return "the agent does not see the " + vmBypassAnnotation + " annotation"
+				return "the agent does not count the pod as annotated " + vmBypassAnnotation + "=enabled"
 			}
 			return ep.VMBypass
 		}

@@ -89,7 +89,7 @@ func TestLabVMPods(t *testing.T) {
 	}
 	failed := strings.Join(res.Failed(), "\n")
 	t.Logf("check with %s's bypass off:\n%s", v.Name, failed)
-	if !strings.Contains(failed, v.Name+" bypass: agent: the agent does not see the axon.io/vm-bypass annotation") ||
+	if !strings.Contains(failed, v.Name+" bypass: agent: the agent does not count the pod as annotated axon.io/vm-bypass=enabled") ||
 		!strings.Contains(failed, v.Name+" frames through the bypass: bypass counters:") {
 		t.Errorf("the check does not fail %s's bypass with the reason", v.Name)
 	}

@@ -119,4 +119,9 @@ func TestDetachedGuestBehindLinkLocalGateway(t *testing.T) {
 	} else {
 		t.Logf("%s", tail(out, 2))
 	}
+	// Nobody types at a file console: the guest's shell waits (init powers off when it exits).
+	if !q.Alive() {
+		b, _ := os.ReadFile(console)
+		t.Fatalf("QEMU exited after boot; console:\n%s", tail(string(b), 10))
+	}
 }
