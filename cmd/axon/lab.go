@@ -97,7 +97,11 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 			"node wired through CNI ADD exactly as a kubelet does. A healthy lab of the same shape is\n" +
 			"left as it is; leftovers of a crashed run are removed first.\n" +
 			"--datapath baseline wires pods with the reference ptp + host-local plugins and static\n" +
-			"routes instead (no agents), for comparison.",
+			"routes instead (no agents), for comparison.\n" +
+			"--vm-pods N adds N VM pods per node (<node>-vm<i>): after CNI ADD the lab does what KubeVirt's\n" +
+			"virt-launcher does for the bridge binding and boots a QEMU guest with the pod's IPv4 address and\n" +
+			"MAC; the node's agent attaches the VM bypass (axon.io/vm-bypass: enabled). Needs make vm-packages\n" +
+			"and make vm-kernels; the guests are stopped by PID at `axon lab down` (docs/vm-bypass.md).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.BinDir = f.binDir
