@@ -17,6 +17,7 @@ package lab
 // CheckVMPods covers them.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -26,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,6 +199,13 @@ func upVMPods(ctx context.Context, st *State, kube kubernetes.Interface, o UpOpt
 		})
 	}
 	wg.Wait()
+	idx := map[string]int{}
+	for _, n := range st.Nodes {
+		idx[n.Name] = n.Index
+	}
+	slices.SortStableFunc(st.VMPods, func(a, b VMPod) int { // by node, then name (the nodes ran in parallel)
+		return cmp.Or(cmp.Compare(idx[a.Node], idx[b.Node]), cmp.Compare(a.Name, b.Name))
+	})
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

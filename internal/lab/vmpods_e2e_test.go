@@ -62,7 +62,10 @@ func TestLabVMPods(t *testing.T) {
 	// check fails for that pod with the agent's reason and its counters are gone, while
 	// the guest still answers through the in-pod bridge.
 	ctx := t.Context()
-	v := vms[1]
+	v := vms[1] // sorted by node: node2's
+	if vms[0].Node != "node1" || v.Node != "node2" {
+		t.Fatalf("VM pods %s on %s, %s on %s: want node1's first", vms[0].Name, vms[0].Node, v.Name, v.Node)
+	}
 	kube, err := l.Kube()
 	if err != nil {
 		t.Fatal(err)
