@@ -237,9 +237,11 @@ func (l *Lab) CheckVMPods(ctx context.Context, timeout time.Duration) (*VMCheckR
 		}
 		where := map[string][]int{}
 		for _, i := range idx {
-			s := plan[i].pod.String()
+			var s string
 			if plan[i].svc != nil {
 				s = plan[i].svc.String()
+			} else {
+				s = plan[i].pod.String()
 			}
 			if len(where[s]) == 0 {
 				args = append(args, s)

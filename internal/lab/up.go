@@ -386,11 +386,11 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 			return nil, err
 		}
 		log.Info("demo services ready", "elapsed", time.Since(t0).Round(time.Millisecond))
-		if err := upExternalDemo(ctx, st, kube, log); err != nil { // check_external.go
+		if err := upDemoVMService(ctx, st, kube); err != nil { // vmpods.go; before the external demo's Services with allocated ClusterIPs
 			_ = save()
 			return nil, err
 		}
-		if err := upDemoVMService(ctx, st, kube); err != nil { // vmpods.go
+		if err := upExternalDemo(ctx, st, kube, log); err != nil { // check_external.go
 			_ = save()
 			return nil, err
 		}

@@ -66,8 +66,8 @@ const (
 	// DemoVMClusterIP port DemoPort and NodePort DemoVMNodePort, TCP, IPv4,
 	// to the guests' echo (vmguest.EchoPort).
 	DemoVM         = "demo-vm"
-	DemoVMNodePort = 30081
-	vmDir          = "vm" // under the state dir: the guests' initramfs and one dir per VM pod
+	DemoVMNodePort = 30084 // after the external demo's 30080-30083 (check_external.go)
+	vmDir          = "vm"  // under the state dir: the guests' initramfs and one dir per VM pod
 )
 
 // vmBypassAnnotation switches the bypass on for a pod (agent.AnnotationVMBypass;

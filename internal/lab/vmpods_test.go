@@ -78,7 +78,7 @@ func TestPlanVMProbes(t *testing.T) {
 		"service tcp/10.96.100.20:80 from node1-pod1 ",
 		"service tcp/10.96.100.20:80 from node2-pod1 ",
 		"service tcp/10.96.100.20:80 from node1 ",
-		"service tcp/198.18.0.11:30081 from external ",
+		"service tcp/198.18.0.11:30084 from external ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("node1-vm1's probes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
