@@ -125,7 +125,11 @@ func guestKernel() (*vmtest.Kernel, error) {
 	}
 	k, err := (&vmtest.Fetcher{CacheRoot: DepsDir()}).Cached(spec)
 	if err != nil {
-		return nil, fmt.Errorf("the VM pods' guest kernel %s is not in %s: run `make vm-kernels`: %w", VMGuestKernel, filepath.Join(DepsDir(), "kernels"), err)
+		cause := errors.Unwrap(err) // vmtest's own hint names its kernel matrix target
+		if cause == nil {
+			cause = err
+		}
+		return nil, fmt.Errorf("the VM pods' guest kernel %s is not in %s: run `make vm-kernels` (%v)", VMGuestKernel, filepath.Join(DepsDir(), "kernels"), cause)
 	}
 	return k, nil
 }
