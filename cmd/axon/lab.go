@@ -407,8 +407,8 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			"between two of its pods must echo 256 KiB intact with both sockets in the SOCKHASH (the agent's\n" +
 			"connection list) and bytes redirected; where the agent keeps the bypass off: n/a and its reason.\n" +
 			"With VM pods (`up --vm-pods`): each guest answers ICMP and TCP over IPv4 from a pod on its node, a\n" +
-			"pod on another node and its node, its agent reports the bypass (`bypassed`), demo-vm answers with\n" +
-			"the guests as backends (ClusterIP from those sources, NodePort from external) and the bypass's\n" +
+			"pod on another node and its node, its agent reports the bypass (`bypassed`), its Service demo-<pod>\n" +
+			"answers with the guest as its backend (ClusterIP from those sources, NodePort from external), the bypass's\n" +
 			"counters moved both ways; a VM pod that is not bypassed fails with the agent's reason.\n" +
 			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.",
 		Args: cobra.NoArgs,

@@ -3,9 +3,9 @@ package lab
 // `axon lab check`, VM pod part (--vm-pods, vmpods.go): per VM pod, the
 // agent reports its bypass attached; the guest answers ICMP and TCP (its
 // echo) over IPv4 from a pod on its node, a pod on another node and its
-// node; demo-vm answers with the guest as its backend (ClusterIP through the
-// socket LB from those pods and the node, NodePort per packet from the
-// external namespace); and the bypass's counters moved by frames both ways
+// node; its Service demo-<pod> answers with the guest as its only backend
+// (ClusterIP through the socket LB from those pods and the node, NodePort per
+// packet from the external namespace); and the bypass's counters moved by frames both ways
 // during the probes, so the traffic crossed the bypass, not the bridge.
 
 import (
@@ -30,7 +30,7 @@ import (
 // VMCheck is one check of one VM pod.
 type VMCheck struct {
 	VMPod  string
-	What   string // "bypass", "icmp from node1-pod1", "service tcp/10.96.100.20:80 from node1", ...
+	What   string // "bypass", "icmp from node1-pod1", "service tcp/10.96.101.1:80 from node1", ...
 	OK     bool
 	NA     string // not empty: not run, with the reason
 	Detail string // the error, or what was seen
@@ -113,11 +113,12 @@ func (p vmProbe) what() string {
 
 // planVMProbes lists the probes of each VM pod (pure logic): ICMP and TCP to
 // the guest from the first pod of its node, the first pod of another node and
-// its node; demo-vm's ClusterIP from those and its NodePort on the VM pod's
-// node from external. A source that does not exist is n/a with the reason.
+// its node; its Service's ClusterIP from those and its NodePort on the VM
+// pod's node from external. A source that does not exist is n/a with the reason.
 func planVMProbes(st *State) []vmProbe {
 	var out []vmProbe
-	for _, v := range st.VMPods {
+	for k, v := range st.VMPods {
+		_, svcIP, svcNodePort := DemoVMService(k+1, v.Name)
 		var same, other string
 		for _, p := range st.Pods {
 			if p.Node == v.Node && same == "" {
@@ -141,7 +142,7 @@ func planVMProbes(st *State) []vmProbe {
 				out = append(out, p)
 			}
 		}
-		svc := &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(DemoVMClusterIP, DemoPort)}
+		svc := &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(svcIP, DemoPort)}
 		for _, s := range sources {
 			p := vmProbe{vm: v.Name, source: s.name, svc: svc}
 			switch {
@@ -155,7 +156,7 @@ func planVMProbes(st *State) []vmProbe {
 			out = append(out, p)
 		}
 		if n, ok := st.node(v.Node); ok {
-			p := vmProbe{vm: v.Name, source: ExternalName, svc: &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(n.IP, DemoVMNodePort)}}
+			p := vmProbe{vm: v.Name, source: ExternalName, svc: &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(n.IP, uint16(svcNodePort))}}
 			if !st.DemoServices {
 				p.na = "no demo Services (--no-demo)"
 			}

@@ -386,7 +386,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 			return nil, err
 		}
 		log.Info("demo services ready", "elapsed", time.Since(t0).Round(time.Millisecond))
-		if err := upDemoVMService(ctx, st, kube); err != nil { // vmpods.go; before the external demo's Services with allocated ClusterIPs
+		if err := upDemoVMServices(ctx, st, kube); err != nil { // vmpods.go; before the external demo's Services with allocated ClusterIPs
 			_ = save()
 			return nil, err
 		}

@@ -62,20 +62,21 @@ const (
 	VMBridge     = "k6t-eth0"
 	VMTap        = "tap0"
 	vmBridgeAddr = "169.254.75.10/32"
-	// DemoVM is the Service whose only backends are the VM pods: ClusterIP
-	// DemoVMClusterIP port DemoPort and NodePort DemoVMNodePort, TCP, IPv4,
-	// to the guests' echo (vmguest.EchoPort).
-	DemoVM         = "demo-vm"
-	DemoVMNodePort = 30084 // after the external demo's 30080-30083 (check_external.go)
-	vmDir          = "vm"  // under the state dir: the guests' initramfs and one dir per VM pod
+	vmDir        = "vm" // under the state dir: the guests' initramfs and one dir per VM pod
 )
 
 // vmBypassAnnotation switches the bypass on for a pod (agent.AnnotationVMBypass;
 // the lab cannot import the agent, whose tests import the lab: a test checks).
 const vmBypassAnnotation = "axon.io/vm-bypass"
 
-// DemoVMClusterIP is demo-vm's ClusterIP.
-var DemoVMClusterIP = netip.MustParseAddr("10.96.100.20")
+// DemoVMService is the Service of the k-th VM pod (1-based, in the order of
+// State.VMPods), demo-<pod>, whose only backend is that pod's guest: ClusterIP
+// 10.96.101.<k> port DemoPort and NodePort 30100+k (clear of the external
+// demo's 30080-30083), TCP, IPv4, to the guest's echo (vmguest.EchoPort). One
+// Service per VM pod, so that its check says which guest answered.
+func DemoVMService(k int, pod string) (name string, clusterIP netip.Addr, nodePort int32) {
+	return "demo-" + pod, netip.AddrFrom4([4]byte{10, 96, 101, byte(k)}), int32(30100 + k)
+}
 
 // VMPod is a VM pod: the virt-launcher pod (netns, cgroup, CNI ADD) and its
 // guest. IP and IPs are the guest's: IPv4 only (the bridge binding hands the
@@ -537,69 +538,75 @@ func stopVMPods(st *State) []error {
 	return errs
 }
 
-// demoVMService is demo-vm: ClusterIP and NodePort, TCP, IPv4, to the guests' echo.
-func demoVMService() *corev1.Service {
+// demoVMService is the k-th VM pod's Service (DemoVMService).
+func demoVMService(k int, v VMPod) *corev1.Service {
+	name, ip, nodePort := DemoVMService(k, v.Name)
 	single := corev1.IPFamilyPolicySingleStack
 	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: DemoVM, Namespace: DemoNamespace,
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: DemoNamespace,
 			Labels: map[string]string{"app.kubernetes.io/managed-by": demoManagedBy, "axon.dev/demo": "true"}},
 		Spec: corev1.ServiceSpec{
 			Type:           corev1.ServiceTypeNodePort,
-			Selector:       map[string]string{"axon.dev/vm-pod": "true"},
+			Selector:       map[string]string{vmPodLabel: v.Name},
 			IPFamilyPolicy: &single,
 			IPFamilies:     []corev1.IPFamily{corev1.IPv4Protocol},
-			ClusterIP:      DemoVMClusterIP.String(),
-			ClusterIPs:     []string{DemoVMClusterIP.String()},
+			ClusterIP:      ip.String(),
+			ClusterIPs:     []string{ip.String()},
 			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: DemoPort,
-				TargetPort: intstr.FromInt32(vmguest.EchoPort), NodePort: DemoVMNodePort}},
+				TargetPort: intstr.FromInt32(vmguest.EchoPort), NodePort: nodePort}},
 		},
 	}
 }
 
-// demoVMSlice is demo-vm's EndpointSlice: every VM pod's guest.
-func demoVMSlice(vms []VMPod) *discoveryv1.EndpointSlice {
+// vmPodLabel selects a VM pod for its Service.
+const vmPodLabel = "axon.dev/vm-pod"
+
+// demoVMSlice is the EndpointSlice of the k-th VM pod's Service: its guest.
+func demoVMSlice(k int, v VMPod) *discoveryv1.EndpointSlice {
+	svc, _, _ := DemoVMService(k, v.Name)
 	name, proto, port := "tcp", corev1.ProtocolTCP, int32(vmguest.EchoPort)
-	s := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: DemoVM + "-v4", Namespace: DemoNamespace,
-			Labels: map[string]string{discoveryv1.LabelServiceName: DemoVM, discoveryv1.LabelManagedBy: demoManagedBy}},
+	yes, node := true, v.Node
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: svc + "-v4", Namespace: DemoNamespace,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: demoManagedBy}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
-	}
-	for _, v := range vms {
-		yes, node := true, v.Node
-		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+		Endpoints: []discoveryv1.Endpoint{{
 			Addresses:  []string{v.IP.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: new(bool)},
 			NodeName:   &node,
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: v.Namespace, Name: v.Name},
-		})
+		}},
 	}
-	return s
 }
 
-// upDemoVMService creates demo-vm with the VM pods as its backends and waits
-// until every agent's maps hold it.
-func upDemoVMService(ctx context.Context, st *State, kube kubernetes.Interface) error {
-	if len(st.VMPods) == 0 {
-		return nil
-	}
-	for _, v := range st.VMPods {
-		patch := `{"metadata":{"labels":{"axon.dev/vm-pod":"true"}}}`
+// upDemoVMServices creates every VM pod's Service and waits until every
+// agent's socket-LB maps hold them.
+func upDemoVMServices(ctx context.Context, st *State, kube kubernetes.Interface) error {
+	svcs := kube.CoreV1().Services(DemoNamespace)
+	for i, v := range st.VMPods {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, vmPodLabel, v.Name)
 		if _, err := kube.CoreV1().Pods(v.Namespace).Patch(ctx, v.Name, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("label VM pod %s as a %s backend: %w", v.Name, DemoVM, err)
+			return fmt.Errorf("label VM pod %s for its Service: %w", v.Name, err)
+		}
+		svc := demoVMService(i+1, v)
+		if _, err := svcs.Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create service %s: %w", svc.Name, err)
+		}
+		if err := ensureEndpointSlice(ctx, kube, demoVMSlice(i+1, v)); err != nil {
+			return err
 		}
 	}
-	svcs := kube.CoreV1().Services(DemoNamespace)
-	if _, err := svcs.Create(ctx, demoVMService(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create service %s: %w", DemoVM, err)
-	}
-	if err := ensureEndpointSlice(ctx, kube, demoVMSlice(st.VMPods)); err != nil {
-		return err
-	}
-	if serviceImpl(st) != "axon socket LB" {
+	if len(st.VMPods) == 0 || serviceImpl(st) != "axon socket LB" {
 		return nil // kube-proxy: its rules follow (the check retries per probe)
 	}
-	return waitFrontend(ctx, st.Nodes, netip.AddrPortFrom(DemoVMClusterIP, DemoPort).String()+"/TCP", 20*time.Second)
+	for i, v := range st.VMPods {
+		_, ip, _ := DemoVMService(i+1, v.Name)
+		if err := waitFrontend(ctx, st.Nodes, netip.AddrPortFrom(ip, DemoPort).String()+"/TCP", 20*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // waitFrontend waits until every agent's socket-LB maps hold frontend (as

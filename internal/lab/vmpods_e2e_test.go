@@ -18,8 +18,8 @@ import (
 // TestLabVMPods brings a lab with one VM pod per node up (`--vm-pods 1`: real QEMU
 // guests behind KubeVirt's bridge binding), requires `axon lab check` to pass with
 // them (bypass reported and its counters moved, the guests answer ICMP and TCP from
-// pods on both nodes and from their node, demo-vm answers with the guests as
-// backends), then switches one pod's bypass off: the check must fail for it with
+// pods on both nodes and from their node, each VM pod's Service answers with its
+// guest as the backend), then switches one pod's bypass off: the check must fail for it with
 // the agent's reason while the bridge still carries its traffic. Down leaves no
 // QEMU, no DHCP responder and nothing under the state dir. Boots are TCG here:
 // AXON_VMGUEST=1 runs it (about 2-4 minutes on a quiet 2-core host).

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -75,10 +76,10 @@ func TestPlanVMProbes(t *testing.T) {
 		"icmp from node1-pod1 ", "tcp from node1-pod1 ",
 		"icmp from node2-pod1 ", "tcp from node2-pod1 ",
 		"icmp from node1 ", "tcp from node1 ",
-		"service tcp/10.96.100.20:80 from node1-pod1 ",
-		"service tcp/10.96.100.20:80 from node2-pod1 ",
-		"service tcp/10.96.100.20:80 from node1 ",
-		"service tcp/198.18.0.11:30084 from external ",
+		"service tcp/10.96.101.1:80 from node1-pod1 ",
+		"service tcp/10.96.101.1:80 from node2-pod1 ",
+		"service tcp/10.96.101.1:80 from node1 ",
+		"service tcp/198.18.0.11:30101 from external ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("node1-vm1's probes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -109,19 +110,33 @@ func TestPlanVMProbes(t *testing.T) {
 
 func TestDemoVMObjects(t *testing.T) {
 	st := vmTestState()
-	svc := demoVMService()
-	if svc.Spec.ClusterIP != DemoVMClusterIP.String() || svc.Spec.Ports[0].NodePort != DemoVMNodePort ||
-		svc.Spec.Ports[0].TargetPort.IntVal != int32(vmguest.EchoPort) || len(svc.Spec.IPFamilies) != 1 {
-		t.Errorf("demo-vm: %+v", svc.Spec)
+	seen := map[string]bool{}
+	for i, v := range st.VMPods {
+		svc, s := demoVMService(i+1, v), demoVMSlice(i+1, v)
+		name, ip, nodePort := DemoVMService(i+1, v.Name)
+		if svc.Name != name || svc.Spec.ClusterIP != ip.String() || svc.Spec.Ports[0].NodePort != nodePort ||
+			svc.Spec.Ports[0].TargetPort.IntVal != int32(vmguest.EchoPort) || len(svc.Spec.IPFamilies) != 1 ||
+			svc.Spec.Selector[vmPodLabel] != v.Name {
+			t.Errorf("%s: %s %+v", v.Name, svc.Name, svc.Spec)
+		}
+		// One Service per VM pod, with that guest as its only backend.
+		if got := strings.Join(endpointAddrs(s), ","); got != v.IP.String() || s.Labels["kubernetes.io/service-name"] != name {
+			t.Errorf("%s's slice %s: endpoints %s, want its guest %s", v.Name, s.Name, got, v.IP)
+		}
+		if *s.Endpoints[0].NodeName != v.Node || s.Endpoints[0].TargetRef.Name != v.Name {
+			t.Errorf("endpoint %+v: want %s on %s", s.Endpoints[0], v.Name, v.Node)
+		}
+		for _, k := range []string{name, ip.String(), fmt.Sprint(nodePort)} {
+			if seen[k] {
+				t.Errorf("%s shared by two VM pods", k)
+			}
+			seen[k] = true
+		}
 	}
-	s := demoVMSlice(st.VMPods)
-	if got := strings.Join(endpointAddrs(s), ","); got != "10.244.1.3,10.244.2.3" {
-		t.Errorf("demo-vm's endpoints %s, want the two guests", got)
+	if _, ip, np := DemoVMService(MaxVMPodsPerNode*50, "x"); ip != netip.MustParseAddr("10.96.101.200") || np != 30300 {
+		t.Errorf("the 200th VM pod's Service: %s, %d", ip, np)
 	}
-	if *s.Endpoints[0].NodeName != "node1" || s.Endpoints[0].TargetRef.Name != "node1-vm1" {
-		t.Errorf("endpoint %+v: want node1-vm1 on node1", s.Endpoints[0])
-	}
-	// The VM pods are no demo backends (their guests run no UDP echo) and no lab targets' pods.
+	// The VM pods are no demo backends (their guests run no UDP echo).
 	for _, p := range demoBackends(st) {
 		if strings.Contains(p.Name, "-vm") {
 			t.Errorf("VM pod %s backs the demo Services", p.Name)
