@@ -97,7 +97,11 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 			"node wired through CNI ADD exactly as a kubelet does. A healthy lab of the same shape is\n" +
 			"left as it is; leftovers of a crashed run are removed first.\n" +
 			"--datapath baseline wires pods with the reference ptp + host-local plugins and static\n" +
-			"routes instead (no agents), for comparison.",
+			"routes instead (no agents), for comparison.\n" +
+			"--vm-pods N adds N VM pods per node (<node>-vm<i>): after CNI ADD the lab does what KubeVirt's\n" +
+			"virt-launcher does for the bridge binding and boots a QEMU guest with the pod's IPv4 address and\n" +
+			"MAC; the node's agent attaches the VM bypass (axon.io/vm-bypass: enabled). Needs make vm-packages\n" +
+			"and make vm-kernels; the guests are stopped by PID at `axon lab down` (docs/vm-bypass.md).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.BinDir = f.binDir
@@ -116,6 +120,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&o.Nodes, "nodes", 2, "number of nodes (1..50)")
 	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
+	cmd.Flags().IntVar(&o.VMPods, "vm-pods", 0, fmt.Sprintf("VM pods per node (0..%d): each a QEMU guest (%s kernel from `make vm-kernels`, 1 vCPU, 256 MiB) wired like KubeVirt's bridge binding (bridge %s, tap %s, the pod's IPv4 and MAC moved to the guest by DHCP), annotated %s=enabled so the node's agent attaches the bridge bypass; `axon lab check` covers them (docs/vm-bypass.md)", lab.MaxVMPodsPerNode, lab.VMGuestKernel, lab.VMBridge, lab.VMTap, "axon.io/vm-bypass"))
 	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
 	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", kubeproxy.None, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
@@ -219,6 +224,14 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Node, p.Datapath, joinAddrs(p.IPs))
 	}
 	tw.Flush()
+	if len(st.VMPods) > 0 { // --vm-pods
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "VM POD\tNODE\tGUEST IP\tGUEST MAC\tBOOT\tCONSOLE")
+		for _, v := range st.VMPods {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.Node, v.IP, v.GuestMAC, v.Boot, filepath.Join(v.Dir, "console.log"))
+		}
+		tw.Flush()
+	}
 	printKubeProxyStatus(ctx, w, l)
 	for _, p := range rep.Problems {
 		fmt.Fprintln(w, "PROBLEM:", p)
@@ -393,6 +406,10 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			"self-test passed; with --datapath baseline --sockmap on, in bypass-only mode) one connection\n" +
 			"between two of its pods must echo 256 KiB intact with both sockets in the SOCKHASH (the agent's\n" +
 			"connection list) and bytes redirected; where the agent keeps the bypass off: n/a and its reason.\n" +
+			"With VM pods (`up --vm-pods`): each guest answers ICMP and TCP over IPv4 from a pod on its node, a\n" +
+			"pod on another node and its node, its agent reports the bypass (`bypassed`), its Service demo-<pod>\n" +
+			"answers with the guest as its backend (ClusterIP from those sources, NodePort from external), the bypass's\n" +
+			"counters moved both ways; a VM pod that is not bypassed fails with the agent's reason.\n" +
 			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -428,6 +445,17 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 				}
 				if err != nil {
 					return fmt.Errorf("lab check (external): %w", err)
+				}
+			}
+			if len(l.State().VMPods) > 0 { // --vm-pods: check_vmpods.go
+				fmt.Fprintln(cmd.OutOrStdout())
+				vres, err := l.CheckVMPods(cmd.Context(), timeout)
+				if vres != nil {
+					vres.Print(cmd.OutOrStdout())
+					failed += len(vres.Failed())
+				}
+				if err != nil {
+					return fmt.Errorf("lab check (VM pods): %w", err)
 				}
 			}
 			if sockmap { // check_sockmap.go

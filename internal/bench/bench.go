@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/cpustat"
-	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Endpoint is one side of a path: a process runs in network namespace Netns
@@ -673,5 +673,5 @@ func HostInfo(ctx context.Context, t ToolPaths) Host {
 // dsackSegs reads TcpExt TCPDSACKRecvSegs in the network namespace at netns
 // ("" for ours): segments a receiver reported as received twice.
 func dsackSegs(netns string) (uint64, error) {
-	return labpkg.ReadNetCounter(netns, "netstat", "TcpExt", "TCPDSACKRecvSegs")
+	return netnsutil.ReadNetCounter(netns, "netstat", "TcpExt", "TCPDSACKRecvSegs")
 }

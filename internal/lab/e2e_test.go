@@ -130,6 +130,9 @@ func downAndAssertClean(t *testing.T) {
 		for _, n := range st.Nodes {
 			procs = append(procs, n.Agent, n.KubeProxy)
 		}
+		for _, v := range st.VMPods { // --vm-pods: the guests' QEMU and DHCP responders
+			procs = append(procs, v.QEMU, v.DHCP)
+		}
 		cpPIDs, cg = st.ControlPlane.PIDs, st.Cgroup
 	}
 	for i := range 2 { // safe to run twice
@@ -150,7 +153,7 @@ func downAndAssertClean(t *testing.T) {
 			t.Errorf("control plane process %d left after down: %s", pid, b)
 		}
 	}
-	for _, p := range []string{lab.PinRoot, cg, filepath.Join(lab.DefaultStateDir, "lab.json")} {
+	for _, p := range []string{lab.PinRoot, cg, filepath.Join(lab.DefaultStateDir, "lab.json"), filepath.Join(lab.DefaultStateDir, "vm")} {
 		if _, err := os.Stat(p); p != "" && err == nil {
 			t.Errorf("%s left after down", p)
 		}

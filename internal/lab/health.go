@@ -73,6 +73,14 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 			r.Problems = append(r.Problems, fmt.Sprintf("netns %s of pod %s is missing", p.Netns, p.Name))
 		}
 	}
+	for _, v := range st.VMPods { // --vm-pods: vmpods.go
+		if v.QEMU != nil {
+			add("qemu/"+v.Name, v.QEMU.PID, v.QEMU.Alive())
+		}
+		if v.DHCP != nil {
+			add("udhcpd/"+v.Name, v.DHCP.PID, v.DHCP.Alive())
+		}
+	}
 	if !st.Ready {
 		r.Problems = append(r.Problems, "`axon lab up` did not finish: run it again")
 	}

@@ -69,10 +69,10 @@ func ensureNodeObject(ctx context.Context, c kubernetes.Interface, n Node) error
 
 // createPodObject creates the scheduled Pod (spec.nodeName set), as the
 // scheduler would before the kubelet runs CNI ADD.
-func createPodObject(ctx context.Context, c kubernetes.Interface, p Pod) error {
+func createPodObject(ctx context.Context, c kubernetes.Interface, p Pod, annotations map[string]string) error {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: p.Namespace,
+			Name: p.Name, Namespace: p.Namespace, Annotations: annotations,
 			Labels: map[string]string{"app": "axon-lab", "axon.dev/node": p.Node, "axon.dev/datapath": p.Datapath},
 		},
 		Spec: corev1.PodSpec{

@@ -59,6 +59,7 @@ func (l *Lab) State() State {
 	s := *l.st
 	s.Nodes = slices.Clone(l.st.Nodes)
 	s.Pods = slices.Clone(l.st.Pods)
+	s.VMPods = slices.Clone(l.st.VMPods)
 	return s
 }
 
@@ -172,6 +173,9 @@ func (l *Lab) target(name string) (nsName, cgroup string, err error) {
 	if p, ok := st.pod(name); ok {
 		return p.Netns, p.Cgroup, nil
 	}
+	if v := st.vmPod(name); v != nil { // the virt-launcher netns (vmpods.go)
+		return v.Netns, v.Cgroup, nil
+	}
 	if name == st.External.Name && name != "" {
 		return st.External.Netns, "", nil
 	}
@@ -181,6 +185,9 @@ func (l *Lab) target(name string) (nsName, cgroup string, err error) {
 	}
 	for _, p := range st.Pods {
 		names = append(names, p.Name)
+	}
+	for _, v := range st.VMPods {
+		names = append(names, v.Name)
 	}
 	names = append(names, ExternalName)
 	return "", "", fmt.Errorf("unknown lab target %q: use one of %s", name, strings.Join(names, ", "))
@@ -215,7 +222,19 @@ func (l *Lab) AddPod(ctx context.Context, node, name, datapath string) (Pod, err
 	return out, err
 }
 
-func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, name, datapath string) (p Pod, err error) {
+func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, name, datapath string) (Pod, error) {
+	return addPodWith(ctx, st, kube, node, name, datapath, podExtras{})
+}
+
+// podExtras is what a VM pod adds to the pod path (vmpods.go): annotations on
+// its Pod object and virt-launcher's wiring after CNI ADD, before the pod is
+// Running. afterADD returns how to undo what it did.
+type podExtras struct {
+	annotations map[string]string
+	afterADD    func(p *Pod) (undo func(), err error)
+}
+
+func addPodWith(ctx context.Context, st *State, kube kubernetes.Interface, node, name, datapath string, x podExtras) (p Pod, err error) {
 	n, ok := st.node(node)
 	if !ok {
 		return Pod{}, fmt.Errorf("add pod %s: no node %q in the lab", name, node)
@@ -223,7 +242,7 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	if !dns1123.MatchString(name) || len(name) > 63 {
 		return Pod{}, fmt.Errorf("add pod %q: not a valid pod name (lower-case letters, digits and '-', at most 63)", name)
 	}
-	if _, dup := st.pod(name); dup || name == ExternalName || name == "wire" {
+	if _, dup := st.pod(name); dup || name == ExternalName || name == "wire" || st.vmPod(name) != nil {
 		return Pod{}, fmt.Errorf("add pod %s: the name is taken", name)
 	}
 	if _, dup := st.node(name); dup {
@@ -260,7 +279,7 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	if err := preparePodNetns(p.Netns); err != nil {
 		return Pod{}, fmt.Errorf("add pod %s: %w", name, err)
 	}
-	if err := createPodObject(ctx, kube, p); err != nil {
+	if err := createPodObject(ctx, kube, p, x.annotations); err != nil {
 		return Pod{}, err
 	}
 	undo = append(undo, func() { _ = deletePodObject(context.WithoutCancel(ctx), kube, p) })
@@ -276,6 +295,15 @@ func addPod(ctx context.Context, st *State, kube kubernetes.Interface, node, nam
 	if err := bandwidthChainAdd(ctx, st, kube, *n, p); err != nil { // chained bandwidth plugin (bandwidth.go)
 		_ = bandwidthChainDel(context.WithoutCancel(ctx), st, *n, p)
 		return Pod{}, err
+	}
+	if x.afterADD != nil {
+		u, err := x.afterADD(&p)
+		if u != nil {
+			undo = append(undo, u)
+		}
+		if err != nil {
+			return Pod{}, fmt.Errorf("add pod %s: %w", name, err)
+		}
 	}
 	if err := setPodRunning(ctx, kube, p, n.IPs); err != nil {
 		return Pod{}, err

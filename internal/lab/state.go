@@ -124,7 +124,10 @@ type State struct {
 	Cgroup       string            `json:"cgroup"` // <cgroup2>/axon-lab
 	Nodes        []Node            `json:"nodes"`
 	Pods         []Pod             `json:"pods"`
-	External     External          `json:"external"`
+	// --vm-pods: VM pods per node and the VM pods, apart from Pods (vmpods.go)
+	VMPodsPerNode int      `json:"vmPodsPerNode,omitempty"`
+	VMPods        []VMPod  `json:"vmPods,omitempty"`
+	External      External `json:"external"`
 
 	// agents' --bandwidth-manager (on|off; "" = off)
 	BandwidthManager string `json:"bandwidthManager,omitempty"`

@@ -143,10 +143,10 @@ func TestTopology(t *testing.T) {
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "ForwDatagrams"); err != nil {
 		t.Error(err)
 	}
-	if _, err := ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "TCPDSACKRecvSegs"); err != nil {
+	if _, err := netnsutil.ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "TCPDSACKRecvSegs"); err != nil {
 		t.Error(err)
 	}
-	if _, err := ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "NoSuchCounter"); err == nil {
+	if _, err := netnsutil.ReadNetCounter(netnsutil.Path("axonlab-node1"), "netstat", "TcpExt", "NoSuchCounter"); err == nil {
 		t.Error("ReadNetCounter of an unknown counter: want an error")
 	}
 	if _, err := ReadSNMP("axonlab-node1", "Ip", "NoSuchCounter"); err == nil {

@@ -25,6 +25,7 @@ import (
 type UpOptions struct {
 	Nodes       int    // 1..50
 	PodsPerNode int    // 0..50
+	VMPods      int    // VM pods per node, 0..MaxVMPodsPerNode: QEMU guests behind KubeVirt's bridge binding (vmpods.go)
 	Datapath    string // axon (agents + axon-cni) or baseline (ptp + host-local; agents only with the bypass, --mode=bypass-only)
 	BinDir      string // holds axon, axon-agent, axon-cni
 	APIPort     int    // kube-apiserver port on 127.0.0.1 (root netns and, forwarded, every node netns); 0 = 6443
@@ -76,6 +77,9 @@ func (o *UpOptions) validate() error {
 	}
 	if !kubeproxy.ValidMode(o.KubeProxy) {
 		return fmt.Errorf("--kube-proxy %q: want one of %s", o.KubeProxy, strings.Join(kubeproxy.Modes, ", "))
+	}
+	if err := validateVMPods(o); err != nil { // vmpods.go
+		return err
 	}
 	if err := validateBandwidthMode(o.BandwidthManager); err != nil { // bandwidth.go
 		return err
@@ -158,6 +162,7 @@ func preflight(o UpOptions) error {
 	if o.Kubelet {
 		errs = append(errs, preflightKubelet(o)...) // kubelet.go
 	}
+	errs = append(errs, preflightVMPods(o)...) // vmpods.go
 	if o.KubeProxy != kubeproxy.None {
 		if _, err := DepPath("kube-proxy"); err != nil {
 			errs = append(errs, err)
@@ -215,6 +220,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		same = same && old.LBAcceleration == o.LBAcceleration && old.NodePortMode == o.NodePortMode // north-south LB
 		same = same && old.NoSockmap == o.NoSockmap                                                 // same-node TCP bypass
 		same = same && old.Kubelet == o.Kubelet
+		same = same && old.VMPodsPerNode == o.VMPods
 		switch {
 		case healthy && same:
 			log.Info("lab already up", "nodes", len(old.Nodes), "pods", len(old.Pods))
@@ -250,6 +256,7 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		NoSockmap:        o.NoSockmap,        // same-node TCP bypass
 		BandwidthManager: o.BandwidthManager, // bandwidth manager
 		Kubelet:          o.Kubelet,
+		VMPodsPerNode:    o.VMPods, // vmpods.go
 	}
 	st.LBAcceleration, st.NodePortMode = o.LBAcceleration, o.NodePortMode // north-south LB: check_external.go
 	for i := 1; i <= o.Nodes; i++ {
@@ -366,12 +373,23 @@ func Up(ctx context.Context, stateDir string, o UpOptions) (*Lab, error) {
 		_ = save()
 		return nil, err
 	}
+	if err := upVMPods(ctx, st, kube, o); err != nil { // vmpods.go
+		_ = save()
+		return nil, err
+	}
+	if len(st.VMPods) > 0 {
+		log.Info("VM pods up and bypassed", "pods", len(st.VMPods), "elapsed", time.Since(t0).Round(time.Millisecond))
+	}
 	if !o.NoDemo {
 		if err := upDemoServices(ctx, st, kube, log); err != nil {
 			_ = save()
 			return nil, err
 		}
 		log.Info("demo services ready", "elapsed", time.Since(t0).Round(time.Millisecond))
+		if err := upDemoVMServices(ctx, st, kube); err != nil { // vmpods.go; before the external demo's Services with allocated ClusterIPs
+			_ = save()
+			return nil, err
+		}
 		if err := upExternalDemo(ctx, st, kube, log); err != nil { // check_external.go
 			_ = save()
 			return nil, err
@@ -513,6 +531,11 @@ func labHealthy(ctx context.Context, st *State) error {
 			return fmt.Errorf("netns of pod %s is gone", p.Name)
 		}
 	}
+	for _, v := range st.VMPods {
+		if !v.QEMU.Alive() {
+			return fmt.Errorf("the guest of VM pod %s is not running", v.Name)
+		}
+	}
 	c, err := kubeClient(st.ControlPlane.Kubeconfig)
 	if err != nil {
 		return err
@@ -559,6 +582,7 @@ func teardown(stateDir string, log *slog.Logger) error {
 	}
 	if st != nil {
 		errs = append(errs, stopKubeletNodes(st)...) // --kubelet: kubelet.go
+		errs = append(errs, stopVMPods(st)...)       // --vm-pods: vmpods.go
 		for _, n := range st.Nodes {
 			if err := n.KubeProxy.Stop(10 * time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop kube-proxy of %s: %w", n.Name, err))
@@ -598,7 +622,7 @@ func teardown(stateDir string, log *slog.Logger) error {
 	if err := errors.Join(errs...); err != nil {
 		return err // keep lab.json so that `down` can be retried
 	}
-	for _, f := range []string{"nodes", "controlplane", "forwarder.log", "axon.yaml", "helm", egressSocketName, stateFile} { // axon.yaml, helm, egress.sock: --kubelet
+	for _, f := range []string{"nodes", "controlplane", "forwarder.log", "axon.yaml", "helm", egressSocketName, vmDir, stateFile} { // axon.yaml, helm, egress.sock: --kubelet
 		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
 		}

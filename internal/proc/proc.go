@@ -34,6 +34,8 @@ type Spec struct {
 	Log string
 	// Banner, when not empty, is appended to Log before the process starts.
 	Banner string
+	// ExtraFiles are the child's fds 3, 4, ... (e.g. a VM guest's tap for QEMU).
+	ExtraFiles []*os.File
 }
 
 // Start starts s.Argv in its own session with stdin /dev/null and stdout and
@@ -60,6 +62,7 @@ func Start(s Spec) (Record, <-chan struct{}, error) {
 	}
 	cmd := exec.Command(s.Argv[0], s.Argv[1:]...)
 	cmd.Env = s.Env
+	cmd.ExtraFiles = s.ExtraFiles
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

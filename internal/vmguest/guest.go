@@ -44,7 +44,32 @@ type Running struct {
 	seq     int
 }
 
-func (g Guest) args(accel string) []string {
+// Accel is the accelerator a guest gets here: kvm with hardware KVM, else tcg.
+func Accel() string {
+	if vmtest.HardwareKVM() {
+		return "kvm"
+	}
+	return "tcg"
+}
+
+// QEMUArgv is the guest's whole QEMU command line for a process the caller starts
+// itself (detached, e.g. the lab's VM pods): the tap must be the child's fd 3 (its
+// first extra file) and the serial console goes to the file consoleLog, where
+// nobody types (Running.Run is not available; the boot markers are in the file).
+func (g Guest) QEMUArgv(consoleLog string) ([]string, error) {
+	if g.Kernel == nil || g.Initramfs == "" || g.MAC == "" || consoleLog == "" {
+		return nil, errors.New("vmguest: Kernel, Initramfs, MAC and a console log are required")
+	}
+	if _, err := exec.LookPath(vmtest.QEMUPath); err != nil {
+		return nil, fmt.Errorf("%s not found: install the VM packages with `hack/install-packages.sh vm`: %w", vmtest.QEMUPath, err)
+	}
+	if _, err := os.Stat(vmtest.QbootPath); err != nil {
+		return nil, fmt.Errorf("qboot firmware missing (package qemu-system-data): %w", err)
+	}
+	return append([]string{vmtest.QEMUPath}, g.args(Accel(), "file:"+consoleLog)...), nil
+}
+
+func (g Guest) args(accel, serial string) []string {
 	cpus, mem := g.CPUs, g.MemoryMiB
 	if cpus <= 0 {
 		cpus = 1
@@ -52,7 +77,7 @@ func (g Guest) args(accel string) []string {
 	if mem <= 0 {
 		mem = 256
 	}
-	args := []string{"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+	args := []string{"-nodefaults", "-no-user-config", "-display", "none", "-serial", serial,
 		"-no-reboot", "-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem)}
 	if accel == "kvm" {
 		args = append(args, "-accel", "kvm", "-cpu", "host")
@@ -84,11 +109,8 @@ func (g Guest) Start(ctx context.Context) (*Running, error) {
 	if _, err := os.Stat(vmtest.QbootPath); err != nil {
 		return nil, fmt.Errorf("qboot firmware missing (package qemu-system-data): %w", err)
 	}
-	accel := "tcg"
-	if vmtest.HardwareKVM() {
-		accel = "kvm"
-	}
-	cmd := exec.CommandContext(ctx, vmtest.QEMUPath, g.args(accel)...)
+	accel := Accel()
+	cmd := exec.CommandContext(ctx, vmtest.QEMUPath, g.args(accel, "stdio")...)
 	cmd.ExtraFiles = []*os.File{g.Tap}
 	cmd.WaitDelay = 5 * time.Second
 	// The guest dies with its caller (a test killed by its timeout leaves no QEMU behind).
@@ -220,4 +242,59 @@ func (r *Running) Stop() {
 	case <-r.done:
 	case <-time.After(10 * time.Second):
 	}
+}
+
+// EchoPort is the guest's TCP echo (busybox nc in init.sh, one cat per connection): the
+// port of the lab's echo probes (probe.EchoPort), so a guest answers them like a pod.
+const EchoPort = 5657
+
+// WaitReadyFile waits for the boot markers in a console log file (a guest started with
+// QEMUArgv) and returns the leased address (e.g. 10.244.1.5/32). alive says whether QEMU
+// still runs; a guest that exits, reports AXON-GUEST-ERROR or is not ready by ctx's end is
+// an error with the console's last lines.
+func WaitReadyFile(ctx context.Context, consoleLog string, alive func() bool) (string, error) {
+	for {
+		b, _ := os.ReadFile(consoleLog)
+		addr, ready, bad := scanMarkers(string(b))
+		switch {
+		case bad != "":
+			return "", fmt.Errorf("guest: %s; console %s:\n%s", bad, consoleLog, lastLines(string(b), 15))
+		case ready && addr != "":
+			return addr, nil
+		case !alive():
+			return "", fmt.Errorf("waiting for the guest's lease: %w; console %s:\n%s", ErrGuestGone, consoleLog, lastLines(string(b), 15))
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("no DHCP lease and AXON-GUEST-READY on the guest's console (%s): %w; its last lines:\n%s", consoleLog, ctx.Err(), lastLines(string(b), 15))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// scanMarkers reads a console: the leased address (AXON-GUEST-NET), whether
+// AXON-GUEST-READY came, and the first AXON-GUEST-ERROR line.
+func scanMarkers(console string) (addr string, ready bool, bad string) {
+	for _, line := range strings.Split(console, "\n") {
+		line = strings.TrimRight(line, "\r")
+		switch {
+		case strings.HasPrefix(line, "AXON-GUEST-ERROR"):
+			if bad == "" {
+				bad = line
+			}
+		case strings.HasPrefix(line, "AXON-GUEST-NET "):
+			addr = strings.TrimSpace(strings.TrimPrefix(line, "AXON-GUEST-NET "))
+		case strings.HasPrefix(line, "AXON-GUEST-READY"):
+			ready = true
+		}
+	}
+	return addr, ready, bad
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

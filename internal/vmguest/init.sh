@@ -1,8 +1,8 @@
 #!/bin/busybox sh
 # PID 1 of a VM-pod guest (internal/vmguest): no root filesystem beyond the initramfs.
 # Loads the NIC's modules, takes the pod's address by DHCP on eth0 (as a KubeVirt guest
-# does from virt-launcher's DHCP server on the bridge k6t-eth0), starts a qperf server
-# and leaves an unechoed shell on the serial console for the host's commands. Console
+# does from virt-launcher's DHCP server on the bridge k6t-eth0), starts a qperf server and
+# a TCP echo (busybox nc), and leaves an unechoed shell on the serial console for the host's commands. Console
 # markers: AXON-GUEST-BOOTED, AXON-GUEST-NET <ip/len> (or AXON-GUEST-ERROR <why>),
 # AXON-GUEST-READY.
 B=/bin/busybox
@@ -36,6 +36,8 @@ else
 	$B echo "AXON-GUEST-ERROR no DHCP lease on eth0: $($B tail -n 3 /tmp/udhcpc.log | $B tr '\n' ' ')"
 fi
 /usr/bin/qperf >/tmp/qperf.log 2>&1 &
+# A TCP echo on EchoPort (guest.go), one cat per connection: what the lab's checks probe.
+$B nc -ll -p 5657 -e /bin/cat >/dev/null 2>&1 &
 $B stty -echo -onlcr 2>/dev/null
 $B echo "AXON-GUEST-READY uptime=$($B cut -d' ' -f1 /proc/uptime)"
 $B sh
