@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,53 +16,8 @@ import (
 )
 
 // createNetns creates the named network namespace /run/netns/<name> (like
-// `ip netns add`). It runs on a throw-away locked OS thread so the caller's
-// threads never change namespace. netnsutil.Do does not fit here: it enters
-// a namespace that exists, this creates one (and the /run/netns mount).
-func createNetns(name string) error {
-	if err := ensureNetnsDir(); err != nil {
-		return err
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// The thread is never unlocked: it dies with this goroutine, so a
-		// failed restore cannot leak a thread in the wrong namespace.
-		runtime.LockOSThread()
-		h, err := netns.NewNamed(name)
-		if err != nil {
-			errc <- fmt.Errorf("create netns %s: %w", name, err)
-			return
-		}
-		h.Close()
-		errc <- nil
-	}()
-	return <-errc
-}
-
-// ensureNetnsDir makes /run/netns a shared mount point, as `ip netns add`
-// does the first time it runs (iproute2 ip/ipnetns.c): a recursive bind
-// mount of the directory onto itself, propagation shared. Without it, the
-// first `ip netns add` on the machine after `up` binds /run/netns over the
-// lab's namespace files: `down` then unmounts only the copies and cannot
-// remove the files (EBUSY). Idempotent.
-func ensureNetnsDir() error {
-	if err := os.MkdirAll(netnsutil.Dir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", netnsutil.Dir, err)
-	}
-	for made := false; ; made = true {
-		err := unix.Mount("", netnsutil.Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, unix.EINVAL) || made {
-			return fmt.Errorf("make %s a shared mount: %w", netnsutil.Dir, err)
-		}
-		// EINVAL: not a mount point yet.
-		if err := unix.Mount(netnsutil.Dir, netnsutil.Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind %s onto itself: %w", netnsutil.Dir, err)
-		}
-	}
-}
+// `ip netns add`; netnsutil.CreateNamed).
+func createNetns(name string) error { return netnsutil.CreateNamed(name) }
 
 // deleteNetns unmounts and removes /run/netns/<name>; missing is fine.
 func deleteNetns(name string) error {

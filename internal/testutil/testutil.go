@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -66,7 +65,7 @@ func NewNetnsKernelDAD(t testing.TB, prefix string) string {
 func newNetns(t testing.TB, prefix string, keepDAD bool) string {
 	t.Helper()
 	name := prefix + RandSuffix(t)
-	if err := createNamed(name); err != nil {
+	if err := netnsutil.CreateNamed(name); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -81,38 +80,6 @@ func newNetns(t testing.TB, prefix string, keepDAD bool) string {
 		t.Fatal(err)
 	}
 	return name
-}
-
-// createNamed creates a named netns on a thread of its own: netns.NewNamed
-// switches the calling thread into the new namespace.
-func createNamed(name string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if err != nil {
-			if serr := netns.Set(orig); serr == nil {
-				runtime.UnlockOSThread()
-			}
-			errc <- fmt.Errorf("create netns %s: %w", name, err)
-			return
-		}
-		h.Close()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return from netns %s: %w", name, err)
-			return // the thread stays locked and ends with the goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- nil
-	}()
-	return <-errc
 }
 
 // setUp sets lo up and, unless keepDAD, turns IPv6 DAD off in the named
