@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 func TestParseConnRate(t *testing.T) {
@@ -211,17 +215,42 @@ func TestConnRateServerSignals(t *testing.T) {
 // TestConnRatePairedLoopback: two servers on loopback measured in
 // alternating slices; the same kind of server on both sides gives a ratio
 // near 1, with every cycle accounted to its side.
+//
+// Two things made two alike servers unlike (medians of 0.5 to 3.6 in 2 of 5
+// runs on a quiet machine):
+//   - The client and both servers each block in system calls on a locked OS
+//     thread. In `axon lab bench` they are separate processes; here they
+//     share one, and with GOMAXPROCS at 2 (a 2-core runner) the three threads
+//     competed for two Ps on every return from a system call, and a server
+//     that lost a handoff waited for the runtime's next check. One P per
+//     blocking thread plus the test's own makes the sides alike.
+//   - The servers close first, so each cycle leaves a TIME_WAIT socket on
+//     the server's port, and the root netns's loopback holds those of every
+//     earlier run and test (116 000 after 20 runs of this one). Once the
+//     client's ephemeral ports wrap, a SYN that lands on one is answered with
+//     an ACK and retransmitted a second later, in whichever side's slice it
+//     fell. A netns of the test's own starts empty.
 func TestConnRatePairedLoopback(t *testing.T) {
+	testutil.RequireRoot(t, "the run gets a network namespace of its own (an empty TIME_WAIT table)")
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(4, runtime.GOMAXPROCS(0))))
+	ns := testutil.NewNetns(t, "axt-connrate-")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var addrs [2]netip.AddrPort
 	for i := range addrs {
-		addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
-		ready := make(chan struct{})
-		go func() { _ = Serve(ctx, addrs[i], func() { close(ready) }) }()
-		<-ready
+		addrs[i] = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(5001+i))
+		ready, served := make(chan struct{}), make(chan error, 1)
+		go func() {
+			served <- netnsutil.Do(ns, func() error { return Serve(ctx, addrs[i], func() { close(ready) }) })
+		}()
+		select {
+		case <-ready:
+		case err := <-served:
+			t.Fatalf("server %s: %v", addrs[i], err)
+		}
 	}
-	res, err := RunPaired(t.Context(), Config{Target: addrs[0], Duration: 1200 * time.Millisecond}, addrs[1], 100*time.Millisecond, [2]Place{})
+	in := Place{Netns: netnsutil.Path(ns)}
+	res, err := RunPaired(t.Context(), Config{Target: addrs[0], Duration: 1200 * time.Millisecond}, addrs[1], 100*time.Millisecond, [2]Place{in, in})
 	if err != nil {
 		t.Fatal(err)
 	}
