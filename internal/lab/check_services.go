@@ -15,12 +15,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
 )
@@ -130,7 +133,12 @@ type ServiceCheckResult struct {
 	Types   []string
 	Cells   map[[2]string][]probe.ServiceResult // (source, type) → results of probes that ran
 	NA      map[[2]string][]plannedProbe        // (source, type) → probes not applicable
-	Elapsed time.Duration
+	// Explained says, for each failed probe to another node's NodePort or
+	// HostPort, what that node's north-south LB does with such a flow
+	// right after the check (explainFailures): a failure that does not
+	// recur still shows whether the LB held the frontend.
+	Explained []string
+	Elapsed   time.Duration
 }
 
 // Failed returns the failed probes as "src → TYPE proto/addr: err" lines.
@@ -160,6 +168,9 @@ func (r *ServiceCheckResult) Print(w io.Writer) {
 	})
 	for _, f := range r.Failed() {
 		fmt.Fprintln(w, "FAIL", f)
+	}
+	for _, e := range r.Explained {
+		fmt.Fprintln(w, "     ", e)
 	}
 	reasons := map[string][]string{}
 	var order []string
@@ -278,8 +289,58 @@ func (l *Lab) CheckServices(ctx context.Context, timeout time.Duration) (*Servic
 	for _, ps := range res.Cells {
 		sort.Slice(ps, func(i, j int) bool { return ps[i].Service.String() < ps[j].Service.String() })
 	}
+	if st.Datapath == DatapathAxon && (st.KubeProxy == "" || st.KubeProxy == kubeproxy.None) {
+		res.Explained = explainFailures(ctx, &st, res)
+	}
 	res.Elapsed = time.Since(t0)
 	return res, errors.Join(errs...)
+}
+
+// explainFailures asks, for every failed probe to another node's address
+// (NodePort, HostPort: the source's own socket LB leaves those to the
+// owning node), that node's north-south LB what it does now with a new
+// flow from the source's address (GET /v1/lb/explain, as `axon lb explain`).
+func explainFailures(ctx context.Context, st *State, res *ServiceCheckResult) []string {
+	owner := map[netip.Addr]*Node{}
+	for i := range st.Nodes {
+		for _, ip := range st.Nodes[i].IPs {
+			owner[ip] = &st.Nodes[i]
+		}
+	}
+	var out []string
+	for _, s := range res.Sources {
+		var from []netip.Addr
+		srcNode := ""
+		if n, ok := st.node(s); ok {
+			from, srcNode = n.IPs, n.Name
+		} else if p, ok := st.pod(s); ok {
+			from, srcNode = p.IPs, p.Node
+		}
+		for _, t := range []string{SvcTypeNodePort, SvcTypeHostPort} {
+			for _, p := range res.Cells[[2]string{s, t}] {
+				dst := p.Service.Addr
+				n := owner[dst.Addr()]
+				if p.OK || n == nil || n.Name == srcNode {
+					continue
+				}
+				i := slices.IndexFunc(from, func(a netip.Addr) bool { return a.Is4() == dst.Addr().Is4() })
+				if i < 0 {
+					continue
+				}
+				src := netip.AddrPortFrom(from[i], 40000)
+				line := fmt.Sprintf("%s's north-south LB now, for %s %s → %s: ", n.Name, p.Service.Proto, src, dst)
+				ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				rep, err := api.NewClient(n.Socket).Explain(ectx, p.Service.Proto, src.String(), dst.String())
+				cancel()
+				if err != nil {
+					out = append(out, line+"explain failed: "+err.Error())
+					continue
+				}
+				out = append(out, line+strings.Join(rep.Steps, "; "))
+			}
+		}
+	}
+	return out
 }
 
 // CommandInCgroup is Command, but a node's process also starts in the

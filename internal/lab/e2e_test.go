@@ -435,6 +435,8 @@ func iperfServer(t *testing.T, ctx context.Context, l *lab.Lab, target string, p
 	if err != nil {
 		t.Fatal(err)
 	}
+	var stderr bytes.Buffer // iperf3 says why it did not listen here ("Address already in use")
+	srv.Stderr = &stderr
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -448,8 +450,24 @@ func iperfServer(t *testing.T, ctx context.Context, l *lab.Lab, target string, p
 			return srv
 		}
 	}
-	t.Fatalf("iperf3 server in %s did not start: %v", target, sc.Err())
+	werr := srv.Wait() // stdout ended: the server exited, or the 10 s timer killed it
+	t.Fatalf("iperf3 server in %s on port %d did not start (read: %v, exit: %v): %s", target, port, sc.Err(), werr, bytes.TrimSpace(stderr.Bytes()))
 	return nil
+}
+
+// awaitIperfServer waits until a one-shot server of iperfServer has exited
+// after its client, so that the next server can bind the same port (a
+// server started while the last one still printed its summary failed with
+// "Address already in use").
+func awaitIperfServer(t *testing.T, srv *exec.Cmd) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { _ = srv.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("iperf3 server %d still runs 10 s after its client finished", srv.Process.Pid)
+	}
 }
 
 // allocatedIPs lists the files named like an IP address under dir (the agent's IPAM store).

@@ -190,8 +190,9 @@ func TestLabNorthSouthDSR(t *testing.T) {
 		waitFrontend(t, l, node2.Name, netip.AddrPortFrom(ip, 80).String()+"/TCP")
 	}
 	for _, ip := range bulkIPs {
-		iperfServer(t, ctx, l, remote[0].Name, 5201)
+		srv := iperfServer(t, ctx, l, remote[0].Name, 5201)
 		bps, mss := externalIperf(t, l, ip.String(), 80)
+		awaitIperfServer(t, srv) // the next address's server binds 5201 again
 		t.Logf("bulk TCP client → %s:80 (DSR via %s to %s): %.0f Mbit/s, MSS %d", ip, node1.Name, remote[0].Name, bps/1e6, mss)
 		max := 1500 - 60
 		if ip.Is6() {
