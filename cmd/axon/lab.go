@@ -133,7 +133,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	// north-south LB of the axon agents (check_external.go)
 	cmd.Flags().StringVar(&o.LBAcceleration, "lb-acceleration", "", "axon agents' --lb-acceleration: native, best-effort or disabled (default: the agent's, disabled = tc only)")
 	cmd.Flags().StringVar(&o.NodePortMode, "nodeport-mode", "", "axon agents' --nodeport-mode: snat or dsr (default: the agent's, snat)")
-	cmd.Flags().BoolVar(&o.Kubelet, "kubelet", false, "real nodes: containerd + runc + kubelet in every node, kube-scheduler and kube-controller-manager, and axon installed from its Helm chart (deploy/helm/axon) as a DaemonSet; no lab agents or pods (--pods-per-node 0). Needs `make deps images image` (docs/kubelet.md)")
+	cmd.Flags().BoolVar(&o.Kubelet, "kubelet", false, "real nodes: containerd + runc + kubelet in every node, kube-scheduler and kube-controller-manager, and axon installed from its Helm chart (deploy/helm/axon) as a DaemonSet; no lab agents or pods (--pods-per-node 0). Needs `make deps images image` (docs/kubelet.md). With --datapath baseline and --kube-proxy iptables|nftables the nodes run the reference ptp + host-local + portmap chain and kube-proxy instead of axon")
 	cmd.Flags().StringVar(&o.Image, "image", "", "with --kubelet: axon's image archive (docker or OCI tar) the nodes import (default <bin-dir>/image/axon-image.tar, `make image`)")
 	cmd.Flags().BoolVar(&o.NoDemo, "no-demo", false, "do not create the demo Services (ClusterIP, NodePort, externalIPs, LoadBalancer) that `axon lab check` probes")
 	return cmd

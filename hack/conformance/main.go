@@ -4,7 +4,12 @@
 //
 //	e2e.log      e2e.test's output
 //	junit/       its JUnit XML (--report-dir)
+//	run.json     the datapath under test (--datapath, --kube-proxy)
 //	results.md   test name → pass/fail/skip and duration, the command and the counts
+//
+// With --datapath baseline --kube-proxy iptables|nftables the lab's nodes run the reference
+// ptp + host-local + portmap chain and kube-proxy instead of axon; --compare renders runs side
+// by side (compare.md), test by test.
 //
 // Skips come from a file (skips.txt): one regular expression per line, each with its reason
 // after " # "; a line without a reason is an error. `make conformance` runs it; it is not part
@@ -56,6 +61,9 @@ func run() error {
 		extra    = flag.String("e2e-args", "", "more e2e.test arguments, space separated (e.g. --dns-domain=x)")
 		procs    = flag.Int("procs", 3, "parallel e2e.test processes, through the ginkgo CLI next to e2e.test (1: e2e.test alone)")
 		render   = flag.Bool("render", false, "run nothing: write results.md from the JUnit already in --out (e.g. after an interrupted run)")
+		datapath = flag.String("datapath", lab.DatapathAxon, "the lab's datapath: axon (its chart, no kube-proxy) or baseline (ptp chain + --kube-proxy)")
+		kproxy   = flag.String("kube-proxy", "none", "with --datapath baseline: iptables or nftables")
+		compare  = flag.String("compare", "", "run nothing: write compare.md into --out from these result directories (comma separated), test by test")
 	)
 	flag.Parse()
 	if *out == "" {
@@ -67,6 +75,13 @@ func run() error {
 		return fmt.Errorf("results dir: %w", err)
 	}
 	*out = abs
+	if *compare != "" {
+		return writeCompare(*out, strings.Split(*compare, ","))
+	}
+	rs := runSpec{Datapath: *datapath, KubeProxy: *kproxy}
+	if err := rs.validate(); err != nil {
+		return err
+	}
 	if *render {
 		sk, err := readSkips(*skips)
 		if err != nil {
@@ -81,7 +96,8 @@ func run() error {
 		if st != nil {
 			t0 = st.ModTime().UTC()
 		}
-		md := resultsMarkdown(cases, sk, "(the command is the first line of e2e.log)", t0, 0)
+		rs = readRunSpec(*out)
+		md := resultsMarkdown(cases, sk, rs, "(the command is the first line of e2e.log)", t0, 0)
 		return os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644)
 	}
 	if _, err := os.Stat(*e2e); err != nil {
@@ -98,12 +114,15 @@ func run() error {
 	if err := os.MkdirAll(filepath.Join(*out, "junit"), 0o755); err != nil {
 		return err
 	}
+	if err := rs.write(*out); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	if !*noUp {
 		up := exec.CommandContext(ctx, filepath.Join(*binDir, "axon"), "lab", "up", "--state-dir", *stateDir, "--bin-dir", *binDir,
-			"--kubelet", "--nodes", "2", "--pods-per-node", "0")
+			"--kubelet", "--nodes", "2", "--pods-per-node", "0", "--datapath", rs.Datapath, "--kube-proxy", rs.KubeProxy)
 		up.Stdout, up.Stderr = os.Stdout, os.Stderr
 		fmt.Println("+", strings.Join(up.Args, " "))
 		if err := up.Run(); err != nil {
@@ -143,7 +162,7 @@ func run() error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("e2e.test: %v", runErr), err)
 	}
-	md := resultsMarkdown(cases, sk, command, t0, time.Since(t0))
+	md := resultsMarkdown(cases, sk, rs, command, t0, time.Since(t0))
 	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -375,10 +394,10 @@ func focused(cases []testCase) []testCase {
 }
 
 // resultsMarkdown is results.md: counts, the command, and a row per focused test.
-func resultsMarkdown(cases []testCase, sk []skip, command string, start time.Time, took time.Duration) string {
+func resultsMarkdown(cases []testCase, sk []skip, rs runSpec, command string, start time.Time, took time.Duration) string {
 	c := count(cases)
 	var b strings.Builder
-	fmt.Fprintf(&b, "# sig-network conformance on `axon lab up --kubelet`\n\n")
+	fmt.Fprintf(&b, "# sig-network conformance on `axon lab up --kubelet`: %s\n\n", rs.label())
 	dur := ""
 	if took > 0 {
 		dur = ", " + took.Round(time.Second).String()

@@ -61,7 +61,7 @@ func TestResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	md := resultsMarkdown(cases, sk, "e2e.test --x", time.Date(2026, 11, 27, 23, 0, 0, 0, time.UTC), time.Minute)
+	md := resultsMarkdown(cases, sk, runSpec{Datapath: "axon", KubeProxy: "none"}, "e2e.test --x", time.Date(2026, 11, 27, 23, 0, 0, 0, time.UTC), time.Minute)
 	for _, want := range []string{
 		"**1 passed, 1 failed, 1 skipped.**",
 		"| [It] [sig-network] Services should serve a basic endpoint from pods [Conformance] | pass | 12.2 |",

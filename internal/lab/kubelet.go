@@ -32,6 +32,7 @@ import (
 	"github.com/axonhq/axon/internal/lab/clusterdns"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubenode"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/netnsutil"
 )
 
@@ -83,14 +84,34 @@ func KubeletNodeCgroup(node string) (string, error) {
 	return filepath.Join(cg2, kubenodeCgroupRoot(node)), nil
 }
 
+// validateKubelet checks the options `up --kubelet` accepts: axon from its chart with no
+// kube-proxy, or the baseline (reference ptp chain) with kube-proxy; never lab pods.
+func validateKubelet(o *UpOptions) error {
+	switch {
+	case o.PodsPerNode != 0: // --vm-pods: validateVMPods
+		return errors.New("--kubelet runs no lab pods (kubelet runs the cluster's): use it with --pods-per-node 0")
+	case o.Datapath == DatapathAxon && o.KubeProxy != kubeproxy.None:
+		return fmt.Errorf("--kubelet --datapath %s installs axon from its chart as the kube-proxy replacement: use --kube-proxy none", DatapathAxon)
+	case o.Datapath == DatapathBaseline && o.KubeProxy == kubeproxy.None:
+		return fmt.Errorf("--kubelet --datapath %s has nothing serving Services without kube-proxy: add --kube-proxy iptables or nftables", DatapathBaseline)
+	}
+	return nil
+}
+
 // kubeletDeps are the cache artifacts `up --kubelet` needs besides the control plane's.
-var kubeletDeps = []string{"kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
-	"containerd-shim-runc-v2", "ctr", "runc-debian", "helm", "kubectl", "ptp"}
+func kubeletDeps(datapath string) []string {
+	deps := []string{"kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
+		"containerd-shim-runc-v2", "ctr", "runc-debian", "kubectl", "ptp"}
+	if datapath == DatapathBaseline {
+		return append(deps, "host-local", "portmap")
+	}
+	return append(deps, "helm")
+}
 
 // preflightKubelet says what `up --kubelet` misses and how to get it.
 func preflightKubelet(o UpOptions) []error {
 	var errs []error
-	for _, d := range kubeletDeps {
+	for _, d := range kubeletDeps(o.Datapath) {
 		if _, err := DepPath(d); err != nil {
 			errs = append(errs, err)
 		}
@@ -99,6 +120,9 @@ func preflightKubelet(o UpOptions) []error {
 		if _, err := os.Stat(f); err != nil {
 			errs = append(errs, fmt.Errorf("image archive %s missing: run `make images`", f))
 		}
+	}
+	if o.Datapath != DatapathAxon {
+		return errs
 	}
 	if _, err := os.Stat(axonImageArchive(o)); err != nil {
 		errs = append(errs, fmt.Errorf("axon image %s missing: run `make image` (or pass --image)", axonImageArchive(o)))
@@ -152,11 +176,25 @@ func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, ku
 		return err
 	}
 	log.Info("kubelets healthy", "elapsed", time.Since(t0).Round(time.Millisecond))
-	if err := assignPodCIDRs(ctx, kube, st.Nodes, o.readyTimeout()); err != nil {
+	if err := assignPodCIDRs(ctx, kube, st.Nodes, st.Datapath, o.readyTimeout()); err != nil {
 		return err
 	}
 	if err := apiServerEndpoints(ctx, kube, st.Nodes, st.ControlPlane.APIPort); err != nil {
 		return err
+	}
+	if st.Datapath == DatapathBaseline { // the reference chain is in every node's CNI dir already
+		if err := upKubeProxies(ctx, st, save); err != nil { // kubeproxy.go
+			return err
+		}
+		if err := waitNodesReady(ctx, kube, st.Nodes, 2*o.readyTimeout()); err != nil {
+			return fmt.Errorf("baseline nodes not ready: %w (kubelet and containerd logs: %s/nodes/<node>/kn/logs)", err, st.StateDir)
+		}
+		st.Ready = true
+		if err := save(); err != nil {
+			return err
+		}
+		log.Info("lab up with kubelets, baseline (ptp + kube-proxy) Ready on every node", "nodes", len(st.Nodes), "kubeProxy", st.KubeProxy, "elapsed", time.Since(t0).Round(time.Millisecond))
+		return nil
 	}
 	if err := installAxon(ctx, st, log); err != nil {
 		return err
@@ -172,6 +210,46 @@ func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, ku
 	return nil
 }
 
+// kubeletBaselineConfList is the baseline's CNI config for a kubelet node: the lab's ptp +
+// host-local (baselineConfList) followed by portmap, which serves hostPorts the way a reference
+// installation does (kubelet hands the runtime the pod's port mappings as a capability).
+func kubeletBaselineConfList(stateDir string, n Node) map[string]any {
+	list := baselineConfList(stateDir, n)
+	list["plugins"] = append(list["plugins"].([]map[string]any),
+		map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}})
+	return list
+}
+
+// writeKubeletCNIConf puts the baseline's conflist in a node's CNI config dir (axon's DaemonSet
+// writes its own there in the axon datapath).
+func writeKubeletCNIConf(confDir, stateDir string, n Node) error {
+	b, err := json.MarshalIndent(kubeletBaselineConfList(stateDir, n), "", "  ")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(confDir, "10-baseline.conflist")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}
+
+// waitNodesReady waits until every Node is Ready (its kubelet found a CNI config).
+func waitNodesReady(ctx context.Context, c kubernetes.Interface, nodes []Node, timeout time.Duration) error {
+	return pollUntil(ctx, timeout, func() (bool, error) {
+		for _, n := range nodes {
+			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if !nodeReady(obj) {
+				return false, fmt.Errorf("node %s is not Ready", n.Name)
+			}
+		}
+		return true, nil
+	})
+}
+
 // upKubeletNodes starts containerd + kubelet in every node (in parallel: image imports dominate).
 func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlane, o UpOptions, log *slog.Logger) error {
 	dep := func(name string) string { p, _ := DepPath(name); return p } // preflight checked them
@@ -179,7 +257,10 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 		Containerd: dep("containerd"), ShimDir: filepath.Dir(dep("containerd-shim-runc-v2")),
 		Ctr: dep("ctr"), Runc: dep("runc-debian"), Kubelet: dep("kubelet"),
 	}
-	images := []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive), axonImageArchive(o)}
+	images := []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive)}
+	if st.Datapath == DatapathAxon {
+		images = append(images, axonImageArchive(o))
+	}
 	if dnsImage := filepath.Join(ImagesDir(), DNSTestingImageArchive); fileExists(dnsImage) { // optional: the conformance DNS specs use it
 		images = append(images, dnsImage)
 	}
@@ -200,6 +281,12 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 			if err := os.MkdirAll(confDir, 0o755); err != nil {
 				errs[i] = fmt.Errorf("create %s: %w", confDir, err)
 				return
+			}
+			if st.Datapath == DatapathBaseline {
+				if err := writeKubeletCNIConf(confDir, st.StateDir, *n); err != nil {
+					errs[i] = err
+					return
+				}
 			}
 			_, err = kubenode.Start(ctx, kubenode.Config{
 				Name: n.Name, NetnsPath: netnsutil.Path(n.Netns), NodeIP: net.IP(n.IP.AsSlice()),
@@ -350,11 +437,15 @@ func stopKubeletNodes(st *State) []error {
 
 // assignPodCIDRs waits for every kubelet to register its Node and gives it the lab's pod CIDR
 // (IPv4; the nodes' InternalIP is IPv4 only), as a cluster's node IPAM would. axon's IPAM
-// allocates pod IPs from it.
-func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, timeout time.Duration) error {
+// allocates pod IPs from it; the baseline's host-local allocates from the node's baseline range.
+func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, datapath string, timeout time.Duration) error {
 	for _, n := range nodes {
 		var cidr string
-		for _, p := range n.PodCIDRs {
+		ranges := n.PodCIDRs
+		if datapath == DatapathBaseline {
+			ranges = n.BaselineCIDRs
+		}
+		for _, p := range ranges {
 			if p.Addr().Is4() {
 				cidr = p.String()
 			}

@@ -11,6 +11,7 @@ import (
 
 // TestUpOptionsKubelet: --kubelet runs no lab pods or agents, so the options that shape them are
 // refused (naming the ones to use), and the demo Services (they select the lab's pods) are off.
+// axon replaces kube-proxy; the baseline needs it.
 func TestUpOptionsKubelet(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -19,7 +20,10 @@ func TestUpOptionsKubelet(t *testing.T) {
 	}{
 		{"ok", UpOptions{Nodes: 2, Datapath: DatapathAxon, BinDir: "bin", Kubelet: true}, ""},
 		{"lab pods", UpOptions{Nodes: 2, PodsPerNode: 2, Datapath: DatapathAxon, BinDir: "bin", Kubelet: true}, "--pods-per-node 0"},
-		{"baseline", UpOptions{Nodes: 2, Datapath: DatapathBaseline, BinDir: "bin", Kubelet: true}, "--datapath axon"},
+		{"VM pods", UpOptions{Nodes: 2, VMPods: 1, Datapath: DatapathAxon, BinDir: "bin", Kubelet: true}, "--kubelet runs real kubelets and no lab pods"},
+		{"baseline without kube-proxy", UpOptions{Nodes: 2, Datapath: DatapathBaseline, BinDir: "bin", Kubelet: true}, "--kube-proxy iptables or nftables"},
+		{"baseline iptables", UpOptions{Nodes: 2, Datapath: DatapathBaseline, KubeProxy: "iptables", BinDir: "bin", Kubelet: true}, ""},
+		{"baseline nftables", UpOptions{Nodes: 2, Datapath: DatapathBaseline, KubeProxy: "nftables", BinDir: "bin", Kubelet: true}, ""},
 		{"kube-proxy", UpOptions{Nodes: 2, Datapath: DatapathAxon, KubeProxy: "iptables", BinDir: "bin", Kubelet: true}, "--kube-proxy none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -121,5 +125,26 @@ func TestKubernetesServiceSANs(t *testing.T) {
 	}
 	if want := []string{"10.96.0.1", "fd00:10:96::1"}; !slices.Equal(got, want) {
 		t.Errorf("kubernetesServiceSANs = %v, want %v", got, want)
+	}
+}
+
+// TestKubeletBaselineConfList: a baseline kubelet node's CNI config is the lab's ptp +
+// host-local on the node's baseline ranges, then portmap taking the pods' port mappings.
+func TestKubeletBaselineConfList(t *testing.T) {
+	n := newNode("/run/axon-lab", "/cg", 2)
+	list := kubeletBaselineConfList("/run/axon-lab", n)
+	plugins := list["plugins"].([]map[string]any)
+	if len(plugins) != 2 || plugins[0]["type"] != "ptp" || plugins[1]["type"] != "portmap" {
+		t.Fatalf("plugins %v: want ptp then portmap", plugins)
+	}
+	if caps, _ := plugins[1]["capabilities"].(map[string]bool); !caps["portMappings"] {
+		t.Errorf("portmap capabilities %v: want portMappings", plugins[1]["capabilities"])
+	}
+	ranges := plugins[0]["ipam"].(map[string]any)["ranges"].([][]map[string]string)
+	if len(ranges) != 2 || ranges[0][0]["subnet"] != "10.245.2.0/24" || ranges[1][0]["subnet"] != "fd00:10:245:2::/64" {
+		t.Errorf("host-local ranges %v: want node2's baseline ranges", ranges)
+	}
+	if slices.Contains(kubeletDeps(DatapathBaseline), "helm") || !slices.Contains(kubeletDeps(DatapathBaseline), "portmap") {
+		t.Errorf("baseline deps %v: want portmap, no helm", kubeletDeps(DatapathBaseline))
 	}
 }

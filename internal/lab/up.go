@@ -37,7 +37,9 @@ type UpOptions struct {
 	NoFibCache  bool   // agents run with --fib-cache=false (every packet to another node looked up in the FIB)
 	NoSockmap   bool   // agents run with --sockmap=disabled (no same-node TCP bypass; sockmap.go)
 	// Kubelet: every node runs containerd + runc + kubelet, axon comes from its chart (kubelet.go);
-	// the lab starts no agents and no pods of its own.
+	// the lab starts no agents and no pods of its own. With Datapath baseline the nodes' CNI is
+	// the reference ptp + host-local + portmap chain and KubeProxy (iptables or nftables) serves
+	// Services instead: the conformance suite's baseline.
 	Kubelet bool
 	Image   string // --kubelet: axon's image archive; "" = <BinDir>/image/axon-image.tar (`make image`)
 	Logger  *slog.Logger
@@ -88,8 +90,8 @@ func (o *UpOptions) validate() error {
 		return err
 	}
 	if o.Kubelet {
-		if o.Datapath != DatapathAxon || o.KubeProxy != kubeproxy.None || o.PodsPerNode != 0 {
-			return fmt.Errorf("--kubelet installs axon from its chart and runs no lab pods: use it with --datapath %s, --kube-proxy none and --pods-per-node 0", DatapathAxon)
+		if err := validateKubelet(o); err != nil { // kubelet.go
+			return err
 		}
 		o.NoDemo = true // the demo Services select the lab's own pods
 	}

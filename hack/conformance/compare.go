@@ -1,0 +1,166 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/axonhq/axon/internal/lab"
+)
+
+// runSpec is the datapath a run tested (run.json in its results directory).
+type runSpec struct {
+	Datapath  string `json:"datapath"`  // lab.DatapathAxon or lab.DatapathBaseline
+	KubeProxy string `json:"kubeProxy"` // none (axon) or iptables / nftables (baseline)
+}
+
+func (r runSpec) validate() error {
+	switch {
+	case r.Datapath == lab.DatapathAxon && r.KubeProxy == "none":
+		return nil
+	case r.Datapath == lab.DatapathAxon:
+		return fmt.Errorf("--datapath %s replaces kube-proxy: leave --kube-proxy at none", lab.DatapathAxon)
+	case r.Datapath == lab.DatapathBaseline && (r.KubeProxy == "iptables" || r.KubeProxy == "nftables"):
+		return nil
+	case r.Datapath == lab.DatapathBaseline:
+		return fmt.Errorf("--datapath %s: --kube-proxy %q, want iptables or nftables", lab.DatapathBaseline, r.KubeProxy)
+	}
+	return fmt.Errorf("--datapath %q: want %s or %s", r.Datapath, lab.DatapathAxon, lab.DatapathBaseline)
+}
+
+// label names the datapath in results.md and compare.md.
+func (r runSpec) label() string {
+	if r.Datapath == lab.DatapathBaseline {
+		return "baseline (ptp + host-local + portmap, kube-proxy " + r.KubeProxy + ")"
+	}
+	return "axon (its chart, no kube-proxy)"
+}
+
+// column is label's short form for a table header.
+func (r runSpec) column() string {
+	if r.Datapath == lab.DatapathBaseline {
+		return "kube-proxy " + r.KubeProxy
+	}
+	return "axon"
+}
+
+func (r runSpec) write(dir string) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "run.json"), append(b, '\n'), 0o644)
+}
+
+// readRunSpec reads dir's run.json; runs from before it existed tested axon.
+func readRunSpec(dir string) runSpec {
+	rs := runSpec{Datapath: lab.DatapathAxon, KubeProxy: "none"}
+	if b, err := os.ReadFile(filepath.Join(dir, "run.json")); err == nil {
+		_ = json.Unmarshal(b, &rs)
+	}
+	return rs
+}
+
+// comparedRun is one results directory of a comparison.
+type comparedRun struct {
+	dir    string
+	spec   runSpec
+	result map[string]string // focused test → pass/fail/skip
+	counts counts
+}
+
+// writeCompare writes compare.md into out from the runs in dirs.
+func writeCompare(out string, dirs []string) error {
+	var runs []comparedRun
+	for _, d := range dirs {
+		d = strings.TrimSpace(d)
+		cases, err := readJUnit(filepath.Join(d, "junit"))
+		if err != nil {
+			return fmt.Errorf("--compare %s: %w", d, err)
+		}
+		r := comparedRun{dir: d, spec: readRunSpec(d), result: map[string]string{}, counts: count(cases)}
+		for _, c := range focused(cases) {
+			r.result[c.Name] = c.result()
+		}
+		runs = append(runs, r)
+	}
+	if len(runs) < 2 {
+		return errors.New("--compare: give at least two result directories")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	p := filepath.Join(out, "compare.md")
+	if err := os.WriteFile(p, []byte(compareMarkdown(runs)), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("conformance: wrote", p)
+	return nil
+}
+
+// compareMarkdown is compare.md: a row per run, a row per test with each run's result, and
+// whether axon passed every test a baseline passed.
+func compareMarkdown(runs []comparedRun) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# sig-network conformance, side by side\n\n")
+	fmt.Fprintf(&b, "| run | datapath | passed | failed | skipped |\n|---|---|---|---|---|\n")
+	names := map[string]bool{}
+	for _, r := range runs {
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d |\n", filepath.Base(r.dir), r.spec.label(), r.counts.pass, r.counts.fail, r.counts.skip)
+		for n := range r.result {
+			names[n] = true
+		}
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	fmt.Fprintf(&b, "\n| test |")
+	for _, r := range runs {
+		fmt.Fprintf(&b, " %s |", r.spec.column())
+	}
+	fmt.Fprintf(&b, "\n|---|%s\n", strings.Repeat("---|", len(runs)))
+	var behind []string // passed by a baseline, not by an axon run
+	for _, n := range sorted {
+		fmt.Fprintf(&b, "| %s |", mdCell(n))
+		baselinePass, axonFail := false, false
+		for _, r := range runs {
+			res := r.result[n]
+			if res == "" {
+				res = "-"
+			}
+			fmt.Fprintf(&b, " %s |", res)
+			if r.spec.Datapath == lab.DatapathBaseline && res == "pass" {
+				baselinePass = true
+			}
+			if r.spec.Datapath == lab.DatapathAxon && res != "pass" {
+				axonFail = true
+			}
+		}
+		b.WriteString("\n")
+		if baselinePass && axonFail {
+			behind = append(behind, n)
+		}
+	}
+	var hasAxon, hasBaseline bool
+	for _, r := range runs {
+		hasAxon = hasAxon || r.spec.Datapath == lab.DatapathAxon
+		hasBaseline = hasBaseline || r.spec.Datapath == lab.DatapathBaseline
+	}
+	if hasAxon && hasBaseline {
+		if len(behind) == 0 {
+			fmt.Fprintf(&b, "\n**axon passed every test a baseline passed.**\n")
+		} else {
+			fmt.Fprintf(&b, "\n**axon did not pass %d test(s) a baseline passed:**\n\n", len(behind))
+			for _, n := range behind {
+				fmt.Fprintf(&b, "- %s\n", n)
+			}
+		}
+	}
+	return b.String()
+}
