@@ -24,6 +24,10 @@ volatile const __u8 cfg_enable_fib = 1;   /* 0: non-local traffic goes to the st
 volatile const __u8 cfg_enable_neigh = 1; /* 0: NO_NEIGH goes to the stack */
 volatile const __u8 cfg_netkit = 0;       /* 1: runs on a netkit peer (xmit path), not at tc ingress */
 volatile const __u8 cfg_fib_cache = 0;    /* 1: IPv4 routes cached under rt_genid (lib/fib_cache.h) */
+/* The pods' IPv4 gateway (axon-cni's 169.254.1.1, network byte order): an
+ * ARP request for it from the pod is answered here (lib/arp.h). 0: passed
+ * to the stack like any ARP. */
+volatile const __be32 cfg_gateway_v4 = 0;
 
 /* deliver_local_xmit: local delivery from a netkit peer program. The skb is
  * in a device's transmit path, where bpf_redirect_peer is refused, so it is
@@ -50,7 +54,7 @@ int axon_pod_egress(struct __sk_buff *skb)
 	int verdict;
 
 	/* only what the pod may send as itself goes on (lib/srcguard.h) */
-	if (!srcguard_parse(skb, &pkt, dir, &verdict))
+	if (!srcguard_parse(skb, &pkt, dir, cfg_gateway_v4, &verdict))
 		return verdict;
 	if (local_scope(&pkt, dir))
 		return TC_ACT_OK;

@@ -87,7 +87,8 @@ enum axon_reason {
 	AXON_DROP_SPOOF_ND = 12,      /* Neighbor Advertisement for an address the pod does not own; Router Advertisement, Redirect */
 	AXON_DROP_L2 = 13,            /* an ethertype other than IPv4/IPv6/ARP, or a VLAN tag */
 	AXON_DROP_MALFORMED = 14,     /* headers the program cannot check (truncated, or not in the linear area) */
-	AXON_REASON_MAX = 15,
+	AXON_REDIRECT_ARP_REPLY = 15, /* the pod's ARP request for its gateway, answered back to it (lib/arp.h) */
+	AXON_REASON_MAX = 16,
 };
 
 /* Why a packet was dropped (or a socket refused), one vocabulary for every

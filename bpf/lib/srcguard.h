@@ -54,24 +54,12 @@
 #include "endpoint.h"
 #include "metrics.h"
 #include "drop.h"
+#include "arp.h"
 
 /* ICMPv6 types the guard reads (RFC 4861). */
 #define SRCGUARD_ND_RA 134       /* Router Advertisement */
 #define SRCGUARD_ND_NA 136       /* Neighbor Advertisement */
 #define SRCGUARD_ND_REDIRECT 137 /* Redirect */
-
-/* struct srcguard_arp: an Ethernet/IPv4 ARP message (RFC 826), 28 bytes. */
-struct srcguard_arp {
-	__be16 htype;   /* 1: Ethernet */
-	__be16 ptype;   /* ETH_P_IP */
-	__u8 hlen;      /* 6 */
-	__u8 plen;      /* 4 */
-	__be16 op;
-	__u8 sha[6];    /* sender MAC */
-	__u8 spa[4];    /* sender IPv4 address: what the message claims */
-	__u8 tha[6];
-	__u8 tpa[4];
-} __attribute__((packed));
 
 /* struct srcguard_icmp6: the ICMPv6 header and the first 16 bytes of an ND
  * message: a Neighbor Advertisement's target address. */
@@ -109,14 +97,14 @@ AXON_INLINE int ipv6_is_unspecified(const struct in6_addr *a)
 		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
 }
 
-/* srcguard_arp: 0 when the pod may send this ARP message, else the drop
- * reason. */
-AXON_INLINE int srcguard_arp(struct __sk_buff *skb)
+/* srcguard_arp: 0 when the pod may send this ARP message (copied into
+ * *buf), else the drop reason. */
+AXON_INLINE int srcguard_arp(struct __sk_buff *skb, struct arp_ipv4 *buf)
 {
-	struct srcguard_arp buf, *arp;
+	struct arp_ipv4 *arp;
 	__be32 spa;
 
-	if (parse_hdr(skb, ETH_HLEN, &buf, sizeof(buf), PARSE_COPY, (void **)&arp))
+	if (parse_hdr(skb, ETH_HLEN, buf, sizeof(*buf), PARSE_COPY, (void **)&arp)) /* arp = buf */
 		return AXON_DROP_SPOOF_ARP;
 	if (arp->htype != bpf_htons(1) || arp->ptype != bpf_htons(ETH_P_IP) ||
 	    arp->hlen != 6 || arp->plen != 4)
@@ -201,13 +189,15 @@ AXON_INLINE enum axon_drop_reason srcguard_drop_reason(int reason)
 
 /* srcguard_parse parses what a pod sent (parse_packet) and applies the
  * rules above. Returns 1 for an IPv4/IPv6 packet the pod may send, for the
- * caller to forward; 0 when *verdict is decided: TC_ACT_OK for ARP the pod
- * may send (counted AXON_PASS_ARP_NON_IP), TC_ACT_SHOT for a drop (counted
- * by its reason). */
+ * caller to forward; 0 when *verdict is decided: for ARP the pod may send,
+ * the reply's redirect when it asks for gateway (lib/arp.h; 0: no gateway
+ * answered), else TC_ACT_OK (counted AXON_PASS_ARP_NON_IP); TC_ACT_SHOT for
+ * a drop (counted by its reason). */
 AXON_INLINE int srcguard_parse(struct __sk_buff *skb, struct packet *pkt, enum axon_dir dir,
-			       int *verdict)
+			       __be32 gateway, int *verdict)
 {
-	int reason;
+	struct arp_ipv4 arp;
+	int reason, answer;
 
 	*verdict = TC_ACT_SHOT;
 	if (skb->vlan_present) {
@@ -227,8 +217,13 @@ AXON_INLINE int srcguard_parse(struct __sk_buff *skb, struct packet *pkt, enum a
 			reason = AXON_DROP_L2;
 			break;
 		}
-		reason = srcguard_arp(skb);
+		reason = srcguard_arp(skb, &arp);
 		if (!reason) {
+			answer = arp_answer_gateway(skb, &arp, gateway, dir);
+			if (answer >= 0) {
+				*verdict = answer;
+				return 0;
+			}
 			metrics_count(dir, AXON_PASS_ARP_NON_IP);
 			*verdict = TC_ACT_OK;
 			return 0;

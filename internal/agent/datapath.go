@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
@@ -22,6 +23,8 @@ func loadDatapath(cfg Config, log *slog.Logger) func(uplink string) (dataplane, 
 			EnableIPv4BigTCP: cfg.EnableIPv4BigTCP,
 			EnableIPv6BigTCP: cfg.EnableIPv6BigTCP,
 			NoFibCache:       !cfg.FibCache,
+			// the gateway axon-cni routes every pod through: ARP for it answered
+			GatewayV4: cni.GatewayV4,
 		})
 		if err != nil {
 			return nil, err

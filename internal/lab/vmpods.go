@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -178,10 +177,7 @@ func upVMPods(ctx context.Context, st *State, kube kubernetes.Interface, o UpOpt
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var errs []error
-	for _, n := range st.Nodes {
-		if err := ensureGatewayARP(n); err != nil {
-			return err
-		}
+	for _, n := range st.Nodes { // the guests' ARP for their gateway: the agent answers it (pod_egress)
 		wg.Go(func() {
 			for i := 1; i <= o.VMPods; i++ {
 				mu.Lock()
@@ -452,33 +448,6 @@ func randomMAC() (net.HardwareAddr, error) {
 	b[0] = b[0]&^1 | 2
 	return b, nil
 }
-
-// ensureGatewayARP makes node n answer ARP for the pods' IPv4 gateway
-// (axon-cni's 169.254.1.1): a guest resolves its gateway by ARP, where
-// axon-cni gives ordinary pods a permanent neighbour entry instead, and
-// nothing of axon answers ARP for that address. The lab puts it on the
-// node's lo (scope host, so never a source address): the node's kernel then
-// answers on the pod's host device with that device's MAC.
-func ensureGatewayARP(n Node) error {
-	nl, h, err := netlinkAt(n.Netns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer nl.Close()
-	lo, err := nl.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("find lo in %s: %w", n.Netns, err)
-	}
-	a := &netlink.Addr{IPNet: prefixToIPNet(netip.PrefixFrom(podGatewayV4, 32)), Scope: unix.RT_SCOPE_HOST}
-	if err := nl.AddrReplace(lo, a); err != nil {
-		return fmt.Errorf("add %s to lo of %s (the VM guests' gateway): %w", podGatewayV4, n.Name, err)
-	}
-	return nil
-}
-
-// podGatewayV4 is axon-cni's IPv4 gateway of every pod (cni.GatewayV4).
-var podGatewayV4 = netip.MustParseAddr("169.254.1.1")
 
 // waitVMBypassed waits until every VM pod's agent reports it bypassed.
 func waitVMBypassed(ctx context.Context, st *State, timeout time.Duration) error {

@@ -55,6 +55,19 @@ func TestCheckRewrite(t *testing.T) {
 	quoted := tcpPkt(fe, c, ACK, nil, nil)
 	icmpIn := tFrame(icmpErr(netip.MustParseAddr("198.18.0.1"), fe.Addr(), quoted, 1400))
 	icmpBad := withIP(icmpIn, func(b []byte) { b[14+20+8+12] ^= 1 }) // the quoted source, no checksum fixed
+	// pod_egress's answer to a request for the gateway (bpf/lib/arp.h)
+	arpReq := ARP(tMAC1, c.Addr(), fe.Addr())
+	arpAnswer := withIP(arpReq, func(b []byte) {
+		gwMAC := []byte{2, 0, 0, 0, 0, 0x99}
+		req := append([]byte(nil), b[14:42]...)
+		copy(b[0:6], req[8:14])
+		copy(b[6:12], gwMAC)
+		b[14+7] = 2
+		copy(b[14+8:], gwMAC)
+		copy(b[14+14:], req[24:28])
+		copy(b[14+18:], req[8:14])
+		copy(b[14+24:], req[14:18])
+	})
 	for _, tc := range []struct {
 		name    string
 		in, out []byte
@@ -71,6 +84,11 @@ func TestCheckRewrite(t *testing.T) {
 		{"bytes appended behind the packet", syn, rebuilt(append(append([]byte(nil), dnat...), 0, 0, 0, 0)), "follow the IP packet's declared end", false},
 		{"IP length grown past the frame", syn, rebuilt(withIP(dnat, func(b []byte) { b[17] += 8 })), "IP length fitted the frame", false},
 		{"ARP rewritten", ARP(tMAC1, c.Addr(), fe.Addr()), withIP(ARP(tMAC1, c.Addr(), fe.Addr()), func(b []byte) { b[20] = 9 }), "non-IP frame", false},
+		{"ARP request answered", arpReq, arpAnswer, "", false},
+		{"ARP answer from another address", arpReq, withIP(arpAnswer, func(b []byte) { b[14+17] ^= 1 }), "non-IP frame", false},
+		{"ARP answer to another MAC", arpReq, withIP(arpAnswer, func(b []byte) { b[0] ^= 2 }), "non-IP frame", false},
+		{"ARP answer whose MACs disagree", arpReq, withIP(arpAnswer, func(b []byte) { b[6] ^= 2 }), "non-IP frame", false},
+		{"ARP reply turned around", withIP(arpReq, func(b []byte) { b[14+7] = 2 }), arpAnswer, "non-IP frame", false},
 		{"IP turned into another EtherType", syn, withIP(syn, func(b []byte) { b[12] = 0x88 }), "came out as EtherType", false},
 		{"IPIP with a valid outer header", syn, encap(syn, true), "", false},
 		{"IPIP with a wrong outer checksum", syn, encap(syn, false), "outer IPv4 header checksum", false},

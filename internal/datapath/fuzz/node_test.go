@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/internal/cni"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
 	"github.com/axonhq/axon/internal/datapath/dptest"
@@ -141,7 +142,7 @@ func uninstallAll(n *node, dir string) error {
 func (n *node) load(t testing.TB) {
 	t.Helper()
 	log := dptest.Logger(t)
-	dp, err := podpath.Load(podpath.Config{PinDir: n.pin, Uplink: "eth0", Logger: log})
+	dp, err := podpath.Load(podpath.Config{PinDir: n.pin, Uplink: "eth0", Logger: log, GatewayV4: cni.GatewayV4})
 	if err != nil {
 		t.Fatal(err)
 	}

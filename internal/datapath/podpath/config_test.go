@@ -136,7 +136,7 @@ func TestReadMetricsSumsCPUs(t *testing.T) {
 	if got := perCPU["pod_egress"]["redirect_peer_local"]; len(got) != 2 || got[0] != 2 || got[1] != 3 {
 		t.Fatalf("readMetricsPerCPU pod_egress/redirect_peer_local = %v, want [2 3]", got)
 	}
-	if reasonNames[6] != "pass_malformed" || reasonNames[14] != "drop_malformed" || len(reasonNames) != 15 {
+	if reasonNames[6] != "pass_malformed" || reasonNames[14] != "drop_malformed" || reasonNames[15] != "redirect_arp_reply" || len(reasonNames) != 16 {
 		t.Fatalf("reason table out of sync with bpf/lib/common.h: %v", reasonNames)
 	}
 	delete(f, 3)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -29,6 +30,12 @@ type Config struct {
 	// (bpf/lib/fib_cache.h): every packet to another node is then looked up
 	// in the FIB. The zero value uses the cache where the kernel loads it.
 	NoFibCache bool
+	// GatewayV4 is the pods' IPv4 gateway (axon-cni's cni.GatewayV4):
+	// axon_pod_egress answers a pod's ARP request for it with the host-side
+	// device's MAC (bpf/lib/arp.h), for what keeps its own ARP cache behind
+	// the pod's interface, such as a VM guest on the pod's bridge. The zero
+	// value answers nothing.
+	GatewayV4 netip.Addr
 }
 
 // Datapath is the loaded datapath of one node netns. Methods are safe for
@@ -73,6 +80,9 @@ func (c *Config) normalise() error {
 	case datapath.ModeAuto, datapath.RoutingBPF, datapath.ModeLegacy:
 	default:
 		return fmt.Errorf("datapath config: host routing %q is not one of auto, bpf, legacy", c.HostRouting)
+	}
+	if c.GatewayV4.IsValid() && (!c.GatewayV4.Is4() || c.GatewayV4.IsUnspecified()) {
+		return fmt.Errorf("datapath config: gateway %s is not an IPv4 address", c.GatewayV4)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -207,6 +217,13 @@ func (d *Datapath) loadObjects() error {
 	}
 	if err := podSpec.Variables["cfg_fib_cache"].Set(datapath.BoolU8(d.fibCache)); err != nil {
 		return fmt.Errorf("set cfg_fib_cache: %w", err)
+	}
+	var gw [4]byte // network byte order, as the ARP message carries it
+	if d.cfg.GatewayV4.Is4() {
+		gw = d.cfg.GatewayV4.As4()
+	}
+	if err := podSpec.Variables["cfg_gateway_v4"].Set(gw); err != nil {
+		return fmt.Errorf("set cfg_gateway_v4: %w", err)
 	}
 	opts.MapReplacements = map[string]*ebpf.Map{
 		"axon_ep_v4": d.epV4, "axon_ep_v6": d.epV6, "axon_metrics": d.metrics,

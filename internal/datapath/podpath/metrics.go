@@ -31,6 +31,8 @@ var (
 		"drop_spoof_nd",  // Neighbor Advertisement for an address not the pod's; Router Advertisement, Redirect
 		"drop_l2",        // ethertype other than IPv4/IPv6/ARP, or a VLAN tag
 		"drop_malformed", // headers the program cannot check (truncated, not linear)
+		// the pod's ARP request for its gateway, answered back to it (bpf/lib/arp.h)
+		"redirect_arp_reply",
 	}
 )
 

@@ -294,56 +294,7 @@ func TestPrograms(t *testing.T) {
 	// can a VLAN tag in the skb's metadata: TestSourceGuardFrames sends
 	// one.
 	for _, tc := range cases {
-		t.Run(tc.desc, func(t *testing.T) {
-			prog, ifindex := f.d.podProg, f.podIf
-			if tc.prog == "uplink_ingress" {
-				prog, ifindex = f.d.upProg, f.upIf
-			}
-			before, err := f.d.MetricsByDirection()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := make([]byte, len(tc.pkt)+256)
-			var verdict uint32
-			dptest.InNetns(t, f.ns, func() {
-				if tc.ifindex != 0 {
-					ifindex = tc.ifindex
-				}
-				ctx := dptest.SKBCtx(ifindex)
-				if tc.gso {
-					ctx = dptest.SKBFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
-				}
-				opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: ctx}
-				verdict, err = prog.Run(opts)
-				out = opts.DataOut
-			})
-			if err != nil {
-				t.Fatalf("prog run: %v", err)
-			}
-			if verdict != tc.verdict {
-				t.Errorf("verdict = %d, want %d", verdict, tc.verdict)
-			}
-			if !bytes.Equal(out, tc.want) {
-				t.Errorf("output frame differs\n got %x\nwant %x", out, tc.want)
-			}
-			if tc.validIPv4 && !dptest.IPv4HeaderValid(out) {
-				t.Errorf("output IPv4 header checksum is invalid: %x", out[14:34])
-			}
-			after, err := f.d.MetricsByDirection()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r, v := range after[tc.prog] {
-				delta := v - before[tc.prog][r]
-				want := uint64(0)
-				if r == tc.reason {
-					want = 1
-				}
-				if delta != want {
-					t.Errorf("counter %s/%s moved by %d, want %d", tc.prog, r, delta, want)
-				}
-			}
-		})
+		t.Run(tc.desc, func(t *testing.T) { f.run(t, tc) })
 	}
 	m, err := f.d.Metrics()
 	if err != nil {
@@ -351,6 +302,87 @@ func TestPrograms(t *testing.T) {
 	}
 	if m["drop_malformed"] < 6 || m["pass_malformed"] < 1 {
 		t.Errorf("summed drop_malformed = %d, pass_malformed = %d, want >= 6 (pod egress) and >= 1 (uplink)", m["drop_malformed"], m["pass_malformed"])
+	}
+}
+
+// run feeds tc.pkt to its program through BPF_PROG_TEST_RUN and checks
+// the verdict, the output frame and that exactly tc.reason moved.
+func (f *progFixture) run(t *testing.T, tc progCase) {
+	t.Helper()
+	prog, ifindex := f.d.podProg, f.podIf
+	if tc.prog == "uplink_ingress" {
+		prog, ifindex = f.d.upProg, f.upIf
+	}
+	before, err := f.d.MetricsByDirection()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, len(tc.pkt)+256)
+	var verdict uint32
+	dptest.InNetns(t, f.ns, func() {
+		if tc.ifindex != 0 {
+			ifindex = tc.ifindex
+		}
+		ctx := dptest.SKBCtx(ifindex)
+		if tc.gso {
+			ctx = dptest.SKBFields{Ifindex: ifindex, GSOSize: 1448, GSOSegs: 2}.Ctx()
+		}
+		opts := &ebpf.RunOptions{Data: tc.pkt, DataOut: out, Context: ctx}
+		verdict, err = prog.Run(opts)
+		out = opts.DataOut
+	})
+	if err != nil {
+		t.Fatalf("prog run: %v", err)
+	}
+	if verdict != tc.verdict {
+		t.Errorf("verdict = %d, want %d", verdict, tc.verdict)
+	}
+	if !bytes.Equal(out, tc.want) {
+		t.Errorf("output frame differs\n got %x\nwant %x", out, tc.want)
+	}
+	if tc.validIPv4 && !dptest.IPv4HeaderValid(out) {
+		t.Errorf("output IPv4 header checksum is invalid: %x", out[14:34])
+	}
+	after, err := f.d.MetricsByDirection()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, v := range after[tc.prog] {
+		delta := v - before[tc.prog][r]
+		want := uint64(0)
+		if r == tc.reason {
+			want = 1
+		}
+		if delta != want {
+			t.Errorf("counter %s/%s moved by %d, want %d", tc.prog, r, delta, want)
+		}
+	}
+}
+
+// TestProgramsGatewayARP: with the pods' gateway configured, pod_egress
+// turns the pod's ARP request for it into the reply (the host-side MAC,
+// addressed to the asker) and redirects it back out of the pod's device;
+// a request for another address, and a reply, pass as before.
+func TestProgramsGatewayARP(t *testing.T) {
+	gw := netip.MustParseAddr("169.254.1.1")
+	f := newProgFixtureWith(t, func(c *Config) { c.GatewayV4 = gw })
+	src := f.sender.IP
+	req := arpFrame(bcastMAC, f.podMAC, 1, f.podMAC, src, nil, gw)
+	reply := arpFrame(f.podMAC, f.hostMAC, 2, f.hostMAC, gw, f.podMAC, src)
+	other := arpFrame(bcastMAC, f.podMAC, 1, f.podMAC, src, nil, f.ep.IP)
+	gwReply := arpFrame(f.hostMAC, f.podMAC, 2, f.podMAC, src, f.hostMAC, gw)
+	padded := append(append([]byte(nil), req...), make([]byte, 60-len(req))...)
+	for _, tc := range []progCase{
+		{desc: "request for the gateway: answered back to the pod", prog: "pod_egress",
+			pkt: req, verdict: dptest.TCActRedirect, reason: "redirect_arp_reply", want: reply},
+		{desc: "padded to 60 bytes: answered, the padding kept", prog: "pod_egress",
+			pkt: padded, verdict: dptest.TCActRedirect, reason: "redirect_arp_reply", want: append(append([]byte(nil), reply...), make([]byte, 60-len(reply))...)},
+		{desc: "request for another address: stack", prog: "pod_egress",
+			pkt: other, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: other},
+		{desc: "a reply naming the gateway: stack", prog: "pod_egress",
+			pkt: gwReply, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: gwReply},
+	} {
+		t.Run(tc.desc, func(t *testing.T) { f.run(t, tc) })
 	}
 }
 

@@ -74,11 +74,18 @@ func newTrafficNode(t *testing.T) (node, ext string) {
 // to every pod's host-side device and programs the pods' endpoints.
 func loadWithPods(t *testing.T, node string, pods ...pod) *Datapath {
 	t.Helper()
-	pin := newPinDir(t)
+	return loadWithPodsConfig(t, node, Config{}, pods...)
+}
+
+// loadWithPodsConfig is loadWithPods with cfg's options (its PinDir, Uplink
+// and Logger are the test's).
+func loadWithPodsConfig(t *testing.T, node string, cfg Config, pods ...pod) *Datapath {
+	t.Helper()
+	cfg.PinDir, cfg.Uplink, cfg.Logger = newPinDir(t), "eth0", dptest.Logger(t)
 	var d *Datapath
 	dptest.InNetns(t, node, func() {
 		var err error
-		d, err = Load(Config{PinDir: pin, Uplink: "eth0", Logger: dptest.Logger(t)})
+		d, err = Load(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
