@@ -207,7 +207,7 @@ func TestPrograms(t *testing.T) {
 			pkt: fromPod(v4("192.0.2.1"), 64), verdict: dptest.TCActOK, reason: "pass_host_bound", want: same(fromPod(v4("192.0.2.1"), 64))},
 		{desc: "unreachable route: stack answers with ICMP", prog: "pod_egress",
 			pkt: fromPod(v4("10.244.9.1"), 64), verdict: dptest.TCActOK, reason: "pass_no_route", want: same(fromPod(v4("10.244.9.1"), 64))},
-		{desc: "ARP request of the pod for its gateway: stack", prog: "pod_egress",
+		{desc: "ARP request of the pod for its gateway, none configured: stack", prog: "pod_egress",
 			pkt: arpGW, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: arpGW},
 		{desc: "ARP probe (sender 0.0.0.0): stack", prog: "pod_egress",
 			pkt: arpProbe, verdict: dptest.TCActOK, reason: "pass_arp_non_ip", want: arpProbe},
