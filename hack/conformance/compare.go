@@ -67,10 +67,11 @@ func readRunSpec(dir string) runSpec {
 
 // comparedRun is one results directory of a comparison.
 type comparedRun struct {
-	dir    string
-	spec   runSpec
-	result map[string]string // focused test → pass/fail/skip
-	counts counts
+	dir     string
+	spec    runSpec
+	result  map[string]string // focused test → pass/fail/skip
+	counts  counts
+	sandbox []sandboxStats // sandbox.json; nil when the run has none
 }
 
 // writeCompare writes compare.md into out from the runs in dirs.
@@ -82,7 +83,7 @@ func writeCompare(out string, dirs []string) error {
 		if err != nil {
 			return fmt.Errorf("--compare %s: %w", d, err)
 		}
-		r := comparedRun{dir: d, spec: readRunSpec(d), result: map[string]string{}, counts: count(cases)}
+		r := comparedRun{dir: d, spec: readRunSpec(d), result: map[string]string{}, counts: count(cases), sandbox: readSandbox(d)}
 		for _, c := range focused(cases) {
 			r.result[c.Name] = c.result()
 		}
@@ -161,6 +162,15 @@ func compareMarkdown(runs []comparedRun) string {
 				fmt.Fprintf(&b, "- %s\n", n)
 			}
 		}
+	}
+	sandbox := ""
+	for _, r := range runs {
+		if s := sandboxMarkdown(r.sandbox); s != "" {
+			sandbox += fmt.Sprintf("\n%s (%s):\n\n%s", r.spec.column(), filepath.Base(r.dir), s)
+		}
+	}
+	if sandbox != "" {
+		fmt.Fprintf(&b, "\n## Pod sandbox creation per run\n\nkubelet's `%s` over each whole run; its buckets are 5 ms … 10 s, so the quantiles are estimates inside a bucket.\n%s", sandboxMetric, sandbox)
 	}
 	return b.String()
 }

@@ -20,8 +20,11 @@ func TestCompare(t *testing.T) {
 		{"axon passes what the baselines pass", []comparedRun{
 			{dir: "r/a", spec: axon, result: map[string]string{"A": "pass", "B": "pass"}, counts: counts{pass: 2}},
 			{dir: "r/i", spec: ipt, result: map[string]string{"A": "pass", "B": "fail"}, counts: counts{pass: 1, fail: 1}},
-			{dir: "r/n", spec: nft, result: map[string]string{"A": "pass"}, counts: counts{pass: 1}},
+			{dir: "r/n", spec: nft, result: map[string]string{"A": "pass"}, counts: counts{pass: 1},
+				sandbox: []sandboxStats{{Node: "node1", Count: 40, Mean: 0.2, P50: 0.15, P99: 0.9}}},
 		}, []string{
+			"kube-proxy nftables (n):\n\n| node | sandboxes | mean ms | p50 ms | p99 ms |",
+			"| node1 | 40 | 200 | 150 | 900 |",
 			"| a | axon (its chart, no kube-proxy) | 2 | 0 | 0 |",
 			"| i | baseline (ptp + host-local + portmap, kube-proxy iptables) | 1 | 1 | 0 |",
 			"| test | axon | kube-proxy iptables | kube-proxy nftables |",
@@ -31,7 +34,7 @@ func TestCompare(t *testing.T) {
 		{"axon behind", []comparedRun{
 			{dir: "r/a", spec: axon, result: map[string]string{"A": "fail", "B": "skip"}},
 			{dir: "r/i", spec: ipt, result: map[string]string{"A": "pass", "B": "pass"}},
-		}, []string{"**axon did not pass 2 test(s) a baseline passed:**", "- A\n", "- B\n"}, []string{"passed every test"}},
+		}, []string{"**axon did not pass 2 test(s) a baseline passed:**", "- A\n", "- B\n"}, []string{"passed every test", "Pod sandbox creation"}},
 		{"no baseline: no claim", []comparedRun{
 			{dir: "r/a", spec: axon, result: map[string]string{"A": "pass"}},
 			{dir: "r/b", spec: axon, result: map[string]string{"A": "fail"}},
@@ -69,5 +72,33 @@ func TestRunSpec(t *testing.T) {
 		if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 			t.Errorf("%+v: err %v, want %q", tc.rs, err, tc.wantErr)
 		}
+	}
+}
+
+// TestSandboxOf: kubelet's RunPodSandbox histogram summed over runtime
+// handlers, with the PromQL quantile estimates; a kubelet without it fails.
+func TestSandboxOf(t *testing.T) {
+	const text = `# TYPE kubelet_run_podsandbox_duration_seconds histogram
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="",le="0.1"} 2
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="",le="0.5"} 8
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="",le="+Inf"} 9
+kubelet_run_podsandbox_duration_seconds_sum{runtime_handler=""} 2.5
+kubelet_run_podsandbox_duration_seconds_count{runtime_handler=""} 9
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="runc",le="0.1"} 0
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="runc",le="0.5"} 1
+kubelet_run_podsandbox_duration_seconds_bucket{runtime_handler="runc",le="+Inf"} 1
+kubelet_run_podsandbox_duration_seconds_sum{runtime_handler="runc"} 0.5
+kubelet_run_podsandbox_duration_seconds_count{runtime_handler="runc"} 1
+`
+	s, err := sandboxOf("node1", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 sandboxes: rank 5 is the 3rd of the 7 in (0.1, 0.5]
+	if s.Count != 10 || s.Mean != 0.3 || s.P50 < 0.2713 || s.P50 > 0.2715 || s.P99 != 0.5 {
+		t.Errorf("stats %+v: want 10, mean 0.3, p50 ≈ 0.2714, p99 0.5", s)
+	}
+	if _, err := sandboxOf("node2", []byte("# TYPE other counter\nother 1\n")); err == nil || !strings.Contains(err.Error(), "exports no kubelet_run_podsandbox_duration_seconds") {
+		t.Errorf("a kubelet without the metric: %v", err)
 	}
 }

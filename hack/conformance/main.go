@@ -162,12 +162,20 @@ func run() error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("e2e.test: %v", runErr), err)
 	}
-	md := resultsMarkdown(cases, sk, rs, command, t0, time.Since(t0))
+	took := time.Since(t0)
+	sandbox, err := collectSandbox(ctx, kubectl, kubeconfig, *out)
+	if err != nil {
+		fmt.Println("conformance: no pod sandbox times:", err)
+	}
+	md := resultsMarkdown(cases, sk, rs, command, t0, took)
+	if len(sandbox) > 0 {
+		md += "\n## Pod sandbox creation (kubelet's " + sandboxMetric + ", whole run)\n\n" + sandboxMarkdown(sandbox)
+	}
 	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
 	c := count(cases)
-	fmt.Printf("conformance: %d passed, %d failed, %d skipped (%s): %s\n", c.pass, c.fail, c.skip, time.Since(t0).Round(time.Second), filepath.Join(*out, "results.md"))
+	fmt.Printf("conformance: %d passed, %d failed, %d skipped (%s): %s\n", c.pass, c.fail, c.skip, took.Round(time.Second), filepath.Join(*out, "results.md"))
 	if c.fail > 0 {
 		return fmt.Errorf("%d tests failed: see %s", c.fail, filepath.Join(*out, "results.md"))
 	}

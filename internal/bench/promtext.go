@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"math"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -36,4 +37,32 @@ func HasLabel(m *dto.Metric, name, value string) bool {
 		}
 	}
 	return false
+}
+
+// HistogramQuantile estimates quantile q (0..1) of a Prometheus histogram
+// the way PromQL's histogram_quantile does: find the bucket holding the
+// q-th observation and interpolate linearly inside it (from 0 for the first
+// bucket). NaN when the histogram is empty; the highest finite bound when
+// the quantile falls into the +Inf bucket.
+func HistogramQuantile(h *dto.Histogram, q float64) float64 {
+	total := float64(h.GetSampleCount())
+	if total == 0 || q < 0 || q > 1 {
+		return math.NaN()
+	}
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for _, b := range h.GetBucket() {
+		upper, cum := b.GetUpperBound(), float64(b.GetCumulativeCount())
+		if math.IsInf(upper, 1) {
+			break
+		}
+		if cum >= rank {
+			if cum == below {
+				return upper
+			}
+			return lower + (upper-lower)*(rank-below)/(cum-below)
+		}
+		lower, below = upper, cum
+	}
+	return lower
 }
