@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -321,7 +322,8 @@ func egressSocket(stateDir string) string { return filepath.Join(stateDir, egres
 
 // egressProxyArgs make `axon lab _forward` also serve the apiserver's cluster egress: HTTP
 // CONNECT on the egress socket, dialed from node1's netns (it routes to every node's wire IP,
-// where kubelets listen, and to every node's pods), to the nodes' IPs and pod CIDRs only.
+// where kubelets listen, and to every node's pods), to the nodes' IPs and pod ranges only (axon's
+// and the baseline's: `up --kubelet --datapath baseline` gives pods the latter).
 func egressProxyArgs(st *State) []string {
 	if len(st.Nodes) == 0 {
 		return nil
@@ -330,7 +332,7 @@ func egressProxyArgs(st *State) []string {
 		"--dns-listen", clusterDNSListen, "--dns-kubeconfig", st.ControlPlane.Kubeconfig}
 	for _, n := range st.Nodes {
 		args = append(args, "--connect-allow", netip.PrefixFrom(n.IP, n.IP.BitLen()).String())
-		for _, p := range n.PodCIDRs {
+		for _, p := range append(slices.Clone(n.PodCIDRs), n.BaselineCIDRs...) {
 			args = append(args, "--connect-allow", p.String())
 		}
 	}

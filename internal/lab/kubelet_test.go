@@ -60,7 +60,8 @@ func TestChartValuesKeepTheSocketLBInTheNode(t *testing.T) {
 }
 
 // TestEgressProxyArgs: the forwarder's CONNECT proxy dials from node1's netns and allows
-// exactly the nodes' IPs and their pod CIDRs (kubelets and pods), nothing else.
+// exactly the nodes' IPs and their pod ranges, axon's and the baseline's (kubelets and pods),
+// nothing else.
 func TestEgressProxyArgs(t *testing.T) {
 	st := &State{StateDir: "/run/axon-lab"}
 	for i := 1; i <= 2; i++ {
@@ -72,15 +73,15 @@ func TestEgressProxyArgs(t *testing.T) {
 		" --dns-listen 0.0.0.0:53 --dns-kubeconfig /run/axon-lab/controlplane/admin.kubeconfig"
 	for _, n := range st.Nodes {
 		want += " --connect-allow " + n.IP.String() + "/32"
-		for _, p := range n.PodCIDRs {
+		for _, p := range append(n.PodCIDRs, n.BaselineCIDRs...) {
 			want += " --connect-allow " + p.String()
 		}
 	}
 	if got != want {
 		t.Errorf("egressProxyArgs:\n got %s\nwant %s", got, want)
 	}
-	if !strings.Contains(got, "/32 --connect-allow 10.244.") {
-		t.Errorf("egressProxyArgs %s: want node /32s followed by the 10.244.x pod CIDRs", got)
+	if !strings.Contains(got, "/32 --connect-allow 10.244.") || !strings.Contains(got, " --connect-allow 10.245.2.0/24") {
+		t.Errorf("egressProxyArgs %s: want node /32s followed by the 10.244.x and 10.245.x pod ranges", got)
 	}
 	if egressProxyArgs(&State{}) != nil {
 		t.Error("egressProxyArgs of a lab without nodes is not empty")

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -348,7 +350,7 @@ func (s *Server) ServeInNetns(ctx context.Context, netnsPaths []string, listen s
 	}
 	for _, path := range netnsPaths {
 		err := netnsutil.DoAt(path, func() error {
-			pc, err := net.ListenPacket("udp", listen)
+			pc, err := net.ListenPacket(udpNetwork(listen), listen)
 			if err != nil {
 				return fmt.Errorf("cluster DNS: listen udp %s in %s: %w", listen, path, err)
 			}
@@ -380,10 +382,26 @@ func (s *Server) ServeInNetns(ctx context.Context, netnsPaths []string, listen s
 	return nil
 }
 
+// udpNetwork is "udp4" for an IPv4 listen address: Go would open 0.0.0.0 as a dual-stack
+// IPv6 socket, where IPv4 packet info (serveUDP) is not delivered.
+func udpNetwork(listen string) string {
+	if host, _, err := net.SplitHostPort(listen); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() {
+			return "udp4"
+		}
+	}
+	return "udp"
+}
+
+// serveUDP answers the queries that reach pc. Each answer leaves from the address its query
+// was sent to (IP_PKTINFO / IPV6_PKTINFO), as DNS servers on a wildcard address must: the
+// kernel would otherwise pick the source of the route back, e.g. the host-side address of a
+// ptp pod's veth instead of the node IP the pod asked, and the pod's resolver would drop it.
 func (s *Server) serveUDP(pc net.PacketConn) {
+	replyFrom := newReplyConn(pc)
 	buf := make([]byte, 1500)
 	for {
-		n, from, err := pc.ReadFrom(buf)
+		n, dst, from, err := replyFrom.read(buf)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				s.log.Warn("udp read", "err", err)
@@ -394,9 +412,61 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 			if len(resp) > 512 { // truncate: the client retries over TCP
 				resp = truncated(buf[:n])
 			}
-			_, _ = pc.WriteTo(resp, from)
+			_ = replyFrom.write(resp, dst, from)
 		}
 	}
+}
+
+// replyConn reads a UDP socket's datagrams with their destination address and writes answers
+// from it.
+type replyConn struct {
+	p4 *ipv4.PacketConn // an IPv4 socket, else
+	p6 *ipv6.PacketConn
+}
+
+func newReplyConn(pc net.PacketConn) replyConn {
+	if a, ok := pc.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() != nil {
+		p := ipv4.NewPacketConn(pc)
+		_ = p.SetControlMessage(ipv4.FlagDst, true) // unsupported: answers leave as the kernel routes them
+		return replyConn{p4: p}
+	}
+	p := ipv6.NewPacketConn(pc)
+	_ = p.SetControlMessage(ipv6.FlagDst, true)
+	return replyConn{p6: p}
+}
+
+func (c replyConn) read(b []byte) (n int, dst net.IP, from net.Addr, err error) {
+	if c.p4 != nil {
+		var cm *ipv4.ControlMessage
+		n, cm, from, err = c.p4.ReadFrom(b)
+		if cm != nil {
+			dst = cm.Dst
+		}
+		return n, dst, from, err
+	}
+	var cm *ipv6.ControlMessage
+	n, cm, from, err = c.p6.ReadFrom(b)
+	if cm != nil {
+		dst = cm.Dst
+	}
+	return n, dst, from, err
+}
+
+func (c replyConn) write(b []byte, src net.IP, to net.Addr) error {
+	if c.p4 != nil {
+		var cm *ipv4.ControlMessage
+		if src != nil {
+			cm = &ipv4.ControlMessage{Src: src}
+		}
+		_, err := c.p4.WriteTo(b, cm, to)
+		return err
+	}
+	var cm *ipv6.ControlMessage
+	if src != nil {
+		cm = &ipv6.ControlMessage{Src: src}
+	}
+	_, err := c.p6.WriteTo(b, cm, to)
+	return err
 }
 
 // truncated is an empty response with TC set.

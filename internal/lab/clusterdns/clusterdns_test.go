@@ -193,3 +193,62 @@ func TestServeInNetns(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRepliesFromTheQueriedAddress: a server listening on the wildcard address answers
+// from the address the query was sent to, whatever source the route back would pick. A pod of
+// the ptp baseline asks its node's IP, and the route back to it prefers the host-side veth's
+// address: without this its resolver (a connected socket) drops the answer and the lookup times
+// out ("Temporary failure in name resolution" in the baseline's conformance run).
+func TestServeRepliesFromTheQueriedAddress(t *testing.T) {
+	testutil.RequireRoot(t, "creates a network namespace")
+	name := "axt-dns-" + testutil.RandSuffix(t)
+	for _, args := range [][]string{
+		{"netns", "add", name},
+		{"-n", name, "link", "set", "lo", "up"},
+		{"-n", name, "link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+		{"-n", name, "link", "set", "v0", "up"},
+		{"-n", name, "addr", "add", "198.18.0.11/32", "dev", "v0"}, // the node's IP: what pods ask
+		{"-n", name, "addr", "add", "10.245.1.16/32", "dev", "v0"}, // the pod's: the source of the route back
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+		if args[0] == "netns" {
+			t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+		}
+	}
+	s := New("cluster.local", testSource(), slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.ServeInNetns(ctx, []string{netnsutil.Path(name)}, "0.0.0.0:53") }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var c net.Conn
+		err := netnsutil.Do(name, func() (err error) {
+			d := net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP("10.245.1.16")}}
+			c, err = d.DialContext(ctx, "udp", "198.18.0.11:53")
+			return err
+		})
+		return c, err
+	}}
+	var got []string
+	var err error
+	for range 20 { // the listener comes up asynchronously
+		lctx, c := context.WithTimeout(context.Background(), time.Second)
+		got, err = r.LookupHost(lctx, "web.default.svc.cluster.local")
+		c()
+		if err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	slices.Sort(got)
+	if err != nil || !slices.Equal(got, []string{"10.96.0.20", "fd00:10:96::20"}) {
+		t.Errorf("from 10.245.1.16 to 198.18.0.11:53: LookupHost = %v, %v; want 10.96.0.20 and fd00:10:96::20", got, err)
+	}
+}
