@@ -238,17 +238,23 @@ func writeKubeletCNIConf(confDir, stateDir string, n Node) error {
 // waitNodesReady waits until every Node is Ready (its kubelet found a CNI config).
 func waitNodesReady(ctx context.Context, c kubernetes.Interface, nodes []Node, timeout time.Duration) error {
 	return pollUntil(ctx, timeout, func() (bool, error) {
-		for _, n := range nodes {
-			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			if !nodeReady(obj) {
-				return false, fmt.Errorf("node %s is not Ready", n.Name)
-			}
-		}
-		return true, nil
+		err := nodesReady(ctx, c, nodes)
+		return err == nil, err
 	})
+}
+
+// nodesReady is nil when every Node is Ready, else says which is not.
+func nodesReady(ctx context.Context, c kubernetes.Interface, nodes []Node) error {
+	for _, n := range nodes {
+		obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !nodeReady(obj) {
+			return fmt.Errorf("node %s is not Ready", n.Name)
+		}
+	}
+	return nil
 }
 
 // upKubeletNodes starts containerd + kubelet in every node (in parallel: image imports dominate).
@@ -557,16 +563,8 @@ func waitAxonReady(ctx context.Context, c kubernetes.Interface, nodes []Node, ti
 		if why := daemonSetNotReady(ds, len(nodes)); why != "" {
 			return false, errors.New(why + podProblems(ctx, c))
 		}
-		for _, n := range nodes {
-			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			if !nodeReady(obj) {
-				return false, fmt.Errorf("node %s is not Ready", n.Name)
-			}
-		}
-		return true, nil
+		err = nodesReady(ctx, c, nodes)
+		return err == nil, err
 	})
 }
 
