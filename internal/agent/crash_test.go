@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -849,4 +850,71 @@ func TestCrashDuringUpgrade(t *testing.T) {
 		t.Fatalf("the new agent exited: %v", err)
 	default:
 	}
+}
+
+// TestReadyMeansNodePortServed: an agent answers /readyz 200 only once its
+// north-south LB serves the Service table, at its first start and when it
+// starts again over its pins. The LB loads after the socket LB and the first
+// Service sync, about a second of verification later; until then a NodePort
+// connection arriving at a fresh node meets the node's own stack and is
+// refused. At each first 200 the Services API must say the north-south LB
+// holds default/echo, and a connection from outside to the NodePort must be
+// answered by the echo backend behind it. 300 other Services make the
+// Service sync take a moment.
+func TestReadyMeansNodePortServed(t *testing.T) {
+	c := newCrashNode(t, crashAPIPort, crashEtcdPort)
+	o := c.wireOutside(t)
+	_, nodePort := c.echoService(t)
+	c.createServices(t, "many", 0, 300)
+	p := c.start(t)
+	c.readyServesNodePort(t, "first start", o, nodePort)
+	p.sigkill(t)
+	c.start(t)
+	c.readyServesNodePort(t, "start over the pins after SIGKILL", o, nodePort)
+}
+
+// readyServesNodePort polls /readyz every 10 ms until it answers 200, then
+// checks that the north-south LB holds default/echo and serves its NodePort.
+func (c *crashNode) readyServesNodePort(t *testing.T, what string, o outside, nodePort uint16) {
+	t.Helper()
+	var notReady []string // the distinct 503 reasons seen on the way
+	deadline := time.Now().Add(testutil.Stretch(t, 60*time.Second))
+	for {
+		code, body := c.probe("/readyz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: /readyz not 200 after 60 s: %d %q", what, code, body)
+		}
+		if code == 503 && !slices.Contains(notReady, body) {
+			notReady = append(notReady, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%s: /readyz 503 on the way: %q", what, notReady)
+	sr, err := api.NewClient(c.cfg.Socket).Services(t.Context())
+	must(t, err)
+	if _, ok := sr.Programmed["default/echo"]; !sr.NorthSouth || !ok {
+		t.Errorf("%s: ready, but the Services API says north-south %v, programmed %d Services without default/echo: want the north-south LB holding it",
+			what, sr.NorthSouth, len(sr.Programmed))
+	}
+	target := fmt.Sprintf("198.18.0.11:%d", nodePort)
+	must(t, netnsutil.Do(o.name, func() error {
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideClient)}}
+		conn, err := d.Dial("tcp", target)
+		if err != nil {
+			return fmt.Errorf("%s: ready, but the NodePort %s does not answer: %w", what, target, err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping\n" {
+			return fmt.Errorf("%s: NodePort %s: echo %q, %v", what, target, buf, err)
+		}
+		return nil
+	}))
 }

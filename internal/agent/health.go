@@ -29,8 +29,9 @@ import (
 //     conntrack and NAT entries meanwhile (only it removes them).
 //   - GET /readyz (readiness): 200 when the agent serves the node from
 //     current information: datapath loaded, podCIDR known, caches and the
-//     Service watch synced, and the apiserver reachable now; 503 with the
-//     reasons otherwise.
+//     Service watch synced, the north-south LB (when on and loadable)
+//     attached and holding the Service table, and the apiserver reachable
+//     now; 503 with the reasons otherwise.
 //   - GET /healthz: the first readiness of earlier releases (datapath loaded,
 //     podCIDR known, caches synced once; stays 200 through a later apiserver
 //     outage), kept for probes and scripts that use it; the local API's
@@ -124,6 +125,8 @@ func (a *Agent) Ready() error {
 	}
 	if a.svc != nil && !a.svc.initialSynced() {
 		why = append(why, "the Service watch has not synced yet")
+	} else if r := a.nport.notServing(); r != "" {
+		why = append(why, r)
 	}
 	if len(why) > 0 {
 		return errors.New(strings.Join(why, "; "))

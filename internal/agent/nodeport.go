@@ -230,6 +230,30 @@ func (n *nodePort) servicesFirst() bool {
 	return n.svc != nil && !n.svc.initialSynced() && time.Since(n.started) < nodePortAfterServices
 }
 
+// notServing says why the north-south LB does not serve the node's
+// NodePort, LoadBalancer, externalIP and HostPort frontends yet, for
+// readiness: "" once it is attached and holds the Service table. Also ""
+// when it is off, and when it failed to load or attach: the agent serves
+// everything else without it and says so in the nodeport_lb decision, and a
+// readiness that never came would only stop a rollout that cannot fix it.
+func (n *nodePort) notServing() string {
+	if !n.cfg.NodePortLB.Enabled {
+		return ""
+	}
+	n.mu.Lock()
+	failed, attached, tee, svc := n.err != "", n.attached != "", n.tee != nil, n.svc
+	n.mu.Unlock() // before the Service watch's mutex: not needed across it
+	switch {
+	case failed:
+		return ""
+	case !attached || !tee:
+		return "the north-south LB is not attached yet (NodePort, LoadBalancer and externalIP traffic arriving at this node is not translated)"
+	case svc != nil && !svc.northSouthWritten():
+		return "the north-south LB does not hold the Service table yet"
+	}
+	return ""
+}
+
 func (n *nodePort) setErrLocked(msg string) {
 	if n.err != msg {
 		n.log.Warn("north-south load balancing not active; the agent keeps running without it", "reason", msg)

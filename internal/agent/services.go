@@ -787,6 +787,17 @@ func (s *serviceSync) initialSynced() bool {
 	return s.synced
 }
 
+// northSouthWritten reports whether the writer includes the north-south LB
+// (the tee) and the whole table has been compared with it since it was set:
+// every frontend it should hold is written, or waits in dirty for a retry
+// like any other write.
+func (s *serviceSync) northSouthWritten() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, tee := s.w.(*teeWriter)
+	return tee && s.synced && s.comparedW == s.writerGen && s.comparedWriter == s.w
+}
+
 func (s *serviceSync) status() ServicesStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()

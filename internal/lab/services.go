@@ -316,11 +316,15 @@ func upDemoServices(ctx context.Context, st *State, kube kubernetes.Interface, l
 }
 
 // waitAgentsProgrammed waits until each agent's BPF maps equal its desired
-// table and include the demo ClusterIP frontend.
+// table and include the demo ClusterIP frontend, and, where the agent runs
+// the north-south LB, until that LB holds the table too: it loads after the
+// socket LB (up to 10 s after the agent starts), and until then another
+// node's pods reach this node's NodePorts untranslated (TCP: refused).
 func waitAgentsProgrammed(ctx context.Context, nodes []Node, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	want := demoFrontendText(DemoServices()[0])
+	nodePortSvc := DemoNamespace + "/" + DemoNodePort
 	var errs []error
 	for _, n := range nodes {
 		c := api.NewClient(n.Socket)
@@ -336,6 +340,18 @@ func waitAgentsProgrammed(ctx context.Context, nodes []Node, timeout time.Durati
 					case !strings.Contains(mr.Text, want) || mr.Text != sr.Text:
 						err = fmt.Errorf("maps do not hold %s yet", want)
 					}
+				}
+			}
+			if err == nil {
+				var ns string
+				ns, _, err = NodePortDecision(ctx, n.Socket, 0)
+				_, written := sr.Programmed[nodePortSvc]
+				switch {
+				case err != nil:
+				case ns == "pending":
+					err = errors.New("north-south LB not loaded yet")
+				case ns != "" && ns != "disabled" && (!sr.NorthSouth || !written):
+					err = fmt.Errorf("north-south LB (%s) does not hold %s yet", ns, nodePortSvc)
 				}
 			}
 			if last = err; last == nil {
