@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/internal/datapath/drops"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/kubenode"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -292,6 +293,50 @@ type traffic struct {
 	// the web pods' server processes and their run-queue wait when the loops started: a
 	// server starved of CPU looks like a lost packet to its clients, so the wait is logged
 	servers []runqWait
+	// each node's datapath drop counters when the loops started: a request lost to one of
+	// axon's programs moves one of them, one lost elsewhere (or never sent) does not
+	kube  kubernetes.Interface
+	drops map[string]map[string]uint64
+}
+
+// nodeDrops reads every node's drop counters (bpf/lib/drop.h: every program of the node counts
+// its drops there, by direction and reason) from the maps the agent pinned in the node's own
+// bpffs, through its container's root: node -> "direction/reason" -> packets. The maps outlive
+// the agent, so two readings around an agent's restart compare.
+func nodeDrops(ctx context.Context, t *testing.T, kube kubernetes.Interface) map[string]map[string]uint64 {
+	t.Helper()
+	out := map[string]map[string]uint64{}
+	for node, p := range agentPods(ctx, t, kube) {
+		pin := fmt.Sprintf("/proc/%d/root/sys/fs/bpf/axon", containerPID(t, p, "axon-agent"))
+		m, err := drops.Open(pin)
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		counts, err := m.ReadCounts()
+		m.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		out[node] = map[string]uint64{}
+		for _, c := range counts {
+			out[node][c.Direction+"/"+c.Reason] = c.Packets
+		}
+	}
+	return out
+}
+
+// dropsMoved names the counters of after that grew since before, with their growth.
+func dropsMoved(before, after map[string]map[string]uint64) []string {
+	var moved []string
+	for node, cs := range after {
+		for k, v := range cs {
+			if d := v - before[node][k]; v > before[node][k] {
+				moved = append(moved, fmt.Sprintf("%s %s +%d", node, k, d))
+			}
+		}
+	}
+	slices.Sort(moved)
+	return moved
 }
 
 // runqWait is a process's time waiting for a CPU: the sum over its threads of
@@ -319,9 +364,9 @@ func readRunqWait(pid int) int64 {
 // netns and cgroup: the socket LB translates) to the ClusterIP over new TCP connections, one
 // long-lived connection and UDP; from the external namespace to both nodes' NodePort over new
 // connections and one long-lived connection each (the north-south LB and its conntrack).
-func startTraffic(ctx context.Context, t *testing.T, l *lab.Lab, pods []corev1.Pod, cip string, nodePort int) *traffic {
+func startTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Interface, pods []corev1.Pod, cip string, nodePort int) *traffic {
 	t.Helper()
-	tr := &traffic{t0: time.Now()}
+	tr := &traffic{t0: time.Now(), kube: kube, drops: nodeDrops(ctx, t, kube)}
 	ext := netnsutil.Path(l.External().Netns)
 	for _, p := range pods {
 		netns, cg := podNamespaces(t, p)
@@ -403,6 +448,11 @@ func (tr *traffic) stopAndCheck(ctx context.Context, t *testing.T, during string
 	}
 	t.Logf("%s: %d requests in %s over %d loops, %d failed; the servers waited for a CPU: %s", during, total,
 		time.Since(tr.t0).Round(100*time.Millisecond), len(tr.loops), fails, strings.Join(waits, ", "))
+	moved := dropsMoved(tr.drops, nodeDrops(ctx, t, tr.kube))
+	if len(moved) == 0 {
+		moved = []string{"none"}
+	}
+	t.Logf("%s: the nodes' datapath drop counters that moved: %s", during, strings.Join(moved, ", "))
 }
 
 // countersShowResets is the control for the counters: a connect refused between two web pods
@@ -557,7 +607,7 @@ func rollAgentsUnderTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube 
 	tagAxonImage(ctx, t, l, oldImage, newImage)
 	old := agentPods(ctx, t, kube)
 
-	tr := startTraffic(ctx, t, l, pods, cip, nodePort)
+	tr := startTraffic(ctx, t, l, kube, pods, cip, nodePort)
 	time.Sleep(time.Second)
 	t0 := time.Now()
 	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":%q},`+
@@ -580,7 +630,7 @@ func rollAgentsUnderTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube 
 func killAgentsUnderTraffic(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Interface, pods []corev1.Pod, cip string, nodePort int, names []string) {
 	t.Helper()
 	old := agentPods(ctx, t, kube)
-	tr := startTraffic(ctx, t, l, pods, cip, nodePort)
+	tr := startTraffic(ctx, t, l, kube, pods, cip, nodePort)
 	time.Sleep(time.Second)
 	t0 := time.Now()
 	p1 := old["node1"]
