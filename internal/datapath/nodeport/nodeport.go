@@ -166,7 +166,12 @@ type LB struct {
 	log  *slog.Logger
 	opts Options
 	tc   lbTCObjects
-	xdp  lbXDPObjects
+
+	// xdpMu guards xdp, the XDP object, loaded on first use (loadXDP): an
+	// LB attached without XDP, the agent's default, never verifies it.
+	xdpMu     sync.Mutex
+	xdp       lbXDPObjects
+	xdpLoaded bool
 
 	mu       sync.Mutex
 	pods     []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
@@ -362,10 +367,14 @@ func (o *Options) setPodDelivery(spec *ebpf.CollectionSpec, dryRun bool) error {
 	return nil
 }
 
-// Load loads the tc and XDP load-balancer programs with their maps
-// pinned under o.PinDir (existing pins are reused: frontends and flows
-// survive an agent restart), writes the node addresses and reads the
-// programmed frontends back. Nothing is attached: see Attach.
+// Load loads the tc load-balancer programs with their maps pinned under
+// o.PinDir (existing pins are reused: frontends and flows survive an agent
+// restart), writes the node addresses and reads the programmed frontends
+// back. Nothing is attached: see Attach. The XDP program is loaded on first
+// use (an Attach with XDP, Program(HookXDP)): it shares every pinned map
+// with the tc programs, and a node that does not accelerate with XDP, the
+// default, saves its verification (a fifth to two fifths of the LB's,
+// by kernel).
 func Load(o Options) (*LB, error) {
 	if err := o.normalise(); err != nil {
 		return nil, err
@@ -403,20 +412,6 @@ func Load(o Options) (*LB, error) {
 			n.log.Warn("nodeport LB: reverse entries of the old NAT map lost (their flows re-create them within a second)", "error", err)
 		}
 	}
-	xdpSpec, err := loadLbXDP()
-	if err != nil {
-		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB: parse lb_xdp object: %w", err)
-	}
-	if err := o.setVariables(xdpSpec, false); err != nil {
-		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB: %w", err)
-	}
-	opts.MapReplacements = n.sharedMaps()
-	if err := xdpSpec.LoadAndAssign(&n.xdp, opts); err != nil {
-		n.tc.Close()
-		return nil, fmt.Errorf("load nodeport LB XDP program: %w", datapath.VerifierDetail(err))
-	}
 	if err := n.SetNodeAddrs(o.NodeAddrs); err != nil {
 		n.Close()
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
@@ -428,6 +423,37 @@ func Load(o Options) (*LB, error) {
 	n.log.Info("nodeport LB loaded", "pinDir", o.PinDir, "mode", o.Mode, "ctMax", o.CTMax, "ctUnrepliedMax", o.CTUnrepliedMax,
 		"maglevM", o.MaglevTableSize, "frontends", len(n.fe))
 	return n, nil
+}
+
+// loadXDP loads the XDP object once, over the tc object's maps.
+func (n *LB) loadXDP() error {
+	n.xdpMu.Lock()
+	defer n.xdpMu.Unlock()
+	if n.xdpLoaded {
+		return nil
+	}
+	spec, err := loadLbXDP()
+	if err != nil {
+		return fmt.Errorf("load nodeport LB: parse lb_xdp object: %w", err)
+	}
+	if err := n.opts.setVariables(spec, false); err != nil {
+		return fmt.Errorf("load nodeport LB XDP program: %w", err)
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: n.opts.PinDir}, MapReplacements: n.sharedMaps()}
+	if err := spec.LoadAndAssign(&n.xdp, opts); err != nil {
+		return fmt.Errorf("load nodeport LB XDP program: %w", datapath.VerifierDetail(err))
+	}
+	n.xdpLoaded = true
+	return nil
+}
+
+// XDPProgram is the loaded XDP program (axon_lb_xdp), loaded now if it was
+// not yet.
+func (n *LB) XDPProgram() (*ebpf.Program, error) {
+	if err := n.loadXDP(); err != nil {
+		return nil, err
+	}
+	return n.xdp.AxonLbXdp, nil
 }
 
 // sharedMaps are the maps every program instance shares (all pinned ones).
@@ -619,7 +645,9 @@ func (n *LB) Close() error {
 	if n.explain != nil {
 		errs = append(errs, n.explain.close())
 	}
+	n.xdpMu.Lock()
 	errs = append(errs, n.xdp.Close(), n.tc.Close())
+	n.xdpMu.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -81,7 +81,11 @@ func (n *LB) Attach(ifname, xdpMode string) (Attachment, error) {
 	if xdpMode == XDPNone {
 		return a, datapath.DetachLink(datapath.LinkPin{Path: xpin, Kind: datapath.PinXDP, Role: npRoleXDP, Ifname: ifname})
 	}
-	if err := attachXDPPinned(xpin, idx, n.xdp.AxonLbXdp, xdpMode); err != nil {
+	prog, err := n.XDPProgram()
+	if err != nil {
+		return a, fmt.Errorf("attach nodeport LB XDP (%s) to %s: %w", xdpMode, ifname, err)
+	}
+	if err := attachXDPPinned(xpin, idx, prog, xdpMode); err != nil {
 		return a, fmt.Errorf("attach nodeport LB XDP (%s) to %s: %w", xdpMode, ifname, err)
 	}
 	a.XDP = xdpMode

@@ -58,6 +58,9 @@ func TestNodePortNextHopCache(t *testing.T) {
 			}
 			cache := f.n.tc.AxonFibCache
 			if hook == "xdp" {
+				if _, err := f.n.XDPProgram(); err != nil { // the XDP object loads on first use
+					t.Fatal(err)
+				}
 				cache = f.n.xdp.AxonFibCache
 			}
 			flow := npTCP("198.18.0.250:40000", "198.18.0.11:30080")

@@ -53,8 +53,9 @@ func (n *LB) TestRun(hook string, pkt []byte, ifindex int) (uint32, time.Duratio
 
 // Program is the loaded program of hook (HookTC: axon_lb_ingress,
 // HookEgress: axon_lb_egress, HookDecap: axon_lb_decap, HookXDP:
-// axon_lb_xdp), for tests and tools (the fuzzer, internal/datapath/fuzz);
-// nil for another hook.
+// axon_lb_xdp, loaded now if it was not yet), for tests and tools (the
+// fuzzer, internal/datapath/fuzz); nil for another hook, or when the XDP
+// program does not load (XDPProgram says why).
 func (n *LB) Program(hook string) *ebpf.Program {
 	switch hook {
 	case HookTC:
@@ -64,7 +65,11 @@ func (n *LB) Program(hook string) *ebpf.Program {
 	case HookDecap:
 		return n.tc.AxonLbDecap
 	case HookXDP:
-		return n.xdp.AxonLbXdp
+		p, err := n.XDPProgram()
+		if err != nil {
+			n.log.Warn("nodeport LB: XDP program", "error", err)
+		}
+		return p
 	}
 	return nil
 }

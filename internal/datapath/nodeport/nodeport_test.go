@@ -170,7 +170,11 @@ func (f *npFix) runErr(hook string, pkt []byte) (npVerdict, []byte, error) {
 	case "decap":
 		prog, ctx = f.n.tc.AxonLbDecap, dptest.SKBCtx(f.upIf)
 	case "xdp":
-		prog, ctx = f.n.xdp.AxonLbXdp, npXDPCtx(f.upIf, len(pkt))
+		p, err := f.n.XDPProgram()
+		if err != nil {
+			return 0, nil, err
+		}
+		prog, ctx = p, npXDPCtx(f.upIf, len(pkt))
 	}
 	out := make([]byte, len(pkt)+256)
 	var ret uint32
