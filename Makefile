@@ -16,6 +16,8 @@ TEST_PKGS    ?= ./...
 # ...except the kernel matrix's package, which runs beside them (hack/teststreams): its QEMU
 # VMs, under nice 19, take the CPU the host packages leave idle (docs/testing.md, "CI time").
 TEST_BESIDE  ?= ./internal/vmtest
+# The kernel matrix and the small VM tests (their boots, a hang's timeout) at once.
+TEST_BESIDE_FLAGS ?= -parallel 4
 RESULTS      ?= results
 
 .PHONY: all build generate deps packages lab lab-down test test-kubelet-ops test-unit bench bench-vm clean help image images conformance-deps conformance fuzz manifests
@@ -107,7 +109,8 @@ vm-kernels: vm-packages
 
 test: deps build image images vm-kernels
 	@mkdir -p $(RESULTS)
-	@set -o pipefail; $(GO) run ./hack/teststreams -go $(GO) -flags '$(TEST_FLAGS)' -beside '$(TEST_BESIDE)' $(TEST_PKGS) \
+	@set -o pipefail; $(GO) run ./hack/teststreams -go $(GO) -flags '$(TEST_FLAGS)' -beside '$(TEST_BESIDE)' \
+		-beside-flags '$(TEST_BESIDE_FLAGS)' $(TEST_PKGS) \
 		| tee $(RESULTS)/test.json | $(GO) run ./hack/testsummary
 
 # Pure-logic tests only (no root, no kernel features, no cached binaries).

@@ -7,7 +7,8 @@
 // `go test` under nice(1), beside the others: `make test` runs the kernel matrix's VMs this way,
 // so they take whatever CPU the host packages leave idle instead of waiting for them
 // (docs/testing.md, "CI time"). Every other package runs in the main stream, with -flags as given
-// (-p 1 keeps them one at a time). The exit status is 1 when either `go test` failed.
+// (-p 1 keeps them one at a time); the second stream gets -beside-flags on top. The exit status is
+// 1 when either `go test` failed.
 package main
 
 import (
@@ -31,13 +32,15 @@ func main() {
 	testFlags := flag.String("flags", "", "go test flags for both streams, space-separated (e.g. '-count=1 -p 1 -timeout 40m')")
 	beside := flag.String("beside", "", "comma-separated package patterns to run in the second stream (empty: one stream)")
 	niceN := flag.Int("nice", 19, "nice(1) adjustment of the second stream (0: none)")
+	besideFlags := flag.String("beside-flags", "", "go test flags added for the second stream only (e.g. '-parallel 4')")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: teststreams [-flags '...'] [-beside PKG,...] [-nice N] PACKAGES...\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(context.Background(), *goBin, strings.Fields(*testFlags), flag.Args(), splitList(*beside), *niceN, os.Stdout, log); err != nil {
+	streams := streamFlags{first: strings.Fields(*testFlags), second: append(strings.Fields(*testFlags), strings.Fields(*besideFlags)...)}
+	if err := run(context.Background(), *goBin, streams, flag.Args(), splitList(*beside), *niceN, os.Stdout, log); err != nil {
 		log.Error("teststreams", "error", err)
 		os.Exit(1)
 	}
@@ -53,8 +56,11 @@ func splitList(s string) []string {
 	return out
 }
 
+// streamFlags are the go test flags of each stream.
+type streamFlags struct{ first, second []string }
+
 // run lists the packages, splits them into the two streams and runs both to the end.
-func run(ctx context.Context, goBin string, testFlags, patterns, beside []string, niceN int, out io.Writer, log *slog.Logger) error {
+func run(ctx context.Context, goBin string, testFlags streamFlags, patterns, beside []string, niceN int, out io.Writer, log *slog.Logger) error {
 	if len(patterns) == 0 {
 		patterns = []string{"."}
 	}
@@ -71,10 +77,10 @@ func run(ctx context.Context, goBin string, testFlags, patterns, beside []string
 	first, side := partition(all, second)
 	streams := []*exec.Cmd{}
 	if len(first) > 0 {
-		streams = append(streams, testCmd(ctx, goBin, testFlags, first, 0))
+		streams = append(streams, testCmd(ctx, goBin, testFlags.first, first, 0))
 	}
 	if len(side) > 0 {
-		streams = append(streams, testCmd(ctx, goBin, testFlags, side, niceN))
+		streams = append(streams, testCmd(ctx, goBin, testFlags.second, side, niceN))
 		log.Info("second stream", "packages", side, "nice", niceN)
 	}
 	w := &lineWriter{w: out}

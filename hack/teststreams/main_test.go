@@ -132,7 +132,7 @@ func TestRunTwoStreams(t *testing.T) {
 	}
 	t.Setenv("AXON_TESTSTREAMS_NICE", strconv.Itoa(base+7))
 	var out bytes.Buffer
-	if err := run(context.Background(), goBin, flags, []string{self, other}, []string{self}, 7, &out, log); err != nil {
+	if err := run(context.Background(), goBin, streamFlags{flags, flags}, []string{self, other}, []string{self}, 7, &out, log); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	passed := map[string]bool{}
@@ -154,7 +154,7 @@ func TestRunTwoStreams(t *testing.T) {
 	// the same helper at another nice value fails, and so does the run
 	t.Setenv("AXON_TESTSTREAMS_NICE", strconv.Itoa(base+3))
 	out.Reset()
-	if err := run(context.Background(), goBin, flags, []string{self, other}, []string{self}, 7, &out, log); err == nil {
+	if err := run(context.Background(), goBin, streamFlags{flags, flags}, []string{self, other}, []string{self}, 7, &out, log); err == nil {
 		t.Errorf("a failed test in the second stream did not fail the run:\n%s", out.String())
 	} else if !strings.Contains(out.String(), fmt.Sprintf("nice %d, want %d", base+7, base+3)) {
 		t.Errorf("run failed (%v), but not for the helper's nice check:\n%s", err, out.String())

@@ -395,7 +395,7 @@ labrc=0
 // RunVM fetches the kernel, builds the initramfs and runs the binaries in a VM, then the
 // two-VM subset on that kernel when it is asked for.
 func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) KernelRun {
-	kv := r.runVM(ctx, spec, bins, r.Console)
+	kv := r.runVM(ctx, spec, bins, r.Console, nil)
 	r.twoVMAfter(ctx, &kv)
 	return kv.KernelRun
 }
@@ -403,34 +403,74 @@ func (r *Runner) RunVM(ctx context.Context, spec KernelSpec, bins []TestBinary) 
 // RunVMs runs the binaries on every kernel of specs, as RunVM does. With parallel, the
 // kernels' VMs run at the same time, each in its own run dir (single-threaded TCG keeps
 // each VM on one host core: on a 2-core host two kernels take the time of the slower one,
-// not the sum), and the two-VM subsets (two VMs each) follow one kernel after the other
-// once every single VM has finished, so no more VMs than host cores run at once.
+// not the sum), and a kernel's two-VM subset (two VMs) starts as soon as any kernel's
+// single VM has finished and its own kernel is booted: a core freed by the shorter kernel
+// runs the subset beside the longer kernel's VM instead of idling until it is done.
 func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBinary, parallel bool) []KernelRun {
 	kvs := make([]kernelVM, len(specs))
-	if parallel {
+	if !parallel {
+		for i, spec := range specs {
+			kvs[i] = r.runVM(ctx, spec, bins, r.Console, nil)
+			r.twoVMAfter(ctx, &kvs[i])
+		}
+	} else {
+		// booted[i] is closed when kernel i's single VM boots (kv[i] then holds its
+		// kernel, initramfs and run dir) or its run ends without a boot
+		booted := make([]chan struct{}, len(specs))
+		boots := make([]kernelVM, len(specs))
+		oneDone := make(chan struct{})
+		var doneOnce sync.Once
+		twos := make([]*twoVMResult, len(specs))
 		var wg sync.WaitGroup
 		for i, spec := range specs {
+			booted[i] = make(chan struct{})
+			var bootOnce sync.Once
 			var console io.Writer // live consoles, one prefix per kernel
 			if r.Console != nil {
 				console = prefixWriter{prefix: "[" + spec.Name + "] ", w: r.Console}
 			}
-			wg.Go(func() { kvs[i] = r.runVM(ctx, spec, bins, console) })
+			wg.Go(func() {
+				kvs[i] = r.runVM(ctx, spec, bins, console, func(k *Kernel, initrd, dir string) {
+					boots[i] = kernelVM{spec: spec, kernel: k, initrd: initrd, dir: dir}
+					bootOnce.Do(func() { close(booted[i]) })
+				})
+				bootOnce.Do(func() { close(booted[i]) })
+				doneOnce.Do(func() { close(oneDone) })
+			})
+			if !r.wantsTwoVM(spec) {
+				continue
+			}
+			wg.Go(func() {
+				<-booted[i]
+				select {
+				case <-oneDone:
+				case <-ctx.Done():
+					return
+				}
+				if kv := boots[i]; kv.kernel != nil && ctx.Err() == nil {
+					pr, err := r.runTwoVM(ctx, spec, kv.kernel, kv.initrd, kv.dir)
+					twos[i] = &twoVMResult{pr, err}
+				}
+			})
 		}
 		wg.Wait()
-	} else {
-		for i, spec := range specs {
-			kvs[i] = r.runVM(ctx, spec, bins, r.Console)
-			r.twoVMAfter(ctx, &kvs[i])
+		for i := range kvs {
+			if twos[i] != nil {
+				kvs[i].addTwoVM(twos[i].pr, twos[i].err)
+			}
 		}
 	}
 	runs := make([]KernelRun, len(kvs))
 	for i := range kvs {
-		if parallel {
-			r.twoVMAfter(ctx, &kvs[i])
-		}
 		runs[i] = kvs[i].KernelRun
 	}
 	return runs
+}
+
+// twoVMResult is a two-VM subset's outcome (runTwoVM).
+type twoVMResult struct {
+	pr  PackageResult
+	err error
 }
 
 // kernelVM is one kernel's single-VM run and what its two-VM subset reuses.
@@ -442,14 +482,24 @@ type kernelVM struct {
 	dir    string // the kernel's run dir (kernelDir)
 }
 
-// twoVMAfter runs the two-VM subset on kv's kernel when the runner has it and the kernel
-// is one of TwoVMKernels, and adds its result to kv.
+// wantsTwoVM says whether the two-VM subset runs on spec's kernel: the runner has its
+// binaries and the kernel is one of TwoVMKernels (all when empty).
+func (r *Runner) wantsTwoVM(spec KernelSpec) bool {
+	return r.twoVMBins && (len(r.TwoVMKernels) == 0 || slices.Contains(r.TwoVMKernels, spec.Name))
+}
+
+// twoVMAfter runs the two-VM subset on kv's kernel when wantsTwoVM, and adds its result
+// to kv.
 func (r *Runner) twoVMAfter(ctx context.Context, kv *kernelVM) {
-	if !r.twoVMBins || kv.kernel == nil || ctx.Err() != nil ||
-		(len(r.TwoVMKernels) > 0 && !slices.Contains(r.TwoVMKernels, kv.spec.Name)) {
+	if !r.wantsTwoVM(kv.spec) || kv.kernel == nil || ctx.Err() != nil {
 		return
 	}
 	pr, err := r.runTwoVM(ctx, kv.spec, kv.kernel, kv.initrd, kv.dir)
+	kv.addTwoVM(pr, err)
+}
+
+// addTwoVM adds a two-VM subset's result to kv.
+func (kv *kernelVM) addTwoVM(pr PackageResult, err error) {
 	kv.Total += pr.Elapsed
 	if len(pr.Tests) > 0 || err == nil {
 		kv.Packages = append(kv.Packages, pr)
@@ -503,8 +553,10 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// runVM is RunVM without the two-VM subset, with the live console (if any) to console.
-func (r *Runner) runVM(ctx context.Context, spec KernelSpec, bins []TestBinary, console io.Writer) kernelVM {
+// runVM is RunVM without the two-VM subset, with the live console (if any) to console;
+// onBoot (if not nil) is called with the kernel, initramfs and run dir as the VM boots.
+func (r *Runner) runVM(ctx context.Context, spec KernelSpec, bins []TestBinary, console io.Writer,
+	onBoot func(k *Kernel, initrd, dir string)) kernelVM {
 	bins = forKernel(bins, spec.Name)
 	kv := kernelVM{spec: spec}
 	kr := &kv.KernelRun
@@ -568,6 +620,9 @@ func (r *Runner) runVM(ctx context.Context, spec KernelSpec, bins []TestBinary, 
 		}
 	}
 	stopPressure := mirrorHostPressure(ctx, dir, time.Second) // the guest reads the host's CPU pressure
+	if onBoot != nil {
+		onBoot(k, initrd, dir)
+	}
 	res, runErr := vm.Run(ctx)
 	r.Log.Info("host CPU pressure during the VM run", "kernel", spec.Name, "some_avg10", summarizePressure(stopPressure()))
 	kr.Boot, kr.Shell, kr.Total, kr.Console = res.BootTime, res.ShellTime, res.Total, res.Console
