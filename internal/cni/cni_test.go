@@ -520,6 +520,18 @@ func TestAddCheckDel(t *testing.T) {
 	}
 	e.mustOK(call{cmd: "CHECK", cid: "ctr-a", netns: "/run/netns/" + pod, stdin: checkConf})
 
+	// The IPv6 gateway is an address of the node side (fe80::1): a pod (or a
+	// VM guest behind it) without the PERMANENT entry resolves it with a
+	// Neighbor Solicitation, which the node's kernel answers.
+	run(t, "ip", "-n", pod, "-6", "neigh", "del", GatewayV6.String(), "dev", "eth0")
+	if err := e.tcpEcho(pod, nodeIPv6); err != nil {
+		t.Errorf("pod -> node %s without the gateway's PERMANENT entry: %v", nodeIPv6, err)
+	}
+	if out, _ := exec.Command("ip", "-n", pod, "-6", "neigh", "show", GatewayV6.String(), "dev", "eth0").CombinedOutput(); !strings.Contains(string(out), "lladdr "+ep.HostMAC.String()) ||
+		strings.Contains(string(out), "PERMANENT") {
+		t.Errorf("the pod did not resolve %s to the node side's MAC %s by itself: %s", GatewayV6, ep.HostMAC, out)
+	}
+
 	// DEL twice.
 	for i := range 2 {
 		e.mustOK(call{cmd: "DEL", cid: "ctr-a", netns: "/run/netns/" + pod})

@@ -18,8 +18,14 @@ import (
 	"github.com/axonhq/axon/internal/api"
 )
 
-// Gateways the pod routes through. Neither exists anywhere: the pod has
-// PERMANENT neighbour entries mapping them to the host-side veth's MAC.
+// Gateways the pod routes through. The pod has PERMANENT neighbour entries
+// mapping them to the host-side device's MAC. Something that keeps its own
+// neighbour cache (a VM guest behind the pod's bridge, a pod whose entry was
+// flushed) resolves them: the IPv4 one exists nowhere, and axon_pod_egress
+// answers its ARP requests (bpf/lib/arp.h); the IPv6 one, link-local, is an
+// address of every host-side device (gatewayAddrV6), so the node's kernel
+// answers its Neighbor Solicitations and NUD probes like for any address it
+// has.
 var (
 	GatewayV4 = netip.MustParseAddr("169.254.1.1")
 	GatewayV6 = netip.MustParseAddr("fe80::1")
@@ -117,6 +123,11 @@ func setupHost(host netlink.Link, ips []netip.Addr) error {
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", name, err)
 	}
+	if hasV6(ips) {
+		if err := netlink.AddrReplace(host, gatewayAddrV6()); err != nil {
+			return fmt.Errorf("node side: gateway %s on %s: %w", GatewayV6, name, err)
+		}
+	}
 	for _, ip := range ips {
 		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: hostPrefix(ip), Scope: netlink.SCOPE_LINK}
 		if err := netlink.RouteReplace(r); err != nil {
@@ -124,6 +135,13 @@ func setupHost(host netlink.Link, ips []netip.Addr) error {
 		}
 	}
 	return nil
+}
+
+// gatewayAddrV6 is GatewayV6 as an address of a host-side device: fe80::1/64,
+// usable at once (no DAD: it is every such device's and nobody else's on
+// the pod's link).
+func gatewayAddrV6() *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
 }
 
 func hasV6(ips []netip.Addr) bool {

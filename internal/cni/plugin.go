@@ -359,6 +359,14 @@ func checkHost(host netlink.Link, ips []netip.Addr) []string {
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		problems = append(problems, fmt.Sprintf("node device %s is down", name))
 	}
+	if hasV6(ips) {
+		addrs, err := netlink.AddrList(host, netlink.FAMILY_V6)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("list addresses of %s: %v", name, err))
+		} else if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(GatewayV6.AsSlice()) }) {
+			problems = append(problems, fmt.Sprintf("gateway %s missing on node device %s", GatewayV6, name))
+		}
+	}
 	for _, ip := range ips {
 		routes, err := netlink.RouteListFiltered(family(ip), &netlink.Route{Dst: hostPrefix(ip)}, netlink.RT_FILTER_DST)
 		if err != nil {
