@@ -586,18 +586,27 @@ func (c *crashNode) echoService(t *testing.T) (netip.Addr, uint16) {
 // the north-south LB at the uplink (SNAT to the remote echo backend).
 func (c *crashNode) nodePortStream(t *testing.T, o outside, port uint16) *stream {
 	t.Helper()
-	var conn net.Conn
-	target := fmt.Sprintf("198.18.0.11:%d", port)
-	must(t, netnsutil.Do(o.name, func() (err error) {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideClient)}}
-		conn, err = d.Dial("tcp", target)
-		return err
-	}))
+	target := nodePortAddr(port)
+	conn, err := o.dial(target, 5*time.Second)
+	must(t, err)
 	stop := make(chan struct{})
 	s := &stream{name: "NodePort " + target, stop: sync.OnceFunc(func() { close(stop) }), stopped: make(chan struct{})}
 	go func() { defer conn.Close(); s.end(streamEcho(conn, stop, s.progress)) }()
 	t.Cleanup(s.stop)
 	return s
+}
+
+// nodePortAddr is the scratch node's NodePort port as seen from outside.
+func nodePortAddr(port uint16) string { return fmt.Sprintf("198.18.0.11:%d", port) }
+
+// dial connects from the outside client (outsideClient) to addr over TCP.
+func (o outside) dial(addr string, timeout time.Duration) (conn net.Conn, err error) {
+	err = netnsutil.Do(o.name, func() (e error) {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideClient)}}
+		conn, e = d.Dial("tcp", addr)
+		return e
+	})
+	return conn, err
 }
 
 // clusterIPStream streams from a process in the socket LB's cgroup in the
@@ -899,22 +908,17 @@ func (c *crashNode) readyServesNodePort(t *testing.T, what string, o outside, no
 		t.Errorf("%s: ready, but the Services API says north-south %v, programmed %d Services without default/echo: want the north-south LB holding it",
 			what, sr.NorthSouth, len(sr.Programmed))
 	}
-	target := fmt.Sprintf("198.18.0.11:%d", nodePort)
-	must(t, netnsutil.Do(o.name, func() error {
-		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(outsideClient)}}
-		conn, err := d.Dial("tcp", target)
-		if err != nil {
-			return fmt.Errorf("%s: ready, but the NodePort %s does not answer: %w", what, target, err)
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := conn.Write([]byte("ping\n")); err != nil {
-			return err
-		}
-		buf := make([]byte, 5)
-		if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping\n" {
-			return fmt.Errorf("%s: NodePort %s: echo %q, %v", what, target, buf, err)
-		}
-		return nil
-	}))
+	target := nodePortAddr(nodePort)
+	conn, err := o.dial(target, 2*time.Second)
+	if err != nil {
+		t.Fatalf("%s: ready, but the NodePort %s does not answer: %v", what, target, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	_, err = conn.Write([]byte("ping\n"))
+	must(t, err)
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping\n" {
+		t.Fatalf("%s: NodePort %s: echo %q, %v", what, target, buf, err)
+	}
 }

@@ -414,13 +414,13 @@ func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBina
 			r.twoVMAfter(ctx, &kvs[i])
 		}
 	} else {
-		// booted[i] is closed when kernel i's single VM boots (kv[i] then holds its
-		// kernel, initramfs and run dir) or its run ends without a boot
+		// booted[i] is closed when kernel i's single VM boots (boots[i] then holds its
+		// kernel, initramfs and run dir, and later its two-VM subset's result) or its run
+		// ends without a boot
 		booted := make([]chan struct{}, len(specs))
 		boots := make([]kernelVM, len(specs))
 		oneDone := make(chan struct{})
 		var doneOnce sync.Once
-		twos := make([]*twoVMResult, len(specs))
 		var wg sync.WaitGroup
 		for i, spec := range specs {
 			booted[i] = make(chan struct{})
@@ -447,17 +447,14 @@ func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBina
 				case <-ctx.Done():
 					return
 				}
-				if kv := boots[i]; kv.kernel != nil && ctx.Err() == nil {
-					pr, err := r.runTwoVM(ctx, spec, kv.kernel, kv.initrd, kv.dir)
-					twos[i] = &twoVMResult{pr, err}
-				}
+				r.twoVMAfter(ctx, &boots[i])
 			})
 		}
 		wg.Wait()
-		for i := range kvs {
-			if twos[i] != nil {
-				kvs[i].addTwoVM(twos[i].pr, twos[i].err)
-			}
+		for i := range kvs { // the two-VM subsets' results (nothing where none ran)
+			kvs[i].Total += boots[i].Total
+			kvs[i].Packages = append(kvs[i].Packages, boots[i].Packages...)
+			kvs[i].Err = errors.Join(kvs[i].Err, boots[i].Err)
 		}
 	}
 	runs := make([]KernelRun, len(kvs))
@@ -465,12 +462,6 @@ func (r *Runner) RunVMs(ctx context.Context, specs []KernelSpec, bins []TestBina
 		runs[i] = kvs[i].KernelRun
 	}
 	return runs
-}
-
-// twoVMResult is a two-VM subset's outcome (runTwoVM).
-type twoVMResult struct {
-	pr  PackageResult
-	err error
 }
 
 // kernelVM is one kernel's single-VM run and what its two-VM subset reuses.
@@ -495,11 +486,6 @@ func (r *Runner) twoVMAfter(ctx context.Context, kv *kernelVM) {
 		return
 	}
 	pr, err := r.runTwoVM(ctx, kv.spec, kv.kernel, kv.initrd, kv.dir)
-	kv.addTwoVM(pr, err)
-}
-
-// addTwoVM adds a two-VM subset's result to kv.
-func (kv *kernelVM) addTwoVM(pr PackageResult, err error) {
 	kv.Total += pr.Elapsed
 	if len(pr.Tests) > 0 || err == nil {
 		kv.Packages = append(kv.Packages, pr)

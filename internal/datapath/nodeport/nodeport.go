@@ -169,9 +169,8 @@ type LB struct {
 
 	// xdpMu guards xdp, the XDP object, loaded on first use (loadXDP): an
 	// LB attached without XDP, the agent's default, never verifies it.
-	xdpMu     sync.Mutex
-	xdp       lbXDPObjects
-	xdpLoaded bool
+	xdpMu sync.Mutex
+	xdp   lbXDPObjects
 
 	mu       sync.Mutex
 	pods     []netip.Prefix // SetPodCIDRs: TCP/UDP to them is not looked up
@@ -429,7 +428,7 @@ func Load(o Options) (*LB, error) {
 func (n *LB) loadXDP() error {
 	n.xdpMu.Lock()
 	defer n.xdpMu.Unlock()
-	if n.xdpLoaded {
+	if n.xdp.AxonLbXdp != nil { // loaded
 		return nil
 	}
 	spec, err := loadLbXDP()
@@ -443,7 +442,6 @@ func (n *LB) loadXDP() error {
 	if err := spec.LoadAndAssign(&n.xdp, opts); err != nil {
 		return fmt.Errorf("load nodeport LB XDP program: %w", datapath.VerifierDetail(err))
 	}
-	n.xdpLoaded = true
 	return nil
 }
 
