@@ -238,11 +238,11 @@ func TestServeRepliesFromTheQueriedAddress(t *testing.T) {
 	}}
 	var got []string
 	var err error
-	for range 20 { // the listener comes up asynchronously
+	for range 20 { // the listener comes up asynchronously: a query sent before is refused
 		lctx, c := context.WithTimeout(context.Background(), time.Second)
 		got, err = r.LookupHost(lctx, "web.default.svc.cluster.local")
 		c()
-		if err == nil {
+		if err == nil && len(got) == 2 { // the A and the AAAA query both answered
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
