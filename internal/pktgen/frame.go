@@ -10,6 +10,9 @@
 //     the sending side.
 //   - Sink: a native XDP program that counts and drops IPv4 UDP packets to one
 //     port and passes everything else.
+//   - Forwarder: the trivial XDP forwarder (check the Ethernet and IPv4
+//     headers, write both MACs, XDP_TX), the floor a load balancer's forward
+//     is measured against.
 //   - NAPI helpers: threaded NAPI on a device, its kernel threads, their CPU
 //     time, affinity and scheduling class.
 package pktgen

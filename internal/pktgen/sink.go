@@ -6,10 +6,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-
-	"github.com/axonhq/axon/internal/netnsutil"
 )
 
 // Sink counts and drops, at native XDP on one device, the IPv4 UDP packets
@@ -17,10 +13,9 @@ import (
 // replaces the device's XDP program while attached; Close puts that program
 // back.
 type Sink struct {
-	nsName, dev string
-	prog        *ebpf.Program
-	counts      *ebpf.Map     // PERCPU_ARRAY[1] of u64: packets counted and dropped
-	prev        *ebpf.Program // the device's program before, restored by Close
+	prog   *ebpf.Program
+	counts *ebpf.Map // PERCPU_ARRAY[1] of u64: packets counted and dropped
+	swap   *xdpSwap  // the device's program before, restored by Close
 }
 
 // AttachSink attaches a sink for UDP port to dev in the named network
@@ -53,9 +48,9 @@ func AttachSink(nsName, dev string, port uint16) (*Sink, error) {
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord), // per-CPU slot: no atomics needed
 		asm.Add.Imm(asm.R1, 1),
 		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
-		asm.Mov.Imm(asm.R0, 1).WithSymbol("drop"), // XDP_DROP
+		asm.Mov.Imm(asm.R0, XDPDrop).WithSymbol("drop"),
 		asm.Return(),
-		asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
+		asm.Mov.Imm(asm.R0, XDPPass).WithSymbol("pass"),
 		asm.Return(),
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "pktgen_sink", Type: ebpf.XDP, License: "GPL", Instructions: insns})
@@ -63,25 +58,13 @@ func AttachSink(nsName, dev string, port uint16) (*Sink, error) {
 		counts.Close()
 		return nil, fmt.Errorf("pktgen: load the sink program: %w", err)
 	}
-	s := &Sink{nsName: nsName, dev: dev, prog: prog, counts: counts}
-	if err := netnsutil.Do(nsName, func() error {
-		l, err := netlink.LinkByName(dev)
-		if err != nil {
-			return err
-		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached && x.ProgId != 0 {
-			// Hold the current program: replacing it drops the device's
-			// reference, which may be its last.
-			if s.prev, err = ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId)); err != nil {
-				return fmt.Errorf("hold %s's XDP program %d to restore it later: %w", dev, x.ProgId, err)
-			}
-		}
-		return netlink.LinkSetXdpFdWithFlags(l, prog.FD(), nl.XDP_FLAGS_DRV_MODE)
-	}); err != nil {
-		s.release()
-		return nil, fmt.Errorf("pktgen: attach the sink to %s in %s: %w", dev, nsName, err)
+	swap, err := swapXDP(nsName, dev, prog)
+	if err != nil {
+		prog.Close()
+		counts.Close()
+		return nil, err
 	}
-	return s, nil
+	return &Sink{prog: prog, counts: counts, swap: swap}, nil
 }
 
 // Count is the number of packets counted and dropped so far.
@@ -100,27 +83,5 @@ func (s *Sink) Count() (uint64, error) {
 // Close detaches the sink and re-attaches the device's previous program,
 // if it had one.
 func (s *Sink) Close() error {
-	err := netnsutil.Do(s.nsName, func() error {
-		l, err := netlink.LinkByName(s.dev)
-		if err != nil {
-			return err
-		}
-		fd := -1
-		if s.prev != nil {
-			fd = s.prev.FD()
-		}
-		return netlink.LinkSetXdpFdWithFlags(l, fd, nl.XDP_FLAGS_DRV_MODE)
-	})
-	if err != nil {
-		err = fmt.Errorf("pktgen: detach the sink from %s in %s: %w", s.dev, s.nsName, err)
-	}
-	return errors.Join(err, s.release())
-}
-
-func (s *Sink) release() error {
-	var errs []error
-	if s.prev != nil {
-		errs = append(errs, s.prev.Close())
-	}
-	return errors.Join(append(errs, s.prog.Close(), s.counts.Close())...)
+	return errors.Join(s.swap.restore(), s.prog.Close(), s.counts.Close())
 }
