@@ -47,6 +47,10 @@ is a pod on node1 (every packet is forwarded by node2):
                       forwarded: packets/s, and node2's CPU ns per forwarded packet (the measure
                       behind Cilium's "XDP ≈ 5× kube-proxy iptables"). node2's eth0 gets GRO on
                       and TSO off for it, after the other samples.
+  xdp-forwarder       the forwarding rate alone, of a trivial XDP forwarder (check the Ethernet
+                      and IPv4 headers, write both MACs, XDP_TX; no lookup) in place of any LB
+                      on node2's eth0, sent what the LB sends on: the floor of an XDP forward on
+                      this wire, compared to axon-xdp repetition by repetition.
 Configurations: ` + strings.Join(names, ", ") + `.
 Ratios are to kube-proxy iptables in the same run. Writes results.{md,csv,json}.`,
 		Args: cobra.NoArgs,

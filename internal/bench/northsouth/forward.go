@@ -26,6 +26,13 @@ package northsouth
 // peer's per-CPU backlog instead of its ring, which would run the sink's and
 // node1's work on CPU 1 too). It is done after the connection and iperf3
 // samples, which see the lab as `up` made it.
+//
+// The floor (Config.Floor): the trivial XDP forwarder (pktgen.Forwarder) in
+// place of any LB on node2's eth0, offered what the LB sends on (the
+// backend's address and port, from the same client addresses) and sending it
+// to the LB's next hop (node1's eth0: the lab routes node1's podCIDR via
+// node1): what an XDP program that forwards without any lookup costs on this
+// wire, so the LB's row reads against the limit, not only against iptables.
 
 import (
 	"context"
@@ -65,10 +72,10 @@ type nsFwd struct {
 
 // measureForwarding sets the lab up for the forwarding measurement (see the
 // file comment) and measures for d.
-func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, d time.Duration) (nsFwd, error) {
+func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, backend labpkg.Pod, floor bool, d time.Duration) (nsFwd, error) {
 	var r nsFwd
 	port := labpkg.WirePort(entry.Name)
-	var entryLink, extLink netlink.Link
+	var entryLink, extLink, nextHop netlink.Link
 	if err := ns.WithNetNSPath("/run/netns/"+entry.Netns, func(ns.NetNS) error {
 		for _, f := range []struct {
 			feature ethtool.Feature
@@ -97,6 +104,25 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 		return err
 	}); err != nil {
 		return r, fmt.Errorf("find the external client's %s: %w", labpkg.Uplink, err)
+	}
+	dst := netip.AddrPortFrom(entry.IP, FwdNodePort)
+	if floor {
+		dst = netip.AddrPortFrom(backend.IP, nsFwdPort)
+		hop, err := nodeOf(st, backend.Node)
+		if err != nil {
+			return r, err
+		}
+		if err := ns.WithNetNSPath("/run/netns/"+hop.Netns, func(ns.NetNS) (err error) {
+			nextHop, err = netlink.LinkByName(labpkg.Uplink)
+			return err
+		}); err != nil {
+			return r, fmt.Errorf("find the next hop %s's %s: %w", hop.Name, labpkg.Uplink, err)
+		}
+		fw, err := pktgen.AttachForwarder(entry.Netns, labpkg.Uplink, nextHop.Attrs().HardwareAddr, entryLink.Attrs().HardwareAddr)
+		if err != nil {
+			return r, err
+		}
+		defer fw.Close()
 	}
 
 	sink, err := pktgen.AttachSink(labpkg.WireNetns, port, nsFwdPort)
@@ -128,7 +154,7 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	var frames [][]byte
 	for i := range nsFwdFlows {
 		f, err := pktgen.UDP4{SrcMAC: extLink.Attrs().HardwareAddr, DstMAC: entryLink.Attrs().HardwareAddr,
-			Src: netip.AddrPortFrom(st.External.IP, uint16(40000+i)), Dst: netip.AddrPortFrom(entry.IP, FwdNodePort)}.Frame()
+			Src: netip.AddrPortFrom(st.External.IP, uint16(40000+i)), Dst: dst}.Frame()
 		if err != nil {
 			return r, err
 		}
@@ -188,6 +214,9 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	}
 	fwd := float64(s1.fwd - s0.fwd)
 	if fwd == 0 {
+		if floor {
+			return r, errors.New("the XDP forwarder forwarded no packet")
+		}
 		return r, errors.New("no packet was forwarded to the backend (is the UDP NodePort programmed?)")
 	}
 	secs := res.Elapsed.Seconds()
@@ -197,4 +226,14 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	r.NsPerPacket = float64(s1.cpu-s0.cpu) / fwd
 	r.Busy = float64(s1.cpu-s0.cpu) / float64(wall)
 	return r, nil
+}
+
+// nodeOf is the lab node named name.
+func nodeOf(st labpkg.State, name string) (labpkg.Node, error) {
+	for _, n := range st.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return labpkg.Node{}, fmt.Errorf("no lab node %q", name)
 }

@@ -9,6 +9,8 @@
 //	axon-xdp             the same LB at native XDP on the node uplink (veth) (--lb-acceleration native)
 //	kube-proxy-iptables  reference CNI plugins (ptp) + real kube-proxy, iptables mode
 //	kube-proxy-nftables  reference CNI plugins (ptp) + real kube-proxy, nftables mode
+//	xdp-forwarder        the forwarding rate only: a trivial XDP forwarder in place of
+//	                     any LB on node2's uplink (the floor an XDP LB is compared to)
 //
 // Metrics per sample: new connections/s (connect+request+response+close
 // loop, `axon lab bench _connrate`, client on CPU 0, server on CPU 1),
@@ -50,20 +52,43 @@ type LabConfig struct {
 	// WantXDP: the configuration is only meaningful with the LB at XDP; a
 	// lab whose agents did not attach at XDP is recorded as skipped.
 	WantXDP bool
+	// Floor: no Service and no connection samples; the forwarding rate of
+	// the trivial XDP forwarder (pktgen.Forwarder) on node2's uplink, sent
+	// the LB's output (backend address and port, the LB's next hop) as its
+	// input: the same wire, generator, sink and CPU as the LB rows.
+	Floor bool
 }
 
 // Configs are the configurations, by name; the reference is kube-proxy-iptables.
 func Configs() []LabConfig {
 	return []LabConfig{
 		{Name: "axon-tc", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "disabled"}},
-		{Name: "axon-xdp", Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "native"}, WantXDP: true},
+		{Name: XDP, Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "native"}, WantXDP: true},
 		{Name: "kube-proxy-iptables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.IPTables}},
 		{Name: "kube-proxy-nftables", Up: labpkg.UpOptions{Datapath: labpkg.DatapathBaseline, KubeProxy: kubeproxy.NFTables}},
+		{Name: Floor, Up: labpkg.UpOptions{Datapath: labpkg.DatapathAxon, LBAcceleration: "disabled"}, Floor: true},
 	}
 }
 
 // Reference is the configuration ratios are computed against.
 const Reference = "kube-proxy-iptables"
+
+// Floor is the trivial forwarder's configuration; XDP is the one compared
+// to it, repetition by repetition.
+const (
+	Floor = "xdp-forwarder"
+	XDP   = "axon-xdp"
+)
+
+// isFloor reports whether the named configuration is a forwarding floor.
+func isFloor(name string) bool {
+	for _, c := range Configs() {
+		if c.Name == name {
+			return c.Floor
+		}
+	}
+	return false
+}
 
 // Ports of the benchmark Service.
 const (
@@ -233,10 +258,44 @@ func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon strin
 			return s
 		}
 	}
-	if err := ensureNSService(ctx, l, backend); err != nil {
-		s.Err = err.Error()
-		return s
+	if c.Floor {
+		s.Attach = "trivial XDP forwarder (pktgen.Forwarder) on " + entry.Name + "'s " + labpkg.Uplink + ", no Service"
+	} else {
+		if err := ensureNSService(ctx, l, backend); err != nil {
+			s.Err = err.Error()
+			return s
+		}
+		if err := measureConns(ctx, cfg, l, entry, backend, axon, &s); err != nil {
+			s.Err = err.Error()
+			return s
+		}
 	}
+	dst := netip.AddrPortFrom(entry.IP, FwdNodePort)
+	if c.Floor {
+		dst = netip.AddrPortFrom(backend.IP, nsFwdPort)
+	}
+	s.Commands = append(s.Commands, fmt.Sprintf("# forwarding rate: internal/pktgen from %s to %s/udp (%d flows), %s after a %s warm-up; %s's eth0 receive in threaded NAPI on CPU %d",
+		labpkg.WirePort(entry.Name), dst, nsFwdFlows, cfg.Duration, nsFwdWarmup, entry.Name, nsFwdEntryCPU))
+	if fw, err := measureForwarding(ctx, st, entry, backend, c.Floor, cfg.Duration); err != nil {
+		if s.Err == "" {
+			s.Err = "forwarding rate: " + err.Error()
+		}
+	} else {
+		s.FwdPPS, s.FwdNsPerPacket, s.FwdBusy, s.FwdOfferedPPS, s.FwdRxPPS = fw.PPS, fw.NsPerPacket, fw.Busy, fw.OfferedPPS, fw.RxPPS
+	}
+	conns := fmt.Sprintf("%8.0f conn/s (%d errors)  %6.2f Gbit/s  softirq %5.1f µs/conn", s.ConnRate, s.ConnErrs, s.Throughput/1e9, s.SoftirqUsPerConn)
+	if c.Floor {
+		conns = fmt.Sprintf("%-63s", "forwarding rate only")
+	}
+	progress("rep %d %-20s up %4.1fs  %s  fwd %5.3f Mpps of %5.3f offered %5.0f ns/pkt (CPU %3.0f%%)  psi %.0f%%",
+		rep, c.Name, s.UpSec, conns, s.FwdPPS/1e6, s.FwdOfferedPPS/1e6, s.FwdNsPerPacket, 100*s.FwdBusy, s.PSIAfter)
+	return s
+}
+
+// measureConns takes the connection-rate and throughput samples of s
+// through the benchmark's NodePort on entry (servers in backend). Errors of
+// a sample's own tool are recorded in s; err is a setup failure.
+func measureConns(ctx context.Context, cfg Config, l *labpkg.Lab, entry labpkg.Node, backend labpkg.Pod, axon string, s *Sample) error {
 	// Servers in the backend pod, pinned to CPU 1.
 	srvCtx, stopSrv := context.WithCancel(ctx)
 	defer stopSrv()
@@ -249,8 +308,7 @@ func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon strin
 	for _, srv := range []*exec.Cmd{crSrv, ipSrv} {
 		srv.Stdout, srv.Stderr = io.Discard, io.Discard
 		if err := srv.Start(); err != nil {
-			s.Err = fmt.Sprintf("start server %v: %v", srv.Args, err)
-			return s
+			return fmt.Errorf("start server %v: %w", srv.Args, err)
 		}
 		defer func() { stopSrv(); _ = srv.Wait() }()
 	}
@@ -266,13 +324,12 @@ func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon strin
 		time.Sleep(300 * time.Millisecond)
 	}
 	if !ready {
-		s.Err = fmt.Sprintf("NodePort %s never answered within 45 s", target)
-		return s
+		return fmt.Errorf("NodePort %s never answered within 45 s", target)
 	}
 
 	crArgv := []string{"taskset", "-c", "0", axon, "lab", "bench", "_connrate", "client", "--target", target.String(),
 		"--duration", cfg.Duration.String()}
-	s.Commands = append(s.Commands, "GODEBUG=asyncpreemptoff=1 nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(crArgv, " "))
+	s.Commands = append(s.Commands, "GODEBUG=asyncpreemptoff=1 nsenter --net=/run/netns/"+l.State().External.Netns+" -- "+strings.Join(crArgv, " "))
 	before := bench.ReadPressure()
 	sq0, nr0 := softirqTicks(), netRx()
 	crCmd := l.Command(ctx, labpkg.ExternalName, crArgv...)
@@ -299,7 +356,7 @@ func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon strin
 	}
 	secs := max(1, int(math.Ceil(cfg.Duration.Seconds())))
 	ipArgv := []string{"taskset", "-c", "0", "iperf3", "-c", entry.IP.String(), "-p", strconv.Itoa(IperfNodePort), "-t", strconv.Itoa(secs), "-J"}
-	s.Commands = append(s.Commands, "nsenter --net=/run/netns/"+st.External.Netns+" -- "+strings.Join(ipArgv, " "))
+	s.Commands = append(s.Commands, "nsenter --net=/run/netns/"+l.State().External.Netns+" -- "+strings.Join(ipArgv, " "))
 	ictx, cancel := context.WithTimeout(ctx, cfg.Duration+30*time.Second)
 	iout, ierr := l.Command(ictx, labpkg.ExternalName, ipArgv...).Output()
 	cancel()
@@ -308,18 +365,7 @@ func measureNS(ctx context.Context, cfg Config, c LabConfig, rep int, axon strin
 	} else if s.Err == "" {
 		s.Err = fmt.Sprintf("iperf3: %v %v", err, ierr)
 	}
-	s.Commands = append(s.Commands, fmt.Sprintf("# forwarding rate: internal/pktgen from %s to %s:%d/udp (%d flows), %s after a %s warm-up; %s's eth0 receive in threaded NAPI on CPU %d",
-		labpkg.WirePort(entry.Name), entry.IP, FwdNodePort, nsFwdFlows, cfg.Duration, nsFwdWarmup, entry.Name, nsFwdEntryCPU))
-	if fw, err := measureForwarding(ctx, st, entry, cfg.Duration); err != nil {
-		if s.Err == "" {
-			s.Err = "forwarding rate: " + err.Error()
-		}
-	} else {
-		s.FwdPPS, s.FwdNsPerPacket, s.FwdBusy, s.FwdOfferedPPS, s.FwdRxPPS = fw.PPS, fw.NsPerPacket, fw.Busy, fw.OfferedPPS, fw.RxPPS
-	}
-	progress("rep %d %-20s up %4.1fs  %8.0f conn/s (%d errors)  %6.2f Gbit/s  softirq %5.1f µs/conn  fwd %5.3f Mpps %5.0f ns/pkt (CPU %3.0f%%)  psi %.0f%%",
-		rep, c.Name, s.UpSec, s.ConnRate, s.ConnErrs, s.Throughput/1e9, s.SoftirqUsPerConn, s.FwdPPS/1e6, s.FwdNsPerPacket, 100*s.FwdBusy, s.PSIAfter)
-	return s
+	return nil
 }
 
 // softirqTicks sums the softirq column of /proc/stat's "cpu" line.
