@@ -258,7 +258,7 @@ func (l *Lab) ReapplyPodBandwidth(ctx context.Context, pod string) error {
 	if !ok {
 		return fmt.Errorf("reapply pod bandwidth: no pod %q in the lab", pod)
 	}
-	n, ok := st.node(p.Node)
+	n, ok := st.Node(p.Node)
 	if !ok {
 		return fmt.Errorf("reapply pod bandwidth: node %s of pod %s is not in the lab", p.Node, pod)
 	}

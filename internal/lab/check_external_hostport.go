@@ -127,7 +127,7 @@ func hostPortServiceTargets(st *State, source string, isNode bool) []hostPortTar
 		}
 		return out
 	}
-	n, found := st.node(pod.Node)
+	n, found := st.Node(pod.Node)
 	if !found {
 		return nil
 	}

@@ -311,7 +311,7 @@ func explainFailures(ctx context.Context, st *State, res *ServiceCheckResult) []
 	for _, s := range res.Sources {
 		var from []netip.Addr
 		srcNode := ""
-		if n, ok := st.node(s); ok {
+		if n, ok := st.Node(s); ok {
 			from, srcNode = n.IPs, n.Name
 		} else if p, ok := st.pod(s); ok {
 			from, srcNode = p.IPs, p.Node
@@ -351,7 +351,7 @@ func explainFailures(ctx context.Context, st *State, res *ServiceCheckResult) []
 func (l *Lab) CommandInCgroup(ctx context.Context, target string, argv ...string) *exec.Cmd {
 	cmd := l.Command(ctx, target, argv...)
 	st := l.State()
-	if n, ok := st.node(target); ok && cmd.Err == nil && cmd.SysProcAttr == nil {
+	if n, ok := st.Node(target); ok && cmd.Err == nil && cmd.SysProcAttr == nil {
 		fd, err := syscall.Open(n.Cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			cmd.Err = fmt.Errorf("open node cgroup %s: %w", n.Cgroup, err)

@@ -155,7 +155,7 @@ func planVMProbes(st *State) []vmProbe {
 			}
 			out = append(out, p)
 		}
-		if n, ok := st.node(v.Node); ok {
+		if n, ok := st.Node(v.Node); ok {
 			p := vmProbe{vm: v.Name, source: ExternalName, svc: &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(n.IP, uint16(svcNodePort))}}
 			if !st.DemoServices {
 				p.na = "no demo Services (--no-demo)"
@@ -200,7 +200,7 @@ func (l *Lab) CheckVMPods(ctx context.Context, timeout time.Duration) (*VMCheckR
 			by.err = err
 			continue
 		}
-		n, _ := st.node(v.Node)
+		n, _ := st.Node(v.Node)
 		by.uid = string(pod.UID)
 		if by.b, by.err = vmbypass.New(vmbypass.Config{PinDir: n.PinDir}); by.err == nil {
 			by.before, by.err = vmCounters(by.b, by.uid, v)

@@ -416,7 +416,7 @@ func kubernetesServiceSANs(serviceCIDRs string) []net.IP {
 // the pods keep running; it waits for kubelet's healthz.
 func (l *Lab) RestartKubelet(ctx context.Context, node string) error {
 	st := l.State()
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
 	}

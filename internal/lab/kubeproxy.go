@@ -58,7 +58,7 @@ func kubeProxyLog(st *State, node string) string {
 // KubeProxyHealthz asks the kube-proxy of node for /healthz (127.0.0.1:10256 in the node netns).
 func (l *Lab) KubeProxyHealthz(ctx context.Context, node string) (kubeproxy.Health, error) {
 	st := l.State()
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return kubeproxy.Health{}, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
 	}
@@ -124,7 +124,7 @@ func pollKubeProxies(ctx context.Context, st *State, timeout time.Duration,
 // oldest first. It fails when the node runs no kube-proxy.
 func (l *Lab) KubeProxySyncTimes(node string) ([]kubeproxy.SyncTime, error) {
 	st := l.State()
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return nil, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
 	}

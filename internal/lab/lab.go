@@ -95,7 +95,7 @@ func (l *Lab) Kube() (kubernetes.Interface, error) {
 // Agent returns an API client for the agent of node.
 func (l *Lab) Agent(node string) (*api.Client, error) {
 	st := l.State()
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return nil, fmt.Errorf("no node %q in the lab (have %s)", node, l.nodeNames())
 	}
@@ -167,7 +167,7 @@ func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.
 // target resolves a node, pod or "external" to its netns and cgroup.
 func (l *Lab) target(name string) (nsName, cgroup string, err error) {
 	st := l.State()
-	if n, ok := st.node(name); ok {
+	if n, ok := st.Node(name); ok {
 		return n.Netns, "", nil
 	}
 	if p, ok := st.pod(name); ok {
@@ -235,7 +235,7 @@ type podExtras struct {
 }
 
 func addPodWith(ctx context.Context, st *State, kube kubernetes.Interface, node, name, datapath string, x podExtras) (p Pod, err error) {
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return Pod{}, fmt.Errorf("add pod %s: no node %q in the lab", name, node)
 	}
@@ -245,7 +245,7 @@ func addPodWith(ctx context.Context, st *State, kube kubernetes.Interface, node,
 	if _, dup := st.pod(name); dup || name == ExternalName || name == "wire" || st.vmPod(name) != nil {
 		return Pod{}, fmt.Errorf("add pod %s: the name is taken", name)
 	}
-	if _, dup := st.node(name); dup {
+	if _, dup := st.Node(name); dup {
 		return Pod{}, fmt.Errorf("add pod %s: the name is taken by a node", name)
 	}
 	if datapath == DatapathAxon && n.Agent == nil {
@@ -356,7 +356,7 @@ func (l *Lab) DeletePod(ctx context.Context, name string) error {
 }
 
 func deletePod(ctx context.Context, st *State, kube kubernetes.Interface, p Pod) error {
-	n, ok := st.node(p.Node)
+	n, ok := st.Node(p.Node)
 	if !ok {
 		return fmt.Errorf("delete pod %s: its node %s is not in the lab", p.Name, p.Node)
 	}
@@ -386,7 +386,7 @@ func deletePod(ctx context.Context, st *State, kube kubernetes.Interface, p Pod)
 // waits until it is healthy. The datapath keeps forwarding meanwhile.
 func (l *Lab) RestartAgent(ctx context.Context, node string) error {
 	return l.mutate(func(st *State) error {
-		n, ok := st.node(node)
+		n, ok := st.Node(node)
 		if !ok {
 			return fmt.Errorf("restart agent: no node %q in the lab", node)
 		}
@@ -484,7 +484,7 @@ func logTail(path string, n int) string {
 // host sides of pod devices), for leak checks.
 func (l *Lab) HostLinks(node string) ([]string, error) {
 	st := l.State()
-	n, ok := st.node(node)
+	n, ok := st.Node(node)
 	if !ok {
 		return nil, fmt.Errorf("no node %q in the lab", node)
 	}

@@ -209,7 +209,8 @@ func lockState(dir string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-func (s *State) node(name string) (*Node, bool) {
+// Node is the lab node named name.
+func (s *State) Node(name string) (*Node, bool) {
 	for i := range s.Nodes {
 		if s.Nodes[i].Name == name {
 			return &s.Nodes[i], true

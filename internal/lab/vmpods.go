@@ -474,7 +474,7 @@ func waitVMBypassed(ctx context.Context, st *State, timeout time.Duration) error
 // vmBypassState is what v's agent says of its bypass (`axon endpoint list`'s
 // VM BYPASS column): "bypassed", "not bypassed: <reason>", or why it cannot tell.
 func vmBypassState(ctx context.Context, st *State, v VMPod) string {
-	n, ok := st.node(v.Node)
+	n, ok := st.Node(v.Node)
 	if !ok {
 		return "its node is not in the lab"
 	}

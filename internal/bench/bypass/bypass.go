@@ -221,7 +221,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		tools[t] = p
 	}
-	node, ok := findNode(cfg.Lab, cfg.Node)
+	st := cfg.Lab.State()
+	node, ok := st.Node(cfg.Node)
 	if !ok {
 		return nil, fmt.Errorf("sockmap bench: no node %q in the lab", cfg.Node)
 	}
@@ -356,15 +357,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	return rep, errors.Join(errs...)
-}
-
-func findNode(l *lab.Lab, name string) (lab.Node, bool) {
-	for _, n := range l.Nodes() {
-		if n.Name == name {
-			return n, true
-		}
-	}
-	return lab.Node{}, false
 }
 
 // addPods (re)creates the client and the server pod on node; cleanup

@@ -108,9 +108,9 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	dst := netip.AddrPortFrom(entry.IP, FwdNodePort)
 	if floor {
 		dst = netip.AddrPortFrom(backend.IP, nsFwdPort)
-		hop, err := nodeOf(st, backend.Node)
-		if err != nil {
-			return r, err
+		hop, ok := st.Node(backend.Node)
+		if !ok {
+			return r, fmt.Errorf("no lab node %q (the backend's)", backend.Node)
 		}
 		if err := ns.WithNetNSPath("/run/netns/"+hop.Netns, func(ns.NetNS) (err error) {
 			nextHop, err = netlink.LinkByName(labpkg.Uplink)
@@ -226,14 +226,4 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	r.NsPerPacket = float64(s1.cpu-s0.cpu) / fwd
 	r.Busy = float64(s1.cpu-s0.cpu) / float64(wall)
 	return r, nil
-}
-
-// nodeOf is the lab node named name.
-func nodeOf(st labpkg.State, name string) (labpkg.Node, error) {
-	for _, n := range st.Nodes {
-		if n.Name == name {
-			return n, nil
-		}
-	}
-	return labpkg.Node{}, fmt.Errorf("no lab node %q", name)
 }
