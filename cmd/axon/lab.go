@@ -184,17 +184,19 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 	rep := l.Health(ctx)
 	fmt.Fprintf(w, "lab %s (%s datapath, created %s, state %s)\n", map[bool]string{true: "UP", false: "DEGRADED"}[rep.OK()],
 		st.Datapath, st.Created.Format(time.RFC3339), st.StateDir)
-	if st.Datapath == lab.DatapathAxon {
+	if st.Kubelet && st.Datapath == lab.DatapathAxon {
+		fmt.Fprintf(w, "  agents: DaemonSet %s/%s, the chart's settings (same-node TCP bypass: each node's state in the DATAPATH column, sockmap=...)\n", lab.AxonNamespace, lab.AxonDaemonSet)
+	} else if st.Datapath == lab.DatapathAxon {
 		fmt.Fprintf(w, "  agents: --sockmap %s (same-node TCP bypass; each node's state in the DATAPATH column, sockmap=...)\n", st.SockmapMode())
 	}
 	for _, p := range rep.Processes {
-		fmt.Fprintf(w, "  %-18s pid %-8d %s\n", p.Name, p.PID, p.State)
+		fmt.Fprintf(w, "  %-24s pid %-8d %s\n", p.Name, p.PID, p.State)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tIP\tPODCIDRS\tAGENT\tENDPOINTS\tROUTES\tDATAPATH")
 	for _, n := range st.Nodes {
 		agent, eps, routes, dp := "-", "-", "-", "-"
-		if n.Agent != nil {
+		if n.Agent != nil || (st.Kubelet && st.Datapath == lab.DatapathAxon) { // --kubelet: the DaemonSet's agent
 			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			s, err := api.NewClient(n.Socket).Status(ctx)
 			cancel()
@@ -218,12 +220,16 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, joinAddrs(n.IPs), joinPrefixes(n.PodCIDRs), agent, eps, routes, dp)
 	}
 	tw.Flush()
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tNODE\tDATAPATH\tIPS")
-	for _, p := range st.Pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Node, p.Datapath, joinAddrs(p.IPs))
+	if st.Kubelet { // no lab pods: kubelet runs the cluster's
+		printKubeletPods(ctx, w, l)
+	} else {
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "POD\tNODE\tDATAPATH\tIPS")
+		for _, p := range st.Pods {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Node, p.Datapath, joinAddrs(p.IPs))
+		}
+		tw.Flush()
 	}
-	tw.Flush()
 	if len(st.VMPods) > 0 { // --vm-pods
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VM POD\tNODE\tGUEST IP\tGUEST MAC\tBOOT\tCONSOLE")
@@ -237,6 +243,32 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 		fmt.Fprintln(w, "PROBLEM:", p)
 	}
 	return nil
+}
+
+// printKubeletPods lists the pods kubelet runs in a --kubelet lab (the lab has none of its own;
+// `axon lab exec <namespace>/<pod>` enters one).
+func printKubeletPods(ctx context.Context, w io.Writer, l *lab.Lab) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pods, err := l.KubeletPods(ctx)
+	if err != nil {
+		fmt.Fprintln(w, "PROBLEM: kubelet pods:", err)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KUBELET POD\tNODE\tPHASE\tNETWORK\tIPS")
+	for _, p := range pods {
+		network := "pod"
+		if p.Spec.HostNetwork {
+			network = "host"
+		}
+		var ips []string
+		for _, ip := range p.Status.PodIPs {
+			ips = append(ips, ip.IP)
+		}
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Phase, network, strings.Join(ips, ","))
+	}
+	tw.Flush()
 }
 
 func joinAddrs(as []netip.Addr) string {
@@ -347,9 +379,13 @@ func newLabExecCmd(f *labFlags) *cobra.Command {
 		Long: "Run a command in the network namespace of a lab node, pod or \"external\". For a pod the\n" +
 			"process starts in the pod's cgroup (<cgroup2>/axon-lab/<node>/<pod>), as a container\n" +
 			"would; for a node in the node's cgroup (<cgroup2>/axon-lab/<node>), so the node's socket\n" +
-			"load balancer translates its Service connections. The command's exit code becomes axon's.",
-		Example: "  axon lab exec node1-pod1 -- ping -c1 10.244.2.2\n  axon lab exec node2 -- ip route",
-		Args:    cobra.MinimumNArgs(2),
+			"load balancer translates its Service connections. In a --kubelet lab a pod is one that\n" +
+			"kubelet runs, <namespace>/<pod> (or <pod> when one namespace has it): the command joins\n" +
+			"the network namespace and cgroup of its first container; a node's cgroup is kubelet's\n" +
+			"cgroup root of the node. The command's exit code becomes axon's.",
+		Example: "  axon lab exec node1-pod1 -- ping -c1 10.244.2.2\n  axon lab exec node2 -- ip route\n" +
+			"  axon lab exec default/web-5d9c7-x2x8q -- ip addr   # --kubelet",
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := f.load()
 			if err != nil {
@@ -410,7 +446,10 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			"pod on another node and its node, its agent reports the bypass (`bypassed`), its Service demo-<pod>\n" +
 			"answers with the guest as its backend (ClusterIP from those sources, NodePort from external), the bypass's\n" +
 			"counters moved both ways; a VM pod that is not bypassed fails with the agent's reason.\n" +
-			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.",
+			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.\n" +
+			"In a --kubelet lab (no lab pods) the sources are two pause pods per node that kubelet runs, from\n" +
+			"the DaemonSets probe-a and probe-b in namespace " + lab.CheckNamespace + " (created on first use, left\n" +
+			"for the next check), IPv4 only (pods get no IPv6 in that mode).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := f.load()

@@ -344,17 +344,26 @@ func explainFailures(ctx context.Context, st *State, res *ServiceCheckResult) []
 }
 
 // CommandInCgroup is Command, but a node's process also starts in the
-// node's cgroup (<cgroup2>/axon-lab/<node>), as the node's own processes
-// (kubelet, host daemons) would be: the node's socket load balancer then
-// translates its connections. Pods are in their pod cgroup either way;
-// Command keeps node processes in the caller's cgroup.
+// node's cgroup (<cgroup2>/axon-lab/<node>; --kubelet: the node's kubelet
+// cgroup root, KubeletNodeCgroup), as the node's own processes (kubelet,
+// host daemons) would be: the node's socket load balancer then translates
+// its connections. Pods are in their pod cgroup either way; Command keeps
+// node processes in the caller's cgroup.
 func (l *Lab) CommandInCgroup(ctx context.Context, target string, argv ...string) *exec.Cmd {
 	cmd := l.Command(ctx, target, argv...)
 	st := l.State()
 	if n, ok := st.Node(target); ok && cmd.Err == nil && cmd.SysProcAttr == nil {
-		fd, err := syscall.Open(n.Cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		cg := n.Cgroup
+		if st.Kubelet {
+			var err error
+			if cg, err = KubeletNodeCgroup(n.Name); err != nil {
+				cmd.Err = err
+				return cmd
+			}
+		}
+		fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
-			cmd.Err = fmt.Errorf("open node cgroup %s: %w", n.Cgroup, err)
+			cmd.Err = fmt.Errorf("open node cgroup %s: %w", cg, err)
 			return cmd
 		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -191,14 +192,22 @@ func (l *Lab) CheckSockmap(ctx context.Context, timeout time.Duration) (*Sockmap
 	st := l.State()
 	res := &SockmapCheckResult{}
 	self := filepath.Join(st.BinDir, "axon")
+	kubeletAgents := st.Kubelet && st.Datapath == DatapathAxon // the DaemonSet's, with the chart's settings
+	var all []checkTarget
+	if len(st.Pods) > 0 || kubeletAgents {
+		var err error
+		if all, err = l.checkPods(ctx); err != nil {
+			return res, err
+		}
+	}
 	for _, n := range st.Nodes {
-		if n.Agent == nil {
+		if n.Agent == nil && !kubeletAgents {
 			continue
 		}
 		c := SockmapCheck{Node: n.Name}
-		var pods []Pod
-		for _, p := range st.Pods {
-			if p.Node == n.Name && p.IP.Is4() {
+		var pods []checkTarget
+		for _, p := range all {
+			if p.node == n.Name && hasFamily(p.ips, netip.IPv4Unspecified()) {
 				pods = append(pods, p)
 			}
 		}
@@ -206,19 +215,20 @@ func (l *Lab) CheckSockmap(ctx context.Context, timeout time.Duration) (*Sockmap
 		if err != nil {
 			return res, err
 		}
+		labOff := st.NoSockmap && !kubeletAgents // --sockmap of `up` is not the chart's
 		var sm *api.SockmapStatus
-		if !st.NoSockmap {
+		if !labOff {
 			if sm, err = settledSockmap(ctx, agent, sockmapSettle); err != nil {
 				c.Err = err.Error()
 				res.Checks = append(res.Checks, c)
 				continue
 			}
 		}
-		if c.NA = sockmapNA(st.NoSockmap, sm, len(pods)); c.NA != "" {
+		if c.NA = sockmapNA(labOff, sm, len(pods)); c.NA != "" {
 			res.Checks = append(res.Checks, c)
 			continue
 		}
-		c.Client, c.Server = pods[0].Name, pods[1].Name
+		c.Client, c.Server = pods[0].name, pods[1].name
 		if err := l.checkSockmapPair(ctx, self, agent, pods[0], pods[1], timeout, &c); err != nil {
 			c.Err = err.Error()
 		}
@@ -231,8 +241,15 @@ func (l *Lab) CheckSockmap(ctx context.Context, timeout time.Duration) (*Sockmap
 // checkSockmapPair runs the echo server in server, the stream client in
 // client (namespaces and cgroups of the pods), and judges the connection
 // while the client holds it open.
-func (l *Lab) checkSockmapPair(ctx context.Context, self string, agent *api.Client, client, server Pod, timeout time.Duration, c *SockmapCheck) error {
-	stop, err := l.startServers(ctx, []string{server.Name}, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.StreamPort))
+func (l *Lab) checkSockmapPair(ctx context.Context, self string, agent *api.Client, client, server checkTarget, timeout time.Duration, c *SockmapCheck) error {
+	var serverIP netip.Addr
+	for _, ip := range server.ips {
+		if ip.Is4() {
+			serverIP = ip
+			break
+		}
+	}
+	stop, err := l.startServers(ctx, []string{server.name}, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.StreamPort))
 	if err != nil {
 		return err
 	}
@@ -241,8 +258,8 @@ func (l *Lab) checkSockmapPair(ctx context.Context, self string, agent *api.Clie
 	if err != nil {
 		return fmt.Errorf("the agent's bypass counters: %w", err)
 	}
-	cmd := l.Command(ctx, client.Name, self, "lab", "_echo", "stream", "--bytes", strconv.Itoa(sockmapCheckBytes),
-		"--timeout", timeout.String(), fmt.Sprintf("%s:%d", server.IP, probe.StreamPort))
+	cmd := l.Command(ctx, client.name, self, "lab", "_echo", "stream", "--bytes", strconv.Itoa(sockmapCheckBytes),
+		"--timeout", timeout.String(), netip.AddrPortFrom(serverIP, probe.StreamPort).String())
 	hold, err := cmd.StdinPipe()
 	if err != nil {
 		return err
@@ -254,7 +271,7 @@ func (l *Lab) checkSockmapPair(ctx context.Context, self string, agent *api.Clie
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the stream client in %s: %w", client.Name, err)
+		return fmt.Errorf("start the stream client in %s: %w", client.name, err)
 	}
 	defer func() {
 		hold.Close()
@@ -264,7 +281,7 @@ func (l *Lab) checkSockmapPair(ctx context.Context, self string, agent *api.Clie
 	if err != nil {
 		hold.Close()
 		_ = cmd.Wait()
-		return fmt.Errorf("the stream client in %s printed no result: %w: %s", client.Name, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("the stream client in %s printed no result: %w: %s", client.name, err, strings.TrimSpace(stderr.String()))
 	}
 	if err := json.Unmarshal(line, &c.Conn); err != nil {
 		return fmt.Errorf("the stream client's result %q: %w", line, err)

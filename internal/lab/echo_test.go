@@ -40,6 +40,36 @@ func TestCheckResultPrint(t *testing.T) {
 	}
 }
 
+func TestCheckFamilies(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("fd00:10:244:1::2")
+	for _, tc := range []struct {
+		name string
+		pods []checkTarget
+		want string
+		line string // Print's summary for that family set
+	}{
+		{"dual-stack lab pods", []checkTarget{{ips: []netip.Addr{v4, v6}}, {ips: []netip.Addr{v6, v4}}}, "IPv4+IPv6", "(IPv4+IPv6 × TCP/UDP/ICMP; ok = all 6)"},
+		{"kubelet pods (IPv4 only)", []checkTarget{{ips: []netip.Addr{v4}}, {ips: []netip.Addr{v4}}}, "IPv4", "(IPv4 × TCP/UDP/ICMP; ok = all 3)"},
+		{"one pod without IPv6", []checkTarget{{ips: []netip.Addr{v4, v6}}, {ips: []netip.Addr{v4}}}, "IPv4", "(IPv4 × TCP/UDP/ICMP; ok = all 3)"},
+		{"IPv6 only", []checkTarget{{ips: []netip.Addr{v6}}}, "IPv6", "(IPv6 × TCP/UDP/ICMP; ok = all 3)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := families(tc.pods)
+			if got != tc.want {
+				t.Fatalf("families = %q, want %q", got, tc.want)
+			}
+			var b bytes.Buffer
+			(&CheckResult{Families: got}).Print(&b)
+			if !strings.Contains(b.String(), tc.line) {
+				t.Errorf("summary %q lacks %q", b.String(), tc.line)
+			}
+		})
+	}
+	if hasFamily([]netip.Addr{v4}, v6) || !hasFamily([]netip.Addr{v4, v6}, v6) {
+		t.Error("hasFamily: wrong answer for IPv6")
+	}
+}
+
 // TestEchoAndProbes runs the check's echo server and prober (TCP, UDP and
 // the raw-socket ICMP pinger) in a private namespace over loopback.
 func TestEchoAndProbes(t *testing.T) {

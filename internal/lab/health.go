@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/lab/controlplane"
+	"github.com/axonhq/axon/internal/lab/kubenode"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/proc"
 )
@@ -49,7 +51,10 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 		r.Processes = append(r.Processes, ProcessStatus{name, pid, s})
 	}
 	for i, pid := range st.ControlPlane.PIDs {
-		name := []string{"etcd", "kube-apiserver"}[min(i, 1)]
+		name := fmt.Sprint("control plane #", i)
+		if i < len(controlplane.ProcessNames) {
+			name = controlplane.ProcessNames[i]
+		}
 		add(name, pid, pidRunning(pid))
 	}
 	if st.Forwarder != nil {
@@ -63,6 +68,9 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 				r.Problems = append(r.Problems, fmt.Sprintf("agent of %s: %v (log %s)", n.Name, err, n.Agent.Log))
 			}
 			cancel()
+		}
+		if st.Kubelet { // containerd, kubelet and the agent from the DaemonSet (kubelet.go)
+			r.kubeletNode(ctx, st, n)
 		}
 		if _, err := os.Stat(netnsutil.Path(n.Netns)); err != nil {
 			r.Problems = append(r.Problems, fmt.Sprintf("netns %s is missing", n.Netns))
@@ -85,4 +93,29 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 		r.Problems = append(r.Problems, "`axon lab up` did not finish: run it again")
 	}
 	return r
+}
+
+// kubeletNode adds a --kubelet node's processes (the mount namespace holder, containerd,
+// kubelet) and, in the axon datapath, the health of the agent its DaemonSet runs there.
+func (r *HealthReport) kubeletNode(ctx context.Context, st State, n Node) {
+	ps, err := kubenode.Processes(n.KubeNodeDir)
+	if err != nil {
+		r.Problems = append(r.Problems, fmt.Sprintf("node %s: %v", n.Name, err))
+	}
+	for _, p := range ps {
+		s := "running"
+		if !p.Alive {
+			s = "gone"
+			r.Problems = append(r.Problems, fmt.Sprintf("%s of node %s (pid %d) is not running (log %s): `axon lab up` recreates the lab", p.Name, n.Name, p.PID, p.Log))
+		}
+		r.Processes = append(r.Processes, ProcessStatus{p.Name + "/" + n.Name, p.PID, s})
+	}
+	if st.Datapath != DatapathAxon {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := api.NewClient(n.Socket).Healthy(hctx); err != nil {
+		r.Problems = append(r.Problems, fmt.Sprintf("agent of %s (DaemonSet %s/%s): %v", n.Name, AxonNamespace, AxonDaemonSet, err))
+	}
 }

@@ -10,9 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -227,6 +227,8 @@ func TestKubeletLab(t *testing.T) {
 		probeHostname(ctx, t, "external", netnsutil.Path(l.External().Netns), "", dst, names)
 	}
 
+	labToolsKnowKubelet(t, l, pods)
+
 	// kubelet restarts on node1: the pod there is the same container, not restarted, and the
 	// Service still reaches it from node1.
 	var p1 corev1.Pod
@@ -282,6 +284,48 @@ func TestKubeletLab(t *testing.T) {
 		return
 	}
 	podChurn(ctx, t, l, kube)
+}
+
+// labToolsKnowKubelet runs `axon lab status`, `exec` and `check` on the kubelet lab: status
+// shows each node's holder, containerd and kubelet running, its DaemonSet agent ready and the
+// pods kubelet runs; exec enters a pod kubelet runs by <namespace>/<pod>; check probes between
+// pods kubelet runs for it (two per node) and the nodes, every probe passing.
+func labToolsKnowKubelet(t *testing.T, l *lab.Lab, pods []corev1.Pod) {
+	t.Helper()
+	status := axon(t, "status")
+	if !strings.HasPrefix(status, "lab UP") || strings.Contains(status, "PROBLEM") {
+		t.Errorf("axon lab status: want lab UP without problems:\n%s", status)
+	}
+	for _, n := range l.Nodes() {
+		for _, p := range []string{"holder", "containerd", "kubelet"} {
+			if !regexp.MustCompile(`(?m)^\s+` + p + "/" + n.Name + `\s+pid \d+\s+running$`).MatchString(status) {
+				t.Errorf("axon lab status: no running %s/%s:\n%s", p, n.Name, status)
+			}
+		}
+		if !regexp.MustCompile(`(?m)^` + n.Name + `\s.*\sready\s`).MatchString(status) {
+			t.Errorf("axon lab status: node %s's agent (DaemonSet) not shown ready:\n%s", n.Name, status)
+		}
+	}
+	for _, p := range pods {
+		if !regexp.MustCompile(`(?m)^` + p.Namespace + "/" + p.Name + `\s+` + p.Spec.NodeName + `\s+Running\s+pod\s+` + regexp.QuoteMeta(p.Status.PodIP)).MatchString(status) {
+			t.Errorf("axon lab status: pod %s/%s (%s on %s) not listed Running:\n%s", p.Namespace, p.Name, p.Status.PodIP, p.Spec.NodeName, status)
+		}
+	}
+
+	p := pods[0]
+	if out := axon(t, "exec", p.Namespace+"/"+p.Name, "--", "ip", "-o", "-4", "addr", "show", "dev", "eth0"); !strings.Contains(out, " "+p.Status.PodIP+"/") {
+		t.Errorf("axon lab exec %s/%s -- ip addr: %q, want the pod's address %s", p.Namespace, p.Name, out, p.Status.PodIP)
+	}
+	if out, err := axonErr(t, "exec", "no-such-pod", "--", "true"); err == nil || !strings.Contains(out, `no pod "no-such-pod" in any namespace`) {
+		t.Errorf("axon lab exec no-such-pod: %v, %q; want an error naming the missing pod", err, out)
+	}
+
+	check := axon(t, "check")
+	// 4 probe pods, each to the 3 others and 2 nodes, IPv4 (the pods have no IPv6), TCP/UDP/ICMP
+	if !strings.Contains(check, "60/60 probes passed (IPv4 × TCP/UDP/ICMP; ok = all 3)") {
+		t.Errorf("axon lab check: want 60/60 probes passed:\n%s", check)
+	}
+	t.Logf("axon lab check:\n%s", check)
 }
 
 // kubectl runs the lab's kubectl with kubeconfig and returns its stdout; it fails the test
@@ -496,32 +540,14 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 	return cip, nodePort
 }
 
-// podNamespaces returns the netns path and the cgroup2 dir of p's netexec container, found
-// through its process: kubelet puts it in <node cgroup>/kubepods/<qos class>/pod<uid>/<id>.
+// podNamespaces returns the netns path and the cgroup2 dir of p's (first) container.
 func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 	t.Helper()
-	if len(p.Status.ContainerStatuses) != 1 {
-		t.Fatalf("pod %s: container statuses %v", p.Name, p.Status.ContainerStatuses)
-	}
-	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	root, err := lab.KubeletNodeCgroup(p.Spec.NodeName)
+	c, err := lab.KubeletContainer(p, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	qos := strings.ToLower(string(p.Status.QOSClass)) // kubepods/besteffort, kubepods/burstable; Guaranteed right under kubepods
-	if p.Status.QOSClass == corev1.PodQOSGuaranteed {
-		qos = ""
-	}
-	cg := filepath.Join(root, "kubepods", qos, "pod"+string(p.UID), id)
-	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
-	if err != nil {
-		t.Fatalf("pod %s: container cgroup: %v", p.Name, err)
-	}
-	pid, err := strconv.Atoi(strings.Fields(string(b) + " x")[0])
-	if err != nil {
-		t.Fatalf("pod %s: no process in %s: %q", p.Name, cg, b)
-	}
-	return fmt.Sprintf("/proc/%d/ns/net", pid), cg
+	return c.Netns, c.Cgroup
 }
 
 // probeHostname GETs http://dst/hostname with curl in netns (and cgroup, when set) until it

@@ -563,31 +563,14 @@ func tagAxonImage(ctx context.Context, t *testing.T, l *lab.Lab, from, to string
 	}
 }
 
-// containerPID is the first process of a container, found in the node's cgroup tree
-// (kubepods[/<qos>]/pod<uid>/<container id>).
+// containerPID is the first process of p's container named container.
 func containerPID(t *testing.T, p corev1.Pod, container string) int {
 	t.Helper()
-	var id string
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == container {
-			id = strings.TrimPrefix(cs.ContainerID, "containerd://")
-		}
-	}
-	root, err := lab.KubeletNodeCgroup(p.Spec.NodeName)
+	c, err := lab.KubeletContainer(p, container)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, qos := range []string{"", "burstable", "besteffort"} {
-		b, err := os.ReadFile(filepath.Join(root, "kubepods", qos, "pod"+string(p.UID), id, "cgroup.procs"))
-		if err != nil {
-			continue
-		}
-		if pid, err := strconv.Atoi(strings.Fields(string(b) + " x")[0]); err == nil {
-			return pid
-		}
-	}
-	t.Fatalf("pod %s: no process of container %s (%q) under %s/kubepods", p.Name, container, id, root)
-	return 0
+	return c.PID
 }
 
 // rollAgentsUnderTraffic rolls the axon DaemonSet to a new image tag (the same image re-tagged,

@@ -136,7 +136,8 @@ func (l *Lab) mutate(fn func(st *State) error) error {
 }
 
 // Command returns a command that runs argv in target's network namespace
-// (target: a node name, a pod name or "external"); for a pod, the process
+// (target: a node name, a pod name or "external"; in a --kubelet lab also a
+// pod kubelet runs, "<namespace>/<pod>" or "<pod>"); for a pod, the process
 // starts directly in the pod's cgroup, as a container would. An unknown
 // target makes Start/Run fail with an error listing the known ones.
 func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.Cmd {
@@ -145,12 +146,12 @@ func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.
 		cmd.Err = errors.New("no command given: use `axon lab exec <target> -- <cmd...>`")
 		return cmd
 	}
-	nsName, cg, err := l.target(target)
+	netns, cg, err := l.target(ctx, target)
 	if err != nil {
 		cmd.Err = err
 		return cmd
 	}
-	cmd.Args = append([]string{"nsenter", "--net=" + netnsutil.Path(nsName), "--"}, argv...)
+	cmd.Args = append([]string{"nsenter", "--net=" + netns, "--"}, argv...)
 	if cg != "" {
 		fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
@@ -164,20 +165,31 @@ func (l *Lab) Command(ctx context.Context, target string, argv ...string) *exec.
 	return cmd
 }
 
-// target resolves a node, pod or "external" to its netns and cgroup.
-func (l *Lab) target(name string) (nsName, cgroup string, err error) {
+// target resolves a node, pod or "external" to its netns path and cgroup.
+func (l *Lab) target(ctx context.Context, name string) (netns, cgroup string, err error) {
 	st := l.State()
 	if n, ok := st.Node(name); ok {
-		return n.Netns, "", nil
+		return netnsutil.Path(n.Netns), "", nil
 	}
 	if p, ok := st.pod(name); ok {
-		return p.Netns, p.Cgroup, nil
+		return netnsutil.Path(p.Netns), p.Cgroup, nil
 	}
 	if v := st.vmPod(name); v != nil { // the virt-launcher netns (vmpods.go)
-		return v.Netns, v.Cgroup, nil
+		return netnsutil.Path(v.Netns), v.Cgroup, nil
 	}
 	if name == st.External.Name && name != "" {
-		return st.External.Netns, "", nil
+		return netnsutil.Path(st.External.Netns), "", nil
+	}
+	if st.Kubelet { // a pod kubelet runs (kubeletpods.go)
+		p, err := l.kubeletPod(ctx, name)
+		if err != nil {
+			return "", "", fmt.Errorf("lab target %q: not a node or %q, and %w", name, ExternalName, err)
+		}
+		c, err := KubeletContainer(p, "")
+		if err != nil {
+			return "", "", err
+		}
+		return c.Netns, c.Cgroup, nil
 	}
 	var names []string
 	for _, n := range st.Nodes {

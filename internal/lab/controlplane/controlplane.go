@@ -186,18 +186,22 @@ type planned struct {
 	ready func(ctx context.Context, exited <-chan struct{}) error
 }
 
+// ProcessNames are the control plane's processes in start order, the order of PIDs: the last
+// two run with Config.Controllers only.
+var ProcessNames = []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"}
+
 // plan lists the processes this config runs, in start order (Stop goes in reverse).
 func (cp *ControlPlane) plan() []planned {
 	ps := []planned{
-		{"etcd", cp.cfg.EtcdBinary, cp.etcdArgs(), cp.waitEtcd},
-		{"kube-apiserver", cp.cfg.APIServerBinary, cp.apiserverArgs(), cp.waitReady},
+		{ProcessNames[0], cp.cfg.EtcdBinary, cp.etcdArgs(), cp.waitEtcd},
+		{ProcessNames[1], cp.cfg.APIServerBinary, cp.apiserverArgs(), cp.waitReady},
 	}
 	if cp.cfg.Controllers {
 		ps = append(ps,
-			planned{"kube-scheduler", cp.cfg.SchedulerBinary, cp.schedulerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
+			planned{ProcessNames[2], cp.cfg.SchedulerBinary, cp.schedulerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
 				return cp.waitHealthz(ctx, cp.cfg.SchedulerPort, exited)
 			}},
-			planned{"kube-controller-manager", cp.cfg.ControllerManagerBinary, cp.controllerManagerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
+			planned{ProcessNames[3], cp.cfg.ControllerManagerBinary, cp.controllerManagerArgs(), func(ctx context.Context, exited <-chan struct{}) error {
 				return cp.waitHealthz(ctx, cp.cfg.ControllerManagerPort, exited)
 			}})
 	}

@@ -132,3 +132,25 @@ func Stop(dir string) error {
 	st.Processes = nil
 	return writeState(dir, st)
 }
+
+// Process is one of a node's processes as node.json records it.
+type Process struct {
+	Name  string // holder, containerd or kubelet
+	PID   int
+	Alive bool // still the recorded process (same start time), not exited
+	Log   string
+}
+
+// Processes lists the processes of the node recorded in dir, in start order; none when dir has
+// no node.json.
+func Processes(dir string) ([]Process, error) {
+	st, err := readState(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Process, 0, len(st.Processes))
+	for _, p := range st.Processes {
+		out = append(out, Process{Name: p.Name, PID: p.PID, Alive: p.record().Alive(), Log: p.Log})
+	}
+	return out, nil
+}
