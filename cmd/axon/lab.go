@@ -449,7 +449,7 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.\n" +
 			"In a --kubelet lab (no lab pods) the sources are two pause pods per node that kubelet runs, from\n" +
 			"the DaemonSets probe-a and probe-b in namespace " + lab.CheckNamespace + " (created on first use, left\n" +
-			"for the next check), IPv4 only (pods get no IPv6 in that mode).",
+			"for the next check).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := f.load()

@@ -296,7 +296,7 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 				}
 			}
 			_, err = kubenode.Start(ctx, kubenode.Config{
-				Name: n.Name, NetnsPath: netnsutil.Path(n.Netns), NodeIP: net.IP(n.IP.AsSlice()),
+				Name: n.Name, NetnsPath: netnsutil.Path(n.Netns), NodeIP: net.IP(n.IP.AsSlice()), NodeIPv6: nodeIPv6(*n),
 				Kubeconfig: kc, ClientCAFile: cp.CAFile(), Binaries: bins,
 				CNIBinDir: filepath.Dir(dep("ptp")), CNIConfDir: confDir,
 				PrivateDirs: kubeletNodePrivateDirs, CgroupV2Dir: kubeletNodeCgroupV2,
@@ -443,22 +443,22 @@ func stopKubeletNodes(st *State) []error {
 	return errs
 }
 
-// assignPodCIDRs waits for every kubelet to register its Node and gives it the lab's pod CIDR
-// (IPv4; the nodes' InternalIP is IPv4 only), as a cluster's node IPAM would. axon's IPAM
-// allocates pod IPs from it; the baseline's host-local allocates from the node's baseline range.
+// assignPodCIDRs waits for every kubelet to register its Node and gives it the lab's pod CIDRs,
+// IPv4 and IPv6 (kubelet's --node-ip is the dual-stack pair), as a cluster's node IPAM would.
+// axon's IPAM allocates pod IPs from them; the baseline's host-local from the node's baseline
+// ranges.
 func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, datapath string, timeout time.Duration) error {
 	for _, n := range nodes {
-		var cidr string
 		ranges := n.PodCIDRs
 		if datapath == DatapathBaseline {
 			ranges = n.BaselineCIDRs
 		}
-		for _, p := range ranges {
-			if p.Addr().Is4() {
-				cidr = p.String()
-			}
+		cidrs := dualStackCIDRs(ranges)
+		if len(cidrs) == 0 {
+			return fmt.Errorf("node %s has no pod ranges in lab.json: `axon lab down`, then up again", n.Name)
 		}
-		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": cidr, "podCIDRs": []string{cidr}}})
+		cidr := strings.Join(cidrs, ",")
+		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": cidrs[0], "podCIDRs": cidrs}})
 		err := pollUntil(ctx, timeout, func() (bool, error) {
 			obj, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
@@ -468,7 +468,7 @@ func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, d
 				return false, err
 			}
 			if len(obj.Spec.PodCIDRs) > 0 {
-				if obj.Spec.PodCIDRs[0] != cidr {
+				if !slices.Equal(obj.Spec.PodCIDRs, cidrs) {
 					return false, fmt.Errorf("node %s has podCIDRs %v, the lab wants %s: run `axon lab down` first", n.Name, obj.Spec.PodCIDRs, cidr)
 				}
 				return true, nil
@@ -478,6 +478,30 @@ func assignPodCIDRs(ctx context.Context, c kubernetes.Interface, nodes []Node, d
 		})
 		if err != nil {
 			return fmt.Errorf("assign podCIDR %s to node %s: %w", cidr, n.Name, err)
+		}
+	}
+	return nil
+}
+
+// dualStackCIDRs are a node's podCIDRs as the Node carries them: IPv4 first, then IPv6 (one of
+// each, what the apiserver accepts for a dual-stack node).
+func dualStackCIDRs(ranges []netip.Prefix) []string {
+	var v4, v6 []string
+	for _, p := range ranges {
+		if p.Addr().Is4() {
+			v4 = append(v4, p.String())
+		} else {
+			v6 = append(v6, p.String())
+		}
+	}
+	return append(v4[:min(len(v4), 1)], v6[:min(len(v6), 1)]...)
+}
+
+// nodeIPv6 is n's IPv6 wire address, kubelet's second --node-ip (nil without one).
+func nodeIPv6(n Node) net.IP {
+	for _, a := range n.IPs {
+		if a.Is6() && !a.Is4In6() {
+			return net.IP(a.AsSlice())
 		}
 	}
 	return nil

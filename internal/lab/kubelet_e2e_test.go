@@ -137,7 +137,7 @@ func TestKubeletLab(t *testing.T) {
 	}
 
 	pods := deployWeb(ctx, t, kube)
-	cip, nodePort := webServices(ctx, t, kube)
+	cip, cip6, nodePort := webServices(ctx, t, kube)
 
 	// IPAM and CNI: each pod's IP is in its node's podCIDR, and its node's agent lists the
 	// sandbox (axon-cni registered it through the agent's socket).
@@ -149,8 +149,28 @@ func TestKubeletLab(t *testing.T) {
 			}
 		}
 		ip := netip.MustParseAddr(p.Status.PodIP)
-		if !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Contains(ip) }) {
-			t.Errorf("pod %s on %s has IP %s, outside the node's podCIDRs %v: not axon's IPAM", p.Name, n.Name, ip, n.PodCIDRs)
+		// dual-stack: an address of each family, each from the node's podCIDR of its family
+		if len(p.Status.PodIPs) != 2 || !netip.MustParseAddr(p.Status.PodIPs[1].IP).Is6() {
+			t.Errorf("pod %s on %s has IPs %v, want an IPv4 and an IPv6 address", p.Name, n.Name, p.Status.PodIPs)
+		}
+		for _, pip := range p.Status.PodIPs {
+			a := netip.MustParseAddr(pip.IP)
+			if !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Contains(a) }) {
+				t.Errorf("pod %s on %s has IP %s, outside the node's podCIDRs %v: not axon's IPAM", p.Name, n.Name, a, n.PodCIDRs)
+			}
+		}
+		node, err := kube.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var internal []string
+		for _, a := range node.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				internal = append(internal, a.Address)
+			}
+		}
+		if want := []string{n.IP.String(), n.IPs[1].String()}; !slices.Equal(internal, want) || len(node.Spec.PodCIDRs) != 2 {
+			t.Errorf("Node %s: InternalIPs %v, podCIDRs %v; want %v (kubelet's dual-stack --node-ip) and one podCIDR per family", n.Name, internal, node.Spec.PodCIDRs, want)
 		}
 		c, err := l.Agent(n.Name)
 		if err != nil {
@@ -200,9 +220,11 @@ func TestKubeletLab(t *testing.T) {
 		}
 	}
 
-	targets := []string{hostPort(cip, 80)}
+	targets := []string{hostPort(cip, 80), hostPort(cip6, 80)}
 	for _, n := range l.Nodes() {
-		targets = append(targets, hostPort(n.IP, nodePort))
+		for _, ip := range n.IPs { // the Node's InternalIPs: its wire IPv4 and IPv6
+			targets = append(targets, hostPort(ip, nodePort))
+		}
 	}
 	// From a pod on each node: the probe runs in the netexec container's netns and cgroup (the
 	// socket LB hooks the node's cgroup subtree).
@@ -222,8 +244,8 @@ func TestKubeletLab(t *testing.T) {
 			probeHostname(ctx, t, "node "+n.Name, netnsutil.Path(n.Netns), filepath.Join(cg, "runtime"), dst, names)
 		}
 	}
-	// From outside the cluster: the NodePort on both nodes.
-	for _, dst := range targets[1:] {
+	// From outside the cluster: the NodePort on both nodes, both families.
+	for _, dst := range targets[2:] {
 		probeHostname(ctx, t, "external", netnsutil.Path(l.External().Netns), "", dst, names)
 	}
 
@@ -321,9 +343,9 @@ func labToolsKnowKubelet(t *testing.T, l *lab.Lab, pods []corev1.Pod) {
 	}
 
 	check := axon(t, "check")
-	// 4 probe pods, each to the 3 others and 2 nodes, IPv4 (the pods have no IPv6), TCP/UDP/ICMP
-	if !strings.Contains(check, "60/60 probes passed (IPv4 × TCP/UDP/ICMP; ok = all 3)") {
-		t.Errorf("axon lab check: want 60/60 probes passed:\n%s", check)
+	// 4 probe pods, each to the 3 others and 2 nodes, IPv4 and IPv6, TCP/UDP/ICMP
+	if !strings.Contains(check, "120/120 probes passed (IPv4+IPv6 × TCP/UDP/ICMP; ok = all 6)") {
+		t.Errorf("axon lab check: want 120/120 probes passed:\n%s", check)
 	}
 	t.Logf("axon lab check:\n%s", check)
 }
@@ -491,18 +513,17 @@ func deployWeb(ctx context.Context, t *testing.T, kube kubernetes.Interface) []c
 	return pods
 }
 
-// webServices creates ClusterIP Service web and NodePort Service web-np in front of the web
-// pods, waits for the EndpointSlice controller to list both pods, and returns the ClusterIP and
-// the node port.
-func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (netip.Addr, int) {
+// webServices creates ClusterIP Service web and NodePort Service web-np (both dual-stack) in
+// front of the web pods, waits for the EndpointSlice controller to list both pods in each
+// family, and returns the IPv4 and IPv6 ClusterIPs and the node port.
+func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (cip, cip6 netip.Addr, nodePort int) {
 	t.Helper()
-	var cip netip.Addr
-	var nodePort int
+	dual := corev1.IPFamilyPolicyRequireDualStack
 	for _, typ := range []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort} {
 		name := map[corev1.ServiceType]string{corev1.ServiceTypeClusterIP: "web", corev1.ServiceTypeNodePort: "web-np"}[typ]
 		svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-			Spec: corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": "web"},
+			Spec: corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": "web"}, IPFamilyPolicy: &dual,
 				Ports: []corev1.ServicePort{
 					{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
 					{Name: "udp", Port: 81, TargetPort: intstr.FromInt32(8081), Protocol: corev1.ProtocolUDP}, // netexec's UDP server
@@ -512,7 +533,10 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 			t.Fatal(err)
 		}
 		if typ == corev1.ServiceTypeClusterIP {
-			cip = netip.MustParseAddr(svc.Spec.ClusterIP)
+			if len(svc.Spec.ClusterIPs) != 2 {
+				t.Fatalf("Service %s: ClusterIPs %v, want one per family (RequireDualStack)", name, svc.Spec.ClusterIPs)
+			}
+			cip, cip6 = netip.MustParseAddr(svc.Spec.ClusterIPs[0]), netip.MustParseAddr(svc.Spec.ClusterIPs[1])
 		} else {
 			nodePort = int(svc.Spec.Ports[0].NodePort)
 		}
@@ -534,10 +558,10 @@ func webServices(ctx context.Context, t *testing.T, kube kubernetes.Interface) (
 					}
 				}
 			}
-			return ready == 2, fmt.Sprintf("%d ready endpoints in %v", ready, got)
+			return ready == 4, fmt.Sprintf("%d ready endpoints (want both pods in each family's slice) in %v", ready, got)
 		})
 	}
-	return cip, nodePort
+	return cip, cip6, nodePort
 }
 
 // podNamespaces returns the netns path and the cgroup2 dir of p's (first) container.
@@ -555,7 +579,7 @@ func podNamespaces(t *testing.T, p corev1.Pod) (netns, cgroup string) {
 func probeHostname(ctx context.Context, t *testing.T, from, netns, cgroup, dst string, names []string) {
 	t.Helper()
 	waitUntil(ctx, t, 20*time.Second, from+" GET http://"+dst+"/hostname answers a web pod", func() (bool, string) {
-		cmd := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "curl", "-sS", "-m", "2", "http://"+dst+"/hostname")
+		cmd := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "curl", "-gsS", "-m", "2", "http://"+dst+"/hostname") // -g: [IPv6] is no glob
 		if cgroup != "" {
 			fd, err := syscall.Open(cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 			if err != nil {

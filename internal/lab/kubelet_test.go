@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -147,5 +148,34 @@ func TestKubeletBaselineConfList(t *testing.T) {
 	}
 	if slices.Contains(kubeletDeps(DatapathBaseline), "helm") || !slices.Contains(kubeletDeps(DatapathBaseline), "portmap") {
 		t.Errorf("baseline deps %v: want portmap, no helm", kubeletDeps(DatapathBaseline))
+	}
+}
+
+// TestDualStackNode: a kubelet node gets one podCIDR per family, IPv4 first (what the apiserver
+// accepts for a dual-stack Node), and its wire IPv6 as kubelet's second --node-ip.
+func TestDualStackNode(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")
+	for _, tc := range []struct {
+		name   string
+		ranges []netip.Prefix
+		want   []string
+	}{
+		{"v4 then v6", []netip.Prefix{v4, v6}, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+		{"v6 listed first", []netip.Prefix{v6, v4}, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+		{"IPv4 only", []netip.Prefix{v4}, []string{"10.244.1.0/24"}},
+		{"two of a family: the first", []netip.Prefix{v4, netip.MustParsePrefix("10.245.1.0/24"), v6}, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := dualStackCIDRs(tc.ranges); !slices.Equal(got, tc.want) {
+				t.Errorf("dualStackCIDRs(%v) = %v, want %v", tc.ranges, got, tc.want)
+			}
+		})
+	}
+	n := Node{IPs: []netip.Addr{netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("fd00:198:18::11")}}
+	if got := nodeIPv6(n); got.String() != "fd00:198:18::11" {
+		t.Errorf("nodeIPv6 = %v, want fd00:198:18::11", got)
+	}
+	if got := nodeIPv6(Node{IPs: n.IPs[:1]}); got != nil {
+		t.Errorf("nodeIPv6 of an IPv4-only node = %v, want nil (single-stack --node-ip)", got)
 	}
 }

@@ -135,10 +135,18 @@ func kubeletArgs(c Config) []string {
 		"--kubeconfig=" + c.Kubeconfig,
 		"--root-dir=/var/lib/kubelet", // the node's own (privateDirs)
 		"--hostname-override=" + c.Name,
-		"--node-ip=" + c.NodeIP.String(),
+		"--node-ip=" + c.nodeIPs(),
 		"--containerd=" + c.socket(),
 		"--v=1",
 	}
+}
+
+// nodeIPs is kubelet's --node-ip: NodeIP, or the dual-stack pair NodeIP,NodeIPv6.
+func (c Config) nodeIPs() string {
+	if c.NodeIPv6 == nil {
+		return c.NodeIP.String()
+	}
+	return c.NodeIP.String() + "," + c.NodeIPv6.String()
 }
 
 // tomlString quotes s as a TOML basic string (JSON escapes are a subset of TOML's).

@@ -53,6 +53,9 @@ func TestConfigErrorsSayWhatToDo(t *testing.T) {
 		{"runc not executable", func(c *Config) { c.Binaries.Runc = c.Kubeconfig }, []string{"Binaries.Runc", "not an executable file"}},
 		{"loopback node IP", func(c *Config) { c.NodeIP = net.IPv4(127, 0, 0, 1) }, []string{"NodeIP=127.0.0.1", "uplink"}},
 		{"no node IP", func(c *Config) { c.NodeIP = nil }, []string{"NodeIP=<nil>"}},
+		{"IPv4 as NodeIPv6", func(c *Config) { c.NodeIPv6 = net.IPv4(198, 19, 0, 2) }, []string{"NodeIPv6=198.19.0.2", "IPv6 address"}},
+		{"loopback NodeIPv6", func(c *Config) { c.NodeIPv6 = net.IPv6loopback }, []string{"NodeIPv6=::1"}},
+		{"NodeIPv6 beside an IPv6 NodeIP", func(c *Config) { c.NodeIP, c.NodeIPv6 = net.ParseIP("fd00::1"), net.ParseIP("fd00::2") }, []string{"want an IPv4 NodeIP"}},
 		{"relative cgroup root", func(c *Config) { c.CgroupRoot = "kubenode" }, []string{`CgroupRoot="kubenode"`, "absolute"}},
 		{"cgroup root escapes", func(c *Config) { c.CgroupRoot = "/a/../../b" }, []string{"clean path"}},
 		{"no netns", func(c *Config) { c.NetnsPath = "/run/netns/does-not-exist-kubenode" }, []string{"NetnsPath", "ip netns add"}},
@@ -170,9 +173,13 @@ func TestKubeletConfig(t *testing.T) {
 		t.Errorf("ServeOnNodeIP: address = %#v, healthzBindAddress = %#v, want 198.19.0.1 and 127.0.0.1", kc["address"], kc["healthzBindAddress"])
 	}
 	args := strings.Join(kubeletArgs(c), " ")
-	for _, want := range []string{"--root-dir=/var/lib/kubelet", "--hostname-override=node1", "--node-ip=198.19.0.1", "--containerd=" + c.Dir + "/containerd.sock"} {
+	for _, want := range []string{"--root-dir=/var/lib/kubelet", "--hostname-override=node1", "--node-ip=198.19.0.1 ", "--containerd=" + c.Dir + "/containerd.sock"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("kubelet args %q lack %q", args, want)
 		}
+	}
+	c.NodeIPv6 = net.ParseIP("fd00:198:19::1") // dual-stack: both InternalIPs
+	if args := strings.Join(kubeletArgs(c), " "); !strings.Contains(args, "--node-ip=198.19.0.1,fd00:198:19::1 ") {
+		t.Errorf("with NodeIPv6: kubelet args %q lack the dual-stack --node-ip pair", args)
 	}
 }

@@ -57,9 +57,12 @@ type Binaries struct {
 
 // Config describes one node.
 type Config struct {
-	Name       string // Node name (--hostname-override); a DNS label
-	NetnsPath  string // the node's network namespace, e.g. /run/netns/axonlab-node1; it must have NodeIP
-	NodeIP     net.IP // --node-ip
+	Name      string // Node name (--hostname-override); a DNS label
+	NetnsPath string // the node's network namespace, e.g. /run/netns/axonlab-node1; it must have NodeIP
+	NodeIP    net.IP // --node-ip: the node's primary (IPv4) address
+	// NodeIPv6, when set, is the node's IPv6 address on the same uplink: --node-ip becomes the
+	// dual-stack pair "NodeIP,NodeIPv6", and the Node gets an InternalIP of each family.
+	NodeIPv6   net.IP
 	Kubeconfig string // kubelet's kubeconfig; its server must be reachable from inside the netns
 	// ClientCAFile authenticates clients of the kubelet's API (x509); usually the cluster CA.
 	ClientCAFile string
@@ -149,6 +152,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NodeIP == nil || c.NodeIP.IsUnspecified() || c.NodeIP.IsLoopback() {
 		return fmt.Errorf("config NodeIP=%v: want the node's address on its uplink (not empty, 0.0.0.0 or loopback)", c.NodeIP)
+	}
+	if c.NodeIPv6 != nil && (c.NodeIPv6.To4() != nil || c.NodeIPv6.IsUnspecified() || c.NodeIPv6.IsLoopback() || c.NodeIP.To4() == nil) {
+		return fmt.Errorf("config NodeIPv6=%v with NodeIP=%v: want an IPv4 NodeIP and the node's IPv6 address on the same uplink (not ::, ::1 or IPv4)", c.NodeIPv6, c.NodeIP)
 	}
 	if st, err := os.Stat(c.NetnsPath); err != nil || st.IsDir() {
 		return fmt.Errorf("config NetnsPath=%q: not a network namespace file (%v): create it first (ip netns add)", c.NetnsPath, err)
