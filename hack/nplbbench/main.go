@@ -191,6 +191,24 @@ func run(rounds, calls int, only *regexp.Regexp) error {
 			revTuple = nodeport.Tuple{Proto: lb.TCP, Src: e.Backend, Dst: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.11"), e.NATPort)}
 		}
 	}
+	// ct_hit is an established flow from the first sample on (and with -only): the backend's
+	// answer, then the client's ACK, move it from the unreplied table to the established one,
+	// where a hit is one lookup (an unreplied flow's packet misses there first: ~130 ns more)
+	for _, step := range []struct {
+		t   nodeport.Tuple
+		syn bool
+	}{{revTuple, false}, {ctHit, false}} {
+		if _, _, err := n.TestRun(nodeport.HookXDP, nodeport.Packet(step.t, step.syn), ifindex); err != nil {
+			return err
+		}
+	}
+	if ct, err = n.CT(); err != nil {
+		return err
+	}
+	established := false
+	for _, e := range ct {
+		established = established || (e.Flow == ctHit && !e.Unreplied)
+	}
 	seq := map[string]int{}
 	fresh := func(key, dst string) func(int) []byte {
 		return func(int) []byte {
@@ -282,6 +300,9 @@ func run(rounds, calls int, only *regexp.Regexp) error {
 	}
 	fmt.Printf("Kernel %s, %d CPUs, %d interleaved rounds x %d single runs per sample (kernel-timed BPF_PROG_TEST_RUN, repeat 1); "+
 		"CPU pressure avg10 %s before, %s after; %s\n\n", release, runtime.NumCPU(), rounds, calls, psiBefore, psiAfter, time.Now().UTC().Format(time.RFC3339))
+	if !established { // a build cut short before the LB promotes flows (docs/bench/2026-11-29-nplb-breakdown)
+		fmt.Printf("**ct_hit measured an unreplied flow**: the backend's answer and the client's ACK did not make %v established.\n\n", ctHit)
+	}
 	fmt.Printf("As loaded here, verified instructions: axon_lb_ingress %s, axon_lb_xdp %s\n\n",
 		verified(n.Program(nodeport.HookTC)), verified(n.Program(nodeport.HookXDP)))
 	fmt.Println("| scenario | tc ns/packet median (min–max) | XDP ns/packet median (min–max) | XDP / tc |")
