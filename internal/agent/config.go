@@ -75,6 +75,8 @@ type Config struct {
 	BandwidthHorizon time.Duration // EDT drop horizon (fq's horizon too)
 	// same-node TCP bypass (sockmap.go)
 	Sockmap string // enabled|disabled; "" (a Config built by hand) = disabled
+	// VM-pod bridge bypass (vmbypass.go): which pods get it
+	VMBypass string // annotated|all|off; "" (a Config built by hand) = annotated
 	// what the agent runs (mode.go): full, or only the same-node TCP bypass
 	// on a node whose pods another CNI plugin networks
 	Mode string // full|bypass-only; "" = full
@@ -111,6 +113,7 @@ func Defaults() Config {
 		NodePortLB:        DefaultNodePortConfig(),
 		BandwidthHorizon:  DefaultBandwidthHorizon,
 		Sockmap:           SockmapDisabled, // opt in: see docs/sockmap.md for what it costs the node
+		VMBypass:          VMBypassAnnotated,
 		Mode:              ModeFull,
 		CgroupRoot:        Cgroup2Mount(),
 		ReconcileInterval: DefaultReconcileInterval,
@@ -179,6 +182,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.validateSockmap(); err != nil { // sockmap.go
+		errs = append(errs, err)
+	}
+	if err := c.validateVMBypass(); err != nil { // vmbypass.go
 		errs = append(errs, err)
 	}
 	if err := c.validateMode(); err != nil { // mode.go

@@ -7,13 +7,18 @@ package agent
 //
 // gets BPF redirects between its guest's tap and its pod interface, skipping
 // the in-pod bridge (internal/datapath/vmbypass). The agent detects the
-// layout in the pod's netns at each reconcile: a pod without it gets a
-// Warning Event with the reason (VMBypassNotApplied) and nothing changes; a
-// pod whose tap disappeared (the VM stopped) loses the bypass, which is
-// counted, and gets it back when a new tap is there. Removing the
+// layout in the pod's netns at each reconcile: an annotated pod without it
+// gets a Warning Event with the reason (VMBypassNotApplied) and nothing
+// changes; a pod whose tap disappeared (the VM stopped) loses the bypass,
+// which is counted, and gets it back when a new tap is there. Removing the
 // annotation, or the pod, removes the bypass and the bridge carries the
 // traffic again. Any other annotation value gets an InvalidAnnotation Event
 // and is treated as absent. Nothing here fails the reconcile.
+//
+// --vm-bypass switches it node-wide: annotated (the default: the pods that
+// ask), all (every pod with the layout, unless annotated "disabled"; a pod
+// that did not ask and has no such layout is no VM pod, and is left alone
+// without a word), off (none; bypasses in place are removed).
 
 import (
 	"cmp"
@@ -35,8 +40,36 @@ import (
 	"github.com/axonhq/axon/internal/datapath/vmbypass"
 )
 
-// AnnotationVMBypass switches the bypass on for a VM pod.
+// AnnotationVMBypass switches the bypass on (or, with --vm-bypass=all, off) for a VM pod.
 const AnnotationVMBypass = "axon.io/vm-bypass"
+
+// Values of --vm-bypass (Config.VMBypass).
+const (
+	VMBypassAnnotated = "annotated" // the pods annotated axon.io/vm-bypass=enabled (the default)
+	VMBypassAll       = "all"       // every pod with the bridge-binding layout, unless annotated disabled
+	VMBypassOff       = "off"       // no pod: bypasses in place are removed
+)
+
+func (c Config) validateVMBypass() error {
+	switch c.VMBypass {
+	case VMBypassAnnotated, VMBypassAll, VMBypassOff, "": // "" (a Config built by hand) = annotated
+		return nil
+	}
+	return fmt.Errorf("--vm-bypass %q is invalid: use %s (VM pods annotated %s=enabled), %s (every VM pod with the bridge-binding layout, unless annotated disabled) or %s",
+		c.VMBypass, VMBypassAnnotated, AnnotationVMBypass, VMBypassAll, VMBypassOff)
+}
+
+// vmBypassWanted says whether a pod gets the bypass under --vm-bypass mode,
+// from its annotation (set: present and valid; on: "enabled").
+func vmBypassWanted(mode string, set, on bool) bool {
+	switch mode {
+	case VMBypassOff:
+		return false
+	case VMBypassAll:
+		return !set || on
+	}
+	return on
+}
 
 // DecisionVMBypass names the VM bypass line of `axon status`.
 const DecisionVMBypass = "vm_bypass"
@@ -72,6 +105,7 @@ type vmBypass struct {
 	on       []string          // pods with the bypass (namespace/name), sorted
 	notOn    map[string]string // annotated pods without it → why
 	tapsLost uint64            // bypasses removed because their tap went away
+	stLoad   string            // loadErr as of the last reconcile
 }
 
 func newVMBypass(cfg Config, log *slog.Logger, reg *registry, kube func() *kube) *vmBypass {
@@ -82,20 +116,21 @@ func newVMBypass(cfg Config, log *slog.Logger, reg *registry, kube func() *kube)
 		netns: map[string]string{}, sent: map[string]bool{}, notOn: map[string]string{}}
 }
 
-// parseVMBypass reads AnnotationVMBypass: true for "enabled"; a value other
-// than "enabled"/"disabled" is an error (and false).
-func parseVMBypass(ann map[string]string) (bool, error) {
+// parseVMBypass reads AnnotationVMBypass: set when it is "enabled" or
+// "disabled", on for "enabled"; another value is an error (and counts as
+// absent).
+func parseVMBypass(ann map[string]string) (set, on bool, err error) {
 	v, ok := ann[AnnotationVMBypass]
 	if !ok {
-		return false, nil
+		return false, false, nil
 	}
 	switch strings.TrimSpace(v) {
 	case "enabled":
-		return true, nil
+		return true, true, nil
 	case "disabled":
-		return false, nil
+		return true, false, nil
 	}
-	return false, fmt.Errorf("annotation %s=%q is invalid and ignored: use \"enabled\" (skip the VM pod's in-pod bridge) or \"disabled\"", AnnotationVMBypass, v)
+	return false, false, fmt.Errorf("annotation %s=%q is invalid and ignored: use \"enabled\" (skip the VM pod's in-pod bridge) or \"disabled\"", AnnotationVMBypass, v)
 }
 
 func (v *vmBypass) event(k *kube, pod *corev1.Pod, reason, msg string) {
@@ -142,18 +177,21 @@ func (v *vmBypass) reconcile() {
 		}
 		seen[string(pod.UID)] = true
 		podNetns[string(pod.UID)] = ep.Netns
-		enabled, err := parseVMBypass(pod.Annotations)
+		set, enabled, err := parseVMBypass(pod.Annotations)
 		if err != nil {
 			v.event(k, pod, ReasonInvalidAnnotation, err.Error())
 		}
-		if !enabled {
+		if !vmBypassWanted(v.cfg.VMBypass, set, enabled) {
 			continue
 		}
+		asked := enabled // the pod asked (annotated): it hears why it has no bypass
 		name, id := pod.Namespace+"/"+pod.Name, string(pod.UID)
 		if v.b == nil {
 			if v.b, err = v.newB(); err != nil {
 				v.b, v.loadErr = nil, err.Error()
-				notOn[name] = "the bypass cannot be loaded: " + err.Error()
+				if asked {
+					notOn[name] = "the bypass cannot be loaded: " + err.Error()
+				}
 				continue
 			}
 			v.loadErr = ""
@@ -179,6 +217,10 @@ func (v *vmBypass) reconcile() {
 			delete(v.netns, id)
 		}
 		l, err := v.b.Attach(id, ep.Netns, ep.IfName)
+		if err != nil && !asked && vmbypass.ReasonOf(err) != "" {
+			delete(want, id) // --vm-bypass=all: not a VM pod of the bridge binding
+			continue
+		}
 		if err != nil {
 			msg := fmt.Sprintf("VM bypass not applied: %v; the pod keeps its bridge path", err)
 			if r := vmbypass.ReasonOf(err); r != "" {
@@ -233,7 +275,7 @@ func (v *vmBypass) reconcile() {
 	}
 	sort.Strings(on)
 	v.stMu.Lock()
-	v.on, v.notOn = on, notOn
+	v.on, v.notOn, v.stLoad = on, notOn, v.loadErr
 	v.stMu.Unlock()
 }
 
@@ -283,7 +325,15 @@ func (v *vmBypass) decision() api.Decision {
 	if v.tapsLost > 0 {
 		parts = append(parts, fmt.Sprintf("%d bypass(es) removed after their tap went away", v.tapsLost))
 	}
-	if len(parts) == 0 {
+	switch mode := cmp.Or(v.cfg.VMBypass, VMBypassAnnotated); {
+	case mode == VMBypassOff:
+		parts = append([]string{"--vm-bypass=off: no pod gets it"}, parts...)
+	case mode == VMBypassAll:
+		parts = append([]string{"--vm-bypass=all: every pod with the bridge-binding layout, unless annotated " + AnnotationVMBypass + "=disabled"}, parts...)
+		if v.stLoad != "" {
+			parts = append(parts, "the bypass cannot be loaded: "+v.stLoad)
+		}
+	case len(parts) == 0:
 		parts = append(parts, "no pod with "+AnnotationVMBypass+"=enabled")
 	}
 	d.Reason = strings.Join(parts, "; ")

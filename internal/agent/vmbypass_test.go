@@ -42,10 +42,34 @@ func TestParseVMBypass(t *testing.T) {
 		if c.set {
 			ann[AnnotationVMBypass] = c.v
 		}
-		on, err := parseVMBypass(ann)
-		if on != c.on || (err != nil) != c.bad {
-			t.Errorf("%q: %v, %v", c.v, on, err)
+		set, on, err := parseVMBypass(ann)
+		if on != c.on || set != (c.set && !c.bad) || (err != nil) != c.bad {
+			t.Errorf("%q: set %v, on %v, %v", c.v, set, on, err)
 		}
+	}
+}
+
+func TestVMBypassWanted(t *testing.T) {
+	// annotation: absent (or invalid), enabled, disabled
+	for _, c := range []struct {
+		mode                  string
+		absent, enabled, disa bool
+	}{
+		{VMBypassAnnotated, false, true, false},
+		{"", false, true, false}, // a Config built by hand: annotated
+		{VMBypassAll, true, true, false},
+		{VMBypassOff, false, false, false},
+	} {
+		got := [3]bool{vmBypassWanted(c.mode, false, false), vmBypassWanted(c.mode, true, true), vmBypassWanted(c.mode, true, false)}
+		if want := [3]bool{c.absent, c.enabled, c.disa}; got != want {
+			t.Errorf("--vm-bypass=%q: wanted (absent, enabled, disabled) = %v, want %v", c.mode, got, want)
+		}
+		if err := (Config{VMBypass: c.mode}).validateVMBypass(); err != nil {
+			t.Errorf("--vm-bypass=%q: %v", c.mode, err)
+		}
+	}
+	if err := (Config{VMBypass: "on"}).validateVMBypass(); err == nil || !strings.Contains(err.Error(), "annotated") {
+		t.Errorf("--vm-bypass=on: %v, want an error naming the values", err)
 	}
 }
 
@@ -231,22 +255,24 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	// setVMAnn sets the vm pod's annotations and waits for the agent's pod cache to see them.
+	setVMAnn := func(t *testing.T, ann map[string]string) {
+		t.Helper()
+		p, err := cs.CoreV1().Pods("default").Get(ctx, "vm", metav1.GetOptions{})
+		must(t, err)
+		p.Annotations = ann
+		_, err = cs.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{})
+		must(t, err)
+		waitUntil(t, 10*time.Second, "the annotation in the agent's pod cache", func() bool {
+			p, err := k.pods.Pods("default").Get("vm")
+			return err == nil && p.Annotations[AnnotationVMBypass] == ann[AnnotationVMBypass]
+		})
+	}
+
 	t.Run("a restarted agent removes what the last one attached, legacy filters too", func(t *testing.T) {
-		setVMAnn := func(ann map[string]string) {
-			t.Helper()
-			p, err := cs.CoreV1().Pods("default").Get(ctx, "vm", metav1.GetOptions{})
-			must(t, err)
-			p.Annotations = ann
-			_, err = cs.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{})
-			must(t, err)
-			waitUntil(t, 10*time.Second, "the annotation in the agent's pod cache", func() bool {
-				p, err := k.pods.Pods("default").Get("vm")
-				return err == nil && p.Annotations[AnnotationVMBypass] == ann[AnnotationVMBypass]
-			})
-		}
 		legacy := cfg
 		legacy.AttachMode = "legacy"
-		setVMAnn(map[string]string{AnnotationVMBypass: "enabled"})
+		setVMAnn(t, map[string]string{AnnotationVMBypass: "enabled"})
 		first := newVMBypass(legacy, log, reg, func() *kube { return k })
 		first.reconcile()
 		first.close()
@@ -263,7 +289,7 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 		if n := filters(); n != 2 || !tapAttached() {
 			t.Fatalf("legacy attach: %d cls_bpf filters on eth0 and tap0, want 2 (attached %v)", n, tapAttached())
 		}
-		setVMAnn(nil)
+		setVMAnn(t, nil)
 		restarted := newVMBypass(legacy, log, reg, func() *kube { return k }) // knows nothing of the first
 		t.Cleanup(restarted.close)
 		restarted.reconcile()
@@ -272,6 +298,59 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 		}
 		if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["vm"])); !os.IsNotExist(err) {
 			t.Errorf("pins left: %v", err)
+		}
+	})
+
+	t.Run("node-wide: --vm-bypass=all, an opt-out, then off", func(t *testing.T) {
+		all := cfg
+		all.VMBypass = VMBypassAll
+		va := newVMBypass(all, log, reg, func() *kube { return k })
+		t.Cleanup(va.close)
+		if tapAttached() {
+			t.Fatal("a bypass is attached before --vm-bypass=all reconciles: the check below would prove nothing")
+		}
+		va.reconcile() // vm: no annotation, the layout; plain: asked, no layout; typo, other: no layout, did not ask
+		d := va.decision()
+		t.Logf("status: %+v", d)
+		if d.Value != "1 pod(s)" || !strings.HasPrefix(d.Reason, "--vm-bypass=all") || !strings.Contains(d.Reason, "bypassed: default/vm") ||
+			!strings.Contains(d.Reason, "default/plain (pod_interface_not_bridged)") || strings.Contains(d.Reason, "default/other") || strings.Contains(d.Reason, "default/typo") {
+			t.Errorf("decision %+v: want default/vm bypassed without its annotation, default/plain reported, the pods that did not ask not named", d)
+		}
+		if !tapAttached() {
+			t.Errorf("--vm-bypass=all: the unannotated vm pod's bypass is not attached")
+		}
+		for pod, want := range map[string]string{"default/vm": "bypassed", "default/plain": "not bypassed: pod_interface_not_bridged", "default/typo": "", "default/other": ""} {
+			if got := va.podState(pod); got != want {
+				t.Errorf("endpoint list state of %s: %q, want %q", pod, got, want)
+			}
+		}
+		for _, pod := range []string{"other", "typo"} {
+			if _, err := os.Stat(vmbypass.PodPinDir(pin, uids[pod])); err == nil {
+				t.Errorf("pod %s without the layout got a pin dir", pod)
+			}
+		}
+
+		setVMAnn(t, map[string]string{AnnotationVMBypass: "disabled"}) // the pod opts out
+		va.reconcile()
+		if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["vm"])); !os.IsNotExist(err) || tapAttached() {
+			t.Errorf("--vm-bypass=all, pod annotated disabled: pins %v, attached %v; want none", err, tapAttached())
+		}
+
+		setVMAnn(t, map[string]string{AnnotationVMBypass: "enabled"})
+		va.reconcile()
+		if !tapAttached() {
+			t.Fatal("--vm-bypass=all, annotated enabled: not attached, so the off check below would prove nothing")
+		}
+		off := cfg
+		off.VMBypass = VMBypassOff
+		vo := newVMBypass(off, log, reg, func() *kube { return k }) // an agent restarted with --vm-bypass=off
+		t.Cleanup(vo.close)
+		vo.reconcile()
+		if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["vm"])); !os.IsNotExist(err) || tapAttached() {
+			t.Errorf("--vm-bypass=off: pins %v, attached %v; want the annotated pod's bypass removed", err, tapAttached())
+		}
+		if d := vo.decision(); d.Value != "0 pod(s)" || !strings.HasPrefix(d.Reason, "--vm-bypass=off") {
+			t.Errorf("--vm-bypass=off: decision %+v", d)
 		}
 	})
 }
