@@ -55,7 +55,9 @@ recording /proc/pressure/cpu. Writes
 results.csv, results.md, results.json and chart.svg to the output folder and prints
 the table with medians and ratios to host-to-host, and the paired ratios: each
 repetition's value over host-to-host's of the same repetition, median with its
-95 % confidence interval (8 repetitions or more).
+95 % confidence interval (8 repetitions or more), beside host-to-host's throughput
+in those repetitions (a ratio holds at a speed: a fixed cost per packet weighs
+more on a faster wire).
 The pods are removed afterwards.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

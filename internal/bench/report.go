@@ -53,6 +53,9 @@ type PairedRatio struct {
 	Median   float64 // median of the per-repetition ratios
 	Lo, Hi   float64 // distribution-free 95 % CI of that median (NaN below 8 pairs)
 	Min, Max float64 // smallest and largest per-repetition ratio
+	// RefMedian is the median of the reference's values in those pairs: the
+	// speed (or latency) at which the ratio holds.
+	RefMedian float64
 }
 
 // Paired returns the named path's per-repetition ratios of metric to the
@@ -76,11 +79,12 @@ func (r *Report) PairedTo(path, ref, metric string) PairedRatio {
 // its 95 % interval (stats.MedianCI), the range and how many are above 1.
 func Pair(vs, refs []float64) PairedRatio {
 	nan := math.NaN()
-	out := PairedRatio{Median: nan, Lo: nan, Hi: nan, Min: nan, Max: nan}
-	var ratios []float64
+	out := PairedRatio{Median: nan, Lo: nan, Hi: nan, Min: nan, Max: nan, RefMedian: nan}
+	var ratios, paired []float64
 	for i := range min(len(vs), len(refs)) {
 		if q := Ratio(vs[i], refs[i]); !math.IsNaN(q) && !math.IsInf(q, 0) {
 			ratios = append(ratios, q)
+			paired = append(paired, refs[i])
 			if q > 1 {
 				out.Above++
 			}
@@ -90,6 +94,9 @@ func Pair(vs, refs []float64) PairedRatio {
 	st := Summarize(ratios)
 	out.Median, out.Min, out.Max = st.Median, st.Min, st.Max
 	out.Lo, out.Hi = stats.MedianCI(ratios)
+	if len(paired) > 0 {
+		out.RefMedian = stats.Median(paired)
+	}
 	return out
 }
 
@@ -109,15 +116,16 @@ func FormatPaired(p PairedRatio) string {
 // reference, with their 95 % intervals.
 func (r *Report) PairedTable() string {
 	var b strings.Builder
-	b.WriteString("| path | throughput ratio, paired (95 % CI) | CPU per GB ratio, paired (95 % CI) | RTT p50 ratio, paired (95 % CI) | RTT p99 ratio, paired (95 % CI) | pairs |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| path | throughput ratio, paired (95 %% CI) | at %s Gbit/s (its median in the pairs) | CPU per GB ratio, paired (95 %% CI) | RTT p50 ratio, paired (95 %% CI) | RTT p99 ratio, paired (95 %% CI) | pairs |\n", MarkdownEscape(r.Reference))
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		if res.Path == r.Reference {
 			continue
 		}
 		tp, p50, p99 := r.Paired(res.Path, MetricThroughput), r.Paired(res.Path, MetricRTTP50), r.Paired(res.Path, MetricRTTP99)
 		cpu := r.Paired(res.Path, MetricCPUPerGB)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d |\n", MarkdownEscape(res.Path), FormatPaired(tp), FormatPaired(cpu), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n", MarkdownEscape(res.Path), FormatPaired(tp), FormatNum(tp.RefMedian/1e9, 2),
+			FormatPaired(cpu), FormatPaired(p50), FormatPaired(p99), max(tp.N, p50.N))
 	}
 	return b.String()
 }

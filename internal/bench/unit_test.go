@@ -344,13 +344,22 @@ func TestReportPaired(t *testing.T) {
 		t.Errorf("short to pod: %+v, want 2 pairs above 1, median %v", p, 22.0/21)
 	}
 	tab := r.PairedTable()
-	for _, want := range []string{"| pod | n/a | n/a | 1.05× (1.050–1.050) |", "| short | n/a | n/a | 1.10× (CI: < 8 pairs) |"} {
+	for _, want := range []string{"| pod | n/a | n/a | n/a | 1.05× (1.050–1.050) |", "| short | n/a | n/a | n/a | 1.10× (CI: < 8 pairs) |"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("paired table lacks %q:\n%s", want, tab)
 		}
 	}
 	if strings.Contains(tab, "| host |") {
 		t.Errorf("the reference has a paired row:\n%s", tab)
+	}
+	// the reference's speed beside the throughput ratio: its median over the pairs only
+	r.Results[0].Throughput = []float64{10e9, 30e9, 20e9, nan}
+	r.Results[1].Throughput = []float64{10e9, 30e9, nan, 20e9} // pairs: reps 1 and 2
+	if p := r.Paired("pod", MetricThroughput); p.N != 2 || math.Abs(p.RefMedian-20e9) > 1 {
+		t.Errorf("pod throughput: %+v, want 2 pairs at a reference median of 20e9 (reps 1 and 2 only)", p)
+	}
+	if tab := r.PairedTable(); !strings.Contains(tab, "| pod | 1.00× (CI: < 8 pairs) | 20.00 |") || !strings.Contains(tab, "at host Gbit/s") {
+		t.Errorf("paired table lacks the reference's speed beside the ratio:\n%s", tab)
 	}
 }
 
