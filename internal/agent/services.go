@@ -63,7 +63,8 @@ type serviceSync struct {
 	node string
 	log  *slog.Logger
 
-	factory     informers.SharedInformerFactory // Services, EndpointSlices
+	factory     informers.SharedInformerFactory // Services, EndpointSlices: this proxy's (proxiedSelector)
+	nsFactory   informers.SharedInformerFactory // Namespaces (socket-LB opt-outs)
 	nodeFactory informers.SharedInformerFactory // own Node only
 	svcs        listersv1.ServiceLister
 	nodes       listersv1.NodeLister
@@ -97,6 +98,17 @@ type serviceSync struct {
 	watchLog       time.Time
 }
 
+// The labels by which a Service (and its EndpointSlices, which carry the
+// Service's labels) is not this proxy's, as kube-proxy reads them:
+// service.kubernetes.io/service-proxy-name names another proxy (an
+// alternative implementation serves it); service.kubernetes.io/headless is
+// on the EndpointSlices of a headless Service (no ClusterIP to serve).
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+	proxiedSelector       = "!" + LabelServiceProxyName + ",!" + LabelHeadless
+)
+
 func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSync, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "axon-agent/" + node + "/services"
@@ -106,7 +118,10 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 	}
 	s := &serviceSync{
 		node: node, log: log,
-		factory: informers.NewSharedInformerFactory(client, 0),
+		// Services and EndpointSlices of this proxy only, as kube-proxy selects them
+		factory: informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = proxiedSelector })),
+		nsFactory: informers.NewSharedInformerFactory(client, 0),
 		nodeFactory: informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + node })),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -124,7 +139,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 	svcInf := s.factory.Core().V1().Services()
 	sliceInf := s.factory.Discovery().V1().EndpointSlices()
 	nodeInf := s.nodeFactory.Core().V1().Nodes()
-	nsInf := s.factory.Core().V1().Namespaces()
+	nsInf := s.nsFactory.Core().V1().Namespaces()
 	if err := sliceInf.Informer().AddIndexers(cache.Indexers{sliceByService: sliceServiceIndex}); err != nil {
 		return nil, fmt.Errorf("add endpointslice indexer: %w", err)
 	}
@@ -323,11 +338,13 @@ func (s *serviceSync) run(ctx context.Context) {
 	defer s.queue.ShutDown()
 	defer s.ev.shutdown()
 	s.factory.Start(ctx.Done())
+	s.nsFactory.Start(ctx.Done())
 	s.nodeFactory.Start(ctx.Done())
 	defer func() {
 		stopped := make(chan struct{})
 		go func() {
 			s.factory.Shutdown()
+			s.nsFactory.Shutdown()
 			s.nodeFactory.Shutdown()
 			close(stopped)
 		}()

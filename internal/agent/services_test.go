@@ -369,6 +369,24 @@ func TestServicesAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("a Service labelled for another proxy, or headless, is not served", func(t *testing.T) {
+		for _, label := range []string{LabelServiceProxyName, LabelHeadless} {
+			svc, err := cs.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+			must(t, err)
+			if !strings.Contains(w.Render(), "10.96.1.10") {
+				t.Fatalf("shop/web is not in the writer before %s is set: the check below would prove nothing", label)
+			}
+			svc.Labels = map[string]string{label: "other-proxy"}
+			svc, err = cs.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{})
+			must(t, err)
+			waitFor(t, w, 10*time.Second, "shop/web gone with "+label, func() bool { return !strings.Contains(w.Render(), "10.96.1.10") })
+			delete(svc.Labels, label)
+			_, err = cs.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{})
+			must(t, err)
+			waitFor(t, w, 10*time.Second, "shop/web back without "+label, func() bool { return strings.Contains(w.Render(), "10.96.1.10:80") })
+		}
+	})
+
 	t.Run("service deleted", func(t *testing.T) {
 		must(t, cs.CoreV1().Services(ns).Delete(ctx, "empty", metav1.DeleteOptions{}))
 		waitFor(t, w, 10*time.Second, "10.96.1.40 gone", func() bool { return !strings.Contains(w.Render(), "10.96.1.40") })
