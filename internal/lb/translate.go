@@ -396,8 +396,11 @@ func (idx sliceIndex) candidates(portName string, proto Proto, is6 bool) []candi
 	return idx[sliceKey{portName, proto, is6}]
 }
 
-// stateOf maps EndpointSlice conditions: ready (nil = ready) → Active;
-// serving and terminating → Terminating; anything else → Quarantined.
+// stateOf maps EndpointSlice conditions as kube-proxy reads them: ready
+// (nil = ready) → Active, terminating or not (the EndpointSlice controller
+// keeps a terminating pod ready only for a Service with
+// publishNotReadyAddresses, whose clients must reach it); serving and
+// terminating → Terminating; anything else → Quarantined.
 func stateOf(c discoveryv1.EndpointConditions) BackendState {
 	ready := c.Ready == nil || *c.Ready
 	serving := ready
@@ -406,7 +409,7 @@ func stateOf(c discoveryv1.EndpointConditions) BackendState {
 	}
 	terminating := c.Terminating != nil && *c.Terminating
 	switch {
-	case ready && !terminating:
+	case ready:
 		return Active
 	case serving && terminating:
 		return Terminating

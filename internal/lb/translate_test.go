@@ -205,8 +205,9 @@ func TestStateOf(t *testing.T) {
 		{no, yes, nil, Quarantined}, // serving but neither ready nor terminating: not used
 		{no, yes, yes, Terminating},
 		{no, no, yes, Quarantined},
-		{nil, nil, yes, Terminating}, // ready defaults to true, serving to ready
-		{yes, yes, yes, Terminating}, // terminating wins over a stale ready
+		{nil, no, yes, Active},  // ready unset means ready (the API's rule, kube-proxy's)
+		{yes, yes, yes, Active}, // ready wins, as in kube-proxy: publishNotReadyAddresses keeps a terminating pod ready
+		{yes, no, yes, Active},  // … also when its readiness probe fails (the conformance suite's tolerate-unready case)
 	}
 	for _, c := range cases {
 		got := stateOf(discoveryv1.EndpointConditions{Ready: c.ready, Serving: c.serving, Terminating: c.terminating})
