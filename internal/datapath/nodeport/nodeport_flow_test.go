@@ -571,6 +571,44 @@ func TestNodePortGC(t *testing.T) {
 	}
 }
 
+// TestNodePortGCUDPBackendReplaced: a UDP flow whose backend left the
+// frontend (its server pod replaced) loses its CT entry at the next GC even
+// while its client keeps sending, as kube-proxy clears a removed UDP
+// endpoint's conntrack entries; its next datagram opens a flow to the
+// backend that is there. (A TCP flow keeps a gone backend while it moves:
+// TestNodePortGC.)
+func TestNodePortGCUDPBackendReplaced(t *testing.T) {
+	f := newNPFix(t, nil)
+	fe := npNodePort(30053, lb.UDP, false, npBE("10.244.2.6:53", "node2"))
+	f.upsert(t, fe, FrontendOptions{})
+	flow := npUDP("198.18.0.250:5000", "198.18.0.11:30053")
+	f.run(t, "tc", f.wirePkt(flow, 0))
+	e, ok := f.ctFor(t, flow)
+	if !ok || e.Backend != npAP("10.244.2.6:53") {
+		t.Fatalf("flow %s: entry %+v, %v; want one to 10.244.2.6:53", flow, e, ok)
+	}
+	f.npEstablish(t, "tc", flow, e)
+	if st, err := f.n.GC(DefaultCTTimeouts); err != nil || st.CTDeleted != 0 {
+		t.Fatalf("GC with the backend there: %+v, %v; want the fresh UDP flow kept", st, err)
+	}
+	fe.Backends = []lb.Backend{npBE("10.244.2.7:53", "node2")} // the server pod replaced
+	f.upsert(t, fe, FrontendOptions{})
+	f.run(t, "tc", f.wirePkt(flow, 0)) // the client keeps sending: a hit, still to the old backend
+	if e, ok := f.ctFor(t, flow); !ok || e.Backend != npAP("10.244.2.6:53") {
+		t.Fatalf("before GC: entry %+v, %v; want the old backend's (nothing else removes it)", e, ok)
+	}
+	if st, err := f.n.GC(DefaultCTTimeouts); err != nil || st.CTDeleted != 1 {
+		t.Fatalf("GC after the backend was replaced: %+v, %v; want the moving UDP flow's entry deleted", st, err)
+	}
+	if e, ok := f.ctFor(t, flow); ok {
+		t.Fatalf("after GC: entry %+v left", e)
+	}
+	f.run(t, "tc", f.wirePkt(flow, 0))
+	if e, ok := f.ctFor(t, flow); !ok || e.Backend != npAP("10.244.2.7:53") {
+		t.Errorf("the next datagram: entry %+v, %v; want the new backend 10.244.2.7:53", e, ok)
+	}
+}
+
 func mustCT(t *testing.T, n *LB) []CTEntry {
 	t.Helper()
 	es, err := n.CT()

@@ -225,7 +225,10 @@ type GCStats struct {
 // TCPUnreplied / UDPUnreplied), and those whose
 // backend is gone once they are closing or idle for TCPClosing (a flow
 // still moving keeps its backend: graceful termination must not cut a
-// connection whose SYN raced the backend's removal), then reverse entries
+// connection whose SYN raced the backend's removal) — a UDP flow's at once,
+// moving or not, as kube-proxy clears the conntrack entries of a removed UDP
+// endpoint: its client keeps its socket, and only a new entry sends its next
+// datagram to a backend that is there (a server pod that was replaced), then reverse entries
 // idle longer than the longest timeout or without a flow: a local one after
 // TCPClosing, an SNAT one (its port reservation) after SNATTimeWait for TCP,
 // TCPClosing for UDP; the reservation of a flow that was never answered
@@ -287,6 +290,7 @@ func (n *LB) gcAt(to CTTimeouts, now uint64) (GCStats, error) {
 	}{{n.tc.AxonNpCt, MapCT, false}, {n.tc.AxonNpCtNew, MapCTNew, true}} {
 		var dead []lbTCNpTuple
 		ctSeen := map[lbTCNpTuple]uint64{} // last_seen of dead entries at the scan
+		udpGone := map[lbTCNpTuple]bool{}  // UDP entries of a gone backend: deleted even if touched since
 		it := tbl.m.Iterate()
 		for it.Next(&k, &v) {
 			st.CTEntries++
@@ -304,9 +308,11 @@ func (n *LB) gcAt(to CTTimeouts, now uint64) (GCStats, error) {
 				}
 			}
 			idle := since(now, v.LastSeen)
-			if idle > to1 || (!liveBE[v.BackendId] && (v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
+			gone := !liveBE[v.BackendId]
+			if idle > to1 || (gone && (k.Proto == uint8(lb.UDP) || v.Flags&npCTClosing != 0 || idle > to.TCPClosing)) {
 				dead = append(dead, k)
 				ctSeen[k] = v.LastSeen
+				udpGone[k] = gone && k.Proto == uint8(lb.UDP)
 				continue
 			}
 			live[lbTCNpTuple{Saddr: v.BeAddr, Sport: v.BePort, Proto: k.Proto, Daddr: k.Saddr, Dport: k.Sport}] = true
@@ -323,7 +329,7 @@ func (n *LB) gcAt(to CTTimeouts, now uint64) (GCStats, error) {
 			if err := tbl.m.Lookup(&dead[i], &cur); err != nil {
 				continue
 			}
-			if cur.LastSeen != ctSeen[dead[i]] {
+			if cur.LastSeen != ctSeen[dead[i]] && !(udpGone[dead[i]] && !liveBE[cur.BackendId]) {
 				continue
 			}
 			if err := tbl.m.Delete(&dead[i]); err == nil {
