@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -115,6 +116,14 @@ func TestKubeletLab(t *testing.T) {
 	slices.Sort(agentNodes)
 	if !slices.Equal(agentNodes, []string{"node1", "node2"}) {
 		t.Fatalf("axon agent pods on nodes %v, want one on node1 and one on node2", agentNodes)
+	}
+	// A hostNetwork pod (the agent) has its node's hostname, as on a real node: each node has
+	// its own UTS namespace (the conformance specs of hostNetwork endpoints compare the two).
+	for _, p := range agents.Items {
+		out, err := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(containerPID(t, p, "axon-agent")), "-u", "hostname").Output()
+		if err != nil || strings.TrimSpace(string(out)) != p.Spec.NodeName {
+			t.Errorf("hostNetwork pod %s on %s: hostname %q (%v), want the node's name", p.Name, p.Spec.NodeName, strings.TrimSpace(string(out)), err)
+		}
 	}
 
 	// Each node's agent has the node to itself: its socket LB hooks on the node's cgroup2

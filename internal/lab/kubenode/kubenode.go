@@ -19,9 +19,9 @@
 //	                          its own bpffs at /sys/fs/bpf (see mountNodeFilesystems)
 //	logs/{containerd,kubelet}.log
 //
-// Processes: a holder (`unshare --mount --propagation private sleep infinity`, entered into the
-// node netns) owns the mount namespace; containerd and kubelet are started with `nsenter -t
-// <holder> -m -n`. All three, and everything containerd starts (shims, containers), live in
+// Processes: a holder (`unshare --mount --uts --propagation private sleep infinity`, entered
+// into the node netns) owns the mount namespace and the UTS one (hostname: the node's name);
+// containerd and kubelet are started with `nsenter -t <holder> -m -n -u`. All three, and everything containerd starts (shims, containers), live in
 // cgroups under Config.CgroupRoot, so Stop finds every process by cgroup, not by name.
 package kubenode
 
@@ -277,12 +277,18 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 		return err
 	}
 
-	holder, err := n.spawn("holder", []string{tools.nsenter, "--net=" + n.cfg.NetnsPath, "--", tools.unshare, "--mount", "--propagation", "private", "--", tools.sleep, "infinity"}, cg)
+	// The holder owns the node's mount and UTS namespaces: the UTS one carries the node's name
+	// as hostname, which a hostNetwork pod (host UTS namespace: containerd's) reports, as on a
+	// real node (the conformance specs of hostNetwork endpoints compare it with the Node's name).
+	holder, err := n.spawn("holder", []string{tools.nsenter, "--net=" + n.cfg.NetnsPath, "--", tools.unshare, "--mount", "--uts", "--propagation", "private", "--", tools.sleep, "infinity"}, cg)
 	if err != nil {
 		return err
 	}
 	if err := waitOwnMountNS(ctx, holder, 5*time.Second); err != nil {
 		return err
+	}
+	if out, err := exec.CommandContext(ctx, tools.nsenter, "-t", fmt.Sprint(holder.PID), "-u", "--", tools.hostname, n.cfg.Name).CombinedOutput(); err != nil {
+		return fmt.Errorf("set the node's hostname %s: %w: %s", n.cfg.Name, err, out)
 	}
 	if err := bindKernelTunables(ctx, tools, holder.PID, filepath.Join(n.cfg.Dir, "sysctl"), log); err != nil {
 		return err
@@ -293,7 +299,7 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 	if err := mountNodeFilesystems(ctx, tools, holder.PID, n.cfg, cg); err != nil {
 		return err
 	}
-	inNode := []string{tools.nsenter, "-t", fmt.Sprint(holder.PID), "-m", "-n", "--"}
+	inNode := []string{tools.nsenter, "-t", fmt.Sprint(holder.PID), "-m", "-n", "-u", "--"}
 
 	if err := os.WriteFile(filepath.Join(n.cfg.Dir, "containerd.toml"), []byte(containerdConfig(n.cfg)), 0o600); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
@@ -415,7 +421,7 @@ func (n *Node) PIDs() []int {
 	return out
 }
 
-// HolderPID is the PID of the process owning the node's mount namespace: `nsenter -t <pid> -m -n`
+// HolderPID is the PID of the process owning the node's mount namespace: `nsenter -t <pid> -m -n -u`
 // enters the node as containerd and kubelet see it.
 func (n *Node) HolderPID() int {
 	for _, p := range n.state.Processes {
@@ -442,17 +448,17 @@ func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
 }
 
 // tools are the util-linux and coreutils programs the node is built with.
-type tools struct{ nsenter, unshare, sleep, mount, mkdir string }
+type tools struct{ nsenter, unshare, sleep, mount, mkdir, hostname string }
 
 func lookTools() (tools, error) {
 	var t tools
 	for _, x := range []struct {
 		name string
 		dst  *string
-	}{{"nsenter", &t.nsenter}, {"unshare", &t.unshare}, {"sleep", &t.sleep}, {"mount", &t.mount}, {"mkdir", &t.mkdir}} {
+	}{{"nsenter", &t.nsenter}, {"unshare", &t.unshare}, {"sleep", &t.sleep}, {"mount", &t.mount}, {"mkdir", &t.mkdir}, {"hostname", &t.hostname}} {
 		p, err := exec.LookPath(x.name)
 		if err != nil {
-			return t, fmt.Errorf("%s not found: install util-linux and coreutils (hack/install-packages.sh): %w", x.name, err)
+			return t, fmt.Errorf("%s not found: install util-linux, coreutils and hostname (hack/install-packages.sh): %w", x.name, err)
 		}
 		*x.dst = p
 	}
