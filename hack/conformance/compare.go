@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -14,8 +15,21 @@ import (
 
 // runSpec is the datapath a run tested (run.json in its results directory).
 type runSpec struct {
-	Datapath  string `json:"datapath"`  // lab.DatapathAxon or lab.DatapathBaseline
-	KubeProxy string `json:"kubeProxy"` // none (axon) or iptables / nftables (baseline)
+	Datapath  string `json:"datapath"`        // lab.DatapathAxon or lab.DatapathBaseline
+	KubeProxy string `json:"kubeProxy"`       // none (axon) or iptables / nftables (baseline)
+	Focus     string `json:"focus,omitempty"` // --focus; "" = DefaultFocus
+}
+
+// focusRE is the run's --focus: the specs its results count and list.
+func (r runSpec) focusRE() *regexp.Regexp {
+	if r.Focus == "" {
+		return focusRE
+	}
+	re, err := regexp.Compile(r.Focus)
+	if err != nil {
+		return focusRE
+	}
+	return re
 }
 
 func (r runSpec) validate() error {
@@ -83,8 +97,9 @@ func writeCompare(out string, dirs []string) error {
 		if err != nil {
 			return fmt.Errorf("--compare %s: %w", d, err)
 		}
-		r := comparedRun{dir: d, spec: readRunSpec(d), result: map[string]string{}, counts: count(cases), sandbox: readSandbox(d)}
-		for _, c := range focused(cases) {
+		spec := readRunSpec(d)
+		r := comparedRun{dir: d, spec: spec, result: map[string]string{}, counts: count(cases, spec.focusRE()), sandbox: readSandbox(d)}
+		for _, c := range focused(cases, spec.focusRE()) {
 			r.result[c.Name] = c.result()
 		}
 		runs = append(runs, r)

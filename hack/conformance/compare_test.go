@@ -62,11 +62,11 @@ func TestRunSpec(t *testing.T) {
 		rs      runSpec
 		wantErr string
 	}{
-		{runSpec{"axon", "none"}, ""},
-		{runSpec{"axon", "iptables"}, "leave --kube-proxy at none"},
-		{runSpec{"baseline", "nftables"}, ""},
-		{runSpec{"baseline", "none"}, "want iptables or nftables"},
-		{runSpec{"cilium", "none"}, "want axon or baseline"},
+		{runSpec{Datapath: "axon", KubeProxy: "none"}, ""},
+		{runSpec{Datapath: "axon", KubeProxy: "iptables"}, "leave --kube-proxy at none"},
+		{runSpec{Datapath: "baseline", KubeProxy: "nftables"}, ""},
+		{runSpec{Datapath: "baseline", KubeProxy: "none"}, "want iptables or nftables"},
+		{runSpec{Datapath: "cilium", KubeProxy: "none"}, "want axon or baseline"},
 	} {
 		err := tc.rs.validate()
 		if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {

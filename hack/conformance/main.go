@@ -79,6 +79,12 @@ func run() error {
 		return writeCompare(*out, strings.Split(*compare, ","))
 	}
 	rs := runSpec{Datapath: *datapath, KubeProxy: *kproxy}
+	if *focus != DefaultFocus {
+		if _, err := regexp.Compile(*focus); err != nil {
+			return fmt.Errorf("--focus %q: %w", *focus, err)
+		}
+		rs.Focus = *focus
+	}
 	if err := rs.validate(); err != nil {
 		return err
 	}
@@ -96,7 +102,11 @@ func run() error {
 		if st != nil {
 			t0 = st.ModTime().UTC()
 		}
+		focus := rs.Focus
 		rs = readRunSpec(*out)
+		if focus != "" { // --focus given again: a run.json from before it recorded its focus
+			rs.Focus = focus
+		}
 		md := resultsMarkdown(cases, sk, rs, "(the command is the first line of e2e.log)", t0, 0)
 		return os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644)
 	}
@@ -174,7 +184,7 @@ func run() error {
 	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
-	c := count(cases)
+	c := count(cases, rs.focusRE())
 	fmt.Printf("conformance: %d passed, %d failed, %d skipped (%s): %s\n", c.pass, c.fail, c.skip, took.Round(time.Second), filepath.Join(*out, "results.md"))
 	if c.fail > 0 {
 		return fmt.Errorf("%d tests failed: see %s", c.fail, filepath.Join(*out, "results.md"))
@@ -371,9 +381,9 @@ type counts struct{ pass, fail, skip int }
 
 // count counts the focused tests: ginkgo lists every spec of the binary in its JUnit, the
 // unfocused ones as skipped; the suite's setup nodes ([SynchronizedBeforeSuite] …) too.
-func count(cases []testCase) counts {
+func count(cases []testCase, focus *regexp.Regexp) counts {
 	var c counts
-	for _, tc := range focused(cases) {
+	for _, tc := range focused(cases, focus) {
 		switch tc.result() {
 		case "pass":
 			c.pass++
@@ -388,12 +398,12 @@ func count(cases []testCase) counts {
 
 var focusRE = regexp.MustCompile(DefaultFocus)
 
-// focused keeps the sig-network conformance specs (ginkgo reports every spec, unfocused ones
+// focused keeps the specs the run's focus selects (ginkgo reports every spec, unfocused ones
 // as skipped) and failures of anything else (e.g. the suite's setup).
-func focused(cases []testCase) []testCase {
+func focused(cases []testCase, focus *regexp.Regexp) []testCase {
 	var out []testCase
 	for _, c := range cases {
-		if focusRE.MatchString(c.Name) || c.result() == "fail" {
+		if focus.MatchString(c.Name) || c.result() == "fail" {
 			out = append(out, c)
 		}
 	}
@@ -403,7 +413,7 @@ func focused(cases []testCase) []testCase {
 
 // resultsMarkdown is results.md: counts, the command, and a row per focused test.
 func resultsMarkdown(cases []testCase, sk []skip, rs runSpec, command string, start time.Time, took time.Duration) string {
-	c := count(cases)
+	c := count(cases, rs.focusRE())
 	var b strings.Builder
 	fmt.Fprintf(&b, "# sig-network conformance on `axon lab up --kubelet`: %s\n\n", rs.label())
 	dur := ""
@@ -413,13 +423,16 @@ func resultsMarkdown(cases []testCase, sk []skip, rs runSpec, command string, st
 	fmt.Fprintf(&b, "Run %s UTC%s. **%d passed, %d failed, %d skipped.**\n\n", start.Format("2006-01-02 15:04"), dur, c.pass, c.fail, c.skip)
 	fmt.Fprintf(&b, "```\n%s\n```\n\n", command)
 	fmt.Fprintf(&b, "| test | result | seconds | note |\n|---|---|---|---|\n")
-	for _, tc := range focused(cases) {
+	for _, tc := range focused(cases, rs.focusRE()) {
 		note := ""
 		switch tc.result() {
 		case "fail":
 			note = tc.message()
 		case "skip":
 			note = skipReason(sk, tc.Name)
+			if note == "" && tc.Skipped != nil { // the suite's own skip, e.g. "Requires more than one zone"
+				note = "skipped by the suite: " + strings.TrimPrefix(tc.Skipped.Message, "skipped - ")
+			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.1f | %s |\n", mdCell(tc.Name), tc.result(), tc.Time, mdCell(note))
 	}

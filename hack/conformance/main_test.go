@@ -54,8 +54,14 @@ func TestResults(t *testing.T) {
 	if len(cases) != 5 {
 		t.Fatalf("parsed %d cases, want 5", len(cases))
 	}
-	if c := count(cases); c != (counts{pass: 1, fail: 1, skip: 1}) {
+	if c := count(cases, focusRE); c != (counts{pass: 1, fail: 1, skip: 1}) {
 		t.Errorf("counts %+v, want 1 pass, 1 fail, 1 skip", c)
+	}
+	// a run with its own focus counts what it focused on: here every sig-network spec and the
+	// storage one; a non-conformance pass counted once the focus takes it in
+	broad := runSpec{Datapath: "axon", KubeProxy: "none", Focus: `\[sig-(network|storage)\]`}
+	if c := count(cases, broad.focusRE()); c != (counts{pass: 1, fail: 1, skip: 2}) {
+		t.Errorf("counts with --focus %s: %+v, want 1 pass, 1 fail, 2 skips", broad.Focus, c)
 	}
 	sk, err := parseSkips(`\[sig-network\] DNS # no cluster DNS server`, "skips.txt")
 	if err != nil {
