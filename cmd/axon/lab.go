@@ -184,7 +184,7 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 	rep := l.Health(ctx)
 	fmt.Fprintf(w, "lab %s (%s datapath, created %s, state %s)\n", map[bool]string{true: "UP", false: "DEGRADED"}[rep.OK()],
 		st.Datapath, st.Created.Format(time.RFC3339), st.StateDir)
-	if st.Kubelet && st.Datapath == lab.DatapathAxon {
+	if st.DaemonSetAgents() {
 		fmt.Fprintf(w, "  agents: DaemonSet %s/%s, the chart's settings (same-node TCP bypass: each node's state in the DATAPATH column, sockmap=...)\n", lab.AxonNamespace, lab.AxonDaemonSet)
 	} else if st.Datapath == lab.DatapathAxon {
 		fmt.Fprintf(w, "  agents: --sockmap %s (same-node TCP bypass; each node's state in the DATAPATH column, sockmap=...)\n", st.SockmapMode())
@@ -196,7 +196,7 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 	fmt.Fprintln(tw, "NODE\tIP\tPODCIDRS\tAGENT\tENDPOINTS\tROUTES\tDATAPATH")
 	for _, n := range st.Nodes {
 		agent, eps, routes, dp := "-", "-", "-", "-"
-		if n.Agent != nil || (st.Kubelet && st.Datapath == lab.DatapathAxon) { // --kubelet: the DaemonSet's agent
+		if st.RunsAgent(n) {
 			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			s, err := api.NewClient(n.Socket).Status(ctx)
 			cancel()

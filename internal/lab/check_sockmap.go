@@ -192,16 +192,15 @@ func (l *Lab) CheckSockmap(ctx context.Context, timeout time.Duration) (*Sockmap
 	st := l.State()
 	res := &SockmapCheckResult{}
 	self := filepath.Join(st.BinDir, "axon")
-	kubeletAgents := st.Kubelet && st.Datapath == DatapathAxon // the DaemonSet's, with the chart's settings
 	var all []checkTarget
-	if len(st.Pods) > 0 || kubeletAgents {
+	if len(st.Pods) > 0 || st.DaemonSetAgents() {
 		var err error
 		if all, err = l.checkPods(ctx); err != nil {
 			return res, err
 		}
 	}
 	for _, n := range st.Nodes {
-		if n.Agent == nil && !kubeletAgents {
+		if !st.RunsAgent(n) {
 			continue
 		}
 		c := SockmapCheck{Node: n.Name}
@@ -215,7 +214,7 @@ func (l *Lab) CheckSockmap(ctx context.Context, timeout time.Duration) (*Sockmap
 		if err != nil {
 			return res, err
 		}
-		labOff := st.NoSockmap && !kubeletAgents // --sockmap of `up` is not the chart's
+		labOff := st.NoSockmap && !st.DaemonSetAgents() // --sockmap of `up` is not the chart's
 		var sm *api.SockmapStatus
 		if !labOff {
 			if sm, err = settledSockmap(ctx, agent, sockmapSettle); err != nil {

@@ -63,14 +63,12 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 	for _, n := range st.Nodes {
 		if n.Agent != nil {
 			add("axon-agent/"+n.Name, n.Agent.PID, n.Agent.Alive())
-			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := api.NewClient(n.Socket).Healthy(hctx); err != nil {
-				r.Problems = append(r.Problems, fmt.Sprintf("agent of %s: %v (log %s)", n.Name, err, n.Agent.Log))
-			}
-			cancel()
 		}
-		if st.Kubelet { // containerd, kubelet and the agent from the DaemonSet (kubelet.go)
-			r.kubeletNode(ctx, st, n)
+		if st.Kubelet { // the node's holder, containerd and kubelet (kubelet.go)
+			r.kubeletNode(n)
+		}
+		if st.RunsAgent(n) {
+			r.agentHealth(ctx, n)
 		}
 		if _, err := os.Stat(netnsutil.Path(n.Netns)); err != nil {
 			r.Problems = append(r.Problems, fmt.Sprintf("netns %s is missing", n.Netns))
@@ -95,9 +93,9 @@ func (l *Lab) Health(ctx context.Context) HealthReport {
 	return r
 }
 
-// kubeletNode adds a --kubelet node's processes (the mount namespace holder, containerd,
-// kubelet) and, in the axon datapath, the health of the agent its DaemonSet runs there.
-func (r *HealthReport) kubeletNode(ctx context.Context, st State, n Node) {
+// kubeletNode adds a --kubelet node's processes: the mount namespace holder, containerd,
+// kubelet.
+func (r *HealthReport) kubeletNode(n Node) {
 	ps, err := kubenode.Processes(n.KubeNodeDir)
 	if err != nil {
 		r.Problems = append(r.Problems, fmt.Sprintf("node %s: %v", n.Name, err))
@@ -110,12 +108,18 @@ func (r *HealthReport) kubeletNode(ctx context.Context, st State, n Node) {
 		}
 		r.Processes = append(r.Processes, ProcessStatus{p.Name + "/" + n.Name, p.PID, s})
 	}
-	if st.Datapath != DatapathAxon {
-		return
-	}
+}
+
+// agentHealth adds a problem when node n's agent does not answer healthy, with where to look:
+// the lab agent's log, or the DaemonSet (--kubelet).
+func (r *HealthReport) agentHealth(ctx context.Context, n Node) {
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := api.NewClient(n.Socket).Healthy(hctx); err != nil {
-		r.Problems = append(r.Problems, fmt.Sprintf("agent of %s (DaemonSet %s/%s): %v", n.Name, AxonNamespace, AxonDaemonSet, err))
+		where := fmt.Sprintf("DaemonSet %s/%s", AxonNamespace, AxonDaemonSet)
+		if n.Agent != nil {
+			where = "log " + n.Agent.Log
+		}
+		r.Problems = append(r.Problems, fmt.Sprintf("agent of %s: %v (%s)", n.Name, err, where))
 	}
 }

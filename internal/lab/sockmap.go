@@ -19,6 +19,14 @@ func sockmapAgentArgs(st *State) []string {
 
 // SockmapMode is the lab's same-node TCP bypass switch as `axon lab up`
 // spells it: on or off.
+// DaemonSetAgents reports whether the nodes' agents are the axon DaemonSet's (--kubelet with
+// the axon datapath, the chart's settings) rather than processes of the lab's (Node.Agent).
+func (st *State) DaemonSetAgents() bool { return st.Kubelet && st.Datapath == DatapathAxon }
+
+// RunsAgent reports whether node n runs an axon-agent, the lab's or the DaemonSet's: its API
+// answers on n.Socket.
+func (st *State) RunsAgent(n Node) bool { return n.Agent != nil || st.DaemonSetAgents() }
+
 func (st *State) SockmapMode() string {
 	if st.NoSockmap {
 		return "off"
