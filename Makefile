@@ -35,7 +35,7 @@ help:
 	@echo "make deps     install apt packages and build kube-apiserver/etcd/kubectl/CNI plugins, kubelet/containerd (+ Debian's runc) into ~/.cache/axon"
 	@echo "make lab-down remove the lab"
 	@echo "make manifests render deploy/kubernetes/axon.yaml from the Helm chart deploy/helm/axon"
-	@echo "make images   pause, agnhost and glibc-dns-testing image tarballs for real-kubelet lab nodes into ~/.cache/axon"
+	@echo "make images   the e2e suite's images (pause, agnhost, busybox, ...) as tarballs for real-kubelet lab nodes into ~/.cache/axon"
 	@echo "make conformance-deps  the upstream e2e test binary (e2e.test, ~8 min) into ~/.cache/axon"
 	@echo "make conformance       sig-network conformance on axon lab up --kubelet (results/conformance-<date>/)"
 
@@ -71,11 +71,12 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 image: build
 	$(GO) run ./hack/image -bin $(BIN) -out $(BIN)/image -version $(VERSION) -created $(SOURCE_DATE_EPOCH)
 
-# The pause, agnhost and glibc-dns-testing images real-kubelet lab nodes import into containerd
-# (hack/images, deploy/image/e2e.go), under the names the e2e suite of K8S_VERSION pulls; agnhost
-# and glibc-dns-testing on a layer of Debian packages (the e2e tools: sh, curl, nc, dig, ...)
-# fetched with apt-get download; cached in ~/.cache/axon/images-k8s-<version>/ and
-# ~/.cache/axon/debroot/ (cold about 30-55 s: agnhost is a Go build; cached 4-8 s).
+# The images real-kubelet lab nodes import into containerd (hack/images, deploy/image/e2eref):
+# pause, agnhost (+ CoreDNS, hack/coredns), glibc-dns-testing, busybox, regression-issue-74839
+# and distroless-iptables, under the names the e2e suite of K8S_VERSION pulls; the Debian ones
+# (the e2e tools: sh, curl, nc, dig, ...; busybox; conntrack, iptables) fetched with apt-get
+# download; cached in ~/.cache/axon/images-k8s-<version>/ and ~/.cache/axon/debroot/ (cold
+# about 1 min: agnhost and CoreDNS are Go builds; cached 4-8 s).
 images:
 	$(GO) run ./hack/images
 

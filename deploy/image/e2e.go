@@ -5,16 +5,6 @@ import (
 	"time"
 )
 
-// The images the upstream e2e suite of Kubernetes v1.36.3 (and its kubelet's default sandbox)
-// pulls, by the names test/utils/image/manifest.go of that module gives them. The real-kubelet
-// lab imports them into each node's containerd, so no registry is contacted. hack/images checks
-// these against the module before it builds anything.
-const (
-	PauseRef           = "registry.k8s.io/pause:3.10.2"
-	AgnhostRef         = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-	GlibcDNSTestingRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
-)
-
 // E2EToolsPackages are the Debian packages of the tools layer under agnhost (and the whole of
 // glibc-dns-testing): the commands the sig-network e2e tests run inside those containers
 // (E2ETools). Upstream's agnhost is Alpine with busybox, bind-tools, curl, netcat-openbsd and
@@ -31,6 +21,35 @@ var E2EToolsExclude = []string{"debconf", "debconf-2.0", "dpkg", "perl-base"}
 // E2EToolsLinks are the links netcat-openbsd's postinst makes with update-alternatives: without
 // it /bin/nc would be busybox's nc, which lacks the -v, -t and -u of the tests' commands.
 var E2EToolsLinks = map[string]string{"/bin/nc": "nc.openbsd"}
+
+// PackageSet is a Debian root an image is made of: Packages and their closure in apt's lists
+// minus Exclude, unpacked with Links, the alternatives their maintainer scripts would make
+// (internal/debroot).
+type PackageSet struct {
+	Name     string
+	Packages []string
+	Exclude  []string
+	Links    map[string]string
+}
+
+// The package sets of the e2e images.
+var (
+	// ToolsSet is the tools layer under agnhost, glibc-dns-testing's whole root.
+	ToolsSet = PackageSet{"e2e tools", E2EToolsPackages, E2EToolsExclude, E2EToolsLinks}
+	// BusyBoxSet is the busybox image: upstream's is busybox alone, its applets linked; here
+	// Debian's static build, linked by debroot.
+	BusyBoxSet = PackageSet{"busybox", []string{"busybox-static"}, E2EToolsExclude, nil}
+	// DistrolessIptablesSet is distroless-iptables (upstream: Debian's iptables and conntrack
+	// on a distroless base, kube-proxy's base image). The e2e suite runs `sleep 600`, then
+	// through `/bin/sh -x -c`: `test -f /proc/net/nf_conntrack`, `cat`, `grep`, `which
+	// conntrack` and `conntrack -L` (KubeProxy CLOSE_WAIT): busybox gives the shell and the
+	// small tools. The links are the iptables alternatives, nft first as in Debian.
+	DistrolessIptablesSet = PackageSet{"distroless-iptables", []string{"busybox-static", "conntrack", "iptables"}, E2EToolsExclude,
+		map[string]string{
+			"/usr/sbin/iptables": "iptables-nft", "/usr/sbin/iptables-save": "iptables-nft-save", "/usr/sbin/iptables-restore": "iptables-nft-restore",
+			"/usr/sbin/ip6tables": "ip6tables-nft", "/usr/sbin/ip6tables-save": "ip6tables-nft-save", "/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
+		}}
+)
 
 // E2EToolsPath is the image's PATH (Alpine's, as upstream's agnhost has): the e2e suite runs
 // "sh", "nc" and "dig" by name.
@@ -78,18 +97,22 @@ func PauseImage(pauseBin, arch string, created time.Time) (Contents, error) {
 
 // AgnhostImage is agnhost as upstream lays it out where the e2e suite looks, on tools (the layer
 // of E2EToolsPackages, TreeEntries of a debroot): /agnhost (a static Go build of
-// test/images/agnhost) with the /agnhost-2 link, porter's localhost.crt and localhost.key (from
-// porterDir, test/images/agnhost/porter) and an empty /uploads; entrypoint /agnhost, command
-// pause, Alpine's PATH.
-func AgnhostImage(agnhostBin, porterDir string, tools Layer, arch string, created time.Time) (Contents, error) {
-	if _, err := StaticELF(agnhostBin); err != nil {
-		return Contents{}, err
+// test/images/agnhost) with the /agnhost-2 link, /coredns (a static CoreDNS: the DNS specs
+// run it from agnhost as their own nameserver, `/coredns -conf <Corefile>`), porter's
+// localhost.crt and localhost.key (from porterDir, test/images/agnhost/porter) and an empty
+// /uploads; entrypoint /agnhost, command pause, Alpine's PATH.
+func AgnhostImage(agnhostBin, corednsBin, porterDir string, tools Layer, arch string, created time.Time) (Contents, error) {
+	for _, b := range []string{agnhostBin, corednsBin} {
+		if _, err := StaticELF(b); err != nil {
+			return Contents{}, err
+		}
 	}
 	return Contents{
 		Base: []Layer{tools},
 		Entries: []Entry{
 			{Path: "/agnhost", Src: agnhostBin},
 			{Path: "/agnhost-2", Link: "agnhost"},
+			{Path: "/coredns", Src: corednsBin},
 			{Path: "/localhost.crt", Src: filepath.Join(porterDir, "localhost.crt"), Mode: 0o644},
 			{Path: "/localhost.key", Src: filepath.Join(porterDir, "localhost.key"), Mode: 0o644},
 			{Path: "/uploads", Dir: true},
@@ -103,15 +126,34 @@ func AgnhostImage(agnhostBin, porterDir string, tools Layer, arch string, create
 	}, nil
 }
 
-// GlibcDNSTestingImage is glibc-dns-testing (upstream: Debian with dnsutils, run with a
-// command of the test's): the tools layer alone, the very layer agnhost has.
-func GlibcDNSTestingImage(tools Layer, arch string, created time.Time) Contents {
+// RootImage is an image of one layer, a Debian root (TreeEntries of a debroot), with cmd and
+// Alpine's PATH: glibc-dns-testing (upstream: Debian with dnsutils; the tools layer, the very
+// layer agnhost has, so a node stores it once), busybox (BusyBoxPackages) and
+// distroless-iptables (DistrolessIptablesPackages). The e2e suite gives each its own command.
+func RootImage(root Layer, cmd []string, arch string, created time.Time) Contents {
 	return Contents{
-		Entries:   tools.Entries,
-		Cmd:       []string{"/bin/sh"},
+		Entries:   root.Entries,
+		Cmd:       cmd,
 		Env:       []string{E2EToolsPath},
 		Arch:      arch,
-		CreatedBy: tools.CreatedBy,
+		CreatedBy: root.CreatedBy,
 		Created:   created,
 	}
+}
+
+// RegressionIssue74839Image is the invalid-conntrack-state spec's server: a static Go build of
+// test/images/regression-issue-74839 as its entrypoint (upstream puts it on debian-base; the
+// program needs nothing from it). It answers TCP on port 9000 and, through a raw socket,
+// sends each new connection a segment outside the window.
+func RegressionIssue74839Image(bin, arch string, created time.Time) (Contents, error) {
+	if _, err := StaticELF(bin); err != nil {
+		return Contents{}, err
+	}
+	return Contents{
+		Entries:    []Entry{{Path: "/regression-issue-74839", Src: bin}},
+		Entrypoint: []string{"/regression-issue-74839"},
+		Arch:       arch,
+		CreatedBy:  "deploy/image: /regression-issue-74839 (test/images/regression-issue-74839, CGO_ENABLED=0)",
+		Created:    created,
+	}, nil
 }

@@ -11,19 +11,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/testutil"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// TestE2EImagesLayout: pause is one layer, agnhost a tools layer (here a small tree standing for
+// TestE2EImagesLayout: pause and regression-issue-74839 are one layer, agnhost a tools layer (here a small tree standing for
 // the Debian packages: TreeEntries keeps folders, files with their setuid and sticky bits, and
 // links) under its own, glibc-dns-testing that same tools layer alone (the same digest, so a
 // node stores it once); the files are where upstream's are, the entrypoint, command, user and
 // PATH upstream's, the tarball carries exactly the reference the e2e suite pulls, and the same
 // inputs give the same digest (a different creation time gives another: the digest does depend
-// on its inputs). A static binary of make build stands in for pause and agnhost (hack/images
-// compiles the real ones).
+// on its inputs). A static binary of make build stands in for pause, agnhost, coredns and
+// regression-issue-74839 (hack/images compiles the real ones).
 func TestE2EImagesLayout(t *testing.T) {
 	bin := filepath.Join(repoBin, "axon-cni")
 	porter := t.TempDir()
@@ -69,13 +70,15 @@ func TestE2EImagesLayout(t *testing.T) {
 		env        []string
 		layers     [][]string // each layer's files, bottom first
 	}{
-		{PauseRef, func(c time.Time) (Contents, error) { return PauseImage(bin, "amd64", c) },
+		{e2eref.Pause, func(c time.Time) (Contents, error) { return PauseImage(bin, "amd64", c) },
 			[]string{"/pause"}, nil, "65535:65535", nil, [][]string{{"pause"}}},
-		{AgnhostRef, func(c time.Time) (Contents, error) { return AgnhostImage(bin, porter, tools, "amd64", c) },
+		{e2eref.Agnhost, func(c time.Time) (Contents, error) { return AgnhostImage(bin, bin, porter, tools, "amd64", c) },
 			[]string{"/agnhost"}, []string{"pause"}, "", path,
-			[][]string{toolFiles, {"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads/"}}},
-		{GlibcDNSTestingRef, func(c time.Time) (Contents, error) { return GlibcDNSTestingImage(tools, "amd64", c), nil },
+			[][]string{toolFiles, {"agnhost", "agnhost-2", "coredns", "localhost.crt", "localhost.key", "uploads/"}}},
+		{e2eref.GlibcDNSTesting, func(c time.Time) (Contents, error) { return RootImage(tools, []string{"/bin/sh"}, "amd64", c), nil },
 			nil, []string{"/bin/sh"}, "", path, [][]string{toolFiles}},
+		{e2eref.RegressionIssue74839, func(c time.Time) (Contents, error) { return RegressionIssue74839Image(bin, "amd64", c) },
+			[]string{"/regression-issue-74839"}, nil, "", nil, [][]string{{"regression-issue-74839"}}},
 	} {
 		t.Run(filepath.Base(tc.ref), func(t *testing.T) {
 			digest := func(c time.Time) (v1.Image, v1.Hash) {
@@ -150,7 +153,7 @@ func TestE2EImagesLayout(t *testing.T) {
 					if h.Name == "bin/sh" && (h.Typeflag != tar.TypeSymlink || h.Linkname != "/bin/busybox") {
 						t.Errorf("bin/sh: type %c link %q, want a symlink to /bin/busybox", h.Typeflag, h.Linkname)
 					}
-					if (h.Name == "pause" || h.Name == "agnhost") && h.Mode != 0o755 {
+					if slices.Contains([]string{"pause", "agnhost", "coredns", "regression-issue-74839"}, h.Name) && h.Mode != 0o755 {
 						t.Errorf("%s: mode %o, want 755", h.Name, h.Mode)
 					}
 					if m, ok := wantModes[h.Name]; ok && h.Mode != m {

@@ -1,13 +1,15 @@
-// Command images builds the pause, agnhost and glibc-dns-testing images that real-kubelet lab
-// nodes import into containerd (`make images`), without a registry or a container runtime:
+// Command images builds the images of the e2e suite (deploy/image/e2eref) that real-kubelet
+// lab nodes import into containerd (`make images`), without a registry or a container runtime:
 // pause from build/pause/linux/pause.c of the pinned k8s.io/kubernetes module (gcc -Os
-// -static); agnhost from its test/images/agnhost (static Go build, hack/k8s's module graph) on
-// a layer of Debian packages holding the shell and the tools the e2e tests run in it (curl, nc,
-// dig, ...: image.E2EToolsPackages, unpacked by internal/debroot from the machine's own apt
-// configuration); glibc-dns-testing that same layer alone. Each is packed by deploy/image as a
-// docker-archive tarball (`ctr -n k8s.io images import <tar>`) under the name the e2e suite of
-// that version uses. Cached: an existing tarball is kept while the package versions it was
-// built from (its .inputs file) are still apt's candidates.
+// -static); agnhost from its test/images/agnhost (static Go build, hack/k8s's module graph) and
+// CoreDNS (hack/coredns) on a layer of Debian packages holding the shell and the tools the e2e
+// tests run in it (curl, nc, dig, ...: image.ToolsSet, unpacked by internal/debroot from the
+// machine's own apt configuration); glibc-dns-testing that same layer alone; busybox and
+// distroless-iptables from their own Debian package sets; regression-issue-74839 from its
+// test/images folder. Each is packed by deploy/image as a docker-archive tarball (`ctr -n
+// k8s.io images import <tar>`) under the name the e2e suite of that version uses. Cached: an
+// existing tarball is kept while what it was built from (its .inputs file: package versions,
+// which must still be apt's candidates, and hack/coredns's pins) is unchanged.
 //
 //	go run ./hack/images [-out ~/.cache/axon/images-k8s-v1.36.3] [-debroot ~/.cache/axon/debroot] [-created 0]
 package main
@@ -15,6 +17,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,6 +32,7 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/deploy/image"
+	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/debroot"
 	"github.com/axonhq/axon/internal/lab"
 )
@@ -46,9 +50,9 @@ func main() {
 }
 
 type target struct {
-	ref    string
-	inputs string // what the tarball was built from beyond this program, "" for nothing
+	inputs string // what the tarball was built from beyond this program and the k8s module, "" for nothing
 	build  func(tmp string) (image.Contents, error)
+	ref    string
 }
 
 func run(out, hackDir, debroots string, created time.Time) error {
@@ -70,18 +74,50 @@ func run(out, hackDir, debroots string, created time.Time) error {
 	}
 	defer os.RemoveAll(tmp)
 
-	start := time.Now()
-	tools, err := ToolsLayer(context.Background(), debroots)
+	roots := map[string]root{}
+	for _, set := range []image.PackageSet{image.ToolsSet, image.BusyBoxSet, image.DistrolessIptablesSet} {
+		start := time.Now()
+		r, err := RootLayer(context.Background(), debroots, set)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-20s %s (%d packages, %s) in %s\n", set.Name, r.root.Dir, len(r.root.Packages),
+			map[bool]string{true: "cached", false: "downloaded"}[r.root.Cached], time.Since(start).Round(time.Second))
+		roots[set.Name] = r
+	}
+	tools := roots[image.ToolsSet.Name]
+	corednsMod := filepath.Join(hackDir, "coredns")
+	corednsInputs, err := moduleInputs(corednsMod)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("tools   %s (%d packages, %s) in %s\n", tools.root.Dir, len(tools.root.Packages),
-		map[bool]string{true: "cached", false: "downloaded"}[tools.root.Cached], time.Since(start).Round(time.Second))
-
-	targets := []target{
-		{image.PauseRef, "", func(tmp string) (image.Contents, error) {
+	// goBuild builds pkg of the module in dir as a static binary in tmp, for the Debian roots' arch.
+	goBuild := func(tmp, dir, pkg, name, ldflags string) (string, string, error) {
+		bin, err := filepath.Abs(filepath.Join(tmp, name))
+		if err != nil {
+			return "", "", err
+		}
+		if err := command(dir, []string{"CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly"}, "go", "build", "-trimpath",
+			"-ldflags", "-s -w "+ldflags, "-o", bin, pkg); err != nil {
+			return "", "", fmt.Errorf("build %s: %w", name, err)
+		}
+		arch, err := image.StaticELF(bin)
+		if err != nil {
+			return "", "", err
+		}
+		if arch != tools.arch {
+			return "", "", fmt.Errorf("%s is %s, the Debian packages %s", name, arch, tools.arch)
+		}
+		return bin, arch, nil
+	}
+	rootImage := func(set image.PackageSet, cmd ...string) target {
+		r := roots[set.Name]
+		return target{inputs: r.inputs, build: func(string) (image.Contents, error) { return image.RootImage(r.layer, cmd, r.arch, created), nil }}
+	}
+	targets := map[string]target{
+		e2eref.Pause: {build: func(tmp string) (image.Contents, error) {
 			bin := filepath.Join(tmp, "pause")
-			_, tag, _ := strings.Cut(image.PauseRef, ":")
+			_, tag, _ := strings.Cut(e2eref.Pause, ":")
 			if err := command("", nil, "gcc", "-Os", "-Wall", "-Werror", "-static", "-s",
 				"-DVERSION=v"+tag+"-"+lab.K8sVersion, "-o", bin, filepath.Join(modDir, "build", "pause", "linux", "pause.c")); err != nil {
 				return image.Contents{}, fmt.Errorf("compile pause.c (needs gcc and libc6-dev's static libc: make packages): %w", err)
@@ -92,31 +128,36 @@ func run(out, hackDir, debroots string, created time.Time) error {
 			}
 			return image.PauseImage(bin, arch, created)
 		}},
-		{image.AgnhostRef, tools.inputs, func(tmp string) (image.Contents, error) {
-			bin, err := filepath.Abs(filepath.Join(tmp, "agnhost"))
+		e2eref.Agnhost: {inputs: tools.inputs + corednsInputs, build: func(tmp string) (image.Contents, error) {
+			_, tag, _ := strings.Cut(e2eref.Agnhost, ":")
+			agnhost, arch, err := goBuild(tmp, k8sMod, "k8s.io/kubernetes/test/images/agnhost", "agnhost", "-X main.Version="+tag)
 			if err != nil {
 				return image.Contents{}, err
 			}
-			_, tag, _ := strings.Cut(image.AgnhostRef, ":")
-			if err := command(k8sMod, []string{"CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly"}, "go", "build", "-trimpath",
-				"-ldflags", "-s -w -X main.Version="+tag, "-o", bin, "k8s.io/kubernetes/test/images/agnhost"); err != nil {
-				return image.Contents{}, fmt.Errorf("build agnhost: %w", err)
-			}
-			arch, err := image.StaticELF(bin)
+			coredns, _, err := goBuild(tmp, corednsMod, ".", "coredns", "")
 			if err != nil {
 				return image.Contents{}, err
 			}
-			if arch != tools.arch {
-				return image.Contents{}, fmt.Errorf("agnhost is %s, the Debian packages %s", arch, tools.arch)
-			}
-			return image.AgnhostImage(bin, filepath.Join(modDir, "test", "images", "agnhost", "porter"), tools.layer, arch, created)
+			return image.AgnhostImage(agnhost, coredns, filepath.Join(modDir, "test", "images", "agnhost", "porter"), tools.layer, arch, created)
 		}},
-		{image.GlibcDNSTestingRef, tools.inputs, func(string) (image.Contents, error) {
-			return image.GlibcDNSTestingImage(tools.layer, tools.arch, created), nil
+		e2eref.GlibcDNSTesting:    rootImage(image.ToolsSet, "/bin/sh"),
+		e2eref.BusyBox:            rootImage(image.BusyBoxSet, "sh"),
+		e2eref.DistrolessIptables: rootImage(image.DistrolessIptablesSet, "/bin/sh"),
+		e2eref.RegressionIssue74839: {build: func(tmp string) (image.Contents, error) {
+			bin, arch, err := goBuild(tmp, k8sMod, "k8s.io/kubernetes/test/images/regression-issue-74839", "regression-issue-74839", "")
+			if err != nil {
+				return image.Contents{}, err
+			}
+			return image.RegressionIssue74839Image(bin, arch, created)
 		}},
 	}
-	for _, tg := range targets {
-		tarPath := filepath.Join(out, TarballName(tg.ref))
+	for _, img := range e2eref.Images {
+		tg, ok := targets[img.Ref]
+		if !ok {
+			return fmt.Errorf("%s: e2eref lists it, this command does not build it", img.Ref)
+		}
+		tg.ref = img.Ref
+		tarPath := filepath.Join(out, e2eref.Archive(tg.ref))
 		inputsPath := tarPath + ".inputs"
 		if _, err := os.Stat(tarPath); err == nil {
 			had, _ := os.ReadFile(inputsPath)
@@ -158,59 +199,75 @@ func run(out, hackDir, debroots string, created time.Time) error {
 	return nil
 }
 
-// tools is the layer of Debian packages under agnhost and glibc-dns-testing.
-type tools struct {
+// root is an image layer of Debian packages: the tools under agnhost and glibc-dns-testing,
+// busybox's, distroless-iptables'.
+type root struct {
 	root   debroot.Root
 	layer  image.Layer
 	arch   string
 	inputs string // the package list, one "name version arch" a line
 }
 
-// ToolsLayer resolves image.E2EToolsPackages' closure in apt's lists, unpacks it (cached in
-// debroots by the exact versions) and lists it as an image layer.
-func ToolsLayer(ctx context.Context, debroots string) (tools, error) {
+// RootLayer resolves set's closure in apt's lists, unpacks it (cached in debroots by the exact
+// versions) and lists it as an image layer.
+func RootLayer(ctx context.Context, debroots string, set image.PackageSet) (root, error) {
 	for _, c := range []string{"apt-cache", "apt-get", "dpkg", "dpkg-deb"} {
 		if _, err := exec.LookPath(c); err != nil {
-			return tools{}, fmt.Errorf("e2e tools layer: %w: it is built from Debian packages with apt and dpkg (a Debian or Ubuntu host)", err)
+			return root{}, fmt.Errorf("%s layer: %w: it is built from Debian packages with apt and dpkg (a Debian or Ubuntu host)", set.Name, err)
 		}
 	}
-	pkgs, err := debroot.Resolve(ctx, image.E2EToolsPackages, image.E2EToolsExclude)
+	pkgs, err := debroot.Resolve(ctx, set.Packages, set.Exclude)
 	if err != nil {
-		return tools{}, fmt.Errorf("e2e tools (image.E2EToolsPackages): %w", err)
+		return root{}, fmt.Errorf("%s (deploy/image): %w", set.Name, err)
 	}
-	root, err := debroot.Build(ctx, debroots, pkgs, image.E2EToolsLinks, slog.Default())
+	dr, err := debroot.Build(ctx, debroots, pkgs, set.Links, slog.Default())
 	if err != nil {
-		return tools{}, fmt.Errorf("e2e tools: %w", err)
+		return root{}, fmt.Errorf("%s: %w", set.Name, err)
 	}
-	entries, err := image.TreeEntries(root.Dir)
+	entries, err := image.TreeEntries(dr.Dir)
 	if err != nil {
-		return tools{}, err
+		return root{}, err
 	}
-	t := tools{root: root}
+	r := root{root: dr}
 	var inputs, direct []string
 	for _, p := range pkgs {
 		inputs = append(inputs, p.Name+" "+p.Version+" "+p.Arch+"\n")
-		if slices.Contains(image.E2EToolsPackages, p.Name) {
+		if slices.Contains(set.Packages, p.Name) {
 			direct = append(direct, p.String())
 		}
 		if p.Name == "libc6" {
-			t.arch = p.Arch
+			r.arch = p.Arch
+		}
+		if r.arch == "" && p.Arch != "all" && slices.Contains(set.Packages, p.Name) {
+			r.arch = p.Arch // busybox-static alone has no libc6
 		}
 	}
-	if t.arch == "" {
-		return tools{}, errors.New("e2e tools: no libc6 among the packages")
+	if r.arch == "" {
+		return root{}, fmt.Errorf("%s: no architecture-specific package among %v", set.Name, set.Packages)
 	}
-	t.inputs = strings.Join(inputs, "")
-	t.layer = image.Layer{Entries: entries, CreatedBy: fmt.Sprintf("deploy/image: Debian %s and %d dependencies (debroot %s)",
-		strings.Join(direct, " "), len(pkgs)-len(direct), debroot.Key(pkgs, image.E2EToolsLinks))}
-	return t, nil
+	r.inputs = strings.Join(inputs, "")
+	r.layer = image.Layer{Entries: entries, CreatedBy: fmt.Sprintf("deploy/image: Debian %s and %d dependencies (debroot %s)",
+		strings.Join(direct, " "), len(pkgs)-len(direct), debroot.Key(pkgs, set.Links))}
+	return r, nil
 }
 
-// TarballName is the cache file of an image reference: "pause-3.10.2.tar" for
-// registry.k8s.io/pause:3.10.2.
-func TarballName(ref string) string {
-	repo, tag, _ := strings.Cut(ref, ":")
-	return filepath.Base(repo) + "-" + tag + ".tar"
+// moduleInputs is the cache input of a wrapper module's build (hack/coredns): a hash of its
+// go.mod, go.sum and Go files.
+func moduleInputs(dir string) (string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, f := range append([]string{filepath.Join(dir, "go.mod"), filepath.Join(dir, "go.sum")}, files...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("module %s: %w", dir, err)
+		}
+		fmt.Fprintf(h, "%s %d\n", filepath.Base(f), len(b))
+		h.Write(b)
+	}
+	return fmt.Sprintf("%s %x\n", filepath.ToSlash(dir), h.Sum(nil)[:12]), nil
 }
 
 // moduleDir is k8s.io/kubernetes's folder in the module cache, downloaded when missing.
@@ -233,12 +290,12 @@ func moduleDir(k8sMod string) (string, error) {
 }
 
 var (
-	configRE   = regexp.MustCompile(`configs\[(Pause|Agnhost|GlibcDnsTesting)\] = Config\{list\.(\w+), "([^"]+)", "([^"]+)"\}`)
+	configRE   = regexp.MustCompile(`configs\[(\w+)\] = Config\{list\.(\w+), "([^"]+)", "([^"]+)"\}`)
 	registryRE = regexp.MustCompile(`(?m)^\s*(\w+Registry):\s*"([^"]+)",`)
 )
 
-// checkRefs compares PauseRef, AgnhostRef and GlibcDNSTestingRef with the e2e image manifest of the pinned module,
-// so a Kubernetes update that moves an image fails here, not in a pod stuck pulling.
+// checkRefs compares e2eref's references with the e2e image manifest of the pinned module, so
+// a Kubernetes update that moves an image fails here, not in a pod stuck pulling.
 func checkRefs(manifest string) error {
 	b, err := os.ReadFile(manifest)
 	if err != nil {
@@ -250,21 +307,28 @@ func checkRefs(manifest string) error {
 			registries[string(m[1])] = string(m[2])
 		}
 	}
-	want := map[string]string{"Pause": image.PauseRef, "Agnhost": image.AgnhostRef, "GlibcDnsTesting": image.GlibcDNSTestingRef}
+	want := map[string]string{}
+	for _, img := range e2eref.Images {
+		want[img.Manifest] = img.Ref
+	}
 	found := 0
 	for _, m := range configRE.FindAllSubmatch(b, -1) {
+		ref, ok := want[string(m[1])]
+		if !ok {
+			continue
+		}
 		reg, ok := registries[string(m[2])]
 		if !ok {
 			return fmt.Errorf("%s: registry %s of %s not found", manifest, m[2], m[1])
 		}
 		got := reg + "/" + string(m[3]) + ":" + string(m[4])
-		if got != want[string(m[1])] {
-			return fmt.Errorf("%s names %s %s, deploy/image/e2e.go has %s: update it", manifest, m[1], got, want[string(m[1])])
+		if got != ref {
+			return fmt.Errorf("%s names %s %s, deploy/image/e2eref has %s: update it", manifest, m[1], got, ref)
 		}
 		found++
 	}
 	if found != len(want) {
-		return fmt.Errorf("%s: found %d of the Pause, Agnhost and GlibcDnsTesting entries: its format changed, check deploy/image/e2e.go by hand", manifest, found)
+		return fmt.Errorf("%s: found %d of the %d entries deploy/image/e2eref names: its format changed, check e2eref by hand", manifest, found, len(want))
 	}
 	return nil
 }

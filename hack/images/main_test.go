@@ -11,25 +11,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/axonhq/axon/deploy/image"
+	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/testutil"
 )
-
-func TestTarballName(t *testing.T) {
-	for ref, want := range map[string]string{
-		image.PauseRef:   "pause-3.10.2.tar",
-		image.AgnhostRef: "agnhost-2.63.0.tar",
-	} {
-		if got := TarballName(ref); got != want {
-			t.Errorf("TarballName(%s) = %s, want %s", ref, got, want)
-		}
-	}
-}
 
 // TestCheckRefs: the references in deploy/image/e2e.go match the e2e image manifest of the
 // pinned k8s.io/kubernetes, and a manifest that moves an image (here: another pause tag) is
@@ -54,7 +45,7 @@ func TestCheckRefs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, tag, _ := strings.Cut(image.PauseRef, ":")
+	_, tag, _ := strings.Cut(e2eref.Pause, ":")
 	moved := strings.Replace(string(b), `"pause", "`+tag+`"`, `"pause", "9.9"`, 1)
 	if moved == string(b) {
 		t.Fatalf("%s has no pause entry with tag %s", manifest, tag)
@@ -64,7 +55,7 @@ func TestCheckRefs(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = checkRefs(alt)
-	if err == nil || !strings.Contains(err.Error(), "registry.k8s.io/pause:9.9") || !strings.Contains(err.Error(), image.PauseRef) {
+	if err == nil || !strings.Contains(err.Error(), "registry.k8s.io/pause:9.9") || !strings.Contains(err.Error(), e2eref.Pause) {
 		t.Fatalf("checkRefs with pause moved to 9.9: %v, want an error naming both references", err)
 	}
 	t.Logf("refused as expected: %v", err)
@@ -94,7 +85,7 @@ func TestE2EToolsRunInRoot(t *testing.T) {
 		t.Skip("no apt-get: the tools layer is built from Debian packages")
 	}
 	start := time.Now()
-	tl, err := ToolsLayer(context.Background(), filepath.Join(lab.DepsDir(), "debroot"))
+	tl, err := RootLayer(context.Background(), filepath.Join(lab.DepsDir(), "debroot"), image.ToolsSet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,21 +265,37 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, ref := range []string{image.AgnhostRef, image.GlibcDNSTestingRef} {
-		if o, err := ctr("images", "import", filepath.Join(out, TarballName(ref))); err != nil {
-			t.Fatalf("import %s: %v\n%s", ref, err, o)
+	for _, img := range e2eref.Images {
+		if img.Ref == e2eref.Pause { // no runtime here runs a sandbox
+			continue
+		}
+		if o, err := ctr("images", "import", filepath.Join(out, e2eref.Archive(img.Ref))); err != nil {
+			t.Fatalf("import %s: %v\n%s", img.Ref, err, o)
 		}
 	}
+	// The DNS specs' own nameserver: agnhost's /coredns with the Corefile the e2e suite writes
+	// (generateCoreDNSConfigmap), asked by dig in the same container.
+	corefile := `. {\n\thosts {\n\t\t1.1.1.1 notexistname.resolv.conf.local\n\t}\n\tlog\n}\n`
 	for _, tc := range []struct {
 		ref, script string
 		want        []string
 	}{
-		{image.AgnhostRef, "/agnhost netexec --http-port 8080 --udp-port 8081 >/dev/null 2>&1 & " +
+		{e2eref.Agnhost, "/agnhost netexec --http-port 8080 --udp-port 8081 >/dev/null 2>&1 & " +
 			"for i in $(seq 1 50); do curl -g -q -s --connect-timeout 1 'http://127.0.0.1:8080/echo?msg=axon-http' && break; sleep 0.1; done; echo; " +
 			"echo udp=$(echo hostName | nc -w 1 -u 127.0.0.1 8081); " +
 			"echo | nc -v -t -w 2 127.0.0.1 8080 2>&1 | head -1; nc -h 2>&1 | head -1; dig -v 2>&1; getent --version | head -1; echo wget=$(wget -q -O - -T 1 http://127.0.0.1:8080/hostname)",
 			[]string{"axon-http", "Connection to 127.0.0.1 8080 port [tcp/*] succeeded!", "OpenBSD netcat (Debian", "DiG 9.", "getent (Debian GLIBC"}},
-		{image.GlibcDNSTestingRef, "dig -v 2>&1; getent --version | head -1", []string{"DiG 9.", "GLIBC"}},
+		{e2eref.Agnhost, "printf '" + corefile + "' > /tmp/Corefile; /coredns -conf /tmp/Corefile > /tmp/coredns.log 2>&1 & " +
+			"for i in $(seq 1 50); do a=$(dig +short +time=1 +tries=1 @127.0.0.1 notexistname.resolv.conf.local) && [ -n \"$a\" ] && break; sleep 0.1; done; " +
+			"echo answer=$a; kill $!; cat /tmp/coredns.log",
+			[]string{"answer=1.1.1.1\n", "CoreDNS-1.", "notexistname.resolv.conf.local. udp"}},
+		{e2eref.GlibcDNSTesting, "dig -v 2>&1; getent --version | head -1", []string{"DiG 9.", "GLIBC"}},
+		// The Conntrack specs' init container and client, in upstream's own words.
+		{e2eref.BusyBox, "echo Pausing start. && sleep 0; nc 2>&1 | grep Usage; busybox | head -1",
+			[]string{"Pausing start.", "Usage: nc", "BusyBox v1."}},
+		// The KubeProxy CLOSE_WAIT spec's host tools.
+		{e2eref.DistrolessIptables, "sleep 0; test -f /proc/net/nf_conntrack || echo no-proc-conntrack; which conntrack; conntrack --version; iptables --version; cat /proc/version | grep -c Linux",
+			[]string{"/usr/sbin/conntrack", "conntrack v1.4", "iptables v1.8", "(nf_tables)"}},
 	} {
 		name := "t-" + testutil.RandSuffix(t)
 		o, err := ctr("run", "--rm", tc.ref, name, "/bin/sh", "-x", "-c", tc.script)
@@ -301,7 +308,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 				t.Errorf("%s: output lacks %q:\n%s", tc.ref, w, o)
 			}
 		}
-		if tc.ref == image.AgnhostRef {
+		if tc.ref == e2eref.Agnhost && strings.Contains(tc.script, "netexec") {
 			// netexec answers "hostName" over UDP and /hostname over HTTP with the container's
 			// hostname (ctr run keeps the host's UTS namespace).
 			host, err := os.Hostname()
@@ -316,4 +323,40 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 		}
 		t.Logf("%s:\n%s", tc.ref, o)
 	}
+
+	// regression-issue-74839 has no shell: run its entrypoint as the spec does (POD_IP from the
+	// downward API, NET_RAW is in containerd's default capabilities), see it listen on 9000 and
+	// open its raw socket, and still run a second later (a failed raw socket panics).
+	name := "t-" + testutil.RandSuffix(t)
+	boomLog := filepath.Join(dir, "boom.log")
+	if o, err := ctr("run", "-d", "--log-uri", "file://"+boomLog, "--env", "POD_IP=127.0.0.1", "--env", "POD_IPS=127.0.0.1",
+		e2eref.RegressionIssue74839, name); err != nil {
+		t.Fatalf("%s: ctr run: %v\n%s", e2eref.RegressionIssue74839, err, o)
+	}
+	t.Cleanup(func() {
+		ctr("task", "kill", "-s", "SIGKILL", name)
+		for range 50 {
+			if _, err := ctr("task", "rm", name); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		ctr("container", "rm", name)
+	})
+	var boom []byte
+	for deadline := time.Now().Add(testutil.Stretch(t, 10*time.Second)); ; time.Sleep(100 * time.Millisecond) {
+		boom, _ = os.ReadFile(boomLog)
+		if strings.Contains(string(boom), "listen on 0.0.0.0:9000") && strings.Contains(string(boom), "probing 127.0.0.1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no listen/probing lines in its log:\n%s", e2eref.RegressionIssue74839, boom)
+		}
+	}
+	time.Sleep(time.Second)
+	if o, err := ctr("task", "ls"); err != nil || !regexp.MustCompile(name+`\s+\d+\s+RUNNING`).MatchString(o) {
+		boom, _ = os.ReadFile(boomLog)
+		t.Fatalf("%s: not running a second on (%v):\n%s\nlog:\n%s", e2eref.RegressionIssue74839, err, o, boom)
+	}
+	t.Logf("%s:\n%s", e2eref.RegressionIssue74839, boom)
 }

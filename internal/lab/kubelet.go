@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/lab/clusterdns"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubenode"
@@ -51,19 +52,24 @@ const (
 
 var kubeletNodePrivateDirs = []string{"/run/axon", "/var/lib/axon", "/run/kubenode"}
 
-// Images every kubelet node imports (the lab has no registry): pause and agnhost from `make
-// images`, axon's from `make image`.
-const (
-	PauseImageArchive   = "pause-3.10.2.tar"
-	AgnhostImageArchive = "agnhost-2.63.0.tar"
-	// DNSTestingImageArchive (glibc-dns-testing, `make images`) is imported when it is there.
-	DNSTestingImageArchive = "glibc-dns-testing-2.0.0.tar"
-	// AgnhostImage is the name agnhost is imported under.
-	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-)
+// AgnhostImage is the name agnhost is imported under (`make images`, deploy/image/e2eref).
+const AgnhostImage = e2eref.Agnhost
 
 // ImagesDir holds the archives of `make images`.
 func ImagesDir() string { return filepath.Join(DepsDir(), "images-k8s-"+K8sVersion) }
+
+// kubeletImages are the archives of `make images` every kubelet node imports (the lab has no
+// registry): the required ones (pause, agnhost: preflightKubelet checks them) and those of the
+// other e2e images that are there (the e2e specs that use them pull them).
+func kubeletImages() []string {
+	var images []string
+	for _, img := range e2eref.Images {
+		if f := filepath.Join(ImagesDir(), e2eref.Archive(img.Ref)); img.Required || fileExists(f) {
+			images = append(images, f)
+		}
+	}
+	return images
+}
 
 // axonImageArchive is UpOptions.Image or `make image`'s docker archive in BinDir
 // (ghcr.io/axonhq/axon:<appVersion>, the tag the chart runs).
@@ -117,8 +123,8 @@ func preflightKubelet(o UpOptions) []error {
 			errs = append(errs, err)
 		}
 	}
-	for _, f := range []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive)} {
-		if _, err := os.Stat(f); err != nil {
+	for _, img := range e2eref.Images {
+		if f := filepath.Join(ImagesDir(), e2eref.Archive(img.Ref)); img.Required && !fileExists(f) {
 			errs = append(errs, fmt.Errorf("image archive %s missing: run `make images`", f))
 		}
 	}
@@ -264,12 +270,9 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 		Containerd: dep("containerd"), ShimDir: filepath.Dir(dep("containerd-shim-runc-v2")),
 		Ctr: dep("ctr"), Runc: dep("runc-debian"), Kubelet: dep("kubelet"),
 	}
-	images := []string{filepath.Join(ImagesDir(), PauseImageArchive), filepath.Join(ImagesDir(), AgnhostImageArchive)}
+	images := kubeletImages()
 	if st.Datapath == DatapathAxon {
 		images = append(images, axonImageArchive(o))
-	}
-	if dnsImage := filepath.Join(ImagesDir(), DNSTestingImageArchive); fileExists(dnsImage) { // optional: the conformance DNS specs use it
-		images = append(images, dnsImage)
 	}
 	errs := make([]error, len(st.Nodes))
 	done := make(chan struct{}, len(st.Nodes))

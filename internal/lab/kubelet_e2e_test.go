@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/netnsutil"
 )
@@ -50,8 +51,8 @@ func needKubelet(t *testing.T) {
 			t.Skipf("cached dependency missing (%v): run `make deps`", err)
 		}
 	}
-	for _, f := range []string{lab.PauseImageArchive, lab.AgnhostImageArchive} {
-		if _, err := os.Stat(filepath.Join(lab.ImagesDir(), f)); err != nil {
+	for _, img := range e2eref.Images {
+		if _, err := os.Stat(filepath.Join(lab.ImagesDir(), e2eref.Archive(img.Ref))); img.Required && err != nil {
 			t.Skipf("image archive missing (%v): run `make images`", err)
 		}
 	}
