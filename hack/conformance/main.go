@@ -12,7 +12,8 @@
 // by side (compare.md), test by test.
 //
 // Skips come from a file (skips.txt): one regular expression per line, each with its reason
-// after " # "; a line without a reason is an error. `make conformance` runs it; it is not part
+// after " # "; a line without a reason is an error. A line that starts with "@axon " or
+// "@baseline " skips only on that datapath (a spec of the other's own machinery). `make conformance` runs it; it is not part
 // of `make test` (a run takes tens of minutes). Needs root, like the lab.
 package main
 
@@ -89,10 +90,6 @@ func run() error {
 		return err
 	}
 	if *render {
-		sk, err := readSkips(*skips)
-		if err != nil {
-			return err
-		}
 		cases, err := readJUnit(filepath.Join(*out, "junit"))
 		if err != nil {
 			return err
@@ -107,6 +104,10 @@ func run() error {
 		if focus != "" { // --focus given again: a run.json from before it recorded its focus
 			rs.Focus = focus
 		}
+		sk, err := readSkips(*skips, rs.Datapath)
+		if err != nil {
+			return err
+		}
 		md := resultsMarkdown(cases, sk, rs, "(the command is the first line of e2e.log)", t0, 0)
 		return os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644)
 	}
@@ -117,7 +118,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	sk, err := readSkips(*skips)
+	sk, err := readSkips(*skips, rs.Datapath)
 	if err != nil {
 		return err
 	}
@@ -240,22 +241,30 @@ type skip struct {
 	reason string
 }
 
-// readSkips parses the skip list: `regex # reason` per line; blank lines and lines starting
+// readSkips parses the skip list for a run on datapath: `regex # reason` per line, or
+// `@<datapath> regex # reason` for a skip of that datapath only; blank lines and lines starting
 // with '#' are comments.
-func readSkips(path string) ([]skip, error) {
+func readSkips(path, datapath string) ([]skip, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("skip list: %w", err)
 	}
-	return parseSkips(string(b), path)
+	return parseSkips(string(b), path, datapath)
 }
 
-func parseSkips(text, name string) ([]skip, error) {
+func parseSkips(text, name, datapath string) ([]skip, error) {
 	var out []skip
 	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
+		}
+		only := ""
+		if rest, ok := strings.CutPrefix(line, "@"); ok {
+			only, line, _ = strings.Cut(rest, " ")
+			if only != lab.DatapathAxon && only != lab.DatapathBaseline {
+				return nil, fmt.Errorf("%s:%d: @%s: a datapath-only skip names %s or %s", name, i+1, only, lab.DatapathAxon, lab.DatapathBaseline)
+			}
 		}
 		expr, reason, ok := strings.Cut(line, " # ")
 		expr, reason = strings.TrimSpace(expr), strings.TrimSpace(reason)
@@ -265,6 +274,9 @@ func parseSkips(text, name string) ([]skip, error) {
 		re, err := regexp.Compile(expr)
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", name, i+1, err)
+		}
+		if only != "" && only != datapath {
+			continue
 		}
 		out = append(out, skip{re: re, reason: reason})
 	}

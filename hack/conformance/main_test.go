@@ -10,14 +10,18 @@ func TestParseSkips(t *testing.T) {
 	for _, tc := range []struct {
 		name, text, wantErr string
 		want                int
+		last                string // the last skip's expression, if set
 	}{
-		{"ok", "# comment\n\n\\[sig-network\\] DNS  # no cluster DNS\nLoadBalancer # no cloud\n", "", 2},
-		{"no reason", "\\[sig-network\\] DNS\n", "has no reason", 0},
-		{"empty reason", "DNS # \n", "has no reason", 0},
-		{"bad regex", "DNS( # why\n", "missing closing", 0},
+		{"ok", "# comment\n\n\\[sig-network\\] DNS  # no cluster DNS\nLoadBalancer # no cloud\n", "", 2, ""},
+		{"datapath only", "LoadBalancer # no cloud\n@axon kube-proxy urls # no kube-proxy\n@baseline Sockmap # axon's own\n", "", 2, ""},
+		{"unknown datapath", "@cilium kube-proxy urls # no kube-proxy\n", "datapath-only skip names axon or baseline", 0, ""},
+		{"datapath only without reason", "@axon kube-proxy urls\n", "has no reason", 0, ""},
+		{"no reason", "\\[sig-network\\] DNS\n", "has no reason", 0, ""},
+		{"empty reason", "DNS # \n", "has no reason", 0, ""},
+		{"bad regex", "DNS( # why\n", "missing closing", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sk, err := parseSkips(tc.text, "skips.txt")
+			sk, err := parseSkips(tc.text, "skips.txt", "axon")
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want one saying %q", err, tc.wantErr)
@@ -26,6 +30,9 @@ func TestParseSkips(t *testing.T) {
 			}
 			if err != nil || len(sk) != tc.want {
 				t.Fatalf("got %d skips, err %v; want %d", len(sk), err, tc.want)
+			}
+			if tc.last != "" && sk[len(sk)-1].re.String() != tc.last {
+				t.Fatalf("last skip %q, want %q (the run's datapath only)", sk[len(sk)-1].re, tc.last)
 			}
 		})
 	}
@@ -63,7 +70,7 @@ func TestResults(t *testing.T) {
 	if c := count(cases, broad.focusRE()); c != (counts{pass: 1, fail: 1, skip: 2}) {
 		t.Errorf("counts with --focus %s: %+v, want 1 pass, 1 fail, 2 skips", broad.Focus, c)
 	}
-	sk, err := parseSkips(`\[sig-network\] DNS # no cluster DNS server`, "skips.txt")
+	sk, err := parseSkips(`\[sig-network\] DNS # no cluster DNS server`, "skips.txt", "axon")
 	if err != nil {
 		t.Fatal(err)
 	}
