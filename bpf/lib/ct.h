@@ -36,6 +36,7 @@
 #define AXON_CT_H
 
 #include "common.h"
+#include "l4.h"
 
 /* Default number of CT entries; nodeport.Options.CTMax overrides it at load. */
 #define AXON_NP_CT_MAX 131072
@@ -56,17 +57,6 @@ enum np_ct_flag {
 	NP_CT_XDP = 0x20,     /* with NP_CT_LOCAL: the flow's last packet was DNATed at XDP,
 			       * so tc next sees it addressed to the pod; tc then does not
 			       * take it for a direct flow (np_direct_reuse) */
-};
-
-/* np_tuple: one direction of a flow as seen in the packet (40 bytes).
- * Addresses are 16 bytes, IPv4 as ::ffff:a.b.c.d; ports network order. */
-struct np_tuple {
-	__u8 saddr[16];
-	__u8 daddr[16];
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 pad[3];
 };
 
 /* np_ct: value of axon_np_ct (48 bytes): where the flow goes. */
