@@ -149,7 +149,7 @@ AXON_INLINE int sock_fwd(struct bpf_sock_addr *ctx, int v6, int connect)
 	svc = lb_lookup(&key);
 	if (!svc)
 		return SYS_PROCEED;
-	fe_id = lb_select(&key, svc, nsc, &b);
+	fe_id = lb_select(&key, svc, nsc, &b, NULL);
 	if (!fe_id) {
 		sock_refused(&key, v6);
 		bpf_set_retval(-AXON_ECONNREFUSED);

@@ -104,7 +104,7 @@ enum axon_drop_reason {
 	AXON_DROP_REASON_SPOOF_ND = 2,      /* pod_egress: Neighbor Advertisement for an address not the pod's; RA, Redirect */
 	AXON_DROP_REASON_L2 = 3,            /* pod_egress: ethertype other than IPv4/IPv6/ARP, or a VLAN tag */
 	AXON_DROP_REASON_MALFORMED = 4,     /* pod_egress: headers the source guard cannot check */
-	AXON_DROP_REASON_NO_BACKEND = 5,    /* LB (tc/XDP) or socket LB: a Service frontend without a usable backend */
+	AXON_DROP_REASON_NO_BACKEND = 5,    /* LB (tc/XDP), socket LB or pod LB: a Service frontend without a usable backend */
 	AXON_DROP_REASON_SRC_RANGE = 6,     /* LB: client outside loadBalancerSourceRanges */
 	AXON_DROP_REASON_NOT_LOCAL = 7,     /* LB: externalTrafficPolicy Local and no backend on this node */
 	AXON_DROP_REASON_NO_ROUTE = 8,      /* LB: the FIB has no way to the backend or the client */
@@ -138,7 +138,8 @@ enum axon_prog {
 	AXON_PROG_LB_EGRESS = 4,      /* lb_tc.c, tc egress of the uplink */
 	AXON_PROG_UPLINK_EGRESS = 5,  /* uplink_egress.c (Bandwidth Manager) */
 	AXON_PROG_SOCK_LB = 6,        /* sock_lb.c: a connect/sendmsg refused */
-	AXON_PROG_MAX = 7,
+	AXON_PROG_POD_LB = 7,         /* pod_lb.c: a pod's own per-packet Service LB */
+	AXON_PROG_MAX = 8,
 };
 
 /* Frontend scopes of both Service load balancers (lb_svc_key.scope in
@@ -199,6 +200,23 @@ enum axon_vmb_counter {
 	AXON_VMB_TAP_BCAST_COPY = 5, /* tap: broadcast/multicast also delivered to the bridge itself (a clone into its ingress), e.g. a DHCP DISCOVER */
 	AXON_VMB_REDIRECT_FAIL = 6,  /* a redirect or clone the helper refused (the frame then takes the bridge path) */
 	AXON_VMB_MAX = 7,
+};
+
+/* Counters of a pod's per-packet Service LB (pod_lb.c), the index of its
+ * per-pod axon_podlb_stats. Names: the members' without AXON_PODLB_, lower
+ * case (counterNames in internal/datapath/podlb). */
+enum axon_podlb_counter {
+	AXON_PODLB_NEW = 0,         /* egress: a new flow to a frontend got a backend (destination rewritten) */
+	AXON_PODLB_HIT = 1,         /* egress: a packet of a known flow rewritten to its backend */
+	AXON_PODLB_REPLY = 2,       /* ingress: a reply given its frontend back as source */
+	AXON_PODLB_RESELECT = 3,    /* egress: a known flow's backend was gone or unusable at a SYN or UDP datagram: chosen again */
+	AXON_PODLB_NO_BACKEND = 4,  /* egress: a frontend without a usable backend: dropped (drop reason no_backend) */
+	AXON_PODLB_UNTRACKED = 5,   /* egress: TCP without SYN to a frontend, no flow known: passed untranslated */
+	AXON_PODLB_FRAGMENT = 6,    /* egress: an IP fragment to a frontend: passed untranslated */
+	AXON_PODLB_CT_FAIL = 7,     /* egress: the flow could not be written to axon_podlb_ct: dropped (rewrite_fail) */
+	AXON_PODLB_REWRITE_FAIL = 8, /* a header write failed: dropped (rewrite_fail) */
+	AXON_PODLB_STALE_REV = 9,   /* egress: a new direct flow removed a reverse entry of its tuple left by an old translated flow */
+	AXON_PODLB_MAX = 10,
 };
 
 /* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* lb.h: service load-balancing maps and backend selection, shared by the
- * socket LB hooks (sock_lb.c) and, later, the per-packet service path.
+ * socket LB hooks (sock_lb.c) and the pods' per-packet LB (pod_lb.c).
  *
  * Written by the agent only (internal/datapath/socklb.go). Layouts are ABI
  * with the Go side: keep the structs free of implicit padding.
@@ -322,7 +322,9 @@ AXON_INLINE int lb_pick(struct lb_svc_key *key, const struct lb_svc_val *svc,
 /* lb_select chooses the backend of a new connection into out: the affine
  * one while its entry is fresh and the backend still usable, else a random
  * Active one, else a random Terminating one. key holds the matched master key
- * (slot 0), found its value. Returns the frontend id, 0 when none serves.
+ * (slot 0), found its value. Returns the frontend id, 0 when none serves;
+ * the chosen backend's id (axon_lb_be key) goes to *be_out unless be_out is
+ * NULL (a constant NULL compiles the store away).
  *
  * The agent updates a frontend while the hooks run (slots, then the master,
  * then removals), and hash map elements are reused as soon as they are freed
@@ -331,7 +333,7 @@ AXON_INLINE int lb_pick(struct lb_svc_key *key, const struct lb_svc_val *svc,
  * that reads as zero backends) re-reads the master and tries again: only a
  * frontend that shows no usable backend every time is refused. */
 AXON_INLINE __u32 lb_select(struct lb_svc_key *key, const struct lb_svc_val *found,
-			    __u64 netns_cookie, struct lb_backend *out)
+			    __u64 netns_cookie, struct lb_backend *out, __u32 *be_out)
 {
 	struct lb_aff_key akey = {};
 	struct lb_aff_val aval = {};
@@ -356,6 +358,8 @@ AXON_INLINE __u32 lb_select(struct lb_svc_key *key, const struct lb_svc_val *fou
 				__builtin_memcpy(out, b, sizeof(*out));
 				if (lb_usable(out, &svc)) {
 					aff->last_used_ns = now;
+					if (be_out)
+						*be_out = be_id;
 					return svc.id;
 				}
 			}
@@ -383,6 +387,8 @@ AXON_INLINE __u32 lb_select(struct lb_svc_key *key, const struct lb_svc_val *fou
 		aval.last_used_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&axon_lb_aff, &akey, &aval, BPF_ANY);
 	}
+	if (be_out)
+		*be_out = be_id;
 	return svc.id;
 }
 

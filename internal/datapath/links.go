@@ -120,15 +120,17 @@ type Hook struct {
 // handles are a contract with running nodes: a restarted agent finds and
 // adopts its attachments by them.
 const (
-	RolePod       = "pod"     // axon_pod_egress: tc ingress of a pod's host-side veth, or the netkit peer
-	RoleUplink    = "uplink"  // axon_uplink_ingress: tc ingress of the uplink
-	RoleBandwidth = "bwm"     // axon_uplink_egress (Bandwidth Manager): tc egress of the uplink
-	RoleLBIn      = "lbin"    // axon_lb_ingress (nodeport LB): tc ingress of the uplink, first in the chain
-	RoleLBOut     = "lbout"   // axon_lb_egress (nodeport LB): tc egress of the uplink, first in the chain
-	RoleLBDecap   = "lbdecap" // axon_lb_decap (DSR backend): tc ingress, first in the chain
-	RoleLBXDP     = "lbxdp"   // axon_lb_xdp (nodeport LB): XDP link of the uplink
-	RoleVMBTap    = "vmbtap"  // axon_vmb_from_tap (VM-pod bridge bypass): tc ingress of a VM's tap, in the pod netns; pinned under the pod's own dir
-	RoleVMBPod    = "vmbpod"  // axon_vmb_from_pod (VM-pod bridge bypass): tc ingress of the VM pod's interface, in the pod netns; pinned as above
+	RolePod       = "pod"      // axon_pod_egress: tc ingress of a pod's host-side veth, or the netkit peer
+	RoleUplink    = "uplink"   // axon_uplink_ingress: tc ingress of the uplink
+	RoleBandwidth = "bwm"      // axon_uplink_egress (Bandwidth Manager): tc egress of the uplink
+	RoleLBIn      = "lbin"     // axon_lb_ingress (nodeport LB): tc ingress of the uplink, first in the chain
+	RoleLBOut     = "lbout"    // axon_lb_egress (nodeport LB): tc egress of the uplink, first in the chain
+	RoleLBDecap   = "lbdecap"  // axon_lb_decap (DSR backend): tc ingress, first in the chain
+	RoleLBXDP     = "lbxdp"    // axon_lb_xdp (nodeport LB): XDP link of the uplink
+	RoleVMBTap    = "vmbtap"   // axon_vmb_from_tap (VM-pod bridge bypass): tc ingress of a VM's tap, in the pod netns; pinned under the pod's own dir
+	RoleVMBPod    = "vmbpod"   // axon_vmb_from_pod (VM-pod bridge bypass): tc ingress of the VM pod's interface, in the pod netns; pinned as above
+	RolePodLBOut  = "podlbout" // axon_podlb_egress (a pod's per-packet Service LB): tc egress of the pod's interface, in the pod netns; pinned under the pod's own dir
+	RolePodLBIn   = "podlbin"  // axon_podlb_ingress (same): tc ingress of the pod's interface, first in the chain; pinned as above
 )
 
 // TCHooks lists the tc hooks of the registry. Hooks that can share a
@@ -145,6 +147,8 @@ func TCHooks() []Hook {
 		{Role: RoleLBDecap, First: true, Handle: 0xa18, Filter: "axon_lb"}, // a node can be LB and DSR backend
 		{Role: RoleVMBTap, First: true, Handle: 0xa19, Filter: "axon_vmb"}, // devices inside a VM pod's netns
 		{Role: RoleVMBPod, First: true, Handle: 0xa19, Filter: "axon_vmb"},
+		{Role: RolePodLBOut, Egress: true, First: true, Handle: 0xa1a, Filter: "axon_podlb"}, // a pod's own interface, in its netns
+		{Role: RolePodLBIn, First: true, Handle: 0xa1a, Filter: "axon_podlb"},
 	}
 }
 

@@ -18,6 +18,8 @@ func TestTCHookRegistry(t *testing.T) {
 		RoleLBDecap:   {false, 0xa18, "axon_lb"},
 		RoleVMBTap:    {false, 0xa19, "axon_vmb"},
 		RoleVMBPod:    {false, 0xa19, "axon_vmb"},
+		RolePodLBOut:  {true, 0xa1a, "axon_podlb"},
+		RolePodLBIn:   {false, 0xa1a, "axon_podlb"},
 	}
 	seen := map[string]bool{}
 	onUplink := map[[2]uint32]string{}
@@ -31,8 +33,8 @@ func TestTCHookRegistry(t *testing.T) {
 		if h.Egress != w.egress || h.Handle != w.handle || h.Filter != w.filter || h.Legacy {
 			t.Errorf("role %s: %+v, want egress %v handle %#x filter %s", h.Role, h, w.egress, w.handle, w.filter)
 		}
-		if h.Role == RolePod || h.Role == RoleVMBTap || h.Role == RoleVMBPod {
-			continue // pods' devices carry nothing else (the VM bypass's two are on two devices of the pod's netns)
+		if h.Role == RolePod || h.Role == RoleVMBTap || h.Role == RoleVMBPod || h.Role == RolePodLBOut || h.Role == RolePodLBIn {
+			continue // pods' devices carry nothing else (the VM bypass's two are on two devices of the pod's netns, the pod LB's two on both hooks of its interface)
 		}
 		dir := uint32(0)
 		if h.Egress {

@@ -25,7 +25,7 @@ var (
 		"drop_spoof_nd",     // pod_egress: Neighbor Advertisement for an address not the pod's; RA, Redirect
 		"drop_l2",           // pod_egress: ethertype other than IPv4/IPv6/ARP, or a VLAN tag
 		"drop_malformed",    // pod_egress: headers the source guard cannot check
-		"drop_no_backend",   // LB or socket LB: Service frontend without a usable backend
+		"drop_no_backend",   // LB, socket LB or pod LB: Service frontend without a usable backend
 		"drop_src_range",    // LB: client outside loadBalancerSourceRanges
 		"drop_not_local",    // LB: externalTrafficPolicy Local, no local backend
 		"drop_no_route",     // LB: no route to the backend or the client
@@ -40,7 +40,7 @@ var (
 	// directionNames: enum axon_drop_dir.
 	directionNames = []string{"ingress", "egress"}
 	// progNames: enum axon_prog.
-	progNames = []string{"pod_egress", "uplink_ingress", "lb_tc", "lb_xdp", "lb_egress", "uplink_egress", "sock_lb"}
+	progNames = []string{"pod_egress", "uplink_ingress", "lb_tc", "lb_xdp", "lb_egress", "uplink_egress", "sock_lb", "pod_lb"}
 	// ringStatNames: enum axon_drop_ring_stat.
 	ringStatNames = []string{"emitted", "lost"}
 )

@@ -19,6 +19,7 @@ var objects = map[string]string{
 	"lb_xdp":         "../nodeport/lbxdp_bpfel.o",
 	"uplink_egress":  "../bandwidth/uplinkegress_bpfel.o",
 	"sock_lb":        "../socklb/socklb_bpfel.o",
+	"pod_lb":         "../podlb/podlb_bpfel.o",
 }
 
 func loaders() map[string]func() (*ebpf.CollectionSpec, error) {
