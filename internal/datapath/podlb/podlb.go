@@ -265,12 +265,7 @@ func isPodLBRole(_, role string) bool {
 	return role == datapath.RolePodLBOut || role == datapath.RolePodLBIn
 }
 
-func removePin(p string) error {
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", p, err)
-	}
-	return nil
-}
+func removePin(p string) error { return datapath.RemovePin(p) }
 
 // Counters reads pod id's counters, summed over CPUs, by name.
 func (l *LB) Counters(id string) (map[string]uint64, error) {
@@ -329,34 +324,7 @@ func Uninstall(pinDir string, netnsPaths []string) error {
 	}
 	var errs []error
 	for _, id := range ids {
-		dir := PodPinDir(pinDir, id)
-		pins, err := datapath.ListPins(dir, isPodLBRole)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, ns := range netnsPaths {
-			_ = netnsutil.DoAt(ns, func() error {
-				for _, p := range pins {
-					if p.Kind != datapath.PinTC {
-						continue
-					}
-					if dev, err := netlink.LinkByName(p.Ifname); err == nil {
-						errs = append(errs, datapath.DeleteOwnFilter(p, dev, datapath.TCHook(p.Role, true)))
-					}
-				}
-				return nil
-			})
-		}
-		for _, p := range pins {
-			if p.Kind == datapath.PinTC {
-				errs = append(errs, removePin(p.Path))
-				continue
-			}
-			errs = append(errs, datapath.DetachLink(p))
-		}
-		errs = append(errs, removePin(filepath.Join(dir, CTMapName)), removePin(filepath.Join(dir, StatsMapName)),
-			removePin(datapath.LinksDir(dir)), removePin(dir))
+		errs = append(errs, datapath.UninstallPodDir(PodPinDir(pinDir, id), isPodLBRole, netnsPaths, CTMapName, StatsMapName))
 	}
 	errs = append(errs, removePin(filepath.Join(pinDir, "podlb")))
 	if err := errors.Join(errs...); err != nil {

@@ -284,9 +284,7 @@ func (b *Bypass) Detach(id, netnsPath string) error {
 		return err
 	}
 	dir := PodPinDir(b.cfg.PinDir, id)
-	pins, err := datapath.ListPins(dir, func(_, role string) bool {
-		return role == datapath.RoleVMBTap || role == datapath.RoleVMBPod
-	})
+	pins, err := datapath.ListPins(dir, isVMBRole)
 	if err != nil {
 		return fmt.Errorf("detach VM bypass %s: %w", id, err)
 	}
@@ -324,11 +322,10 @@ func (b *Bypass) Detach(id, netnsPath string) error {
 	return nil
 }
 
-func removePin(p string) error {
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", p, err)
-	}
-	return nil
+func removePin(p string) error { return datapath.RemovePin(p) }
+
+func isVMBRole(_, role string) bool {
+	return role == datapath.RoleVMBTap || role == datapath.RoleVMBPod
 }
 
 // Stats is the state of one pod's bypass: its counters (summed over CPUs,
@@ -368,9 +365,7 @@ func (b *Bypass) Stats(id, netnsPath string) (Stats, error) {
 			st.Counters[name] += v
 		}
 	}
-	pins, err := datapath.ListPins(dir, func(_, role string) bool {
-		return role == datapath.RoleVMBTap || role == datapath.RoleVMBPod
-	})
+	pins, err := datapath.ListPins(dir, isVMBRole)
 	if err != nil {
 		return Stats{}, fmt.Errorf("VM bypass %s: %w", id, err)
 	}
@@ -418,35 +413,7 @@ func Uninstall(pinDir string, netnsPaths []string) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		dir := filepath.Join(root, e.Name())
-		pins, err := datapath.ListPins(dir, func(_, role string) bool {
-			return role == datapath.RoleVMBTap || role == datapath.RoleVMBPod
-		})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, ns := range netnsPaths {
-			_ = netnsutil.DoAt(ns, func() error {
-				for _, p := range pins {
-					if p.Kind != datapath.PinTC {
-						continue
-					}
-					if dev, err := netlink.LinkByName(p.Ifname); err == nil {
-						errs = append(errs, datapath.DeleteOwnFilter(p, dev, datapath.TCHook(p.Role, true)))
-					}
-				}
-				return nil
-			})
-		}
-		for _, p := range pins {
-			if p.Kind == datapath.PinTC {
-				errs = append(errs, removePin(p.Path))
-				continue
-			}
-			errs = append(errs, datapath.DetachLink(p))
-		}
-		errs = append(errs, removePin(filepath.Join(dir, StatsMapName)), removePin(datapath.LinksDir(dir)), removePin(dir))
+		errs = append(errs, datapath.UninstallPodDir(filepath.Join(root, e.Name()), isVMBRole, netnsPaths, StatsMapName))
 	}
 	errs = append(errs, removePin(root))
 	if err := errors.Join(errs...); err != nil {
