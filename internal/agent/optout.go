@@ -11,9 +11,9 @@ package agent
 // agent writes the netns cookie of the pod's network namespace into
 // axon_lb_skip, which the connect/sendmsg hooks check first. "enabled" on a
 // Pod overrides "disabled" on its Namespace. Any other value is ignored with
-// an Event on the object and a log line. What the skipped sockets get is the
-// node's per-packet path: kube-proxy where it runs, otherwise nothing
-// answers on the ClusterIP.
+// an Event on the object and a log line. What the skipped sockets get is
+// the pod's own per-packet LB (podlb.go): their packets to a ClusterIP are
+// translated on the pod's interface.
 
 import (
 	"fmt"
@@ -126,6 +126,7 @@ func (s *socketLB) syncOptOutLocked() {
 	eps := s.reg.List()
 	var want []uint64
 	var pods []string
+	var untranslated []api.Endpoint // endpoints whose sockets the socket LB skips: the pod LB serves them
 	opt := &s.opt
 	if opt.cookies == nil {
 		opt.cookies = map[string]uint64{}
@@ -151,6 +152,18 @@ func (s *socketLB) syncOptOutLocked() {
 		}
 		want = append(want, c)
 		pods = append(pods, ep.PodNamespace+"/"+ep.PodName)
+		untranslated = append(untranslated, ep)
+	}
+	if s.cfg.SocketLBMode == SocketLBModeHostNS { // no pod's sockets are translated
+		untranslated = untranslated[:0]
+		for _, ep := range eps {
+			if ep.Netns != "" {
+				untranslated = append(untranslated, ep)
+			}
+		}
+	}
+	if s.newPodLB != nil {
+		s.syncPodLBLocked(eps, untranslated)
 	}
 	for ck := range opt.cookies {
 		if !live[ck] {

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/podlb"
 	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -51,7 +52,7 @@ func (c Config) validateSocketLB() error {
 	switch c.SocketLBMode {
 	case SocketLBModeAll, SocketLBModeHostNS, "": // "" (a Config built by hand) = all
 	default:
-		errs = append(errs, fmt.Errorf("--socket-lb-mode %q is invalid: use %s (every socket) or %s (only the node's own netns; pods go through kube-proxy or the stack)",
+		errs = append(errs, fmt.Errorf("--socket-lb-mode %q is invalid: use %s (every socket) or %s (only the node's own netns; each pod gets its own per-packet pod LB)",
 			c.SocketLBMode, SocketLBModeAll, SocketLBModeHostNS))
 	}
 	for _, m := range []struct {
@@ -129,22 +130,29 @@ type socketLB struct {
 	// mu serialises the work on the loaded socket LB and guards the fields
 	// up to stMu. It is held across the load and the BPF writes; status
 	// readers do not take it.
-	mu      sync.Mutex
-	lb      sockLB // nil until loaded
-	addrs   []netip.Addr
-	offDone bool
-	opt     optOutState
+	mu       sync.Mutex
+	lb       sockLB // nil until loaded
+	addrs    []netip.Addr
+	offDone  bool
+	opt      optOutState
+	plb      podLBState              // the per-packet pod LB (podlb.go)
+	newPodLB func() (podLBer, error) // its loader
 
 	// stMu guards the fields below, what status reads. Nothing is called
 	// with it held.
 	stMu       sync.Mutex
-	err        string   // why the socket LB is not loaded
-	cgroup     string   // cgroup the hooks are attached to, "" until loaded
-	optOutPods []string // opted-out pods (namespace/name), sorted
+	err        string            // why the socket LB is not loaded
+	cgroup     string            // cgroup the hooks are attached to, "" until loaded
+	optOutPods []string          // opted-out pods (namespace/name), sorted
+	plbPods    []string          // pods with the per-packet pod LB (namespace/name), sorted
+	plbFail    map[string]string // pod → why its pod LB is not attached; "*": the pod LB is unavailable
 }
 
 func newSocketLB(cfg Config, log *slog.Logger, nl *netlink.Handle, reg *registry, kube func() *kube, kick func()) *socketLB {
-	return &socketLB{cfg: cfg, log: log, nl: nl, reg: reg, load: loadSockLBFunc(cfg, log), kube: kube, kick: kick}
+	return &socketLB{cfg: cfg, log: log, nl: nl, reg: reg, load: loadSockLBFunc(cfg, log), kube: kube, kick: kick,
+		newPodLB: func() (podLBer, error) {
+			return podlb.New(podlb.Config{PinDir: cfg.BPFRoot, AttachMode: cfg.AttachMode, Logger: log.With("component", "podlb")})
+		}}
 }
 
 // ensure loads the socket LB once the tc datapath is loaded, hands it to
@@ -208,8 +216,12 @@ func (s *socketLB) disableOnceLocked() {
 		return
 	}
 	s.offDone = true
-	if err := socklb.Uninstall(s.cfg.BPFRoot, ""); err != nil {
-		s.log.Warn("--socket-lb=false: could not remove the socket LB hooks of a previous run", "error", err)
+	var netns []string
+	for _, ep := range s.reg.List() {
+		netns = append(netns, ep.Netns)
+	}
+	if err := errors.Join(podlb.Uninstall(s.cfg.BPFRoot, netns), socklb.Uninstall(s.cfg.BPFRoot, "")); err != nil {
+		s.log.Warn("--socket-lb=false: could not remove the socket LB hooks and pod LBs of a previous run", "error", err)
 	}
 }
 
@@ -290,7 +302,7 @@ func (s *socketLB) decision() api.Decision {
 		d.Value = "enabled"
 		d.Reason = "cgroup " + loaded + ", mode " + cmp.Or(s.cfg.SocketLBMode, SocketLBModeAll)
 		if s.cfg.SocketLBMode == SocketLBModeHostNS {
-			d.Reason += " (pods' sockets untranslated: they reach Services through kube-proxy or the stack)"
+			d.Reason += " (pods' sockets untranslated: each pod's own per-packet LB serves them)"
 		}
 		if s.svc != nil {
 			st := s.svc.status()
@@ -301,6 +313,7 @@ func (s *socketLB) decision() api.Decision {
 			if pods := s.optedOut(); len(pods) > 0 {
 				d.Reason += fmt.Sprintf("; opted out (%s): %s", AnnotationSocketLB, strings.Join(pods, " "))
 			}
+			d.Reason += "; " + s.podLBReason()
 		}
 		d.Reason += "; " + s.destroyReason()
 	case lbErr != "":

@@ -26,6 +26,7 @@ import (
 	"github.com/axonhq/axon/internal/bwm"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/nodeport"
+	"github.com/axonhq/axon/internal/datapath/podlb"
 	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/datapath/sockmap"
@@ -322,15 +323,15 @@ func (o Options) podNetns() []string {
 
 // removeBPF detaches every attachment pinned under BPFRoot and removes the
 // pins: the bypass first (its splice guard last), the socket LB's cgroup
-// links, the north-south LB, the VM-pod bridge bypass (its legacy filters
-// in the pods' netns too), then every remaining tcx/XDP/netkit link and
+// links, the north-south LB, the VM-pod bridge bypass and the pods'
+// per-packet LBs (their legacy filters in the pods' netns too), then every remaining tcx/XDP/netkit link and
 // legacy filter (pod, uplink, Bandwidth Manager), then the directory.
 func (o Options) removeBPF() error {
 	if _, err := os.Stat(o.BPFRoot); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	errs := []error{sockmap.Uninstall(o.BPFRoot), socklb.Uninstall(o.BPFRoot, o.CgroupRoot), nodeport.Uninstall(o.BPFRoot),
-		vmbypass.Uninstall(o.BPFRoot, o.podNetns())}
+		vmbypass.Uninstall(o.BPFRoot, o.podNetns()), podlb.Uninstall(o.BPFRoot, o.podNetns())}
 	pins, err := datapath.ListPins(o.BPFRoot, func(string, string) bool { return true })
 	errs = append(errs, err)
 	roles := map[string]bool{}

@@ -51,8 +51,8 @@ type Config struct {
 	BackendMapSize uint32
 	// HostNetnsOnly translates only sockets of the agent's own network
 	// namespace (--socket-lb-mode hostns-only): pods' sockets reach
-	// Service addresses untranslated, through whatever per-packet path the
-	// node has (kube-proxy or the stack).
+	// Service addresses untranslated; the agent gives each pod its own
+	// per-packet LB (package podlb).
 	HostNetnsOnly bool
 }
 

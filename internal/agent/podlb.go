@@ -1,0 +1,140 @@
+package agent
+
+// The per-packet pod LB (internal/datapath/podlb) for the pods whose sockets
+// the socket LB leaves alone: opted-out pods (optout.go) and, with
+// --socket-lb-mode hostns-only, every pod. Without it their packets to a
+// ClusterIP would leave the pod untranslated and nothing on the node would
+// serve them. It reads the socket LB's maps, so it follows the socket LB:
+// attached from the same sync as the opt-out set, never without it.
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/podlb"
+)
+
+// podLBer is what the agent needs of *podlb.LB.
+type podLBer interface {
+	Attach(id, netnsPath, ifname string) error
+	Detach(id, netnsPath string) error
+}
+
+// podLBState is the pod LB's bookkeeping (guarded by socketLB.mu; what
+// status shows is in socketLB.plbPods and plbFail).
+type podLBState struct {
+	lb       podLBer
+	loadErr  string
+	attached map[string]string // id → netns path
+	swept    bool              // pins of a previous run checked against the registry
+}
+
+// podLBID names an endpoint's pod LB (its pin dir): stable across agent
+// restarts, valid whatever the runtime's container IDs look like.
+func podLBID(ep api.Endpoint) string {
+	h := sha256.Sum256([]byte(ep.ContainerID + "/" + ep.IfName))
+	return "ep-" + hex.EncodeToString(h[:10])
+}
+
+// syncPodLBLocked attaches the pod LB to the endpoints in want (their
+// sockets are not translated) and removes it from every other endpoint and
+// from pins whose endpoint is gone. s.mu is held.
+func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
+	st := &s.plb
+	if st.lb == nil && st.loadErr == "" {
+		l, err := s.newPodLB()
+		if err != nil {
+			st.loadErr = err.Error()
+			s.log.Warn("pod LB unavailable: pods whose sockets the socket LB skips reach no ClusterIP", "error", err)
+		} else {
+			st.lb = l
+		}
+	}
+	if st.lb == nil {
+		s.setPodLBStatus(nil, map[string]string{"*": st.loadErr})
+		return
+	}
+	if st.attached == nil {
+		st.attached = map[string]string{}
+	}
+	byID := map[string]api.Endpoint{}
+	for _, ep := range eps {
+		byID[podLBID(ep)] = ep
+	}
+	if !st.swept { // a previous run's pins: keep what is still wanted (re-attached below)
+		st.swept = true
+		ids, err := podlb.Attached(s.cfg.BPFRoot)
+		if err != nil {
+			s.log.Warn("pod LB: list pins of a previous run", "error", err)
+		}
+		for _, id := range ids {
+			st.attached[id] = byID[id].Netns // "" when the endpoint is gone
+		}
+	}
+	wantIDs := map[string]api.Endpoint{}
+	for _, ep := range want {
+		wantIDs[podLBID(ep)] = ep
+	}
+	for id, netns := range st.attached {
+		if _, ok := wantIDs[id]; ok {
+			continue
+		}
+		if err := st.lb.Detach(id, netns); err != nil {
+			s.log.Warn("pod LB: detach", "id", id, "netns", netns, "error", err)
+			continue
+		}
+		delete(st.attached, id)
+	}
+	var pods []string
+	fail := map[string]string{}
+	for id, ep := range wantIDs {
+		name := ep.PodNamespace + "/" + ep.PodName
+		if _, ok := st.attached[id]; !ok || st.attached[id] != ep.Netns {
+			if err := st.lb.Attach(id, ep.Netns, ep.IfName); err != nil {
+				fail[name] = err.Error()
+				s.log.Warn("pod LB: attach failed; the pod reaches no ClusterIP", "pod", name, "error", err)
+				continue
+			}
+			st.attached[id] = ep.Netns
+		}
+		pods = append(pods, name)
+	}
+	slices.Sort(pods)
+	s.setPodLBStatus(pods, fail)
+}
+
+func (s *socketLB) setPodLBStatus(pods []string, fail map[string]string) {
+	s.stMu.Lock()
+	s.plbPods, s.plbFail = pods, fail
+	s.stMu.Unlock()
+}
+
+// podLBReason is the pod LB's part of the socket_lb status line.
+func (s *socketLB) podLBReason() string {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	if why, ok := s.plbFail["*"]; ok {
+		return "per-packet pod LB unavailable (" + why + ")"
+	}
+	r := fmt.Sprintf("per-packet pod LB on %d pod%s", len(s.plbPods), plural(len(s.plbPods)))
+	if len(s.plbFail) > 0 {
+		var f []string
+		for pod, why := range s.plbFail {
+			f = append(f, pod+": "+why)
+		}
+		slices.Sort(f)
+		r += ", failed on " + strings.Join(f, "; ")
+	}
+	return r
+}
+
+// podLBPods lists the pods the pod LB serves (namespace/name), sorted.
+func (s *socketLB) podLBPods() []string {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	return slices.Clone(s.plbPods)
+}
