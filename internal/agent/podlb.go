@@ -20,7 +20,7 @@ import (
 
 // podLBer is what the agent needs of *podlb.LB.
 type podLBer interface {
-	Attach(id, netnsPath, ifname string) error
+	Attach(id, netnsPath string, target podlb.Target) error
 	Detach(id, netnsPath string) error
 }
 
@@ -94,7 +94,7 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
 	for id, ep := range wantIDs {
 		name := ep.PodNamespace + "/" + ep.PodName
 		if _, ok := st.attached[id]; !ok || st.attached[id] != ep.Netns {
-			if err := st.lb.Attach(id, ep.Netns, ep.IfName); err != nil {
+			if err := st.lb.Attach(id, ep.Netns, podlb.Target{Ifname: ep.IfName}); err != nil {
 				fail[name] = err.Error()
 				s.log.Warn("pod LB: attach failed; the pod reaches no ClusterIP", "pod", name, "error", err)
 				continue

@@ -131,6 +131,7 @@ const (
 	RoleVMBPod    = "vmbpod"   // axon_vmb_from_pod (VM-pod bridge bypass): tc ingress of the VM pod's interface, in the pod netns; pinned as above
 	RolePodLBOut  = "podlbout" // axon_podlb_egress (a pod's per-packet Service LB): tc egress of the pod's interface, in the pod netns; pinned under the pod's own dir
 	RolePodLBIn   = "podlbin"  // axon_podlb_ingress (same): tc ingress of the pod's interface, first in the chain; pinned as above
+	RolePodLBTap  = "podlbtap" // axon_podlb_ingress of a VM pod: tc egress of its tap (what reaches the guest, by the bridge or the VM bypass); pinned as above
 )
 
 // TCHooks lists the tc hooks of the registry. Hooks that can share a
@@ -149,6 +150,7 @@ func TCHooks() []Hook {
 		{Role: RoleVMBPod, First: true, Handle: 0xa19, Filter: "axon_vmb"},
 		{Role: RolePodLBOut, Egress: true, First: true, Handle: 0xa1a, Filter: "axon_podlb"}, // a pod's own interface, in its netns
 		{Role: RolePodLBIn, First: true, Handle: 0xa1a, Filter: "axon_podlb"},
+		{Role: RolePodLBTap, Egress: true, First: true, Handle: 0xa1a, Filter: "axon_podlb"},
 	}
 }
 

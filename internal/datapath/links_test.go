@@ -20,6 +20,7 @@ func TestTCHookRegistry(t *testing.T) {
 		RoleVMBPod:    {false, 0xa19, "axon_vmb"},
 		RolePodLBOut:  {true, 0xa1a, "axon_podlb"},
 		RolePodLBIn:   {false, 0xa1a, "axon_podlb"},
+		RolePodLBTap:  {true, 0xa1a, "axon_podlb"},
 	}
 	seen := map[string]bool{}
 	onUplink := map[[2]uint32]string{}
@@ -33,8 +34,8 @@ func TestTCHookRegistry(t *testing.T) {
 		if h.Egress != w.egress || h.Handle != w.handle || h.Filter != w.filter || h.Legacy {
 			t.Errorf("role %s: %+v, want egress %v handle %#x filter %s", h.Role, h, w.egress, w.handle, w.filter)
 		}
-		if h.Role == RolePod || h.Role == RoleVMBTap || h.Role == RoleVMBPod || h.Role == RolePodLBOut || h.Role == RolePodLBIn {
-			continue // pods' devices carry nothing else (the VM bypass's two are on two devices of the pod's netns, the pod LB's two on both hooks of its interface)
+		if h.Role == RolePod || h.Role == RoleVMBTap || h.Role == RoleVMBPod || h.Role == RolePodLBOut || h.Role == RolePodLBIn || h.Role == RolePodLBTap {
+			continue // pods' devices carry nothing else (the VM bypass's two are on two devices of the pod's netns, the pod LB's on both hooks of its interface or a VM pod's tap)
 		}
 		dir := uint32(0)
 		if h.Egress {

@@ -97,28 +97,50 @@ func validID(id string) error {
 }
 
 // PodPinDir is where the LB of pod id is pinned: its maps and
-// links/<tcx|tc>-<podlbout|podlbin>-<ifname>.
+// links/<tcx|tc>-<podlbout|podlbin|podlbtap>-<ifname>.
 func PodPinDir(pinDir, id string) string { return filepath.Join(pinDir, "podlb", id) }
 
 func (l *LB) hook(role string) datapath.Hook {
 	return datapath.TCHook(role, l.mode == datapath.ModeLegacy)
 }
 
-// Attach puts the LB on interface ifname (DefaultIfname when empty) of the
-// netns at netnsPath, pinned under PodPinDir(id): the ingress program (the
-// replies' reverse translation) first, then the egress one, so no flow is
-// translated whose replies would not be. Idempotent: an attached LB is
-// updated in place, its flow table and counters kept. The socket LB's maps
-// must be pinned in the pin dir (the agent runs the socket LB).
-func (l *LB) Attach(id, netnsPath, ifname string) error {
+// Target is what a pod's LB attaches to, in the pod's netns.
+type Target struct {
+	// Ifname is the pod's interface (DefaultIfname when empty): what the
+	// workload sends is translated at its tc egress, the replies at its tc
+	// ingress.
+	Ifname string
+	// Tap, for a VM pod (KubeVirt's bridge binding), is the VM's tap: the
+	// replies are translated at its tc egress instead, after whichever path
+	// (the in-pod bridge or the VM bypass) carried them toward the guest, so
+	// nothing on the pod interface's ingress (the bypass's redirect) comes
+	// first. The guest's packets leave through the pod interface's egress
+	// either way.
+	Tap string
+}
+
+// Attach puts the LB on target in the netns at netnsPath, pinned under
+// PodPinDir(id): the replies' program first, then the egress one, so no flow
+// is translated whose replies would not be. Idempotent: an attached LB is
+// updated in place, its flow table and counters kept; a reply program left on
+// the other place (the pod became, or stopped being, a VM pod) is removed.
+// The socket LB's maps must be pinned in the pin dir (the agent runs the
+// socket LB).
+func (l *LB) Attach(id, netnsPath string, target Target) error {
 	if err := validID(id); err != nil {
 		return err
 	}
+	ifname := target.Ifname
 	if ifname == "" {
 		ifname = DefaultIfname
 	}
-	if err := datapath.ValidIfname(ifname); err != nil {
-		return fmt.Errorf("attach pod LB %s: %w", id, err)
+	for _, n := range []string{ifname, target.Tap} {
+		if n == "" {
+			continue
+		}
+		if err := datapath.ValidIfname(n); err != nil {
+			return fmt.Errorf("attach pod LB %s: %w", id, err)
+		}
 	}
 	cookie, err := netnsutil.Cookie(netnsPath)
 	if err != nil {
@@ -171,18 +193,34 @@ func (l *LB) Attach(id, netnsPath, ifname string) error {
 		if err != nil {
 			return fmt.Errorf("pod interface %s: %w", ifname, err)
 		}
-		if err := datapath.Attach(dir, dev, progs.AxonPodlbIngress, l.hook(datapath.RolePodLBIn)); err != nil {
-			return fmt.Errorf("%s ingress: %w", ifname, err)
+		replyDev, replyRole, otherRole := dev, datapath.RolePodLBIn, datapath.RolePodLBTap
+		if target.Tap != "" {
+			if replyDev, err = netlink.LinkByName(target.Tap); err != nil {
+				return fmt.Errorf("VM tap %s: %w", target.Tap, err)
+			}
+			replyRole, otherRole = datapath.RolePodLBTap, datapath.RolePodLBIn
+		}
+		if err := datapath.Attach(dir, replyDev, progs.AxonPodlbIngress, l.hook(replyRole)); err != nil {
+			return fmt.Errorf("%s replies: %w", replyDev.Attrs().Name, err)
 		}
 		if err := datapath.Attach(dir, dev, progs.AxonPodlbEgress, l.hook(datapath.RolePodLBOut)); err != nil {
 			return fmt.Errorf("%s egress: %w", ifname, err)
+		}
+		stale, err := datapath.ListPins(dir, func(_, role string) bool { return role == otherRole })
+		if err != nil {
+			return err
+		}
+		for _, p := range stale {
+			if err := datapath.DetachPin(p, datapath.TCHook(p.Role, true)); err != nil {
+				return fmt.Errorf("remove the reply program's old place: %w", err)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("attach pod LB %s in %s: %w", id, netnsPath, err)
 	}
-	l.log.Info("pod LB attached", "id", id, "netns", netnsPath, "ifname", ifname, "attach", l.mode)
+	l.log.Info("pod LB attached", "id", id, "netns", netnsPath, "ifname", ifname, "tap", target.Tap, "attach", l.mode)
 	return nil
 }
 
@@ -220,7 +258,7 @@ func podMaps(spec *ebpf.CollectionSpec, dir string) (map[string]*ebpf.Map, error
 }
 
 // Detach removes pod id's LB: the egress program first (no new translation),
-// then the ingress one, then the pins. A netns or device that is gone is
+// then the replies' one, then the pins. A netns or device that is gone is
 // fine (its programs went with it).
 func (l *LB) Detach(id, netnsPath string) error {
 	if err := validID(id); err != nil {
@@ -262,7 +300,7 @@ func (l *LB) Detach(id, netnsPath string) error {
 }
 
 func isPodLBRole(_, role string) bool {
-	return role == datapath.RolePodLBOut || role == datapath.RolePodLBIn
+	return role == datapath.RolePodLBOut || role == datapath.RolePodLBIn || role == datapath.RolePodLBTap
 }
 
 func removePin(p string) error { return datapath.RemovePin(p) }

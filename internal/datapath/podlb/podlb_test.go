@@ -248,7 +248,7 @@ func TestPodLBTraffic(t *testing.T) {
 		t.Errorf("node InNoRoutes v4 %d -> %d, v6 %d -> %d: want the untranslated requests (2 per family) counted", v4, v4b, v6, v6b)
 	}
 	const id = "pod-a"
-	if err := e.lb.Attach(id, netnsutil.Path(e.client), ""); err != nil {
+	if err := e.lb.Attach(id, netnsutil.Path(e.client), Target{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range cases {
@@ -264,7 +264,7 @@ func TestPodLBTraffic(t *testing.T) {
 		t.Errorf("counters %v: want new >= 4 (one flow each), reply >= 4, hit >= 2 (the TCP flows' later segments)", got)
 	}
 	// Idempotent: attached again, in place, counters kept.
-	if err := e.lb.Attach(id, netnsutil.Path(e.client), "eth0"); err != nil {
+	if err := e.lb.Attach(id, netnsutil.Path(e.client), Target{Ifname: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
 	if again := e.counters(t, id); again["new"] < got["new"] {
@@ -303,7 +303,7 @@ func TestPodLBBackends(t *testing.T) {
 	e.upsert(t, frontend("10.96.7.2:53", lb.UDP, 0, "198.18.98.2:5353", "198.18.99.2:5353"))
 	e.upsert(t, frontend("10.96.7.3:80", lb.TCP, time.Hour, "198.18.98.2:8080", "198.18.99.2:8080"))
 	e.upsert(t, frontend("10.96.7.4:80", lb.TCP, 0, "198.18.98.2:8080", "198.18.99.2:8080"))
-	if err := e.lb.Attach(id, netnsutil.Path(e.client), ""); err != nil {
+	if err := e.lb.Attach(id, netnsutil.Path(e.client), Target{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -423,7 +423,7 @@ func TestPodLBRefusesWithoutSocketLB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = l.Attach("pod-c", netnsutil.Path(ns), "lo")
+	err = l.Attach("pod-c", netnsutil.Path(ns), Target{Ifname: "lo"})
 	if err == nil || !strings.Contains(err.Error(), "socket LB") {
 		t.Fatalf("Attach without the socket LB's maps: %v, want an error naming the socket LB", err)
 	}
