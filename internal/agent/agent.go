@@ -103,6 +103,7 @@ func newAgent(cfg Config, log *slog.Logger, load func(string) (dataplane, error)
 	a.bw = newBandwidth(cfg, log, a.reg, a.st.kubeClient)
 	a.sm = newSockBypass(cfg, log, a.reg, a.st.kubeClient)
 	a.vm = newVMBypass(cfg, log, a.reg, a.st.kubeClient)
+	a.sock.vmTaps = a.vm.taps
 	if st, err := a.readNodeState(); err != nil {
 		log.Warn("ignoring saved node state", "error", err)
 	} else {
@@ -302,11 +303,11 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 		// these never fail the pass: see status
 		uplink := a.st.uplinkInUse()
+		a.vm.reconcile() // before the socket LB: its pod LBs follow the VM bypasses' taps
 		a.sock.ensure()
 		a.nport.ensure(uplink, a.sock.writer(), a.pods.routedByBPF())
 		a.bw.reconcile(uplink)
 		a.sm.ensure(ctx)
-		a.vm.reconcile()
 	}
 	if a.notReady() == "" {
 		// ready to serve CNI ADD (a failed route to another node does not

@@ -162,8 +162,12 @@ func (s *socketLB) syncOptOutLocked() {
 			}
 		}
 	}
+	var taps map[string]string
+	if s.vmTaps != nil {
+		taps = s.vmTaps()
+	}
 	if s.newPodLB != nil {
-		s.syncPodLBLocked(eps, untranslated)
+		s.syncPodLBLocked(eps, untranslated, taps)
 	}
 	for ck := range opt.cookies {
 		if !live[ck] {

@@ -1,8 +1,10 @@
 package agent
 
 // The per-packet pod LB (internal/datapath/podlb) for the pods whose sockets
-// the socket LB leaves alone: opted-out pods (optout.go) and, with
-// --socket-lb-mode hostns-only, every pod. Without it their packets to a
+// the socket LB leaves alone: opted-out pods (optout.go), with
+// --socket-lb-mode hostns-only every pod, and the VM pods with the VM bypass
+// (their guests' sockets are not the node's; the replies are translated at
+// the VM's tap). Without it their packets to a
 // ClusterIP would leave the pod untranslated and nothing on the node would
 // serve them. It reads the socket LB's maps, so it follows the socket LB:
 // attached from the same sync as the opt-out set, never without it.
@@ -30,6 +32,7 @@ type podLBState struct {
 	lb       podLBer
 	loadErr  string
 	attached map[string]string // id → netns path
+	tapOf    map[string]string // id → the VM tap its replies are translated at ("" on the pod interface)
 	swept    bool              // pins of a previous run checked against the registry
 }
 
@@ -41,9 +44,11 @@ func podLBID(ep api.Endpoint) string {
 }
 
 // syncPodLBLocked attaches the pod LB to the endpoints in want (their
-// sockets are not translated) and removes it from every other endpoint and
-// from pins whose endpoint is gone. s.mu is held.
-func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
+// sockets are not translated) and to the VM pods with the VM bypass (taps:
+// endpoint → tap; their guests' sockets are never the node's), and removes it
+// from every other endpoint and from pins whose endpoint is gone. s.mu is
+// held.
+func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]string) {
 	st := &s.plb
 	if st.lb == nil && st.loadErr == "" {
 		l, err := s.newPodLB()
@@ -59,7 +64,7 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
 		return
 	}
 	if st.attached == nil {
-		st.attached = map[string]string{}
+		st.attached, st.tapOf = map[string]string{}, map[string]string{}
 	}
 	byID := map[string]api.Endpoint{}
 	for _, ep := range eps {
@@ -79,6 +84,11 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
 	for _, ep := range want {
 		wantIDs[podLBID(ep)] = ep
 	}
+	for _, ep := range eps {
+		if _, ok := taps[cookieKey(ep)]; ok {
+			wantIDs[podLBID(ep)] = ep
+		}
+	}
 	for id, netns := range st.attached {
 		if _, ok := wantIDs[id]; ok {
 			continue
@@ -88,18 +98,20 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint) {
 			continue
 		}
 		delete(st.attached, id)
+		delete(st.tapOf, id)
 	}
 	var pods []string
 	fail := map[string]string{}
 	for id, ep := range wantIDs {
 		name := ep.PodNamespace + "/" + ep.PodName
-		if _, ok := st.attached[id]; !ok || st.attached[id] != ep.Netns {
-			if err := st.lb.Attach(id, ep.Netns, podlb.Target{Ifname: ep.IfName}); err != nil {
+		tap := taps[cookieKey(ep)]
+		if ns, ok := st.attached[id]; !ok || ns != ep.Netns || st.tapOf[id] != tap {
+			if err := st.lb.Attach(id, ep.Netns, podlb.Target{Ifname: ep.IfName, Tap: tap}); err != nil {
 				fail[name] = err.Error()
 				s.log.Warn("pod LB: attach failed; the pod reaches no ClusterIP", "pod", name, "error", err)
 				continue
 			}
-			st.attached[id] = ep.Netns
+			st.attached[id], st.tapOf[id] = ep.Netns, tap
 		}
 		pods = append(pods, name)
 	}

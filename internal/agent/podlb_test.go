@@ -160,3 +160,53 @@ func TestPodLBFollowsOptOut(t *testing.T) {
 		t.Errorf("gone's pod LB pins: %v, want removed", err)
 	}
 }
+
+// plbRecorder records what the agent asks of the pod LB (pure logic).
+type plbRecorder struct {
+	calls []string
+}
+
+func (r *plbRecorder) Attach(id, netns string, tg podlb.Target) error {
+	r.calls = append(r.calls, fmt.Sprintf("attach %s %s tap=%q", id, tg.Ifname, tg.Tap))
+	return nil
+}
+
+func (r *plbRecorder) Detach(id, netns string) error {
+	r.calls = append(r.calls, "detach "+id)
+	return nil
+}
+
+// TestSyncPodLBTargets: which endpoints get the pod LB and where its replies
+// are translated: an untranslated pod on its interface, a VM pod with the
+// bypass at its tap; nothing is attached again while unchanged; a VM pod whose
+// bypass went loses its pod LB unless it is also untranslated, and its
+// replies move back to the tap when the bypass returns.
+func TestSyncPodLBTargets(t *testing.T) {
+	ep := func(name string) api.Endpoint {
+		return api.Endpoint{ContainerID: "c" + name, IfName: "eth0", Netns: "/run/netns/" + name, PodName: name, PodNamespace: "default"}
+	}
+	a, vm, plain := ep("a"), ep("vm"), ep("plain")
+	eps := []api.Endpoint{a, vm, plain}
+	rec := &plbRecorder{}
+	s := &socketLB{log: testLogger(t), plb: podLBState{lb: rec, swept: true}}
+	step := func(what string, want []api.Endpoint, taps map[string]string, calls ...string) {
+		t.Helper()
+		rec.calls = nil
+		s.syncPodLBLocked(eps, want, taps)
+		slices.Sort(rec.calls)
+		slices.Sort(calls)
+		if !slices.Equal(rec.calls, calls) {
+			t.Errorf("%s: calls %q, want %q", what, rec.calls, calls)
+		}
+	}
+	vmTap := map[string]string{cookieKey(vm): "tap0"}
+	step("first", []api.Endpoint{a}, vmTap,
+		fmt.Sprintf("attach %s eth0 tap=%q", podLBID(a), ""), fmt.Sprintf("attach %s eth0 tap=%q", podLBID(vm), "tap0"))
+	step("unchanged", []api.Endpoint{a}, vmTap)
+	step("the VM bypass went", []api.Endpoint{a}, nil, "detach "+podLBID(vm))
+	step("the VM pod also opted out, no bypass", []api.Endpoint{a, vm}, nil, fmt.Sprintf("attach %s eth0 tap=%q", podLBID(vm), ""))
+	step("its bypass is back: replies move to the tap", []api.Endpoint{a, vm}, vmTap, fmt.Sprintf("attach %s eth0 tap=%q", podLBID(vm), "tap0"))
+	if got := s.podLBPods(); !slices.Equal(got, []string{"default/a", "default/vm"}) {
+		t.Errorf("pods %v", got)
+	}
+}

@@ -135,8 +135,9 @@ type socketLB struct {
 	addrs    []netip.Addr
 	offDone  bool
 	opt      optOutState
-	plb      podLBState              // the per-packet pod LB (podlb.go)
-	newPodLB func() (podLBer, error) // its loader
+	plb      podLBState               // the per-packet pod LB (podlb.go)
+	newPodLB func() (podLBer, error)  // its loader
+	vmTaps   func() map[string]string // the VM bypass's pods: endpoint (cookieKey) → tap; nil: none
 
 	// stMu guards the fields below, what status reads. Nothing is called
 	// with it held.

@@ -24,6 +24,7 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -97,12 +98,14 @@ type vmBypass struct {
 	b         vmBypasser
 	loadErr   string
 	netns     map[string]string // pod UID → netns path of the attached bypass
+	tap       map[string]string // pod UID → the tap of the attached bypass
 	recorder  record.EventRecorder
 	broadcast record.EventBroadcaster
 	sent      map[string]bool // Events sent: pod UID + message
 
 	stMu     sync.Mutex
 	on       []string          // pods with the bypass (namespace/name), sorted
+	onTaps   map[string]string // endpoint (cookieKey) → tap, of the pods with the bypass
 	notOn    map[string]string // annotated pods without it → why
 	tapsLost uint64            // bypasses removed because their tap went away
 	stLoad   string            // loadErr as of the last reconcile
@@ -113,7 +116,7 @@ func newVMBypass(cfg Config, log *slog.Logger, reg *registry, kube func() *kube)
 		newB: func() (vmBypasser, error) {
 			return vmbypass.New(vmbypass.Config{PinDir: cfg.BPFRoot, AttachMode: cfg.AttachMode, Logger: log})
 		},
-		netns: map[string]string{}, sent: map[string]bool{}, notOn: map[string]string{}}
+		netns: map[string]string{}, tap: map[string]string{}, sent: map[string]bool{}, notOn: map[string]string{}}
 }
 
 // parseVMBypass reads AnnotationVMBypass: set when it is "enabled" or
@@ -166,7 +169,7 @@ func (v *vmBypass) reconcile() {
 	want, seen := map[string]bool{}, map[string]bool{}
 	podNetns := map[string]string{} // pod UID → netns path, of every local pod
 	var on []string
-	notOn := map[string]string{}
+	notOn, onTaps := map[string]string{}, map[string]string{}
 	for _, ep := range v.reg.List() {
 		if ep.PodName == "" || ep.Netns == "" {
 			continue
@@ -201,6 +204,7 @@ func (v *vmBypass) reconcile() {
 			st, err := v.b.Stats(id, ep.Netns)
 			if err == nil && st.Problem == "" {
 				on = append(on, name)
+				onTaps[cookieKey(ep)] = v.tap[id]
 				continue
 			}
 			why := "its counters are gone"
@@ -215,6 +219,7 @@ func (v *vmBypass) reconcile() {
 				v.log.Warn("VM bypass: detach", "pod", name, "error", err)
 			}
 			delete(v.netns, id)
+			delete(v.tap, id)
 		}
 		l, err := v.b.Attach(id, ep.Netns, ep.IfName)
 		if err != nil && !asked && vmbypass.ReasonOf(err) != "" {
@@ -231,9 +236,10 @@ func (v *vmBypass) reconcile() {
 			v.event(k, pod, ReasonVMBypassNotApplied, msg)
 			continue
 		}
-		v.netns[id] = ep.Netns
+		v.netns[id], v.tap[id] = ep.Netns, l.Tap
 		v.log.Info("VM bypass applied", "pod", name, "tap", l.Tap, "bridge", l.Bridge, "pod_if", l.Pod)
 		on = append(on, name)
+		onTaps[cookieKey(ep)] = l.Tap
 	}
 	// the annotation or the pod went: remove the bypass (pins of a previous
 	// run included)
@@ -267,6 +273,7 @@ func (v *vmBypass) reconcile() {
 			continue
 		}
 		delete(v.netns, id)
+		delete(v.tap, id)
 	}
 	for key := range v.sent { // forget the Events of pods that left
 		if !seen[key[:strings.IndexByte(key, 0)]] {
@@ -275,8 +282,20 @@ func (v *vmBypass) reconcile() {
 	}
 	sort.Strings(on)
 	v.stMu.Lock()
-	v.on, v.notOn, v.stLoad = on, notOn, v.loadErr
+	v.on, v.notOn, v.onTaps, v.stLoad = on, notOn, onTaps, v.loadErr
 	v.stMu.Unlock()
+}
+
+// taps lists the endpoints (cookieKey) of the pods with the bypass and their
+// taps: their guests' ClusterIP traffic gets the pod LB (podlb.go), its
+// replies translated at the tap.
+func (v *vmBypass) taps() map[string]string {
+	if v == nil {
+		return nil
+	}
+	v.stMu.Lock()
+	defer v.stMu.Unlock()
+	return maps.Clone(v.onTaps)
 }
 
 func (v *vmBypass) countTapLost() {

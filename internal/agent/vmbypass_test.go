@@ -210,6 +210,10 @@ func TestVMBypassAgainstAPIServer(t *testing.T) {
 	if _, err := os.Stat(vmbypass.PodPinDir(pin, uids["plain"])); err == nil {
 		t.Errorf("the pod without the layout got a pin dir")
 	}
+	// what the pod LB learns: the bypassed pod's endpoint and its tap
+	if got := v.taps(); len(got) != 1 || got["cvm/eth0@"+vmNS] != "tap0" {
+		t.Errorf("taps() = %v, want the vm pod's endpoint with tap0", got)
+	}
 	waitPodEvent(t, cs, "plain", ReasonVMBypassNotApplied, "pod_interface_not_bridged")
 	waitPodEvent(t, cs, "typo", ReasonInvalidAnnotation, AnnotationVMBypass)
 
