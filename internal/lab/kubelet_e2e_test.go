@@ -244,6 +244,7 @@ func TestKubeletLab(t *testing.T) {
 			probeHostname(ctx, t, "pod "+p.Name+" on "+p.Spec.NodeName, netns, cg, dst, names)
 		}
 	}
+	optOutPodLB(ctx, t, l, kube, kubeconfig, []netip.Addr{cip, cip6}, names)
 	// From each node's netns, in the node's cgroup (where its own processes run).
 	for _, n := range l.Nodes() {
 		cg, err := lab.KubeletNodeCgroup(n.Name)
@@ -630,5 +631,56 @@ func waitUntil(ctx context.Context, t *testing.T, timeout time.Duration, what st
 			t.Fatalf("%s: not after %s: %s", what, timeout, state)
 		}
 		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// optOutPodLB: a pod on node2 annotated axon.io/socket-lb: disabled, its sockets untranslated,
+// reaches the web ClusterIP over both families through its own per-packet pod LB, and node2's
+// agent says so (the socket_lb line lists it as opted out and served by the pod LB).
+func optOutPodLB(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Interface, kubeconfig string, cips []netip.Addr, names []string) {
+	t.Helper()
+	var grace int64
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "optout", Namespace: "default", Annotations: map[string]string{"axon.io/socket-lb": "disabled"}},
+		Spec: corev1.PodSpec{NodeName: "node2", TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "c", Image: lab.AgnhostImage, ImagePullPolicy: corev1.PullNever, Args: []string{"pause"}}}},
+	}
+	if _, err := kube.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := kube.CoreV1().Pods("default").Delete(ctx, "optout", metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+			t.Errorf("delete pod optout: %v", err)
+		}
+	}()
+	waitUntil(ctx, t, 60*time.Second, "pod optout Running", func() (bool, string) {
+		p, err := kube.CoreV1().Pods("default").Get(ctx, "optout", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning, string(p.Status.Phase)
+	})
+	c, err := l.Agent("node2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(ctx, t, 30*time.Second, "node2's agent: optout opted out and served by its pod LB", func() (bool, string) {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, d := range st.Datapath {
+			if d.Name == "socket_lb" {
+				return strings.Contains(d.Reason, "default/optout") && strings.Contains(d.Reason, "per-packet pod LB on 1 pod"), d.Reason
+			}
+		}
+		return false, "no socket_lb decision"
+	})
+	for _, cip := range cips {
+		url := "http://" + hostPort(cip, 80) + "/hostname"
+		out := kubectl(ctx, t, kubeconfig, "exec", "-n", "default", "optout", "--", "curl", "-sS", "--max-time", "5", url)
+		if !slices.Contains(names, strings.TrimSpace(out)) {
+			t.Errorf("from the opted-out pod: curl %s = %q, want one of %v (its pod LB translating)", url, out, names)
+		}
 	}
 }

@@ -2,6 +2,8 @@ package vmguest
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,13 +16,15 @@ import (
 // bypass's counters moved by at least the pings), and, as the negative check, neither
 // (the pings leave the node toward the pod and go unanswered), then the bridge again.
 // The guest also pings the peer pod and, over IPv6, the node's link-local address
-// (neighbour discovery, then ICMPv6) in both arms.
+// (neighbour discovery, then ICMPv6), and reaches a ClusterIP backed by the peer pod through
+// the VM pod's pod LB (busybox nc in the guest), in both arms.
 func TestGuestBridgeAndBypass(t *testing.T) {
 	l := newVMLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	ll := l.nodeLinkLocal()
+	clusterIP := l.serviceToPeer()
 	guestPings := func(arm string) {
 		t.Helper()
 		// IPv4 to the peer pod through the node; IPv6 (neighbour discovery, then ICMPv6) to the
@@ -30,6 +34,18 @@ func TestGuestBridgeAndBypass(t *testing.T) {
 				t.Fatalf("%s: the guest's %q: rc %d, %v:\n%s", arm, cmd, rc, err, out)
 			}
 		}
+		// A ClusterIP whose backend is the peer pod, through the VM pod's pod LB.
+		before := l.podLBCounters()
+		cmd := "nc -w 10 " + clusterIP.Addr().String() + " " + strconv.Itoa(int(clusterIP.Port())) + " </dev/null"
+		if out, rc, err := l.guest.Run(cmd, 20*time.Second); err != nil || rc != 0 || !strings.Contains(out, peerAnswer) {
+			t.Fatalf("%s: the guest's %q: rc %d, %v, output %q, want %q", arm, cmd, rc, err, out, peerAnswer)
+		}
+		after := l.podLBCounters()
+		if after["new"] != before["new"]+1 || after["reply"] <= before["reply"] {
+			t.Errorf("%s: pod LB counters %v -> %v: want the guest's flow translated both ways", arm, before, after)
+		}
+		t.Logf("%s: ClusterIP %s from the guest answered by the peer pod; pod LB new +%d, hit +%d, reply +%d", arm, clusterIP,
+			after["new"]-before["new"], after["hit"]-before["hit"], after["reply"]-before["reply"])
 	}
 	qperfOK := func(arm string) {
 		t.Helper()

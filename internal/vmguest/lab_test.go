@@ -3,6 +3,7 @@ package vmguest
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,7 +16,10 @@ import (
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/podlb"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/datapath/vmbypass"
+	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/testutil"
 	"github.com/axonhq/axon/internal/vmtest"
@@ -52,6 +56,8 @@ type vmLab struct {
 	b                      *vmbypass.Bypass
 	id                     string
 	attached               bool
+	pinDir                 string
+	plb                    *podlb.LB // serviceToPeer's
 }
 
 // guestKernel returns the cached kernel the guests boot ($AXON_VMGUEST_KERNEL, default
@@ -146,6 +152,7 @@ func newVMLab(t *testing.T) *vmLab {
 	t.Cleanup(dhcp.Stop)
 
 	pinDir := dptest.NewPinDir(t, datapath.BPFFSRoot, datapath.EnsureBPFFS, func(dir string) error { return os.RemoveAll(dir) })
+	l.pinDir = pinDir
 	l.b, err = vmbypass.New(vmbypass.Config{PinDir: pinDir, Logger: dptest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -318,4 +325,64 @@ func linkTx(t *testing.T, ns, dev string) uint64 {
 		n = lk.Attrs().Statistics.TxPackets
 	})
 	return n
+}
+
+// peerAnswer is what the peer pod's server behind serviceToPeer's ClusterIP says.
+const peerAnswer = "peer-pod-via-clusterip"
+
+// serviceToPeer gives the VM pod its pod LB (the socket LB's maps as the Service table, on a
+// cgroup of its own that nothing runs in) with the replies at the tap, and a ClusterIP whose
+// backend is a TCP server in the peer pod answering peerAnswer; it returns the ClusterIP.
+func (l *vmLab) serviceToPeer() netip.AddrPort {
+	t := l.t
+	t.Helper()
+	cg, _ := testutil.NewCgroup(t, "axt-vmguest-")
+	sock, err := socklb.Load(l.pinDir, cg, dptest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sock.Close()
+		if err := podlb.Uninstall(l.pinDir, []string{l.launcherPath}); err != nil {
+			t.Errorf("pod LB uninstall: %v", err)
+		}
+		if err := socklb.Uninstall(l.pinDir, cg); err != nil {
+			t.Errorf("socket LB uninstall: %v", err)
+		}
+	})
+	fe, be := netip.MustParseAddrPort("10.96.9.1:80"), netip.AddrPortFrom(peerAddr, 8080)
+	if err := sock.UpsertFrontend(lb.Frontend{Key: lb.FrontendKey{Addr: fe.Addr(), Port: fe.Port(), Proto: lb.TCP, Scope: lb.ScopeCluster},
+		Backends: []lb.Backend{{Addr: be.Addr(), Port: be.Port(), State: lb.Active}}}); err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	dptest.InNetns(t, l.peer, func() {
+		if ln, err = net.Listen("tcp", be.String()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() { ln.Close() })
+	testutil.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte(peerAnswer + "\n"))
+	})
+	p, err := podlb.New(podlb.Config{PinDir: l.pinDir, Logger: dptest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Attach(l.id, l.launcherPath, podlb.Target{Ifname: "eth0", Tap: tapName}); err != nil {
+		t.Fatal(err)
+	}
+	l.plb = p
+	return fe
+}
+
+// podLBCounters reads the VM pod's pod LB counters.
+func (l *vmLab) podLBCounters() map[string]uint64 {
+	l.t.Helper()
+	c, err := l.plb.Counters(l.id)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return c
 }
