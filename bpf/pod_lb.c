@@ -15,7 +15,8 @@
  *     client -> frontend = backend; reverse: backend -> client = frontend)
  *     and its destination rewritten. Later packets of the flow are rewritten
  *     from the forward entry; a SYN or UDP datagram whose backend is gone or
- *     unusable chooses again. No usable backend: dropped (no_backend), as
+ *     unusable chooses again, and one whose reverse entry the LRU evicted
+ *     (its replies idle) writes it again. No usable backend: dropped (no_backend), as
  *     the socket LB refuses the connect.
  *   axon_podlb_ingress (tc ingress: what the pod receives): a packet whose
  *     tuple has a reverse entry gets the frontend back as its source, so the
@@ -155,6 +156,26 @@ static __noinline int podlb_new_flow(const struct np_tuple *t, struct lb_svc_key
 	return 0;
 }
 
+/* podlb_keep_reverse writes flow t's reverse entry again when the LRU
+ * evicted it while its forward entry stayed (a flow whose replies were idle):
+ * checked at a SYN or UDP datagram of a known flow, so a retried SYN or the
+ * next datagram repairs the flow. */
+static __noinline void podlb_keep_reverse(const struct np_tuple *t, const struct podlb_ct *fwd)
+{
+	struct podlb_ct rev = {};
+	struct np_tuple rk;
+
+	podlb_reverse_key(t, fwd, &rk);
+	if (bpf_map_lookup_elem(&axon_podlb_ct, &rk))
+		return;
+	__builtin_memcpy(rev.addr, t->daddr, 16);
+	rev.port = t->dport;
+	rev.flags = PODLB_CT_REV;
+	rev.frontend_id = fwd->frontend_id;
+	if (bpf_map_update_elem(&axon_podlb_ct, &rk, &rev, BPF_ANY) == 0)
+		podlb_count(AXON_PODLB_REV_RESTORED);
+}
+
 SEC("tc")
 int axon_podlb_egress(struct __sk_buff *skb)
 {
@@ -205,6 +226,8 @@ int axon_podlb_egress(struct __sk_buff *skb)
 				return podlb_drop(skb, r, AXON_DROP_DIR_EGRESS,
 						  r == AXON_PODLB_NO_BACKEND ? AXON_DROP_REASON_NO_BACKEND : AXON_DROP_REASON_REWRITE_FAIL);
 		} else {
+			if (np_may_open(&p))
+				podlb_keep_reverse(&p.t, &nf);
 			podlb_count(AXON_PODLB_HIT);
 		}
 	} else if (np_may_open(&p)) {

@@ -216,7 +216,8 @@ enum axon_podlb_counter {
 	AXON_PODLB_CT_FAIL = 7,     /* egress: the flow could not be written to axon_podlb_ct: dropped (rewrite_fail) */
 	AXON_PODLB_REWRITE_FAIL = 8, /* a header write failed: dropped (rewrite_fail) */
 	AXON_PODLB_STALE_REV = 9,   /* egress: a new direct flow removed a reverse entry of its tuple left by an old translated flow */
-	AXON_PODLB_MAX = 10,
+	AXON_PODLB_REV_RESTORED = 10, /* egress: a known flow's reverse entry, evicted by the LRU, written again at a SYN or UDP datagram */
+	AXON_PODLB_MAX = 11,
 };
 
 /* Per-socket mode of the bypass (struct sockmap_state.mode, lib/sockmap.h). */

@@ -436,3 +436,29 @@ func deleteOwnFilter(p LinkPin, dev netlink.Link, h Hook) error {
 	}
 	return nil
 }
+
+// PinnedProgram opens the program of an attachment pin: the pinned program of
+// a legacy filter, the program of a pinned link. The caller closes it.
+func PinnedProgram(p LinkPin) (*ebpf.Program, error) {
+	if p.Kind == PinTC {
+		prog, err := ebpf.LoadPinnedProgram(p.Path, nil)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", p.Path, err)
+		}
+		return prog, nil
+	}
+	l, err := link.LoadPinnedLink(p.Path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p.Path, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return nil, fmt.Errorf("%s: link info: %w", p.Path, err)
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return nil, fmt.Errorf("%s: program %d: %w", p.Path, info.Program, err)
+	}
+	return prog, nil
+}

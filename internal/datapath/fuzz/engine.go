@@ -71,6 +71,9 @@ type Target struct {
 	// agent's conntrack GC, and the seed flows set up again).
 	Maintain      func() error
 	MaintainEvery int
+	// Setup runs once before the first packet (e.g. flows the replies of
+	// the seeds belong to, opened through another program).
+	Setup func() error
 }
 
 // Config is one fuzzing pass.
@@ -247,6 +250,11 @@ func Execute(t *Target, cfg Config) (*Stats, error) {
 	m := NewMutator(t.Seeds, cfg.Seed, cfg.Stream)
 	fail := func(i int, kind string, pkt []byte, gso bool, err error) error {
 		return &Failure{Target: t.Name, Index: i, Kind: kind, Seed: cfg.Seed, Stream: cfg.Stream, Packet: pkt, GSO: gso, Err: err}
+	}
+	if t.Setup != nil {
+		if err := t.Setup(); err != nil {
+			return st, &Failure{Target: t.Name, Seed: cfg.Seed, Stream: cfg.Stream, Err: fmt.Errorf("setup: %w", err)}
+		}
 	}
 	first, err := readCounters(t)
 	if err != nil {

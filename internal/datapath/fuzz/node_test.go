@@ -2,6 +2,8 @@ package fuzz
 
 import (
 	"fmt"
+
+	"github.com/cilium/ebpf"
 	"net"
 	"net/netip"
 	"reflect"
@@ -14,7 +16,9 @@ import (
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
 	"github.com/axonhq/axon/internal/datapath/dptest"
 	"github.com/axonhq/axon/internal/datapath/nodeport"
+	"github.com/axonhq/axon/internal/datapath/podlb"
 	"github.com/axonhq/axon/internal/datapath/podpath"
+	"github.com/axonhq/axon/internal/datapath/socklb"
 	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/maglev"
 	"github.com/axonhq/axon/internal/netnsutil"
@@ -55,18 +59,21 @@ const (
 )
 
 type node struct {
-	ns, pin              string
-	upIf, podAIf, podBIf int
-	upMAC, gwMAC, cliMAC net.HardwareAddr
-	podAMAC, hostAMAC    net.HardwareAddr
-	podBMAC, hostBMAC    net.HardwareAddr
-	dp                   *podpath.Datapath
-	bw                   *bandwidth.Manager
-	lb                   *nodeport.LB
-	horizon              time.Duration
-	frontends            []lb.Frontend // as read back after writing
-	endpoints            []podpath.Endpoint
-	checked              invStats
+	ns, pin               string
+	upIf, podAIf, podBIf  int
+	upMAC, gwMAC, cliMAC  net.HardwareAddr
+	podAMAC, hostAMAC     net.HardwareAddr
+	podBMAC, hostBMAC     net.HardwareAddr
+	dp                    *podpath.Datapath
+	bw                    *bandwidth.Manager
+	lb                    *nodeport.LB
+	sock                  *socklb.LB
+	plb                   *podlb.LB
+	plbEgress, plbReplies *ebpf.Program
+	horizon               time.Duration
+	frontends             []lb.Frontend // as read back after writing
+	endpoints             []podpath.Endpoint
+	checked               invStats
 }
 
 // invStats: what the map invariants looked at, summed over their runs.
@@ -211,6 +218,7 @@ func (n *node) load(t testing.TB) {
 	if n.frontends, err = l.Frontends(); err != nil {
 		t.Fatal(err)
 	}
+	n.loadPodLB(t)
 }
 
 type frontendWith struct {
@@ -298,6 +306,9 @@ func (n *node) counters() (map[string]uint64, error) {
 			out["lb."+hook+"."+r] = v
 		}
 	}
+	if err := n.podLBCounters(out); err != nil {
+		return nil, err
+	}
 	bs, err := n.bw.Stats()
 	if err != nil {
 		return nil, err
@@ -336,6 +347,9 @@ func (n *node) counterNames(t testing.TB, prefixes ...string) []string {
 	}
 	for k := range bs {
 		out = append(out, "bw."+k)
+	}
+	for _, k := range podlb.CounterNames() {
+		out = append(out, "podlb."+k)
 	}
 	var sel []string
 	for _, name := range out {

@@ -35,7 +35,11 @@ var counterNames = []string{
 	"ct_fail",      // egress: the flow table refused the flow: dropped
 	"rewrite_fail", // a header write failed: dropped
 	"stale_rev",    // egress: a new direct flow removed an old translated flow's reverse entry on its tuple
+	"rev_restored", // egress: a known flow's reverse entry, evicted by the LRU, written again at a SYN or UDP datagram
 }
+
+// CounterNames lists the counters' names in enum order.
+func CounterNames() []string { return append([]string(nil), counterNames...) }
 
 // Pin names of a pod's own maps, in PodPinDir.
 const (
@@ -369,4 +373,36 @@ func Uninstall(pinDir string, netnsPaths []string) error {
 		return fmt.Errorf("uninstall pod LB: %w", err)
 	}
 	return nil
+}
+
+// Programs returns pod id's attached programs (egress, and the replies'),
+// from their pins, for tools that run them directly (the fuzzer). The caller
+// closes them.
+func (l *LB) Programs(id string) (egress, replies *ebpf.Program, err error) {
+	if err := validID(id); err != nil {
+		return nil, nil, err
+	}
+	pins, err := datapath.ListPins(PodPinDir(l.cfg.PinDir, id), isPodLBRole)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range pins {
+		prog, err := datapath.PinnedProgram(p)
+		if err != nil {
+			egress.Close()
+			replies.Close()
+			return nil, nil, fmt.Errorf("pod LB %s: %w", id, err)
+		}
+		if p.Role == datapath.RolePodLBOut {
+			egress = prog
+		} else {
+			replies = prog
+		}
+	}
+	if egress == nil || replies == nil {
+		egress.Close()
+		replies.Close()
+		return nil, nil, fmt.Errorf("pod LB %s is not attached (pins %v)", id, pins)
+	}
+	return egress, replies, nil
 }

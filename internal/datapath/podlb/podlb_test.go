@@ -7,9 +7,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
@@ -381,6 +384,58 @@ func TestPodLBBackends(t *testing.T) {
 			}
 			if after := e.counters(t, id)["reselect"]; after != before+1 {
 				t.Errorf("reselect %d -> %d: want one", before, after)
+			}
+		})
+	})
+
+	t.Run("reverse entry evicted", func(t *testing.T) {
+		// An LRU may evict a flow's reverse entry while its forward one stays
+		// (replies idle): the flow's next UDP datagram writes it again.
+		dptest.InNetns(t, e.client, func() {
+			pc, err := net.ListenPacket("udp", "198.18.97.2:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			to := &net.UDPAddr{IP: net.ParseIP("10.96.7.2"), Port: 53}
+			ask := func() (string, error) {
+				if _, err := pc.WriteTo([]byte("hi"), to); err != nil {
+					return "", err
+				}
+				pc.SetReadDeadline(time.Now().Add(testutil.Stretch(t, 2*time.Second)))
+				buf := make([]byte, 100)
+				n, from, err := pc.ReadFrom(buf)
+				if err == nil && from.String() != to.String() {
+					err = fmt.Errorf("reply from %s, want %s", from, to)
+				}
+				return string(buf[:n]), err
+			}
+			if _, err := ask(); err != nil {
+				t.Fatal(err)
+			}
+			ct, err := ebpf.LoadPinnedMap(filepath.Join(PodPinDir(e.pin, id), CTMapName), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ct.Close()
+			var k, v []byte
+			var revs [][]byte
+			for it := ct.Iterate(); it.Next(&k, &v); {
+				if v[18] == 2 { // podlb_ct.flags PODLB_CT_REV
+					revs = append(revs, slices.Clone(k))
+				}
+			}
+			for _, rk := range revs {
+				if err := ct.Delete(rk); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := e.counters(t, id)["rev_restored"]
+			if got, err := ask(); err != nil {
+				t.Errorf("after the reverse entries went (%d): %q, %v", len(revs), got, err)
+			}
+			if after := e.counters(t, id)["rev_restored"]; after != before+1 || len(revs) == 0 {
+				t.Errorf("rev_restored %d -> %d after removing %d reverse entries: want one restored", before, after, len(revs))
 			}
 		})
 	})
