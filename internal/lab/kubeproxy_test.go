@@ -21,11 +21,17 @@ func TestKubeProxyArgs(t *testing.T) {
 			"--cluster-cidr=10.244.0.0/15,fd00:10:244::/47",
 			"--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
 			// machine-wide conntrack settings stay as they are
-			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+			"--conntrack-max-per-core=0", "--conntrack-min=0",
 			"--v=2",
 		} {
 			if !slices.Contains(args, want) {
 				t.Errorf("%s: %s missing from %v", tc.mode, want, args)
+			}
+		}
+		// the per-netns TCP timeouts keep kube-proxy's defaults (its CLOSE_WAIT spec checks them)
+		for _, a := range args {
+			if strings.HasPrefix(a, "--conntrack-tcp-timeout") {
+				t.Errorf("%s: %s: the TCP timeouts are per netns, kube-proxy's defaults apply", tc.mode, a)
 			}
 		}
 		if slices.Contains(args, "--masquerade-all") != tc.masqAll {

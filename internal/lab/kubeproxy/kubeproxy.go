@@ -60,11 +60,15 @@ func Tools(mode string) []string {
 
 // Args is kube-proxy's command line (binary first) for the node
 // named node; the lab and the Service benchmark (internal/bench) both run
-// kube-proxy with it, so the two cannot drift. Conntrack flags are
-// all "leave as is": nf_conntrack_max and the hash size are machine-wide
-// (root netns / module parameters), which the lab never changes. What
-// kube-proxy still writes (route_localnet in iptables mode, its own
-// oom_score_adj) is per network namespace or per process.
+// kube-proxy with it, so the two cannot drift. The conntrack table's size
+// flags are "leave as is": nf_conntrack_max and the hash size are
+// machine-wide (root netns / module parameters), which the lab never
+// changes. The TCP timeouts keep kube-proxy's defaults (established 24 h,
+// CLOSE_WAIT 1 h): those sysctls are per network namespace, so kube-proxy
+// sets them in the node's own netns, as on a real node (the e2e suite's
+// KubeProxy CLOSE_WAIT spec checks it). What else kube-proxy writes
+// (route_localnet in iptables mode, its own oom_score_adj) is per network
+// namespace or per process.
 func Args(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
 	args := []string{
 		bin,
@@ -77,8 +81,6 @@ func Args(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
 		"--metrics-bind-address=" + MetricsAddr,
 		"--conntrack-max-per-core=0",
 		"--conntrack-min=0",
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
 		"--conntrack-udp-timeout=0",
 		"--conntrack-udp-timeout-stream=0",
 		"--oom-score-adj=0",
