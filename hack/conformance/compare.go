@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -81,15 +83,25 @@ func readRunSpec(dir string) runSpec {
 
 // comparedRun is one results directory of a comparison.
 type comparedRun struct {
-	dir     string
-	spec    runSpec
-	result  map[string]string // focused test → pass/fail/skip
-	counts  counts
-	sandbox []sandboxStats // sandbox.json; nil when the run has none
+	dir      string
+	spec     runSpec
+	result   map[string]string // focused test → pass/fail/skip
+	byDesign map[string]string // test → reason: skipped by a skip of this run's datapath only (@axon)
+	counts   counts
+	sandbox  []sandboxStats // sandbox.json; nil when the run has none
 }
 
-// writeCompare writes compare.md into out from the runs in dirs.
-func writeCompare(out string, dirs []string) error {
+// writeCompare writes compare.md into out from the runs in dirs; skipsPath is the skip list,
+// whose datapath-only lines tell a skip by design from a common one.
+func writeCompare(out string, dirs []string, skipsPath string) error {
+	text, err := os.ReadFile(skipsPath)
+	if err != nil {
+		return fmt.Errorf("--compare: skip list: %w", err)
+	}
+	common, err := parseSkips(string(text), skipsPath, "")
+	if err != nil {
+		return err
+	}
 	var runs []comparedRun
 	for _, d := range dirs {
 		d = strings.TrimSpace(d)
@@ -99,8 +111,18 @@ func writeCompare(out string, dirs []string) error {
 		}
 		spec := readRunSpec(d)
 		r := comparedRun{dir: d, spec: spec, result: map[string]string{}, counts: count(cases, spec.focusRE()), sandbox: readSandbox(d)}
+		own, err := parseSkips(string(text), skipsPath, spec.Datapath)
+		if err != nil {
+			return err
+		}
 		for _, c := range focused(cases, spec.focusRE()) {
 			r.result[c.Name] = c.result()
+			if why := skipReason(own, c.Name); r.result[c.Name] == "skip" && why != "" && skipReason(common, c.Name) == "" {
+				if r.byDesign == nil {
+					r.byDesign = map[string]string{}
+				}
+				r.byDesign[c.Name] = why
+			}
 		}
 		runs = append(runs, r)
 	}
@@ -141,7 +163,8 @@ func compareMarkdown(runs []comparedRun) string {
 		fmt.Fprintf(&b, " %s |", r.spec.column())
 	}
 	fmt.Fprintf(&b, "\n|---|%s\n", strings.Repeat("---|", len(runs)))
-	var behind []string // passed by a baseline, not by an axon run
+	var behind []string             // passed by a baseline, not by an axon run
+	designed := map[string]string{} // of those, skipped on axon by design: why
 	for _, n := range sorted {
 		fmt.Fprintf(&b, "| %s |", mdCell(n))
 		baselinePass, axonFail := false, false
@@ -155,12 +178,19 @@ func compareMarkdown(runs []comparedRun) string {
 				baselinePass = true
 			}
 			if r.spec.Datapath == lab.DatapathAxon && res != "pass" {
-				axonFail = true
+				if why, ok := r.byDesign[n]; ok {
+					designed[n] = why
+				} else {
+					axonFail = true
+				}
 			}
 		}
 		b.WriteString("\n")
 		if baselinePass && axonFail {
 			behind = append(behind, n)
+		}
+		if !baselinePass {
+			delete(designed, n)
 		}
 	}
 	var hasAxon, hasBaseline bool
@@ -169,12 +199,23 @@ func compareMarkdown(runs []comparedRun) string {
 		hasBaseline = hasBaseline || r.spec.Datapath == lab.DatapathBaseline
 	}
 	if hasAxon && hasBaseline {
-		if len(behind) == 0 {
+		if len(behind) == 0 && len(designed) == 0 {
 			fmt.Fprintf(&b, "\n**axon passed every test a baseline passed.**\n")
+		} else if len(behind) == 0 {
+			fmt.Fprintf(&b, "\n**axon passed every test a baseline passed but %d it skips by design:**\n\n", len(designed))
+			for _, n := range slices.Sorted(maps.Keys(designed)) {
+				fmt.Fprintf(&b, "- %s: %s\n", n, designed[n])
+			}
 		} else {
 			fmt.Fprintf(&b, "\n**axon did not pass %d test(s) a baseline passed:**\n\n", len(behind))
 			for _, n := range behind {
 				fmt.Fprintf(&b, "- %s\n", n)
+			}
+			if len(designed) > 0 {
+				fmt.Fprintf(&b, "\nand skips %d by design:\n\n", len(designed))
+				for _, n := range slices.Sorted(maps.Keys(designed)) {
+					fmt.Fprintf(&b, "- %s: %s\n", n, designed[n])
+				}
 			}
 		}
 	}

@@ -35,6 +35,16 @@ func TestCompare(t *testing.T) {
 			{dir: "r/a", spec: axon, result: map[string]string{"A": "fail", "B": "skip"}},
 			{dir: "r/i", spec: ipt, result: map[string]string{"A": "pass", "B": "pass"}},
 		}, []string{"**axon did not pass 2 test(s) a baseline passed:**", "- A\n", "- B\n"}, []string{"passed every test", "Pod sandbox creation"}},
+		{"axon skips kube-proxy's own spec by design", []comparedRun{
+			{dir: "r/a", spec: axon, result: map[string]string{"A": "pass", "K": "skip", "S": "skip"},
+				byDesign: map[string]string{"K": "kube-proxy's ports"}},
+			{dir: "r/i", spec: ipt, result: map[string]string{"A": "pass", "K": "pass", "S": "skip"}},
+		}, []string{"**axon passed every test a baseline passed but 1 it skips by design:**", "- K: kube-proxy's ports\n"},
+			[]string{"did not pass", "- S"}},
+		{"a skip by design does not hide a failure", []comparedRun{
+			{dir: "r/a", spec: axon, result: map[string]string{"A": "fail", "K": "skip"}, byDesign: map[string]string{"K": "why"}},
+			{dir: "r/i", spec: ipt, result: map[string]string{"A": "pass", "K": "pass"}},
+		}, []string{"**axon did not pass 1 test(s) a baseline passed:**", "- A\n", "and skips 1 by design:\n\n- K: why\n"}, []string{"passed every test", "- K\n"}},
 		{"no baseline: no claim", []comparedRun{
 			{dir: "r/a", spec: axon, result: map[string]string{"A": "pass"}},
 			{dir: "r/b", spec: axon, result: map[string]string{"A": "fail"}},

@@ -9,7 +9,8 @@
 //
 // With --datapath baseline --kube-proxy iptables|nftables the lab's nodes run the reference
 // ptp + host-local + portmap chain and kube-proxy instead of axon; --compare renders runs side
-// by side (compare.md), test by test.
+// by side (compare.md), test by test; a spec the skip list (--skips) skips for axon only is
+// listed as skipped by design, not as a test axon failed.
 //
 // Skips come from a file (skips.txt): one regular expression per line, each with its reason
 // after " # "; a line without a reason is an error. A line that starts with "@axon " or
@@ -77,7 +78,7 @@ func run() error {
 	}
 	*out = abs
 	if *compare != "" {
-		return writeCompare(*out, strings.Split(*compare, ","))
+		return writeCompare(*out, strings.Split(*compare, ","), *skips)
 	}
 	rs := runSpec{Datapath: *datapath, KubeProxy: *kproxy}
 	if *focus != DefaultFocus {
