@@ -348,26 +348,13 @@ func TestPodLBBackends(t *testing.T) {
 		// One unconnected socket, one tuple: find its backend, remove it,
 		// and the same tuple's next datagram goes to the other.
 		dptest.InNetns(t, e.client, func() {
-			pc, err := net.ListenPacket("udp", "198.18.97.2:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pc.Close()
-			to := &net.UDPAddr{IP: net.ParseIP("10.96.7.2"), Port: 53}
+			ask0 := udpClient(t, "198.18.97.2:0", "10.96.7.2:53")
 			ask := func() string {
-				if _, err := pc.WriteTo([]byte("hi"), to); err != nil {
-					t.Fatal(err)
-				}
-				pc.SetReadDeadline(time.Now().Add(testutil.Stretch(t, 2*time.Second)))
-				buf := make([]byte, 100)
-				n, from, err := pc.ReadFrom(buf)
+				got, err := ask0()
 				if err != nil {
 					t.Fatalf("udp reply: %v", err)
 				}
-				if from.String() != to.String() {
-					t.Errorf("reply from %s, want %s", from, to)
-				}
-				return string(buf[:n])
+				return got
 			}
 			first := ask()
 			if again := ask(); again != first {
@@ -392,24 +379,7 @@ func TestPodLBBackends(t *testing.T) {
 		// An LRU may evict a flow's reverse entry while its forward one stays
 		// (replies idle): the flow's next UDP datagram writes it again.
 		dptest.InNetns(t, e.client, func() {
-			pc, err := net.ListenPacket("udp", "198.18.97.2:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pc.Close()
-			to := &net.UDPAddr{IP: net.ParseIP("10.96.7.2"), Port: 53}
-			ask := func() (string, error) {
-				if _, err := pc.WriteTo([]byte("hi"), to); err != nil {
-					return "", err
-				}
-				pc.SetReadDeadline(time.Now().Add(testutil.Stretch(t, 2*time.Second)))
-				buf := make([]byte, 100)
-				n, from, err := pc.ReadFrom(buf)
-				if err == nil && from.String() != to.String() {
-					err = fmt.Errorf("reply from %s, want %s", from, to)
-				}
-				return string(buf[:n]), err
-			}
+			ask := udpClient(t, "198.18.97.2:0", "10.96.7.2:53")
 			if _, err := ask(); err != nil {
 				t.Fatal(err)
 			}
@@ -484,5 +454,30 @@ func TestPodLBRefusesWithoutSocketLB(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(pin, "podlb")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pin dir %s/podlb: %v, want nothing created", pin, err)
+	}
+}
+
+// udpClient opens an unconnected UDP socket at local (in the caller's netns,
+// closed at cleanup) and returns a function that sends service a datagram
+// and returns the reply, an error unless the reply comes from service.
+func udpClient(t *testing.T, local, service string) func() (string, error) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	to := net.UDPAddrFromAddrPort(netip.MustParseAddrPort(service))
+	return func() (string, error) {
+		if _, err := pc.WriteTo([]byte("hi"), to); err != nil {
+			return "", err
+		}
+		pc.SetReadDeadline(time.Now().Add(testutil.Stretch(t, 2*time.Second)))
+		buf := make([]byte, 100)
+		n, from, err := pc.ReadFrom(buf)
+		if err == nil && from.String() != to.String() {
+			err = fmt.Errorf("reply from %s, want %s", from, to)
+		}
+		return string(buf[:n]), err
 	}
 }
