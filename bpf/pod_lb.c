@@ -198,10 +198,14 @@ int axon_podlb_egress(struct __sk_buff *skb)
 	key.scope = AXON_LB_SCOPE_CLUSTER;
 	svc = bpf_map_lookup_elem(&axon_lb_svc, &key);
 	if (!svc) {
-		/* a direct flow; a new one must not meet the reverse entry of
-		 * an old translated flow on the same tuple (its replies would
-		 * get that frontend as their source) */
-		if (np_may_open(&p) && !p.frag) {
+		/* a direct flow; a new TCP connection must not meet the reverse
+		 * entry of an old translated flow on the same tuple (its replies
+		 * would get that frontend as their source). Only at a SYN: UDP
+		 * has no start to tell, and a delete per datagram would tax every
+		 * direct UDP packet of the pod for a port reused toward a backend
+		 * it once reached through a Service (that flow's replies keep the
+		 * frontend's address until the entry is evicted). */
+		if (p.t.proto == AXON_IPPROTO_TCP && np_may_open(&p) && !p.frag) {
 			rk = p.t;
 			__builtin_memcpy(rk.saddr, p.t.daddr, 16);
 			__builtin_memcpy(rk.daddr, p.t.saddr, 16);

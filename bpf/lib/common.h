@@ -215,7 +215,7 @@ enum axon_podlb_counter {
 	AXON_PODLB_FRAGMENT = 6,    /* egress: an IP fragment to a frontend: passed untranslated */
 	AXON_PODLB_CT_FAIL = 7,     /* egress: the flow could not be written to axon_podlb_ct: dropped (rewrite_fail) */
 	AXON_PODLB_REWRITE_FAIL = 8, /* a header write failed: dropped (rewrite_fail) */
-	AXON_PODLB_STALE_REV = 9,   /* egress: a new direct flow removed a reverse entry of its tuple left by an old translated flow */
+	AXON_PODLB_STALE_REV = 9,   /* egress: a new direct TCP connection removed a reverse entry of its tuple left by an old translated flow */
 	AXON_PODLB_REV_RESTORED = 10, /* egress: a known flow's reverse entry, evicted by the LRU, written again at a SYN or UDP datagram */
 	AXON_PODLB_MAX = 11,
 };

@@ -34,7 +34,7 @@ var counterNames = []string{
 	"fragment",     // egress: an IP fragment to a frontend: passed untranslated
 	"ct_fail",      // egress: the flow table refused the flow: dropped
 	"rewrite_fail", // a header write failed: dropped
-	"stale_rev",    // egress: a new direct flow removed an old translated flow's reverse entry on its tuple
+	"stale_rev",    // egress: a new direct TCP connection removed an old translated flow's reverse entry on its tuple
 	"rev_restored", // egress: a known flow's reverse entry, evicted by the LRU, written again at a SYN or UDP datagram
 }
 
