@@ -19,7 +19,11 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/podlb"
+	"github.com/axonhq/axon/internal/datapath/socklb"
+	"github.com/axonhq/axon/internal/lb"
 	"github.com/axonhq/axon/internal/pktgen"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestCPUPerFrame measures the host CPU per frame from the VM's tap to the
@@ -36,8 +40,11 @@ import (
 // receive. Four arms per repetition, their order rotated: "floor" (a tcx
 // program drops every frame at the tap's ingress: the write(2), the skb and
 // tc, which both paths pay and which is the guest's side of the tap),
-// "bridge", "bypass" and "mirred" (Kata Containers' way: a match-all u32
-// filter on the tap's clsact ingress with a mirred egress redirect to eth0). Host CPU per frame = writer CPU / frames written
+// "bridge", "bypass", "mirred" (Kata Containers' way: a match-all u32
+// filter on the tap's clsact ingress with a mirred egress redirect to eth0)
+// and "podlb": the bypass with the pod LB the agent gives a VM pod with the
+// bypass (its program on eth0's egress looks up every guest packet's
+// destination among the Services; these frames are to no Service). Host CPU per frame = writer CPU / frames written
 // + NAPI thread CPU / frames the sink received (frames the node's full
 // receive ring drops have crossed the path all the same); the path's own =
 // that minus the floor of the same repetition.
@@ -90,7 +97,8 @@ func TestCPUPerFrame(t *testing.T) {
 	tapIndex := dptest.NSConf(t, v.pod).Index(tapName)
 
 	type sample struct{ writer, napi, frames, sunk float64 }
-	arms := []string{"floor", "bridge", "bypass", "mirred"}
+	arms := []string{"floor", "bridge", "bypass", "mirred", "podlb"}
+	plb := benchPodLB(t, v)
 	res := map[string][]sample{}
 	napiCPU := func() time.Duration {
 		var sum time.Duration
@@ -134,13 +142,23 @@ func TestCPUPerFrame(t *testing.T) {
 				Priority: 1, Protocol: unix.ETH_P_ALL}, Actions: []netlink.Action{netlink.NewMirredAction(pc.Index("eth0"))}}); err != nil {
 				t.Fatalf("u32 + mirred on the tap: %v", err)
 			}
-		case "bypass":
+		case "bypass", "podlb":
 			v.attach()
 			defer func() {
 				if err := v.b.Detach(v.id, v.podPath); err != nil {
 					t.Fatal(err)
 				}
 			}()
+			if arm == "podlb" {
+				if err := plb.Attach(v.id, v.podPath, podlb.Target{Ifname: "eth0", Tap: tapName}); err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					if err := plb.Detach(v.id, v.podPath); err != nil {
+						t.Fatal(err)
+					}
+				}()
+			}
 		}
 		s0, _ := sink.Count()
 		n0 := napiCPU()
@@ -211,13 +229,19 @@ func TestCPUPerFrame(t *testing.T) {
 		bench.FormatPaired(bench.Pair(hop(bypWr), hop(mirWr))))
 	fmt.Fprintf(&b, "\ntc mirred / bridge, paired (95 %% CI): host CPU per frame %s; the hop alone %s\n",
 		bench.FormatPaired(bench.Pair(mirTot, brTot)), bench.FormatPaired(bench.Pair(hop(mirWr), hop(brWr))))
+	plbTot, plbWr, _, _ := perFrame("podlb")
+	fmt.Fprintf(&b, "\nbypass + pod LB / bridge, paired (95 %% CI): host CPU per frame %s; the path's own %s; the hop alone %s\n",
+		bench.FormatPaired(bench.Pair(plbTot, brTot)), bench.FormatPaired(bench.Pair(path["podlb"], path["bridge"])),
+		bench.FormatPaired(bench.Pair(hop(plbWr), hop(brWr))))
+	fmt.Fprintf(&b, "\nbypass + pod LB / bypass, paired (95 %% CI): host CPU per frame %s; the hop alone %s\n",
+		bench.FormatPaired(bench.Pair(plbTot, bypTot)), bench.FormatPaired(bench.Pair(hop(plbWr), hop(bypWr))))
 	t.Log("\n" + b.String())
 	if out := os.Getenv("AXON_VMB_BENCH_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, arm := range []string{"bridge", "bypass", "mirred"} {
+	for _, arm := range []string{"bridge", "bypass", "mirred", "podlb"} {
 		_, _, _, dl := perFrame(arm)
 		if st := bench.Summarize(dl); st.Median < 0.5 {
 			t.Errorf("%s: only %.2f of the frames reached the node's sink: the arm measured drops, not the path (or, with the bridge's ports isolated, its redirect did not work)", arm, st.Median)
@@ -301,4 +325,31 @@ func load1() string {
 		return ""
 	}
 	return strings.Fields(string(b))[0]
+}
+
+// benchPodLB loads the socket LB (on an empty cgroup of its own, one Service
+// that is not the frames' destination) in v's pin dir and returns a pod LB
+// for the "podlb" arm.
+func benchPodLB(t *testing.T, v *vmPod) *podlb.LB {
+	t.Helper()
+	cg, _ := testutil.NewCgroup(t, "axt-vmb-bench-")
+	sock, err := socklb.Load(v.pinDir, cg, dptest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sock.Close()
+		if err := socklb.Uninstall(v.pinDir, cg); err != nil {
+			t.Errorf("socket LB uninstall: %v", err)
+		}
+	})
+	if err := sock.UpsertFrontend(lb.Frontend{Key: lb.FrontendKey{Addr: netip.MustParseAddr("10.96.8.9"), Port: 80, Proto: lb.UDP, Scope: lb.ScopeCluster},
+		Backends: []lb.Backend{{Addr: netip.MustParseAddr("10.0.3.2"), Port: 80, State: lb.Active}}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := podlb.New(podlb.Config{PinDir: v.pinDir, Logger: dptest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
