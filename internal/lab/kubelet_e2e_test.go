@@ -664,6 +664,7 @@ func optOutPodLB(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.
 	if err != nil {
 		t.Fatal(err)
 	}
+	var reason string
 	waitUntil(ctx, t, 30*time.Second, "node2's agent: optout opted out and served by its pod LB", func() (bool, string) {
 		st, err := c.Status(ctx)
 		if err != nil {
@@ -671,6 +672,7 @@ func optOutPodLB(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.
 		}
 		for _, d := range st.Datapath {
 			if d.Name == "socket_lb" {
+				reason = d.Reason
 				return strings.Contains(d.Reason, "default/optout") && strings.Contains(d.Reason, "per-packet pod LB on 1 pod"), d.Reason
 			}
 		}
@@ -682,5 +684,7 @@ func optOutPodLB(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.
 		if !slices.Contains(names, strings.TrimSpace(out)) {
 			t.Errorf("from the opted-out pod: curl %s = %q, want one of %v (its pod LB translating)", url, out, names)
 		}
+		t.Logf("opted-out pod: %s answered by %s", url, strings.TrimSpace(out))
 	}
+	t.Logf("node2's agent: socket_lb %s", reason)
 }
