@@ -176,10 +176,14 @@ func newEndpointCmd() *cobra.Command {
 				return f.out.write(cmd, eps)
 			}
 			vm := slices.ContainsFunc(eps, func(ep api.Endpoint) bool { return ep.VMBypass != "" })
+			plb := slices.ContainsFunc(eps, func(ep api.Endpoint) bool { return ep.PodLB != "" })
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			head := "POD\tIPS\tHOST DEVICE\tIFINDEX\tSTATE\tCONTAINER"
 			if vm { // only on nodes with VM pods that asked for the bridge bypass
 				head += "\tVM BYPASS"
+			}
+			if plb { // only on nodes with pods the socket LB skips
+				head += "\tPOD LB"
 			}
 			fmt.Fprintln(w, head)
 			for _, ep := range eps {
@@ -198,6 +202,9 @@ func newEndpointCmd() *cobra.Command {
 				row := fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s", pod, strings.Join(ips, ","), ep.HostIfName, ep.HostIfIndex, ep.State, cid)
 				if vm {
 					row += "\t" + cmp.Or(ep.VMBypass, "-")
+				}
+				if plb {
+					row += "\t" + cmp.Or(ep.PodLB, "-")
 				}
 				fmt.Fprintln(w, row)
 			}

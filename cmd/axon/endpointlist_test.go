@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -84,4 +85,28 @@ func TestEndpointListVMBypass(t *testing.T) {
 		}
 	}
 	t.Log("\n" + out)
+}
+
+// TestEndpointListPodLB: the POD LB column appears only when some pod's
+// sockets the socket LB skips, with "-" for the others.
+func TestEndpointListPodLB(t *testing.T) {
+	ep := func(name, plb string) api.Endpoint {
+		return api.Endpoint{PodNamespace: "default", PodName: name, IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")},
+			HostIfName: "lxc" + name, HostIfIndex: 7, State: "ready", ContainerID: "c" + name, PodLB: plb}
+	}
+	if plain := endpointList(t, []api.Endpoint{ep("web", "")}); strings.Contains(plain, "POD LB") {
+		t.Errorf("column shown without such pods:\n%s", plain)
+	}
+	out := endpointList(t, []api.Endpoint{ep("mesh", "attached"), ep("web", ""), ep("vm", "attached, replies at tap0")})
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "POD LB") {
+		t.Fatalf("output:\n%s", out)
+	}
+	for _, want := range []struct{ pod, cell string }{{"default/mesh", "attached"}, {"default/vm ", "attached, replies at tap0"}, {"default/web", "-"}} {
+		if !slices.ContainsFunc(lines[1:], func(l string) bool {
+			return strings.HasPrefix(l, want.pod) && strings.HasSuffix(strings.TrimSpace(l), want.cell)
+		}) {
+			t.Errorf("no row %s ... %s in:\n%s", want.pod, want.cell, out)
+		}
+	}
 }

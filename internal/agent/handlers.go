@@ -122,6 +122,7 @@ func (a *Agent) Endpoints(context.Context) ([]api.Endpoint, error) {
 	for i := range eps {
 		eps[i].State = a.endpointState(k, eps[i])
 		eps[i].VMBypass = a.vm.podState(eps[i].PodNamespace + "/" + eps[i].PodName)
+		eps[i].PodLB = a.sock.podLBState(eps[i])
 	}
 	return eps, nil
 }

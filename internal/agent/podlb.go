@@ -61,6 +61,15 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]str
 	}
 	if st.lb == nil {
 		s.setPodLBStatus(nil, map[string]string{"*": st.loadErr})
+		byEP := map[string]string{}
+		for _, ep := range eps {
+			if _, vm := taps[cookieKey(ep)]; vm || slices.ContainsFunc(want, func(w api.Endpoint) bool { return cookieKey(w) == cookieKey(ep) }) {
+				byEP[cookieKey(ep)] = "not attached: the pod LB is unavailable: " + st.loadErr
+			}
+		}
+		s.stMu.Lock()
+		s.plbByEP = byEP
+		s.stMu.Unlock()
 		return
 	}
 	if st.attached == nil {
@@ -102,21 +111,42 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]str
 	}
 	var pods []string
 	fail := map[string]string{}
+	byEP := map[string]string{}
 	for id, ep := range wantIDs {
 		name := ep.PodNamespace + "/" + ep.PodName
 		tap := taps[cookieKey(ep)]
 		if ns, ok := st.attached[id]; !ok || ns != ep.Netns || st.tapOf[id] != tap {
 			if err := st.lb.Attach(id, ep.Netns, podlb.Target{Ifname: ep.IfName, Tap: tap}); err != nil {
 				fail[name] = err.Error()
+				byEP[cookieKey(ep)] = "not attached: " + err.Error()
 				s.log.Warn("pod LB: attach failed; the pod reaches no ClusterIP", "pod", name, "error", err)
 				continue
 			}
 			st.attached[id], st.tapOf[id] = ep.Netns, tap
 		}
 		pods = append(pods, name)
+		byEP[cookieKey(ep)] = "attached"
+		if tap != "" {
+			byEP[cookieKey(ep)] = "attached, replies at " + tap
+		}
 	}
 	slices.Sort(pods)
 	s.setPodLBStatus(pods, fail)
+	s.stMu.Lock()
+	s.plbByEP = byEP
+	s.stMu.Unlock()
+}
+
+// podLBState is ep's pod LB for `axon endpoint list` (api.Endpoint.PodLB):
+// "attached", "attached, replies at <tap>", "not attached: <why>", or "" for
+// a pod whose sockets the socket LB translates.
+func (s *socketLB) podLBState(ep api.Endpoint) string {
+	if s == nil { // an Agent built by hand (tests)
+		return ""
+	}
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	return s.plbByEP[cookieKey(ep)]
 }
 
 func (s *socketLB) setPodLBStatus(pods []string, fail map[string]string) {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -208,5 +209,22 @@ func TestSyncPodLBTargets(t *testing.T) {
 	step("its bypass is back: replies move to the tap", []api.Endpoint{a, vm}, vmTap, fmt.Sprintf("attach %s eth0 tap=%q", podLBID(vm), "tap0"))
 	if got := s.podLBPods(); !slices.Equal(got, []string{"default/a", "default/vm"}) {
 		t.Errorf("pods %v", got)
+	}
+	for ep, want := range map[*api.Endpoint]string{&a: "attached", &vm: "attached, replies at tap0", &plain: ""} {
+		if got := s.podLBState(*ep); got != want {
+			t.Errorf("endpoint list state of %s: %q, want %q", ep.PodName, got, want)
+		}
+	}
+	// the pod LB cannot load: the endpoints that want it say why
+	broken := &socketLB{log: testLogger(t), newPodLB: func() (podLBer, error) { return nil, errors.New("no socket LB maps") }}
+	broken.syncPodLBLocked(eps, []api.Endpoint{a}, vmTap)
+	for ep, want := range map[*api.Endpoint]string{&a: "not attached: the pod LB is unavailable: no socket LB maps",
+		&vm: "not attached: the pod LB is unavailable: no socket LB maps", &plain: ""} {
+		if got := broken.podLBState(*ep); got != want {
+			t.Errorf("unavailable: state of %s: %q, want %q", ep.PodName, got, want)
+		}
+	}
+	if r := broken.podLBReason(); !strings.Contains(r, "unavailable (no socket LB maps)") {
+		t.Errorf("status %q", r)
 	}
 }

@@ -147,6 +147,7 @@ type socketLB struct {
 	optOutPods []string          // opted-out pods (namespace/name), sorted
 	plbPods    []string          // pods with the per-packet pod LB (namespace/name), sorted
 	plbFail    map[string]string // pod → why its pod LB is not attached; "*": the pod LB is unavailable
+	plbByEP    map[string]string // endpoint (cookieKey) → its api.Endpoint.PodLB
 }
 
 func newSocketLB(cfg Config, log *slog.Logger, nl *netlink.Handle, reg *registry, kube func() *kube, kick func()) *socketLB {

@@ -87,6 +87,10 @@ type Endpoint struct {
 	// VMBypass, for a pod annotated axon.io/vm-bypass: enabled: "bypassed",
 	// or "not bypassed: <reason>" (docs/vm-bypass.md); empty otherwise.
 	VMBypass string `json:"vmBypass,omitempty"`
+	// PodLB, for a pod whose sockets the socket LB skips (opt-out,
+	// hostns-only, a VM guest): "attached", "attached, replies at <tap>", or
+	// "not attached: <why>" (docs/services.md); empty otherwise.
+	PodLB string `json:"podLB,omitempty"`
 }
 
 // Attachment names one (ContainerID, IfName) pair, as in CNI GC's cni.dev/valid-attachments.
