@@ -252,7 +252,8 @@ func RootLayer(ctx context.Context, debroots string, set image.PackageSet) (root
 }
 
 // moduleInputs is the cache input of a wrapper module's build (hack/coredns): a hash of its
-// go.mod, go.sum and Go files.
+// go.mod, go.sum and Go files, named by the folder's base name (the same from the repository's root
+// and from hack/images' tests, which run one folder down).
 func moduleInputs(dir string) (string, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
@@ -267,7 +268,7 @@ func moduleInputs(dir string) (string, error) {
 		fmt.Fprintf(h, "%s %d\n", filepath.Base(f), len(b))
 		h.Write(b)
 	}
-	return fmt.Sprintf("%s %x\n", filepath.ToSlash(dir), h.Sum(nil)[:12]), nil
+	return fmt.Sprintf("%s %x\n", filepath.Base(dir), h.Sum(nil)[:12]), nil
 }
 
 // moduleDir is k8s.io/kubernetes's folder in the module cache, downloaded when missing.

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/podlb"
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/lab/probe"
 	"github.com/axonhq/axon/internal/testutil"
@@ -708,7 +709,7 @@ func TestLabServiceSocketLB(t *testing.T) {
 		}
 	})
 
-	t.Run("opt-out annotation: the pod's sockets are not translated", func(t *testing.T) {
+	t.Run("opt-out annotation: the pod's sockets are not translated, its pod LB serves it", func(t *testing.T) {
 		agent, err := l.Agent(optPod.Node)
 		if err != nil {
 			t.Fatal(err)
@@ -742,13 +743,40 @@ func TestLabServiceSocketLB(t *testing.T) {
 			}
 			return nil
 		})
-		// the lab runs without kube-proxy (the default --kube-proxy none):
-		// untranslated, nothing answers on the ClusterIP
+		// its sockets untranslated, the pod's own per-packet LB (on its
+		// interface, in its netns) serves the ClusterIP: its counter of new
+		// flows moves by the probe's connection
+		var node lab.Node
+		for _, n := range l.Nodes() {
+			if n.Name == optPod.Node {
+				node = n
+			}
+		}
+		plb, err := podlb.New(podlb.Config{PinDir: node.PinDir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		eventuallyProbe(t, "the pod LB attached", 10*time.Second, func() error {
+			if ids, err = podlb.Attached(node.PinDir); err != nil || len(ids) != 1 {
+				return fmt.Errorf("pod LBs %v (%v), want the opted-out pod's", ids, err)
+			}
+			return nil
+		})
+		before, err := plb.Counters(ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
 		r := svcProbe(t, ctx, l, optPod.Name, "line", rollVIP)
-		if r.OK || r.Answer != "" {
-			t.Errorf("opted-out pod %s reached %s although only the socket LB serves it: %+v", optPod.Name, rollVIP, r)
+		after, err := plb.Counters(ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.OK || r.Answer != "new" || r.Peer != rollVIP || after["new"] != before["new"]+1 || after["reply"] <= before["reply"] {
+			t.Errorf("opted-out pod %s -> %s: %+v; pod LB new %d -> %d, reply %d -> %d: want answered by new through the pod LB",
+				optPod.Name, rollVIP, r, before["new"], after["new"], before["reply"], after["reply"])
 		} else {
-			t.Logf("opted-out pod %s: %s untranslated, no per-packet LB in this lab: %s (%s)", optPod.Name, rollVIP, r.Err, r.RTT.Round(time.Millisecond))
+			t.Logf("opted-out pod %s: %s answered by new through its pod LB (new +1, reply +%d)", optPod.Name, rollVIP, after["reply"]-before["reply"])
 		}
 		// control: the same pod reaches the backend itself, and another pod
 		// on the node still gets the Service translated
