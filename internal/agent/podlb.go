@@ -59,17 +59,21 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]str
 			st.lb = l
 		}
 	}
-	if st.lb == nil {
-		s.setPodLBStatus(nil, map[string]string{"*": st.loadErr})
-		byEP := map[string]string{}
-		for _, ep := range eps {
-			if _, vm := taps[cookieKey(ep)]; vm || slices.ContainsFunc(want, func(w api.Endpoint) bool { return cookieKey(w) == cookieKey(ep) }) {
-				byEP[cookieKey(ep)] = "not attached: the pod LB is unavailable: " + st.loadErr
-			}
+	wantIDs := map[string]api.Endpoint{}
+	for _, ep := range want {
+		wantIDs[podLBID(ep)] = ep
+	}
+	for _, ep := range eps {
+		if _, ok := taps[cookieKey(ep)]; ok {
+			wantIDs[podLBID(ep)] = ep
 		}
-		s.stMu.Lock()
-		s.plbByEP = byEP
-		s.stMu.Unlock()
+	}
+	if st.lb == nil {
+		byEP := map[string]string{}
+		for _, ep := range wantIDs {
+			byEP[cookieKey(ep)] = "not attached: the pod LB is unavailable: " + st.loadErr
+		}
+		s.setPodLBStatus(nil, map[string]string{"*": st.loadErr}, byEP)
 		return
 	}
 	if st.attached == nil {
@@ -87,15 +91,6 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]str
 		}
 		for _, id := range ids {
 			st.attached[id] = byID[id].Netns // "" when the endpoint is gone
-		}
-	}
-	wantIDs := map[string]api.Endpoint{}
-	for _, ep := range want {
-		wantIDs[podLBID(ep)] = ep
-	}
-	for _, ep := range eps {
-		if _, ok := taps[cookieKey(ep)]; ok {
-			wantIDs[podLBID(ep)] = ep
 		}
 	}
 	for id, netns := range st.attached {
@@ -131,10 +126,7 @@ func (s *socketLB) syncPodLBLocked(eps, want []api.Endpoint, taps map[string]str
 		}
 	}
 	slices.Sort(pods)
-	s.setPodLBStatus(pods, fail)
-	s.stMu.Lock()
-	s.plbByEP = byEP
-	s.stMu.Unlock()
+	s.setPodLBStatus(pods, fail, byEP)
 }
 
 // podLBState is ep's pod LB for `axon endpoint list` (api.Endpoint.PodLB):
@@ -149,9 +141,10 @@ func (s *socketLB) podLBState(ep api.Endpoint) string {
 	return s.plbByEP[cookieKey(ep)]
 }
 
-func (s *socketLB) setPodLBStatus(pods []string, fail map[string]string) {
+// setPodLBStatus publishes what status and the endpoint list show.
+func (s *socketLB) setPodLBStatus(pods []string, fail, byEP map[string]string) {
 	s.stMu.Lock()
-	s.plbPods, s.plbFail = pods, fail
+	s.plbPods, s.plbFail, s.plbByEP = pods, fail, byEP
 	s.stMu.Unlock()
 }
 
