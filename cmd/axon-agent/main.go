@@ -46,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "BPF attach mode: auto (tcx when the kernel has it), tcx or legacy (clsact + cls_bpf)")
 	fs.StringVar(&cfg.HostRouting, "host-routing", cfg.HostRouting, "host routing: auto, bpf (redirect in BPF) or legacy (kernel routing)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "host:port serving /livez (liveness), /readyz (readiness), /healthz and Prometheus /metrics, e.g. 127.0.0.1:9876; empty = off")
+	fs.StringVar(&cfg.KubeProxyHealthzAddr, "kube-proxy-healthz-addr", "", "host:port serving kube-proxy's healthz (its --healthz-bind-address, e.g. 0.0.0.0:10256): GET /healthz and /livez with kube-proxy's JSON, 200 while the Service sync is current and the Node is not being removed; cloud load balancers probe it. A port in use is retried. Empty = off")
+	fs.StringVar(&cfg.KubeProxyMetricsAddr, "kube-proxy-metrics-addr", "", "host:port serving kube-proxy's metrics port (its --metrics-bind-address, e.g. 127.0.0.1:10249): GET /proxyMode (\"axon\") and /metrics (the agent's). Empty = off")
 	fs.BoolVar(&cfg.SocketLB, "socket-lb", cfg.SocketLB, "translate Service addresses at the socket (cgroup connect/sendmsg/recvmsg hooks on --cgroup-root)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", cfg.CgroupRoot, "cgroup v2 directory whose processes get socket load balancing (default: the cgroup2 mount in /proc/mounts)")
 	fs.StringVar(&cfg.SocketLBMode, "socket-lb-mode", cfg.SocketLBMode, "all: translate every socket under --cgroup-root; hostns-only: only the node's own netns (each pod reaches Services through its own per-packet pod LB). Pods opt out with the annotation axon.io/socket-lb=disabled (Pod or Namespace) and get the pod LB too")

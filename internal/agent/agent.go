@@ -35,16 +35,17 @@ type Agent struct {
 	reg  *registry
 	ipam *ipam.Allocator
 
-	st    *nodeStatus  // uplink, podCIDRs, kube client (status.go)
-	rt    *routeTable  // routes to other nodes' pods (routes.go)
-	pods  *podDatapath // tc datapath and endpoint map (pods.go)
-	svc   *serviceSync // Service watch (services.go); set in run before the API serves
-	sock  *socketLB    // socket load balancer (socklb.go, optout.go)
-	nport *nodePort    // north-south LB (nodeport*.go)
-	bw    *bandwidth   // Bandwidth Manager (bandwidth.go)
-	sm    *sockBypass  // same-node TCP bypass (sockmap.go)
-	vm    *vmBypass    // VM-pod bridge bypass (vmbypass.go)
-	drops *dropMonitor // drop counters and events (drops.go)
+	st    *nodeStatus    // uplink, podCIDRs, kube client (status.go)
+	rt    *routeTable    // routes to other nodes' pods (routes.go)
+	pods  *podDatapath   // tc datapath and endpoint map (pods.go)
+	svc   *serviceSync   // Service watch (services.go); set in run before the API serves
+	sock  *socketLB      // socket load balancer (socklb.go, optout.go)
+	nport *nodePort      // north-south LB (nodeport*.go)
+	bw    *bandwidth     // Bandwidth Manager (bandwidth.go)
+	sm    *sockBypass    // same-node TCP bypass (sockmap.go)
+	vm    *vmBypass      // VM-pod bridge bypass (vmbypass.go)
+	drops *dropMonitor   // drop counters and events (drops.go)
+	kp    kubeProxyPorts // kube-proxy's healthz and metrics ports (kubeproxy.go)
 
 	trigger chan struct{} // coalesced "reconcile now"
 	started time.Time     // when run started (liveness before the first pass)
@@ -168,8 +169,13 @@ func (a *Agent) run(ctx context.Context) error {
 			errc <- err
 		}
 	})
+	reg, err := a.metricsRegistry()
+	if err != nil {
+		cancel()
+		return err
+	}
 	if a.cfg.HealthAddr != "" {
-		srv, err := a.healthServer()
+		srv, err := a.healthServer(reg)
 		if err != nil {
 			cancel()
 			return err
@@ -181,6 +187,7 @@ func (a *Agent) run(ctx context.Context) error {
 			srv.Shutdown(sctx)
 		})
 	}
+	a.serveKubeProxyPorts(ctx, &wg, reg) // kubeproxy.go; off unless configured
 
 	k, err := newKube(rc, a.cfg.NodeName, a.log, a.kick)
 	if err != nil {

@@ -56,8 +56,11 @@ type Config struct {
 	AttachMode  string // auto|tcx|legacy
 	HostRouting string // auto|bpf|legacy
 	HealthAddr  string // host:port for /healthz and /metrics; empty = off
-	SocketLB    bool   // attach the socket load balancer (cgroup hooks)
-	CgroupRoot  string // cgroup v2 directory the socket LB hooks attach to
+	// kube-proxy's healthz and metrics ports (kubeproxy.go); empty = off
+	KubeProxyHealthzAddr string
+	KubeProxyMetricsAddr string
+	SocketLB             bool   // attach the socket load balancer (cgroup hooks)
+	CgroupRoot           string // cgroup v2 directory the socket LB hooks attach to
 	// socket LB mode and map sizes (socklb.go, optout.go)
 	SocketLBMode     string // all|hostns-only
 	LBServiceMapSize uint32 // axon_lb_svc entries (frontends + backend slots); 0 = default
@@ -185,6 +188,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.validateVMBypass(); err != nil { // vmbypass.go
+		errs = append(errs, err)
+	}
+	if err := c.validateKubeProxy(); err != nil { // kubeproxy.go
 		errs = append(errs, err)
 	}
 	if err := c.validateMode(); err != nil { // mode.go

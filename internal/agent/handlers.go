@@ -103,6 +103,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	}
 	st.Datapath = append(st.Datapath, a.sock.decision())
 	st.Datapath = append(st.Datapath, a.nport.decision())
+	st.Datapath = append(st.Datapath, a.kubeProxyDecision())
 	st.Datapath = append(st.Datapath, a.bw.decision())
 	st.Datapath = append(st.Datapath, a.vm.decision())
 	st.Bandwidth = a.bw.status()

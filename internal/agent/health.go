@@ -38,14 +38,7 @@ import (
 //     /healthz is the same.
 //   - GET /metrics (Prometheus, datapath counters and client-go's REST
 //     client and workqueue metrics included).
-func (a *Agent) healthServer() (*http.Server, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
-		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm}, dropCollector{a: a})
-	// client-go's REST client and workqueue metrics (rest_client_*, workqueue_*).
-	if err := kubemetrics.Register(reg); err != nil {
-		return nil, fmt.Errorf("register client-go metrics: %w", err)
-	}
+func (a *Agent) healthServer(reg *prometheus.Registry) (*http.Server, error) {
 	mux := http.NewServeMux()
 	probe := func(check func() error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -74,6 +67,19 @@ func (a *Agent) healthServer() (*http.Server, error) {
 	}()
 	a.log.Info("health and metrics listening", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// metricsRegistry holds every metric /metrics serves (on --health-addr and
+// on --kube-proxy-metrics-addr).
+func (a *Agent) metricsRegistry() (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &agentCollector{a: a},
+		nodePortCollector{n: a.nport}, servicesCollector{a: a}, sockmapCollector{s: a.sm}, dropCollector{a: a})
+	// client-go's REST client and workqueue metrics (rest_client_*, workqueue_*).
+	if err := kubemetrics.Register(reg); err != nil {
+		return nil, fmt.Errorf("register client-go metrics: %w", err)
+	}
+	return reg, nil
 }
 
 // livenessStale is how long the reconcile loop may go without finishing a

@@ -82,7 +82,7 @@ type serviceSync struct {
 	problems       map[string][]lb.Problem        // service → what Translate skipped
 	versions       map[string]api.ServiceVersions // service → the resourceVersions its table entry was translated from
 	dirty          map[lb.FrontendKey]string      // written to the table, not yet to the Writer → service that changed it ("" = resync)
-	writeErrs      map[lb.FrontendKey]error       // last failed write per key
+	writeErrs      map[lb.FrontendKey]writeErr    // last failed write per key
 	notFit         map[string]string              // service → why the Writer cannot take it whole (lb.ErrFull)
 	onNS           func()                         // called on Namespace changes (opt-out annotation)
 	onSynced       func()                         // called once the initial sync is done
@@ -96,6 +96,13 @@ type serviceSync struct {
 	writes         uint64    // such flushes
 	watchErr       string
 	watchLog       time.Time
+	health         syncHealth // for the kube-proxy-compatible healthz (kubeproxy.go); its own lock
+}
+
+// writeErr is a failed datapath write, retried until it succeeds.
+type writeErr struct {
+	err   error
+	since time.Time // first failure
 }
 
 // The labels by which a Service (and its EndpointSlices, which carry the
@@ -132,7 +139,7 @@ func newServiceSync(cfg *rest.Config, node string, log *slog.Logger) (*serviceSy
 		problems:  map[string][]lb.Problem{},
 		versions:  map[string]api.ServiceVersions{},
 		dirty:     map[lb.FrontendKey]string{},
-		writeErrs: map[lb.FrontendKey]error{},
+		writeErrs: map[lb.FrontendKey]writeErr{},
 		notFit:    map[string]string{},
 		ev:        newEvents(context.Background(), client, node, log),
 	}
@@ -387,6 +394,7 @@ func (s *serviceSync) initialSync() {
 	s.fullSync = time.Since(start)
 	st := s.statusLocked()
 	s.mu.Unlock()
+	s.noteHealth()
 	s.log.Info("services synced", "services", st.Services, "frontends", st.Frontends, "backends", st.Backends,
 		"writer", st.Writer, "took", st.FullSync.Round(time.Microsecond))
 	if s.onSynced != nil {
@@ -402,6 +410,8 @@ func (s *serviceSync) processNext() bool {
 	if quit {
 		return false
 	}
+	s.health.took()
+	defer s.noteHealth()
 	defer s.queue.Done(key)
 	var err error
 	switch key {
@@ -737,14 +747,17 @@ func (s *serviceSync) flushBatchLocked(svcs []string, ups map[string][]lb.Fronte
 // writeKey records the outcome of one write.
 func (s *serviceSync) writeKey(k lb.FrontendKey, err error, errs *[]error) {
 	if err != nil {
-		if s.writeErrs[k] == nil {
+		we, failed := s.writeErrs[k]
+		if !failed {
 			s.log.Warn("write service frontend failed; retrying", "frontend", k.String(), "error", err)
+			we.since = time.Now()
 		}
-		s.writeErrs[k] = err
+		we.err = err
+		s.writeErrs[k] = we
 		*errs = append(*errs, err)
 		return
 	}
-	if s.writeErrs[k] != nil {
+	if _, failed := s.writeErrs[k]; failed {
 		s.log.Info("service frontend written after an earlier failure", "frontend", k.String())
 		delete(s.writeErrs, k)
 	}
@@ -835,8 +848,8 @@ func (s *serviceSync) statusLocked() ServicesStatus {
 		}
 	}
 	slices.Sort(st.Problems)
-	for k, err := range s.writeErrs {
-		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("%s: %v", k, err))
+	for k, we := range s.writeErrs {
+		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("%s: %v", k, we.err))
 	}
 	for svc, msg := range s.notFit {
 		st.WriteErrors = append(st.WriteErrors, fmt.Sprintf("service %s %s", svc, msg))

@@ -471,12 +471,12 @@ func TestInLine(t *testing.T) {
 		{"two writer changes since", func(s *serviceSync) { s.writerGen++ }, w, false},
 		{"never compared", func(s *serviceSync) { s.comparedWriter = nil }, w, false},
 		{"a key not written yet", func(s *serviceSync) { s.dirty[k] = "ns/svc" }, w, false},
-		{"a failed write", func(s *serviceSync) { s.writeErrs[k] = errors.New("full") }, w, false},
+		{"a failed write", func(s *serviceSync) { s.writeErrs[k] = writeErr{err: errors.New("full"), since: time.Now()} }, w, false},
 		{"a Service that did not fit", func(s *serviceSync) { s.notFit["ns/svc"] = "full" }, w, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &serviceSync{dirty: map[lb.FrontendKey]string{}, writeErrs: map[lb.FrontendKey]error{}, notFit: map[string]string{},
+			s := &serviceSync{dirty: map[lb.FrontendKey]string{}, writeErrs: map[lb.FrontendKey]writeErr{}, notFit: map[string]string{},
 				comparedW: 3, writerGen: 4, comparedWriter: w}
 			tt.mod(s)
 			if got := s.inLineLocked(tt.w); got != tt.want {
