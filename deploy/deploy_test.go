@@ -70,6 +70,9 @@ var layoutFlags = map[string]string{
 // the flag's, on purpose.
 var chartDefaultsDiffer = map[string]string{
 	"log-format": "json", // for log collectors
+	// axon replaces kube-proxy on the chart's nodes: its ports, where kube-proxy has them
+	"kube-proxy-healthz-addr": "0.0.0.0:10256",
+	"kube-proxy-metrics-addr": "127.0.0.1:10249",
 }
 
 func helm(t *testing.T, args ...string) ([]byte, error) {

@@ -653,8 +653,9 @@ func newLabEchoCmd() *cobra.Command {
 	return cmd
 }
 
-// printKubeProxyStatus prints the lab's Service implementation and, with
-// --kube-proxy, each kube-proxy's process and /healthz.
+// printKubeProxyStatus prints the lab's Service implementation and each
+// node's /healthz on kube-proxy's port: kube-proxy's with --kube-proxy,
+// else the agent's (it answers there for the node's Service proxy).
 func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 	st := l.State()
 	mode := l.KubeProxyMode()
@@ -664,6 +665,16 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 	}
 	fmt.Fprintln(w)
 	if mode == kubeproxy.None {
+		for _, n := range st.Nodes {
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			h, err := l.KubeProxyHealthz(hctx, n.Name)
+			cancel()
+			health := h.Status
+			if err == nil && !h.LastUpdated.IsZero() {
+				health += ", last updated " + h.LastUpdated.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "  axon-agent/%-8s healthz on kube-proxy's port %s: %s\n", n.Name, kubeproxy.HealthzAddr, health)
+		}
 		return
 	}
 	for _, n := range st.Nodes {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/netnsutil"
 )
 
@@ -261,6 +262,7 @@ func TestKubeletLab(t *testing.T) {
 	}
 
 	labToolsKnowKubelet(t, l, pods)
+	kubeProxyPortsFromChart(ctx, t, l, kube)
 
 	// kubelet restarts on node1: the pod there is the same container, not restarted, and the
 	// Service still reaches it from node1.
@@ -337,6 +339,9 @@ func labToolsKnowKubelet(t *testing.T, l *lab.Lab, pods []corev1.Pod) {
 		}
 		if !regexp.MustCompile(`(?m)^` + n.Name + `\s.*\sready\s`).MatchString(status) {
 			t.Errorf("axon lab status: node %s's agent (DaemonSet) not shown ready:\n%s", n.Name, status)
+		}
+		if want := "axon-agent/" + n.Name + " "; !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(want) + `\s*healthz on kube-proxy's port 127\.0\.0\.1:10256: 200 OK, last updated `).MatchString(status) {
+			t.Errorf("axon lab status: node %s's agent not shown answering kube-proxy's healthz:\n%s", n.Name, status)
 		}
 	}
 	for _, p := range pods {
@@ -687,4 +692,65 @@ func optOutPodLB(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.
 		t.Logf("opted-out pod: %s answered by %s", url, strings.TrimSpace(out))
 	}
 	t.Logf("node2's agent: socket_lb %s", reason)
+}
+
+// kubeProxyPortsFromChart: the chart's agents answer on kube-proxy's ports in their node's netns
+// (where a hostNetwork pod, a cloud load balancer or the conformance spec asks): /healthz 200
+// with kube-proxy's JSON and a current lastUpdated, /proxyMode "axon". A Node the cluster
+// autoscaler is about to remove answers 503 (nodeEligible false) so load balancers drain it,
+// while the other node stays 200; untainted, it answers 200 again.
+func kubeProxyPortsFromChart(ctx context.Context, t *testing.T, l *lab.Lab, kube kubernetes.Interface) {
+	t.Helper()
+	healthz := func(n lab.Node) (int, map[string]any, string) {
+		body, status, err := kubeproxy.HTTPGet(ctx, netnsutil.Path(n.Netns), kubeproxy.HealthzAddr, "/healthz", 3*time.Second)
+		if err != nil {
+			return 0, nil, err.Error()
+		}
+		var j map[string]any
+		if err := json.Unmarshal(body, &j); err != nil {
+			return 0, nil, fmt.Sprintf("%s: body %q: %v", status, body, err)
+		}
+		code, _ := strconv.Atoi(strings.Fields(status)[0])
+		return code, j, status + " " + string(body)
+	}
+	for _, n := range l.Nodes() {
+		code, j, got := healthz(n)
+		last, err := time.Parse(time.RFC3339Nano, fmt.Sprint(j["lastUpdated"]))
+		if code != 200 || j["healthy"] != true || j["nodeEligible"] != true || err != nil || time.Since(last) > time.Minute {
+			t.Errorf("node %s: GET %s/healthz = %s; want 200, healthy, nodeEligible and a current lastUpdated", n.Name, kubeproxy.HealthzAddr, got)
+		}
+		body, status, err := kubeproxy.HTTPGet(ctx, netnsutil.Path(n.Netns), kubeproxy.MetricsAddr, "/proxyMode", 3*time.Second)
+		if err != nil || !strings.HasPrefix(status, "200 ") || string(body) != "axon" {
+			t.Errorf("node %s: GET %s/proxyMode = %s %q (%v); want 200 axon", n.Name, kubeproxy.MetricsAddr, status, body, err)
+		}
+	}
+	taint := func(on bool) {
+		t.Helper()
+		n, err := kube.CoreV1().Nodes().Get(ctx, "node2", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(tt corev1.Taint) bool { return tt.Key == "ToBeDeletedByClusterAutoscaler" })
+		if on {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "ToBeDeletedByClusterAutoscaler", Value: strconv.FormatInt(time.Now().Unix(), 10), Effect: corev1.TaintEffectNoSchedule})
+		}
+		if _, err := kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := l.Nodes()
+	taint(true)
+	defer taint(false)
+	waitUntil(ctx, t, 15*time.Second, "node2's healthz draining it", func() (bool, string) {
+		code, j, got := healthz(nodes[1])
+		return code == 503 && j["nodeEligible"] == false && j["healthy"] == true, got
+	})
+	if code, _, got := healthz(nodes[0]); code != 200 {
+		t.Errorf("node1 answered %s while only node2 is tainted", got)
+	}
+	taint(false)
+	waitUntil(ctx, t, 15*time.Second, "node2's healthz back to 200", func() (bool, string) {
+		code, _, got := healthz(nodes[1])
+		return code == 200, got
+	})
 }

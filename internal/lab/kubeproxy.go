@@ -55,7 +55,8 @@ func kubeProxyLog(st *State, node string) string {
 	return filepath.Join(st.StateDir, "nodes", node, "kube-proxy.log")
 }
 
-// KubeProxyHealthz asks the kube-proxy of node for /healthz (127.0.0.1:10256 in the node netns).
+// KubeProxyHealthz asks the kube-proxy of node for /healthz (127.0.0.1:10256 in the node netns;
+// without --kube-proxy the node's agent answers there).
 func (l *Lab) KubeProxyHealthz(ctx context.Context, node string) (kubeproxy.Health, error) {
 	st := l.State()
 	n, ok := st.Node(node)
@@ -188,12 +189,14 @@ func upKubeProxies(ctx context.Context, st *State, save func() error) error {
 // netfilter, i.e. kube-proxy's DNAT of ClusterIPs, externalIPs and
 // LoadBalancer IPs (the same reason Cilium needs kube-proxy replacement for
 // BPF host routing). kube-proxy runs with --masquerade-all for the replies
-// (kubeProxyArgs).
+// (kubeProxyArgs). Without kube-proxy, the agent answers on kube-proxy's
+// healthz and metrics ports in its node netns, where tools (and the
+// upstream conformance suite) look for the node's Service proxy.
 func agentExtraArgs(st *State) []string {
 	if kubeProxyModeOf(st) != kubeproxy.None {
 		return []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}
 	}
-	return nil
+	return []string{"--kube-proxy-healthz-addr=" + kubeproxy.HealthzAddr, "--kube-proxy-metrics-addr=" + kubeproxy.MetricsAddr}
 }
 
 // addServiceRoutes gives node n on-link routes to the service CIDRs via its

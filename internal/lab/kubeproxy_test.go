@@ -54,8 +54,8 @@ func TestAgentExtraArgs(t *testing.T) {
 		kubeProxy string
 		want      []string
 	}{
-		{"", nil},
-		{kubeproxy.None, nil},
+		{"", []string{"--kube-proxy-healthz-addr=127.0.0.1:10256", "--kube-proxy-metrics-addr=127.0.0.1:10249"}},
+		{kubeproxy.None, []string{"--kube-proxy-healthz-addr=127.0.0.1:10256", "--kube-proxy-metrics-addr=127.0.0.1:10249"}},
 		{kubeproxy.NFTables, []string{"--socket-lb=false", "--nodeport=false", "--host-routing=legacy"}},
 	}
 	for _, tc := range tests {
