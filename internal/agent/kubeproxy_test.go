@@ -135,7 +135,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	squatter, err := net.Listen("tcp4", healthz)
 	must(t, err)
 	metrics := freeLoopbackAddr(t)
-	a := &Agent{cfg: Config{NodeName: "node1", ReconcileInterval: time.Second, KubeProxyHealthzAddr: healthz, KubeProxyMetricsAddr: metrics},
+	a := &Agent{cfg: Config{NodeName: "node1", ReconcileInterval: time.Second, SocketLB: true, KubeProxyHealthzAddr: healthz, KubeProxyMetricsAddr: metrics},
 		log: testLogger(t), svc: s, kp: kubeProxyPorts{retry: 200 * time.Millisecond}}
 	timeout := a.proxyHealthTimeout()
 	reg := prometheus.NewRegistry()
@@ -146,7 +146,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	a.serveKubeProxyPorts(runCtx, &wg, reg)
 
 	decision := a.kubeProxyDecision
-	until := func(what string, limit time.Duration, cond func() (bool, string)) {
+	until := func(t *testing.T, what string, limit time.Duration, cond func() (bool, string)) {
 		t.Helper()
 		deadline := time.Now().Add(limit)
 		for {
@@ -174,7 +174,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	}
 
 	t.Run("a port in use is retried until free", func(t *testing.T) {
-		until("reported", 5*time.Second, func() (bool, string) {
+		until(t, "reported", 5*time.Second, func() (bool, string) {
 			d := decision()
 			return d.Value == "partly serving" && strings.Contains(d.Reason, "healthz "+healthz+": listen:") &&
 				strings.Contains(d.Reason, "kube-proxy still running on this node?") && strings.Contains(d.Reason, "metrics "+metrics), d.Reason
@@ -183,7 +183,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 			t.Fatal("the squatter's port answered HTTP")
 		}
 		squatter.Close()
-		until("serving", 10*time.Second, func() (bool, string) {
+		until(t, "serving", 10*time.Second, func() (bool, string) {
 			_, err := getProxy("http://" + healthz + "/livez")
 			return err == nil, fmt.Sprint(err)
 		})
@@ -205,7 +205,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 
 	t.Run("200 with a current lastUpdated once caught up", func(t *testing.T) {
-		until("healthy", 30*time.Second, probe("/healthz", 200, eligible(true)))
+		until(t, "healthy", 30*time.Second, probe("/healthz", 200, eligible(true)))
 		r, err := getProxy("http://" + healthz + "/healthz")
 		must(t, err)
 		if !r.h.Healthy || r.h.LastUpdated != r.h.CurrentTime || time.Since(r.h.CurrentTime) > 5*time.Second {
@@ -232,7 +232,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 		}
 	})
 
-	taint := func(on bool) {
+	taint := func(t *testing.T, on bool) {
 		t.Helper()
 		n, err := cs.CoreV1().Nodes().Get(ctx, "node1", metav1.GetOptions{})
 		must(t, err)
@@ -244,18 +244,18 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 		must(t, err)
 	}
 	t.Run("a Node the autoscaler removes is drained", func(t *testing.T) {
-		taint(true)
-		until("drained", 10*time.Second, probe("/healthz", 503, eligible(false)))
-		until("live", time.Second, probe("/livez", 200, func(r proxyReply) bool { return r.h.NodeEligible == nil && r.h.Healthy }))
+		taint(t, true)
+		until(t, "drained", 10*time.Second, probe("/healthz", 503, eligible(false)))
+		until(t, "live", time.Second, probe("/livez", 200, func(r proxyReply) bool { return r.h.NodeEligible == nil && r.h.Healthy }))
 		if d := decision(); !strings.Contains(d.Reason, "(503: the Node is tainted ToBeDeletedByClusterAutoscaler)") {
 			t.Errorf("status: %+v", d)
 		}
-		taint(false)
-		until("eligible again", 10*time.Second, probe("/healthz", 200, eligible(true)))
+		taint(t, false)
+		until(t, "eligible again", 10*time.Second, probe("/healthz", 200, eligible(true)))
 	})
 
 	slicesAPI := cs.DiscoveryV1().EndpointSlices(ns)
-	moveWeb := func(addr string) {
+	moveWeb := func(t *testing.T, addr string) {
 		t.Helper()
 		web, err := slicesAPI.Get(ctx, "web-1", metav1.GetOptions{})
 		must(t, err)
@@ -267,8 +267,8 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	t.Run("a write that hangs: 503 after the timeout, 200 after it returns", func(t *testing.T) {
 		w.hold()
 		start := time.Now()
-		moveWeb("10.244.3.41")
-		until("behind", 3*timeout, probe("/healthz", 503, func(r proxyReply) bool { return !r.h.Healthy }))
+		moveWeb(t, "10.244.3.41")
+		until(t, "behind", 3*timeout, probe("/healthz", 503, func(r proxyReply) bool { return !r.h.Healthy }))
 		if waited := time.Since(start); waited < timeout {
 			t.Errorf("503 after %s, before the timeout %s", waited, timeout)
 		}
@@ -276,7 +276,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 			t.Errorf("status: %+v", d)
 		}
 		w.release()
-		until("caught up", 10*time.Second, probe("/healthz", 200, nil))
+		until(t, "caught up", 10*time.Second, probe("/healthz", 200, nil))
 		if !strings.Contains(w.Render(), "10.244.3.41:8080") {
 			t.Errorf("the held change is not in the writer:\n%s", w.Render())
 		}
@@ -285,8 +285,8 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 	t.Run("a write that fails: 503 after the timeout, 200 after it succeeds", func(t *testing.T) {
 		w.FailNext(1 << 20)
 		start := time.Now()
-		moveWeb("10.244.3.42")
-		until("failing", 3*timeout, probe("/healthz", 503, nil))
+		moveWeb(t, "10.244.3.42")
+		until(t, "failing", 3*timeout, probe("/healthz", 503, nil))
 		if waited := time.Since(start); waited < timeout {
 			t.Errorf("503 after %s, before the timeout %s", waited, timeout)
 		}
@@ -295,7 +295,7 @@ func TestKubeProxyPortsAgainstAPIServer(t *testing.T) {
 		}
 		w.FailNext(0)
 		// the retry backs off (100 ms doubling, at most 30 s)
-		until("written", 40*time.Second, probe("/healthz", 200, nil))
+		until(t, "written", 40*time.Second, probe("/healthz", 200, nil))
 		if !strings.Contains(w.Render(), "10.244.3.42:8080") {
 			t.Errorf("the failed change is not in the writer:\n%s", w.Render())
 		}
