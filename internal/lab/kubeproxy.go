@@ -25,7 +25,7 @@ import (
 
 // kubeProxyArgs is kubeproxy.Args for node n.
 func kubeProxyArgs(bin, mode, kubeconfig string, n Node, masqueradeAll bool) []string {
-	return kubeproxy.Args(bin, mode, kubeconfig, n.Name, masqueradeAll)
+	return kubeproxy.Args(bin, mode, kubeconfig, n.Name, kubeproxy.OwnPorts, masqueradeAll)
 }
 
 // startKubeProxy starts kube-proxy for node n (detached, PID recorded by the caller).

@@ -23,9 +23,10 @@ import (
 	"github.com/axonhq/axon/internal/proc"
 )
 
-// kubeProxyMetricsAddr is kube-proxy's metrics server inside the node netns
-// (loopback of that netns only), as the lab configures it.
-const kubeProxyMetricsAddr = kubeproxy.MetricsAddr
+// kubeProxyMetricsAddr is the benchmark's kube-proxies' metrics server
+// inside their node netns (loopback of that netns only): not kube-proxy's
+// own port, which the node's axon agent holds.
+var kubeProxyMetricsAddr = kubeproxy.BesideAxonPorts.Metrics
 
 // KubeProxySpec describes one kube-proxy process of the benchmark.
 type KubeProxySpec struct {
@@ -44,7 +45,7 @@ type KubeProxySpec struct {
 // the root namespace.
 func (s KubeProxySpec) KubeProxyArgv(nsenter string) []string {
 	argv := []string{nsenter, "--net=" + s.Netns, "--"}
-	argv = append(argv, kubeproxy.Args(s.Binary, s.Mode, s.Kubeconfig, s.Node, false)...)
+	argv = append(argv, kubeproxy.Args(s.Binary, s.Mode, s.Kubeconfig, s.Node, kubeproxy.BesideAxonPorts, false)...)
 	return append(argv, "--kube-api-qps=100", "--kube-api-burst=200")
 }
 

@@ -33,9 +33,23 @@ const (
 	// ClusterCIDRs covers the axon (10.244/16, fd00:10:244::/48) and the
 	// baseline (10.245/16, fd00:10:245::/48) pod ranges in one prefix per family.
 	ClusterCIDRs = "10.244.0.0/15,fd00:10:244::/47"
-	// kube-proxy's health and metrics servers, on the node netns' loopback.
+	// kube-proxy's health and metrics servers, on the node netns' loopback
+	// (kube-proxy's own ports; without --kube-proxy the node's agent
+	// answers there).
 	HealthzAddr = "127.0.0.1:10256"
-	MetricsAddr = "127.0.0.1:10249" // also read by the Service benchmark
+	MetricsAddr = "127.0.0.1:10249"
+)
+
+// Ports are the addresses of kube-proxy's health and metrics servers.
+type Ports struct{ Healthz, Metrics string }
+
+var (
+	// OwnPorts are kube-proxy's own: the lab's --kube-proxy runs it there.
+	OwnPorts = Ports{Healthz: HealthzAddr, Metrics: MetricsAddr}
+	// BesideAxonPorts are for a kube-proxy the Service benchmark runs
+	// beside an axon agent, which holds kube-proxy's own ports on every
+	// node of an axon lab.
+	BesideAxonPorts = Ports{Healthz: "127.0.0.1:10356", Metrics: "127.0.0.1:10349"}
 )
 
 func ValidMode(m string) bool {
@@ -69,7 +83,9 @@ func Tools(mode string) []string {
 // KubeProxy CLOSE_WAIT spec checks it). What else kube-proxy writes
 // (route_localnet in iptables mode, its own oom_score_adj) is per network
 // namespace or per process.
-func Args(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
+//
+// ports are where its health and metrics servers listen.
+func Args(bin, mode, kubeconfig, node string, ports Ports, masqueradeAll bool) []string {
 	args := []string{
 		bin,
 		"--proxy-mode=" + mode,
@@ -77,8 +93,8 @@ func Args(bin, mode, kubeconfig, node string, masqueradeAll bool) []string {
 		"--hostname-override=" + node,
 		"--cluster-cidr=" + ClusterCIDRs,
 		"--detect-local-mode=ClusterCIDR",
-		"--healthz-bind-address=" + HealthzAddr,
-		"--metrics-bind-address=" + MetricsAddr,
+		"--healthz-bind-address=" + ports.Healthz,
+		"--metrics-bind-address=" + ports.Metrics,
 		"--conntrack-max-per-core=0",
 		"--conntrack-min=0",
 		"--conntrack-udp-timeout=0",
