@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,8 +80,8 @@ func TestDetachedGuestBehindLinkLocalGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dhcp.Stop(5 * time.Second) })
-	console := filepath.Join(dir, "console.log")
-	qemu, err := Guest{Kernel: k, Initramfs: img, MAC: mac}.QEMUArgv(console)
+	console, commands := filepath.Join(dir, "console.log"), filepath.Join(dir, "command.sock")
+	qemu, err := Guest{Kernel: k, Initramfs: img, MAC: mac}.QEMUArgv(console, commands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +119,39 @@ func TestDetachedGuestBehindLinkLocalGateway(t *testing.T) {
 		t.Fatalf("ping from the peer pod: %v", err)
 	} else {
 		t.Logf("%s", tail(out, 2))
+	}
+	// The command port: probes from inside the guest, as the lab's check runs them.
+	s, err := Dial(ctx, commands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cmd, want string
+		rc        int
+	}{
+		{"/bin/busybox ip -4 -o addr show dev eth0", " " + pod + "/32 ", 0},
+		{"/bin/busybox ping -c 1 -W 5 " + peer, "1 packets received", 0},
+		{"echo from-the-guest; exit_code() { return 3; }; exit_code", "from-the-guest", 3},
+		{"cat; echo stdin-was-null", "stdin-was-null", 0}, // a command reading stdin gets EOF, not the next command
+	} {
+		out, rc, err := s.Run(c.cmd, testutil.Stretch(t, 30*time.Second))
+		if err != nil || rc != c.rc || !strings.Contains(out, c.want) {
+			t.Errorf("in the guest: %s: rc %d, %q, %v; want rc %d and %q", c.cmd, rc, out, err, c.rc, c.want)
+		}
+	}
+	// A command that outlives its timeout leaves its output behind; the next session
+	// (another nonce) must not take it for its own.
+	if _, _, err := s.Run("sleep 3; echo late", 500*time.Millisecond); err == nil {
+		t.Error("a 3 s command finished within 500 ms")
+	}
+	s.Close()
+	s2, err := Dial(ctx, commands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if out, rc, err := s2.Run("echo second-session", testutil.Stretch(t, 30*time.Second)); err != nil || rc != 0 || !strings.HasSuffix(strings.TrimSpace(out), "second-session") {
+		t.Errorf("second session: rc %d, %q, %v", rc, out, err)
 	}
 	// Nobody types at a file console: the guest's shell waits (init powers off when it exits).
 	if !q.Alive() {

@@ -55,8 +55,10 @@ func Accel() string {
 // QEMUArgv is the guest's whole QEMU command line for a process the caller starts
 // itself (detached, e.g. the lab's VM pods): the tap must be the child's fd 3 (its
 // first extra file) and the serial console goes to the file consoleLog, where
-// nobody types (Running.Run is not available; the boot markers are in the file).
-func (g Guest) QEMUArgv(consoleLog string) ([]string, error) {
+// nobody types (the boot markers are in the file). commandSock, when not empty, is a
+// unix socket where QEMU serves the guest's second serial port (ttyS1), on which
+// init runs every line it reads as a shell command: Dial it for a Session.
+func (g Guest) QEMUArgv(consoleLog, commandSock string) ([]string, error) {
 	if g.Kernel == nil || g.Initramfs == "" || g.MAC == "" || consoleLog == "" {
 		return nil, errors.New("vmguest: Kernel, Initramfs, MAC and a console log are required")
 	}
@@ -66,7 +68,14 @@ func (g Guest) QEMUArgv(consoleLog string) ([]string, error) {
 	if _, err := os.Stat(vmtest.QbootPath); err != nil {
 		return nil, fmt.Errorf("qboot firmware missing (package qemu-system-data): %w", err)
 	}
-	return append([]string{vmtest.QEMUPath}, g.args(Accel(), "file:"+consoleLog)...), nil
+	argv := append([]string{vmtest.QEMUPath}, g.args(Accel(), "file:"+consoleLog)...)
+	if commandSock != "" {
+		if strings.ContainsAny(commandSock, ",") {
+			return nil, fmt.Errorf("vmguest: command socket %q: QEMU's option syntax cannot hold a comma", commandSock)
+		}
+		argv = append(argv, "-serial", "unix:"+commandSock+",server=on,wait=off")
+	}
+	return argv, nil
 }
 
 func (g Guest) args(accel, serial string) []string {
@@ -207,30 +216,7 @@ func (r *Running) Run(command string, timeout time.Duration) (string, int, error
 	r.runMu.Lock()
 	defer r.runMu.Unlock()
 	r.seq++
-	tag := fmt.Sprintf("AXON-GUEST-RC-%d", r.seq)
-	// The marker is printed by printf so that an echo of the command line cannot match it.
-	if _, err := fmt.Fprintf(r.stdin, "%s; printf '%%s %%d\\n' %s $?\n", command, tag); err != nil {
-		return "", -1, fmt.Errorf("write to the guest's console: %w", err)
-	}
-	var out strings.Builder
-	deadline := time.After(timeout)
-	for {
-		select {
-		case line := <-r.lines:
-			if rest, ok := strings.CutPrefix(line, tag+" "); ok {
-				rc, err := strconv.Atoi(strings.TrimSpace(rest))
-				if err != nil {
-					return out.String(), -1, fmt.Errorf("guest exit code %q: %w", rest, err)
-				}
-				return out.String(), rc, nil
-			}
-			out.WriteString(line + "\n")
-		case <-r.done:
-			return out.String(), -1, fmt.Errorf("%q: %w", command, ErrGuestGone)
-		case <-deadline:
-			return out.String(), -1, fmt.Errorf("%q did not finish in the guest within %s", command, timeout)
-		}
-	}
+	return runCommand(r.stdin, r.lines, r.done, fmt.Sprintf("AXON-GUEST-RC-%d", r.seq), command, timeout)
 }
 
 // Stop kills QEMU by its PID and waits for it.

@@ -2,7 +2,8 @@
 # PID 1 of a VM-pod guest (internal/vmguest): no root filesystem beyond the initramfs.
 # Loads the NIC's modules, takes the pod's address by DHCP on eth0 (as a KubeVirt guest
 # does from virt-launcher's DHCP server on the bridge k6t-eth0), starts a qperf server and
-# a TCP echo (busybox nc), and leaves an unechoed shell on the serial console for the host's commands. Console
+# a TCP echo (busybox nc), runs the host's commands from a second serial port when QEMU has one,
+# and leaves an unechoed shell on the serial console for the host's commands. Console
 # markers: AXON-GUEST-BOOTED, AXON-GUEST-NET <ip/len> (or AXON-GUEST-ERROR <why>),
 # AXON-GUEST-READY.
 B=/bin/busybox
@@ -38,6 +39,19 @@ fi
 /usr/bin/qperf >/tmp/qperf.log 2>&1 &
 # A TCP echo on EchoPort (guest.go), one cat per connection: what the lab's checks probe.
 $B nc -ll -p 5657 -e /bin/cat >/dev/null 2>&1 &
+# The host's commands on the second serial port (ttyS1), when QEMU has one (the lab's VM pods:
+# a unix socket, vmguest.Dial): every line read there runs in a shell, stdin /dev/null, its
+# output and the host's exit-code marker written back; a shell that ends is started again.
+# Without the port, stty fails.
+if $B stty -F /dev/ttyS1 -echo -onlcr 2>/dev/null; then
+	(
+		exec </dev/ttyS1 >/dev/ttyS1 2>&1
+		while :; do
+			$B sh -c 'while read -r line; do eval "$line" </dev/null; done'
+			$B sleep 1
+		done
+	) &
+fi
 $B stty -echo -onlcr 2>/dev/null
 $B echo "AXON-GUEST-READY uptime=$($B cut -d' ' -f1 /proc/uptime)"
 $B sh
