@@ -373,8 +373,10 @@ func runPassthrough(cmd *exec.Cmd) error {
 }
 
 func newLabExecCmd(f *labFlags) *cobra.Command {
+	var guest bool
+	var guestTimeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "exec <node|pod|external> -- <cmd...>",
+		Use:   "exec [--guest] <node|pod|external|vm-pod> -- <cmd...>",
 		Short: "Run a command in a node, pod or the external namespace (pods and nodes: also in their cgroup)",
 		Long: "Run a command in the network namespace of a lab node, pod or \"external\". For a pod the\n" +
 			"process starts in the pod's cgroup (<cgroup2>/axon-lab/<node>/<pod>), as a container\n" +
@@ -382,9 +384,11 @@ func newLabExecCmd(f *labFlags) *cobra.Command {
 			"load balancer translates its Service connections. In a --kubelet lab a pod is one that\n" +
 			"kubelet runs, <namespace>/<pod> (or <pod> when one namespace has it): the command joins\n" +
 			"the network namespace and cgroup of its first container; a node's cgroup is kubelet's\n" +
-			"cgroup root of the node. The command's exit code becomes axon's.",
+			"cgroup root of the node. With --guest the target is a VM pod (up --vm-pods) and the command\n" +
+			"runs inside its QEMU guest. The command's exit code becomes axon's.",
 		Example: "  axon lab exec node1-pod1 -- ping -c1 10.244.2.2\n  axon lab exec node2 -- ip route\n" +
-			"  axon lab exec default/web-5d9c7-x2x8q -- ip addr   # --kubelet",
+			"  axon lab exec default/web-5d9c7-x2x8q -- ip addr   # --kubelet\n" +
+			"  axon lab exec --guest node1-vm1 -- ip addr         # --vm-pods: inside the QEMU guest",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := f.load()
@@ -395,9 +399,28 @@ func newLabExecCmd(f *labFlags) *cobra.Command {
 			if argv[0] == "--" { // kept by pflag when parsing stopped at the target
 				argv = argv[1:]
 			}
+			if guest {
+				if len(argv) == 0 {
+					return errors.New("--guest: no command given")
+				}
+				out, rc, err := l.GuestRun(cmd.Context(), args[0], strings.Join(argv, " "), guestTimeout)
+				fmt.Fprint(cmd.OutOrStdout(), out)
+				if out != "" && !strings.HasSuffix(out, "\n") {
+					fmt.Fprintln(cmd.OutOrStdout())
+				}
+				if err != nil {
+					return err
+				}
+				if rc != 0 {
+					return exitError{code: rc}
+				}
+				return nil
+			}
 			return runPassthrough(l.CommandInCgroup(cmd.Context(), args[0], argv...))
 		},
 	}
+	cmd.Flags().BoolVar(&guest, "guest", false, "the target is a VM pod (up --vm-pods): run the command inside its QEMU guest, through the guest's command port (a second serial port; the words joined into one shell line, stdin /dev/null, output and exit code returned when it ends)")
+	cmd.Flags().DurationVar(&guestTimeout, "guest-timeout", time.Minute, "with --guest: how long the command may run in the guest")
 	cmd.Flags().SetInterspersed(false)
 	return cmd
 }

@@ -5,16 +5,24 @@ package lab
 // echo) over IPv4 from a pod on its node, a pod on another node and its
 // node; its Service demo-<pod> answers with the guest as its only backend
 // (ClusterIP through the socket LB from those pods and the node, NodePort per
-// packet from the external namespace); and the bypass's counters moved by frames both ways
-// during the probes, so the traffic crossed the bypass, not the bridge.
+// packet from the external namespace); from inside the guest (its command
+// port), the same pods and node answer its TCP and ICMP and the demo
+// ClusterIP its TCP (through the VM pod's per-packet pod LB: the guest's
+// sockets are not the node's); and the bypass's counters moved by frames
+// both ways during the probes, so the traffic crossed the bypass, not the
+// bridge.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -25,6 +33,7 @@ import (
 	"github.com/axonhq/axon/internal/datapath/vmbypass"
 	"github.com/axonhq/axon/internal/lab/probe"
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/vmguest"
 )
 
 // VMCheck is one check of one VM pod.
@@ -166,6 +175,138 @@ func planVMProbes(st *State) []vmProbe {
 	return out
 }
 
+// guestProbe is one probe from inside a guest: a command its shell runs
+// (vmguest.Session) and the output that means it passed.
+type guestProbe struct {
+	vm, what, cmd, want, na string
+	echo                    string // the pod or node whose echo server answers
+	service                 bool   // through the demo ClusterIP: its backends' echo servers answer
+}
+
+// planGuestProbes lists the probes from inside each guest (pure logic): TCP
+// echo and ICMP to the first pod of its node, the first pod of another node
+// and its node, and TCP echo through the demo ClusterIP (n/a with the
+// reason when the VM pod has no pod LB: noPodLB, VM pod → why). secs bounds
+// each command in the guest.
+func planGuestProbes(st *State, secs int, noPodLB map[string]string) []guestProbe {
+	var out []guestProbe
+	var clusterIP netip.Addr
+	for _, d := range DemoServices() {
+		if d.Name == DemoClusterIP {
+			clusterIP = d.ClusterIPs[0]
+		}
+	}
+	for _, v := range st.VMPods {
+		token := "axon-guest-" + v.Name
+		tcp := func(what, echo string, addr netip.AddrPort, na string) guestProbe {
+			return guestProbe{vm: v.Name, what: "from the guest: " + what, na: na, want: token, echo: echo,
+				cmd: fmt.Sprintf("echo %s | nc -w %d %s %d", token, secs, addr.Addr(), addr.Port())}
+		}
+		icmp := func(what string, addr netip.Addr, na string) guestProbe {
+			return guestProbe{vm: v.Name, what: "from the guest: " + what, na: na, want: " 0% packet loss",
+				cmd: fmt.Sprintf("ping -c 1 -W %d %s", secs, addr)}
+		}
+		var same, other *Pod
+		for i := range st.Pods {
+			p := &st.Pods[i]
+			if p.Node == v.Node && same == nil {
+				same = p
+			}
+			if p.Node != v.Node && other == nil {
+				other = p
+			}
+		}
+		for _, t := range []struct {
+			p  *Pod
+			na string
+		}{{same, "no pod on " + v.Node + " (--pods-per-node 0)"}, {other, "no pod on another node (--nodes 1 or --pods-per-node 0)"}} {
+			if t.p == nil {
+				out = append(out, tcp("tcp to -", "", netip.AddrPort{}, t.na), icmp("icmp to -", netip.Addr{}, t.na))
+				continue
+			}
+			out = append(out, tcp("tcp to "+t.p.Name, t.p.Name, netip.AddrPortFrom(t.p.IP, probe.EchoPort), ""), icmp("icmp to "+t.p.Name, t.p.IP, ""))
+		}
+		if n, ok := st.Node(v.Node); ok {
+			out = append(out, tcp("tcp to "+n.Name, n.Name, netip.AddrPortFrom(n.IP, probe.EchoPort), ""), icmp("icmp to "+n.Name, n.IP, ""))
+		}
+		svc := netip.AddrPortFrom(clusterIP, DemoPort)
+		na := ""
+		switch {
+		case !st.DemoServices:
+			na = "no demo Services (--no-demo)"
+		case serviceImpl(st) == "":
+			na = "nothing serves Services"
+		case noPodLB[v.Name] != "":
+			na = noPodLB[v.Name]
+		}
+		sp := tcp("service tcp/"+svc.String()+" ("+DemoClusterIP+")", "", svc, na)
+		sp.service = true
+		out = append(out, sp)
+	}
+	return out
+}
+
+// runGuestProbes runs v's probes in its guest, one after the other, and
+// records each.
+func runGuestProbes(ctx context.Context, v VMPod, probes []guestProbe, timeout time.Duration, record func(i int, ok bool, detail string)) {
+	if _, err := os.Stat(v.CommandSocket()); err != nil {
+		for i := range probes {
+			record(i, false, "the guest has no command port ("+err.Error()+"): a lab brought up by an older axon; axon lab down && axon lab up")
+		}
+		return
+	}
+	s, err := vmguest.Dial(ctx, v.CommandSocket())
+	if err != nil {
+		for i := range probes {
+			record(i, false, err.Error())
+		}
+		return
+	}
+	defer s.Close()
+	for i, p := range probes {
+		start := time.Now()
+		// the guest's shell under TCG adds its own time to the command's bound
+		out, rc, err := s.Run(p.cmd, timeout+10*time.Second)
+		switch {
+		case err != nil:
+			record(i, false, err.Error())
+		case rc != 0 || !strings.Contains(out, p.want):
+			record(i, false, fmt.Sprintf("%s: exit %d: %s", p.cmd, rc, firstNonEmpty(lastLine(out), "no output")))
+		default:
+			record(i, true, "answered in "+time.Since(start).Round(time.Millisecond).String()+" (the guest's shell included)")
+		}
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// GuestRun runs command (one shell line) inside the guest of VM pod name
+// through its command port, within timeout, and returns its output and exit
+// code.
+func (l *Lab) GuestRun(ctx context.Context, name, command string, timeout time.Duration) (string, int, error) {
+	st := l.State()
+	v := st.vmPod(name)
+	if v == nil {
+		var have []string
+		for _, p := range st.VMPods {
+			have = append(have, p.Name)
+		}
+		if len(have) == 0 {
+			return "", -1, fmt.Errorf("no VM pod %q: the lab has none (axon lab up --vm-pods N)", name)
+		}
+		return "", -1, fmt.Errorf("no VM pod %q (have %s)", name, strings.Join(have, ", "))
+	}
+	s, err := vmguest.Dial(ctx, v.CommandSocket())
+	if err != nil {
+		return "", -1, err
+	}
+	defer s.Close()
+	return s.Run(command, timeout)
+}
+
 // CheckVMPods checks every VM pod (see the file's comment). It returns an
 // error only when the check itself could not run; failed checks are in the
 // result.
@@ -230,6 +371,56 @@ func (l *Lab) CheckVMPods(ctx context.Context, timeout time.Duration) (*VMCheckR
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make([]error, len(order))
+	// From inside each guest, alongside the probes to it.
+	secs := max(1, int(timeout.Round(time.Second)/time.Second))
+	noPodLB := map[string]string{}
+	for _, v := range st.VMPods {
+		noPodLB[v.Name] = vmPodLBMissing(ctx, &st, v)
+	}
+	gplan := planGuestProbes(&st, secs, noPodLB)
+	gresults := make([]VMCheck, len(gplan))
+	byVM := map[string][]int{}
+	echo := map[string]bool{} // the guests' TCP targets: their echo servers
+	for i, p := range gplan {
+		gresults[i] = VMCheck{VMPod: p.vm, What: p.what, NA: p.na}
+		if p.na != "" {
+			continue
+		}
+		byVM[p.vm] = append(byVM[p.vm], i)
+		switch {
+		case p.echo != "":
+			echo[p.echo] = true
+		case p.service:
+			for _, b := range demoBackends(&st) {
+				echo[b.Name] = true
+			}
+		}
+	}
+	if len(echo) > 0 {
+		names := slices.Sorted(maps.Keys(echo))
+		stop, err := l.startServers(ctx, names, self, "lab", "_echo", "serve", "--port", strconv.Itoa(probe.EchoPort))
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
+	for _, v := range st.VMPods {
+		idx := byVM[v.Name]
+		if len(idx) == 0 {
+			continue
+		}
+		probes := make([]guestProbe, len(idx))
+		for j, i := range idx {
+			probes[j] = gplan[i]
+		}
+		wg.Go(func() {
+			runGuestProbes(ctx, v, probes, timeout, func(j int, ok bool, detail string) {
+				mu.Lock()
+				defer mu.Unlock()
+				gresults[idx[j]].OK, gresults[idx[j]].Detail = ok, detail
+			})
+		})
+	}
 	for gi, k := range order {
 		idx := groups[k]
 		args := []string{self, "lab", "_echo", "probe", "--timeout", timeout.String()}
@@ -276,6 +467,7 @@ func (l *Lab) CheckVMPods(ctx context.Context, timeout time.Duration) (*VMCheckR
 		}
 	}
 	res.Checks = append(res.Checks, results...)
+	res.Checks = append(res.Checks, gresults...)
 	// The counters moved both ways: the probes' frames crossed the bypass.
 	for _, v := range st.VMPods {
 		by := bys[v.Name]

@@ -83,12 +83,17 @@ func DemoVMService(k int, pod string) (name string, clusterIP netip.Addr, nodePo
 type VMPod struct {
 	Pod
 	GuestMAC string `json:"guestMAC"` // the pod interface's MAC from CNI ADD, moved to the guest
-	Dir      string `json:"dir"`      // console.log, qemu.log, udhcpd.{conf,log,leases}
+	Dir      string `json:"dir"`      // console.log, command.sock, qemu.log, udhcpd.{conf,log,leases}
 	QEMU     *Proc  `json:"qemu,omitempty"`
 	DHCP     *Proc  `json:"dhcp,omitempty"`
 	// Boot is QEMU's start to the guest's lease and READY marker.
 	Boot time.Duration `json:"boot,omitempty"`
 }
+
+// CommandSocket is where QEMU serves the guest's command port
+// (vmguest.Dial): commands run inside the guest, as the check's guest-side
+// probes and `axon lab exec --guest` do.
+func (v VMPod) CommandSocket() string { return filepath.Join(v.Dir, "command.sock") }
 
 func (s *State) vmPod(name string) *VMPod {
 	for i := range s.VMPods {
@@ -288,7 +293,7 @@ func startVMLauncher(p *Pod, v *VMPod, g vmguest.Guest) error {
 		return fmt.Errorf("start the DHCP responder: %w", err)
 	}
 	g.MAC = v.GuestMAC
-	qemu, err := g.QEMUArgv(filepath.Join(v.Dir, "console.log"))
+	qemu, err := g.QEMUArgv(filepath.Join(v.Dir, "console.log"), v.CommandSocket())
 	if err != nil {
 		return err
 	}
@@ -488,6 +493,33 @@ func vmBypassState(ctx context.Context, st *State, v VMPod) string {
 				return "the agent does not count the pod as annotated " + vmBypassAnnotation + "=enabled"
 			}
 			return ep.VMBypass
+		}
+	}
+	return "no endpoint of the pod in the agent"
+}
+
+// vmPodLBMissing says why v has no per-packet pod LB as its agent reports
+// it ("" = attached): without it the guest's ClusterIP traffic leaves the
+// pod untranslated (its sockets are not the node's: the socket LB never
+// sees them).
+func vmPodLBMissing(ctx context.Context, st *State, v VMPod) string {
+	n, ok := st.Node(v.Node)
+	if !ok {
+		return "its node is not in the lab"
+	}
+	eps, err := api.NewClient(n.Socket).Endpoints(ctx)
+	if err != nil {
+		return "the agent's endpoint list: " + err.Error()
+	}
+	for _, ep := range eps {
+		if ep.PodName == v.Name && ep.PodNamespace == v.Namespace {
+			switch {
+			case strings.HasPrefix(ep.PodLB, "attached"):
+				return ""
+			case ep.PodLB == "":
+				return "the agent gives this VM pod no pod LB (neither the bypass nor axon.io/socket-lb: disabled), so its guest reaches no ClusterIP"
+			}
+			return "pod LB " + ep.PodLB
 		}
 	}
 	return "no endpoint of the pod in the agent"

@@ -19,8 +19,11 @@ import (
 // guests behind KubeVirt's bridge binding), requires `axon lab check` to pass with
 // them (bypass reported and its counters moved, the guests answer ICMP and TCP from
 // pods on both nodes and from their node, each VM pod's Service answers with its
-// guest as the backend), then switches one pod's bypass off: the check must fail for it with
-// the agent's reason while the bridge still carries its traffic. Down leaves no
+// guest as the backend, and from inside each guest the same pods and node answer and
+// the demo ClusterIP echoes through the VM pod's pod LB), runs commands in a guest
+// with `axon lab exec --guest`, then switches one pod's bypass off: the check must
+// fail for it with the agent's reason while the bridge still carries its traffic,
+// both ways. Down leaves no
 // QEMU, no DHCP responder and nothing under the state dir. Boots are TCG here:
 // AXON_VMGUEST=1 runs it (about 2-4 minutes on a quiet 2-core host).
 func TestLabVMPods(t *testing.T) {
@@ -56,6 +59,21 @@ func TestLabVMPods(t *testing.T) {
 	out := checkMatrix(t)
 	if !strings.Contains(out, "VM pod checks passed, 0 n/a") || strings.Count(out, "agent: bypassed") != 2 {
 		t.Fatalf("the check does not show both VM pods bypassed with every check run:\n%s", out)
+	}
+	// 7 from inside each guest: tcp and icmp to a pod on its node, one on the other node and its
+	// node, tcp to the demo ClusterIP (the check fails on any FAIL: these passed)
+	if n := strings.Count(out, "from the guest: "); n != 14 {
+		t.Errorf("%d probes from inside the guests, want 14:\n%s", n, out)
+	}
+	// axon lab exec --guest: the guest's own view, and its exit code.
+	if got := axon(t, "exec", "--guest", vms[0].Name, "--", "ip", "-4", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+vms[0].IP.String()+"/") {
+		t.Errorf("axon lab exec --guest %s -- ip addr: %q, want the guest's %s", vms[0].Name, got, vms[0].IP)
+	}
+	if got, err := axonErr(t, "exec", "--guest", vms[0].Name, "--", "exit", "7"); err == nil || !strings.Contains(err.Error(), "exit status 7") {
+		t.Errorf("axon lab exec --guest %s -- exit 7: %v (%q), want exit status 7", vms[0].Name, err, got)
+	}
+	if got, err := axonErr(t, "exec", "--guest", "node1-pod1", "--", "true"); err == nil || !strings.Contains(got, `no VM pod "node1-pod1" (have `+vms[0].Name) {
+		t.Errorf("axon lab exec --guest on a plain pod: %v, %q; want an error naming the VM pods", err, got)
 	}
 
 	// Negative: the annotation off on node2's VM pod. The agent removes the bypass; the
@@ -100,7 +118,12 @@ func TestLabVMPods(t *testing.T) {
 		if c.VMPod == vms[0].Name && !c.OK {
 			t.Errorf("%s (bypass still on) failed %s: %s", c.VMPod, c.What, c.Detail)
 		}
-		if c.VMPod == v.Name && strings.HasPrefix(c.What, "tcp from") && !c.OK {
+		// without the bypass (and not opted out of the socket LB) the agent gives the VM pod no
+		// pod LB: its guest reaches no ClusterIP, and the check says so instead of failing
+		if c.VMPod == v.Name && strings.HasPrefix(c.What, "from the guest: service ") && !strings.Contains(c.NA, "no pod LB") {
+			t.Errorf("%s without the bypass: %s: n/a %q, %v %s; want n/a: no pod LB", v.Name, c.What, c.NA, c.OK, c.Detail)
+		}
+		if c.VMPod == v.Name && (strings.HasPrefix(c.What, "tcp from") || strings.HasPrefix(c.What, "from the guest: ")) && !c.OK && c.NA == "" {
 			t.Errorf("%s's guest does not answer through the bridge: %s: %s", v.Name, c.What, c.Detail)
 		}
 	}

@@ -162,3 +162,51 @@ func TestVMCheckResultPrint(t *testing.T) {
 		t.Errorf("Counts = %d, %d, %d", ok, ran, na)
 	}
 }
+
+func TestPlanGuestProbes(t *testing.T) {
+	st := vmTestState()
+	st.Pods[0].IP, st.Pods[1].IP = netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	var got []string
+	for _, p := range planGuestProbes(st, 3, nil) {
+		if p.vm == "node1-vm1" {
+			got = append(got, p.what+" | "+p.cmd+" | "+p.want+" | "+p.na)
+		}
+	}
+	want := []string{
+		"from the guest: tcp to node1-pod1 | echo axon-guest-node1-vm1 | nc -w 3 10.244.1.2 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp to node1-pod1 | ping -c 1 -W 3 10.244.1.2 |  0% packet loss | ",
+		"from the guest: tcp to node2-pod1 | echo axon-guest-node1-vm1 | nc -w 3 10.244.2.2 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp to node2-pod1 | ping -c 1 -W 3 10.244.2.2 |  0% packet loss | ",
+		"from the guest: tcp to node1 | echo axon-guest-node1-vm1 | nc -w 3 198.18.0.11 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp to node1 | ping -c 1 -W 3 198.18.0.11 |  0% packet loss | ",
+		"from the guest: service tcp/10.96.100.10:80 (demo-clusterip) | echo axon-guest-node1-vm1 | nc -w 3 10.96.100.10 80 | axon-guest-node1-vm1 | ",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("node1-vm1's guest probes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	// No pods, no demo Services: n/a with the reasons; the node is still probed.
+	st.Pods, st.DemoServices = nil, false
+	na := map[string]int{}
+	for _, p := range planGuestProbes(st, 3, nil) {
+		na[p.na]++
+	}
+	// a VM pod the agent gives no pod LB: its guest's ClusterIP probe is n/a with the agent's why
+	st = vmTestState()
+	for _, p := range planGuestProbes(st, 3, map[string]string{"node2-vm1": "no pod LB here"}) {
+		if want := map[bool]string{true: "no pod LB here", false: ""}[p.vm == "node2-vm1"]; p.service && p.na != want {
+			t.Errorf("%s: %s n/a %q, want %q", p.vm, p.what, p.na, want)
+		}
+	}
+	for reason, n := range map[string]int{
+		"no pod on node1 (--pods-per-node 0)":                     2,
+		"no pod on node2 (--pods-per-node 0)":                     2,
+		"no pod on another node (--nodes 1 or --pods-per-node 0)": 2 * 2,
+		"no demo Services (--no-demo)":                            2,
+		"":                                                        2 * 2, // tcp and icmp to the node
+	} {
+		if na[reason] != n {
+			t.Errorf("%d guest probes n/a %q, want %d (all: %v)", na[reason], reason, n, na)
+		}
+	}
+}
