@@ -467,8 +467,10 @@ func newLabCheckCmd(f *labFlags) *cobra.Command {
 			"connection list) and bytes redirected; where the agent keeps the bypass off: n/a and its reason.\n" +
 			"With VM pods (`up --vm-pods`): each guest answers ICMP and TCP over IPv4 from a pod on its node, a\n" +
 			"pod on another node and its node, its agent reports the bypass (`bypassed`), its Service demo-<pod>\n" +
-			"answers with the guest as its backend (ClusterIP from those sources, NodePort from external), the bypass's\n" +
-			"counters moved both ways; a VM pod that is not bypassed fails with the agent's reason.\n" +
+			"answers with the guest as its backend (ClusterIP from those sources, NodePort from external), from inside\n" +
+			"the guest (its command port) those pods and node answer TCP and ICMP and the demo ClusterIP TCP (through\n" +
+			"the VM pod's pod LB; n/a where the agent gives it none), the bypass's counters moved both ways; a VM\n" +
+			"pod that is not bypassed fails with the agent's reason.\n" +
 			"The sidecar chain (HAProxy, nat REDIRECT) is not part of check: `axon lab bench sockmap --chain`.\n" +
 			"In a --kubelet lab (no lab pods) the sources are two pause pods per node that kubelet runs, from\n" +
 			"the DaemonSets probe-a and probe-b in namespace " + lab.CheckNamespace + " (created on first use, left\n" +
