@@ -120,7 +120,7 @@ func newLabUpCmd(f *labFlags) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&o.Nodes, "nodes", 2, "number of nodes (1..50)")
 	cmd.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node (0..50)")
-	cmd.Flags().IntVar(&o.VMPods, "vm-pods", 0, fmt.Sprintf("VM pods per node (0..%d): each a QEMU guest (%s kernel from `make vm-kernels`, 1 vCPU, 256 MiB) wired like KubeVirt's bridge binding (bridge %s, tap %s, the pod's IPv4 and MAC moved to the guest by DHCP), annotated %s=enabled so the node's agent attaches the bridge bypass; `axon lab check` covers them (docs/vm-bypass.md)", lab.MaxVMPodsPerNode, lab.VMGuestKernel, lab.VMBridge, lab.VMTap, "axon.io/vm-bypass"))
+	cmd.Flags().IntVar(&o.VMPods, "vm-pods", 0, fmt.Sprintf("VM pods per node (0..%d): each a QEMU guest (%s kernel from `make vm-kernels`, 1 vCPU, 256 MiB) wired like KubeVirt's bridge binding (bridge %s, tap %s, the pod's IPv4 and MAC moved to the guest by DHCP, its IPv6 address set in the guest as cloud-init would), annotated %s=enabled so the node's agent attaches the bridge bypass; `axon lab check` covers them (docs/vm-bypass.md)", lab.MaxVMPodsPerNode, lab.VMGuestKernel, lab.VMBridge, lab.VMTap, "axon.io/vm-bypass"))
 	cmd.Flags().DurationVar(&o.ReadyTimeout, "ready-timeout", 90*time.Second, "bound on each readiness wait (etcd, kube-apiserver, agents); raise it on slow CPUs such as QEMU TCG")
 	cmd.Flags().StringVar(&o.Datapath, "datapath", lab.DatapathAxon, "pod datapath: axon or baseline")
 	cmd.Flags().StringVar(&o.KubeProxy, "kube-proxy", kubeproxy.None, "run the real kube-proxy in every node: none, iptables or nftables (agents then run with --socket-lb=false)")
@@ -232,9 +232,9 @@ func printLabStatus(ctx context.Context, w io.Writer, l *lab.Lab) error {
 	}
 	if len(st.VMPods) > 0 { // --vm-pods
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "VM POD\tNODE\tGUEST IP\tGUEST MAC\tBOOT\tCONSOLE")
+		fmt.Fprintln(tw, "VM POD\tNODE\tGUEST IPS\tGUEST MAC\tBOOT\tCONSOLE")
 		for _, v := range st.VMPods {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.Node, v.IP, v.GuestMAC, v.Boot, filepath.Join(v.Dir, "console.log"))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.Node, joinAddrs(v.IPs), v.GuestMAC, v.Boot, filepath.Join(v.Dir, "console.log"))
 		}
 		tw.Flush()
 	}
@@ -691,14 +691,7 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 	fmt.Fprintln(w)
 	if mode == kubeproxy.None {
 		for _, n := range st.Nodes {
-			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			h, err := l.KubeProxyHealthz(hctx, n.Name)
-			cancel()
-			health := h.Status
-			if err == nil && !h.LastUpdated.IsZero() {
-				health += ", last updated " + h.LastUpdated.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(w, "  axon-agent/%-8s healthz on kube-proxy's port %s: %s\n", n.Name, kubeproxy.HealthzAddr, health)
+			fmt.Fprintf(w, "  axon-agent/%-8s healthz on kube-proxy's port %s: %s\n", n.Name, kubeproxy.HealthzAddr, healthzLine(ctx, l, n.Name, "last updated"))
 		}
 		return
 	}
@@ -711,19 +704,25 @@ func printKubeProxyStatus(ctx context.Context, w io.Writer, l *lab.Lab) {
 		if n.KubeProxy != nil {
 			pid = n.KubeProxy.PID
 		}
-		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		h, err := l.KubeProxyHealthz(hctx, n.Name)
-		cancel()
-		health := h.Status
-		if err == nil && !h.LastUpdated.IsZero() {
-			health += ", last sync " + h.LastUpdated.UTC().Format(time.RFC3339)
-		}
+		health := healthzLine(ctx, l, n.Name, "last sync")
 		syncs := ""
 		if ts, err := l.KubeProxySyncTimes(n.Name); err == nil && len(ts) > 0 {
 			syncs = fmt.Sprintf(", %d syncs logged, last took %s", len(ts), ts[len(ts)-1].Elapsed)
 		}
 		fmt.Fprintf(w, "  kube-proxy/%-8s pid %-8d %s; healthz: %s%s\n", n.Name, pid, state, health, syncs)
 	}
+}
+
+// healthzLine is node's answer on kube-proxy's healthz port: the status and
+// its lastUpdated, named last.
+func healthzLine(ctx context.Context, l *lab.Lab, node, last string) string {
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	h, err := l.KubeProxyHealthz(hctx, node)
+	if err == nil && !h.LastUpdated.IsZero() {
+		return h.Status + ", " + last + " " + h.LastUpdated.UTC().Format(time.RFC3339)
+	}
+	return h.Status
 }
 
 // serveForwarderAndEgress runs the node forwarders and the apiserver's egress CONNECT proxy

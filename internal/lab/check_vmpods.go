@@ -117,6 +117,9 @@ func (p vmProbe) what() string {
 	if p.svc != nil {
 		return "service " + p.svc.String() + " from " + p.source
 	}
+	if p.pod.Addr.Is6() {
+		return p.pod.Proto + "6 from " + p.source
+	}
 	return p.pod.Proto + " from " + p.source
 }
 
@@ -142,13 +145,15 @@ func planVMProbes(st *State) []vmProbe {
 			{other, "no pod on another node (--nodes 1 or --pods-per-node 0)"},
 			{v.Node, ""},
 		}
-		for _, s := range sources {
-			for _, proto := range []string{"icmp", "tcp"} {
-				p := vmProbe{vm: v.Name, source: s.name, pod: &probe.Pod{Proto: proto, Addr: v.IP}}
-				if s.name == "" {
-					p.source, p.na = "-", s.na
+		for _, fam := range guestFamilies(v) {
+			for _, s := range sources {
+				for _, proto := range []string{"icmp", "tcp"} {
+					p := vmProbe{vm: v.Name, source: s.name, pod: &probe.Pod{Proto: proto, Addr: familyAddr(v.IPs, fam)}}
+					if s.name == "" {
+						p.source, p.na = "-", s.na
+					}
+					out = append(out, p)
 				}
-				out = append(out, p)
 			}
 		}
 		svc := &probe.Service{Proto: "tcp", Addr: netip.AddrPortFrom(svcIP, DemoPort)}
@@ -190,10 +195,10 @@ type guestProbe struct {
 // each command in the guest.
 func planGuestProbes(st *State, secs int, noPodLB map[string]string) []guestProbe {
 	var out []guestProbe
-	var clusterIP netip.Addr
+	var clusterIPs []netip.Addr
 	for _, d := range DemoServices() {
 		if d.Name == DemoClusterIP {
-			clusterIP = d.ClusterIPs[0]
+			clusterIPs = d.ClusterIPs
 		}
 	}
 	for _, v := range st.VMPods {
@@ -203,8 +208,12 @@ func planGuestProbes(st *State, secs int, noPodLB map[string]string) []guestProb
 				cmd: fmt.Sprintf("echo %s | nc -w %d %s %d", token, secs, addr.Addr(), addr.Port())}
 		}
 		icmp := func(what string, addr netip.Addr, na string) guestProbe {
+			ping := "ping"
+			if addr.Is6() {
+				ping = "ping6"
+			}
 			return guestProbe{vm: v.Name, what: "from the guest: " + what, na: na, want: " 0% packet loss",
-				cmd: fmt.Sprintf("ping -c 1 -W %d %s", secs, addr)}
+				cmd: fmt.Sprintf("%s -c 1 -W %d %s", ping, secs, addr)}
 		}
 		var same, other *Pod
 		for i := range st.Pods {
@@ -216,34 +225,65 @@ func planGuestProbes(st *State, secs int, noPodLB map[string]string) []guestProb
 				other = p
 			}
 		}
-		for _, t := range []struct {
-			p  *Pod
-			na string
-		}{{same, "no pod on " + v.Node + " (--pods-per-node 0)"}, {other, "no pod on another node (--nodes 1 or --pods-per-node 0)"}} {
-			if t.p == nil {
-				out = append(out, tcp("tcp to -", "", netip.AddrPort{}, t.na), icmp("icmp to -", netip.Addr{}, t.na))
-				continue
+		for _, fam := range guestFamilies(v) {
+			ipOf := func(ips []netip.Addr) netip.Addr { return familyAddr(ips, fam) }
+			for _, t := range []struct {
+				p  *Pod
+				na string
+			}{{same, "no pod on " + v.Node + " (--pods-per-node 0)"}, {other, "no pod on another node (--nodes 1 or --pods-per-node 0)"}} {
+				if t.p == nil {
+					out = append(out, tcp(fam.tcp+" to -", "", netip.AddrPort{}, t.na), icmp(fam.icmp+" to -", netip.Addr{}, t.na))
+					continue
+				}
+				ip := ipOf(t.p.IPs)
+				out = append(out, tcp(fam.tcp+" to "+t.p.Name, t.p.Name, netip.AddrPortFrom(ip, probe.EchoPort), ""), icmp(fam.icmp+" to "+t.p.Name, ip, ""))
 			}
-			out = append(out, tcp("tcp to "+t.p.Name, t.p.Name, netip.AddrPortFrom(t.p.IP, probe.EchoPort), ""), icmp("icmp to "+t.p.Name, t.p.IP, ""))
+			if n, ok := st.Node(v.Node); ok {
+				ip := ipOf(n.IPs)
+				out = append(out, tcp(fam.tcp+" to "+n.Name, n.Name, netip.AddrPortFrom(ip, probe.EchoPort), ""), icmp(fam.icmp+" to "+n.Name, ip, ""))
+			}
+			svc := netip.AddrPortFrom(ipOf(clusterIPs), DemoPort)
+			na := ""
+			switch {
+			case !st.DemoServices:
+				na = "no demo Services (--no-demo)"
+			case serviceImpl(st) == "":
+				na = "nothing serves Services"
+			case noPodLB[v.Name] != "":
+				na = noPodLB[v.Name]
+			}
+			sp := tcp("service tcp/"+svc.String()+" ("+DemoClusterIP+")", "", svc, na)
+			sp.service = true
+			out = append(out, sp)
 		}
-		if n, ok := st.Node(v.Node); ok {
-			out = append(out, tcp("tcp to "+n.Name, n.Name, netip.AddrPortFrom(n.IP, probe.EchoPort), ""), icmp("icmp to "+n.Name, n.IP, ""))
-		}
-		svc := netip.AddrPortFrom(clusterIP, DemoPort)
-		na := ""
-		switch {
-		case !st.DemoServices:
-			na = "no demo Services (--no-demo)"
-		case serviceImpl(st) == "":
-			na = "nothing serves Services"
-		case noPodLB[v.Name] != "":
-			na = noPodLB[v.Name]
-		}
-		sp := tcp("service tcp/"+svc.String()+" ("+DemoClusterIP+")", "", svc, na)
-		sp.service = true
-		out = append(out, sp)
 	}
 	return out
+}
+
+// guestFamily names a family's probes: IPv4 "tcp"/"icmp", IPv6 "tcp6"/"icmp6".
+type guestFamily struct {
+	v6        bool
+	tcp, icmp string
+}
+
+// guestFamilies are the families of v's guest: IPv4, and IPv6 when the guest
+// has the pod's IPv6 address.
+func guestFamilies(v VMPod) []guestFamily {
+	fams := []guestFamily{{false, "tcp", "icmp"}}
+	if guestIPv6(v).IsValid() {
+		fams = append(fams, guestFamily{true, "tcp6", "icmp6"})
+	}
+	return fams
+}
+
+// familyAddr is the first address of ips in fam (invalid: none).
+func familyAddr(ips []netip.Addr, fam guestFamily) netip.Addr {
+	for _, a := range ips {
+		if a.Is6() == fam.v6 {
+			return a
+		}
+	}
+	return netip.Addr{}
 }
 
 // runGuestProbes runs v's probes in its guest, one after the other, and

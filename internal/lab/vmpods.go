@@ -78,8 +78,9 @@ func DemoVMService(k int, pod string) (name string, clusterIP netip.Addr, nodePo
 }
 
 // VMPod is a VM pod: the virt-launcher pod (netns, cgroup, CNI ADD) and its
-// guest. IP and IPs are the guest's: IPv4 only (the bridge binding hands the
-// guest the pod's IPv4 address by DHCP; the pod's IPv6 address stays unused).
+// guest. IP and IPs are the guest's: the pod's IPv4 address, which the
+// bridge binding hands the guest by DHCP, and its IPv6 address, which the lab
+// configures in the guest (configureGuestIPv6).
 type VMPod struct {
 	Pod
 	GuestMAC string `json:"guestMAC"` // the pod interface's MAC from CNI ADD, moved to the guest
@@ -231,6 +232,10 @@ func upVMPods(ctx context.Context, st *State, kube kubernetes.Interface, o UpOpt
 				errs[i] = fmt.Errorf("VM pod %s: the guest leased %q, want the pod's %s", v.Name, addr, v.IP)
 				return
 			}
+			if err := configureGuestIPv6(bootCtx, *v); err != nil {
+				errs[i] = fmt.Errorf("VM pod %s: %w", v.Name, err)
+				return
+			}
 			start, err := proc.StartTime(v.QEMU.PID)
 			if err == nil {
 				v.Boot = time.Since(start).Round(10 * time.Millisecond)
@@ -245,6 +250,46 @@ func upVMPods(ctx context.Context, st *State, kube kubernetes.Interface, o UpOpt
 		log.Info("VM pod guest up", "pod", v.Name, "ip", v.IP, "boot", v.Boot)
 	}
 	return waitVMBypassed(ctx, st, o.readyTimeout())
+}
+
+// configureGuestIPv6 gives the guest the pod's IPv6 address, as a KubeVirt
+// user's cloud-init does (the bridge binding's DHCP hands out IPv4 only):
+// the address as a /128 on eth0 and the default route via fe80::1, the
+// pod's IPv6 gateway (an address of the node's side of every pod link), set
+// through the guest's command port. A pod without IPv6 is left alone.
+func configureGuestIPv6(ctx context.Context, v VMPod) error {
+	v6 := guestIPv6(v)
+	if !v6.IsValid() {
+		return nil
+	}
+	s, err := vmguest.Dial(ctx, v.CommandSocket())
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cmd := fmt.Sprintf("ip -6 addr add %s/128 dev eth0 && ip -6 route replace default via %s dev eth0", v6, podIPv6Gateway)
+	out, rc, err := s.Run(cmd, time.Minute)
+	if err == nil && rc != 0 {
+		err = fmt.Errorf("exit %d: %s", rc, strings.TrimSpace(out))
+	}
+	if err != nil {
+		return fmt.Errorf("the guest's IPv6 (%s): %w", cmd, err)
+	}
+	return nil
+}
+
+// podIPv6Gateway is every pod's IPv6 default gateway (axon-cni).
+const podIPv6Gateway = "fe80::1"
+
+// guestIPv6 is the VM pod's IPv6 address, the guest's once up configured
+// it (invalid: the pod has none).
+func guestIPv6(v VMPod) netip.Addr {
+	for _, a := range v.IPs {
+		if a.Is6() {
+			return a
+		}
+	}
+	return netip.Addr{}
 }
 
 // addVMPod is addPod with virt-launcher's part: the Pod annotated for the
@@ -277,6 +322,12 @@ func addVMPod(ctx context.Context, st *State, kube kubernetes.Interface, node, n
 // starts the DHCP responder and QEMU (detached, in the pod's netns and
 // cgroup) and leaves p.IP/IPs as the guest's IPv4 address.
 func startVMLauncher(p *Pod, v *VMPod, g vmguest.Guest) error {
+	v6 := netip.Addr{}
+	for _, a := range p.IPs {
+		if a.Is6() {
+			v6 = a // the guest takes it too (configureGuestIPv6, once it is up)
+		}
+	}
 	tap, lease, err := wireLauncher(*p)
 	if err != nil {
 		return err
@@ -284,6 +335,9 @@ func startVMLauncher(p *Pod, v *VMPod, g vmguest.Guest) error {
 	defer tap.Close() // QEMU holds its own copy: the tap goes when QEMU does
 	v.GuestMAC = lease.MAC.String()
 	p.IP, p.IPs = lease.Addr.Addr(), []netip.Addr{lease.Addr.Addr()}
+	if v6.IsValid() {
+		p.IPs = append(p.IPs, v6)
+	}
 	nsPath := netnsutil.Path(p.Netns)
 	argv, err := vmguest.DHCPArgv(nsPath, VMBridge, v.Dir, lease)
 	if err != nil {
@@ -476,26 +530,36 @@ func waitVMBypassed(ctx context.Context, st *State, timeout time.Duration) error
 	}
 }
 
-// vmBypassState is what v's agent says of its bypass (`axon endpoint list`'s
-// VM BYPASS column): "bypassed", "not bypassed: <reason>", or why it cannot tell.
-func vmBypassState(ctx context.Context, st *State, v VMPod) string {
+// vmPodEndpoint is v's endpoint as its node's agent lists it (`axon
+// endpoint list`); why says why there is none.
+func vmPodEndpoint(ctx context.Context, st *State, v VMPod) (ep api.Endpoint, why string) {
 	n, ok := st.Node(v.Node)
 	if !ok {
-		return "its node is not in the lab"
+		return ep, "its node is not in the lab"
 	}
 	eps, err := api.NewClient(n.Socket).Endpoints(ctx)
 	if err != nil {
-		return "the agent's endpoint list: " + err.Error()
+		return ep, "the agent's endpoint list: " + err.Error()
 	}
 	for _, ep := range eps {
 		if ep.PodName == v.Name && ep.PodNamespace == v.Namespace {
-			if ep.VMBypass == "" {
-				return "the agent does not count the pod as annotated " + vmBypassAnnotation + "=enabled"
-			}
-			return ep.VMBypass
+			return ep, ""
 		}
 	}
-	return "no endpoint of the pod in the agent"
+	return ep, "no endpoint of the pod in the agent"
+}
+
+// vmBypassState is what v's agent says of its bypass (`axon endpoint list`'s
+// VM BYPASS column): "bypassed", "not bypassed: <reason>", or why it cannot tell.
+func vmBypassState(ctx context.Context, st *State, v VMPod) string {
+	ep, why := vmPodEndpoint(ctx, st, v)
+	switch {
+	case why != "":
+		return why
+	case ep.VMBypass == "":
+		return "the agent does not count the pod as annotated " + vmBypassAnnotation + "=enabled"
+	}
+	return ep.VMBypass
 }
 
 // vmPodLBMissing says why v has no per-packet pod LB as its agent reports
@@ -503,26 +567,16 @@ func vmBypassState(ctx context.Context, st *State, v VMPod) string {
 // pod untranslated (its sockets are not the node's: the socket LB never
 // sees them).
 func vmPodLBMissing(ctx context.Context, st *State, v VMPod) string {
-	n, ok := st.Node(v.Node)
-	if !ok {
-		return "its node is not in the lab"
+	ep, why := vmPodEndpoint(ctx, st, v)
+	switch {
+	case why != "":
+		return why
+	case strings.HasPrefix(ep.PodLB, "attached"):
+		return ""
+	case ep.PodLB == "":
+		return "the agent gives this VM pod no pod LB (neither the bypass nor axon.io/socket-lb: disabled), so its guest reaches no ClusterIP"
 	}
-	eps, err := api.NewClient(n.Socket).Endpoints(ctx)
-	if err != nil {
-		return "the agent's endpoint list: " + err.Error()
-	}
-	for _, ep := range eps {
-		if ep.PodName == v.Name && ep.PodNamespace == v.Namespace {
-			switch {
-			case strings.HasPrefix(ep.PodLB, "attached"):
-				return ""
-			case ep.PodLB == "":
-				return "the agent gives this VM pod no pod LB (neither the bypass nor axon.io/socket-lb: disabled), so its guest reaches no ClusterIP"
-			}
-			return "pod LB " + ep.PodLB
-		}
-	}
-	return "no endpoint of the pod in the agent"
+	return "pod LB " + ep.PodLB
 }
 
 // stopVMPods stops every VM pod's QEMU and DHCP responder by PID.

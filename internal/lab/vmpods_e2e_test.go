@@ -60,10 +60,14 @@ func TestLabVMPods(t *testing.T) {
 	if !strings.Contains(out, "VM pod checks passed, 0 n/a") || strings.Count(out, "agent: bypassed") != 2 {
 		t.Fatalf("the check does not show both VM pods bypassed with every check run:\n%s", out)
 	}
-	// 7 from inside each guest: tcp and icmp to a pod on its node, one on the other node and its
-	// node, tcp to the demo ClusterIP (the check fails on any FAIL: these passed)
-	if n := strings.Count(out, "from the guest: "); n != 14 {
-		t.Errorf("%d probes from inside the guests, want 14:\n%s", n, out)
+	// 7 per family from inside each guest (IPv4 and IPv6): tcp and icmp to a pod on its node, one
+	// on the other node and its node, tcp to the demo ClusterIP (the check fails on any FAIL: these
+	// passed); and to each guest over IPv6 as over IPv4
+	if n := strings.Count(out, "from the guest: "); n != 2*2*7 {
+		t.Errorf("%d probes from inside the guests, want 28:\n%s", n, out)
+	}
+	if n := strings.Count(out, "tcp6 from "); n != 2*3 {
+		t.Errorf("%d IPv6 TCP probes to the guests, want 6:\n%s", n, out)
 	}
 	// axon lab exec --guest: the guest's own view, and its exit code.
 	if got := axon(t, "exec", "--guest", vms[0].Name, "--", "ip", "-4", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+vms[0].IP.String()+"/") {
@@ -123,7 +127,7 @@ func TestLabVMPods(t *testing.T) {
 		if c.VMPod == v.Name && strings.HasPrefix(c.What, "from the guest: service ") && !strings.Contains(c.NA, "no pod LB") {
 			t.Errorf("%s without the bypass: %s: n/a %q, %v %s; want n/a: no pod LB", v.Name, c.What, c.NA, c.OK, c.Detail)
 		}
-		if c.VMPod == v.Name && (strings.HasPrefix(c.What, "tcp from") || strings.HasPrefix(c.What, "from the guest: ")) && !c.OK && c.NA == "" {
+		if c.VMPod == v.Name && (strings.HasPrefix(c.What, "tcp from") || strings.HasPrefix(c.What, "tcp6 from") || strings.HasPrefix(c.What, "from the guest: ")) && !c.OK && c.NA == "" {
 			t.Errorf("%s's guest does not answer through the bridge: %s: %s", v.Name, c.What, c.Detail)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -57,8 +58,10 @@ func vmTestState() *State {
 	st.Pods = st.Pods[:2] // node1-pod1, node2-pod1
 	st.DemoServices = true
 	st.VMPods = []VMPod{
-		{Pod: Pod{Name: "node1-vm1", Namespace: "default", Node: "node1", IP: netip.MustParseAddr("10.244.1.3")}},
-		{Pod: Pod{Name: "node2-vm1", Namespace: "default", Node: "node2", IP: netip.MustParseAddr("10.244.2.3")}},
+		{Pod: Pod{Name: "node1-vm1", Namespace: "default", Node: "node1", IP: netip.MustParseAddr("10.244.1.3"),
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.3"), netip.MustParseAddr("fd00:10:244:1::3")}}},
+		{Pod: Pod{Name: "node2-vm1", Namespace: "default", Node: "node2", IP: netip.MustParseAddr("10.244.2.3"),
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.2.3")}}}, // a guest without IPv6: IPv4 probes only
 	}
 	return st
 }
@@ -76,6 +79,9 @@ func TestPlanVMProbes(t *testing.T) {
 		"icmp from node1-pod1 ", "tcp from node1-pod1 ",
 		"icmp from node2-pod1 ", "tcp from node2-pod1 ",
 		"icmp from node1 ", "tcp from node1 ",
+		"icmp6 from node1-pod1 ", "tcp6 from node1-pod1 ",
+		"icmp6 from node2-pod1 ", "tcp6 from node2-pod1 ",
+		"icmp6 from node1 ", "tcp6 from node1 ",
 		"service tcp/10.96.101.1:80 from node1-pod1 ",
 		"service tcp/10.96.101.1:80 from node2-pod1 ",
 		"service tcp/10.96.101.1:80 from node1 ",
@@ -85,22 +91,24 @@ func TestPlanVMProbes(t *testing.T) {
 		t.Errorf("node1-vm1's probes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	for _, p := range plan {
-		if p.pod != nil && p.pod.Addr != st.vmPod(p.vm).IP {
+		if p.pod != nil && !slices.Contains(st.vmPod(p.vm).IPs, p.pod.Addr) {
 			t.Errorf("%s: probes %s, not its guest", p.vm, p.pod)
 		}
 	}
 
-	// One node without pods: the pod sources are n/a with the reason; no demo Services: the Service too.
+	// No pods: the pod sources are n/a with the reason; no demo Services: the Service too.
+	// node1-vm1's guest has IPv6 (its icmp and tcp probes twice), node2-vm1's not.
 	st.Pods, st.DemoServices = nil, false
 	na := map[string]int{}
 	for _, p := range planVMProbes(st) {
 		na[p.na]++
 	}
 	for reason, n := range map[string]int{
-		"no pod on node1 (--pods-per-node 0)":                     3, // icmp, tcp, service
-		"no pod on another node (--nodes 1 or --pods-per-node 0)": 3 * 2,
-		"no demo Services (--no-demo)":                            2 * 2, // from the node, from external
-		"":                                                        2 * 2, // icmp and tcp from the node
+		"no pod on node1 (--pods-per-node 0)":                     2*2 + 1, // icmp, tcp per family, service
+		"no pod on node2 (--pods-per-node 0)":                     2 + 1,
+		"no pod on another node (--nodes 1 or --pods-per-node 0)": 2*2 + 1 + 2 + 1,
+		"no demo Services (--no-demo)":                            2 * 2,   // from the node, from external
+		"":                                                        2*2 + 2, // icmp and tcp from the node
 	} {
 		if na[reason] != n {
 			t.Errorf("%d probes n/a %q, want %d (all: %v)", na[reason], reason, n, na)
@@ -180,12 +188,20 @@ func TestPlanGuestProbes(t *testing.T) {
 		"from the guest: tcp to node1 | echo axon-guest-node1-vm1 | nc -w 3 198.18.0.11 5657 | axon-guest-node1-vm1 | ",
 		"from the guest: icmp to node1 | ping -c 1 -W 3 198.18.0.11 |  0% packet loss | ",
 		"from the guest: service tcp/10.96.100.10:80 (demo-clusterip) | echo axon-guest-node1-vm1 | nc -w 3 10.96.100.10 80 | axon-guest-node1-vm1 | ",
+		"from the guest: tcp6 to node1-pod1 | echo axon-guest-node1-vm1 | nc -w 3 fd00:10:244:1::2 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp6 to node1-pod1 | ping6 -c 1 -W 3 fd00:10:244:1::2 |  0% packet loss | ",
+		"from the guest: tcp6 to node2-pod1 | echo axon-guest-node1-vm1 | nc -w 3 fd00:10:244:2::2 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp6 to node2-pod1 | ping6 -c 1 -W 3 fd00:10:244:2::2 |  0% packet loss | ",
+		"from the guest: tcp6 to node1 | echo axon-guest-node1-vm1 | nc -w 3 fd00:198:18::11 5657 | axon-guest-node1-vm1 | ",
+		"from the guest: icmp6 to node1 | ping6 -c 1 -W 3 fd00:198:18::11 |  0% packet loss | ",
+		"from the guest: service tcp/[fd00:10:96::10]:80 (demo-clusterip) | echo axon-guest-node1-vm1 | nc -w 3 fd00:10:96::10 80 | axon-guest-node1-vm1 | ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("node1-vm1's guest probes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	// No pods, no demo Services: n/a with the reasons; the node is still probed.
+	// No pods, no demo Services: n/a with the reasons; the node is still probed (node1-vm1's
+	// guest in both families, node2-vm1's, without IPv6, in IPv4).
 	st.Pods, st.DemoServices = nil, false
 	na := map[string]int{}
 	for _, p := range planGuestProbes(st, 3, nil) {
@@ -199,11 +215,11 @@ func TestPlanGuestProbes(t *testing.T) {
 		}
 	}
 	for reason, n := range map[string]int{
-		"no pod on node1 (--pods-per-node 0)":                     2,
+		"no pod on node1 (--pods-per-node 0)":                     2 * 2,
 		"no pod on node2 (--pods-per-node 0)":                     2,
-		"no pod on another node (--nodes 1 or --pods-per-node 0)": 2 * 2,
-		"no demo Services (--no-demo)":                            2,
-		"":                                                        2 * 2, // tcp and icmp to the node
+		"no pod on another node (--nodes 1 or --pods-per-node 0)": 2*2 + 2,
+		"no demo Services (--no-demo)":                            2 + 1,
+		"":                                                        2*2 + 2, // tcp and icmp to the node
 	} {
 		if na[reason] != n {
 			t.Errorf("%d guest probes n/a %q, want %d (all: %v)", na[reason], reason, n, na)
