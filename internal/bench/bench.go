@@ -675,3 +675,14 @@ func HostInfo(ctx context.Context, t ToolPaths) Host {
 func dsackSegs(netns string) (uint64, error) {
 	return netnsutil.ReadNetCounter(netns, "netstat", "TcpExt", "TCPDSACKRecvSegs")
 }
+
+// LoadAvg is /proc/loadavg's first three fields ("1.02 0.98 0.91"; "n/a"
+// when unreadable): the machine's load beside a run's numbers.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}

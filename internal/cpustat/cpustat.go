@@ -83,3 +83,27 @@ func ReadBusy(cpus []int) (uint64, error) {
 	}
 	return BusyTicks(stat, cpus)
 }
+
+// ProcessSeconds is a process's user + system CPU time in seconds
+// (/proc/<pid>/stat), e.g. a QEMU guest's whole cost.
+func ProcessSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("CPU time of pid %d: %w", pid, err)
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return 0, fmt.Errorf("CPU time of pid %d: malformed stat %q", pid, s)
+	}
+	f := strings.Fields(s[i+2:]) // from field 3, state
+	if len(f) < 13 {
+		return 0, fmt.Errorf("CPU time of pid %d: %d fields after the name", pid, len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("CPU time of pid %d: utime %q, stime %q", pid, f[11], f[12])
+	}
+	return float64(ut+st) / TicksPerSecond, nil
+}

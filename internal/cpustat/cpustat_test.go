@@ -1,6 +1,10 @@
 package cpustat
 
-import "testing"
+import (
+	"os"
+	"testing"
+	"time"
+)
 
 func TestCPUBusyTicks(t *testing.T) {
 	// user nice system idle iowait irq softirq steal guest guest_nice
@@ -47,5 +51,26 @@ func TestReadBusyMoves(t *testing.T) {
 	}
 	if b <= a {
 		t.Errorf("busy ticks did not grow after burning CPU: %d -> %d (x=%d)", a, b, x)
+	}
+}
+
+// TestProcessSecondsMoves: this process's CPU time grows while it spins; a
+// pid that does not exist is an error.
+func TestProcessSecondsMoves(t *testing.T) {
+	before, err := ProcessSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); time.Since(start) < 150*time.Millisecond; {
+	}
+	after, err := ProcessSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 0.05 {
+		t.Errorf("spun 150 ms, CPU time moved %.3f s (%.2f → %.2f)", after-before, before, after)
+	}
+	if _, err := ProcessSeconds(1 << 30); err == nil {
+		t.Error("no error for a pid that does not exist")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -147,4 +148,39 @@ func InNetns(t testing.TB, name string, fn func() error) {
 		}
 		t.FailNow()
 	}
+}
+
+// EnvInt is the positive integer in the environment variable key, def when
+// it is unset; anything else fails the test (benchmarks' knobs).
+func EnvInt(t testing.TB, key string, def int) int {
+	t.Helper()
+	s := os.Getenv(key)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", key, s)
+	}
+	return n
+}
+
+// EnvSizes is the comma-separated list of message sizes in bytes
+// (1..65000) in the environment variable key, def when it is unset;
+// anything else fails the test.
+func EnvSizes(t testing.TB, key string, def []int) []int {
+	t.Helper()
+	s := os.Getenv(key)
+	if s == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 65000 {
+			t.Fatalf("%s: %q is not a message size in bytes (1..65000)", key, f)
+		}
+		out = append(out, n)
+	}
+	return out
 }

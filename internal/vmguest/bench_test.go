@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/cpustat"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // qperfSample is one qperf measurement of the benchmark.
@@ -50,26 +52,16 @@ func TestQperfBench(t *testing.T) {
 		t.Skip("benchmark: set AXON_VMB_QPERF=1 to run it (about 13 min)")
 	}
 	t.Setenv("AXON_VMGUEST", "1")
-	rounds := envInt(t, "AXON_VMB_QPERF_ROUNDS", 8)
-	secs := envInt(t, "AXON_VMB_QPERF_TIME", 1)
-	sizes := []int{1, 4, 16, 64, 256, 1024, 4096, 16384}
-	if s := os.Getenv("AXON_VMB_QPERF_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || n > 65000 {
-				t.Fatalf("AXON_VMB_QPERF_SIZES: %q is not a message size in bytes", f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	rounds := testutil.EnvInt(t, "AXON_VMB_QPERF_ROUNDS", 8)
+	secs := testutil.EnvInt(t, "AXON_VMB_QPERF_TIME", 1)
+	sizes := testutil.EnvSizes(t, "AXON_VMB_QPERF_SIZES", []int{1, 4, 16, 64, 256, 1024, 4096, 16384})
 	tests := []string{"udp_lat", "tcp_lat", "udp_bw", "tcp_bw"}
 	if dir := os.Getenv("AXON_VMB_QPERF_RENDER"); dir != "" {
 		renderQperf(t, dir, tests)
 		return
 	}
 	l := newVMLab(t)
-	load0, pres0 := loadAvg(), bench.ReadPressure()
+	load0, pres0 := bench.LoadAvg(), bench.ReadPressure()
 	start := time.Now()
 	var samples []qperfSample
 	for r := range rounds {
@@ -98,7 +90,7 @@ func TestQperfBench(t *testing.T) {
 	meta := benchMeta{
 		Command: "AXON_VMB_QPERF=1 go test ./internal/vmguest -run TestQperfBench -v -timeout 60m",
 		Kernel:  l.kernelRelease, Accel: l.guest.Accel(), Rounds: rounds, QperfSeconds: secs,
-		LoadStart: load0, LoadEnd: loadAvg(), CPUPressureAvg10Start: pres0.Avg10, CPUPressureAvg10End: bench.ReadPressure().Avg10,
+		LoadStart: load0, LoadEnd: bench.LoadAvg(), CPUPressureAvg10Start: pres0.Avg10, CPUPressureAvg10End: bench.ReadPressure().Avg10,
 		HostCPUs: runtime.NumCPU(), Took: time.Since(start).Round(time.Second).String(), BootTime: l.bootTime.Round(time.Millisecond).String(),
 	}
 	md := qperfMarkdown(meta, tests, sizes, samples)
@@ -193,20 +185,13 @@ func (l *vmLab) measure(test string, size, secs int) (qperfSample, error) {
 	return s, nil
 }
 
-// procCPU is a process's user+system CPU seconds.
+// procCPU is a process's user+system CPU seconds (NaN when unreadable).
 func procCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	v, err := cpustat.ProcessSeconds(pid)
 	if err != nil {
 		return math.NaN()
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return math.NaN()
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // USER_HZ
+	return v
 }
 
 // hostBusy is every CPU's non-idle time in seconds (/proc/stat).
@@ -225,28 +210,6 @@ func hostBusy() float64 {
 		}
 	}
 	return busy / 100
-}
-
-func loadAvg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func envInt(t *testing.T, key string, def int) int {
-	t.Helper()
-	s := os.Getenv(key)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", key, s)
-	}
-	return n
 }
 
 func values(samples []qperfSample, test string, size int, arm string, f func(qperfSample) float64) []float64 {

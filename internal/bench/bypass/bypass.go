@@ -251,7 +251,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{Started: time.Now().UTC(), Command: cfg.Command, Node: node.Name, Attach: cfg.Attach,
 		Reps: cfg.Reps, Duration: cfg.Duration, Sizes: cfg.Sizes, BWSizes: cfg.BWSizes, Tests: cfg.Tests,
 		ClientCPU: cfg.ClientCPU, ServerCPU: cfg.ServerCPU, Host: bench.HostInfo(ctx, bench.ToolPaths{}),
-		Qperf: qperfVersion(ctx, tools["qperf"]), LoadStart: loadAvg(), PSIStart: bench.ReadPressure().Avg10}
+		Qperf: qperfVersion(ctx, tools["qperf"]), LoadStart: bench.LoadAvg(), PSIStart: bench.ReadPressure().Avg10}
 	if cfg.Attach == AttachDirect {
 		rep.AttachReason = "the agent keeps the bypass off: " + agentWhy
 	}
@@ -349,7 +349,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if rep.ClientCmd == "" {
 			rep.ClientCmd = bench.ShellQuote(r.clientArgvOf("TEST", "SIZE")) // shape of every client run
 		}
-		rep.Finished, rep.LoadEnd, rep.PSIEnd = time.Now().UTC(), loadAvg(), bench.ReadPressure().Avg10
+		rep.Finished, rep.LoadEnd, rep.PSIEnd = time.Now().UTC(), bench.LoadAvg(), bench.ReadPressure().Avg10
 		if cfg.OutDir != "" {
 			if err := rep.WriteFiles(cfg.OutDir); err != nil {
 				errs = append(errs, err)
@@ -594,14 +594,4 @@ func qperfVersion(ctx context.Context, qperf string) string {
 	out, _ := exec.CommandContext(ctx, qperf, "--version").CombinedOutput()
 	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	return strings.TrimSpace(first)
-}
-
-// loadAvg is /proc/loadavg's first three fields ("1.02 0.98 0.91").
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "n/a"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
 }
