@@ -105,7 +105,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	st.Datapath = append(st.Datapath, a.nport.decision())
 	st.Datapath = append(st.Datapath, a.kubeProxyDecision())
 	st.Datapath = append(st.Datapath, a.bw.decision())
-	st.Datapath = append(st.Datapath, a.vm.decision())
+	st.Datapath = append(st.Datapath, withBigTCPNote(a.vm.decision(), a.vm.vmPods(), st.Datapath))
 	st.Bandwidth = a.bw.status()
 	st.Sockmap = a.sm.status()
 	st.Datapath = append(st.Datapath, a.sm.decision(st.Sockmap))

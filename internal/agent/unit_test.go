@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
@@ -443,5 +444,33 @@ func TestInstallConfigValidate(t *testing.T) {
 	c.APIServer, c.CNIConfDir = "https://10.0.0.10:6443", "/etc/cni/net.d"
 	if err := c.Validate(); err != nil {
 		t.Fatalf("valid configuration refused: %v", err)
+	}
+}
+
+// TestWithBigTCPNote: the vm_bypass line warns that BIG TCP halves TCP into
+// the guests only while the node has VM pods and BIG TCP is on.
+func TestWithBigTCPNote(t *testing.T) {
+	vm := api.Decision{Name: DecisionVMBypass, Value: "1 pod(s)", Reason: "bypassed: default/vm1"}
+	on := []api.Decision{{Name: "attach", Value: "tcx"}, {Name: podpath.DecisionBigTCP, Value: "ipv4+ipv6 196608"}}
+	off := []api.Decision{{Name: podpath.DecisionBigTCP, Value: "off", Reason: "off: --enable-ipv4-big-tcp=false"}}
+	tests := []struct {
+		name      string
+		pods      int
+		decisions []api.Decision
+		warn      bool
+	}{
+		{"VM pods, BIG TCP on", 1, on, true},
+		{"VM pods, BIG TCP off", 1, off, false},
+		{"no VM pods, BIG TCP on", 0, on, false},
+		{"no big_tcp decision (bypass-only)", 1, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := withBigTCPNote(vm, tt.pods, tt.decisions)
+			warned := strings.Contains(got.Reason, "BIG TCP is on (ipv4+ipv6 196608): TCP into the guests is segmented to MTU")
+			if warned != tt.warn || !strings.HasPrefix(got.Reason, vm.Reason) || got.Value != vm.Value {
+				t.Errorf("got %+v, want the warning: %v", got, tt.warn)
+			}
+		})
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/axonhq/axon/internal/api"
+	"github.com/axonhq/axon/internal/datapath/podpath"
 	"github.com/axonhq/axon/internal/datapath/vmbypass"
 )
 
@@ -357,6 +358,33 @@ func (v *vmBypass) decision() api.Decision {
 	}
 	d.Reason = strings.Join(parts, "; ")
 	return d
+}
+
+// vmPods is how many pods want the bypass (bypassed, or annotated and not).
+func (v *vmBypass) vmPods() int {
+	if v == nil {
+		return 0
+	}
+	v.stMu.Lock()
+	defer v.stMu.Unlock()
+	return len(v.on) + len(v.notOn)
+}
+
+// withBigTCPNote adds to the vm_bypass decision that BIG TCP is on while the
+// node has VM pods (vmPods): TCP into their guests arrives in packets over
+// 64 KiB, which the tap (a virtio-net frame is at most 64 KiB) segments to
+// MTU in software; throughput into the guests halves, bridge or bypass
+// (docs/vm-bypass.md). decisions holds the pod datapath's big_tcp.
+func withBigTCPNote(vm api.Decision, vmPods int, decisions []api.Decision) api.Decision {
+	if vmPods == 0 {
+		return vm
+	}
+	for _, d := range decisions {
+		if d.Name == podpath.DecisionBigTCP && d.Value != "off" {
+			vm.Reason += "; BIG TCP is on (" + d.Value + "): TCP into the guests is segmented to MTU at their taps, about half the throughput; turn it off on nodes with VM pods (--enable-ipv4-big-tcp=false --enable-ipv6-big-tcp=false)"
+		}
+	}
+	return vm
 }
 
 func (v *vmBypass) close() {

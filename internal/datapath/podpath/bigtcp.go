@@ -111,6 +111,9 @@ func DecideBigTCP(wantV4, wantV6 bool, probe datapath.Capability, uplink string,
 	return b
 }
 
+// DecisionBigTCP names the BIG TCP decision in `axon status`.
+const DecisionBigTCP = "big_tcp"
+
 // decideBigTCP adds the "big_tcp" decision (called by decide).
 func (d *Datapath) decideBigTCP() {
 	var lim UplinkLimits
@@ -124,7 +127,7 @@ func (d *Datapath) decideBigTCP() {
 	default:
 		d.bigTCP = DecideBigTCP(d.cfg.EnableIPv4BigTCP, d.cfg.EnableIPv6BigTCP, d.feats.BigTCP, d.cfg.Uplink, lim)
 	}
-	d.decisions = append(d.decisions, api.Decision{Name: "big_tcp", Value: d.bigTCP.Value(), Reason: d.bigTCP.Reason})
+	d.decisions = append(d.decisions, api.Decision{Name: DecisionBigTCP, Value: d.bigTCP.Value(), Reason: d.bigTCP.Reason})
 }
 
 // BigTCPState is the BIG TCP decision in effect.
