@@ -453,6 +453,38 @@ func WriteResultFiles(dir string, files ...ResultFile) error {
 	return nil
 }
 
+// WriteRun writes a run's results.json ({"meta": meta, "samples": samples})
+// and results.md into dir, creating it if needed.
+func WriteRun[M, S any](dir string, meta M, samples []S, md string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create results dir: %w", err)
+	}
+	js, err := json.MarshalIndent(struct {
+		Meta    M   `json:"meta"`
+		Samples []S `json:"samples"`
+	}{meta, samples}, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode results.json: %w", err)
+	}
+	return WriteResultFiles(dir, ResultFile{Name: "results.json", Data: js}, ResultFile{Name: "results.md", Data: []byte(md)})
+}
+
+// ReadRun reads what WriteRun wrote into dir (to render results.md again).
+func ReadRun[M, S any](dir string) (meta M, samples []S, err error) {
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return meta, nil, err
+	}
+	var run struct {
+		Meta    M   `json:"meta"`
+		Samples []S `json:"samples"`
+	}
+	if err := json.Unmarshal(b, &run); err != nil {
+		return meta, nil, fmt.Errorf("%s/results.json: %w", dir, err)
+	}
+	return run.Meta, run.Samples, nil
+}
+
 // pairedRatioJSON is a PairedRatio in results.json (NaN as null).
 type pairedRatioJSON struct {
 	N      int      `json:"n"`

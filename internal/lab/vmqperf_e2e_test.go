@@ -2,12 +2,10 @@ package lab_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -66,24 +64,17 @@ func TestLabVMQperf(t *testing.T) {
 	clients := map[string]string{"same-node": "node1-pod1", "cross-node": "node2-pod1"}
 	clientOrder := []string{"same-node", "cross-node"}
 	if dir := os.Getenv("AXON_LAB_VMQPERF_RENDER"); dir != "" { // results.md again from results.json
-		b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+		meta, samples, err := bench.ReadRun[vmQperfMeta, vmQperfSample](dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var run struct {
-			Meta    vmQperfMeta     `json:"meta"`
-			Samples []vmQperfSample `json:"samples"`
-		}
-		if err := json.Unmarshal(b, &run); err != nil {
-			t.Fatalf("%s/results.json: %v", dir, err)
-		}
 		var sizes []int
-		for _, s := range run.Samples {
+		for _, s := range samples {
 			if !slices.Contains(sizes, s.MsgSize) {
 				sizes = append(sizes, s.MsgSize)
 			}
 		}
-		md := vmQperfMarkdown(run.Meta, clientOrder, tests, sizes, run.Samples)
+		md := vmQperfMarkdown(meta, clientOrder, tests, sizes, samples)
 		t.Log("\n" + md)
 		if err := bench.WriteResultFiles(dir, bench.ResultFile{Name: "results.md", Data: []byte(md)}); err != nil {
 			t.Fatal(err)
@@ -194,14 +185,7 @@ func TestLabVMQperf(t *testing.T) {
 	md := vmQperfMarkdown(meta, clientOrder, tests, sizes, samples)
 	t.Log("\n" + md)
 	if dir := os.Getenv("AXON_LAB_VMQPERF_OUT"); dir != "" {
-		js, _ := json.MarshalIndent(struct {
-			Meta    vmQperfMeta     `json:"meta"`
-			Samples []vmQperfSample `json:"samples"`
-		}{meta, samples}, "", " ")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := bench.WriteResultFiles(dir, bench.ResultFile{Name: "results.json", Data: js}, bench.ResultFile{Name: "results.md", Data: []byte(md)}); err != nil {
+		if err := bench.WriteRun(dir, meta, samples, md); err != nil {
 			t.Fatal(err)
 		}
 	}

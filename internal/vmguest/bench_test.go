@@ -2,7 +2,6 @@ package vmguest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -96,17 +95,7 @@ func TestQperfBench(t *testing.T) {
 	md := qperfMarkdown(meta, tests, sizes, samples)
 	t.Log("\n" + md)
 	if dir := os.Getenv("AXON_VMB_QPERF_OUT"); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		js, _ := json.MarshalIndent(struct {
-			Meta    benchMeta     `json:"meta"`
-			Samples []qperfSample `json:"samples"`
-		}{meta, samples}, "", " ")
-		if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md), 0o644); err != nil {
+		if err := bench.WriteRun(dir, meta, samples, md); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -114,26 +103,19 @@ func TestQperfBench(t *testing.T) {
 
 // renderQperf writes dir/results.md from dir/results.json.
 func renderQperf(t *testing.T, dir string, tests []string) {
-	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	meta, samples, err := bench.ReadRun[benchMeta, qperfSample](dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var run struct {
-		Meta    benchMeta     `json:"meta"`
-		Samples []qperfSample `json:"samples"`
-	}
-	if err := json.Unmarshal(b, &run); err != nil {
-		t.Fatalf("%s/results.json: %v", dir, err)
-	}
 	var sizes []int
 	seen := map[int]bool{}
-	for _, s := range run.Samples {
+	for _, s := range samples {
 		if !seen[s.MsgSize] {
 			seen[s.MsgSize] = true
 			sizes = append(sizes, s.MsgSize)
 		}
 	}
-	md := qperfMarkdown(run.Meta, tests, sizes, run.Samples)
+	md := qperfMarkdown(meta, tests, sizes, samples)
 	t.Log("\n" + md)
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md), 0o644); err != nil {
 		t.Fatal(err)
