@@ -188,6 +188,20 @@ var qperfUnits = map[string]string{
 	"recv_bytes": "bytes", "loc_recv_bytes": "bytes",
 }
 
+// Measure is r as one benchmark sample of a secs-long run: the latency in
+// ns (a _lat test) or the received bytes per second (a _bw test), and the
+// operations behind it: round trips (run time / latency) or messages
+// received (bytes / msgSize).
+func (r QperfResult) Measure(secs, msgSize int) (value, ops float64) {
+	if strings.HasSuffix(r.Test, "_lat") {
+		if r.LatencyNs > 0 {
+			ops = float64(secs) * 1e9 / r.LatencyNs
+		}
+		return r.LatencyNs, ops
+	}
+	return r.BytesPerSec, r.BytesPerSec * float64(secs) / float64(msgSize)
+}
+
 // ParseQperf parses what qperf prints for one or more tests: a line "test:"
 // followed by indented "name = value unit" lines. A test without its result
 // line (bw for *_bw tests, recv_bw for udp_bw, latency for *_lat tests), or qperf's own error

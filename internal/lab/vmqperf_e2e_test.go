@@ -139,15 +139,7 @@ func TestLabVMQperf(t *testing.T) {
 		if err != nil || len(res) != 1 {
 			return s, fmt.Errorf("qperf %s: %d results, %v: %s", test, len(res), err, out)
 		}
-		if strings.HasSuffix(test, "_lat") {
-			s.Value = res[0].LatencyNs
-			if s.Value > 0 {
-				s.Ops = float64(secs) * 1e9 / s.Value
-			}
-		} else {
-			s.Value = res[0].BytesPerSec
-			s.Ops = s.Value * float64(secs) / float64(size)
-		}
+		s.Value, s.Ops = res[0].Measure(secs, size)
 		return s, nil
 	}
 

@@ -155,15 +155,7 @@ func (l *vmLab) measure(test string, size, secs int) (qperfSample, error) {
 	if len(res) != 1 {
 		return s, fmt.Errorf("qperf printed %d results, want 1: %s", len(res), out)
 	}
-	if strings.HasSuffix(test, "_lat") {
-		s.Value = res[0].LatencyNs
-		if s.Value > 0 {
-			s.Ops = float64(secs) * 1e9 / s.Value
-		}
-	} else {
-		s.Value = res[0].BytesPerSec
-		s.Ops = s.Value * float64(secs) / float64(size)
-	}
+	s.Value, s.Ops = res[0].Measure(secs, size)
 	return s, nil
 }
 
