@@ -15,12 +15,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/axonhq/axon/internal/api"
 	"github.com/axonhq/axon/internal/lab"
-	"github.com/axonhq/axon/internal/lab/clusterdns"
 	"github.com/axonhq/axon/internal/lab/controlplane"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/lab/probe"
@@ -574,7 +571,7 @@ func newLabProbeCmd() *cobra.Command {
 // newLabForwardCmd is the hidden daemon started by `up`: it listens on
 // 127.0.0.1:<port> inside each node netns and forwards to the apiserver.
 func newLabForwardCmd(f *labFlags) *cobra.Command {
-	var listen, target, connectSocket, connectNetns, dnsListen, dnsKubeconfig string
+	var listen, target, connectSocket, connectNetns string
 	var netns, connectAllow []string
 	cmd := &cobra.Command{
 		Use:    "_forward --netns PATH... --listen ADDR --target ADDR [--connect-socket PATH --connect-netns PATH --connect-allow CIDR...]",
@@ -588,11 +585,9 @@ func newLabForwardCmd(f *labFlags) *cobra.Command {
 			if connectSocket == "" {
 				return controlplane.ServeForwarder(cmd.Context(), netns, listen, target, f.logger())
 			}
-			return serveForwarderAndEgress(cmd.Context(), netns, listen, target, connectSocket, connectNetns, connectAllow, dnsListen, dnsKubeconfig, f.logger())
+			return serveForwarderAndEgress(cmd.Context(), netns, listen, target, connectSocket, connectNetns, connectAllow, f.logger())
 		},
 	}
-	cmd.Flags().StringVar(&dnsListen, "dns-listen", "", "with --connect-socket: also serve the cluster DNS on this address (UDP and TCP) inside each netns, e.g. 0.0.0.0:53")
-	cmd.Flags().StringVar(&dnsKubeconfig, "dns-kubeconfig", "", "kubeconfig the cluster DNS watches Services and EndpointSlices with")
 	cmd.Flags().StringVar(&connectSocket, "connect-socket", "", "also serve the apiserver's egress: HTTP CONNECT on this unix socket")
 	cmd.Flags().StringVar(&connectNetns, "connect-netns", "", "network namespace path the CONNECT targets are dialed in")
 	cmd.Flags().StringArrayVar(&connectAllow, "connect-allow", nil, "CIDR a CONNECT target must be in (repeatable)")
@@ -727,7 +722,7 @@ func healthzLine(ctx context.Context, l *lab.Lab, node, last string) string {
 
 // serveForwarderAndEgress runs the node forwarders and the apiserver's egress CONNECT proxy
 // until ctx ends or one of them fails.
-func serveForwarderAndEgress(ctx context.Context, netns []string, listen, target, socket, dialNetns string, allowS []string, dnsListen, dnsKubeconfig string, log *slog.Logger) error {
+func serveForwarderAndEgress(ctx context.Context, netns []string, listen, target, socket, dialNetns string, allowS []string, log *slog.Logger) error {
 	var allow []netip.Prefix
 	for _, a := range allowS {
 		p, err := netip.ParsePrefix(a)
@@ -747,36 +742,10 @@ func serveForwarderAndEgress(ctx context.Context, netns []string, listen, target
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
-	n := 2
+	errc := make(chan error, 2)
 	go func() { errc <- fwd.Serve(ctx) }()
 	go func() { errc <- px.Serve(ctx) }()
-	if dnsListen != "" {
-		n++
-		go func() { errc <- serveClusterDNS(ctx, netns, dnsListen, dnsKubeconfig, log) }()
-	}
 	err = <-errc
 	cancel()
-	for range n - 1 {
-		err = errors.Join(err, <-errc)
-	}
-	return err
-}
-
-// serveClusterDNS answers the cluster domain's names from the apiserver's Services and
-// EndpointSlices inside every node netns (kubelet's clusterDNS is the node's own IP).
-func serveClusterDNS(ctx context.Context, netns []string, listen, kubeconfig string, log *slog.Logger) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return fmt.Errorf("cluster DNS kubeconfig %s: %w", kubeconfig, err)
-	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("cluster DNS client: %w", err)
-	}
-	src, err := clusterdns.WatchCluster(ctx, c)
-	if err != nil {
-		return err
-	}
-	return clusterdns.New(clusterdns.DefaultDomain, src, log).ServeInNetns(ctx, netns, listen)
+	return errors.Join(err, <-errc)
 }

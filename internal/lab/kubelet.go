@@ -196,6 +196,9 @@ func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, ku
 		if err := waitNodesReady(ctx, kube, st.Nodes, 2*o.readyTimeout()); err != nil {
 			return fmt.Errorf("baseline nodes not ready: %w (kubelet and containerd logs: %s/nodes/<node>/kn/logs)", err, st.StateDir)
 		}
+		if err := upClusterDNS(ctx, st, kube, o); err != nil {
+			return err
+		}
 		st.Ready = true
 		if err := save(); err != nil {
 			return err
@@ -208,6 +211,9 @@ func upKubelet(ctx context.Context, st *State, cp *controlplane.ControlPlane, ku
 	}
 	if err := waitAxonReady(ctx, kube, st.Nodes, 2*o.readyTimeout()); err != nil {
 		return fmt.Errorf("axon not ready: %w (kubelet and containerd logs: %s/nodes/<node>/kn/logs)", err, st.StateDir)
+	}
+	if err := upClusterDNS(ctx, st, kube, o); err != nil {
+		return err
 	}
 	st.Ready = true
 	if err := save(); err != nil {
@@ -270,6 +276,11 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 		Containerd: dep("containerd"), ShimDir: filepath.Dir(dep("containerd-shim-runc-v2")),
 		Ctr: dep("ctr"), Runc: dep("runc-debian"), Kubelet: dep("kubelet"),
 	}
+	dnsIPs, err := clusterdns.ServiceIPs(kubeproxy.ServiceCIDRs)
+	if err != nil {
+		return err
+	}
+	dnsIP := dnsIPs[0] // kubelet's clusterDNS: the kube-dns Service's IPv4 address
 	images := kubeletImages()
 	if st.Datapath == DatapathAxon {
 		images = append(images, axonImageArchive(o))
@@ -306,7 +317,7 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 				Dir: n.KubeNodeDir, CgroupRoot: kubenodeCgroupRoot(n.Name), Images: images,
 				Logger: log, ReadyTimeout: o.readyTimeout(),
 				ServeOnNodeIP: true, // the apiserver reaches it through the egress proxy
-				ClusterDNS:    net.IP(n.IP.AsSlice()), ClusterDomain: clusterdns.DefaultDomain,
+				ClusterDNS:    net.IP(dnsIP.AsSlice()), ClusterDomain: clusterdns.DefaultDomain,
 			})
 			if err != nil {
 				errs[i] = err
@@ -318,11 +329,6 @@ func upKubeletNodes(ctx context.Context, st *State, cp *controlplane.ControlPlan
 	}
 	return errors.Join(errs...)
 }
-
-// clusterDNSListen is where the lab's cluster DNS (internal/lab/clusterdns, in the forwarder
-// process) listens in every node netns; each node's kubelet gives its pods the node's own IP
-// as nameserver.
-const clusterDNSListen = "0.0.0.0:53"
 
 // egressSocketName is the apiserver's egress proxy socket in the lab's state dir.
 const egressSocketName = "egress.sock"
@@ -337,8 +343,7 @@ func egressProxyArgs(st *State) []string {
 	if len(st.Nodes) == 0 {
 		return nil
 	}
-	args := []string{"--connect-socket", egressSocket(st.StateDir), "--connect-netns", netnsutil.Path(st.Nodes[0].Netns),
-		"--dns-listen", clusterDNSListen, "--dns-kubeconfig", st.ControlPlane.Kubeconfig}
+	args := []string{"--connect-socket", egressSocket(st.StateDir), "--connect-netns", netnsutil.Path(st.Nodes[0].Netns)}
 	for _, n := range st.Nodes {
 		args = append(args, "--connect-allow", netip.PrefixFrom(n.IP, n.IP.BitLen()).String())
 		for _, p := range append(slices.Clone(n.PodCIDRs), n.BaselineCIDRs...) {
@@ -551,10 +556,6 @@ func installAxon(ctx context.Context, st *State, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	kubectl, err := DepPath("kubectl")
-	if err != nil {
-		return err
-	}
 	args := []string{"template", "axon", chart, "--namespace", AxonNamespace}
 	for _, v := range chartValues(st.ControlPlane.APIPort) {
 		args = append(args, "--set", v)
@@ -566,17 +567,53 @@ func installAxon(ctx context.Context, st *State, log *slog.Logger) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
-	if err := os.WriteFile(filepath.Join(st.StateDir, "axon.yaml"), manifest.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write rendered chart: %w", err)
-	}
-	stderr.Reset()
-	var out bytes.Buffer
-	cmd = exec.CommandContext(ctx, kubectl, "--kubeconfig", st.ControlPlane.Kubeconfig, "apply", "-f", filepath.Join(st.StateDir, "axon.yaml"))
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("kubectl apply axon's chart: %w: %s", err, stderr.String())
+	if err := kubectlApply(ctx, st, "axon.yaml", manifest.Bytes()); err != nil {
+		return fmt.Errorf("axon's chart: %w", err)
 	}
 	log.Info("axon applied from its chart", "chart", chart, "values", chartValues(st.ControlPlane.APIPort))
+	return nil
+}
+
+// kubectlApply writes manifest to name in the lab's state dir (where a reader finds what the lab
+// applied) and applies it with kubectl.
+func kubectlApply(ctx context.Context, st *State, name string, manifest []byte) error {
+	kubectl, err := DepPath("kubectl")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(st.StateDir, name)
+	if err := os.WriteFile(p, manifest, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", st.ControlPlane.Kubeconfig, "apply", "-f", p)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kubectl apply -f %s: %w: %s", p, err, stderr.String())
+	}
+	return nil
+}
+
+// upClusterDNS applies the cluster DNS add-on (CoreDNS, internal/lab/clusterdns) once the
+// datapath serves pods and Services, and waits for its replicas: pods resolve through it, and
+// the e2e suite waits for kube-system's pods before it starts.
+func upClusterDNS(ctx context.Context, st *State, kube kubernetes.Interface, o UpOptions) error {
+	t0 := time.Now()
+	ips, err := clusterdns.ServiceIPs(kubeproxy.ServiceCIDRs)
+	if err != nil {
+		return err
+	}
+	m, err := clusterdns.Manifest(clusterdns.Config{Image: AgnhostImage, ServiceIPs: ips})
+	if err != nil {
+		return err
+	}
+	if err := kubectlApply(ctx, st, "coredns.yaml", m); err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	if err := clusterdns.WaitReady(ctx, kube, 2*o.readyTimeout()); err != nil {
+		return fmt.Errorf("%w (kubectl -n %s describe pods -l k8s-app=%s)", err, clusterdns.Namespace, clusterdns.Service)
+	}
+	o.Logger.Info("cluster DNS ready", "coredns", clusterdns.Replicas, "service", ips, "elapsed", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 

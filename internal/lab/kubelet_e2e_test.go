@@ -30,6 +30,7 @@ import (
 
 	"github.com/axonhq/axon/deploy/image/e2eref"
 	"github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/clusterdns"
 	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/netnsutil"
 )
@@ -118,6 +119,18 @@ func TestKubeletLab(t *testing.T) {
 	slices.Sort(agentNodes)
 	if !slices.Equal(agentNodes, []string{"node1", "node2"}) {
 		t.Fatalf("axon agent pods on nodes %v, want one on node1 and one on node2", agentNodes)
+	}
+	// The cluster DNS add-on: CoreDNS's replicas Ready (up waited for them) behind kube-dns.
+	dnsIPs, err := clusterdns.ServiceIPs(kubeproxy.ServiceCIDRs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coredns, err := kube.AppsV1().Deployments(clusterdns.Namespace).Get(ctx, clusterdns.Deployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if coredns.Status.ReadyReplicas != clusterdns.Replicas {
+		t.Errorf("Deployment %s/%s: %d replicas Ready, want %d", coredns.Namespace, coredns.Name, coredns.Status.ReadyReplicas, clusterdns.Replicas)
 	}
 	// A hostNetwork pod (the agent) has its node's hostname, as on a real node: each node has
 	// its own UTS namespace (the conformance specs of hostNetwork endpoints compare the two).
@@ -217,8 +230,11 @@ func TestKubeletLab(t *testing.T) {
 		if logs := kubectl(ctx, t, kubeconfig, "logs", "-n", p.Namespace, p.Name); !strings.Contains(logs, "8080") {
 			t.Errorf("kubectl logs %s (pod on %s): %q, want netexec's start line naming port 8080", p.Name, p.Spec.NodeName, logs)
 		}
-		// The cluster DNS (the node's IP in the pod's resolv.conf, search default.svc.cluster.local):
-		// the Service by its short name.
+		// The cluster DNS: CoreDNS pods behind kube-dns (its ClusterIP in the pod's resolv.conf,
+		// search default.svc.cluster.local), then the Service by its short name.
+		if rc := kubectl(ctx, t, kubeconfig, "exec", "-n", p.Namespace, p.Name, "--", "cat", "/etc/resolv.conf"); !strings.Contains(rc, "nameserver "+dnsIPs[0].String()+"\n") {
+			t.Errorf("pod %s's resolv.conf %q: want nameserver %s (the kube-dns Service)", p.Name, rc, dnsIPs[0])
+		}
 		out = kubectl(ctx, t, kubeconfig, "exec", "-n", p.Namespace, p.Name, "--", "curl", "-sS", "--max-time", "5", "http://web/hostname")
 		if !slices.Contains(names, strings.TrimSpace(out)) {
 			t.Errorf("from pod %s: curl http://web/hostname = %q, want one of %v (cluster DNS, then the ClusterIP)", p.Name, out, names)

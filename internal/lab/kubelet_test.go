@@ -68,10 +68,8 @@ func TestEgressProxyArgs(t *testing.T) {
 	for i := 1; i <= 2; i++ {
 		st.Nodes = append(st.Nodes, newNode(st.StateDir, "/sys/fs/cgroup/axon-lab", i))
 	}
-	st.ControlPlane.Kubeconfig = "/run/axon-lab/controlplane/admin.kubeconfig"
 	got := strings.Join(egressProxyArgs(st), " ")
-	want := "--connect-socket /run/axon-lab/egress.sock --connect-netns /run/netns/" + st.Nodes[0].Netns +
-		" --dns-listen 0.0.0.0:53 --dns-kubeconfig /run/axon-lab/controlplane/admin.kubeconfig"
+	want := "--connect-socket /run/axon-lab/egress.sock --connect-netns /run/netns/" + st.Nodes[0].Netns
 	for _, n := range st.Nodes {
 		want += " --connect-allow " + n.IP.String() + "/32"
 		for _, p := range append(n.PodCIDRs, n.BaselineCIDRs...) {
