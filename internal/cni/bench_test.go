@@ -129,13 +129,6 @@ func (n *benchNode) addBenchPod(t *testing.T, cid, mode string, gso uint32) (net
 	return pod, ip
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 // softnetProcessed sums column 1 (packets processed) of /proc/net/softnet_stat.
 func softnetProcessed(t *testing.T) uint64 {
 	b, err := os.ReadFile("/proc/net/softnet_stat")
@@ -396,7 +389,7 @@ func TestDatapathBench(t *testing.T) {
 			t.Skipf("%s not installed", tool)
 		}
 	}
-	reps, secs := envInt("AXON_NK_BENCH_REPS", 12), envInt("AXON_NK_BENCH_SECS", 3)
+	reps, secs := testutil.EnvInt(t, "AXON_NK_BENCH_REPS", 12), testutil.EnvInt(t, "AXON_NK_BENCH_SECS", 3)
 	warm := 1
 	if v, err := strconv.Atoi(os.Getenv("AXON_NK_BENCH_WARMUP")); err == nil && v >= 0 {
 		warm = v

@@ -200,7 +200,7 @@ func latSetup(t *testing.T) (a, b *benchNode, paths []benchPath) {
 		startServer(t, paths[i], "sockperf", "server", "-i", paths[i].serverIP, "-p", strconv.Itoa(paths[i].port+50))
 	}
 	time.Sleep(time.Second)
-	if hold := envInt("AXON_LAT_HOLD", 0); hold > 0 { // inspect the setup by hand
+	if hold := testutil.EnvInt(t, "AXON_LAT_HOLD", 0); hold > 0 { // inspect the setup by hand
 		t.Logf("holding the setup for %d s: nodes %s %s, paths %+v", hold, a.e.node, b.e.node, paths)
 		time.Sleep(time.Duration(hold) * time.Second)
 	}
@@ -216,7 +216,7 @@ func TestVethLatency(t *testing.T) {
 			t.Skipf("%s not installed", tool)
 		}
 	}
-	reps, secs := envInt("AXON_LAT_REPS", 7), envInt("AXON_LAT_SECS", 4)
+	reps, secs := testutil.EnvInt(t, "AXON_LAT_REPS", 7), testutil.EnvInt(t, "AXON_LAT_SECS", 4)
 	perfDir := os.Getenv("AXON_LAT_PERF")
 
 	a, b, paths := latSetup(t)
@@ -338,7 +338,7 @@ func TestVethCost(t *testing.T) {
 	if err := os.MkdirAll(perfDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	reps, secs, mps := envInt("AXON_LAT_REPS", 3), envInt("AXON_LAT_SECS", 4), envInt("AXON_LAT_MPS", 50000)
+	reps, secs, mps := testutil.EnvInt(t, "AXON_LAT_REPS", 3), testutil.EnvInt(t, "AXON_LAT_SECS", 4), testutil.EnvInt(t, "AXON_LAT_MPS", 50000)
 	a, b, paths := latSetup(t)
 
 	var md bytes.Buffer

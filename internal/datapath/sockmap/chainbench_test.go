@@ -14,6 +14,7 @@ import (
 
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestChainBench measures the sidecar chain of TestSidecarHAProxyChain (qperf
@@ -42,8 +43,8 @@ func TestChainBench(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	rounds := envInt(t, "AXON_SOCKMAP_FLOW_BENCH_ROUNDS", 5)
-	secs := envInt(t, "AXON_SOCKMAP_FLOW_BENCH_SECONDS", 2)
+	rounds := testutil.EnvInt(t, "AXON_SOCKMAP_FLOW_BENCH_ROUNDS", 5)
+	secs := testutil.EnvInt(t, "AXON_SOCKMAP_FLOW_BENCH_SECONDS", 2)
 	type run struct {
 		test string
 		size int

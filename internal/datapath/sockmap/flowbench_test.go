@@ -23,6 +23,7 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // TestFlowBench measures the bypass against the stack with qperf (tcp_bw
@@ -68,8 +69,8 @@ func TestFlowBench(t *testing.T) {
 	if os.Getenv("AXON_SOCKMAP_FLOW_BENCH") != "1" {
 		t.Skip("qperf benchmark of the bypass against the stack: runs with AXON_SOCKMAP_FLOW_BENCH=1")
 	}
-	rounds := envInt(t, "AXON_SOCKMAP_FLOW_BENCH_ROUNDS", 5)
-	secs := envInt(t, "AXON_SOCKMAP_FLOW_BENCH_SECONDS", 1)
+	rounds := testutil.EnvInt(t, "AXON_SOCKMAP_FLOW_BENCH_ROUNDS", 5)
+	secs := testutil.EnvInt(t, "AXON_SOCKMAP_FLOW_BENCH_SECONDS", 1)
 	sizes := []int{1, 4, 16, 64, 256, 1024, 4096, 16384}
 	if v := os.Getenv("AXON_SOCKMAP_FLOW_BENCH_SIZES"); v != "" {
 		sizes = nil
@@ -381,19 +382,6 @@ func counterText(m map[string]uint64) string {
 		}
 	}
 	return strings.Join(parts, ", ")
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }
 
 // lookTool finds the named programs in PATH.

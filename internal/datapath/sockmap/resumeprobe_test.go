@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/axonhq/axon/internal/bench"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // resumeProbe mirrors struct sockmap_resume_probe (bpf/sk_msg.c).
@@ -50,9 +51,9 @@ func TestResumeDutyCycle(t *testing.T) {
 		t.Skip("measurement of the resume condition's duty cycle: runs with AXON_SOCKMAP_RESUME_PROBE=1")
 	}
 	requireLeave(t)
-	size := envInt(t, "AXON_SOCKMAP_RESUME_PROBE_SIZE", 16384)
-	secs := envInt(t, "AXON_SOCKMAP_RESUME_PROBE_SECONDS", 2)
-	rounds := envInt(t, "AXON_SOCKMAP_RESUME_PROBE_ROUNDS", 3)
+	size := testutil.EnvInt(t, "AXON_SOCKMAP_RESUME_PROBE_SIZE", 16384)
+	secs := testutil.EnvInt(t, "AXON_SOCKMAP_RESUME_PROBE_SECONDS", 2)
+	rounds := testutil.EnvInt(t, "AXON_SOCKMAP_RESUME_PROBE_ROUNDS", 3)
 	verdict := os.Getenv("AXON_SOCKMAP_RESUME_PROBE_VERDICT") != "0"
 	cpus := []string{"0", "1"}
 	if v := os.Getenv("AXON_SOCKMAP_RESUME_PROBE_CPUS"); v != "" {

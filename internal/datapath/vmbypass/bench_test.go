@@ -52,7 +52,7 @@ func TestCPUPerFrame(t *testing.T) {
 	if os.Getenv("AXON_VMB_BENCH") == "" {
 		t.Skip("benchmark: set AXON_VMB_BENCH=1 to run it (about 50 s)")
 	}
-	reps := envInt(t, "AXON_VMB_BENCH_REPS", 10)
+	reps := testutil.EnvInt(t, "AXON_VMB_BENCH_REPS", 10)
 	dur := time.Second
 	if s := os.Getenv("AXON_VMB_BENCH_DURATION"); s != "" {
 		var err error
@@ -297,17 +297,6 @@ func writeLoop(t *testing.T, tap *os.File, frame []byte, d time.Duration) (time.
 func cell(v []float64, prec int) string {
 	s := bench.Summarize(v)
 	return fmt.Sprintf("%s (%s–%s)", strconv.FormatFloat(s.Median, 'f', prec, 64), strconv.FormatFloat(s.Min, 'f', prec, 64), strconv.FormatFloat(s.Max, 'f', prec, 64))
-}
-
-func envInt(t *testing.T, k string, def int) int {
-	if s := os.Getenv(k); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("%s=%q: want a positive integer", k, s)
-		}
-		return n
-	}
-	return def
 }
 
 func kernel() string {
