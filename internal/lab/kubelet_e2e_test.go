@@ -417,11 +417,16 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 	}
 	patch(`[{"op":"add","path":"/spec/template/spec/nodeSelector/lab-agent","value":"on"}]`)
 	waitUntil(ctx, t, 30*time.Second, "axon's agent gone from node2", func() (bool, string) {
-		l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node2"})
+		l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node2",
+			LabelSelector: "app.kubernetes.io/name=" + lab.AxonDaemonSet}) // kube-system holds CoreDNS too
 		if err != nil {
 			return false, err.Error()
 		}
-		return len(l.Items) == 0, fmt.Sprintf("%d axon pods on node2", len(l.Items))
+		var left []string
+		for _, p := range l.Items {
+			left = append(left, fmt.Sprintf("%s %s deleting=%v", p.Name, p.Status.Phase, p.DeletionTimestamp != nil))
+		}
+		return len(l.Items) == 0, fmt.Sprintf("axon pods on node2: %v", left)
 	})
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: "default"},
