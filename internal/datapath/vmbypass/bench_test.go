@@ -30,7 +30,11 @@ import (
 // node, the bridge path against the bypass, interleaved. Run it with
 // AXON_VMB_BENCH=1 (AXON_VMB_BENCH_REPS, default 10; AXON_VMB_BENCH_DURATION,
 // default 1s per arm; AXON_VMB_BENCH_OUT: also write the Markdown there;
-// AXON_VMB_BENCH_CSV: one line per sample there, with the load average).
+// AXON_VMB_BENCH_CSV: one line per sample there, with the load average;
+// AXON_VMB_BENCH_BURST: the writer sleeps 1 µs after every that many frames,
+// for an instruction-counted VM (hack/vm -icount), where both vCPUs take turns
+// on one host thread and the node's NAPI thread otherwise gets ~20 % of the
+// frames; the sleeps' cost is in every arm, the floor's too).
 //
 // The guest is a thread pinned to CPU 1 writing one 60-byte UDP frame to the
 // tap fd in a loop: the tap's receive path (tc ingress, then the bridge or
@@ -59,6 +63,10 @@ func TestCPUPerFrame(t *testing.T) {
 		if dur, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("AXON_VMB_BENCH_DURATION: %v", err)
 		}
+	}
+	burst := 0
+	if os.Getenv("AXON_VMB_BENCH_BURST") != "" {
+		burst = testutil.EnvInt(t, "AXON_VMB_BENCH_BURST", 0)
 	}
 	if !datapath.ProbeTCX().Available {
 		t.Skip("the floor arm attaches with tcx (6.6+); the kernel has none")
@@ -162,7 +170,7 @@ func TestCPUPerFrame(t *testing.T) {
 		}
 		s0, _ := sink.Count()
 		n0 := napiCPU()
-		w, n := writeLoop(t, v.tap, frame, dur)
+		w, n := writeLoop(t, v.tap, frame, dur, burst)
 		time.Sleep(100 * time.Millisecond) // the NAPI thread drains its ring (not into the next arm)
 		s1, _ := sink.Count()
 		return sample{writer: float64(w.Nanoseconds()), napi: float64((napiCPU() - n0).Nanoseconds()), frames: float64(n), sunk: float64(s1 - s0)}
@@ -199,7 +207,11 @@ func TestCPUPerFrame(t *testing.T) {
 		return
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "kernel %s, %d repetitions × %s per arm, interleaved; ns per frame, median (min–max)\n\n", kernel(), reps, dur)
+	fmt.Fprintf(&b, "kernel %s, %d repetitions × %s per arm, interleaved; ns per frame, median (min–max)", kernel(), reps, dur)
+	if burst > 0 {
+		fmt.Fprintf(&b, "; the writer sleeps 1 µs after every %d frames", burst)
+	}
+	b.WriteString("\n\n")
 	fmt.Fprintf(&b, "| arm | host CPU / frame | writer: write(2) + tap rx path, per frame written | node NAPI, per frame received | received / written | path (minus floor) |\n|---|---:|---:|---:|---:|---:|\n")
 	floorTot, _, _, _ := perFrame("floor")
 	path := map[string][]float64{}
@@ -250,8 +262,9 @@ func TestCPUPerFrame(t *testing.T) {
 }
 
 // writeLoop writes frame to the tap from a thread pinned to CPU 1 for d and
-// returns that thread's CPU time and the frames written.
-func writeLoop(t *testing.T, tap *os.File, frame []byte, d time.Duration) (time.Duration, int) {
+// returns that thread's CPU time and the frames written. With burst > 0 the
+// thread sleeps 1 µs after every burst frames.
+func writeLoop(t *testing.T, tap *os.File, frame []byte, d time.Duration, burst int) (time.Duration, int) {
 	type out struct {
 		cpu time.Duration
 		n   int
@@ -277,11 +290,19 @@ func writeLoop(t *testing.T, tap *os.File, frame []byte, d time.Duration) (time.
 		_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts0)
 		n := 0
 		end := time.Now().Add(d)
+		pause := unix.Timespec{Nsec: 1000}
+		per := 256
+		if burst > 0 {
+			per = burst
+		}
 		for time.Now().Before(end) {
-			for range 256 {
+			for range per {
 				if _, err := unix.Write(fd, frame); err == nil {
 					n++
 				}
+			}
+			if burst > 0 {
+				_ = unix.Nanosleep(&pause, nil)
 			}
 		}
 		_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts1)
