@@ -16,6 +16,7 @@ import (
 	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/datapath"
 	"github.com/axonhq/axon/internal/datapath/bandwidth"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // The per-limit state as the BPF maps hold it (bpf/lib/edt.h struct
@@ -265,8 +266,8 @@ func TestBWBench(t *testing.T) {
 	if _, err := tp.iperf(3*time.Second, 5305, false); err != nil { // warm-up
 		t.Fatal(err)
 	}
-	latBits := uint64(envInt("AXON_BW_LAT_MBIT", 10)) * 1_000_000
-	for rep := range max(reps, benchReps) {
+	latBits := uint64(testutil.EnvInt(t, "AXON_BW_LAT_MBIT", 10)) * 1_000_000
+	for rep := range max(repsOf(t), benchReps) {
 		capRun := tp.rateRun(t, 0, benchPolicies[0], 5305)
 		record(t, map[string]any{"kind": "rate", "rep": rep, "policy": "unlimited", "limit_bits": 0, "goodput_bits": capRun.goodput, "retransmits": capRun.retrans})
 		for _, bits := range []uint64{10_000_000, 50_000_000, 100_000_000} {

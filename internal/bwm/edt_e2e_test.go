@@ -13,25 +13,18 @@ import (
 	"github.com/axonhq/axon/internal/lab"
 	"github.com/axonhq/axon/internal/netnsutil"
 	"github.com/axonhq/axon/internal/stats"
+	"github.com/axonhq/axon/internal/testutil"
 )
 
 // measureDur is the length of one measured flow ("over 10 s" in the targets).
 var measureDur = envDuration("AXON_BW_DURATION", 10*time.Second)
 
-// reps: repetitions of each interleaved configuration.
-var reps = envInt("AXON_BW_REPS", 1)
+// repsOf: repetitions of each interleaved configuration (AXON_BW_REPS, 1).
+func repsOf(t *testing.T) int { return testutil.EnvInt(t, "AXON_BW_REPS", 1) }
 
 func envDuration(k string, d time.Duration) time.Duration {
 	if v, err := time.ParseDuration(os.Getenv(k)); err == nil && v > 0 {
 		return v
-	}
-	return d
-}
-
-func envInt(k string, d int) int {
-	var n int
-	if _, err := fmt.Sscan(os.Getenv(k), &n); err == nil && n > 0 {
-		return n
 	}
 	return d
 }
@@ -82,7 +75,7 @@ func TestEDTRateAccuracy(t *testing.T) {
 	if _, err := tp.iperf(3*time.Second, 5301, false); err != nil { // warm-up: page cache, ARP, TCG code cache
 		t.Fatal(err)
 	}
-	for rep := range reps {
+	for rep := range repsOf(t) {
 		for _, r := range rates {
 			res := tp.rateRun(t, r, agentPolicy, 5301)
 			got[r] = append(got[r], res)
@@ -217,9 +210,9 @@ func TestEDTLatencyVsTBF(t *testing.T) {
 	tp := newTopo(t)
 	tp.server("iperf3", "-s", "-B", peerIP, "-p", "5303")
 	tp.server("sockperf", "server", "--tcp", "-i", peerIP, "-p", "11311")
-	bits := uint64(envInt("AXON_BW_LAT_MBIT", 10)) * 1_000_000 // below what the TCG VM can push: the limiter, not the CPU, is the bottleneck
+	bits := uint64(testutil.EnvInt(t, "AXON_BW_LAT_MBIT", 10)) * 1_000_000 // below what the TCG VM can push: the limiter, not the CPU, is the bottleneck
 	res := map[string][]latSample{}
-	for rep := range reps {
+	for rep := range repsOf(t) {
 		for _, mode := range []string{"edt", "tbf"} {
 			s := tp.latRun(t, mode, bits, agentPolicy, 5303)
 			res[mode] = append(res[mode], s)
