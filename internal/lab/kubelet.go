@@ -48,6 +48,8 @@ const (
 	AxonNamespace = "kube-system"
 	// AxonDaemonSet is the chart's DaemonSet.
 	AxonDaemonSet = "axon-agent"
+	// AxonAgentSelector selects the DaemonSet's pods (the namespace holds CoreDNS's too).
+	AxonAgentSelector = "app.kubernetes.io/name=" + AxonDaemonSet
 )
 
 var kubeletNodePrivateDirs = []string{"/run/axon", "/var/lib/axon", "/run/kubenode"}
@@ -652,7 +654,7 @@ func nodeReady(n *corev1.Node) bool {
 
 // podProblems summarises the axon pods' states for a timeout error.
 func podProblems(ctx context.Context, c kubernetes.Interface) string {
-	pods, err := c.CoreV1().Pods(AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + AxonDaemonSet})
+	pods, err := c.CoreV1().Pods(AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: AxonAgentSelector})
 	if err != nil {
 		return ""
 	}

@@ -108,7 +108,7 @@ func TestKubeletLab(t *testing.T) {
 	if ds.Status.NumberReady != 2 {
 		t.Fatalf("DaemonSet %s: %d pods Ready, want 2", ds.Name, ds.Status.NumberReady)
 	}
-	agents, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + lab.AxonDaemonSet})
+	agents, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: lab.AxonAgentSelector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func agentMissing(ctx context.Context, t *testing.T, kube kubernetes.Interface) 
 	patch(`[{"op":"add","path":"/spec/template/spec/nodeSelector/lab-agent","value":"on"}]`)
 	waitUntil(ctx, t, 30*time.Second, "axon's agent gone from node2", func() (bool, string) {
 		l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node2",
-			LabelSelector: "app.kubernetes.io/name=" + lab.AxonDaemonSet}) // kube-system holds CoreDNS too
+			LabelSelector: lab.AxonAgentSelector})
 		if err != nil {
 			return false, err.Error()
 		}

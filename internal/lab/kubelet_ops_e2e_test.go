@@ -497,7 +497,7 @@ func countersShowResets(ctx context.Context, t *testing.T, l *lab.Lab, pods []co
 // agentPods returns the axon agent pods by node.
 func agentPods(ctx context.Context, t *testing.T, kube kubernetes.Interface) map[string]corev1.Pod {
 	t.Helper()
-	l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + lab.AxonDaemonSet})
+	l, err := kube.CoreV1().Pods(lab.AxonNamespace).List(ctx, metav1.ListOptions{LabelSelector: lab.AxonAgentSelector})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,10 +64,7 @@ func TestCPUPerFrame(t *testing.T) {
 			t.Fatalf("AXON_VMB_BENCH_DURATION: %v", err)
 		}
 	}
-	burst := 0
-	if os.Getenv("AXON_VMB_BENCH_BURST") != "" {
-		burst = testutil.EnvInt(t, "AXON_VMB_BENCH_BURST", 0)
-	}
+	burst := testutil.EnvInt(t, "AXON_VMB_BENCH_BURST", 0) // 0: no pauses
 	if !datapath.ProbeTCX().Available {
 		t.Skip("the floor arm attaches with tcx (6.6+); the kernel has none")
 	}
