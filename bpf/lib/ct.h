@@ -29,8 +29,9 @@
  * used entry, counted as the difference between NP_CT_NEW and the entries
  * present (see nodeport.LB.CTStats).
  *
- * Timestamps are bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE): cheap,
- * tick resolution, the same clock the agent reads.
+ * Timestamps are bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE): tick
+ * resolution, the same clock the agent reads, read once per tick and CPU
+ * (np_now).
  */
 #ifndef AXON_CT_H
 #define AXON_CT_H
@@ -106,9 +107,42 @@ AXON_INLINE struct np_ct *np_ct_any(const struct np_tuple *k)
 	return v ? v : bpf_map_lookup_elem(&axon_np_ct_new, k);
 }
 
+/* np_clock: this CPU's last reading of the coarse clock (np_now). */
+struct np_clock {
+	__u64 jiffies; /* bpf_jiffies64 when read */
+	__u64 now;     /* bpf_ktime_get_coarse_ns then */
+};
+
+/* axon_np_clock: PERCPU_ARRAY[1] of np_clock. A cache private to each
+ * program object (not pinned, not shared, never read by user space). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct np_clock);
+} axon_np_clock SEC(".maps");
+
+/* np_now: CLOCK_MONOTONIC_COARSE in ns (bpf_ktime_get_coarse_ns), the
+ * clock the agent reads. That clock only moves on a tick, and jiffies moves
+ * on the same tick: this CPU's last reading is used again while jiffies is
+ * unchanged. bpf_jiffies64 is one load (64-bit JITs inline it), the clock a
+ * helper call and the timekeeper's seqcount: ~15 ns of a conntrack hit
+ * (docs/north-south-lb.md). A reading between a tick's jiffies update and
+ * its clock update keeps the time of the tick before for that tick: one
+ * tick behind at most, the coarse clock's own resolution. */
 AXON_INLINE __u64 np_now(void)
 {
-	return bpf_ktime_get_coarse_ns();
+	__u32 zero = 0;
+	struct np_clock *c = bpf_map_lookup_elem(&axon_np_clock, &zero);
+	__u64 j = bpf_jiffies64();
+
+	if (!c)
+		return bpf_ktime_get_coarse_ns();
+	if (c->jiffies != j || !c->now) {
+		c->now = bpf_ktime_get_coarse_ns();
+		c->jiffies = j;
+	}
+	return c->now;
 }
 
 #endif /* AXON_CT_H */

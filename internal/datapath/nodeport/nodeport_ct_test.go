@@ -1,10 +1,12 @@
 package nodeport
 
 import (
+	"fmt"
 	"net/netip"
+	"testing"
 	"time"
 
-	"testing"
+	"golang.org/x/sys/unix"
 
 	"github.com/axonhq/axon/internal/lb"
 )
@@ -445,4 +447,48 @@ func TestNodePortTablesFull(t *testing.T) {
 			t.Errorf("established flows with the NAT table full: counters %v, want %d ct_hit", got, len(flows))
 		}
 	})
+}
+
+// TestNodePortClock: the programs read the coarse clock once per tick and
+// CPU and use that reading until jiffies moves (np_now in bpf/lib/ct.h).
+// The time a new flow's entry gets is still the agent's
+// CLOCK_MONOTONIC_COARSE: no later than a reading taken after the packet,
+// no earlier than one tick before a reading taken before it, on every
+// hook, and again after the clock moved on by a few ticks (a reading kept
+// past its tick would fall behind by them).
+func TestNodePortClock(t *testing.T) {
+	f := newNPFix(t, nil)
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE("10.244.2.5:8080", "node2")), FrontendOptions{})
+	var res unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
+		t.Fatal(err)
+	}
+	tick := uint64(res.Nano()) // the coarse clock moves once per tick
+	for _, hook := range npHooks {
+		t.Run(hook, func(t *testing.T) {
+			f.resetFlows(t)
+			var prev uint64
+			for i := range 6 {
+				flow := npTCP(fmt.Sprintf("198.18.0.250:%d", 40000+i), "198.18.0.11:30080")
+				before := monoCoarse()
+				if v, _ := f.run(t, hook, f.wirePkt(flow, npSYN)); v != npFwd {
+					t.Fatalf("SYN %d: %s, want fwd", i, v)
+				}
+				after := monoCoarse()
+				var v lbTCNpCt
+				if err := f.n.tc.AxonNpCtNew.Lookup(npTuple(flow), &v); err != nil {
+					t.Fatalf("CT entry of SYN %d: %v", i, err)
+				}
+				if v.Created+tick < before || v.Created > after {
+					t.Fatalf("SYN %d: entry created at %d, the agent's clock read %d before and %d after the packet (tick %d ns)",
+						i, v.Created, before, after, tick)
+				}
+				if v.Created < prev {
+					t.Fatalf("SYN %d: entry created at %d, before the previous flow's %d", i, v.Created, prev)
+				}
+				prev = v.Created
+				time.Sleep(3 * time.Duration(tick))
+			}
+		})
+	}
 }
