@@ -241,4 +241,11 @@ enum axon_sockmap_mode {
  * at by the verifier. */
 #define AXON_BTF_ANCHOR(name, members) const volatile struct name members name = {}
 
+/* axon_barrier: the compiler keeps every memory access on its side of it
+ * (a compiler barrier, no CPU fence): np_ct_nh_fill in nodeport.h writes
+ * a generation last so that a reader on x86 never takes it with older
+ * fields; a weakly ordered CPU (arm64) may still show them out of order,
+ * the one-packet race that function accepts. */
+#define axon_barrier() asm volatile("" ::: "memory")
+
 #endif /* AXON_COMMON_H */

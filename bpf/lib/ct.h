@@ -60,7 +60,33 @@ enum np_ct_flag {
 			       * take it for a direct flow (np_direct_reuse) */
 };
 
-/* np_ct: value of axon_np_ct (48 bytes): where the flow goes. */
+/* np_nh: the next hop of a flow's forwarded packets (IPv4 SNAT and DSR),
+ * kept in its CT entry: a hit checks it inline (np_ct_nh_get in
+ * nodeport.h) instead of calling the per-CPU cache's probe, and a call and
+ * its return are ~10 ns where returns are mitigated (docs/north-south-lb.md).
+ * Written by np_ct_nh_fill. The same validity as the per-CPU next-hop cache
+ * (fib_cache.h): filled by a packet from device iif under the netns' route
+ * generation rt_gen and the LB's neighbour generation neigh_gen, used while
+ * both are current and the packet came from iif. The route's other inputs
+ * are the flow's: the backend (fixed) and the SNAT source (the frontend's
+ * address or the load-time node address). Entries outlive the LB that
+ * filled them (pinned): each LB starts its neighbour generations at a
+ * random value (nodeport.neighWatch), so a new LB, which may have another
+ * node address or may have missed neighbour changes, does not take them. */
+struct np_nh {
+	__u8 dmac[6];    /* the next hop's MAC */
+	__u8 smac[6];    /* the egress device's MAC */
+	__u32 oif;       /* egress device */
+	__u32 iif;       /* the device the filling packet came from */
+	__u32 rt_gen;    /* rt_genid when filled */
+	__u32 neigh_gen; /* axon_np_neigh_gen when filled; 0: empty */
+	__u32 pad;
+};
+
+/* np_ct: value of axon_np_ct (80 bytes): where the flow goes. Grown only
+ * at its end: an agent upgrade copies the pinned entries of an older,
+ * shorter layout into the new maps (nodeport.npCTMigration), the new
+ * fields zero. */
 struct np_ct {
 	__u8 be_addr[16];  /* backend address */
 	__be16 be_port;    /* backend port */
@@ -71,6 +97,7 @@ struct np_ct {
 	__u8 pad[3];
 	__u64 last_seen;   /* ns, bpf_ktime_get_coarse_ns, refreshed lazily */
 	__u64 created;     /* ns, same clock */
+	struct np_nh nh;   /* cached next hop (IPv4 SNAT and DSR), nh.neigh_gen 0: none */
 };
 
 /* axon_np_ct: client->frontend tuple -> translation. LRU: a full table

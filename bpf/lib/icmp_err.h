@@ -188,7 +188,7 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 			return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 		}
 		if (!cfg_dry_run) {
-			rc = np_fib(ctx, p->v6, osrc, ct.be_addr, fp);
+			rc = np_fib(ctx, p->v6, osrc, ct.be_addr, fp, NULL, NULL);
 			if (!np_fib_usable(rc))
 				goto no_route;
 		}
@@ -219,7 +219,7 @@ static __noinline int np_icmp_error(axon_ctx_t *ctx, struct np_pkt *p, enum np_h
 	__builtin_memcpy(osrc, nw.daddr, 16);
 route:
 	if (!cfg_dry_run) {
-		rc = np_fib(ctx, p->v6, osrc, odst, fp);
+		rc = np_fib(ctx, p->v6, osrc, odst, fp, NULL, NULL);
 		if (!np_fib_usable(rc))
 			goto no_route;
 	}

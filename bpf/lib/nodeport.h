@@ -332,6 +332,10 @@ struct np_scratch {
 	__u8 answer[160]; /* np_reply_too_big's ICMP answer (icmp_too_big.h) */
 	struct np_tuple key; /* the CT or reverse key of the non-inlined helpers
 			      * (np_nat_stale, np_promote_nat, np_establish) */
+	__u32 gen[2];     /* np_fib: the generations a next hop is kept under (np_nh_gens) */
+	__u8 nh_keep;     /* np_fib: keep the next hop in the flow's CT entry (np_ct_nh_fill):
+			   * 1 for a hit, 0 for a new flow's first packet. Here, not an
+			   * argument: a register that differs splits the verifier's states */
 };
 
 struct {
@@ -449,28 +453,55 @@ AXON_INLINE int np_rt_genid(axon_ctx_t *ctx, __u32 *genid)
 #endif
 }
 
-/* np_fib_cached looks the IPv4 next hop from s4 to d4 up in the per-CPU
- * cache of fib_cache.h: 1 when an entry filled under the netns' current
- * rt_genid and neighbour generation (axon_np_neigh_gen) matches, fp then
- * holding family, ifindex and the MACs only, all np_send reads of a
- * SUCCESS; else 0, gen[0] / gen[1] the rt_genid and neighbour generation a
- * lookup's result is to be cached under (gen[1] 0: not to be cached).
- * Not inlined: its branches end in one return value, so the verifier does
- * not carry a hit and a miss state through the rest of every caller. */
-static __noinline int np_fib_cached(axon_ctx_t *ctx, __be32 s4, __be32 d4, struct bpf_fib_lookup *fp,
-				    __u32 *gen)
+/* np_nh_gens reads the generations a kept next hop is valid under: gen[0]
+ * the netns' rt_genid, gen[1] the neighbour generation
+ * (axon_np_neigh_gen). 0: nothing is kept (nobody watches the neighbours,
+ * or rt_genid cannot be read). */
+AXON_INLINE int np_nh_gens(axon_ctx_t *ctx, __u32 *gen)
 {
-	struct fib_cache_entry *ce;
-	__u32 iif = ctx_ifindex(ctx), zero = 0, genid = 0, slot, *g;
+	__u32 zero = 0, genid = 0, *g;
 
 	g = bpf_map_lookup_elem(&axon_np_neigh_gen, &zero);
 	if (!g || !*g || !np_rt_genid(ctx, &genid))
 		return 0;
 	gen[0] = genid;
 	gen[1] = *g;
-	slot = fib_cache_slot(iif, s4, d4);
+	return 1;
+}
+
+/* np_ct_nh_get: the next hop kept in the flow's CT entry (nh, a copy of
+ * it) is valid for this packet: filled under the current generations gen,
+ * from the device the packet came from. fp then holds family, ifindex and
+ * the MACs, all np_send reads of a SUCCESS. Inlined on purpose, unlike
+ * np_fib_cached: a conntrack hit makes no call for its next hop (a call
+ * and its return cost ~10 ns where the kernel mitigates return-stack
+ * attacks, e.g. "Safe RET" on AMD Zen). */
+AXON_INLINE int np_ct_nh_get(axon_ctx_t *ctx, const struct np_nh *nh, const __u32 *gen,
+			     struct bpf_fib_lookup *fp)
+{
+	if (nh->neigh_gen != gen[1] || nh->rt_gen != gen[0] || nh->iif != ctx_ifindex(ctx))
+		return 0;
+	fp->family = AXON_AF_INET;
+	fp->ifindex = nh->oif;
+	__builtin_memcpy(fp->dmac, nh->dmac, 6);
+	__builtin_memcpy(fp->smac, nh->smac, 6);
+	return 1;
+}
+
+/* np_fib_cached looks the IPv4 next hop from s4 to d4 up in the per-CPU
+ * cache of fib_cache.h: 1 when an entry filled under the generations gen
+ * (np_nh_gens) matches, fp then holding family, ifindex and the MACs only;
+ * else 0. Not inlined: its branches end in one return value, so the
+ * verifier does not carry a hit and a miss state through the rest of every
+ * caller. */
+static __noinline int np_fib_cached(axon_ctx_t *ctx, __be32 s4, __be32 d4, struct bpf_fib_lookup *fp,
+				    const __u32 *gen)
+{
+	struct fib_cache_entry *ce;
+	__u32 iif = ctx_ifindex(ctx), slot = fib_cache_slot(iif, s4, d4);
+
 	ce = bpf_map_lookup_elem(&axon_fib_cache, &slot);
-	if (!ce || ce->neigh_gen != gen[1] || !fib_cache_match_key(ce, iif, s4, d4, 0, 0, genid))
+	if (!ce || ce->neigh_gen != gen[1] || !fib_cache_match_key(ce, iif, s4, d4, 0, 0, gen[0]))
 		return 0;
 	fp->family = AXON_AF_INET;
 	fp->ifindex = ce->oif;
@@ -498,20 +529,70 @@ static __noinline void np_fib_fill(__u32 iif, __be32 s4, __be32 d4, const struct
 	fib_cache_put_key(ce, iif, s4, d4, 0, 0, gen[0], fp->ifindex, fp->ipv4_dst, fp->mtu_result);
 }
 
-/* np_fib looks up the way to dst (from src) in the node's FIB. An IPv4
- * next hop found before (SUCCESS: egress device and both MACs) comes from
- * the cache (np_fib_cached) while the netns' rt_genid and the neighbour
- * generation are what they were at its lookup. Anything else is looked up
- * every time. */
-AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
-			struct bpf_fib_lookup *fp)
+/* np_ct_nh_fill keeps the next hop fp (a SUCCESS, from the per-CPU cache
+ * or a lookup under the generations gen) in flow k's CT entry (np_nh): a
+ * plain store into the value, no map update. On a hit only (sc->nh_keep),
+ * once per flow and generation: a new flow's first packet does not pay for
+ * it (most flows are short, and the per-CPU cache serves their next
+ * packets); an unreplied flow's entry takes its next hop along when it
+ * moves to axon_np_ct (a copy). The generation is cleared first and
+ * written last; another CPU that copies the entry while it is filled may
+ * still take the previous next hop for one packet, as a packet sent just
+ * before the change would have. */
+static __noinline void np_ct_nh_fill(const struct np_tuple *k, __u32 iif, const struct bpf_fib_lookup *fp,
+				     const __u32 *gen)
 {
-	__u32 iif = ctx_ifindex(ctx), gen[2] = {};
+	struct np_ct *v = bpf_map_lookup_elem(&axon_np_ct, k);
+
+	if (!v)
+		v = bpf_map_lookup_elem(&axon_np_ct_new, k);
+	if (!v)
+		return;
+	v->nh.neigh_gen = 0;
+	axon_barrier();
+	__builtin_memcpy(v->nh.dmac, fp->dmac, 6);
+	__builtin_memcpy(v->nh.smac, fp->smac, 6);
+	v->nh.oif = fp->ifindex;
+	v->nh.iif = iif;
+	v->nh.rt_gen = gen[0];
+	axon_barrier();
+	v->nh.neigh_gen = gen[1];
+}
+
+/* np_fib looks up the way to dst (from src) in the node's FIB. An IPv4
+ * next hop found before (SUCCESS: egress device and both MACs) is used
+ * again while the netns' rt_genid and the neighbour generation are what
+ * they were at its lookup: from the flow's CT entry (nh: a copy of it, ctk
+ * its key; NULL: not a flow's packet), else from the per-CPU cache
+ * (np_fib_cached). One from the per-CPU cache or a lookup is kept in the CT
+ * entry for the flow's next packets. Anything else is looked up every
+ * time. */
+AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
+			struct bpf_fib_lookup *fp, const struct np_nh *nh, const struct np_tuple *ctk)
+{
+	struct np_scratch *sc = np_scratch();
+	__u32 iif = ctx_ifindex(ctx), *gen;
 	__be32 s4 = np_v4(src), d4 = np_v4(dst);
 	long rc;
 
-	if (cfg_fib_cache && !v6 && np_fib_cached(ctx, s4, d4, fp, gen))
-		return BPF_FIB_LKUP_RET_SUCCESS;
+	if (!sc)
+		return BPF_FIB_LKUP_RET_NOT_FWDED;
+	/* the generations in the scratch map, not on the stack: on the stack,
+	 * the verifier told the states after a new flow's backend choice apart
+	 * by those slots and walked the rest of the program twice (+50 % at
+	 * XDP). Looked up here, not passed in: as measured, that costs the
+	 * verifier less. */
+	gen = sc->gen;
+	gen[1] = 0;
+	if (cfg_fib_cache && !v6 && np_nh_gens(ctx, gen)) {
+		if (nh && np_ct_nh_get(ctx, nh, gen, fp))
+			return BPF_FIB_LKUP_RET_SUCCESS;
+		if (np_fib_cached(ctx, s4, d4, fp, gen)) {
+			if (ctk && !cfg_dry_run && sc->nh_keep)
+				np_ct_nh_fill(ctk, iif, fp, gen);
+			return BPF_FIB_LKUP_RET_SUCCESS;
+		}
+	}
 	__builtin_memset(fp, 0, sizeof(*fp));
 	fp->ifindex = iif;
 	if (v6) {
@@ -524,8 +605,11 @@ AXON_INLINE long np_fib(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *ds
 		fp->ipv4_dst = d4;
 	}
 	rc = bpf_fib_lookup(ctx, fp, sizeof(*fp), 0);
-	if (gen[1] && rc == BPF_FIB_LKUP_RET_SUCCESS)
+	if (cfg_fib_cache && !v6 && gen[1] && rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		np_fib_fill(iif, s4, d4, fp, gen);
+		if (ctk && !cfg_dry_run && sc->nh_keep)
+			np_ct_nh_fill(ctk, iif, fp, gen);
+	}
 	return rc;
 }
 
@@ -589,11 +673,12 @@ AXON_INLINE int np_unroutable(axon_ctx_t *ctx, long rc, enum np_hook hook)
  * and the caller returns *verdict (np_unroutable). A dry run looks nothing
  * up (*rc stays 0). */
 AXON_INLINE int np_route(axon_ctx_t *ctx, int v6, const __u8 *src, const __u8 *dst,
-			 struct bpf_fib_lookup *fp, enum np_hook hook, long *rc, int *verdict)
+			 struct bpf_fib_lookup *fp, const struct np_nh *nh, const struct np_tuple *ctk,
+			 enum np_hook hook, long *rc, int *verdict)
 {
 	if (cfg_dry_run)
 		return 0;
-	*rc = np_fib(ctx, v6, src, dst, fp);
+	*rc = np_fib(ctx, v6, src, dst, fp, nh, ctk);
 	if (np_fib_usable(*rc))
 		return 0;
 	*verdict = np_unroutable(ctx, *rc, hook);
@@ -857,7 +942,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 		if (np_snat_addr(&p->t, p->v6, src)) {
 			return np_drop(ctx, hook, NP_DROP_NO_SNAT_ADDR);
 		}
-		if (np_route(ctx, p->v6, src, ct->be_addr, fp, hook, &rc, &verdict))
+		if (np_route(ctx, p->v6, src, ct->be_addr, fp, &ct->nh, &p->t, hook, &rc, &verdict))
 			return verdict;
 		if (p->v6 ? dsr_encap6(ctx, src, ct->be_addr) : dsr_encap4(ctx, np_v4(src), np_v4(ct->be_addr))) {
 			return np_drop(ctx, hook, NP_REWRITE_FAIL);
@@ -871,7 +956,7 @@ AXON_INLINE int np_forward(axon_ctx_t *ctx, struct np_pkt *p, const struct np_ct
 	}
 	__builtin_memcpy(n.saddr, src, 16);
 	n.sport = ct->nat_port;
-	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, &ct->nh, &p->t, hook, &rc, &verdict))
 		return verdict;
 	if (np_rewrite(ctx, p, &n, 1)) {
 		return np_drop(ctx, hook, NP_REWRITE_FAIL);
@@ -952,7 +1037,7 @@ AXON_INLINE int np_reverse(axon_ctx_t *ctx, struct np_pkt *p, struct np_nat *nat
 		if (nat->flags & NP_NAT_UNREPLIED)
 			np_promote_nat(nat, p->t.proto, hook);
 	}
-	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, hook, &rc, &verdict))
+	if (np_route(ctx, p->v6, n.saddr, n.daddr, fp, NULL, NULL, hook, &rc, &verdict))
 		return verdict;
 	if (np_rewrite(ctx, p, &n, 1)) {
 		return np_drop(ctx, hook, NP_REWRITE_FAIL);
@@ -1373,6 +1458,7 @@ opened:
 			return np_drop(ctx, hook, rc);
 		}
 		hit = 0;
+		sc->nh_keep = 0;
 		goto forward;
 	}
 	np_explain_set(NP_NOT_SERVICE, NULL, 0);
@@ -1380,6 +1466,7 @@ opened:
 	return CTX_NEXT;
 hit:
 	np_count(hook, NP_CT_HIT);
+	sc->nh_keep = 1;
 forward:
 	return np_forward(ctx, pp, ct, hook, hit);
 }

@@ -403,12 +403,21 @@ func Load(o Options) (*LB, error) {
 	if err := npMetricsMigration(o.PinDir, tcSpec.Maps[MapMetrics], n.log); err != nil {
 		return nil, fmt.Errorf("load nodeport LB: %w", err)
 	}
+	restoreCT, err := npGrownMigration(o.PinDir, tcSpec.Maps[MapCT], tcSpec.Maps[MapCTNew]) // an older, shorter np_ct
+	if err != nil {
+		return nil, fmt.Errorf("load nodeport LB: %w", err)
+	}
 	if err := tcSpec.LoadAndAssign(&n.tc, opts); err != nil {
 		return nil, fmt.Errorf("load nodeport LB tc programs: %w", datapath.VerifierDetail(npIncompatibleHint(err, o.PinDir)))
 	}
 	if restoreNAT != nil {
 		if err := restoreNAT(n.tc.AxonNpNat); err != nil {
 			n.log.Warn("nodeport LB: reverse entries of the old NAT map lost (their flows re-create them within a second)", "error", err)
+		}
+	}
+	if restoreCT != nil {
+		if err := restoreCT(map[string]*ebpf.Map{MapCT: n.tc.AxonNpCt, MapCTNew: n.tc.AxonNpCtNew}); err != nil {
+			n.log.Warn("nodeport LB: connections of the old CT maps lost (a lost TCP flow is reset or, with Maglev, resumes)", "error", err)
 		}
 	}
 	if err := n.SetNodeAddrs(o.NodeAddrs); err != nil {

@@ -1,13 +1,20 @@
 package nodeport
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/axonhq/axon/internal/datapath"
+	"github.com/axonhq/axon/internal/datapath/dptest"
+	"github.com/axonhq/axon/internal/datapath/lbmap"
 	"github.com/axonhq/axon/internal/lb"
 )
 
@@ -490,5 +497,95 @@ func TestNodePortClock(t *testing.T) {
 				time.Sleep(3 * time.Duration(tick))
 			}
 		})
+	}
+}
+
+// TestNPCTMigration: CT maps pinned by an older axon, whose np_ct ended
+// before the next hop kept in the entry (48 bytes), are carried over when
+// the LB loads: the flows are still listed as they were, an established
+// one is still translated with its SNAT port (no new flow, no RST), and it
+// then keeps its next hop in the migrated entry.
+func TestNPCTMigration(t *testing.T) {
+	dptest.RequireRoot(t)
+	spec, err := loadLbTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const oldValueSize = 48 // np_ct up to `created`
+	est := npTCP("198.18.0.250:40000", "198.18.0.11:30080")
+	unrep := npTCP("198.18.0.250:40001", "198.18.0.11:30080")
+	be := npAP("10.244.2.5:8080")
+	now := monoCoarse()
+	entry := func(natPort uint16) []byte {
+		v := lbTCNpCt{BeAddr: lbmap.Addr16(be.Addr()), BePort: lbmap.Port(be.Port()), NatPort: lbmap.Port(natPort),
+			BackendId: 7, FrontendId: 3, Flags: npCTSNAT, LastSeen: now, Created: now}
+		b, err := binary.Append(nil, binary.NativeEndian, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) <= oldValueSize {
+			t.Fatalf("np_ct is %d bytes: no longer a layout grown past %d", len(b), oldValueSize)
+		}
+		return b[:oldValueSize]
+	}
+	pin := newPinDir(t)
+	if err := datapath.EnsurePinDir(pin); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		name string
+		flow Tuple
+		port uint16
+	}{{MapCT, est, 41000}, {MapCTNew, unrep, 41001}} {
+		old := spec.Maps[m.name].Copy()
+		old.ValueSize = oldValueSize
+		old.Pinning = ebpf.PinNone
+		om, err := ebpf.NewMap(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := npTuple(m.flow)
+		if err := om.Update(&k, entry(m.port), ebpf.UpdateNoExist); err != nil {
+			t.Fatal(err)
+		}
+		if err := om.Pin(filepath.Join(pin, m.name)); err != nil {
+			t.Fatal(err)
+		}
+		om.Close()
+	}
+
+	f := newNPFix(t, func(o *Options) { o.PinDir = pin })
+	for _, c := range []struct {
+		flow      Tuple
+		port      uint16
+		unreplied bool
+	}{{est, 41000, false}, {unrep, 41001, true}} {
+		e, ok := f.ctFor(t, c.flow)
+		if !ok || e.Backend != be || e.NATPort != c.port || e.Mode != "snat" || e.Unreplied != c.unreplied || e.BackendID != 7 {
+			t.Fatalf("after the migration, %s: %+v (found %v), want backend %s, SNAT port %d, unreplied %v, backend id 7",
+				c.flow, e, ok, be, c.port, c.unreplied)
+		}
+	}
+	f.upsert(t, npNodePort(30080, lb.TCP, false, npBE(be.String(), "node2")), FrontendOptions{})
+	before := f.counters(t)
+	pkt := f.wirePkt(est, npACK)
+	v, out := f.run(t, "tc", pkt)
+	nt := Tuple{Proto: lb.TCP, Src: netip.AddrPortFrom(npNode, 41000), Dst: be}
+	if want := npTranslated(pkt, nt, npACK, f.gwMAC, f.upMAC); v != npFwd || !bytes.Equal(out[:len(want)], want) {
+		t.Fatalf("the migrated flow's ACK: %s\n got %x\nwant %x", v, out, want)
+	}
+	if moved := npMoved(before, f.counters(t), "tc"); moved["ct_hit"] != 1 || moved["ct_new"] != 0 {
+		t.Fatalf("the migrated flow's ACK: counters moved %v, want ct_hit 1 and no ct_new", moved)
+	}
+	if !f.n.FibCacheOn() {
+		return
+	}
+	var got lbTCNpCt
+	k := npTuple(est)
+	if err := f.n.tc.AxonNpCt.Lookup(&k, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Nh.NeighGen == 0 || !bytes.Equal(got.Nh.Dmac[:], f.gwMAC) || got.Nh.Oif != uint32(f.upIf) {
+		t.Fatalf("the migrated entry's next hop after a packet: %+v, want the gateway %s via ifindex %d", got.Nh, f.gwMAC, f.upIf)
 	}
 }

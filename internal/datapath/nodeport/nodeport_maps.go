@@ -591,3 +591,92 @@ func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
 		return nil
 	}, nil
 }
+
+// npGrown is what npGrownMigration read from one old pin.
+type npGrown struct {
+	name       string
+	keys, vals [][]byte
+	valueSize  int // the new layout's
+}
+
+// npGrownMigration carries the entries of maps pinned by an older axon
+// whose value layout has grown at its end since (np_ct: the next hop kept
+// in the entry) over to the maps the programs use now. Each old pin is
+// read and removed before the load creates the new map; restore writes the
+// entries back after it, the new fields zero (a flow's next hop is then
+// looked up again). Only a longer value with the same map type and key size
+// is migrated: any other difference stays the load's error
+// (npIncompatibleHint). Nothing to do (nil restore) when no pin has an
+// older size.
+func npGrownMigration(pinDir string, specs ...*ebpf.MapSpec) (restore func(maps map[string]*ebpf.Map) error, err error) {
+	var grown []npGrown
+	for _, spec := range specs {
+		g, err := npReadGrown(pinDir, spec)
+		if err != nil {
+			return nil, err
+		}
+		if g != nil {
+			grown = append(grown, *g)
+		}
+	}
+	if len(grown) == 0 {
+		return nil, nil
+	}
+	return func(maps map[string]*ebpf.Map) error {
+		var errs []error
+		for _, g := range grown {
+			m := maps[g.name]
+			if m == nil {
+				return fmt.Errorf("migrate %s: no such map after the load", g.name)
+			}
+			lost := 0
+			for i := range g.keys {
+				v := make([]byte, g.valueSize)
+				copy(v, g.vals[i])
+				if err := m.Update(g.keys[i], v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+					lost++
+					if lost == 1 {
+						errs = append(errs, fmt.Errorf("migrate %s: %w", g.name, err))
+					}
+				}
+			}
+			if lost > 0 {
+				errs = append(errs, fmt.Errorf("migrate %s: %d of %d entries not copied", g.name, lost, len(g.keys)))
+			}
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+// npReadGrown reads and unpins the pinned map of spec when its values are
+// shorter than spec's (npGrownMigration); nil when there is no such pin.
+func npReadGrown(pinDir string, spec *ebpf.MapSpec) (*npGrown, error) {
+	if spec == nil {
+		return nil, nil
+	}
+	path := filepath.Join(pinDir, spec.Name)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", spec.Name, err)
+	}
+	defer old.Close()
+	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() >= spec.ValueSize {
+		return nil, nil
+	}
+	g := &npGrown{name: spec.Name, valueSize: int(spec.ValueSize)}
+	var k, v []byte
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		g.keys, g.vals = append(g.keys, k), append(g.vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("migrate %s: read the old map: %w", spec.Name, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return nil, fmt.Errorf("migrate %s: unpin the old map: %w", spec.Name, err)
+	}
+	return g, nil
+}

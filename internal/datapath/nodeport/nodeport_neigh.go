@@ -2,6 +2,7 @@ package nodeport
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -24,6 +25,9 @@ import (
 // gets another MAC, becomes unusable (FAILED, INCOMPLETE) or is removed
 // (a device MAC change removes the device's neighbours). Generation 0
 // turns the cache off: before WatchNeighbours and while the watch is down.
+// An established flow's next hop is also kept in its CT entry (np_nh in
+// bpf/lib/ct.h) under the same generations; those entries are pinned and
+// outlive the LB, so each LB starts its generations at a random value.
 
 // MapNeighGen: the neighbour generation of the next-hop cache (one __u32;
 // not pinned, shared by the tc and XDP programs).
@@ -74,7 +78,10 @@ func (n *LB) WatchNeighbours() error {
 	if err != nil {
 		return fmt.Errorf("next-hop cache: open this thread's netns: %w", err)
 	}
-	w := &neighWatch{stop: make(chan struct{})}
+	// a random first generation: CT entries outlive the LB (pinned) and
+	// keep the generation their next hop was found under (np_nh), so a
+	// new LB must not count from where an earlier one did
+	w := &neighWatch{stop: make(chan struct{}), gen: rand.Uint32()}
 	ch, errc, err := neighSubscribe(h, w.stop)
 	if err != nil {
 		h.Close()
@@ -177,8 +184,8 @@ func neighChanged(seen map[string]string, u netlink.NeighUpdate) bool {
 	return true
 }
 
-// bump writes the next generation (never 0, never one used before unless
-// it wrapped around 2^32 changes).
+// bump writes the next generation (never 0, never one this LB used before
+// unless it wrapped around 2^32 changes).
 func (w *neighWatch) bump(m *ebpf.Map) error {
 	w.gen++
 	if w.gen == 0 {
