@@ -35,17 +35,22 @@ package northsouth
 // wire, so the LB's row reads against the limit, not only against iptables.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/axonhq/axon/internal/bench"
 	"github.com/axonhq/axon/internal/ethtool"
 	labpkg "github.com/axonhq/axon/internal/lab"
+	"github.com/axonhq/axon/internal/lab/kubeproxy"
 	"github.com/axonhq/axon/internal/pktgen"
 )
 
@@ -217,7 +222,8 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 		if floor {
 			return r, errors.New("the XDP forwarder forwarded no packet")
 		}
-		return r, errors.New("no packet was forwarded to the backend (is the UDP NodePort programmed?)")
+		return r, fmt.Errorf("no packet was forwarded to the backend (is the UDP NodePort programmed?); %s's LB: %s",
+			entry.Name, lbVerdicts(ctx, entry))
 	}
 	secs := res.Elapsed.Seconds()
 	r.OfferedPPS = res.PPS()
@@ -226,4 +232,39 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	r.NsPerPacket = float64(s1.cpu-s0.cpu) / fwd
 	r.Busy = float64(s1.cpu-s0.cpu) / float64(wall)
 	return r, nil
+}
+
+// lbVerdicts lists what the axon agent's north-south LB on node did with
+// the packets it saw since its lab came up (axon_nodeport_packets_total by
+// hook and reason, the non-zero ones), for a failed measurement's error;
+// the reason it could not be read otherwise.
+func lbVerdicts(ctx context.Context, node labpkg.Node) string {
+	body, err := kubeproxy.HTTPGetOK(ctx, "/run/netns/"+node.Netns, labpkg.AgentMetricsAddr, "/metrics")
+	if err != nil {
+		return "counters not read: " + err.Error()
+	}
+	fams, err := bench.MetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return "counters not read: " + err.Error()
+	}
+	var out []string
+	for _, m := range fams["axon_nodeport_packets_total"].GetMetric() {
+		if v := bench.MetricValue(m); v > 0 {
+			var hook, reason string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "hook":
+					hook = l.GetValue()
+				case "reason":
+					reason = l.GetValue()
+				}
+			}
+			out = append(out, fmt.Sprintf("%s/%s %.0f", hook, reason, v))
+		}
+	}
+	if len(out) == 0 {
+		return "no packet counted (axon_nodeport_packets_total all 0)"
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }

@@ -178,7 +178,7 @@ func ParseKubeProxyMetrics(r io.Reader) (KubeProxyMetrics, error) {
 
 // Metrics fetches and parses kube-proxy's /metrics from inside its netns.
 func (k *KubeProxy) Metrics(ctx context.Context) (KubeProxyMetrics, error) {
-	body, err := httpGetInNetns(ctx, k.Spec.Netns, kubeProxyMetricsAddr, "/metrics")
+	body, err := kubeproxy.HTTPGetOK(ctx, k.Spec.Netns, kubeProxyMetricsAddr, "/metrics")
 	if err != nil {
 		return KubeProxyMetrics{}, fmt.Errorf("kube-proxy %s on %s metrics: %w", k.Spec.Mode, k.Spec.Node, err)
 	}
@@ -219,20 +219,6 @@ func (k *KubeProxy) WaitSynced(ctx context.Context, t time.Time, timeout, poll t
 		case <-time.After(poll):
 		}
 	}
-}
-
-// httpGetInNetns GETs http://addr/path with a socket created inside the
-// netns at path nsPath (kubeproxy.HTTPGet, 5s at most); anything but 200
-// is an error.
-func httpGetInNetns(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
-	body, status, err := kubeproxy.HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasPrefix(status+" ", "200 ") {
-		return nil, fmt.Errorf("GET %s%s: %s", addr, path, status)
-	}
-	return body, nil
 }
 
 // VmHWM returns the peak and current resident set size of pid in bytes

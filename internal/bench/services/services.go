@@ -994,7 +994,7 @@ func (r *svcRun) idleChanges(ctx context.Context, level int, m *LBSvcMap, rng *r
 // (axon_services_last_write_timestamp_seconds, lab.AgentMetricsAddr); call
 // it once the map shows the change.
 func (r *svcRun) agentChangeMs(ctx context.Context, node labpkg.Node, written time.Time) (float64, error) {
-	body, err := httpGetInNetns(ctx, "/run/netns/"+node.Netns, labpkg.AgentMetricsAddr, "/metrics")
+	body, err := kubeproxy.HTTPGetOK(ctx, "/run/netns/"+node.Netns, labpkg.AgentMetricsAddr, "/metrics")
 	if err != nil {
 		return math.NaN(), fmt.Errorf("agent of %s metrics: %w", node.Name, err)
 	}

@@ -59,3 +59,17 @@ func HTTPGet(ctx context.Context, nsPath, addr, path string, timeout time.Durati
 	body, _ = io.ReadAll(io.LimitReader(br, 16<<20)) // /metrics is a few hundred KiB
 	return body, status, nil
 }
+
+// HTTPGetOK is HTTPGet within 5 s at most that takes any status but 200 as
+// an error: the body of a successful GET (the benchmarks read kube-proxy's
+// and the axon agent's /metrics with it).
+func HTTPGetOK(ctx context.Context, nsPath, addr, path string) ([]byte, error) {
+	body, status, err := HTTPGet(ctx, nsPath, addr, path, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(status+" ", "200 ") {
+		return nil, fmt.Errorf("GET %s%s: %s", addr, path, status)
+	}
+	return body, nil
+}
