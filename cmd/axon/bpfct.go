@@ -72,7 +72,7 @@ func newNSListCmd[R any](table, tableShort string, list *cobra.Command,
 func newCTCmd() *cobra.Command {
 	return newNSListCmd("ct", "Inspect the north-south load balancer's connection tracking table",
 		&cobra.Command{
-			Short: "List tracked north-south flows: client, frontend, backend, mode, age, idle time",
+			Short: "List tracked north-south flows: client, frontend, backend, mode, age, idle time, kept next hop",
 			Long:  "List the flows in the north-south conntrack table (axon_np_ct), one per line." + nsSocketHelp,
 		},
 		(*api.Client).CT,
@@ -85,7 +85,7 @@ func newCTCmd() *cobra.Command {
 
 func printCT(w io.Writer, rep api.CTReply) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROTO\tCLIENT\tFRONTEND\tBACKEND\tMODE\tAGE\tIDLE")
+	fmt.Fprintln(tw, "PROTO\tCLIENT\tFRONTEND\tBACKEND\tMODE\tAGE\tIDLE\tNEXT HOP")
 	for _, e := range rep.Entries {
 		mode := e.Mode
 		if e.NATPort != 0 {
@@ -97,7 +97,11 @@ func printCT(w io.Writer, rep api.CTReply) {
 		if e.Unreplied {
 			mode += " unreplied"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%.0fs\n", e.Proto, e.Client, e.Frontend, e.Backend, mode, e.AgeSec, e.IdleSec)
+		nh := e.NextHop
+		if nh == "" {
+			nh = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fs\t%.0fs\t%s\n", e.Proto, e.Client, e.Frontend, e.Backend, mode, e.AgeSec, e.IdleSec, nh)
 	}
 	tw.Flush()
 }

@@ -30,6 +30,9 @@ type CTEntry struct {
 	Unreplied bool    `json:"unreplied,omitempty"`
 	AgeSec    float64 `json:"ageSeconds"`
 	IdleSec   float64 `json:"idleSeconds"`
+	// NextHop is the next hop kept in the entry ("<MAC> on ifindex <N>")
+	// while valid under the LB's neighbour generation; empty otherwise.
+	NextHop string `json:"nextHop,omitempty"`
 }
 
 // CTReply is GET /v1/bpf/ct.

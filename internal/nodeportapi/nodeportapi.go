@@ -48,7 +48,7 @@ func (h Handler) CT(context.Context) (api.CTReply, error) {
 		rep.Entries = append(rep.Entries, api.CTEntry{
 			Proto: protoName(e.Flow.Proto), Client: e.Flow.Src.String(), Frontend: e.Flow.Dst.String(),
 			Backend: e.Backend.String(), NATPort: e.NATPort, Mode: e.Mode, Closing: e.Closing,
-			Unreplied: e.Unreplied, AgeSec: e.Age.Seconds(), IdleSec: e.Idle.Seconds(),
+			Unreplied: e.Unreplied, AgeSec: e.Age.Seconds(), IdleSec: e.Idle.Seconds(), NextHop: e.NextHop,
 		})
 	}
 	slices.SortFunc(rep.Entries, func(a, b api.CTEntry) int {

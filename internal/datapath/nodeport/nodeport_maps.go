@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -81,6 +82,12 @@ type CTEntry struct {
 	BackendID  uint32
 	Age        time.Duration // since creation
 	Idle       time.Duration // since the last refresh (refreshed at most once a second)
+	// NextHop is the next hop kept in the entry (np_nh: "<MAC> on ifindex
+	// <N>") while it was stored under the LB's current neighbour
+	// generation; "" when none is kept or it is stale. A route change
+	// since (the kernel's rt_genid, not read here) also makes it stale:
+	// the next packet looks it up again.
+	NextHop string
 }
 
 // NATEntry is one reverse translation (axon_np_nat).
@@ -118,8 +125,13 @@ func ctMode(flags uint8) string {
 	return "none"
 }
 
-func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64, unreplied bool) CTEntry {
+func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64, unreplied bool, neighGen uint32) CTEntry {
+	var nh string
+	if neighGen != 0 && v.Nh.NeighGen == neighGen {
+		nh = fmt.Sprintf("%s on ifindex %d", net.HardwareAddr(v.Nh.Dmac[:]), v.Nh.Oif)
+	}
 	return CTEntry{
+		NextHop:    nh,
 		Unreplied:  unreplied,
 		Replied:    unreplied && v.Flags&npCTReplied != 0,
 		Flow:       fromNPTuple(k),
@@ -138,6 +150,8 @@ func ctEntry(k lbTCNpTuple, v lbTCNpCt, now uint64, unreplied bool) CTEntry {
 // then those not answered yet (Unreplied).
 func (n *LB) CT() ([]CTEntry, error) {
 	now := monoCoarse()
+	var gen uint32 // 0 (no next hop shown) where the generation cannot be read
+	_ = n.tc.AxonNpNeighGen.Lookup(uint32(0), &gen)
 	var out []CTEntry
 	for _, m := range []struct {
 		m         *ebpf.Map
@@ -148,7 +162,7 @@ func (n *LB) CT() ([]CTEntry, error) {
 		var v lbTCNpCt
 		it := m.m.Iterate()
 		for it.Next(&k, &v) {
-			out = append(out, ctEntry(k, v, now, m.unreplied))
+			out = append(out, ctEntry(k, v, now, m.unreplied, gen))
 		}
 		if err := it.Err(); err != nil {
 			return nil, fmt.Errorf("read %s: %w", m.name, err)

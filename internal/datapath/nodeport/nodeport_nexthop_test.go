@@ -80,8 +80,10 @@ func TestNodePortNextHopCache(t *testing.T) {
 					cache = f.n.xdp.AxonFibCache
 				}
 				port := 41000
+				var sentGen uint32 // the neighbour generation before the last packet
 				send := func(flags uint8) (npVerdict, net.HardwareAddr) {
 					t.Helper()
+					sentGen = npNeighGen(t, f)
 					fl := flow
 					if !k.flow {
 						port++
@@ -136,6 +138,26 @@ func TestNodePortNextHopCache(t *testing.T) {
 					}
 				}
 
+				// the listing (axon bpf ct) shows what the entry keeps; none
+				// only when the generation moved after the last packet (a
+				// late bump, as above: the entry is stale, rightly not shown)
+				kept := func(mac net.HardwareAddr) {
+					t.Helper()
+					if !k.flow {
+						return
+					}
+					want := fmt.Sprintf("%s on ifindex %d", mac, f.upIf)
+					e, _ := f.ctFor(t, flow)
+					if e.NextHop == "" && npNeighGen(t, f) != sentGen {
+						t.Logf("CT listing: no next hop, the neighbour generation moved after the last packet (%d -> %d)", sentGen, npNeighGen(t, f))
+						return
+					}
+					if e.NextHop != want {
+						t.Fatalf("CT listing: next hop %q, want %q (neighbour generation %d at the last packet)", e.NextHop, want, sentGen)
+					}
+				}
+				kept(poison)
+
 				// a neighbour change: the generation moves, the next packet goes to the new MAC
 				g0 := npNeighGen(t, f)
 				neigh(t, gw, macB)
@@ -143,6 +165,7 @@ func TestNodePortNextHopCache(t *testing.T) {
 				if _, mac := send(npACK); !bytes.Equal(mac, macB) {
 					t.Fatalf("after the neighbour changed its MAC: packet to %s, want %s", mac, macB)
 				}
+				kept(macB)
 
 				// a route change alone (rt_genid): the other gateway's neighbour
 				// exists first, then only the route moves
