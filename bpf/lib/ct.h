@@ -85,7 +85,7 @@ struct np_nh {
 
 /* np_ct: value of axon_np_ct (80 bytes): where the flow goes. Grown only
  * at its end: an agent upgrade copies the pinned entries of an older,
- * shorter layout into the new maps (nodeport.npCTMigration), the new
+ * shorter layout into the new maps (nodeport.npGrownMigration), the new
  * fields zero. */
 struct np_ct {
 	__u8 be_addr[16];  /* backend address */

@@ -589,3 +589,49 @@ func TestNPCTMigration(t *testing.T) {
 		t.Fatalf("the migrated entry's next hop after a packet: %+v, want the gateway %s via ifindex %d", got.Nh, f.gwMAC, f.upIf)
 	}
 }
+
+// TestNPNATMigration: an axon_np_nat pinned by an older axon as an LRU
+// hash is carried into the plain hash the programs use now, its reverse
+// entry still listed as it was.
+func TestNPNATMigration(t *testing.T) {
+	dptest.RequireRoot(t)
+	spec, err := loadLbTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := newPinDir(t)
+	if err := datapath.EnsurePinDir(pin); err != nil {
+		t.Fatal(err)
+	}
+	old := spec.Maps[MapNAT].Copy()
+	old.Type = ebpf.LRUHash
+	old.Pinning = ebpf.PinNone
+	om, err := ebpf.NewMap(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := npTCP("10.244.2.5:8080", "198.18.0.11:41000")
+	front, client := npAP("198.18.0.11:30080"), npAP("198.18.0.250:40000")
+	k := npTuple(reply)
+	v := lbTCNpNat{Saddr: lbmap.Addr16(front.Addr()), Daddr: lbmap.Addr16(client.Addr()), Sport: lbmap.Port(front.Port()),
+		Dport: lbmap.Port(client.Port()), FrontendId: 3, Flags: npNATSNAT, LastSeen: monoCoarse()}
+	if err := om.Update(&k, &v, ebpf.UpdateNoExist); err != nil {
+		t.Fatal(err)
+	}
+	if err := om.Pin(filepath.Join(pin, MapNAT)); err != nil {
+		t.Fatal(err)
+	}
+	om.Close()
+
+	f := newNPFix(t, func(o *Options) { o.PinDir = pin })
+	if typ := f.n.tc.AxonNpNat.Type(); typ != ebpf.Hash {
+		t.Fatalf("after the migration %s is a %s, want a hash", MapNAT, typ)
+	}
+	es, err := f.n.NAT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 1 || es[0].Reply != reply || es[0].NewSrc != front || es[0].NewDst != client || es[0].Kind != "snat" {
+		t.Fatalf("after the migration: %+v, want one snat entry %s -> %s, %s", es, reply, front, client)
+	}
+}

@@ -566,51 +566,11 @@ func npMetricsMigration(pinDir string, spec *ebpf.MapSpec, log *slog.Logger) err
 // writes the entries back after it. Nothing to do (nil restore) when the pin
 // is missing or already a hash.
 func npNATMigration(pinDir string) (restore func(*ebpf.Map) error, err error) {
-	path := filepath.Join(pinDir, MapNAT)
-	old, err := ebpf.LoadPinnedMap(path, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+	old, err := npUnpinOld(pinDir, MapNAT, func(m *ebpf.Map) bool { return m.Type() == ebpf.LRUHash })
+	if old == nil || err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("open pinned %s: %w", MapNAT, err)
-	}
-	defer old.Close()
-	if old.Type() != ebpf.LRUHash {
-		return nil, nil
-	}
-	var keys []lbTCNpTuple
-	var vals []lbTCNpNat
-	var k lbTCNpTuple
-	var v lbTCNpNat
-	it := old.Iterate()
-	for it.Next(&k, &v) {
-		keys, vals = append(keys, k), append(vals, v)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("migrate %s: read the old LRU map: %w", MapNAT, err)
-	}
-	if err := os.Remove(path); err != nil {
-		return nil, fmt.Errorf("migrate %s: unpin the old LRU map: %w", MapNAT, err)
-	}
-	return func(m *ebpf.Map) error {
-		var errs []error
-		for i := range keys {
-			if err := m.Update(&keys[i], &vals[i], ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-				errs = append(errs, err)
-			}
-		}
-		if len(errs) > 0 {
-			return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", MapNAT, len(errs), len(keys), errs[0])
-		}
-		return nil
-	}, nil
-}
-
-// npGrown is what npGrownMigration read from one old pin.
-type npGrown struct {
-	name       string
-	keys, vals [][]byte
-	valueSize  int // the new layout's
+	return old.restore, nil
 }
 
 // npGrownMigration carries the entries of maps pinned by an older axon
@@ -623,14 +583,16 @@ type npGrown struct {
 // (npIncompatibleHint). Nothing to do (nil restore) when no pin has an
 // older size.
 func npGrownMigration(pinDir string, specs ...*ebpf.MapSpec) (restore func(maps map[string]*ebpf.Map) error, err error) {
-	var grown []npGrown
+	var grown []*npPinned
 	for _, spec := range specs {
-		g, err := npReadGrown(pinDir, spec)
+		old, err := npUnpinOld(pinDir, spec.Name, func(m *ebpf.Map) bool {
+			return m.Type() == spec.Type && m.KeySize() == spec.KeySize && m.ValueSize() < spec.ValueSize
+		})
 		if err != nil {
 			return nil, err
 		}
-		if g != nil {
-			grown = append(grown, *g)
+		if old != nil {
+			grown = append(grown, old)
 		}
 	}
 	if len(grown) == 0 {
@@ -638,59 +600,69 @@ func npGrownMigration(pinDir string, specs ...*ebpf.MapSpec) (restore func(maps 
 	}
 	return func(maps map[string]*ebpf.Map) error {
 		var errs []error
-		for _, g := range grown {
-			m := maps[g.name]
+		for _, old := range grown {
+			m := maps[old.name]
 			if m == nil {
-				return fmt.Errorf("migrate %s: no such map after the load", g.name)
+				return fmt.Errorf("migrate %s: no such map after the load", old.name)
 			}
-			lost := 0
-			for i := range g.keys {
-				v := make([]byte, g.valueSize)
-				copy(v, g.vals[i])
-				if err := m.Update(g.keys[i], v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-					lost++
-					if lost == 1 {
-						errs = append(errs, fmt.Errorf("migrate %s: %w", g.name, err))
-					}
-				}
-			}
-			if lost > 0 {
-				errs = append(errs, fmt.Errorf("migrate %s: %d of %d entries not copied", g.name, lost, len(g.keys)))
-			}
+			errs = append(errs, old.restore(m))
 		}
 		return errors.Join(errs...)
 	}, nil
 }
 
-// npReadGrown reads and unpins the pinned map of spec when its values are
-// shorter than spec's (npGrownMigration); nil when there is no such pin.
-func npReadGrown(pinDir string, spec *ebpf.MapSpec) (*npGrown, error) {
-	if spec == nil {
-		return nil, nil
-	}
-	path := filepath.Join(pinDir, spec.Name)
+// npPinned is a map pinned by an older axon, read and unpinned before the
+// load creates the map the programs use now (npUnpinOld).
+type npPinned struct {
+	name       string
+	keys, vals [][]byte
+}
+
+// npUnpinOld reads the entries of the map pinned as name under pinDir and
+// removes its pin when migrate says its layout changed; nil when there is
+// no pin or it stays.
+func npUnpinOld(pinDir, name string, migrate func(old *ebpf.Map) bool) (*npPinned, error) {
+	path := filepath.Join(pinDir, name)
 	old, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open pinned %s: %w", spec.Name, err)
+		return nil, fmt.Errorf("open pinned %s: %w", name, err)
 	}
 	defer old.Close()
-	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() >= spec.ValueSize {
+	if !migrate(old) {
 		return nil, nil
 	}
-	g := &npGrown{name: spec.Name, valueSize: int(spec.ValueSize)}
+	p := &npPinned{name: name}
 	var k, v []byte
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		g.keys, g.vals = append(g.keys, k), append(g.vals, v)
+		p.keys, p.vals = append(p.keys, k), append(p.vals, v)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("migrate %s: read the old map: %w", spec.Name, err)
+		return nil, fmt.Errorf("migrate %s: read the old map: %w", name, err)
 	}
 	if err := os.Remove(path); err != nil {
-		return nil, fmt.Errorf("migrate %s: unpin the old map: %w", spec.Name, err)
+		return nil, fmt.Errorf("migrate %s: unpin the old map: %w", name, err)
 	}
-	return g, nil
+	return p, nil
+}
+
+// restore writes the old entries into m, the map that replaces the old
+// one; a value shorter than m's gets zeros at its end. An entry the
+// programs created since is kept.
+func (p *npPinned) restore(m *ebpf.Map) error {
+	var errs []error
+	for i := range p.keys {
+		v := make([]byte, m.ValueSize())
+		copy(v, p.vals[i])
+		if err := m.Update(p.keys[i], v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("migrate %s: %d of %d entries not copied: %w", p.name, len(errs), len(p.keys), errs[0])
+	}
+	return nil
 }
