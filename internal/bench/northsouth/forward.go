@@ -37,7 +37,6 @@ package northsouth
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -219,11 +218,14 @@ func measureForwarding(ctx context.Context, st labpkg.State, entry labpkg.Node, 
 	}
 	fwd := float64(s1.fwd - s0.fwd)
 	if fwd == 0 {
+		// what reached the entry node at all, so the error tells the
+		// generator's and the wire's part from the LB's
+		seen := fmt.Sprintf("%d frames offered, %d received by %s's %s", res.Sent, s1.rx-s0.rx, entry.Name, labpkg.Uplink)
 		if floor {
-			return r, errors.New("the XDP forwarder forwarded no packet")
+			return r, fmt.Errorf("the XDP forwarder forwarded no packet (%s)", seen)
 		}
-		return r, fmt.Errorf("no packet was forwarded to the backend (is the UDP NodePort programmed?); %s's LB: %s",
-			entry.Name, lbVerdicts(ctx, entry))
+		return r, fmt.Errorf("no packet was forwarded to the backend (is the UDP NodePort programmed?; %s); %s's LB: %s",
+			seen, entry.Name, lbVerdicts(ctx, entry))
 	}
 	secs := res.Elapsed.Seconds()
 	r.OfferedPPS = res.PPS()
