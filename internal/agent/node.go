@@ -1,12 +1,10 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 
@@ -149,22 +147,14 @@ func (a *Agent) statePath() string { return filepath.Join(a.cfg.StateDir, "node.
 
 func (a *Agent) readNodeState() (nodeState, error) {
 	var st nodeState
-	b, err := os.ReadFile(a.statePath())
-	if errors.Is(err, fs.ErrNotExist) {
-		return st, nil
-	}
-	if err != nil {
-		return st, fmt.Errorf("read %s: %w", a.statePath(), err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("parse %s: %w", a.statePath(), err)
+	if err := atomicfile.ReadJSON(a.statePath(), &st); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nodeState{}, err
 	}
 	return st, nil
 }
 
 func (a *Agent) saveNodeState() {
-	b, _ := json.MarshalIndent(a.st.saved(), "", "  ")
-	if err := atomicfile.Write(a.statePath(), b, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(a.statePath(), a.st.saved(), 0o600); err != nil {
 		a.log.Warn("save node state", "error", err)
 	}
 }

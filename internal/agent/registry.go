@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,12 +40,15 @@ func openRegistry(stateDir string, log *slog.Logger) (*registry, error) {
 		if e.IsDir() || !strings.HasSuffix(name, ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
+		var ep api.Endpoint
+		err := atomicfile.ReadJSON(filepath.Join(dir, name), &ep)
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 			return nil, fmt.Errorf("read endpoint %s: %w", name, err)
 		}
-		var ep api.Endpoint
-		if err := json.Unmarshal(b, &ep); err != nil || validateEndpoint(ep) != nil {
+		if err == nil {
+			err = validateEndpoint(ep)
+		}
+		if err != nil {
 			// Keep the file for inspection; it is not ours to delete.
 			log.Warn("ignoring unreadable endpoint record; remove it once inspected", "file", filepath.Join(dir, name), "error", err)
 			continue
@@ -101,14 +103,10 @@ func (r *registry) file(k api.Attachment) string {
 
 // Put stores ep, replacing any previous record for the same key.
 func (r *registry) Put(ep api.Endpoint) error {
-	b, err := json.MarshalIndent(ep, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode endpoint: %w", err)
-	}
 	k := key(ep.ContainerID, ep.IfName)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := atomicfile.Write(r.file(k), b, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(r.file(k), ep, 0o600); err != nil {
 		return fmt.Errorf("persist endpoint %s/%s: %w", ep.ContainerID, ep.IfName, err)
 	}
 	r.eps[k] = ep

@@ -333,9 +333,11 @@ func TestRegistry(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "endpoints", "c1_eth0.json")); err != nil {
 		t.Fatalf("record file: %v", err)
 	}
-	// a corrupt record is kept on disk and ignored
-	if err := os.WriteFile(filepath.Join(dir, "endpoints", "bad_eth0.json"), []byte("{"), 0o600); err != nil {
-		t.Fatal(err)
+	// a corrupt record, and one that parses but is not valid, are kept on disk and ignored
+	for name, content := range map[string]string{"bad_eth0.json": "{", "invalid_eth0.json": "{}"} {
+		if err := os.WriteFile(filepath.Join(dir, "endpoints", name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r2, err := openRegistry(dir, discardLogger())
 	if err != nil {
@@ -353,8 +355,10 @@ func TestRegistry(t *testing.T) {
 	if len(r2.List()) != 0 {
 		t.Fatalf("not deleted: %+v", r2.List())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "endpoints", "bad_eth0.json")); err != nil {
-		t.Errorf("corrupt record removed: %v", err)
+	for _, name := range []string{"bad_eth0.json", "invalid_eth0.json"} {
+		if _, err := os.Stat(filepath.Join(dir, "endpoints", name)); err != nil {
+			t.Errorf("corrupt record removed: %v", err)
+		}
 	}
 }
 

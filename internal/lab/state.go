@@ -9,15 +9,16 @@
 package lab
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/axonhq/axon/internal/atomicfile"
 	"github.com/axonhq/axon/internal/proc"
 )
 
@@ -139,15 +140,14 @@ type State struct {
 
 func statePath(dir string) string { return filepath.Join(dir, stateFile) }
 
-// readState reads lab.json; os.ErrNotExist (wrapped) when there is no lab.
+// readState reads lab.json; an error wrapping os.ErrNotExist when there is no lab.
 func readState(dir string) (*State, error) {
-	b, err := os.ReadFile(statePath(dir))
-	if err != nil {
-		return nil, fmt.Errorf("read lab state: %w", err)
-	}
 	var s State
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("parse %s: %w (remove it with `axon lab down`)", statePath(dir), err)
+	if err := atomicfile.ReadJSON(statePath(dir), &s); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("read lab state: %w", err)
+		}
+		return nil, fmt.Errorf("%w (remove it with `axon lab down`)", err)
 	}
 	if s.Version != stateVersion {
 		return nil, fmt.Errorf("%s has version %d, this axon understands %d: run `axon lab down` with the axon that created it", statePath(dir), s.Version, stateVersion)
@@ -155,33 +155,13 @@ func readState(dir string) (*State, error) {
 	return &s, nil
 }
 
-// writeState writes lab.json atomically (temp file + rename), so a crash
-// never leaves a half-written state behind.
+// writeState writes lab.json atomically (atomicfile), so a crash never
+// leaves a half-written state behind.
 func writeState(dir string, s *State) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create state dir: %w", err)
 	}
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode lab state: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, ".lab.json.*")
-	if err != nil {
-		return fmt.Errorf("write lab state: %w", err)
-	}
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write lab state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write lab state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), statePath(dir)); err != nil {
-		return fmt.Errorf("write lab state: %w", err)
-	}
-	return nil
+	return atomicfile.WriteJSON(statePath(dir), s, 0o600)
 }
 
 // lockState takes an exclusive flock on <dir>/lab.lock so that concurrent

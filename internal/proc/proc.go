@@ -26,6 +26,17 @@ type Record struct {
 	Log       string `json:"log,omitempty"`
 }
 
+// Named is a detached process as a state file keeps it (JSON): its Record,
+// the name it was started under, and its command line and environment, so
+// that a later run can tell whether the running one is still the one it
+// wants.
+type Named struct {
+	Name string `json:"name"`
+	Record
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+}
+
 // Spec describes a process to start detached.
 type Spec struct {
 	Argv []string // program and arguments

@@ -223,7 +223,7 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, 
 	}
 }
 
-func readPIDsOrEmpty(t *testing.T, dir string) []procRecord {
+func readPIDsOrEmpty(t *testing.T, dir string) []proc.Named {
 	t.Helper()
 	st, err := readPIDs(dir)
 	if err != nil {

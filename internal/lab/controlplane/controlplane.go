@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/axonhq/axon/internal/atomicfile"
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // Defaults for Config.
@@ -92,7 +93,7 @@ type Config struct {
 type ControlPlane struct {
 	cfg   Config
 	ca    *authority
-	procs []procRecord
+	procs []proc.Named
 }
 
 func (c *Config) setDefaults() error {
@@ -261,7 +262,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 
 	if err := cp.startProcesses(ctx, log); err != nil {
 		for i := len(cp.procs) - 1; i >= 0; i-- {
-			if serr := cp.procs[i].record().Stop(10 * time.Second); serr != nil {
+			if serr := cp.procs[i].Stop(10 * time.Second); serr != nil {
 				log.Warn("stop after failed start", "process", cp.procs[i].Name, "err", serr)
 			}
 		}
@@ -285,7 +286,7 @@ func (cp *ControlPlane) adopt(ctx context.Context, st pidState, log *slog.Logger
 	plan := cp.plan()
 	allAlive := len(st.Processes) == len(plan)
 	for i, p := range st.Processes {
-		allAlive = allAlive && slices.Equal(p.Args, append([]string{plan[i].bin}, plan[i].args...)) && p.alive()
+		allAlive = allAlive && slices.Equal(p.Args, append([]string{plan[i].bin}, plan[i].args...)) && p.Alive()
 	}
 	if allAlive {
 		cp.procs = st.Processes
@@ -311,7 +312,7 @@ func (cp *ControlPlane) adopt(ctx context.Context, st pidState, log *slog.Logger
 	}
 	cp.procs = nil
 	for i := len(st.Processes) - 1; i >= 0; i-- {
-		if err := st.Processes[i].record().Stop(10 * time.Second); err != nil {
+		if err := st.Processes[i].Stop(10 * time.Second); err != nil {
 			return false, fmt.Errorf("stop stale %s: %w", st.Processes[i].Name, err)
 		}
 	}
@@ -512,7 +513,7 @@ func Stop(dir string) error {
 	}
 	var errs []error
 	for i := len(st.Processes) - 1; i >= 0; i-- {
-		if err := st.Processes[i].record().Stop(10 * time.Second); err != nil {
+		if err := st.Processes[i].Stop(10 * time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", st.Processes[i].Name, err))
 		}
 	}

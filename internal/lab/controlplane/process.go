@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -20,64 +19,40 @@ import (
 
 const pidsFile = "pids.json"
 
-// procRecord identifies one detached process in pids.json. StartTime (see proc.Record) guards
-// against signalling an unrelated process that reused the PID.
-type procRecord struct {
-	Name      string   `json:"name"`
-	PID       int      `json:"pid"`
-	StartTime uint64   `json:"startTime"`
-	Args      []string `json:"args"`
-	Log       string   `json:"log"`
-}
-
 type pidState struct {
 	// Processes in start order (etcd, then kube-apiserver); stopped in reverse.
-	Processes []procRecord `json:"processes"`
+	Processes []proc.Named `json:"processes"`
 }
 
+// readPIDs reads pids.json; none is an empty state.
 func readPIDs(dir string) (pidState, error) {
 	var st pidState
-	b, err := os.ReadFile(filepath.Join(dir, pidsFile))
+	err := atomicfile.ReadJSON(filepath.Join(dir, pidsFile), &st)
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, nil
 	}
 	if err != nil {
-		return st, fmt.Errorf("read %s: %w", pidsFile, err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("parse %s: %w (stop stray processes by hand, then delete it)", filepath.Join(dir, pidsFile), err)
+		return st, fmt.Errorf("%w (stop stray processes by hand, then delete it)", err)
 	}
 	return st, nil
 }
 
 func writePIDs(dir string, st pidState) error {
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode pids: %w", err)
-	}
-	return atomicfile.Write(filepath.Join(dir, pidsFile), append(b, '\n'), 0o644)
+	return atomicfile.WriteJSON(filepath.Join(dir, pidsFile), st, 0o644)
 }
-
-// record is the process identity the proc package signals and inspects.
-func (r procRecord) record() *proc.Record {
-	return &proc.Record{PID: r.PID, StartTime: r.StartTime, Log: r.Log}
-}
-
-// alive reports whether the recorded process still runs (same PID and start time, not a zombie).
-func (r procRecord) alive() bool { return r.record().Alive() }
 
 // spawn starts a detached process (own session, stdin /dev/null, stdout+stderr appended to
 // logPath after a start marker). The returned channel is closed when the process exits while
 // this process is still its parent (it also reaps it, so a stopped child never lingers as a
 // zombie).
-func spawn(name, bin string, args []string, logPath string) (procRecord, <-chan struct{}, error) {
+func spawn(name, bin string, args []string, logPath string) (proc.Named, <-chan struct{}, error) {
 	argv := append([]string{bin}, args...)
 	banner := fmt.Sprintf("\n=== %s start %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), name, bin, strings.Join(args, " "))
 	p, exited, err := proc.Start(proc.Spec{Argv: argv, Log: logPath, Banner: banner})
 	if err != nil {
-		return procRecord{}, nil, fmt.Errorf("%s: %w", name, err)
+		return proc.Named{}, nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Log: logPath}, exited, nil
+	return proc.Named{Name: name, Record: p, Args: argv}, exited, nil
 }
 
 // logTail returns the last n lines of a log file, for error messages.

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/axonhq/axon/internal/proc"
 )
 
 func TestListenInodes(t *testing.T) {
@@ -304,15 +306,15 @@ func TestStartReportsLogTailOfCrashingProcess(t *testing.T) {
 func TestPIDsRoundTripAndStopIgnoresReusedPID(t *testing.T) {
 	dir := t.TempDir()
 	// Our own PID with a wrong start time: Stop must not signal us.
-	self := procRecord{Name: "impostor", PID: os.Getpid(), StartTime: 1}
-	if err := writePIDs(dir, pidState{Processes: []procRecord{self}}); err != nil {
+	self := proc.Named{Name: "impostor", Record: proc.Record{PID: os.Getpid(), StartTime: 1}}
+	if err := writePIDs(dir, pidState{Processes: []proc.Named{self}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := readPIDs(dir)
 	if err != nil || len(st.Processes) != 1 || st.Processes[0].PID != os.Getpid() {
 		t.Fatalf("readPIDs = %+v, %v", st, err)
 	}
-	if self.alive() {
+	if self.Alive() {
 		t.Fatal("record with a wrong start time reported alive")
 	}
 	if err := Stop(dir); err != nil {

@@ -335,21 +335,21 @@ func (n *Node) start(ctx context.Context, tools tools) error {
 }
 
 // spawn starts one process, moves it into the node's runtime cgroups and records it in node.json.
-func (n *Node) spawn(name string, argv []string, cg cgroups) (procRecord, error) {
+func (n *Node) spawn(name string, argv []string, cg cgroups) (proc.Named, error) {
 	logPath := filepath.Join(n.cfg.Dir, "logs", name+".log")
 	banner := fmt.Sprintf("\n=== %s start %s: %s\n", time.Now().UTC().Format(time.RFC3339), name, strings.Join(argv, " "))
 	p, _, err := proc.Start(proc.Spec{Argv: argv, Log: logPath, Banner: banner, Env: nodeEnv(n.cfg)})
 	if err != nil {
-		return procRecord{}, fmt.Errorf("%s: %w", name, err)
+		return proc.Named{}, fmt.Errorf("%s: %w", name, err)
 	}
-	r := procRecord{Name: name, PID: p.PID, StartTime: p.StartTime, Args: argv, Env: nodeEnv(n.cfg), Log: logPath}
+	r := proc.Named{Name: name, Record: p, Args: argv, Env: nodeEnv(n.cfg)}
 	n.state.Processes = append(n.state.Processes, r)
 	if err := writeState(n.cfg.Dir, n.state); err != nil {
 		return r, err
 	}
 	// Before the process forks anything worth tracking (containerd starts shims only on request).
 	if err := cg.join(runtimeCgroup, p.PID); err != nil {
-		if !r.record().Alive() {
+		if !r.Alive() {
 			return r, fmt.Errorf("%s (pid %d) exited at once; its log %s ends:\n%s", name, p.PID, logPath, logTail(logPath, 15))
 		}
 		return r, fmt.Errorf("%s: %w", name, err)
@@ -365,12 +365,12 @@ func RestartKubelet(ctx context.Context, dir string, timeout time.Duration) erro
 	if err != nil {
 		return err
 	}
-	i := slices.IndexFunc(st.Processes, func(r procRecord) bool { return r.Name == "kubelet" })
+	i := slices.IndexFunc(st.Processes, func(r proc.Named) bool { return r.Name == "kubelet" })
 	if i < 0 || st.NetnsPath == "" {
 		return fmt.Errorf("restart kubelet: %s records no running kubelet (start the node with kubenode.Start)", filepath.Join(dir, stateFile))
 	}
 	old := st.Processes[i]
-	if err := old.record().Stop(10 * time.Second); err != nil {
+	if err := old.Stop(10 * time.Second); err != nil {
 		return fmt.Errorf("restart kubelet of %s: stop pid %d: %w", st.Name, old.PID, err)
 	}
 	banner := fmt.Sprintf("\n=== %s restart kubelet: %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(old.Args, " "))
@@ -379,7 +379,7 @@ func RestartKubelet(ctx context.Context, dir string, timeout time.Duration) erro
 		return fmt.Errorf("restart kubelet of %s: %w", st.Name, err)
 	}
 	r := old
-	r.PID, r.StartTime = p.PID, p.StartTime
+	r.Record = p // same log
 	st.Processes[i] = r
 	if err := writeState(dir, st); err != nil {
 		return err

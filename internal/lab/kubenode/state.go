@@ -1,7 +1,6 @@
 package kubenode
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,25 +8,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/axonhq/axon/internal/atomicfile"
 	"github.com/axonhq/axon/internal/proc"
 )
 
 const stateFile = "node.json"
-
-// procRecord identifies one detached process in node.json. StartTime (see proc.Record) guards
-// against signalling an unrelated process that reused the PID.
-type procRecord struct {
-	Name      string   `json:"name"`
-	PID       int      `json:"pid"`
-	StartTime uint64   `json:"startTime"`
-	Args      []string `json:"args"`
-	Env       []string `json:"env,omitempty"`
-	Log       string   `json:"log"`
-}
-
-func (r procRecord) record() *proc.Record {
-	return &proc.Record{PID: r.PID, StartTime: r.StartTime, Log: r.Log}
-}
 
 // nodeState is node.json: what Stop needs without the Config.
 type nodeState struct {
@@ -37,37 +22,24 @@ type nodeState struct {
 	// OwnedDirs are the node's directories bound over host paths (see privateDirs); Stop removes them.
 	OwnedDirs []string `json:"ownedDirs,omitempty"`
 	// Processes in start order (holder, containerd, kubelet); stopped in reverse.
-	Processes []procRecord `json:"processes"`
+	Processes []proc.Named `json:"processes"`
 }
 
+// readState reads node.json; none is an empty state.
 func readState(dir string) (nodeState, error) {
 	var st nodeState
-	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	err := atomicfile.ReadJSON(filepath.Join(dir, stateFile), &st)
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, nil
 	}
 	if err != nil {
-		return st, fmt.Errorf("read %s: %w", stateFile, err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("parse %s: %w (stop stray processes by hand, then delete it)", filepath.Join(dir, stateFile), err)
+		return st, fmt.Errorf("%w (stop stray processes by hand, then delete it)", err)
 	}
 	return st, nil
 }
 
 func writeState(dir string, st nodeState) error {
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode node state: %w", err)
-	}
-	tmp := filepath.Join(dir, stateFile+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write node state: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
-		return fmt.Errorf("write node state: %w", err)
-	}
-	return nil
+	return atomicfile.WriteJSON(filepath.Join(dir, stateFile), st, 0o644)
 }
 
 // Stop stops the node recorded in dir: kubelet first (so it restarts nothing), then every
@@ -89,7 +61,7 @@ func Stop(dir string) error {
 		if st.Processes[i].Name != "kubelet" {
 			continue
 		}
-		if err := st.Processes[i].record().Stop(10 * time.Second); err != nil {
+		if err := st.Processes[i].Stop(10 * time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("stop kubelet: %w", err))
 		}
 	}
@@ -102,7 +74,7 @@ func Stop(dir string) error {
 		}
 	}
 	for i := len(st.Processes) - 1; i >= 0; i-- { // anything that escaped its cgroup
-		if err := st.Processes[i].record().Stop(5 * time.Second); err != nil {
+		if err := st.Processes[i].Stop(5 * time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("stop %s: %w", st.Processes[i].Name, err))
 		}
 	}
@@ -150,7 +122,7 @@ func Processes(dir string) ([]Process, error) {
 	}
 	out := make([]Process, 0, len(st.Processes))
 	for _, p := range st.Processes {
-		out = append(out, Process{Name: p.Name, PID: p.PID, Alive: p.record().Alive(), Log: p.Log})
+		out = append(out, Process{Name: p.Name, PID: p.PID, Alive: p.Alive(), Log: p.Log})
 	}
 	return out, nil
 }

@@ -16,10 +16,10 @@ func TestProcessesReportsWhichAreAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := nodeState{Name: "node1", Processes: []procRecord{
-		{Name: "holder", PID: os.Getpid(), StartTime: start, Log: "h.log"},
-		{Name: "containerd", PID: os.Getpid(), StartTime: start + 1}, // the PID reused by another process
-		{Name: "kubelet", PID: 0},
+	st := nodeState{Name: "node1", Processes: []proc.Named{
+		{Name: "holder", Record: proc.Record{PID: os.Getpid(), StartTime: start, Log: "h.log"}},
+		{Name: "containerd", Record: proc.Record{PID: os.Getpid(), StartTime: start + 1}}, // the PID reused by another process
+		{Name: "kubelet"},
 	}}
 	if err := writeState(dir, st); err != nil {
 		t.Fatal(err)

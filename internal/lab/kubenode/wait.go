@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/axonhq/axon/internal/netnsutil"
+	"github.com/axonhq/axon/internal/proc"
 )
 
 // poll calls check every 100ms until it succeeds, the timeout passes or p exits.
-func poll(ctx context.Context, timeout time.Duration, p procRecord, check func() error) error {
+func poll(ctx context.Context, timeout time.Duration, p proc.Named, check func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)
@@ -26,7 +27,7 @@ func poll(ctx context.Context, timeout time.Duration, p procRecord, check func()
 		if err == nil {
 			return nil
 		}
-		if !p.record().Alive() {
+		if !p.Alive() {
 			return fmt.Errorf("%s (pid %d) exited: %w", p.Name, p.PID, err)
 		}
 		select {
@@ -39,7 +40,7 @@ func poll(ctx context.Context, timeout time.Duration, p procRecord, check func()
 
 // waitOwnMountNS waits until the holder has unshared its mount namespace and exec'd sleep
 // (unshare sets the propagation after unshare(2), before exec).
-func waitOwnMountNS(ctx context.Context, holder procRecord, timeout time.Duration) error {
+func waitOwnMountNS(ctx context.Context, holder proc.Named, timeout time.Duration) error {
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
 		return fmt.Errorf("own mount namespace: %w", err)
@@ -61,7 +62,7 @@ func waitOwnMountNS(ctx context.Context, holder procRecord, timeout time.Duratio
 }
 
 // waitUnixSocket waits until something accepts on the unix socket path.
-func waitUnixSocket(ctx context.Context, path string, timeout time.Duration, p procRecord) error {
+func waitUnixSocket(ctx context.Context, path string, timeout time.Duration, p proc.Named) error {
 	return poll(ctx, timeout, p, func() error {
 		c, err := net.DialTimeout("unix", path, time.Second)
 		if err != nil {
@@ -72,7 +73,7 @@ func waitUnixSocket(ctx context.Context, path string, timeout time.Duration, p p
 }
 
 // waitHealthz waits for kubelet's /healthz on 127.0.0.1 of the node netns.
-func waitHealthz(ctx context.Context, netnsPath string, timeout time.Duration, p procRecord) error {
+func waitHealthz(ctx context.Context, netnsPath string, timeout time.Duration, p proc.Named) error {
 	return poll(ctx, timeout, p, func() error { return healthz(netnsPath) })
 }
 
