@@ -335,6 +335,23 @@ func WriteMatrix(w io.Writer, runs []KernelRun) {
 				}
 			}
 		}
+		// A failure's reason is one line; what it printed says why (the VM's
+		// outputs may be gone by the time a CI log is read).
+		for _, k := range runs {
+			shown := 0
+			for _, n := range odd {
+				t, ok := grid[n][k.Kernel]
+				if !ok || t.Outcome != Fail || strings.TrimSpace(t.Output) == "" {
+					continue
+				}
+				if shown == maxFailOutputs {
+					fmt.Fprintf(w, "\n%s: the output of further failed tests is in %s's outputs\n", k.Kernel, k.Kernel)
+					break
+				}
+				shown++
+				fmt.Fprintf(w, "\n%s FAIL %s, its output (last %d lines):\n%s\n", k.Kernel, n, failOutputLines, tail(t.Output, failOutputLines))
+			}
+		}
 	}
 	for _, k := range runs {
 		if k.Err != nil {
@@ -406,6 +423,13 @@ func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
 }
+
+// The report prints the output of at most maxFailOutputs failed tests per
+// kernel, failOutputLines lines each.
+const (
+	maxFailOutputs  = 6
+	failOutputLines = 30
+)
 
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")

@@ -302,6 +302,33 @@ func TestWriteMatrix(t *testing.T) {
 	}
 }
 
+// TestWriteMatrixFailureOutput: a failed test's reason is one line, its
+// message may be another (a later t.Log): the matrix prints the tail of
+// what each failed test printed, for a bounded number of them.
+func TestWriteMatrixFailureOutput(t *testing.T) {
+	var tests []TestResult
+	for i := range maxFailOutputs + 2 {
+		out := fmt.Sprintf("=== RUN   TestF%d\n    x_test.go:10: the bypass differs from the stack:\n        bypass: %d bytes\n    x_test.go:12: proxied: 1048576 bytes\n--- FAIL: TestF%d\n", i, i, i)
+		tests = append(tests, TestResult{Name: fmt.Sprintf("TestF%d", i), Outcome: Fail, Output: out, Reason: reasonOf(out)})
+	}
+	var b bytes.Buffer
+	WriteMatrix(&b, []KernelRun{{Kernel: "debian-6.1", Release: "6.1", Accel: "tcg", Packages: []PackageResult{{Package: "x/sockmap", Tests: tests}}}})
+	out := b.String()
+	for _, want := range []string{
+		"debian-6.1   FAIL sockmap.TestF0: proxied: 1048576 bytes\n",
+		"debian-6.1 FAIL sockmap.TestF0, its output (last 30 lines):\n",
+		"x_test.go:10: the bypass differs from the stack:\n        bypass: 0 bytes\n",
+		"debian-6.1: the output of further failed tests is in debian-6.1's outputs\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("matrix lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "its output (last"); n != maxFailOutputs {
+		t.Errorf("%d failed tests' outputs printed, want %d:\n%s", n, maxFailOutputs, out)
+	}
+}
+
 // TestWriteMatrixQuietFailure: a kernel that failed with no failed test says why.
 func TestWriteMatrixQuietFailure(t *testing.T) {
 	pass := []TestResult{{Name: "lab.LabUp", Outcome: Pass}}
