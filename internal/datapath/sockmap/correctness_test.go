@@ -463,15 +463,19 @@ func init() {
 			// a Go proxy between two bypassed connections, copying with
 			// read/write (what io.Copy falls back to when splice(2) is
 			// refused)
-			r.data("proxied", proxy(t, c, false))
+			got, how := proxy(t, c, false)
+			r.data("proxied", got)
+			r.add("%s", how)
 		}},
 	)
 }
 
 // proxy copies a -> b -> (io.Copy) -> c2.a -> c2.b with a second pair of
-// the run and returns what arrived at the end. splice: let io.Copy use
+// the run and returns what arrived at the end, and how each step ended (the
+// writer's error, io.Copy's count and error, the reader's EOF and error:
+// what a difference in the bytes is explained by). splice: let io.Copy use
 // TCPConn.ReadFrom (splice(2)); else plain read/write.
-func proxy(t *testing.T, c *corrRun, splice bool) []byte {
+func proxy(t *testing.T, c *corrRun, splice bool) ([]byte, string) {
 	t.Helper()
 	out := c.pair(t)
 	src, err := fileConn(c.p.b)
@@ -485,21 +489,43 @@ func proxy(t *testing.T, c *corrRun, splice bool) []byte {
 	}
 	defer dst.Close()
 	d := detBytes("proxy", 1<<20)
+	type copied struct {
+		n   int64
+		err error
+	}
+	cp, wr := make(chan copied, 1), make(chan error, 1)
 	go func() {
+		var n int64
+		var err error
 		if splice {
-			io.Copy(dst, src)
+			n, err = io.Copy(dst, src)
 		} else {
-			io.Copy(struct{ io.Writer }{dst}, struct{ io.Reader }{src})
+			n, err = io.Copy(struct{ io.Writer }{dst}, struct{ io.Reader }{src})
 		}
 		dst.(*net.TCPConn).CloseWrite()
+		cp <- copied{n, err}
 	}()
 	go func() {
-		writeAll(c.p.a, d)
+		err := writeAll(c.p.a, d)
 		unix.Shutdown(c.p.a, unix.SHUT_WR)
+		wr <- err
 	}()
-	got, _, _ := readEOF(out.b, len(d), corrWait(t))
+	got, eof, rerr := readEOF(out.b, len(d), corrWait(t))
 	src.Close()
-	return got
+	how := fmt.Sprintf("reader EOF %v err %s", eof, errName(rerr))
+	select {
+	case err := <-wr:
+		how = fmt.Sprintf("writer err %s, %s", errName(err), how)
+	case <-time.After(corrWait(t)):
+		how = "writer still writing, " + how
+	}
+	select {
+	case x := <-cp:
+		how += fmt.Sprintf(", io.Copy %d bytes err %s", x.n, errName(x.err))
+	case <-time.After(corrWait(t)):
+		how += ", io.Copy still copying"
+	}
+	return got, how
 }
 
 // TestCorrectness runs every case on the stack and bypassed and compares
@@ -538,8 +564,10 @@ func TestCorrectnessSpliceLosesRedirectedBytesWithoutGuard(t *testing.T) {
 	e := newCorrEnv(t)
 	want := detBytes("proxy", 1<<20)
 	var stack, bypass []byte
-	e.run(t, pairV4, false, func(t *testing.T, c *corrRun, r *rec) { stack = proxy(t, c, true) })
-	e.run(t, pairV4, true, func(t *testing.T, c *corrRun, r *rec) { bypass = proxy(t, c, true) })
+	var stackHow, bypassHow string
+	e.run(t, pairV4, false, func(t *testing.T, c *corrRun, r *rec) { stack, stackHow = proxy(t, c, true) })
+	e.run(t, pairV4, true, func(t *testing.T, c *corrRun, r *rec) { bypass, bypassHow = proxy(t, c, true) })
+	t.Logf("on the stack: %s; bypassed: %s", stackHow, bypassHow)
 	if string(stack) != string(want) {
 		t.Fatalf("on the stack io.Copy moved %d of %d bytes", len(stack), len(want))
 	}
