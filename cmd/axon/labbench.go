@@ -62,9 +62,9 @@ The pods are removed afterwards.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			l, err := lab.Load(*stateDir)
+			l, err := loadLabFor(*stateDir, "axon lab up")
 			if err != nil {
-				return fmt.Errorf("%w (bring a lab up first: axon lab up)", err)
+				return err
 			}
 			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 			nodes := l.Nodes()
@@ -164,4 +164,14 @@ func addBenchPods(ctx context.Context, l *lab.Lab, nodes []lab.Node, keep bool) 
 		pods[bp.name] = p
 	}
 	return pods, cleanup, errors.Join(errs...)
+}
+
+// loadLabFor opens the lab a benchmark runs in; with none, the error names
+// the command that brings up the lab it wants (up).
+func loadLabFor(stateDir, up string) (*lab.Lab, error) {
+	l, err := lab.Load(stateDir)
+	if errors.Is(err, lab.ErrNoLab) {
+		return nil, fmt.Errorf("no lab in %s: bring one up first: %s", stateDir, up)
+	}
+	return l, err
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/axonhq/axon/internal/bench/bypass"
-	"github.com/axonhq/axon/internal/lab"
 )
 
 func newLabBenchSockmapCmd(stateDir *string) *cobra.Command {
@@ -88,9 +87,9 @@ again (results.md and results.csv) without measuring.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			l, err := lab.Load(*stateDir)
+			l, err := loadLabFor(*stateDir, "axon lab up --nodes 1 --no-demo")
 			if err != nil {
-				return fmt.Errorf("%w (bring a lab up first: axon lab up --nodes 1 --no-demo)", err)
+				return err
 			}
 			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 			if !cfg.Chain || cmd.Flags().Changed("sizes") {

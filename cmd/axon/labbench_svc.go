@@ -16,7 +16,6 @@ import (
 
 	"github.com/axonhq/axon/internal/bench/connrate"
 	"github.com/axonhq/axon/internal/bench/services"
-	"github.com/axonhq/axon/internal/lab"
 )
 
 // newLabBenchServicesCmd is `axon lab bench services`: the Services benchmark's targets.
@@ -65,9 +64,9 @@ paths are reported as not synced.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			l, err := lab.Load(*stateDir)
+			l, err := loadLabFor(*stateDir, "axon lab up --nodes 4")
 			if err != nil {
-				return fmt.Errorf("%w (bring a lab up first: axon lab up --nodes 4)", err)
+				return err
 			}
 			l.SetLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 			if cfg.Levels, err = services.ParseLevels(levels); err != nil {

@@ -37,11 +37,15 @@ type Lab struct {
 	kube kubernetes.Interface
 }
 
-// Load opens the lab recorded in stateDir.
+// ErrNoLab: Load found no lab in its state directory.
+var ErrNoLab = errors.New("no lab")
+
+// Load opens the lab recorded in stateDir; an error wrapping ErrNoLab when
+// there is none.
 func Load(stateDir string) (*Lab, error) {
 	st, err := readState(stateDir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("no lab in %s: run `axon lab up` first", stateDir)
+		return nil, fmt.Errorf("%w in %s: run `axon lab up` first", ErrNoLab, stateDir)
 	}
 	if err != nil {
 		return nil, err
