@@ -42,7 +42,8 @@ func openRegistry(stateDir string, log *slog.Logger) (*registry, error) {
 		}
 		var ep api.Endpoint
 		err := atomicfile.ReadJSON(filepath.Join(dir, name), &ep)
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		var pe *fs.PathError
+		if errors.As(err, &pe) { // not read at all, unlike a record that does not parse
 			return nil, fmt.Errorf("read endpoint %s: %w", name, err)
 		}
 		if err == nil {

@@ -654,8 +654,8 @@ func npUnpinOld(pinDir, name string, migrate func(old *ebpf.Map) bool) (*npPinne
 // programs created since is kept.
 func (p *npPinned) restore(m *ebpf.Map) error {
 	var errs []error
+	v := make([]byte, m.ValueSize()) // the old values are all one size: the tail stays zero
 	for i := range p.keys {
-		v := make([]byte, m.ValueSize())
 		copy(v, p.vals[i])
 		if err := m.Update(p.keys[i], v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			errs = append(errs, err)
